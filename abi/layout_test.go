@@ -1,0 +1,443 @@
+package abi
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// cStructs lists every struct of vrnic_abi.h with its Go mirror. The test
+// also parses the header, so a struct missing here fails it.
+var cStructs = []struct {
+	name string
+	v    any
+}{
+	{"vrnic_msg_hdr", MsgHdr{}},
+	{"vrnic_cmd_open_context", CmdOpenContextReq{}},
+	{"vrnic_resp_open_context", RespOpenContext{}},
+	{"vrnic_device_attr", DeviceAttr{}},
+	{"vrnic_cmd_query_port", CmdQueryPortReq{}},
+	{"vrnic_port_attr", PortAttr{}},
+	{"vrnic_cmd_query_gid", CmdQueryGIDReq{}},
+	{"vrnic_resp_query_gid", RespQueryGID{}},
+	{"vrnic_cmd_add_host_mem", CmdAddHostMemReq{}},
+	{"vrnic_resp_add_host_mem", RespAddHostMem{}},
+	{"vrnic_cmd_handle", CmdHandleReq{}},
+	{"vrnic_resp_alloc_pd", RespAllocPD{}},
+	{"vrnic_cmd_reg_mr", CmdRegMRReq{}},
+	{"vrnic_resp_reg_mr", RespRegMR{}},
+	{"vrnic_cmd_create_cq", CmdCreateCQReq{}},
+	{"vrnic_resp_create_cq", RespCreateCQ{}},
+	{"vrnic_qp_cap", QPCap{}},
+	{"vrnic_cmd_create_qp", CmdCreateQPReq{}},
+	{"vrnic_resp_create_qp", RespCreateQP{}},
+	{"vrnic_ah_attr", AHAttr{}},
+	{"vrnic_qp_attr", QPAttr{}},
+	{"vrnic_cmd_modify_qp", CmdModifyQPReq{}},
+	{"vrnic_resp_query_qp", RespQueryQP{}},
+	{"vrnic_cmd_create_srq", CmdCreateSRQReq{}},
+	{"vrnic_resp_create_srq", RespCreateSRQ{}},
+	{"vrnic_cmd_modify_srq", CmdModifySRQReq{}},
+	{"vrnic_resp_query_srq", RespQuerySRQ{}},
+	{"vrnic_cmd_create_ah", CmdCreateAHReq{}},
+	{"vrnic_resp_create_ah", RespCreateAH{}},
+	{"vrnic_sge", SGE{}},
+	{"vrnic_send_wqe", SendWQE{}},
+	{"vrnic_recv_wqe", RecvWQE{}},
+	{"vrnic_cqe", CQE{}},
+	{"vrnic_db_header", DBHeader{}},
+	{"vrnic_db_qp", DBQP{}},
+	{"vrnic_db_cq", DBCQ{}},
+	{"vrnic_db_srq", DBSRQ{}},
+}
+
+// cConsts maps every #define and enum value of the header to its Go value.
+var cConsts = map[string]uint64{
+	"VRNIC_ABI_VERSION_MAJOR": VersionMajor, "VRNIC_ABI_VERSION_MINOR": VersionMinor,
+	"VRNIC_ABI_VERSION":  Version,
+	"VRNIC_MAX_MSG_SIZE": MaxMsgSize, "VRNIC_MAX_ERR_MSG": MaxErrMsg, "VRNIC_MAX_FDS": MaxFDs,
+	"VRNIC_MAX_SGE": MaxSGE, "VRNIC_MAX_INLINE": MaxInline, "VRNIC_MAX_CQE": MaxCQE,
+	"VRNIC_MAX_QP_WR": MaxQPWR, "VRNIC_MAX_SRQ_WR": MaxSRQWR, "VRNIC_MAX_RD_ATOMIC": MaxRdAtomic,
+	"VRNIC_MAX_MR_SIZE": MaxMRSize, "VRNIC_MAX_MSG_BYTES": MaxMsgBytes,
+	"VRNIC_INLINE_PAGES": InlinePages, "VRNIC_GID_TABLE_LEN": GIDTableLen,
+	"VRNIC_PKEY_DEFAULT": PKeyDefault, "VRNIC_PAGE_SHIFT_4K": PageShift4K,
+	"VRNIC_PAGE_SHIFT_2M": PageShift2M, "VRNIC_MSG_F_REPLY": MsgFlagReply,
+
+	"VRNIC_CMD_OPEN_CONTEXT": uint64(CmdOpenContext), "VRNIC_CMD_QUERY_DEVICE": uint64(CmdQueryDevice),
+	"VRNIC_CMD_QUERY_PORT": uint64(CmdQueryPort), "VRNIC_CMD_QUERY_GID": uint64(CmdQueryGID),
+	"VRNIC_CMD_ADD_HOST_MEM": uint64(CmdAddHostMem), "VRNIC_CMD_REMOVE_HOST_MEM": uint64(CmdRemoveHostMem),
+	"VRNIC_CMD_ALLOC_PD": uint64(CmdAllocPD), "VRNIC_CMD_DEALLOC_PD": uint64(CmdDeallocPD),
+	"VRNIC_CMD_REG_MR": uint64(CmdRegMR), "VRNIC_CMD_DEREG_MR": uint64(CmdDeregMR),
+	"VRNIC_CMD_CREATE_CQ": uint64(CmdCreateCQ), "VRNIC_CMD_DESTROY_CQ": uint64(CmdDestroyCQ),
+	"VRNIC_CMD_CREATE_QP": uint64(CmdCreateQP), "VRNIC_CMD_MODIFY_QP": uint64(CmdModifyQP),
+	"VRNIC_CMD_QUERY_QP": uint64(CmdQueryQP), "VRNIC_CMD_DESTROY_QP": uint64(CmdDestroyQP),
+	"VRNIC_CMD_CREATE_SRQ": uint64(CmdCreateSRQ), "VRNIC_CMD_MODIFY_SRQ": uint64(CmdModifySRQ),
+	"VRNIC_CMD_DESTROY_SRQ": uint64(CmdDestroySRQ), "VRNIC_CMD_CREATE_AH": uint64(CmdCreateAH),
+	"VRNIC_CMD_DESTROY_AH": uint64(CmdDestroyAH), "VRNIC_CMD_QUERY_SRQ": uint64(CmdQuerySRQ),
+	"VRNIC_CMD_ADMIN_BASE": uint64(CmdAdminBase), "VRNIC_CMD_FAULT_BASE": uint64(CmdFaultBase),
+
+	"VRNIC_LINK_MEM": uint64(LinkMem), "VRNIC_LINK_UDP": uint64(LinkUDP), "VRNIC_LINK_TAP": uint64(LinkTAP),
+
+	"VRNIC_ACCESS_LOCAL_WRITE": uint64(AccessLocalWrite), "VRNIC_ACCESS_REMOTE_WRITE": uint64(AccessRemoteWrite),
+	"VRNIC_ACCESS_REMOTE_READ": uint64(AccessRemoteRead), "VRNIC_ACCESS_REMOTE_ATOMIC": uint64(AccessRemoteAtomic),
+
+	"VRNIC_QPT_RC": uint64(QPTRC), "VRNIC_QPT_UC": uint64(QPTUC), "VRNIC_QPT_UD": uint64(QPTUD),
+
+	"VRNIC_WQE_BLOCK": WQEBlock, "VRNIC_SGES_PER_BLOCK": SGEsPerBlock, "VRNIC_NO_SRQ": NoSRQ,
+
+	"VRNIC_QPS_RESET": uint64(QPSReset), "VRNIC_QPS_INIT": uint64(QPSInit), "VRNIC_QPS_RTR": uint64(QPSRTR),
+	"VRNIC_QPS_RTS": uint64(QPSRTS), "VRNIC_QPS_SQD": uint64(QPSSQD), "VRNIC_QPS_SQE": uint64(QPSSQE),
+	"VRNIC_QPS_ERR": uint64(QPSErr),
+
+	"VRNIC_MTU_256": uint64(MTU256), "VRNIC_MTU_512": uint64(MTU512), "VRNIC_MTU_1024": uint64(MTU1024),
+	"VRNIC_MTU_2048": uint64(MTU2048), "VRNIC_MTU_4096": uint64(MTU4096),
+
+	"VRNIC_QP_STATE": uint64(QPAttrState), "VRNIC_QP_CUR_STATE": uint64(QPAttrCurState),
+	"VRNIC_QP_EN_SQD_ASYNC_NOTIFY": uint64(QPAttrEnSQDAsyncNotify), "VRNIC_QP_ACCESS_FLAGS": uint64(QPAttrAccessFlags),
+	"VRNIC_QP_PKEY_INDEX": uint64(QPAttrPKeyIndex), "VRNIC_QP_PORT": uint64(QPAttrPort),
+	"VRNIC_QP_QKEY": uint64(QPAttrQKey), "VRNIC_QP_AV": uint64(QPAttrAV), "VRNIC_QP_PATH_MTU": uint64(QPAttrPathMTU),
+	"VRNIC_QP_TIMEOUT": uint64(QPAttrTimeout), "VRNIC_QP_RETRY_CNT": uint64(QPAttrRetryCnt),
+	"VRNIC_QP_RNR_RETRY": uint64(QPAttrRNRRetry), "VRNIC_QP_RQ_PSN": uint64(QPAttrRQPSN),
+	"VRNIC_QP_MAX_QP_RD_ATOMIC": uint64(QPAttrMaxQPRdAtomic), "VRNIC_QP_ALT_PATH": uint64(QPAttrAltPath),
+	"VRNIC_QP_MIN_RNR_TIMER": uint64(QPAttrMinRNRTimer), "VRNIC_QP_SQ_PSN": uint64(QPAttrSQPSN),
+	"VRNIC_QP_MAX_DEST_RD_ATOMIC": uint64(QPAttrMaxDestRdAtomic), "VRNIC_QP_PATH_MIG_STATE": uint64(QPAttrPathMigState),
+	"VRNIC_QP_CAP": uint64(QPAttrCap), "VRNIC_QP_DEST_QPN": uint64(QPAttrDestQPN),
+
+	"VRNIC_WR_RDMA_WRITE": uint64(WRRDMAWrite), "VRNIC_WR_RDMA_WRITE_WITH_IMM": uint64(WRRDMAWriteWithImm),
+	"VRNIC_WR_SEND": uint64(WRSend), "VRNIC_WR_SEND_WITH_IMM": uint64(WRSendWithImm),
+	"VRNIC_WR_RDMA_READ": uint64(WRRDMARead), "VRNIC_WR_ATOMIC_CMP_AND_SWP": uint64(WRAtomicCmpAndSwp),
+	"VRNIC_WR_ATOMIC_FETCH_AND_ADD": uint64(WRAtomicFetchAdd), "VRNIC_WR_LOCAL_INV": uint64(WRLocalInv),
+	"VRNIC_WR_SEND_WITH_INV": uint64(WRSendWithInv),
+
+	"VRNIC_SEND_FENCE": uint64(SendFence), "VRNIC_SEND_SIGNALED": uint64(SendSignaled),
+	"VRNIC_SEND_SOLICITED": uint64(SendSolicited), "VRNIC_SEND_INLINE": uint64(SendInline),
+
+	"VRNIC_WC_SEND": uint64(WCSend), "VRNIC_WC_RDMA_WRITE": uint64(WCRDMAWrite),
+	"VRNIC_WC_RDMA_READ": uint64(WCRDMARead), "VRNIC_WC_COMP_SWAP": uint64(WCCompSwap),
+	"VRNIC_WC_FETCH_ADD": uint64(WCFetchAdd), "VRNIC_WC_BIND_MW": uint64(WCBindMW),
+	"VRNIC_WC_LOCAL_INV": uint64(WCLocalInv), "VRNIC_WC_RECV": uint64(WCRecv),
+	"VRNIC_WC_RECV_RDMA_WITH_IMM": uint64(WCRecvRDMAWithImm),
+
+	"VRNIC_WC_SUCCESS": uint64(WCSuccess), "VRNIC_WC_LOC_LEN_ERR": uint64(WCLocLenErr),
+	"VRNIC_WC_LOC_QP_OP_ERR": uint64(WCLocQPOpErr), "VRNIC_WC_LOC_EEC_OP_ERR": uint64(WCLocEECOpErr),
+	"VRNIC_WC_LOC_PROT_ERR": uint64(WCLocProtErr), "VRNIC_WC_WR_FLUSH_ERR": uint64(WCWRFlushErr),
+	"VRNIC_WC_MW_BIND_ERR": uint64(WCMWBindErr), "VRNIC_WC_BAD_RESP_ERR": uint64(WCBadRespErr),
+	"VRNIC_WC_LOC_ACCESS_ERR": uint64(WCLocAccessErr), "VRNIC_WC_REM_INV_REQ_ERR": uint64(WCRemInvReqErr),
+	"VRNIC_WC_REM_ACCESS_ERR": uint64(WCRemAccessErr), "VRNIC_WC_REM_OP_ERR": uint64(WCRemOpErr),
+	"VRNIC_WC_RETRY_EXC_ERR": uint64(WCRetryExcErr), "VRNIC_WC_RNR_RETRY_EXC_ERR": uint64(WCRNRRetryExcErr),
+	"VRNIC_WC_LOC_RDD_VIOL_ERR": uint64(WCLocRDDViolErr), "VRNIC_WC_REM_INV_RD_REQ_ERR": uint64(WCRemInvRdReqErr),
+	"VRNIC_WC_REM_ABORT_ERR": uint64(WCRemAbortErr), "VRNIC_WC_INV_EECN_ERR": uint64(WCInvEECNErr),
+	"VRNIC_WC_INV_EEC_STATE_ERR": uint64(WCInvEECStateErr), "VRNIC_WC_FATAL_ERR": uint64(WCFatalErr),
+	"VRNIC_WC_RESP_TIMEOUT_ERR": uint64(WCRespTimeoutErr), "VRNIC_WC_GENERAL_ERR": uint64(WCGeneralErr),
+
+	"VRNIC_WC_GRH": uint64(WCGRH), "VRNIC_WC_WITH_IMM": uint64(WCWithImm),
+	"VRNIC_WC_IP_CSUM_OK": uint64(WCIPCsumOK), "VRNIC_WC_WITH_INV": uint64(WCWithInv),
+
+	"VRNIC_DB_RECORD_SIZE": DBRecordSize, "VRNIC_DB_PAGE_SIZE": DBPageSize, "VRNIC_DB_MAGIC": DBMagic,
+	"VRNIC_CQ_ARM_ARMED": CQArmArmed, "VRNIC_CQ_ARM_SOLICITED": CQArmSolicited,
+	"VRNIC_CQ_ARM_SN_SHIFT": CQArmSNShift,
+}
+
+// cFuncMacros are the function-like macros; they are checked on a grid of
+// arguments against their Go functions.
+var cFuncMacros = map[string]bool{"VRNIC_DIV_UP": true, "VRNIC_SQ_WQE_BLOCKS": true, "VRNIC_RQ_WQE_SIZE": true}
+
+const headerFile = "vrnic_abi.h"
+
+type headerInfo struct {
+	structs map[string][]string // struct name -> member names in order
+	consts  []string            // object-like #defines and enum members
+	macros  []string            // function-like #defines
+}
+
+var (
+	reStructStart = regexp.MustCompile(`^struct (vrnic_\w+) \{`)
+	reMember      = regexp.MustCompile(`^\s*(?:uint8_t|uint16_t|uint32_t|uint64_t|char|struct vrnic_\w+)\s+(\w+)\s*(?:\[[^\]]+\])?\s*;`)
+	reDefine      = regexp.MustCompile(`^#define (VRNIC_\w+)(\()?`)
+	reEnumMember  = regexp.MustCompile(`^\s*(VRNIC_\w+)\s*=`)
+)
+
+// parseHeader extracts struct members, object-like macros and enum members
+// from the header with line-oriented patterns (the header keeps one
+// declaration per line).
+func parseHeader(t *testing.T) headerInfo {
+	t.Helper()
+	src, err := os.ReadFile(headerFile)
+	require.NoError(t, err)
+	h := headerInfo{structs: map[string][]string{}}
+	cur := ""
+	inComment := false
+	sc := bufio.NewScanner(bytes.NewReader(src))
+	for sc.Scan() {
+		line := sc.Text()
+		// Drop comments so commented-out members are not counted.
+		if inComment {
+			i := strings.Index(line, "*/")
+			if i < 0 {
+				continue
+			}
+			line, inComment = line[i+2:], false
+		}
+		for {
+			i := strings.Index(line, "/*")
+			if i < 0 {
+				break
+			}
+			j := strings.Index(line[i:], "*/")
+			if j < 0 {
+				line, inComment = line[:i], true
+				break
+			}
+			line = line[:i] + line[i+j+2:]
+		}
+		if m := reStructStart.FindStringSubmatch(line); m != nil {
+			cur = m[1]
+			h.structs[cur] = nil
+			continue
+		}
+		if cur != "" {
+			if strings.HasPrefix(strings.TrimSpace(line), "};") {
+				cur = ""
+				continue
+			}
+			if m := reMember.FindStringSubmatch(line); m != nil {
+				h.structs[cur] = append(h.structs[cur], m[1])
+			} else if strings.TrimSpace(line) != "" {
+				t.Fatalf("unparsed line in struct %s: %q", cur, line)
+			}
+			continue
+		}
+		if m := reDefine.FindStringSubmatch(line); m != nil {
+			switch {
+			case m[1] == "VRNIC_ABI_H":
+			case m[2] == "(":
+				h.macros = append(h.macros, m[1])
+			default:
+				h.consts = append(h.consts, m[1])
+			}
+			continue
+		}
+		if m := reEnumMember.FindStringSubmatch(line); m != nil {
+			h.consts = append(h.consts, m[1])
+		}
+	}
+	require.NoError(t, sc.Err())
+	return h
+}
+
+type goField struct {
+	cname    string
+	offset   uintptr
+	size     uintptr
+	elemSize uintptr // arrays only
+}
+
+func goFields(t *testing.T, v any) []goField {
+	t.Helper()
+	rt := reflect.TypeOf(v)
+	var out []goField
+	for i := range rt.NumField() {
+		f := rt.Field(i)
+		c := f.Tag.Get("c")
+		require.NotEmpty(t, c, "%s.%s has no c tag", rt.Name(), f.Name)
+		g := goField{cname: c, offset: f.Offset, size: f.Type.Size()}
+		if f.Type.Kind() == reflect.Array {
+			g.elemSize = f.Type.Elem().Size()
+		}
+		out = append(out, g)
+	}
+	return out
+}
+
+// TestHeaderCoverage checks that the Go tables name every struct, member,
+// constant and macro of the header, and nothing else.
+func TestHeaderCoverage(t *testing.T) {
+	h := parseHeader(t)
+	goNames := map[string]bool{}
+	for _, s := range cStructs {
+		goNames[s.name] = true
+		members, ok := h.structs[s.name]
+		if !assert.True(t, ok, "struct %s not in the header", s.name) {
+			continue
+		}
+		var gf []string
+		for _, f := range goFields(t, s.v) {
+			gf = append(gf, f.cname)
+		}
+		assert.Equal(t, members, gf, "members of struct %s", s.name)
+	}
+	for name := range h.structs {
+		assert.True(t, goNames[name], "struct %s has no Go mirror", name)
+	}
+	var want []string
+	for k := range cConsts {
+		want = append(want, k)
+	}
+	got := append([]string(nil), h.consts...)
+	sort.Strings(want)
+	sort.Strings(got)
+	assert.Equal(t, got, want, "constants of the header vs the Go table")
+	var macros []string
+	for k := range cFuncMacros {
+		macros = append(macros, k)
+	}
+	sort.Strings(macros)
+	sort.Strings(h.macros)
+	assert.Equal(t, h.macros, macros, "function-like macros")
+	require.NotEmpty(t, h.consts)
+	require.Len(t, h.structs, len(cStructs))
+}
+
+var macroSGEs = []uint32{0, 1, 2, 3, 4, 5, 7, 8, 9, 16, 31, 32}
+var macroInline = []uint32{0, 1, 63, 64, 65, 127, 128, 129, 256, 511, 512}
+
+// TestLayoutAgainstC compiles a C program generated from the Go tables
+// against the header and compares every size, offset, constant and macro
+// result with the Go mirror.
+func TestLayoutAgainstC(t *testing.T) {
+	gcc, err := exec.LookPath("gcc")
+	if err != nil {
+		t.Skip("gcc not installed: cannot compile the C side of the ABI check (install gcc)")
+	}
+	hdr, err := filepath.Abs(headerFile)
+	require.NoError(t, err)
+
+	var src strings.Builder
+	want := map[string]uint64{}
+	fmt.Fprintf(&src, "#include <stdio.h>\n#include <stddef.h>\n#include %q\nint main(void) {\n", hdr)
+	for _, s := range cStructs {
+		fmt.Fprintf(&src, "\tprintf(\"size %s %%zu\\n\", sizeof(struct %s));\n", s.name, s.name)
+		want["size "+s.name] = uint64(reflect.TypeOf(s.v).Size())
+		for _, f := range goFields(t, s.v) {
+			key := s.name + "." + f.cname
+			fmt.Fprintf(&src, "\tprintf(\"off %s %%zu\\n\", offsetof(struct %s, %s));\n", key, s.name, f.cname)
+			fmt.Fprintf(&src, "\tprintf(\"fsize %s %%zu\\n\", sizeof(((struct %s *)0)->%s));\n", key, s.name, f.cname)
+			want["off "+key] = uint64(f.offset)
+			want["fsize "+key] = uint64(f.size)
+			if f.elemSize != 0 {
+				fmt.Fprintf(&src, "\tprintf(\"esize %s %%zu\\n\", sizeof(((struct %s *)0)->%s[0]));\n", key, s.name, f.cname)
+				want["esize "+key] = uint64(f.elemSize)
+			}
+		}
+	}
+	for name, v := range cConsts {
+		fmt.Fprintf(&src, "\tprintf(\"const %s %%llu\\n\", (unsigned long long)(%s));\n", name, name)
+		want["const "+name] = v
+	}
+	for _, a := range []uint32{0, 1, 3, 4, 5, 63, 64, 65} {
+		for _, b := range []uint32{1, 4, 64} {
+			fmt.Fprintf(&src, "\tprintf(\"divup %d %d %%u\\n\", VRNIC_DIV_UP(%du, %du));\n", a, b, a, b)
+			want[fmt.Sprintf("divup %d %d", a, b)] = uint64(DivUp(a, b))
+		}
+	}
+	for _, s := range macroSGEs {
+		for _, i := range macroInline {
+			fmt.Fprintf(&src, "\tprintf(\"sqblocks %d %d %%u\\n\", VRNIC_SQ_WQE_BLOCKS(%du, %du));\n", s, i, s, i)
+			want[fmt.Sprintf("sqblocks %d %d", s, i)] = uint64(SQWQEBlocks(s, i))
+		}
+		fmt.Fprintf(&src, "\tprintf(\"rqsize %d %%u\\n\", VRNIC_RQ_WQE_SIZE(%du));\n", s, s)
+		want[fmt.Sprintf("rqsize %d", s)] = uint64(RQWQESize(s))
+	}
+	src.WriteString("\treturn 0;\n}\n")
+
+	dir := t.TempDir()
+	cfile := filepath.Join(dir, "layout.c")
+	bin := filepath.Join(dir, "layout")
+	require.NoError(t, os.WriteFile(cfile, []byte(src.String()), 0o644))
+	out, err := exec.Command(gcc, "-std=c11", "-Wall", "-Wextra", "-Wpadded", "-Werror", "-o", bin, cfile).CombinedOutput()
+	require.NoError(t, err, "gcc: %s", out)
+	out, err = exec.Command(bin).Output()
+	require.NoError(t, err)
+
+	got := map[string]uint64{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		i := strings.LastIndexByte(line, ' ')
+		require.Positive(t, i, "bad line %q", line)
+		v, err := strconv.ParseUint(line[i+1:], 10, 64)
+		require.NoError(t, err)
+		got[line[:i]] = v
+	}
+	require.Len(t, got, len(want), "the C program printed a different set of values")
+	for k, w := range want {
+		assert.Equal(t, w, got[k], "%s: Go %d, C %d", k, w, got[k])
+	}
+}
+
+// TestStructsCoverTheirSize checks that each Go struct's fields tile it with
+// no gap (the header promises no implicit padding), and that binary
+// encoding agrees with the in-memory size.
+func TestStructsCoverTheirSize(t *testing.T) {
+	for _, s := range cStructs {
+		t.Run(s.name, func(t *testing.T) {
+			var end uintptr
+			for _, f := range goFields(t, s.v) {
+				assert.Equal(t, end, f.offset, "gap before %s", f.cname)
+				end = f.offset + f.size
+			}
+			size := reflect.TypeOf(s.v).Size()
+			assert.Equal(t, size, end, "trailing padding")
+			assert.Equal(t, int(size), Sizeof(s.v), "binary size")
+		})
+	}
+}
+
+func TestSizeAndOffsetConstants(t *testing.T) {
+	off := func(v any, field string) uintptr {
+		f, ok := reflect.TypeOf(v).FieldByName(field)
+		require.True(t, ok, field)
+		return f.Offset
+	}
+	cases := []struct {
+		name string
+		got  uintptr
+		want uintptr
+	}{
+		{"SizeofMsgHdr", SizeofMsgHdr, reflect.TypeOf(MsgHdr{}).Size()},
+		{"SizeofSendWQE", SizeofSendWQE, reflect.TypeOf(SendWQE{}).Size()},
+		{"SizeofSGE", SizeofSGE, reflect.TypeOf(SGE{}).Size()},
+		{"SizeofRecvWQE", SizeofRecvWQE, reflect.TypeOf(RecvWQE{}).Size()},
+		{"SizeofCQE", SizeofCQE, reflect.TypeOf(CQE{}).Size()},
+		{"DBRecordSize/header", DBRecordSize, reflect.TypeOf(DBHeader{}).Size()},
+		{"DBRecordSize/qp", DBRecordSize, reflect.TypeOf(DBQP{}).Size()},
+		{"DBRecordSize/cq", DBRecordSize, reflect.TypeOf(DBCQ{}).Size()},
+		{"DBRecordSize/srq", DBRecordSize, reflect.TypeOf(DBSRQ{}).Size()},
+		{"OffCQETail", OffCQETail, off(CQE{}, "PKeyIndex")},
+		{"OffCQEOwner", OffCQEOwner, off(CQE{}, "Owner")},
+		{"OffDBMagic", OffDBMagic, off(DBHeader{}, "Magic")},
+		{"OffDBABIVersion", OffDBABIVersion, off(DBHeader{}, "ABIVersion")},
+		{"OffDBKickNeeded", OffDBKickNeeded, off(DBHeader{}, "KickNeeded")},
+		{"OffDBSQPI", OffDBSQPI, off(DBQP{}, "SQPI")},
+		{"OffDBRQPI", OffDBRQPI, off(DBQP{}, "RQPI")},
+		{"OffDBSQCI", OffDBSQCI, off(DBQP{}, "SQCI")},
+		{"OffDBRQCI", OffDBRQCI, off(DBQP{}, "RQCI")},
+		{"OffDBCQCI", OffDBCQCI, off(DBCQ{}, "CQCI")},
+		{"OffDBCQArm", OffDBCQArm, off(DBCQ{}, "Arm")},
+		{"OffDBCQPI", OffDBCQPI, off(DBCQ{}, "CQPI")},
+		{"OffDBArmSNDone", OffDBArmSNDone, off(DBCQ{}, "ArmSNDone")},
+		{"OffDBOverflow", OffDBOverflow, off(DBCQ{}, "Overflow")},
+		{"OffDBSRQPI", OffDBSRQPI, off(DBSRQ{}, "SRQPI")},
+		{"OffDBSRQCI", OffDBSRQCI, off(DBSRQ{}, "SRQCI")},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) { assert.Equal(t, c.want, c.got) })
+	}
+	// Client-written words in the first line, daemon-written in the second.
+	for _, o := range []uintptr{OffDBSQPI, OffDBRQPI, OffDBCQCI, OffDBCQArm, OffDBSRQPI} {
+		assert.Less(t, o, uintptr(64))
+	}
+	for _, o := range []uintptr{OffDBSQCI, OffDBRQCI, OffDBCQPI, OffDBArmSNDone, OffDBOverflow, OffDBSRQCI} {
+		assert.GreaterOrEqual(t, o, uintptr(64))
+	}
+}
