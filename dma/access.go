@@ -1,0 +1,69 @@
+package dma
+
+import "fmt"
+
+// Access is a set of MR access flags, numbered as libibverbs' IBV_ACCESS_*
+// and enum vrnic_access in abi/vrnic_abi.h. Local read is always granted.
+type Access uint32
+
+// Access flags.
+const (
+	AccessLocalWrite   Access = 1 << 0 // VRNIC_ACCESS_LOCAL_WRITE
+	AccessRemoteWrite  Access = 1 << 1 // VRNIC_ACCESS_REMOTE_WRITE
+	AccessRemoteRead   Access = 1 << 2 // VRNIC_ACCESS_REMOTE_READ
+	AccessRemoteAtomic Access = 1 << 3 // VRNIC_ACCESS_REMOTE_ATOMIC
+
+	// AccessRemote is every remote flag: an MR with none of them has no
+	// rkey (0, which never names an MR).
+	AccessRemote = AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic
+	accessAll    = AccessLocalWrite | AccessRemote
+)
+
+// Page shifts accepted by RegisterMR (VRNIC_PAGE_SHIFT_4K, _2M).
+const (
+	PageShift4K = 12
+	PageShift2M = 21
+	// RegionAlign is the PA alignment of every region (a 2 MiB page).
+	RegionAlign = 1 << PageShift2M
+	// MinPage is the granule of region lengths and the smallest page.
+	MinPage = 1 << PageShift4K
+)
+
+// validateAccess checks a registration's flags: no unknown bits, and
+// remote write or remote atomic only together with local write (IBTA
+// 10.6.3.1, C10-83: "remote write or remote atomic access requires local
+// write access").
+func validateAccess(a Access) error {
+	if a&^accessAll != 0 {
+		return fmt.Errorf("%w: unknown bits %#x", ErrAccessFlags, uint32(a&^accessAll))
+	}
+	if a&(AccessRemoteWrite|AccessRemoteAtomic) != 0 && a&AccessLocalWrite == 0 {
+		return fmt.Errorf("%w: remote write/atomic requires local write", ErrAccessFlags)
+	}
+	return nil
+}
+
+func (a Access) String() string {
+	s := ""
+	for _, f := range []struct {
+		bit  Access
+		name string
+	}{{AccessLocalWrite, "LOCAL_WRITE"}, {AccessRemoteWrite, "REMOTE_WRITE"}, {AccessRemoteRead, "REMOTE_READ"}, {AccessRemoteAtomic, "REMOTE_ATOMIC"}} {
+		if a&f.bit != 0 {
+			if s != "" {
+				s += "|"
+			}
+			s += f.name
+		}
+	}
+	if rest := a &^ accessAll; rest != 0 {
+		if s != "" {
+			s += "|"
+		}
+		s += fmt.Sprintf("%#x", uint32(rest))
+	}
+	if s == "" {
+		return "LOCAL_READ"
+	}
+	return s
+}

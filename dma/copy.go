@@ -1,0 +1,242 @@
+package dma
+
+import "math"
+
+// SGE is a scatter/gather element as posted in a WQE (struct vrnic_sge):
+// Length bytes at virtual address Addr of the MR named by LKey.
+type SGE struct {
+	Addr   uint64
+	Length uint32
+	LKey   uint32
+}
+
+// Index values returned in "bad" alongside an error.
+const (
+	// BadRemote: the remote (rkey, va) side failed, not an SGE.
+	BadRemote = -1
+)
+
+// The copy methods below return (bad, err): on failure err is a sentinel
+// (unwrapped: no allocation) and bad is the index of the first failing
+// SGE, len(sges) when the SGE list is too short for the data (ErrLength),
+// or BadRemote when the (rkey, va) side failed. The engine maps these to
+// completion statuses: a local SGE error to LOC_PROT_ERR, ErrLength to
+// LOC_LEN_ERR, a remote error to REM_ACCESS_ERR on the responder side.
+// Zero-length SGEs are skipped without a key check. Bytes before the
+// failure point have been copied.
+
+// Validate checks every SGE of a list (key, PD, want access, bounds) and
+// returns the total length. Engines call it once per WQE, before any
+// packet goes out, so a bad SGE fails the WQE at once.
+func (a *Accessor) Validate(pd PD, sges []SGE, want Access) (total uint64, bad int, err error) {
+	for i := range sges {
+		sg := &sges[i]
+		if sg.Length == 0 {
+			continue
+		}
+		if err := a.sgeCheck(pd, sg, 0, uint64(sg.Length), want); err != nil {
+			return total, i, err
+		}
+		total += uint64(sg.Length)
+	}
+	return total, 0, nil
+}
+
+func (a *Accessor) sgeCheck(pd PD, sg *SGE, off, n uint64, want Access) error {
+	if sg.Addr > math.MaxUint64-uint64(sg.Length) {
+		return ErrBounds
+	}
+	m := a.s.lookup(sg.LKey)
+	if m == nil {
+		return ErrBadKey
+	}
+	return m.check(pd, sg.Addr+off, n, want)
+}
+
+// GatherAt copies len(dst) bytes of the message described by sges,
+// starting at message offset off, into dst (local read access). A
+// requester builds each packet's payload with one call.
+func (a *Accessor) GatherAt(pd PD, sges []SGE, off uint64, dst []byte) (bad int, err error) {
+	a.Enter()
+	defer a.Exit()
+	for i := range sges {
+		if len(dst) == 0 {
+			return 0, nil
+		}
+		sg := &sges[i]
+		l := uint64(sg.Length)
+		if off >= l {
+			off -= l
+			continue
+		}
+		n := min(l-off, uint64(len(dst)))
+		if sg.Addr > math.MaxUint64-l {
+			return i, ErrBounds
+		}
+		m := a.s.lookup(sg.LKey)
+		if m == nil {
+			return i, ErrBadKey
+		}
+		if err := m.check(pd, sg.Addr+off, n, 0); err != nil {
+			return i, err
+		}
+		copyOut(m, sg.Addr+off, dst[:n])
+		dst = dst[n:]
+		off = 0
+	}
+	if len(dst) != 0 {
+		return len(sges), ErrLength
+	}
+	return 0, nil
+}
+
+// ScatterAt copies src into the message described by sges at message
+// offset off (local write access). A responder places each incoming SEND
+// packet, and a completer each READ response, with one call.
+func (a *Accessor) ScatterAt(pd PD, sges []SGE, off uint64, src []byte) (bad int, err error) {
+	a.Enter()
+	defer a.Exit()
+	for i := range sges {
+		if len(src) == 0 {
+			return 0, nil
+		}
+		sg := &sges[i]
+		l := uint64(sg.Length)
+		if off >= l {
+			off -= l
+			continue
+		}
+		n := min(l-off, uint64(len(src)))
+		if sg.Addr > math.MaxUint64-l {
+			return i, ErrBounds
+		}
+		m := a.s.lookup(sg.LKey)
+		if m == nil {
+			return i, ErrBadKey
+		}
+		if err := m.check(pd, sg.Addr+off, n, AccessLocalWrite); err != nil {
+			return i, err
+		}
+		copyIn(m, sg.Addr+off, src[:n])
+		src = src[n:]
+		off = 0
+	}
+	if len(src) != 0 {
+		return len(sges), ErrLength
+	}
+	return 0, nil
+}
+
+// ReadRemote copies len(dst) bytes at va of the MR named by rkey into dst
+// (REMOTE_READ required): an RDMA READ responder.
+func (a *Accessor) ReadRemote(rkey uint32, pd PD, va uint64, dst []byte) error {
+	a.Enter()
+	defer a.Exit()
+	m := a.s.lookup(rkey)
+	if m == nil {
+		return ErrBadKey
+	}
+	if err := m.check(pd, va, uint64(len(dst)), AccessRemoteRead); err != nil {
+		return err
+	}
+	if len(dst) > 0 {
+		copyOut(m, va, dst)
+	}
+	return nil
+}
+
+// WriteRemote copies src to va of the MR named by rkey (REMOTE_WRITE
+// required): an RDMA WRITE responder.
+func (a *Accessor) WriteRemote(rkey uint32, pd PD, va uint64, src []byte) error {
+	a.Enter()
+	defer a.Exit()
+	m := a.s.lookup(rkey)
+	if m == nil {
+		return ErrBadKey
+	}
+	if err := m.check(pd, va, uint64(len(src)), AccessRemoteWrite); err != nil {
+		return err
+	}
+	if len(src) > 0 {
+		copyIn(m, va, src)
+	}
+	return nil
+}
+
+// CopyToRemote copies the message described by sges (local read, in PD
+// pd) to va of the MR named by rkey (REMOTE_WRITE, in PD rpd): an RDMA
+// WRITE between two QPs of the same device. It returns the bytes copied.
+func (a *Accessor) CopyToRemote(pd PD, sges []SGE, rkey uint32, rpd PD, va uint64) (n uint64, bad int, err error) {
+	return a.copyRemote(pd, sges, rkey, rpd, va, true)
+}
+
+// CopyFromRemote copies from va of the MR named by rkey (REMOTE_READ, in
+// PD rpd) into the buffers described by sges (local write, in PD pd): an
+// RDMA READ between two QPs of the same device. It returns the bytes
+// copied.
+func (a *Accessor) CopyFromRemote(pd PD, sges []SGE, rkey uint32, rpd PD, va uint64) (n uint64, bad int, err error) {
+	return a.copyRemote(pd, sges, rkey, rpd, va, false)
+}
+
+func (a *Accessor) copyRemote(pd PD, sges []SGE, rkey uint32, rpd PD, va uint64, toRemote bool) (uint64, int, error) {
+	a.Enter()
+	defer a.Exit()
+	lwant, rwant := Access(0), AccessRemoteWrite
+	if !toRemote {
+		lwant, rwant = AccessLocalWrite, AccessRemoteRead
+	}
+	total, bad, err := a.Validate(pd, sges, lwant)
+	if err != nil {
+		return 0, bad, err
+	}
+	rm := a.s.lookup(rkey)
+	if rm == nil {
+		return 0, BadRemote, ErrBadKey
+	}
+	if err := rm.check(rpd, va, total, rwant); err != nil {
+		return 0, BadRemote, err
+	}
+	done := uint64(0)
+	for i := range sges {
+		sg := &sges[i]
+		if sg.Length == 0 {
+			continue
+		}
+		lm := a.s.lookup(sg.LKey) // validated above; re-read is the same MR or nil
+		if lm == nil {
+			return done, i, ErrBadKey
+		}
+		addr, left := sg.Addr, uint64(sg.Length)
+		for left > 0 {
+			b := lm.span(addr, left)
+			if toRemote {
+				copyIn(rm, va, b)
+			} else {
+				copyOut(rm, va, b)
+			}
+			addr += uint64(len(b))
+			va += uint64(len(b))
+			left -= uint64(len(b))
+			done += uint64(len(b))
+		}
+	}
+	return done, 0, nil
+}
+
+// copyOut copies len(dst) bytes at iova of m into dst; checked range.
+func copyOut(m *memRegion, iova uint64, dst []byte) {
+	for len(dst) > 0 {
+		c := copy(dst, m.span(iova, uint64(len(dst))))
+		dst = dst[c:]
+		iova += uint64(c)
+	}
+}
+
+// copyIn copies src to iova of m; checked range.
+func copyIn(m *memRegion, iova uint64, src []byte) {
+	for len(src) > 0 {
+		c := copy(m.span(iova, uint64(len(src))), src)
+		src = src[c:]
+		iova += uint64(c)
+	}
+}

@@ -1,0 +1,211 @@
+package dma
+
+import (
+	"fmt"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// region is one mapped memfd: PA [pa, pa+length) is byte pa-x of mem.
+// Immutable after AddRegion except pins and dead (guarded by Space.mu).
+type region struct {
+	owner  Owner
+	handle uint32
+	pa     uint64
+	length uint64
+	mem    []byte // MAP_SHARED mapping, len == length
+	fd     int    // the Space's duplicate of the client's fd
+	locked bool
+
+	pins int  // MRs referencing it + live ring views (Pin)
+	dead bool // unpublished: unmapped once pins reaches 0
+}
+
+func (r *region) contains(pa, n uint64) bool {
+	return pa >= r.pa && n <= r.length && pa-r.pa <= r.length-n
+}
+
+// release unmaps and closes. Only after a grace period.
+func (r *region) release() {
+	if r.mem != nil {
+		_ = unix.Munmap(r.mem) // also drops the mlock
+		r.mem = nil
+	}
+	if r.fd >= 0 {
+		_ = unix.Close(r.fd)
+		r.fd = -1
+	}
+}
+
+// RegionInfo describes a region added to the Space.
+type RegionInfo struct {
+	Handle uint32
+	PA     uint64 // PA of byte 0 of the memfd; 2 MiB aligned
+	Length uint64
+	Locked bool // mlock succeeded
+}
+
+// AddRegion maps length bytes of the memfd fd into the Space for owner and
+// assigns them the PA range [PA, PA+length).
+//
+// fd ownership: AddRegion does not take fd. It duplicates it
+// (F_DUPFD_CLOEXEC) and the Space owns the duplicate, closing it when the
+// region is removed; the caller closes fd when it likes (typically right
+// after AddRegion returns, as the control server does with fds received
+// by SCM_RIGHTS).
+//
+// The fd must be a memfd sealed with F_SEAL_SHRINK, not write-sealed, at
+// least length bytes long; length a non-zero multiple of 4096 not above
+// Config.MaxRegionBytes. The mapping is mlocked if RLIMIT_MEMLOCK (or
+// CAP_IPC_LOCK) allows; RegionInfo.Locked says whether it was.
+//
+// PA ranges are 2 MiB aligned, separated by a 2 MiB unmapped guard gap and
+// never reused, so a stale PA never reaches a later region.
+func (s *Space) AddRegion(o Owner, fd int, length uint64) (RegionInfo, error) {
+	if length == 0 || length%MinPage != 0 {
+		return RegionInfo{}, fmt.Errorf("%w: region length %#x not a non-zero multiple of 4096", ErrInvalid, length)
+	}
+	if length > s.cfg.MaxRegionBytes {
+		return RegionInfo{}, fmt.Errorf("%w: region length %#x > %#x", ErrTooLarge, length, s.cfg.MaxRegionBytes)
+	}
+	if fd < 0 {
+		return RegionInfo{}, fmt.Errorf("%w: fd %d", ErrNotMemfd, fd)
+	}
+	if err := checkMemfd(fd, length); err != nil {
+		return RegionInfo{}, err
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return RegionInfo{}, ErrClosed
+	}
+	st := s.owner(o)
+	if len(st.regions) >= s.cfg.MaxRegionsPerOwner {
+		return RegionInfo{}, fmt.Errorf("%w: %d regions per owner", ErrLimit, s.cfg.MaxRegionsPerOwner)
+	}
+	pa := s.nextPA
+	next := alignUp(pa+length, RegionAlign) + guardGap
+	if next > paLimit {
+		return RegionInfo{}, fmt.Errorf("%w: physical address space exhausted", ErrLimit)
+	}
+	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return RegionInfo{}, fmt.Errorf("dma: dup fd: %w", err)
+	}
+	mem, err := mapShared(dup, length)
+	if err != nil {
+		_ = unix.Close(dup)
+		return RegionInfo{}, err
+	}
+	locked := !s.cfg.NoMlock && tryLock(mem)
+	s.nextHandle++
+	r := &region{owner: o, handle: s.nextHandle, pa: pa, length: length, mem: mem, fd: dup, locked: locked}
+	s.nextPA = next
+	st.regions[r.handle] = r
+	s.byPA = append(s.byPA, r) // PAs only grow: stays sorted
+	s.log.Debug("dma: host memory added", "owner", o, "handle", r.handle, "pa", pa, "length", length, "locked", locked, "memlock_limit", memlockLimit())
+	return RegionInfo{Handle: r.handle, PA: pa, Length: length, Locked: locked}, nil
+}
+
+// RemoveRegion unmaps a region of owner. It fails with ErrBusy while an MR
+// or a ring view (Slice) pins it. The unmapping waits for a grace period
+// (see the package comment), so no worker is copying from it when it goes.
+func (s *Space) RemoveRegion(o Owner, handle uint32) error {
+	s.mu.Lock()
+	st := s.owners[o]
+	var r *region
+	if st != nil {
+		r = st.regions[handle]
+	}
+	if r == nil {
+		s.mu.Unlock()
+		return fmt.Errorf("%w: owner %d handle %d", ErrNoRegion, o, handle)
+	}
+	if r.pins > 0 {
+		s.mu.Unlock()
+		return fmt.Errorf("%w: handle %d has %d pins", ErrBusy, handle, r.pins)
+	}
+	s.unpublish(r)
+	s.mu.Unlock()
+	s.retire([]*region{r})
+	return nil
+}
+
+// Pin keeps a region mapped while a ring view of it is in use. Release it
+// when the ring is destroyed; the []byte from Slice must not be touched
+// after that.
+type Pin struct {
+	s    *Space
+	r    *region
+	once sync.Once
+}
+
+// Release drops the pin. Safe to call more than once. Ring views are not
+// covered by the accessor grace period: the ring's user must have stopped
+// touching the slice before it calls Release.
+func (p *Pin) Release() {
+	p.once.Do(func() {
+		s := p.s
+		s.mu.Lock()
+		p.r.pins--
+		last := p.r.dead && p.r.pins == 0
+		s.mu.Unlock()
+		if last {
+			s.retire([]*region{p.r})
+		}
+	})
+}
+
+// Slice returns the bytes of [pa, pa+length) for a ring of owner, which
+// must lie wholly inside one of owner's regions, and pins that region (it
+// cannot be removed, and survives ReleaseOwner, until the Pin is
+// released). The slice aliases shared memory the client writes
+// concurrently: read each index once, validate, never trust.
+func (s *Space) Slice(o Owner, pa, length uint64) ([]byte, *Pin, error) {
+	if length == 0 {
+		return nil, nil, fmt.Errorf("%w: zero-length slice", ErrInvalid)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, nil, ErrClosed
+	}
+	r, err := s.findPA(o, pa, length)
+	if err != nil {
+		return nil, nil, err
+	}
+	r.pins++
+	off := pa - r.pa
+	return r.mem[off : off+length : off+length], &Pin{s: s, r: r}, nil
+}
+
+// ReadPageList copies n little-endian u64 page addresses stored at pa in
+// owner's host memory (REG_MR's pbl_pa) into a new slice. The client may
+// reuse the memory afterwards; the copy is what gets validated.
+func (s *Space) ReadPageList(o Owner, pa uint64, n uint32) ([]uint64, error) {
+	if n == 0 {
+		return nil, fmt.Errorf("%w: empty page list", ErrInvalid)
+	}
+	if pa%8 != 0 {
+		return nil, fmt.Errorf("%w: page list PA %#x not 8-byte aligned", ErrInvalid, pa)
+	}
+	size := uint64(n) * 8
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, err := s.findPA(o, pa, size)
+	if err != nil {
+		return nil, err
+	}
+	b := r.mem[pa-r.pa : pa-r.pa+size]
+	out := make([]uint64, n)
+	for i := range out {
+		o := b[i*8 : i*8+8]
+		out[i] = uint64(o[0]) | uint64(o[1])<<8 | uint64(o[2])<<16 | uint64(o[3])<<24 |
+			uint64(o[4])<<32 | uint64(o[5])<<40 | uint64(o[6])<<48 | uint64(o[7])<<56
+	}
+	return out, nil
+}
+
+func alignUp(x, a uint64) uint64 { return (x + a - 1) &^ (a - 1) }

@@ -1,0 +1,251 @@
+package dma
+
+import (
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"sync/atomic"
+)
+
+// Owner names the client (device context) that owns regions and MRs. The
+// device allocates owners; the Space never lets an owner's page list, ring
+// or key reach memory of another owner.
+type Owner uint32
+
+// PD is a protection domain: the owner and the PD handle the device gave
+// it. MR lookups compare the whole pair, so equal PD handles of two
+// clients never match each other's keys.
+type PD struct {
+	Owner  Owner
+	Handle uint32
+}
+
+// Config bounds a Space. Zero fields take the defaults.
+type Config struct {
+	// MaxMRs is the number of MR key indices (default 65536, at most
+	// 1<<24: a key is index<<8 | variant). Index 0 is never used, so
+	// key 0 never names an MR.
+	MaxMRs int
+	// MaxRegionsPerOwner bounds host memory regions per owner (default 64).
+	MaxRegionsPerOwner int
+	// MaxRegionBytes bounds one region (default and maximum 1<<40).
+	MaxRegionBytes uint64
+	// MaxMRBytes bounds one MR's length (default VRNIC_MAX_MR_SIZE, 1<<40).
+	MaxMRBytes uint64
+	// NoMlock skips mlock; regions report locked=false.
+	NoMlock bool
+	// Logger receives lifecycle messages (nil: slog.Default()).
+	Logger *slog.Logger
+}
+
+const (
+	defaultMaxMRs     = 1 << 16
+	maxMRs            = 1 << 24
+	defaultMaxRegions = 64
+	maxRegionBytes    = 1 << 40
+	maxMRBytes        = 1 << 40
+	// paStart is the first PA handed out (PA 0 is never valid, so a zeroed
+	// ring or page address fails cleanly); guardGap separates regions so a
+	// page or ring running off the end of one region never lands in the
+	// next; paLimit bounds the space. PA ranges are never reused.
+	paStart  = 1 << 30
+	guardGap = RegionAlign
+	paLimit  = 1 << 62
+)
+
+// Space is the physical address space of one device: the host memory
+// regions of its clients and the MR key table. See the package comment for
+// the layout and the concurrency scheme.
+//
+// Control-plane methods (AddRegion, RemoveRegion, Slice, RegisterMR,
+// DeregisterMR, ReleaseOwner, Close) serialize on one mutex. Invalidate and
+// the Accessor methods take no lock.
+type Space struct {
+	cfg Config
+	log *slog.Logger
+
+	// Hot path: read with atomics only.
+	epoch     atomic.Uint64               // grace-period epoch, >= 1
+	slots     []atomic.Pointer[memRegion] // key index -> live MR or nil
+	accessors atomic.Pointer[[]*Accessor] // copy-on-write under mu
+
+	mu         sync.Mutex // guards everything below
+	closed     bool
+	owners     map[Owner]*ownerState
+	byPA       []*region // live (published) regions sorted by pa
+	lastHit    *region   // last region found by findPA (registration cache)
+	nextHandle uint32
+	nextPA     uint64
+	variants   []uint8  // per key index: variant of the last key handed out
+	free       []uint32 // FIFO of free key indices
+	freeHead   int
+}
+
+type ownerState struct {
+	regions map[uint32]*region
+	mrs     map[uint32]*memRegion // by lkey
+}
+
+// NewSpace returns an empty Space.
+func NewSpace(cfg Config) (*Space, error) {
+	if cfg.MaxMRs == 0 {
+		cfg.MaxMRs = defaultMaxMRs
+	}
+	if cfg.MaxMRs < 2 || cfg.MaxMRs > maxMRs {
+		return nil, fmt.Errorf("%w: MaxMRs %d not in [2, %d]", ErrInvalid, cfg.MaxMRs, maxMRs)
+	}
+	if cfg.MaxRegionsPerOwner <= 0 {
+		cfg.MaxRegionsPerOwner = defaultMaxRegions
+	}
+	if cfg.MaxRegionBytes == 0 || cfg.MaxRegionBytes > maxRegionBytes {
+		cfg.MaxRegionBytes = maxRegionBytes
+	}
+	if cfg.MaxMRBytes == 0 || cfg.MaxMRBytes > maxMRBytes {
+		cfg.MaxMRBytes = maxMRBytes
+	}
+	s := &Space{
+		cfg:      cfg,
+		log:      cfg.Logger,
+		slots:    make([]atomic.Pointer[memRegion], cfg.MaxMRs),
+		owners:   make(map[Owner]*ownerState),
+		nextPA:   paStart,
+		variants: make([]uint8, cfg.MaxMRs),
+		free:     make([]uint32, 0, cfg.MaxMRs-1),
+	}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	s.epoch.Store(1)
+	s.accessors.Store(new([]*Accessor))
+	for i := 1; i < cfg.MaxMRs; i++ {
+		s.free = append(s.free, uint32(i))
+	}
+	return s, nil
+}
+
+func (s *Space) owner(o Owner) *ownerState {
+	st := s.owners[o]
+	if st == nil {
+		st = &ownerState{regions: make(map[uint32]*region), mrs: make(map[uint32]*memRegion)}
+		s.owners[o] = st
+	}
+	return st
+}
+
+// findPA returns the live region containing [pa, pa+n), or ErrPAOutside
+// or ErrNotOwner. n > 0. Caller holds mu. The last hit is cached, as
+// libvfio-user does, because page lists walk one region in order.
+func (s *Space) findPA(o Owner, pa, n uint64) (*region, error) {
+	r := s.lastHit
+	if r == nil || !r.contains(pa, n) {
+		i := sort.Search(len(s.byPA), func(i int) bool { return s.byPA[i].pa+s.byPA[i].length > pa })
+		if i == len(s.byPA) || !s.byPA[i].contains(pa, n) {
+			return nil, fmt.Errorf("%w: [%#x, +%#x)", ErrPAOutside, pa, n)
+		}
+		r = s.byPA[i]
+		s.lastHit = r
+	}
+	if r.owner != o {
+		return nil, fmt.Errorf("%w: [%#x, +%#x)", ErrNotOwner, pa, n)
+	}
+	return r, nil
+}
+
+// unpublish removes r from the PA index and its owner's table, so no new
+// Slice or registration can find it. Caller holds mu.
+func (s *Space) unpublish(r *region) {
+	i := sort.Search(len(s.byPA), func(i int) bool { return s.byPA[i].pa >= r.pa })
+	if i < len(s.byPA) && s.byPA[i] == r {
+		s.byPA = append(s.byPA[:i], s.byPA[i+1:]...)
+	}
+	if s.lastHit == r {
+		s.lastHit = nil
+	}
+	if st := s.owners[r.owner]; st != nil {
+		delete(st.regions, r.handle)
+	}
+	r.dead = true
+}
+
+// synchronize waits for a grace period: until every Accessor that may
+// have loaded a pointer published before this call has left its section.
+// It bumps the epoch, then waits for each accessor's state to be 0 (idle)
+// or at least the new epoch (entered after the bump, so it can only see
+// tables stored before the bump, which no longer reference what is being
+// retired). Go atomics are sequentially consistent, which is what makes
+// the "state is 0" observation safe: an accessor that stores its state
+// after we read 0 loads the tables after our unpublishing stores.
+// Caller does not hold mu.
+func (s *Space) synchronize() {
+	e := s.epoch.Add(1)
+	for _, a := range *s.accessors.Load() {
+		for spins := 0; ; spins++ {
+			st := a.state.Load()
+			if st == 0 || st >= e {
+				break
+			}
+			backoff(spins)
+		}
+	}
+}
+
+// retire unmaps regions no accessor can reach any more: unpublished, with
+// no pins, after a grace period. Caller does not hold mu.
+func (s *Space) retire(rs []*region) {
+	if len(rs) == 0 {
+		return
+	}
+	s.synchronize()
+	for _, r := range rs {
+		r.release()
+		s.log.Debug("dma: host memory unmapped", "owner", r.owner, "handle", r.handle, "pa", r.pa, "length", r.length)
+	}
+}
+
+// ReleaseOwner drops every MR and region of owner (a client that went
+// away). Regions still pinned by ring views (Slice) are unpublished now and
+// unmapped when the last Pin is released. It returns how many MRs and
+// regions were dropped.
+func (s *Space) ReleaseOwner(o Owner) (mrs, regions int) {
+	s.mu.Lock()
+	st := s.owners[o]
+	if st == nil {
+		s.mu.Unlock()
+		return 0, 0
+	}
+	var retire []*region
+	for _, m := range st.mrs {
+		retire = s.dropMR(st, m, retire)
+		mrs++
+	}
+	for _, r := range st.regions {
+		s.unpublish(r)
+		if r.pins == 0 {
+			retire = append(retire, r)
+		}
+		regions++
+	}
+	delete(s.owners, o)
+	s.mu.Unlock()
+	s.retire(retire)
+	if mrs+regions > 0 {
+		s.log.Info("dma: owner released", "owner", o, "mrs", mrs, "regions", regions)
+	}
+	return mrs, regions
+}
+
+// Close releases every owner. Ring views still pinned keep their region
+// mapped until released. Accessors stay usable and fail every lookup.
+func (s *Space) Close() {
+	s.mu.Lock()
+	s.closed = true
+	owners := make([]Owner, 0, len(s.owners))
+	for o := range s.owners {
+		owners = append(owners, o)
+	}
+	s.mu.Unlock()
+	for _, o := range owners {
+		s.ReleaseOwner(o)
+	}
+}
