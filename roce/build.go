@@ -1,0 +1,289 @@
+package roce
+
+import (
+	"fmt"
+	"net/netip"
+)
+
+// Mode says what a link carries and therefore which headers vrnic writes
+// and parses.
+type Mode uint8
+
+// Link modes.
+const (
+	// ModeEthernet: whole Ethernet frames (TAP link): Ethernet [+802.1Q],
+	// IPv4 or IPv6, UDP, BTH... ICRC.
+	ModeEthernet Mode = iota
+	// ModeUDP: the UDP payload only (UDP link): BTH... ICRC; the kernel
+	// writes IP and UDP and the ICRC covers a Pseudo header instead.
+	ModeUDP
+)
+
+func (m Mode) String() string {
+	switch m {
+	case ModeEthernet:
+		return "ethernet"
+	case ModeUDP:
+		return "udp"
+	}
+	return fmt.Sprintf("Mode(%d)", uint8(m))
+}
+
+// Headroom and tailroom a buffer needs around the payload for Build.
+const (
+	// MaxTransportHeaderLen is the longest BTH plus extension headers of
+	// any opcode (BTH + AtomicETH = 40).
+	MaxTransportHeaderLen = BTHLen + AtomicETHLen
+	// MaxHeadroom is enough headroom for any opcode in any mode:
+	// Ethernet + 802.1Q + IPv6 + UDP + MaxTransportHeaderLen.
+	MaxHeadroom = EthernetHeaderLen + VLANTagLen + IPv6HeaderLen + UDPHeaderLen + MaxTransportHeaderLen
+	// MaxTailroom is enough room after the payload for pad and ICRC.
+	MaxTailroom = 3 + ICRCLen
+)
+
+// Path holds what stays the same for every packet a QP sends to one
+// destination (the address vector): link mode, MAC and IP addresses,
+// ports and IP header fields. Build reads it and never modifies it.
+type Path struct {
+	Mode Mode
+
+	// SrcMAC, DstMAC, VLAN and VLANTCI (PCP, DEI, VID) make the Ethernet
+	// header (ModeEthernet only).
+	SrcMAC, DstMAC [6]byte
+	VLAN           bool
+	VLANTCI        uint16
+
+	// Src and Dst are the IP addresses, both IPv4 (or IPv4-mapped IPv6,
+	// as in RoCE v2 GIDs) or both IPv6. In ModeUDP they only feed the
+	// ICRC's Pseudo header (see Pseudo).
+	Src, Dst netip.Addr
+	// SrcPort is the UDP source port, normally UDPSrcPort(own QPN).
+	SrcPort uint16
+	// DstPort is the UDP destination port; 0 means 4791.
+	DstPort uint16
+
+	// TOS is the IPv4 Type of Service or IPv6 Traffic Class (DSCP, ECN).
+	TOS uint8
+	// TTL is the IPv4 Time to Live or IPv6 Hop Limit.
+	TTL uint8
+	// FlowLabel is the IPv6 flow label (low 20 bits).
+	FlowLabel uint32
+	// DontFragment sets the IPv4 DF flag.
+	DontFragment bool
+	// UDPChecksum asks for a UDP checksum over IPv4 (otherwise 0, as
+	// RoCE v2 allows). Over IPv6 the checksum is always computed.
+	UDPChecksum bool
+}
+
+// IPv6 reports whether the path uses IPv6 (either address is a native
+// IPv6 address).
+func (p *Path) IPv6() bool { return p.Src.Unmap().Is6() || p.Dst.Unmap().Is6() }
+
+// Pseudo returns the pseudo header of the path for ModeUDP.
+func (p *Path) Pseudo() Pseudo {
+	return Pseudo{Src: p.Src, Dst: p.Dst, SrcPort: p.SrcPort, DstPort: p.DstPort}
+}
+
+// LinkHeaderLen returns the bytes Build writes before the BTH: Ethernet,
+// VLAN, IP and UDP in ModeEthernet, 0 in ModeUDP.
+func (p *Path) LinkHeaderLen() int {
+	if p.Mode == ModeUDP {
+		return 0
+	}
+	n := EthernetHeaderLen + UDPHeaderLen
+	if p.VLAN {
+		n += VLANTagLen
+	}
+	if p.IPv6() {
+		return n + IPv6HeaderLen
+	}
+	return n + IPv4HeaderLen
+}
+
+// Headroom returns the bytes Build needs in front of the payload for op.
+func (p *Path) Headroom(op Opcode) int { return p.LinkHeaderLen() + op.HeaderLen() }
+
+// Validate checks that the path can be used by Build.
+func (p *Path) Validate() error {
+	switch p.Mode {
+	case ModeEthernet:
+		if !p.Src.IsValid() || !p.Dst.IsValid() {
+			return fmt.Errorf("%w: source and destination IP addresses are required", ErrBadPath)
+		}
+		if p.Src.Unmap().Is4() != p.Dst.Unmap().Is4() {
+			return fmt.Errorf("%w: source %v and destination %v differ in family", ErrBadPath, p.Src, p.Dst)
+		}
+	case ModeUDP:
+	default:
+		return fmt.Errorf("%w: unknown mode %d", ErrBadPath, p.Mode)
+	}
+	return nil
+}
+
+// Headers are the per-packet header fields Build writes. Only the
+// extension headers the opcode carries are used; the others are ignored.
+type Headers struct {
+	// BTH; PadCount is ignored (Build computes it from the payload
+	// length) and TVer should be 0.
+	BTH          BTHFields
+	DETH         DETHFields
+	RETH         RETHFields
+	AtomicETH    AtomicETHFields
+	AETH         AETHFields
+	AtomicAckETH AtomicAckETHFields
+	// Imm is the ImmDt value (OpImm opcodes).
+	Imm uint32
+	// InvRKey is the IETH R_Key (OpInvalidate opcodes).
+	InvRKey uint32
+	// IPID is the IPv4 Identification (ModeEthernet over IPv4).
+	IPID uint16
+}
+
+// Build writes a packet around the payload buf[off:off+n], which the
+// caller has already placed there: the headers of p and h in the headroom
+// buf[off-p.Headroom(op):off], then the pad (zeros, to a multiple of 4)
+// and the ICRC after the payload. It fills every length field, the pad
+// count, the IPv4 header checksum, the UDP checksum (over IPv6, or over
+// IPv4 when p.UDPChecksum) and the ICRC, and returns the packet, a
+// sub-slice of buf: an Ethernet frame in ModeEthernet, the UDP payload in
+// ModeUDP. The payload is not copied or changed. Build does not allocate.
+//
+// Errors: ErrUnknownOpcode, ErrOpcodeLength (payload on an opcode without
+// one), ErrNoRoom (headroom or tailroom short, or too long for the IP
+// length fields), ErrBadPath.
+func (p *Path) Build(buf []byte, off, n int, h *Headers) ([]byte, error) {
+	op := h.BTH.Opcode
+	info := op.Info()
+	if !info.Valid() {
+		return nil, fmt.Errorf("%w: 0x%02x", ErrUnknownOpcode, uint8(op))
+	}
+	if n < 0 || off < 0 || (n > 0 && info.Flags&OpPayload == 0) {
+		return nil, fmt.Errorf("%w: %v with %d payload bytes", ErrOpcodeLength, op, n)
+	}
+	pad := -n & 3
+	end := off + n + pad + ICRCLen
+	if end > len(buf) || end < off {
+		return nil, fmt.Errorf("%w: need %d bytes after offset %d, have %d", ErrNoRoom, n+pad+ICRCLen, off, len(buf)-off)
+	}
+	tstart := off - info.HeaderLen
+	link := p.LinkHeaderLen()
+	start := tstart - link
+	if start < 0 {
+		return nil, fmt.Errorf("%w: need %d bytes of headroom, have %d", ErrNoRoom, link+info.HeaderLen, off)
+	}
+	if end-start-EthernetHeaderLen > 0xffff-IPv6HeaderLen {
+		return nil, fmt.Errorf("%w: packet of %d bytes is too long", ErrNoRoom, end-start)
+	}
+
+	// Transport headers.
+	t := buf[tstart:off]
+	bth := BTH(t[:BTHLen])
+	bth.Encode(&h.BTH)
+	bth.SetPadCount(pad)
+	if info.Headers != 0 {
+		encodeExt(t, info, h)
+	}
+	clear(buf[off+n : off+n+pad])
+	body := buf[tstart : off+n+pad]
+	icrc := buf[off+n+pad : end]
+
+	if p.Mode == ModeUDP {
+		ps := p.Pseudo()
+		putICRC(icrc, icrcPseudo(&ps, body))
+		return buf[tstart:end], nil
+	}
+	if p.Mode != ModeEthernet {
+		return nil, fmt.Errorf("%w: unknown mode %d", ErrBadPath, p.Mode)
+	}
+
+	// Ethernet, IP, UDP.
+	v6 := p.IPv6()
+	eth := Ethernet(buf[start:])
+	ef := EthernetFields{Dst: p.DstMAC, Src: p.SrcMAC, VLAN: p.VLAN, TCI: p.VLANTCI, Type: EtherTypeIPv4}
+	if v6 {
+		ef.Type = EtherTypeIPv6
+	}
+	eth.Encode(&ef)
+	ipStart := start + ef.Len()
+	udpLen := end - tstart + UDPHeaderLen
+	var iphl int
+	if v6 {
+		if !p.Src.IsValid() || !p.Dst.IsValid() {
+			return nil, fmt.Errorf("%w: source and destination IP addresses are required", ErrBadPath)
+		}
+		iphl = IPv6HeaderLen
+		IPv6(buf[ipStart:]).Encode(&IPv6Fields{
+			TrafficClass: p.TOS, FlowLabel: p.FlowLabel, PayloadLength: uint16(udpLen),
+			NextHeader: ProtocolUDP, HopLimit: p.TTL, Src: addr16(p.Src), Dst: addr16(p.Dst),
+		})
+	} else {
+		src, dst := p.Src.Unmap(), p.Dst.Unmap()
+		if !src.Is4() || !dst.Is4() {
+			return nil, fmt.Errorf("%w: source %v and destination %v are not both IPv4", ErrBadPath, p.Src, p.Dst)
+		}
+		iphl = IPv4HeaderLen
+		var ff uint16
+		if p.DontFragment {
+			ff = IPv4FlagDF
+		}
+		IPv4(buf[ipStart:]).Encode(&IPv4Fields{
+			TOS: p.TOS, TotalLength: uint16(IPv4HeaderLen + udpLen), ID: h.IPID, FlagsFragment: ff,
+			TTL: p.TTL, Protocol: ProtocolUDP, Src: src.As4(), Dst: dst.As4(),
+		})
+	}
+	dport := p.DstPort
+	if dport == 0 {
+		dport = UDPPort
+	}
+	u := UDP(buf[ipStart+iphl : tstart])
+	u.Encode(&UDPFields{SrcPort: p.SrcPort, DstPort: dport, Length: uint16(udpLen)})
+	putICRC(icrc, icrcIP(buf[ipStart:off+n+pad], v6, iphl))
+	if v6 || p.UDPChecksum {
+		dgram := buf[ipStart+iphl : end]
+		if v6 {
+			ip := IPv6(buf[ipStart:])
+			u.SetChecksum(UDPChecksum(ip[ipv6Src:ipv6Src+16], ip[ipv6Dst:ipv6Dst+16], dgram))
+		} else {
+			ip := IPv4(buf[ipStart:])
+			u.SetChecksum(UDPChecksum(ip[ipv4Src:ipv4Src+4], ip[ipv4Dst:ipv4Dst+4], dgram))
+		}
+	}
+	return buf[start:end], nil
+}
+
+// encodeExt writes the extension headers of info into t (BTH first).
+func encodeExt(t []byte, info *OpInfo, h *Headers) {
+	m := info.Headers
+	if m.Has(HdrDETH) {
+		o := info.offsets[HdrDETH]
+		DETH(t[o : o+DETHLen]).Encode(&h.DETH)
+	}
+	if m.Has(HdrRETH) {
+		o := info.offsets[HdrRETH]
+		RETH(t[o : o+RETHLen]).Encode(&h.RETH)
+	}
+	if m.Has(HdrAtomicETH) {
+		o := info.offsets[HdrAtomicETH]
+		AtomicETH(t[o : o+AtomicETHLen]).Encode(&h.AtomicETH)
+	}
+	if m.Has(HdrAETH) {
+		o := info.offsets[HdrAETH]
+		AETH(t[o : o+AETHLen]).Encode(&h.AETH)
+	}
+	if m.Has(HdrAtomicAckETH) {
+		o := info.offsets[HdrAtomicAckETH]
+		AtomicAckETH(t[o : o+AtomicAckETHLen]).Encode(&h.AtomicAckETH)
+	}
+	if m.Has(HdrImmDt) {
+		o := info.offsets[HdrImmDt]
+		ImmDt(t[o : o+ImmDtLen]).SetImm(h.Imm)
+	}
+	if m.Has(HdrIETH) {
+		o := info.offsets[HdrIETH]
+		IETH(t[o : o+IETHLen]).SetRKey(h.InvRKey)
+	}
+	if m.Has(HdrCNPReserved) {
+		o := int(info.offsets[HdrCNPReserved])
+		clear(t[o : o+CNPReservedLen])
+	}
+}
