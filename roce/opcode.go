@@ -34,21 +34,21 @@ const (
 	OpRCSendLastInv        Opcode = 0x16
 	OpRCSendOnlyInv        Opcode = 0x17
 
-	OpUCSendFirst      Opcode = 0x20
-	OpUCSendMiddle     Opcode = 0x21
-	OpUCSendLast       Opcode = 0x22
-	OpUCSendLastImm    Opcode = 0x23
-	OpUCSendOnly       Opcode = 0x24
-	OpUCSendOnlyImm    Opcode = 0x25
-	OpUCWriteFirst     Opcode = 0x26
-	OpUCWriteMiddle    Opcode = 0x27
-	OpUCWriteLast      Opcode = 0x28
-	OpUCWriteLastImm   Opcode = 0x29
-	OpUCWriteOnly      Opcode = 0x2a
-	OpUCWriteOnlyImm   Opcode = 0x2b
-	OpUDSendOnly       Opcode = 0x64
-	OpUDSendOnlyImm    Opcode = 0x65
-	OpCNP              Opcode = 0x81
+	OpUCSendFirst    Opcode = 0x20
+	OpUCSendMiddle   Opcode = 0x21
+	OpUCSendLast     Opcode = 0x22
+	OpUCSendLastImm  Opcode = 0x23
+	OpUCSendOnly     Opcode = 0x24
+	OpUCSendOnlyImm  Opcode = 0x25
+	OpUCWriteFirst   Opcode = 0x26
+	OpUCWriteMiddle  Opcode = 0x27
+	OpUCWriteLast    Opcode = 0x28
+	OpUCWriteLastImm Opcode = 0x29
+	OpUCWriteOnly    Opcode = 0x2a
+	OpUCWriteOnlyImm Opcode = 0x2b
+	OpUDSendOnly     Opcode = 0x64
+	OpUDSendOnlyImm  Opcode = 0x65
+	OpCNP            Opcode = 0x81
 
 	opServiceShift = 5
 )
