@@ -1,0 +1,124 @@
+package ebpf
+
+import (
+	"fmt"
+
+	"github.com/cilium/ebpf"
+)
+
+// SteerStats are the steering program's counters, summed over CPUs.
+type SteerStats struct {
+	// Steered[q] counts RoCE v2 frames steered to queue q.
+	Steered []uint64
+	// NonRoCE counts frames that were not RoCE v2 (sent to queue 0).
+	NonRoCE uint64
+}
+
+// FilterReason is the verdict reason of the filter program; the values are
+// the C enum filter_reason (vrnic_bpf.h).
+type FilterReason uint32
+
+// Filter verdict reasons; the first four pass the frame, the others drop it.
+const (
+	FilterPassARP          = FilterReason(filterFilterReasonFILTER_PASS_ARP)
+	FilterPassND           = FilterReason(filterFilterReasonFILTER_PASS_ND)
+	FilterPassRoCEv4       = FilterReason(filterFilterReasonFILTER_PASS_ROCE_V4)
+	FilterPassRoCEv6       = FilterReason(filterFilterReasonFILTER_PASS_ROCE_V6)
+	FilterDropTruncated    = FilterReason(filterFilterReasonFILTER_DROP_TRUNCATED)
+	FilterDropEtherType    = FilterReason(filterFilterReasonFILTER_DROP_ETHERTYPE)
+	FilterDropARPMalformed = FilterReason(filterFilterReasonFILTER_DROP_ARP_MALFORMED)
+	FilterDropARPNotOurs   = FilterReason(filterFilterReasonFILTER_DROP_ARP_NOT_OURS)
+	FilterDropIPMalformed  = FilterReason(filterFilterReasonFILTER_DROP_IP_MALFORMED)
+	FilterDropIPFragment   = FilterReason(filterFilterReasonFILTER_DROP_IP_FRAGMENT)
+	FilterDropL4Proto      = FilterReason(filterFilterReasonFILTER_DROP_L4PROTO)
+	FilterDropUDPPort      = FilterReason(filterFilterReasonFILTER_DROP_UDP_PORT)
+	FilterDropAddrNotOurs  = FilterReason(filterFilterReasonFILTER_DROP_ADDR_NOT_OURS)
+	FilterDropNDNotOurs    = FilterReason(filterFilterReasonFILTER_DROP_ND_NOT_OURS)
+	FilterDropNDMalformed  = FilterReason(filterFilterReasonFILTER_DROP_ND_MALFORMED)
+	FilterDropICMPv6Other  = FilterReason(filterFilterReasonFILTER_DROP_ICMPV6OTHER)
+
+	// NumFilterReasons is the number of reasons (size of FilterStats).
+	NumFilterReasons = int(filterFilterReasonFILTER_REASON_MAX)
+)
+
+var filterReasonNames = [NumFilterReasons]string{
+	FilterPassARP:          "pass_arp",
+	FilterPassND:           "pass_nd",
+	FilterPassRoCEv4:       "pass_roce_v4",
+	FilterPassRoCEv6:       "pass_roce_v6",
+	FilterDropTruncated:    "drop_truncated",
+	FilterDropEtherType:    "drop_ethertype",
+	FilterDropARPMalformed: "drop_arp_malformed",
+	FilterDropARPNotOurs:   "drop_arp_not_ours",
+	FilterDropIPMalformed:  "drop_ip_malformed",
+	FilterDropIPFragment:   "drop_ip_fragment",
+	FilterDropL4Proto:      "drop_l4_proto",
+	FilterDropUDPPort:      "drop_udp_port",
+	FilterDropAddrNotOurs:  "drop_addr_not_ours",
+	FilterDropNDNotOurs:    "drop_nd_not_ours",
+	FilterDropNDMalformed:  "drop_nd_malformed",
+	FilterDropICMPv6Other:  "drop_icmpv6_other",
+}
+
+// String returns the counter name of r.
+func (r FilterReason) String() string {
+	if int(r) < len(filterReasonNames) {
+		return filterReasonNames[r]
+	}
+	return fmt.Sprintf("filter_reason(%d)", uint32(r))
+}
+
+// Pass tells whether frames with this reason are kept.
+func (r FilterReason) Pass() bool { return r <= FilterPassRoCEv6 }
+
+// FilterStats are the filter program's counters by reason, summed over CPUs.
+type FilterStats [NumFilterReasons]uint64
+
+// Dropped returns the number of frames dropped for any reason.
+func (s *FilterStats) Dropped() uint64 {
+	var n uint64
+	for r, c := range s {
+		if !FilterReason(r).Pass() {
+			n += c
+		}
+	}
+	return n
+}
+
+// SteerStats reads the steering counters (Steered has Queues() entries).
+func (p *Programs) SteerStats() (SteerStats, error) {
+	st := SteerStats{Steered: make([]uint64, p.queues)}
+	var err error
+	for q := range st.Steered {
+		if st.Steered[q], err = sumPerCPU(p.steer.SteerStats, uint32(q)); err != nil {
+			return st, err
+		}
+	}
+	st.NonRoCE, err = sumPerCPU(p.steer.SteerStats, uint32(MaxQueues))
+	return st, err
+}
+
+// FilterStats reads the filter counters.
+func (p *Programs) FilterStats() (FilterStats, error) {
+	var st FilterStats
+	for r := range st {
+		c, err := sumPerCPU(p.filter.FilterStats, uint32(r))
+		if err != nil {
+			return st, err
+		}
+		st[r] = c
+	}
+	return st, nil
+}
+
+func sumPerCPU(m *ebpf.Map, key uint32) (uint64, error) {
+	var vals []uint64
+	if err := m.Lookup(key, &vals); err != nil {
+		return 0, fmt.Errorf("ebpf: read %s[%d]: %w", m, key, err)
+	}
+	var n uint64
+	for _, v := range vals {
+		n += v
+	}
+	return n, nil
+}
