@@ -1,6 +1,10 @@
 package dma
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/vrnic/vrnic/abi"
+)
 
 // Access is a set of MR access flags, numbered as libibverbs' IBV_ACCESS_*
 // and enum vrnic_access in abi/vrnic_abi.h. Local read is always granted.
@@ -8,10 +12,10 @@ type Access uint32
 
 // Access flags.
 const (
-	AccessLocalWrite   Access = 1 << 0 // VRNIC_ACCESS_LOCAL_WRITE
-	AccessRemoteWrite  Access = 1 << 1 // VRNIC_ACCESS_REMOTE_WRITE
-	AccessRemoteRead   Access = 1 << 2 // VRNIC_ACCESS_REMOTE_READ
-	AccessRemoteAtomic Access = 1 << 3 // VRNIC_ACCESS_REMOTE_ATOMIC
+	AccessLocalWrite   = Access(abi.AccessLocalWrite)   // 1 << 0
+	AccessRemoteWrite  = Access(abi.AccessRemoteWrite)  // 1 << 1
+	AccessRemoteRead   = Access(abi.AccessRemoteRead)   // 1 << 2
+	AccessRemoteAtomic = Access(abi.AccessRemoteAtomic) // 1 << 3
 
 	// AccessRemote is every remote flag: an MR with none of them has no
 	// rkey (0, which never names an MR).
@@ -21,8 +25,8 @@ const (
 
 // Page shifts accepted by RegisterMR (VRNIC_PAGE_SHIFT_4K, _2M).
 const (
-	PageShift4K = 12
-	PageShift2M = 21
+	PageShift4K = abi.PageShift4K
+	PageShift2M = abi.PageShift2M
 	// RegionAlign is the PA alignment of every region (a 2 MiB page).
 	RegionAlign = 1 << PageShift2M
 	// MinPage is the granule of region lengths and the smallest page.

@@ -1,14 +1,15 @@
 package dma
 
-import "math"
+import (
+	"math"
+
+	"github.com/vrnic/vrnic/abi"
+)
 
 // SGE is a scatter/gather element as posted in a WQE (struct vrnic_sge):
-// Length bytes at virtual address Addr of the MR named by LKey.
-type SGE struct {
-	Addr   uint64
-	Length uint32
-	LKey   uint32
-}
+// Length bytes at virtual address Addr of the MR named by LKey. It is the
+// abi type, so WQE decoding fills it directly.
+type SGE = abi.SGE
 
 // Index values returned in "bad" alongside an error.
 const (

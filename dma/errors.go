@@ -6,130 +6,103 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Sentinel errors. Functions wrap them with %w and context on the control
-// path; the hot path (Accessor methods) returns them unwrapped so that an
-// error costs no allocation. Test with errors.Is.
+// Sentinel errors, each carrying the errno of a control reply. Functions
+// wrap them with %w and context on the control path; the hot path
+// (Accessor methods) returns them unwrapped so that an error costs no
+// allocation. Test with errors.Is.
 var (
 	// Host memory (AddRegion, RemoveRegion, Slice).
 
 	// ErrInvalid: a malformed argument (zero or unaligned length, unknown
 	// flag bits, bad page shift).
-	ErrInvalid = errors.New("dma: invalid argument")
+	ErrInvalid error = &sentinel{"dma: invalid argument", unix.EINVAL}
 	// ErrNotMemfd: the fd is not a memfd (F_GET_SEALS refused it) or not a
 	// regular file.
-	ErrNotMemfd = errors.New("dma: fd is not a memfd")
+	ErrNotMemfd error = &sentinel{"dma: fd is not a memfd", unix.EBADF}
 	// ErrUnsealed: the memfd is not sealed with F_SEAL_SHRINK (or cannot be
 	// sealed at all: created without MFD_ALLOW_SEALING).
-	ErrUnsealed = errors.New("dma: memfd not sealed against shrinking")
+	ErrUnsealed error = &sentinel{"dma: memfd not sealed against shrinking", unix.EPERM}
 	// ErrWriteSealed: the memfd carries F_SEAL_WRITE or F_SEAL_FUTURE_WRITE,
 	// so it cannot be mapped writable by the device.
-	ErrWriteSealed = errors.New("dma: memfd sealed against writing")
+	ErrWriteSealed error = &sentinel{"dma: memfd sealed against writing", unix.EPERM}
 	// ErrTooShort: the memfd is shorter than the length asked for.
-	ErrTooShort = errors.New("dma: memfd shorter than length")
+	ErrTooShort error = &sentinel{"dma: memfd shorter than length", unix.EINVAL}
 	// ErrTooLarge: a length beyond the configured maximum.
-	ErrTooLarge = errors.New("dma: length too large")
+	ErrTooLarge error = &sentinel{"dma: length too large", unix.E2BIG}
 	// ErrNoRegion: no live region with that handle for that owner.
-	ErrNoRegion = errors.New("dma: no such host memory region")
+	ErrNoRegion error = &sentinel{"dma: no such host memory region", unix.ENOENT}
 	// ErrBusy: the region is pinned by an MR or a ring view.
-	ErrBusy = errors.New("dma: host memory region in use")
+	ErrBusy error = &sentinel{"dma: host memory region in use", unix.EBUSY}
 	// ErrLimit: a table is full (regions per owner, MR keys, PA space).
-	ErrLimit = errors.New("dma: resource limit reached")
+	ErrLimit error = &sentinel{"dma: resource limit reached", unix.ENOSPC}
 	// ErrClosed: the Space was closed.
-	ErrClosed = errors.New("dma: space closed")
+	ErrClosed error = &sentinel{"dma: space closed", unix.ESHUTDOWN}
 
 	// Physical addresses (Slice, RegisterMR page lists).
 
 	// ErrPAOutside: a physical range is not wholly inside one region of
 	// any owner (unassigned PA, guard gap, or straddling a region end).
-	ErrPAOutside = errors.New("dma: physical address outside host memory")
+	ErrPAOutside error = &sentinel{"dma: physical address outside host memory", unix.EFAULT}
 	// ErrNotOwner: a physical range lies in a region of another owner.
-	ErrNotOwner = errors.New("dma: physical address in another owner's memory")
+	ErrNotOwner error = &sentinel{"dma: physical address in another owner's memory", unix.EACCES}
 
 	// Memory registration.
 
 	// ErrPageSize: page shift other than 12 (4 KiB) or 21 (2 MiB).
-	ErrPageSize = errors.New("dma: unsupported page size")
+	ErrPageSize error = &sentinel{"dma: unsupported page size", unix.EINVAL}
 	// ErrPageCount: the page list length does not match the pages that
 	// [iova, iova+length) touches.
-	ErrPageCount = errors.New("dma: page count does not match the range")
+	ErrPageCount error = &sentinel{"dma: page count does not match the range", unix.EINVAL}
 	// ErrPageAlign: a page address not aligned to the page size.
-	ErrPageAlign = errors.New("dma: page address not aligned to the page size")
+	ErrPageAlign error = &sentinel{"dma: page address not aligned to the page size", unix.EINVAL}
 	// ErrOverflow: iova+length wraps, or length exceeds the MR maximum.
-	ErrOverflow = errors.New("dma: address range overflows")
+	ErrOverflow error = &sentinel{"dma: address range overflows", unix.EOVERFLOW}
 	// ErrAccessFlags: unknown access bits, or remote write / remote atomic
 	// without local write (IBTA C10-83).
-	ErrAccessFlags = errors.New("dma: invalid access flags")
+	ErrAccessFlags error = &sentinel{"dma: invalid access flags", unix.EINVAL}
 	// ErrNoMR: DeregisterMR of a key that is not a live MR of that owner.
-	ErrNoMR = errors.New("dma: no such memory region")
+	ErrNoMR error = &sentinel{"dma: no such memory region", unix.ENOENT}
 
 	// Translation (hot path). Each maps to one completion status.
 
 	// ErrBadKey: unknown, stale (index reused) or invalidated key.
-	ErrBadKey = errors.New("dma: bad key")
+	ErrBadKey error = &sentinel{"dma: bad key", unix.EINVAL}
 	// ErrWrongPD: the key belongs to another protection domain.
-	ErrWrongPD = errors.New("dma: key of another protection domain")
+	ErrWrongPD error = &sentinel{"dma: key of another protection domain", unix.EACCES}
 	// ErrAccess: the MR does not grant the access asked for (EACCES).
-	ErrAccess = errors.New("dma: access not permitted by the MR")
+	ErrAccess error = &sentinel{"dma: access not permitted by the MR", unix.EACCES}
 	// ErrBounds: the range is not inside the MR.
-	ErrBounds = errors.New("dma: range outside the MR")
+	ErrBounds error = &sentinel{"dma: range outside the MR", unix.EFAULT}
 	// ErrLength: the SGE list and the buffer lengths disagree (a receive
 	// longer than the posted buffers, a gather past the end of the list).
-	ErrLength = errors.New("dma: length mismatch with the SGE list")
+	ErrLength error = &sentinel{"dma: length mismatch with the SGE list", unix.EMSGSIZE}
 	// ErrMisaligned: an atomic on an address not aligned to 8 bytes.
-	ErrMisaligned = errors.New("dma: atomic address not 8-byte aligned")
+	ErrMisaligned error = &sentinel{"dma: atomic address not 8-byte aligned", unix.EINVAL}
 	// ErrSegments: the caller's scatter list is too short for the range.
-	ErrSegments = errors.New("dma: scatter list too short")
+	ErrSegments error = &sentinel{"dma: scatter list too short", unix.ENOSPC}
 	// ErrNoSection: Translate called outside Enter/Exit.
-	ErrNoSection = errors.New("dma: translate outside an Enter/Exit section")
+	ErrNoSection error = &sentinel{"dma: translate outside an Enter/Exit section", unix.EINVAL}
 )
 
-// errnoTable maps every sentinel to the errno the control protocol
-// replies with (vrnic_msg_hdr.status).
-var errnoTable = []struct {
-	err   error
+// sentinel is an error with the errno a control reply carries for it. It
+// unwraps to that errno, so errors.Is(err, unix.EBUSY) holds for ErrBusy
+// and abi.ErrnoOf finds the status of any error wrapping a sentinel.
+type sentinel struct {
+	msg   string
 	errno unix.Errno
-}{
-	{ErrInvalid, unix.EINVAL},
-	{ErrNotMemfd, unix.EBADF},
-	{ErrUnsealed, unix.EPERM},
-	{ErrWriteSealed, unix.EPERM},
-	{ErrTooShort, unix.EINVAL},
-	{ErrTooLarge, unix.E2BIG},
-	{ErrNoRegion, unix.ENOENT},
-	{ErrBusy, unix.EBUSY},
-	{ErrLimit, unix.ENOSPC},
-	{ErrClosed, unix.ESHUTDOWN},
-	{ErrPAOutside, unix.EFAULT},
-	{ErrNotOwner, unix.EACCES},
-	{ErrPageSize, unix.EINVAL},
-	{ErrPageCount, unix.EINVAL},
-	{ErrPageAlign, unix.EINVAL},
-	{ErrOverflow, unix.EOVERFLOW},
-	{ErrAccessFlags, unix.EINVAL},
-	{ErrNoMR, unix.ENOENT},
-	{ErrBadKey, unix.EINVAL},
-	{ErrWrongPD, unix.EACCES},
-	{ErrAccess, unix.EACCES},
-	{ErrBounds, unix.EFAULT},
-	{ErrLength, unix.EMSGSIZE},
-	{ErrMisaligned, unix.EINVAL},
-	{ErrSegments, unix.ENOSPC},
-	{ErrNoSection, unix.EINVAL},
 }
 
-// Errno returns the errno a control reply carries for err: the entry of
-// the first sentinel err wraps, an errno err wraps itself, or EIO.
+func (e *sentinel) Error() string { return e.msg }
+func (e *sentinel) Unwrap() error { return e.errno }
+
+// Errno returns the errno of a control reply for err: the errno of the
+// sentinel (or errno) err wraps, 0 for nil, EIO otherwise.
 func Errno(err error) unix.Errno {
 	if err == nil {
 		return 0
 	}
-	for _, e := range errnoTable {
-		if errors.Is(err, e.err) {
-			return e.errno
-		}
-	}
 	var en unix.Errno
-	if errors.As(err, &en) {
+	if errors.As(err, &en) && en != 0 {
 		return en
 	}
 	return unix.EIO

@@ -1,6 +1,7 @@
 package dma
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -11,6 +12,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/vrnic/vrnic/abi"
 )
 
 // TestAccessFlagsMatchABI checks the flag values and page shifts against
@@ -40,6 +43,10 @@ func TestAccessFlagsMatchABI(t *testing.T) {
 	assert.EqualValues(t, def("VRNIC_PAGE_SHIFT_4K"), PageShift4K)
 	assert.EqualValues(t, def("VRNIC_PAGE_SHIFT_2M"), PageShift2M)
 	assert.EqualValues(t, def("VRNIC_MAX_MR_SIZE"), maxMRBytes)
+	// And the abi Go mirror (which has its own header test).
+	assert.EqualValues(t, abi.AccessAll, accessAll)
+	assert.EqualValues(t, abi.AccessRemoteAtomic, AccessRemoteAtomic)
+	assert.EqualValues(t, abi.MaxMRSize, maxMRBytes)
 }
 
 func TestAddRegionRejects(t *testing.T) {
@@ -298,7 +305,8 @@ func TestErrno(t *testing.T) {
 	assert.Equal(t, unix.ENOENT, Errno(ErrNoMR))
 	assert.Equal(t, unix.Errno(0), Errno(nil))
 	assert.Equal(t, unix.EIO, Errno(os.ErrInvalid))
-	for _, e := range errnoTable {
-		assert.NotZero(t, Errno(e.err), e.err.Error())
-	}
+	assert.Equal(t, unix.EBUSY, Errno(fmt.Errorf("ctx: %w", ErrBusy)), "through wrapping")
+	assert.ErrorIs(t, ErrNotOwner, unix.EACCES, "sentinels unwrap to their errno")
+	assert.Equal(t, abi.ErrnoOf(fmt.Errorf("x: %w", ErrPAOutside)), unix.EFAULT, "abi.ErrnoOf sees it")
+	assert.NotErrorIs(t, ErrBusy, ErrInvalid)
 }

@@ -6,6 +6,8 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+
+	"github.com/vrnic/vrnic/abi"
 )
 
 // Owner names the client (device context) that owns regions and MRs. The
@@ -44,7 +46,7 @@ const (
 	maxMRs            = 1 << 24
 	defaultMaxRegions = 64
 	maxRegionBytes    = 1 << 40
-	maxMRBytes        = 1 << 40
+	maxMRBytes        = abi.MaxMRSize
 	// paStart is the first PA handed out (PA 0 is never valid, so a zeroed
 	// ring or page address fails cleanly); guardGap separates regions so a
 	// page or ring running off the end of one region never lands in the
