@@ -1,0 +1,249 @@
+package device
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/dma"
+)
+
+// LinkInfo describes the device's port as QUERY_PORT and QUERY_GID report
+// it.
+type LinkInfo struct {
+	Type      abi.LinkType
+	MaxMTU    abi.MTU    // largest path MTU the link carries
+	GIDs      [][16]byte // GID table, index 0 first (at most abi.GIDTableLen)
+	MAC       [6]byte
+	SpeedMbps uint64
+}
+
+// ResourceCounts counts the objects of one kind each; used for limits and
+// for the operator's resource report.
+type ResourceCounts struct {
+	Contexts int `json:"contexts"`
+	HostMem  int `json:"host_mem"`
+	PD       int `json:"pd"`
+	MR       int `json:"mr"`
+	CQ       int `json:"cq"`
+	QP       int `json:"qp"`
+	SRQ      int `json:"srq"`
+	AH       int `json:"ah"`
+}
+
+// Limits bound what clients may create. PerClient limits failing give
+// EAGAIN, PerDevice limits ENOMEM. Contexts is only meaningful per device.
+type Limits struct {
+	PerClient ResourceCounts `json:"per_client"`
+	PerDevice ResourceCounts `json:"per_device"`
+	// MaxMRPages bounds the page list of one REG_MR (the daemon copies it).
+	MaxMRPages uint32 `json:"max_mr_pages"`
+}
+
+// DefaultLimits are the limits used for zero fields of Config.Limits.
+var DefaultLimits = Limits{
+	PerClient:  ResourceCounts{HostMem: 64, PD: 256, MR: 4096, CQ: 1024, QP: 1024, SRQ: 256, AH: 4096},
+	PerDevice:  ResourceCounts{Contexts: 256, HostMem: 4096, PD: 4096, MR: 65536, CQ: 16384, QP: 16384, SRQ: 4096, AH: 65536},
+	MaxMRPages: 1 << 20,
+}
+
+func fillCounts(dst *ResourceCounts, def ResourceCounts) {
+	pick := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	pick(&dst.Contexts, def.Contexts)
+	pick(&dst.HostMem, def.HostMem)
+	pick(&dst.PD, def.PD)
+	pick(&dst.MR, def.MR)
+	pick(&dst.CQ, def.CQ)
+	pick(&dst.QP, def.QP)
+	pick(&dst.SRQ, def.SRQ)
+	pick(&dst.AH, def.AH)
+}
+
+// Config configures a Device.
+type Config struct {
+	Name       string
+	NumWorkers int
+	Link       LinkInfo
+	Limits     Limits
+	Space      *dma.Space      // required: the device's physical address space
+	Doorbells  DoorbellFactory // required
+	Engine     Engine          // nil: NopEngine (no data path)
+	Logger     *slog.Logger    // nil: slog.Default()
+}
+
+// DeviceCounters are the device's control-path counters.
+type DeviceCounters struct {
+	Commands        atomic.Uint64
+	CommandErrors   atomic.Uint64
+	BadMessages     atomic.Uint64
+	FdsClosed       atomic.Uint64
+	ContextsOpened  atomic.Uint64
+	ContextsClosed  atomic.Uint64
+	ConnectionsOpen atomic.Int64
+}
+
+// Device is one emulated RNIC: its resources, their lifecycles and the
+// control server that clients talk to.
+//
+// Locking: mu guards every resource table of every context and the
+// device-wide tables; each control command runs entirely under it (the
+// control path is not hot). The engine is called with mu held.
+type Device struct {
+	cfg    Config
+	log    *slog.Logger
+	mem    MemorySpace
+	newDB  DoorbellFactory
+	engine Engine
+	start  time.Time
+
+	counters DeviceCounters
+
+	mu       sync.Mutex
+	contexts map[uint32]*Context
+	nextCtx  uint32
+	qps      map[uint32]*QP // by QPN, device-wide
+	nextQPN  uint32
+	totals   ResourceCounts
+	closed   bool
+	lns      map[*net.UnixListener]struct{}
+	conns    map[*net.UnixConn]struct{}
+
+	wg sync.WaitGroup
+}
+
+// ErrClosed is returned by Serve after Close.
+var ErrClosed = errors.New("device closed")
+
+// New creates a device. It does not listen; call Serve with a listener.
+func New(cfg Config) (*Device, error) {
+	if cfg.Name == "" {
+		return nil, errors.New("device: empty name")
+	}
+	if cfg.Space == nil || cfg.Doorbells == nil {
+		return nil, errors.New("device: Space and Doorbells are required")
+	}
+	if cfg.NumWorkers <= 0 {
+		cfg.NumWorkers = 1
+	}
+	if cfg.Link.MaxMTU == 0 {
+		cfg.Link.MaxMTU = abi.MTU4096
+	}
+	if cfg.Link.MaxMTU < abi.MTU256 || cfg.Link.MaxMTU > abi.MTU4096 {
+		return nil, fmt.Errorf("device: invalid MTU %d", cfg.Link.MaxMTU)
+	}
+	if len(cfg.Link.GIDs) > abi.GIDTableLen {
+		return nil, fmt.Errorf("device: %d GIDs, at most %d", len(cfg.Link.GIDs), abi.GIDTableLen)
+	}
+	fillCounts(&cfg.Limits.PerClient, DefaultLimits.PerClient)
+	fillCounts(&cfg.Limits.PerDevice, DefaultLimits.PerDevice)
+	if cfg.Limits.MaxMRPages == 0 {
+		cfg.Limits.MaxMRPages = DefaultLimits.MaxMRPages
+	}
+	if cfg.Engine == nil {
+		cfg.Engine = NopEngine{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Device{
+		cfg:      cfg,
+		log:      cfg.Logger.With("device", cfg.Name),
+		mem:      dmaSpace{cfg.Space},
+		newDB:    cfg.Doorbells,
+		engine:   cfg.Engine,
+		start:    time.Now(),
+		contexts: make(map[uint32]*Context),
+		qps:      make(map[uint32]*QP),
+		nextQPN:  firstQPN,
+		lns:      make(map[*net.UnixListener]struct{}),
+		conns:    make(map[*net.UnixConn]struct{}),
+	}, nil
+}
+
+// Name returns the device name.
+func (d *Device) Name() string { return d.cfg.Name }
+
+// Limits returns the effective limits.
+func (d *Device) Limits() Limits { return d.cfg.Limits }
+
+// Serve accepts control connections on l until Close; one goroutine serves
+// each connection. It returns ErrClosed after Close, or the accept error.
+func (d *Device) Serve(l *net.UnixListener) error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return ErrClosed
+	}
+	d.lns[l] = struct{}{}
+	d.wg.Add(1)
+	d.mu.Unlock()
+	defer d.wg.Done()
+	for {
+		c, err := l.AcceptUnix()
+		if err != nil {
+			d.mu.Lock()
+			closed := d.closed
+			delete(d.lns, l)
+			d.mu.Unlock()
+			if closed {
+				return ErrClosed
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return fmt.Errorf("accept: %w", err)
+		}
+		d.mu.Lock()
+		if d.closed {
+			d.mu.Unlock()
+			c.Close()
+			return ErrClosed
+		}
+		d.conns[c] = struct{}{}
+		d.wg.Add(1)
+		d.mu.Unlock()
+		go d.serveConn(c)
+	}
+}
+
+// Close stops every listener and connection, releases every context's
+// resources and waits for the connection goroutines to finish.
+func (d *Device) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		d.wg.Wait()
+		return nil
+	}
+	d.closed = true
+	for l := range d.lns {
+		l.Close()
+	}
+	for c := range d.conns {
+		c.Close()
+	}
+	d.mu.Unlock()
+	d.wg.Wait()
+	d.log.Info("device closed")
+	return nil
+}
+
+// Counts returns the device-wide resource counts.
+func (d *Device) Counts() ResourceCounts {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.totals
+}
+
+// Counters returns the device's control-path counters.
+func (d *Device) Counters() *DeviceCounters { return &d.counters }

@@ -1,0 +1,44 @@
+package device
+
+// Engine is the seam between the control path and the transport engine
+// (package device/engine). The device owns QP objects and their state
+// machine; it tells the engine about every QP it creates, every accepted
+// state change and every QP it destroys, in that order, under the device
+// lock (calls must not block for long and must not call back into Device).
+//
+// Until an engine is wired in (Config.Engine nil), NopEngine is used: QPs
+// go through every state, work requests are written by clients into their
+// rings, but no data moves and no completion is ever produced.
+type Engine interface {
+	// CreateQP is called once the QP exists in RESET. An error fails the
+	// CREATE_QP command (and the QP is discarded).
+	CreateQP(qp *QP) error
+	// ModifyQP is called after a MODIFY_QP was validated and applied; prev
+	// is the state before. The engine may start/stop processing, flush the
+	// QP's queues on ERR, reset its state on RESET.
+	ModifyQP(qp *QP, prev QPState, mask AttrMask)
+	// DestroyQP is called before the QP's rings are unpinned; after it
+	// returns the engine must not touch the QP's memory.
+	DestroyQP(qp *QP)
+	// Counters returns the QP's traffic counters for QUERY_QP and vrnicctl.
+	Counters(qp *QP) QPCounters
+}
+
+// QPCounters are per-QP traffic counters kept by the engine.
+type QPCounters struct {
+	PacketsSent     uint64 `json:"packets_sent"`
+	PacketsReceived uint64 `json:"packets_received"`
+	Retransmits     uint64 `json:"retransmits"`
+	RNRNaksReceived uint64 `json:"rnr_naks_received"`
+}
+
+// NopEngine is the engine of a device without a data path: it accepts
+// every QP and moves no data.
+type NopEngine struct{}
+
+func (NopEngine) CreateQP(*QP) error              { return nil }
+func (NopEngine) ModifyQP(*QP, QPState, AttrMask) {}
+func (NopEngine) DestroyQP(*QP)                   {}
+func (NopEngine) Counters(*QP) QPCounters         { return QPCounters{} }
+
+var _ Engine = NopEngine{}

@@ -1,0 +1,484 @@
+package engine
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/roce"
+)
+
+// Completer: matches responses (ACK/NAK, READ responses, atomic ACKs) to
+// send WQEs, completes WQEs in order and drives retransmission, as Linux
+// rxe_comp.c.
+//
+//	get ──► check PSN ──► ack ─────────┐
+//	            │    ├──► read ────────┼──► complete in order
+//	            │    ├──► atomic ──────┘
+//	            │    ├──► NAK seq ──► retry (go-back-N)
+//	            │    ├──► RNR NAK ──► wait RNR timer ──► retry
+//	            │    └──► NAK error ──► error (QP to ERR)
+//	            └──► stale: drop
+
+type compState uint8
+
+const (
+	compCheckPSN compState = iota // response within the outstanding PSNs?
+	compClassify                  // which response is it
+	compAck                       // ACK: acknowledge through PSN
+	compRead                      // READ response: place data
+	compAtomic                    // atomic ACK: store original value
+	compNAKSeq                    // NAK PSN sequence error
+	compRNR                       // RNR NAK
+	compNAKErr                    // other NAKs: fatal for the WQE
+	compDrop                      // stale or unexpected: drop
+	compDone
+)
+
+var compStateNames = [...]string{"check_psn", "classify", "ack", "read", "atomic", "nak_seq", "rnr", "nak_err", "drop", "done"}
+
+func (s compState) String() string {
+	if int(s) < len(compStateNames) {
+		return compStateNames[s]
+	}
+	return fmt.Sprintf("compState(%d)", s)
+}
+
+// completer is the per-QP completer state.
+type completer struct {
+	psn       uint32 // oldest PSN not yet acknowledged
+	retryLeft uint8  // retry_cnt left (IBTA: 7 is a count of 7)
+	rnrLeft   uint8  // rnr_retry left (7: infinite)
+	// inRetry: a go-back-N restart was triggered by a NAK or an implicit
+	// NAK and no forward progress happened since; further NAKs of the same
+	// episode do not restart again (they are answers to packets sent
+	// before the restart).
+	inRetry bool
+	rnrWait bool   // waiting for the RNR timer
+	rnrPSN  uint32 // PSN to resume from after the RNR wait
+}
+
+// compRx handles one response packet.
+func (qp *QP) compRx(p *packet) {
+	if qp.state != abi.QPSRTS && qp.state != abi.QPSSQD {
+		qp.Counters.Dropped.Add(1)
+		return
+	}
+	st := compCheckPSN
+	for st != compDone {
+		switch st {
+		case compCheckPSN:
+			st = qp.compCheckPSN(p)
+		case compClassify:
+			st = qp.compClassify(p)
+		case compAck:
+			qp.ackThrough(p.psn)
+			st = compDone
+		case compRead:
+			st = qp.compRead(p)
+		case compAtomic:
+			st = qp.compAtomic(p)
+		case compNAKSeq:
+			st = qp.compNAKSeq(p)
+		case compRNR:
+			st = qp.compRNR(p)
+		case compNAKErr:
+			st = qp.compNAKErr(p)
+		case compDrop:
+			qp.Counters.Dropped.Add(1)
+			st = compDone
+		}
+	}
+	qp.w.markComp(qp)
+}
+
+// compCheckPSN: a response must name a PSN that is outstanding, in
+// [comp.psn, req.psn). Older ones are duplicates (IBTA 9.7.5.1.5
+// "Duplicate responses": silently dropped); newer ones are bogus.
+func (qp *QP) compCheckPSN(p *packet) compState {
+	if roce.PSNDiff(p.psn, qp.req.psn) >= 0 {
+		return compDrop
+	}
+	if roce.PSNDiff(p.psn, qp.comp.psn) < 0 {
+		// An ACK of an older PSN can still carry a NAK meaning for
+		// comp.psn-1; nothing to do for any of them.
+		return compDrop
+	}
+	return compClassify
+}
+
+func (qp *QP) compClassify(p *packet) compState {
+	info := p.opcode.Info()
+	switch {
+	case info.Is(roce.OpRead | roce.OpResponse):
+		return compRead
+	case p.opcode == roce.OpRCAtomicAck:
+		return compAtomic
+	case p.opcode == roce.OpRCAck:
+		switch p.syndrome.Kind() {
+		case roce.SyndromeACK:
+			return compAck
+		case roce.SyndromeRNRNAK:
+			return compRNR
+		case roce.SyndromeNAK:
+			if p.syndrome.NAK() == roce.NAKPSNSequenceError {
+				return compNAKSeq
+			}
+			return compNAKErr
+		}
+	}
+	return compDrop
+}
+
+// progress records forward progress: IBTA 9.7.6.1.? the retry counters
+// restart when a response makes progress.
+func (qp *QP) progress(psn uint32) {
+	if roce.PSNDiff(psn, qp.comp.psn) > 0 {
+		qp.comp.psn = psn
+		qp.comp.retryLeft = qp.attr.RetryCnt
+		qp.comp.rnrLeft = qp.attr.RNRRetry
+		qp.comp.inRetry = false
+	}
+}
+
+// ackThrough acknowledges every PSN up to and including psn: WQEs whose
+// last PSN is covered are done. It returns false when it hit a READ or
+// atomic whose responses are missing: IBTA 9.7.5.1.? (C9-?), a response
+// with a later PSN implicitly NAKs the missing responses (they were lost),
+// and the requester retries from the first missing one.
+func (qp *QP) ackThrough(psn uint32) bool {
+	for i := qp.head; i != qp.tail; i++ {
+		e := &qp.sq[i&qp.sqMask]
+		if e.info == nil { // local operation
+			if e.state != wqeDone {
+				break
+			}
+			continue
+		}
+		if e.state == wqePosted || e.state == wqeDone && e.status != abi.WCSuccess {
+			break
+		}
+		if roce.PSNDiff(e.first, psn) > 0 {
+			break
+		}
+		if e.isReadAtomic() {
+			if e.state == wqeDone {
+				continue
+			}
+			qp.implicitNAK(e)
+			return false
+		}
+		if roce.PSNDiff(e.last, psn) <= 0 {
+			if e.state != wqeDone {
+				e.state = wqeDone
+				qp.progress(roce.PSNAdd(e.last, 1))
+			}
+			continue
+		}
+		qp.progress(roce.PSNAdd(psn, 1))
+		break
+	}
+	return true
+}
+
+// implicitNAK restarts from the first missing response of READ/atomic e.
+func (qp *QP) implicitNAK(e *swqe) {
+	qp.progress(roce.PSNAdd(e.first, e.rcvd))
+	if qp.comp.inRetry {
+		return
+	}
+	qp.startRetry(false)
+}
+
+// findWQE returns the outstanding WQE whose PSN range holds psn, after
+// acknowledging everything before it (a READ response or atomic ACK
+// implies the ACK of every earlier request). nil when an earlier READ or
+// atomic is still missing responses (an implicit NAK was started) or psn
+// belongs to no WQE.
+func (qp *QP) findWQE(psn uint32) *swqe {
+	if !qp.ackThrough(roce.PSNAdd(psn, roce.PSNMask)) { // psn-1
+		return nil
+	}
+	for i := qp.head; i != qp.tail; i++ {
+		e := &qp.sq[i&qp.sqMask]
+		if e.info == nil || e.state == wqeDone {
+			continue
+		}
+		if e.state == wqePosted {
+			return nil
+		}
+		if roce.PSNDiff(psn, e.first) >= 0 && roce.PSNDiff(psn, e.last) <= 0 {
+			return e
+		}
+		return nil
+	}
+	return nil
+}
+
+// compRead places one READ response packet (IBTA 9.7.5.1.3).
+func (qp *QP) compRead(p *packet) compState {
+	e := qp.findWQE(p.psn)
+	if e == nil {
+		return compDone
+	}
+	if e.Opcode != abi.WRRDMARead {
+		qp.failWQE(e, abi.WCBadRespErr)
+		return compDone
+	}
+	exp := roce.PSNAdd(e.first, e.rcvd)
+	if d := roce.PSNDiff(p.psn, exp); d != 0 {
+		if d > 0 {
+			// Responses between exp and psn were lost.
+			qp.implicitNAK(e)
+		}
+		return compDone
+	}
+	info := p.opcode.Info()
+	lastPkt := e.rcvd+1 == e.npkts
+	var want roce.OpFlags
+	switch {
+	case e.npkts == 1:
+		want = roce.OpOnly
+	case e.rcvd == 0:
+		want = roce.OpFirst
+	case lastPkt:
+		want = roce.OpLast
+	default:
+		want = roce.OpMiddle
+	}
+	off := uint64(e.rcvd) * uint64(qp.mtu)
+	wantLen := min(uint64(qp.mtu), e.length-off)
+	if !info.Is(want) || uint64(len(p.payload)) != wantLen {
+		// IBTA 9.7.5.1.3: a response of the wrong kind or length is a
+		// bad response (C9-?), fatal for the WQE.
+		qp.failWQE(e, abi.WCBadRespErr)
+		return compDone
+	}
+	if len(p.payload) > 0 {
+		if err := qp.cfg.Mem.Scatter(e.SGEs, off, p.payload); err != nil {
+			qp.failWQE(e, memStatus(err))
+			return compDone
+		}
+	}
+	e.rcvd++
+	qp.progress(roce.PSNAdd(p.psn, 1))
+	if lastPkt {
+		qp.finishReadAtomic(e)
+	}
+	return compDone
+}
+
+// compAtomic stores the original value of an atomic (IBTA 9.7.5.1.4).
+func (qp *QP) compAtomic(p *packet) compState {
+	e := qp.findWQE(p.psn)
+	if e == nil {
+		return compDone
+	}
+	if e.Opcode != abi.WRAtomicCmpAndSwp && e.Opcode != abi.WRAtomicFetchAdd || p.psn != e.first {
+		qp.failWQE(e, abi.WCBadRespErr)
+		return compDone
+	}
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], p.orig)
+	e.result = p.orig
+	if err := qp.cfg.Mem.Scatter(e.SGEs, 0, b[:]); err != nil {
+		qp.failWQE(e, memStatus(err))
+		return compDone
+	}
+	e.rcvd = 1
+	qp.progress(roce.PSNAdd(p.psn, 1))
+	qp.finishReadAtomic(e)
+	return compDone
+}
+
+func (qp *QP) finishReadAtomic(e *swqe) {
+	e.state = wqeDone
+	if e.rdAtom {
+		e.rdAtom = false
+		qp.req.rdAtomic--
+	}
+}
+
+// compNAKSeq: IBTA 9.7.5.2.2 / C9-?: a NAK-PSN sequence error acknowledges
+// every PSN before it, and the requester retransmits from that PSN.
+func (qp *QP) compNAKSeq(p *packet) compState {
+	qp.Counters.SeqNAKsReceived.Add(1)
+	if !qp.ackThrough(roce.PSNAdd(p.psn, roce.PSNMask)) {
+		return compDone
+	}
+	if qp.comp.inRetry {
+		return compDone
+	}
+	qp.startRetry(false)
+	return compDone
+}
+
+// compRNR: IBTA 9.7.5.2.8: an RNR NAK acknowledges the PSNs before it;
+// the requester waits at least the advertised RNR timer, then resends from
+// the NAKed PSN, at most rnr_retry times (7: forever).
+func (qp *QP) compRNR(p *packet) compState {
+	qp.Counters.RNRNAKsReceived.Add(1)
+	if !qp.ackThrough(roce.PSNAdd(p.psn, roce.PSNMask)) {
+		return compDone
+	}
+	if qp.attr.RNRRetry != 7 {
+		if qp.comp.rnrLeft == 0 {
+			if e := qp.findWQE(p.psn); e != nil {
+				qp.failWQE(e, abi.WCRNRRetryExcErr)
+			}
+			return compDone
+		}
+		qp.comp.rnrLeft--
+	}
+	qp.comp.rnrWait = true
+	qp.comp.rnrPSN = p.psn
+	qp.w.timers.stop(&qp.retryTimer)
+	qp.w.timers.set(&qp.rnrTimer, qp.w.now+int64(p.syndrome.Timer().Duration()))
+	return compDone
+}
+
+// compNAKErr: invalid request, remote access and remote operational
+// errors (IBTA 9.7.5.2.3-9.7.5.2.5) complete the WQE in error and move the
+// QP to ERR.
+func (qp *QP) compNAKErr(p *packet) compState {
+	if !qp.ackThrough(roce.PSNAdd(p.psn, roce.PSNMask)) {
+		return compDone
+	}
+	e := qp.findWQE(p.psn)
+	if e == nil {
+		return compDrop
+	}
+	st := abi.WCRemOpErr
+	switch p.syndrome.NAK() {
+	case roce.NAKInvalidRequest:
+		st = abi.WCRemInvReqErr
+	case roce.NAKRemoteAccessError:
+		st = abi.WCRemAccessErr
+	case roce.NAKInvalidRDRequest:
+		st = abi.WCRemInvRdReqErr
+	}
+	qp.failWQE(e, st)
+	return compDone
+}
+
+// advanceHead completes done WQEs at the head of the SQ, in order.
+func (qp *QP) advanceHead() {
+	for qp.head != qp.next {
+		e := &qp.sq[qp.head&qp.sqMask]
+		if e.state != wqeDone || e.status != abi.WCSuccess {
+			return
+		}
+		qp.completeSend(e)
+		qp.head++
+	}
+	// A WQE the requester has not finished can still be done (all
+	// responses received while next points at a later one): nothing to do.
+}
+
+// outstanding reports whether PSNs are sent and not yet acknowledged.
+func (qp *QP) outstanding() bool {
+	return roce.PSNDiff(qp.req.psn, qp.comp.psn) > 0
+}
+
+func (qp *QP) armRetry() {
+	if d := ackTimeout(qp.attr.Timeout); d > 0 {
+		qp.w.timers.set(&qp.retryTimer, qp.w.now+d)
+	}
+}
+
+// updateRetryTimer keeps the ACK timer running exactly while something is
+// outstanding (IBTA 9.7.6.1.3: the timer restarts on forward progress).
+func (qp *QP) updateRetryTimer(progressed bool) {
+	if qp.comp.rnrWait || qp.state != abi.QPSRTS && qp.state != abi.QPSSQD {
+		return
+	}
+	if !qp.outstanding() {
+		qp.w.timers.stop(&qp.retryTimer)
+		return
+	}
+	if progressed || !qp.retryTimer.armed() {
+		qp.armRetry()
+	}
+}
+
+// onRetryTimer: local ACK timeout (IBTA 9.7.6.1.3). retry_cnt counts the
+// retries; 7 is a count of 7 (IBTA: the 3-bit Retry Count), unlike Linux
+// rxe which treats 7 as infinite.
+func (qp *QP) onRetryTimer() {
+	if qp.state != abi.QPSRTS && qp.state != abi.QPSSQD || !qp.outstanding() || qp.comp.rnrWait {
+		return
+	}
+	qp.Counters.Timeouts.Add(1)
+	qp.startRetry(true)
+}
+
+// startRetry restarts transmission at comp.psn (go-back-N, IBTA 9.7.6.1.3
+// and 9.7.5.2.2), consuming one retry; when none is left the oldest
+// unfinished WQE completes with RETRY_EXC_ERR.
+func (qp *QP) startRetry(timeout bool) {
+	if qp.comp.retryLeft == 0 {
+		for i := qp.head; i != qp.tail; i++ {
+			e := &qp.sq[i&qp.sqMask]
+			if e.state != wqeDone {
+				qp.failWQE(e, abi.WCRetryExcErr)
+				return
+			}
+		}
+		qp.enterError()
+		return
+	}
+	qp.comp.retryLeft--
+	qp.comp.inRetry = !timeout
+	qp.rewind(qp.comp.psn)
+	qp.armRetry()
+}
+
+// onRNRTimer ends an RNR wait: resend from the NAKed PSN.
+func (qp *QP) onRNRTimer() {
+	if !qp.comp.rnrWait {
+		return
+	}
+	qp.comp.rnrWait = false
+	if qp.state != abi.QPSRTS && qp.state != abi.QPSSQD {
+		return
+	}
+	qp.rewind(qp.comp.rnrPSN)
+	qp.armRetry()
+}
+
+// rewind points the requester back at psn: the WQE holding it resumes
+// there, every later assigned WQE from its first PSN.
+func (qp *QP) rewind(psn uint32) {
+	qp.Counters.Retransmits.Add(1)
+	k := qp.tail
+	for i := qp.head; i != qp.tail; i++ {
+		e := &qp.sq[i&qp.sqMask]
+		if e.info == nil || e.state == wqeDone {
+			continue
+		}
+		if e.state == wqePosted {
+			break
+		}
+		if k == qp.tail {
+			if roce.PSNDiff(e.last, psn) < 0 {
+				continue
+			}
+			k = i
+			e.sendPSN = e.first
+			if roce.PSNDiff(psn, e.first) > 0 {
+				e.sendPSN = psn
+			}
+			if e.Opcode == abi.WRRDMARead {
+				e.sendPSN = roce.PSNAdd(e.first, e.rcvd)
+			}
+		} else {
+			e.sendPSN = e.first
+		}
+		e.state = wqeSending
+	}
+	if k != qp.tail {
+		qp.next = k
+	}
+	qp.req.sinceAck = 0
+	qp.w.activate(qp)
+}

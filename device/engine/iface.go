@@ -1,0 +1,106 @@
+package engine
+
+import (
+	"errors"
+
+	"github.com/vrnic/vrnic/abi"
+)
+
+// Memory is what the engine needs from the memory layer (package dma) for
+// one QP: every method is scoped to the QP's protection domain. Offsets
+// are message offsets; a method fills or drains exactly len(buf) bytes or
+// fails. Errors must wrap one of ErrMemProtection, ErrMemLength or
+// ErrMemBounds so the engine can pick the completion status or NAK code.
+type Memory interface {
+	// Gather copies len(dst) bytes of the message described by sges,
+	// starting at message offset off, into dst. The SGEs are checked
+	// against their lkeys (local read needs no access flag).
+	Gather(sges []abi.SGE, off uint64, dst []byte) error
+	// Scatter copies src to the message described by sges starting at
+	// message offset off; the MRs need local write access.
+	Scatter(sges []abi.SGE, off uint64, src []byte) error
+	// WriteRemote copies src to [va, va+len(src)) of the MR of rkey,
+	// which needs remote write access.
+	WriteRemote(rkey uint32, va uint64, src []byte) error
+	// ReadRemote copies [va, va+len(dst)) of the MR of rkey, which needs
+	// remote read access, into dst.
+	ReadRemote(rkey uint32, va uint64, dst []byte) error
+	// CheckRemote validates a whole remote range [va, va+length) of rkey
+	// for the access flags in access (abi access bits) without copying.
+	CheckRemote(rkey uint32, va uint64, length uint64, access uint32) error
+	// Atomic executes an 8-byte atomic on the aligned word at va of the
+	// MR of rkey (remote atomic access): compare-and-swap when cas is true
+	// (compare, swap), else fetch-and-add (add in compare). It returns the
+	// original value.
+	Atomic(rkey uint32, va uint64, cas bool, compare, swap uint64) (uint64, error)
+	// Invalidate invalidates the MR (or memory window) of key.
+	Invalidate(key uint32) error
+}
+
+// Sentinel errors a Memory implementation wraps.
+var (
+	// ErrMemProtection: unknown or invalidated key, key of another PD, or
+	// missing access right.
+	ErrMemProtection = errors.New("engine: memory protection error")
+	// ErrMemLength: the SGE list is shorter than the message.
+	ErrMemLength = errors.New("engine: message longer than the buffers")
+	// ErrMemBounds: the range leaves the MR, or a misaligned atomic.
+	ErrMemBounds = errors.New("engine: access outside the memory region")
+)
+
+// SendWork is a send WQE as the engine keeps it: a private copy, read once
+// from shared memory and validated by the source. SGEs and Inline are
+// backed by storage the engine owns (capacity set by the engine); the source
+// fills them (reslicing within their capacity).
+type SendWork struct {
+	abi.SendWQE
+	SGEs   []abi.SGE
+	Inline []byte
+}
+
+// RecvWork is a receive WQE (RQ or SRQ) as the engine keeps it.
+type RecvWork struct {
+	WrID uint64
+	SGEs []abi.SGE
+}
+
+// SendSource hands the engine the next posted send WQE of a QP.
+type SendSource interface {
+	// PollSend copies the next posted WQE into w and consumes it. It
+	// returns false when nothing is posted. An error means the WQE was bad
+	// (the QP goes to ERROR; the WQE completes with LOC_QP_OP_ERR).
+	PollSend(w *SendWork) (bool, error)
+}
+
+// RecvSource hands the engine the next posted receive WQE (RQ or SRQ).
+type RecvSource interface {
+	// PollRecv copies the next posted RQE into r and consumes it; false
+	// when none is posted.
+	PollRecv(r *RecvWork) (bool, error)
+}
+
+// CompletionSink receives completions (a CQ).
+type CompletionSink interface {
+	// PushCQE writes one completion. An error means the CQ overflowed.
+	PushCQE(c *abi.CQE) error
+}
+
+// Link is the engine's network attachment for one worker (a TAP queue, a
+// UDP socket, an in-memory port). Buffers move by exchange so a link may
+// pass them without copying:
+//
+//   - SendBatch transmits frames[:n] and returns n, the number accepted
+//     (fewer than len(frames) when the link is momentarily full; the caller
+//     keeps and retries the rest, in order). Slots of accepted frames may be
+//     replaced by other empty buffers of the same capacity.
+//   - RecvBatch fills up to len(frames) slots with received frames and
+//     returns how many; the caller passes empty buffers (len == cap ==
+//     the frame capacity) and gets back frames that may live in other
+//     buffers of the same capacity. It never blocks.
+//   - Ready is signalled (capacity 1, never closed) when frames may be
+//     waiting, so an idle worker can sleep.
+type Link interface {
+	SendBatch(frames [][]byte) (int, error)
+	RecvBatch(frames [][]byte) (int, error)
+	Ready() <-chan struct{}
+}

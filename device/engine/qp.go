@@ -1,0 +1,369 @@
+package engine
+
+import (
+	"fmt"
+	"net/netip"
+	"sync/atomic"
+
+	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/roce"
+)
+
+// QPConfig creates a QP on the engine (the RESET state). Everything but
+// the QPN, the queues and the memory comes later with ModifyQP.
+type QPConfig struct {
+	QPN uint32
+	// SQ, RQ: where the engine takes send and receive WQEs. RQ may be an
+	// SRQ source shared with other QPs (it must then be safe for
+	// concurrent use by several workers).
+	SQ SendSource
+	RQ RecvSource
+	// SendCQ, RecvCQ: where completions go.
+	SendCQ, RecvCQ CompletionSink
+	// Mem is the memory of the QP's protection domain.
+	Mem Memory
+	// SQDepth is the number of send WQEs the engine keeps (a power of
+	// two, at most abi.MaxQPWR); MaxSendSGE, MaxRecvSGE and MaxInline
+	// size the private copies.
+	SQDepth    int
+	MaxSendSGE int
+	MaxRecvSGE int
+	MaxInline  int
+	// SigAll: every send WR completes signaled (sq_sig_all).
+	SigAll bool
+}
+
+// QPAttr are the attributes ModifyQP may change (a subset of struct
+// vrnic_qp_attr); Mask (abi.QPAttr* bits) says which are set.
+type QPAttr struct {
+	Mask            uint32
+	State           abi.QPState
+	PathMTU         roce.MTU
+	DestQPN         uint32
+	RQPSN           uint32
+	SQPSN           uint32
+	AccessFlags     uint32 // abi access bits (remote read/write/atomic)
+	Timeout         uint8  // 5 bits: 4.096 us * 2^Timeout, 0 infinite
+	RetryCnt        uint8  // 3 bits
+	RNRRetry        uint8  // 3 bits, 7 = infinite
+	MinRNRTimer     uint8  // 5-bit RNR timer code
+	MaxRdAtomic     uint8
+	MaxDestRdAtomic uint8
+	// Path: the addresses of the QP (the AV); set with abi.QPAttrAV.
+	LocalAddr, RemoteAddr netip.Addr
+}
+
+// QPCounters are per-QP data path counters (atomics: read from any
+// goroutine while the owning worker updates them).
+type QPCounters struct {
+	PacketsSent     atomic.Uint64
+	PacketsReceived atomic.Uint64
+	Retransmits     atomic.Uint64 // go-back-N restarts
+	Timeouts        atomic.Uint64 // local ACK timeouts
+	RNRNAKsReceived atomic.Uint64
+	RNRNAKsSent     atomic.Uint64
+	SeqNAKsSent     atomic.Uint64
+	SeqNAKsReceived atomic.Uint64
+	Duplicates      atomic.Uint64 // duplicate requests received
+	Dropped         atomic.Uint64 // packets dropped by a check
+	SendCQEs        atomic.Uint64
+	RecvCQEs        atomic.Uint64
+}
+
+// wqeState is the life of a send WQE in the engine's private ring.
+type wqeState uint8
+
+const (
+	wqePosted  wqeState = iota // fetched, no packet sent
+	wqeSending                 // PSNs assigned, packets being sent
+	wqePending                 // every packet sent, waiting for responses
+	wqeDone                    // finished (status says how)
+)
+
+var wqeStateNames = [...]string{"posted", "sending", "pending", "done"}
+
+func (s wqeState) String() string {
+	if int(s) < len(wqeStateNames) {
+		return wqeStateNames[s]
+	}
+	return fmt.Sprintf("wqeState(%d)", s)
+}
+
+// swqe is a send WQE in the private ring with its transport state.
+type swqe struct {
+	SendWork
+	state   wqeState
+	status  abi.WCStatus // set once, turned into the CQE status in completeSend
+	length  uint64       // message length
+	info    *roce.OpInfo // of the first packet's opcode family (nil: local op)
+	npkts   uint32       // PSNs the message uses
+	first   uint32       // first PSN
+	last    uint32       // last PSN
+	sendPSN uint32       // requester: next PSN to send
+	rcvd    uint32       // completer: READ response packets placed
+	rdAtom  bool         // holds a max_rd_atomic credit
+	result  uint64       // atomic original value
+}
+
+func (e *swqe) isReadAtomic() bool {
+	op := e.Opcode
+	return op == abi.WRRDMARead || op == abi.WRAtomicCmpAndSwp || op == abi.WRAtomicFetchAdd
+}
+
+// QP is the transport state of one RC queue pair. It is owned by one
+// worker; only that worker touches it after creation.
+type QP struct {
+	qpn   uint32
+	state abi.QPState
+	cfg   QPConfig
+	attr  QPAttr
+	mtu   uint32
+	w     *worker
+
+	// Send queue: a private ring of copies. head: oldest WQE not yet
+	// completed (completer); next: the WQE the requester works on; tail:
+	// WQEs fetched. head <= next <= tail, free-running.
+	sq               []swqe
+	sqMask           uint32
+	head, next, tail uint32
+
+	req  requester
+	resp responder
+	comp completer
+
+	retryTimer timer
+	rnrTimer   timer
+
+	// active: linked into the worker's run list.
+	active bool
+
+	Counters QPCounters
+}
+
+func newQP(cfg QPConfig, w *worker) (*QP, error) {
+	if cfg.SQ == nil || cfg.RQ == nil || cfg.SendCQ == nil || cfg.RecvCQ == nil || cfg.Mem == nil {
+		return nil, fmt.Errorf("%w: QP %#x: queues, CQs and memory are required", ErrInvalid, cfg.QPN)
+	}
+	if cfg.SQDepth <= 0 || cfg.SQDepth&(cfg.SQDepth-1) != 0 || cfg.SQDepth > abi.MaxQPWR {
+		return nil, fmt.Errorf("%w: QP %#x: SQ depth %d is not a power of two in 1..%d", ErrInvalid, cfg.QPN, cfg.SQDepth, abi.MaxQPWR)
+	}
+	if cfg.MaxSendSGE < 0 || cfg.MaxSendSGE > abi.MaxSGE || cfg.MaxRecvSGE < 0 || cfg.MaxRecvSGE > abi.MaxSGE ||
+		cfg.MaxInline < 0 || cfg.MaxInline > abi.MaxInline {
+		return nil, fmt.Errorf("%w: QP %#x: SGE or inline limits out of range", ErrInvalid, cfg.QPN)
+	}
+	qp := &QP{qpn: cfg.QPN & roce.PSNMask, cfg: cfg, w: w, state: abi.QPSReset}
+	qp.sq = make([]swqe, cfg.SQDepth)
+	qp.sqMask = uint32(cfg.SQDepth - 1)
+	sges := make([]abi.SGE, cfg.SQDepth*cfg.MaxSendSGE)
+	inl := make([]byte, cfg.SQDepth*cfg.MaxInline)
+	for i := range qp.sq {
+		qp.sq[i].SGEs = sges[i*cfg.MaxSendSGE : i*cfg.MaxSendSGE : (i+1)*cfg.MaxSendSGE]
+		qp.sq[i].Inline = inl[i*cfg.MaxInline : i*cfg.MaxInline : (i+1)*cfg.MaxInline]
+	}
+	qp.resp.rqe.SGEs = make([]abi.SGE, 0, cfg.MaxRecvSGE)
+	qp.resp.flushRQE.SGEs = make([]abi.SGE, 0, cfg.MaxRecvSGE)
+	qp.retryTimer = timer{idx: -1, kind: timerRetry, qp: qp}
+	qp.rnrTimer = timer{idx: -1, kind: timerRNR, qp: qp}
+	qp.attr.PathMTU = roce.MTU1024
+	qp.mtu = 1024
+	qp.attr.MaxRdAtomic = 1
+	qp.attr.MaxDestRdAtomic = 1
+	qp.resp.setResources(1)
+	return qp, nil
+}
+
+// modify applies attributes. The control path (package device) validates
+// transitions against the IBTA state table; the engine checks only what it
+// needs to run safely.
+func (qp *QP) modify(a *QPAttr) error {
+	m := a.Mask
+	if m&abi.QPAttrPathMTU != 0 {
+		if !a.PathMTU.Valid() {
+			return fmt.Errorf("%w: path MTU %d", ErrInvalid, a.PathMTU)
+		}
+		qp.attr.PathMTU = a.PathMTU
+		qp.mtu = uint32(a.PathMTU.Bytes())
+	}
+	if m&abi.QPAttrDestQPN != 0 {
+		qp.attr.DestQPN = a.DestQPN & roce.PSNMask
+	}
+	if m&abi.QPAttrRQPSN != 0 {
+		qp.attr.RQPSN = a.RQPSN & roce.PSNMask
+		qp.resp.epsn = qp.attr.RQPSN
+	}
+	if m&abi.QPAttrSQPSN != 0 {
+		qp.attr.SQPSN = a.SQPSN & roce.PSNMask
+		qp.req.psn = qp.attr.SQPSN
+		qp.comp.psn = qp.attr.SQPSN
+	}
+	if m&abi.QPAttrAccessFlags != 0 {
+		qp.attr.AccessFlags = a.AccessFlags
+	}
+	if m&abi.QPAttrTimeout != 0 {
+		qp.attr.Timeout = a.Timeout & 0x1f
+	}
+	if m&abi.QPAttrRetryCnt != 0 {
+		qp.attr.RetryCnt = a.RetryCnt & 7
+		qp.comp.retryLeft = qp.attr.RetryCnt
+	}
+	if m&abi.QPAttrRNRRetry != 0 {
+		qp.attr.RNRRetry = a.RNRRetry & 7
+		qp.comp.rnrLeft = qp.attr.RNRRetry
+	}
+	if m&abi.QPAttrMinRNRTimer != 0 {
+		qp.attr.MinRNRTimer = a.MinRNRTimer & 0x1f
+	}
+	if m&abi.QPAttrMaxQPRdAtomic != 0 {
+		qp.attr.MaxRdAtomic = max(1, min(a.MaxRdAtomic, abi.MaxRdAtomic))
+	}
+	if m&abi.QPAttrMaxDestRdAtomic != 0 {
+		qp.attr.MaxDestRdAtomic = max(1, min(a.MaxDestRdAtomic, abi.MaxRdAtomic))
+		qp.resp.setResources(int(qp.attr.MaxDestRdAtomic))
+	}
+	if m&abi.QPAttrAV != 0 {
+		if !a.LocalAddr.IsValid() || !a.RemoteAddr.IsValid() || a.LocalAddr.Is4() != a.RemoteAddr.Is4() {
+			return fmt.Errorf("%w: address vector %v -> %v", ErrInvalid, a.LocalAddr, a.RemoteAddr)
+		}
+		qp.attr.LocalAddr, qp.attr.RemoteAddr = a.LocalAddr, a.RemoteAddr
+	}
+	if m&abi.QPAttrState != 0 {
+		switch a.State {
+		case abi.QPSErr:
+			qp.enterError()
+		case abi.QPSReset:
+			qp.reset()
+		case abi.QPSInit, abi.QPSRTR, abi.QPSRTS, abi.QPSSQD:
+			if qp.state == abi.QPSErr {
+				return fmt.Errorf("%w: QP %#x is in ERR; only RESET leaves it", ErrInvalid, qp.qpn)
+			}
+			if (a.State == abi.QPSRTS || a.State == abi.QPSRTR) && !qp.attr.RemoteAddr.IsValid() {
+				return fmt.Errorf("%w: QP %#x: %v needs an address vector", ErrInvalid, qp.qpn, a.State)
+			}
+			qp.state = a.State
+		default:
+			return fmt.Errorf("%w: QP state %d", ErrInvalid, a.State)
+		}
+	}
+	return nil
+}
+
+// reset returns the QP to RESET: everything outstanding is forgotten
+// (IBTA 10.3.1: RESET discards all work requests without completions).
+func (qp *QP) reset() {
+	qp.w.timers.stop(&qp.retryTimer)
+	qp.w.timers.stop(&qp.rnrTimer)
+	qp.state = abi.QPSReset
+	qp.head, qp.next, qp.tail = 0, 0, 0
+	qp.req = requester{psn: qp.attr.SQPSN}
+	qp.comp = completer{psn: qp.attr.SQPSN, retryLeft: qp.attr.RetryCnt, rnrLeft: qp.attr.RNRRetry}
+	qp.resp.clear(qp.attr.RQPSN)
+}
+
+// enterError moves the QP to ERR. Outstanding and later WRs complete with
+// WR_FLUSH_ERR (the WQE that caused the error carries its own status) on
+// both queues; nothing is dropped silently (IBTA 10.3.1 "Error state").
+func (qp *QP) enterError() {
+	if qp.state == abi.QPSErr {
+		return
+	}
+	qp.state = abi.QPSErr
+	qp.w.timers.stop(&qp.retryTimer)
+	qp.w.timers.stop(&qp.rnrTimer)
+	qp.w.activate(qp)
+}
+
+// flush completes every WQE the QP still holds or is posted, in ERR. At
+// most one SQ ring's worth of later posts is flushed per call so a client
+// posting without pause cannot starve the worker.
+func (qp *QP) flush() {
+	for qp.head != qp.tail {
+		e := &qp.sq[qp.head&qp.sqMask]
+		if e.state != wqeDone || e.status == abi.WCSuccess {
+			// Only the WQE whose error moved the QP to ERR keeps its
+			// status; everything else is flushed.
+			e.status = abi.WCWRFlushErr
+		}
+		e.state = wqeDone
+		qp.completeSend(e)
+		qp.head++
+	}
+	qp.next = qp.head
+	qp.req.rdAtomic = 0
+	for range len(qp.sq) {
+		e := &qp.sq[qp.tail&qp.sqMask]
+		e.SGEs, e.Inline = e.SGEs[:0], e.Inline[:0]
+		ok, err := qp.cfg.SQ.PollSend(&e.SendWork)
+		if !ok && err == nil {
+			break
+		}
+		e.state, e.status = wqeDone, abi.WCWRFlushErr
+		qp.completeSend(e)
+	}
+	// Receive side: the RQE in progress, then every posted RQE.
+	if qp.resp.rqeValid {
+		qp.resp.rqeValid = false
+		qp.completeRecv(&qp.resp.rqe, abi.WCWRFlushErr, abi.WCRecv, 0, 0, 0)
+	}
+	for range len(qp.sq) + 1024 {
+		r := &qp.resp.flushRQE
+		r.SGEs = r.SGEs[:0]
+		ok, err := qp.cfg.RQ.PollRecv(r)
+		if !ok && err == nil {
+			break
+		}
+		qp.completeRecv(r, abi.WCWRFlushErr, abi.WCRecv, 0, 0, 0)
+	}
+}
+
+// wcOpcode maps a send opcode to its completion opcode.
+func wcOpcode(op abi.WROpcode) abi.WCOpcode {
+	switch op {
+	case abi.WRRDMAWrite, abi.WRRDMAWriteWithImm:
+		return abi.WCRDMAWrite
+	case abi.WRRDMARead:
+		return abi.WCRDMARead
+	case abi.WRAtomicCmpAndSwp:
+		return abi.WCCompSwap
+	case abi.WRAtomicFetchAdd:
+		return abi.WCFetchAdd
+	case abi.WRLocalInv:
+		return abi.WCLocalInv
+	}
+	return abi.WCSend
+}
+
+// completeSend is the one place a send WQE's status becomes a CQE.
+// Successful unsignaled WRs produce none (IBTA 10.8.3.1 / C10-?: errors
+// always complete).
+func (qp *QP) completeSend(e *swqe) {
+	if e.status == abi.WCSuccess && !qp.cfg.SigAll && e.Flags&abi.SendSignaled == 0 {
+		return
+	}
+	c := &qp.w.cqe
+	*c = abi.CQE{
+		WrID:   e.WrID,
+		Status: e.status,
+		Opcode: wcOpcode(e.Opcode),
+		QPNum:  qp.qpn,
+	}
+	if e.status == abi.WCSuccess && (e.Opcode == abi.WRRDMARead) {
+		c.ByteLen = uint32(e.length)
+	}
+	if e.status != abi.WCSuccess && e.status != abi.WCWRFlushErr {
+		c.VendorErr = 1
+	}
+	qp.Counters.SendCQEs.Add(1)
+	if err := qp.cfg.SendCQ.PushCQE(c); err != nil {
+		qp.w.Counters.CQOverflows.Add(1)
+	}
+}
+
+// completeRecv writes a receive completion.
+func (qp *QP) completeRecv(r *RecvWork, st abi.WCStatus, op abi.WCOpcode, n uint32, flags abi.WCFlags, immInv uint32) {
+	c := &qp.w.cqe
+	*c = abi.CQE{WrID: r.WrID, Status: st, Opcode: op, QPNum: qp.qpn, ByteLen: n, WCFlags: flags, ImmOrInv: immInv}
+	qp.Counters.RecvCQEs.Add(1)
+	if err := qp.cfg.RecvCQ.PushCQE(c); err != nil {
+		qp.w.Counters.CQOverflows.Add(1)
+	}
+}

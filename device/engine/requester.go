@@ -1,0 +1,349 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/roce"
+)
+
+// Requester: turns SQ WQEs into request packets (IBTA 9.7.1-9.7.4), as
+// Linux rxe_req.c. One call of reqStep runs the machine until it has
+// nothing to send, is blocked (fence, credits, window, RNR wait) or the
+// worker's transmit batch is full.
+//
+//	fetch ──► local ──► fence ──► credits ──► window ──► send ──┐
+//	  ▲                                                          │
+//	  └──────────────── next WQE (message fully sent) ◄─────────┘
+
+type reqState uint8
+
+const (
+	reqFetch   reqState = iota // make sure the WQE at next exists
+	reqLocal                   // execute local operations (LOCAL_INV)
+	reqFence                   // FENCE waits for prior READ/atomic WRs
+	reqCredits                 // max_rd_atomic credits for READ/atomic
+	reqWindow                  // send window (unacknowledged PSNs)
+	reqSend                    // build and queue one packet
+	reqExit                    // nothing more this round
+)
+
+var reqStateNames = [...]string{"fetch", "local", "fence", "credits", "window", "send", "exit"}
+
+func (s reqState) String() string {
+	if int(s) < len(reqStateNames) {
+		return reqStateNames[s]
+	}
+	return fmt.Sprintf("reqState(%d)", s)
+}
+
+// requester is the per-QP requester state.
+type requester struct {
+	psn      uint32 // next PSN to assign to a new message
+	rdAtomic int    // READ/atomic WQEs holding a max_rd_atomic credit
+	sinceAck uint32 // packets sent since the last AckReq
+}
+
+// ackReqEvery: the requester asks for an ACK at least every this many
+// packets inside a long message (IBTA 9.7.5.1.2 leaves the rate to the
+// requester; rxe uses its window size).
+const ackReqEvery = 32
+
+// reqStep runs the requester of qp.
+func (qp *QP) reqStep() {
+	if qp.state != abi.QPSRTS || qp.comp.rnrWait {
+		return
+	}
+	st := reqFetch
+	for st != reqExit {
+		switch st {
+		case reqFetch:
+			st = qp.reqFetch()
+		case reqLocal:
+			st = qp.reqLocal()
+		case reqFence:
+			st = qp.reqFence()
+		case reqCredits:
+			st = qp.reqCredits()
+		case reqWindow:
+			st = qp.reqWindow()
+		case reqSend:
+			st = qp.reqSend()
+		}
+	}
+}
+
+// reqFetch skips WQEs that need nothing more and fetches a new WQE from
+// the SQ when the requester has caught up with what it holds.
+func (qp *QP) reqFetch() reqState {
+	for qp.next != qp.tail {
+		e := &qp.sq[qp.next&qp.sqMask]
+		if e.state == wqePosted || e.state == wqeSending {
+			return reqLocal
+		}
+		qp.next++
+	}
+	if qp.tail-qp.head >= uint32(len(qp.sq)) {
+		return reqExit // private ring full: wait for completions
+	}
+	e := &qp.sq[qp.tail&qp.sqMask]
+	e.SGEs, e.Inline = e.SGEs[:0], e.Inline[:0]
+	ok, err := qp.cfg.SQ.PollSend(&e.SendWork)
+	if !ok && err == nil {
+		return reqExit
+	}
+	qp.tail++
+	e.state, e.status, e.rcvd, e.rdAtom, e.result = wqePosted, abi.WCSuccess, 0, false, 0
+	if err == nil {
+		err = qp.validateWQE(e)
+	}
+	if err != nil {
+		qp.failWQE(e, abi.WCLocQPOpErr)
+		return reqExit
+	}
+	return reqLocal
+}
+
+// validateWQE checks a fetched WQE and computes its length and PSN count.
+func (qp *QP) validateWQE(e *swqe) error {
+	var n uint64
+	if e.Flags&abi.SendInline != 0 {
+		n = uint64(len(e.Inline))
+	} else {
+		for _, s := range e.SGEs {
+			n += uint64(s.Length)
+		}
+	}
+	if n > abi.MaxMsgBytes {
+		return fmt.Errorf("%w: message of %d bytes", ErrInvalid, n)
+	}
+	e.length = n
+	e.info = nil
+	switch e.Opcode {
+	case abi.WRSend, abi.WRSendWithImm, abi.WRSendWithInv:
+		e.info = roce.OpRCSendFirst.Info()
+	case abi.WRRDMAWrite, abi.WRRDMAWriteWithImm:
+		e.info = roce.OpRCWriteFirst.Info()
+	case abi.WRRDMARead:
+		if e.Flags&abi.SendInline != 0 {
+			return fmt.Errorf("%w: inline READ", ErrInvalid)
+		}
+		e.info = roce.OpRCReadRequest.Info()
+	case abi.WRAtomicCmpAndSwp, abi.WRAtomicFetchAdd:
+		if e.Flags&abi.SendInline != 0 || n < 8 {
+			return fmt.Errorf("%w: atomic needs an 8-byte local buffer", ErrInvalid)
+		}
+		e.length = 8
+		e.info = roce.OpRCCompareSwap.Info()
+	case abi.WRLocalInv:
+		e.npkts = 0
+		return nil
+	default:
+		return fmt.Errorf("%w: send opcode %d", ErrInvalid, e.Opcode)
+	}
+	e.npkts = 1
+	if e.Opcode != abi.WRAtomicCmpAndSwp && e.Opcode != abi.WRAtomicFetchAdd && n > uint64(qp.mtu) {
+		e.npkts = uint32((n + uint64(qp.mtu) - 1) / uint64(qp.mtu))
+	}
+	return nil
+}
+
+// failWQE records a local error on e and moves the QP to ERR; the flush
+// completes e with its status and everything else with WR_FLUSH_ERR.
+func (qp *QP) failWQE(e *swqe, st abi.WCStatus) {
+	e.status, e.state = st, wqeDone
+	qp.enterError()
+}
+
+// memStatus maps a Memory error to the local completion status.
+func memStatus(err error) abi.WCStatus {
+	switch {
+	case errors.Is(err, ErrMemLength):
+		return abi.WCLocLenErr
+	default:
+		return abi.WCLocProtErr
+	}
+}
+
+// reqLocal executes LOCAL_INV when the requester reaches it: in order with
+// the WRs before it, as rxe does.
+func (qp *QP) reqLocal() reqState {
+	e := &qp.sq[qp.next&qp.sqMask]
+	if e.Opcode != abi.WRLocalInv {
+		return reqFence
+	}
+	if e.Flags&abi.SendFence != 0 && qp.req.rdAtomic > 0 {
+		return reqExit
+	}
+	if err := qp.cfg.Mem.Invalidate(e.InvalidateRKey); err != nil {
+		qp.failWQE(e, memStatus(err))
+		return reqExit
+	}
+	e.state = wqeDone
+	qp.next++
+	qp.w.markComp(qp)
+	return reqFetch
+}
+
+// reqFence: IBTA 10.8.3.3 "Fence indicator": a WR with the fence attribute
+// is not started until all prior RDMA READ and atomic WRs on the SQ have
+// completed.
+func (qp *QP) reqFence() reqState {
+	e := &qp.sq[qp.next&qp.sqMask]
+	if e.state == wqePosted && e.Flags&abi.SendFence != 0 && qp.req.rdAtomic > 0 {
+		return reqExit
+	}
+	return reqCredits
+}
+
+// reqCredits: at most max_rd_atomic READ/atomic requests outstanding
+// (IBTA 9.7.7.2.? / o9-?: the requester must not exceed the responder's
+// resources it was told about at connection time).
+func (qp *QP) reqCredits() reqState {
+	e := &qp.sq[qp.next&qp.sqMask]
+	if e.state == wqePosted && e.isReadAtomic() {
+		if qp.req.rdAtomic >= int(qp.attr.MaxRdAtomic) {
+			return reqExit
+		}
+	}
+	return reqWindow
+}
+
+// reqWindow limits the PSNs in flight to the engine's send window and
+// assigns PSNs when a message starts.
+func (qp *QP) reqWindow() reqState {
+	e := &qp.sq[qp.next&qp.sqMask]
+	psn := e.sendPSN
+	if e.state == wqePosted {
+		psn = qp.req.psn
+	}
+	if roce.PSNDiff(psn, qp.comp.psn) >= int32(qp.w.window) {
+		return reqExit
+	}
+	if e.state == wqePosted {
+		e.first = qp.req.psn
+		e.last = roce.PSNAdd(e.first, e.npkts-1)
+		e.sendPSN = e.first
+		e.state = wqeSending
+		qp.req.psn = roce.PSNAdd(e.last, 1)
+		if e.isReadAtomic() {
+			e.rdAtom = true
+			qp.req.rdAtomic++
+		}
+	}
+	return reqSend
+}
+
+// reqSend builds the packet at e.sendPSN.
+func (qp *QP) reqSend() reqState {
+	e := &qp.sq[qp.next&qp.sqMask]
+	buf := qp.w.txBuf()
+	if buf == nil {
+		return reqExit
+	}
+	idx := uint32(roce.PSNDiff(e.sendPSN, e.first))
+	last := idx+1 == e.npkts
+	o := &qp.w.out
+	*o = outPkt{psn: e.sendPSN}
+	var n int
+	switch e.Opcode {
+	case abi.WRRDMARead:
+		off := uint64(idx) * uint64(qp.mtu)
+		o.opcode = roce.OpRCReadRequest
+		o.va, o.rkey, o.dmaLen = e.RemoteAddr+off, e.RKey, uint32(e.length-off)
+		o.ackReq = true
+		last = true
+	case abi.WRAtomicCmpAndSwp, abi.WRAtomicFetchAdd:
+		o.opcode = roce.OpRCCompareSwap
+		o.swapAdd, o.compare = e.Swap, e.CompareAdd
+		if e.Opcode == abi.WRAtomicFetchAdd {
+			o.opcode = roce.OpRCFetchAdd
+			o.swapAdd, o.compare = e.CompareAdd, 0
+		}
+		o.va, o.rkey = e.RemoteAddr, e.RKey
+		o.ackReq = true
+	default:
+		o.opcode = dataOpcode(e, idx)
+		off := uint64(idx) * uint64(qp.mtu)
+		n = int(min(uint64(qp.mtu), e.length-off))
+		payload := qp.w.payload(buf, o.opcode, n)
+		if payload == nil {
+			qp.failWQE(e, abi.WCLocLenErr)
+			return reqExit
+		}
+		if e.Flags&abi.SendInline != 0 {
+			copy(payload, e.Inline[off:])
+		} else if err := qp.cfg.Mem.Gather(e.SGEs, off, payload); err != nil {
+			qp.failWQE(e, memStatus(err))
+			return reqExit
+		}
+		info := o.opcode.Info()
+		if info.Has(roce.HdrRETH) {
+			o.va, o.rkey, o.dmaLen = e.RemoteAddr, e.RKey, uint32(e.length)
+		}
+		o.imm, o.ieth = e.ImmData, e.InvalidateRKey
+		o.se = last && e.Flags&abi.SendSolicited != 0 && e.Opcode != abi.WRRDMAWrite
+		qp.req.sinceAck++
+		o.ackReq = last || qp.req.sinceAck >= ackReqEvery ||
+			roce.PSNDiff(roce.PSNAdd(e.sendPSN, 1), qp.comp.psn) >= int32(qp.w.window)
+	}
+	if o.ackReq {
+		qp.req.sinceAck = 0
+	}
+	if !qp.w.txQueue(qp, buf, o, n) {
+		return reqExit
+	}
+	if last {
+		e.sendPSN = roce.PSNAdd(e.last, 1)
+		e.state = wqePending
+		qp.next++
+	} else {
+		e.sendPSN = roce.PSNAdd(e.sendPSN, 1)
+	}
+	if !qp.retryTimer.armed() {
+		qp.armRetry()
+	}
+	return reqFetch
+}
+
+// dataOpcode picks the SEND or RDMA WRITE opcode of packet idx of e.
+func dataOpcode(e *swqe, idx uint32) roce.Opcode {
+	only := e.npkts == 1
+	first := idx == 0
+	last := idx+1 == e.npkts
+	switch e.Opcode {
+	case abi.WRRDMAWrite, abi.WRRDMAWriteWithImm:
+		imm := e.Opcode == abi.WRRDMAWriteWithImm
+		switch {
+		case only && imm:
+			return roce.OpRCWriteOnlyImm
+		case only:
+			return roce.OpRCWriteOnly
+		case first:
+			return roce.OpRCWriteFirst
+		case last && imm:
+			return roce.OpRCWriteLastImm
+		case last:
+			return roce.OpRCWriteLast
+		}
+		return roce.OpRCWriteMiddle
+	}
+	switch {
+	case only && e.Opcode == abi.WRSendWithImm:
+		return roce.OpRCSendOnlyImm
+	case only && e.Opcode == abi.WRSendWithInv:
+		return roce.OpRCSendOnlyInv
+	case only:
+		return roce.OpRCSendOnly
+	case first:
+		return roce.OpRCSendFirst
+	case last && e.Opcode == abi.WRSendWithImm:
+		return roce.OpRCSendLastImm
+	case last && e.Opcode == abi.WRSendWithInv:
+		return roce.OpRCSendLastInv
+	case last:
+		return roce.OpRCSendLast
+	}
+	return roce.OpRCSendMiddle
+}

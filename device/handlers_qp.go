@@ -1,0 +1,452 @@
+package device
+
+import (
+	"github.com/vrnic/vrnic/abi"
+	"golang.org/x/sys/unix"
+)
+
+func closeFd(fd int) {
+	if fd >= 0 {
+		unix.Close(fd)
+	}
+}
+
+func checkCapReserved(c abi.QPCap) error {
+	if c.Reserved != 0 {
+		return errorf(errInval, "cap.reserved must be 0")
+	}
+	return nil
+}
+
+func (cn *conn) createQP(r *request) (reply, error) {
+	d, cx := cn.d, cn.ctx
+	var c abi.CmdCreateQPReq
+	if err := decode(r, &c); err != nil {
+		return reply{}, err
+	}
+	switch c.QPType {
+	case QPTypeRC, QPTypeUD:
+	case QPTypeUC:
+		return reply{}, errorf(errNotSup, "UC QPs are not supported")
+	default:
+		return reply{}, errorf(errInval, "qp_type %d: want RC (2) or UD (4)", c.QPType)
+	}
+	if err := checkCapReserved(c.Cap); err != nil {
+		return reply{}, err
+	}
+	p, ok := cx.pds[c.PDHandle]
+	if !ok {
+		return reply{}, errorf(errNoEnt, "PD %d not found", c.PDHandle)
+	}
+	scq, ok := cx.cqs[c.SendCQ]
+	if !ok {
+		return reply{}, errorf(errNoEnt, "send CQ %d not found", c.SendCQ)
+	}
+	rcq, ok := cx.cqs[c.RecvCQ]
+	if !ok {
+		return reply{}, errorf(errNoEnt, "receive CQ %d not found", c.RecvCQ)
+	}
+	var s *srq
+	if c.SRQHandle != abi.NoSRQ {
+		if s, ok = cx.srqs[c.SRQHandle]; !ok {
+			return reply{}, errorf(errNoEnt, "SRQ %d not found", c.SRQHandle)
+		}
+	}
+	if c.SQSigAll > 1 {
+		return reply{}, errorf(errInval, "sq_sig_all %d: must be 0 or 1", c.SQSigAll)
+	}
+	cp := c.Cap
+	if !isPow2(cp.MaxSendWR) || cp.MaxSendWR > abi.MaxQPWR {
+		return reply{}, errorf(errInval, "max_send_wr %d: must be a power of two in 1..%d", cp.MaxSendWR, abi.MaxQPWR)
+	}
+	if cp.MaxSendSGE > abi.MaxSGE {
+		return reply{}, errorf(errInval, "max_send_sge %d: at most %d", cp.MaxSendSGE, abi.MaxSGE)
+	}
+	if cp.MaxInlineData > abi.MaxInline {
+		return reply{}, errorf(errInval, "max_inline_data %d: at most %d", cp.MaxInlineData, abi.MaxInline)
+	}
+	if s != nil {
+		if c.RQPA != 0 || cp.MaxRecvWR != 0 || cp.MaxRecvSGE != 0 {
+			return reply{}, errorf(errInval, "with an SRQ, rq_pa, max_recv_wr and max_recv_sge must be 0")
+		}
+	} else {
+		if !isPow2(cp.MaxRecvWR) || cp.MaxRecvWR > abi.MaxQPWR {
+			return reply{}, errorf(errInval, "max_recv_wr %d: must be a power of two in 1..%d", cp.MaxRecvWR, abi.MaxQPWR)
+		}
+		if cp.MaxRecvSGE > abi.MaxSGE {
+			return reply{}, errorf(errInval, "max_recv_sge %d: at most %d", cp.MaxRecvSGE, abi.MaxSGE)
+		}
+	}
+	if err := d.limit(cx, "QPs", cx.counts.QP, d.totals.QP, d.cfg.Limits.PerClient.QP, d.cfg.Limits.PerDevice.QP); err != nil {
+		return reply{}, err
+	}
+	q := &QP{ctx: cx, typ: c.QPType, pd: p, sendCQ: scq, recvCQ: rcq, srq: s, sigAll: c.SQSigAll == 1,
+		cap: cp, sqPA: c.SQPA, rqPA: c.RQPA, state: StateReset}
+	q.sqBlocks = abi.SQWQEBlocks(cp.MaxSendSGE, cp.MaxInlineData)
+	if s == nil {
+		q.rqSize = abi.RQWQESize(cp.MaxRecvSGE)
+	}
+	var err error
+	if q.sqRing, err = d.pinRing(cx, "SQ", c.SQPA, uint64(cp.MaxSendWR)*uint64(q.sqBlocks)*abi.WQEBlock); err != nil {
+		return reply{}, err
+	}
+	if s == nil {
+		if q.rqRing, err = d.pinRing(cx, "RQ", c.RQPA, uint64(cp.MaxRecvWR)*uint64(q.rqSize)); err != nil {
+			q.sqRing.Release()
+			return reply{}, err
+		}
+	}
+	if q.dbIndex, err = cx.db.Alloc(); err != nil {
+		d.unpinQP(q)
+		return reply{}, errorf(errNoMem, "doorbell records exhausted: %v", err)
+	}
+	q.qpn = d.allocQPN()
+	q.attr.PortNum = 1
+	q.attr.Cap = cp
+	if err := d.engine.CreateQP(q); err != nil {
+		cx.db.Free(q.dbIndex)
+		d.unpinQP(q)
+		return reply{}, errorf(errNoMem, "engine: %v", err)
+	}
+	d.qps[q.qpn] = q
+	cx.qps[q.qpn] = q
+	p.users++
+	scq.users++
+	rcq.users++
+	if s != nil {
+		s.users++
+	}
+	cx.counts.QP++
+	d.totals.QP++
+	return reply{body: &abi.RespCreateQP{QPN: q.qpn, DBIndex: q.dbIndex, SQWQEBlocks: q.sqBlocks, RQWQESize: q.rqSize, Cap: cp}}, nil
+}
+
+// allocQPN returns an unused 24-bit QPN >= firstQPN, advancing
+// round-robin so a destroyed QP's number is not reused at once (a late
+// packet for the old QP then finds no QP rather than the new one).
+func (d *Device) allocQPN() uint32 {
+	for {
+		n := d.nextQPN & qpnMask
+		d.nextQPN = n + 1
+		if n < firstQPN {
+			continue
+		}
+		if _, used := d.qps[n]; !used {
+			return n
+		}
+	}
+}
+
+func (d *Device) unpinQP(q *QP) {
+	if q.sqRing != nil {
+		q.sqRing.Release()
+	}
+	if q.rqRing != nil {
+		q.rqRing.Release()
+	}
+}
+
+func (cn *conn) lookupQP(qpn uint32) (*QP, error) {
+	q, ok := cn.ctx.qps[qpn]
+	if !ok {
+		return nil, errorf(errNoEnt, "QP %d not found", qpn)
+	}
+	return q, nil
+}
+
+func (cn *conn) modifyQP(r *request) (reply, error) {
+	var c abi.CmdModifyQPReq
+	if err := decode(r, &c); err != nil {
+		return reply{}, err
+	}
+	q, err := cn.lookupQP(c.QPN)
+	if err != nil {
+		return reply{}, err
+	}
+	if err := cn.d.modifyQPLocked(q, AttrMask(c.AttrMask), &c.Attr); err != nil {
+		return reply{}, err
+	}
+	return reply{}, nil
+}
+
+// modifyQPLocked validates and applies one MODIFY_QP.
+func (d *Device) modifyQPLocked(q *QP, mask AttrMask, a *abi.QPAttr) error {
+	cur := q.state
+	next := cur
+	if mask&AttrState != 0 {
+		if !validState(a.QPState) {
+			return errorf(errInval, "qp_state %d: not a QP state", uint32(a.QPState))
+		}
+		next = a.QPState
+	}
+	if err := checkTransition(q.typ, cur, next, mask); err != nil {
+		return err
+	}
+	if err := d.checkAttrValues(q, cur, mask, a); err != nil {
+		return err
+	}
+	applyAttr(q, next, mask, a)
+	d.engine.ModifyQP(q, cur, mask)
+	return nil
+}
+
+func (cn *conn) queryQP(r *request) (reply, error) {
+	h, err := handleArg(r)
+	if err != nil {
+		return reply{}, err
+	}
+	q, err := cn.lookupQP(h)
+	if err != nil {
+		return reply{}, err
+	}
+	ctr := cn.d.engine.Counters(q)
+	resp := &abi.RespQueryQP{
+		Attr:            q.attr,
+		QPType:          q.typ,
+		SendCQ:          q.sendCQ.handle,
+		RecvCQ:          q.recvCQ.handle,
+		SRQHandle:       abi.NoSRQ,
+		PDHandle:        q.pd.handle,
+		PacketsSent:     ctr.PacketsSent,
+		PacketsReceived: ctr.PacketsReceived,
+		Retransmits:     ctr.Retransmits,
+		RNRNaksReceived: ctr.RNRNaksReceived,
+	}
+	resp.Attr.QPState = q.state
+	resp.Attr.CurQPState = q.state
+	resp.Attr.Cap = q.cap
+	if q.sigAll {
+		resp.SQSigAll = 1
+	}
+	if q.srq != nil {
+		resp.SRQHandle = q.srq.handle
+	}
+	return reply{body: resp}, nil
+}
+
+func (cn *conn) destroyQP(r *request) (reply, error) {
+	h, err := handleArg(r)
+	if err != nil {
+		return reply{}, err
+	}
+	q, err := cn.lookupQP(h)
+	if err != nil {
+		return reply{}, err
+	}
+	cn.d.freeQP(cn.ctx, q)
+	return reply{}, nil
+}
+
+func (d *Device) freeQP(cx *Context, q *QP) {
+	d.engine.DestroyQP(q)
+	d.unpinQP(q)
+	cx.db.Free(q.dbIndex)
+	delete(d.qps, q.qpn)
+	delete(cx.qps, q.qpn)
+	q.pd.users--
+	q.sendCQ.users--
+	q.recvCQ.users--
+	if q.srq != nil {
+		q.srq.users--
+	}
+	cx.counts.QP--
+	d.totals.QP--
+}
+
+func (cn *conn) createSRQ(r *request) (reply, error) {
+	d, cx := cn.d, cn.ctx
+	var c abi.CmdCreateSRQReq
+	if err := decode(r, &c); err != nil {
+		return reply{}, err
+	}
+	p, ok := cx.pds[c.PDHandle]
+	if !ok {
+		return reply{}, errorf(errNoEnt, "PD %d not found", c.PDHandle)
+	}
+	if !isPow2(c.MaxWR) || c.MaxWR > abi.MaxSRQWR {
+		return reply{}, errorf(errInval, "max_wr %d: must be a power of two in 1..%d", c.MaxWR, abi.MaxSRQWR)
+	}
+	if c.MaxSGE > abi.MaxSGE {
+		return reply{}, errorf(errInval, "max_sge %d: at most %d", c.MaxSGE, abi.MaxSGE)
+	}
+	if c.SRQLimit >= c.MaxWR {
+		return reply{}, errorf(errInval, "srq_limit %d: must be below max_wr %d", c.SRQLimit, c.MaxWR)
+	}
+	if err := d.limit(cx, "SRQs", cx.counts.SRQ, d.totals.SRQ, d.cfg.Limits.PerClient.SRQ, d.cfg.Limits.PerDevice.SRQ); err != nil {
+		return reply{}, err
+	}
+	size := abi.RQWQESize(c.MaxSGE)
+	pin, err := d.pinRing(cx, "SRQ", c.RingPA, uint64(c.MaxWR)*uint64(size))
+	if err != nil {
+		return reply{}, err
+	}
+	idx, err := cx.db.Alloc()
+	if err != nil {
+		pin.Release()
+		return reply{}, errorf(errNoMem, "doorbell records exhausted: %v", err)
+	}
+	s := &srq{handle: cx.newHandle(), pd: p, ringPA: c.RingPA, maxWR: c.MaxWR, maxSGE: c.MaxSGE,
+		limit: c.SRQLimit, wqeSize: size, dbIndex: idx, ring: pin}
+	cx.srqs[s.handle] = s
+	p.users++
+	cx.counts.SRQ++
+	d.totals.SRQ++
+	return reply{body: &abi.RespCreateSRQ{SRQHandle: s.handle, DBIndex: idx, RQWQESize: size}}, nil
+}
+
+func (cn *conn) lookupSRQ(h uint32) (*srq, error) {
+	s, ok := cn.ctx.srqs[h]
+	if !ok {
+		return nil, errorf(errNoEnt, "SRQ %d not found", h)
+	}
+	return s, nil
+}
+
+func (cn *conn) modifySRQ(r *request) (reply, error) {
+	var c abi.CmdModifySRQReq
+	if err := decode(r, &c); err != nil {
+		return reply{}, err
+	}
+	s, err := cn.lookupSRQ(c.SRQHandle)
+	if err != nil {
+		return reply{}, err
+	}
+	if c.SRQLimit >= s.maxWR {
+		return reply{}, errorf(errInval, "srq_limit %d: must be below max_wr %d", c.SRQLimit, s.maxWR)
+	}
+	s.limit = c.SRQLimit
+	return reply{}, nil
+}
+
+func (cn *conn) querySRQ(r *request) (reply, error) {
+	h, err := handleArg(r)
+	if err != nil {
+		return reply{}, err
+	}
+	s, err := cn.lookupSRQ(h)
+	if err != nil {
+		return reply{}, err
+	}
+	return reply{body: &abi.RespQuerySRQ{MaxWR: s.maxWR, MaxSGE: s.maxSGE, SRQLimit: s.limit}}, nil
+}
+
+func (cn *conn) destroySRQ(r *request) (reply, error) {
+	h, err := handleArg(r)
+	if err != nil {
+		return reply{}, err
+	}
+	s, err := cn.lookupSRQ(h)
+	if err != nil {
+		return reply{}, err
+	}
+	if s.users > 0 {
+		return reply{}, errorf(errBusy, "SRQ %d is in use by %d QPs", h, s.users)
+	}
+	cn.d.freeSRQ(cn.ctx, s)
+	return reply{}, nil
+}
+
+func (d *Device) freeSRQ(cx *Context, s *srq) {
+	s.ring.Release()
+	cx.db.Free(s.dbIndex)
+	s.pd.users--
+	delete(cx.srqs, s.handle)
+	cx.counts.SRQ--
+	d.totals.SRQ--
+}
+
+func (cn *conn) createAH(r *request) (reply, error) {
+	d, cx := cn.d, cn.ctx
+	var c abi.CmdCreateAHReq
+	if err := decode(r, &c); err != nil {
+		return reply{}, err
+	}
+	if c.Reserved != 0 {
+		return reply{}, errorf(errInval, "reserved field must be 0")
+	}
+	p, ok := cx.pds[c.PDHandle]
+	if !ok {
+		return reply{}, errorf(errNoEnt, "PD %d not found", c.PDHandle)
+	}
+	if err := d.checkAH(&c.Attr); err != nil {
+		return reply{}, err
+	}
+	if err := d.limit(cx, "AHs", cx.counts.AH, d.totals.AH, d.cfg.Limits.PerClient.AH, d.cfg.Limits.PerDevice.AH); err != nil {
+		return reply{}, err
+	}
+	a := &ah{handle: cx.newHandle(), pd: p, attr: c.Attr}
+	cx.ahs[a.handle] = a
+	p.users++
+	cx.counts.AH++
+	d.totals.AH++
+	return reply{body: &abi.RespCreateAH{AHHandle: a.handle}}, nil
+}
+
+func (cn *conn) destroyAH(r *request) (reply, error) {
+	h, err := handleArg(r)
+	if err != nil {
+		return reply{}, err
+	}
+	a, ok := cn.ctx.ahs[h]
+	if !ok {
+		return reply{}, errorf(errNoEnt, "AH %d not found", h)
+	}
+	cn.d.freeAH(cn.ctx, a)
+	return reply{}, nil
+}
+
+func (d *Device) freeAH(cx *Context, a *ah) {
+	a.pd.users--
+	delete(cx.ahs, a.handle)
+	cx.counts.AH--
+	d.totals.AH--
+}
+
+// releaseContextLocked destroys everything a context owns, in dependency
+// order, and closes its doorbell page. Called when the connection ends
+// (client exit or death) and at shutdown.
+func (d *Device) releaseContextLocked(cx *Context, why string) {
+	for _, q := range cx.qps {
+		d.freeQP(cx, q)
+	}
+	for _, a := range cx.ahs {
+		d.freeAH(cx, a)
+	}
+	for _, s := range cx.srqs {
+		d.freeSRQ(cx, s)
+	}
+	for _, q := range cx.cqs {
+		d.freeCQ(cx, q)
+	}
+	for h, m := range cx.mrs {
+		if err := d.mem.DeregisterMR(cx.owner, h); err != nil {
+			d.log.Warn("release MR", "ctx", cx.handle, "mr", h, "err", err)
+		}
+		m.pd.users--
+		delete(cx.mrs, h)
+		cx.counts.MR--
+		d.totals.MR--
+	}
+	for h := range cx.pds {
+		delete(cx.pds, h)
+		cx.counts.PD--
+		d.totals.PD--
+	}
+	for h := range cx.hostMem {
+		if err := d.mem.RemoveRegion(cx.owner, h); err != nil {
+			d.log.Warn("release host memory", "ctx", cx.handle, "region", h, "err", err)
+		}
+		delete(cx.hostMem, h)
+		cx.counts.HostMem--
+		d.totals.HostMem--
+	}
+	// Backstop: whatever the space still holds for this owner goes too.
+	d.mem.ReleaseOwner(cx.owner)
+	if err := cx.db.Close(); err != nil {
+		d.log.Warn("close doorbell page", "ctx", cx.handle, "err", err)
+	}
+	delete(d.contexts, cx.handle)
+	d.totals.Contexts--
+	d.counters.ContextsClosed.Add(1)
+	d.log.Info("context closed", "ctx", cx.handle, "client", cx.name, "pid", cx.pid, "reason", why)
+}

@@ -1,0 +1,154 @@
+package device
+
+import (
+	"github.com/vrnic/vrnic/abi"
+)
+
+// Value ranges of the QP attributes (IBTA 9.7.5.2, 10.2.4 and the
+// attribute definitions of chapter 11).
+const (
+	maxPSN       = 1<<24 - 1
+	maxQPN24     = 1<<24 - 1
+	maxTimer5    = 31 // TIMEOUT, MIN_RNR_TIMER: 5-bit codes
+	maxRetry3    = 7  // RETRY_CNT, RNR_RETRY: 3 bits
+	maxFlowLabel = 1<<20 - 1
+	maxSL        = 15
+	pkeyTableLen = 1 // one P_Key (0xffff, the default)
+	devicePort   = 1
+)
+
+// checkAH validates an address vector (CREATE_AH and the AV attribute).
+func (d *Device) checkAH(a *abi.AHAttr) error {
+	for _, b := range a.Reserved {
+		if b != 0 {
+			return errorf(errInval, "ah_attr.reserved must be 0")
+		}
+	}
+	if a.PortNum != devicePort {
+		return errorf(errInval, "ah_attr.port_num %d: the device has port 1 only", a.PortNum)
+	}
+	if int(a.SGIDIndex) >= len(d.cfg.Link.GIDs) {
+		return errorf(errInval, "ah_attr.sgid_index %d: no such GID (table has %d valid entries)", a.SGIDIndex, len(d.cfg.Link.GIDs))
+	}
+	if a.FlowLabel > maxFlowLabel {
+		return errorf(errInval, "ah_attr.flow_label %#x: 20 bits at most", a.FlowLabel)
+	}
+	if a.SL > maxSL {
+		return errorf(errInval, "ah_attr.sl %d: at most %d", a.SL, maxSL)
+	}
+	if a.DGID == ([16]byte{}) {
+		return errorf(errInval, "ah_attr.dgid is all zero")
+	}
+	return nil
+}
+
+// checkAttrValues checks the values of the attributes in mask (the mask
+// itself was checked against the transition table).
+func (d *Device) checkAttrValues(q *QP, cur QPState, mask AttrMask, a *abi.QPAttr) error {
+	if a.Reserved != 0 {
+		return errorf(errInval, "attr.reserved must be 0")
+	}
+	if a.Cap.Reserved != 0 {
+		return errorf(errInval, "attr.cap.reserved must be 0")
+	}
+	type check struct {
+		bit AttrMask
+		bad bool
+		msg string
+		arg any
+	}
+	checks := [...]check{
+		{AttrCurState, a.CurQPState != cur, "CUR_STATE %v does not match the QP's state", a.CurQPState},
+		{AttrAccessFlags, a.QPAccessFlags&^abi.AccessAll != 0, "ACCESS_FLAGS %#x: unknown bits", a.QPAccessFlags},
+		{AttrPKeyIndex, a.PKeyIndex >= pkeyTableLen, "PKEY_INDEX %d out of range (P_Key table has 1 entry)", a.PKeyIndex},
+		{AttrPort, a.PortNum != devicePort, "PORT %d: the device has port 1 only", a.PortNum},
+		{AttrPathMTU, a.PathMTU < abi.MTU256 || a.PathMTU > d.cfg.Link.MaxMTU, "PATH_MTU %d out of range", uint32(a.PathMTU)},
+		{AttrTimeout, a.Timeout > maxTimer5, "TIMEOUT %d out of range (5 bits)", a.Timeout},
+		{AttrRetryCnt, a.RetryCnt > maxRetry3, "RETRY_CNT %d out of range (0..7)", a.RetryCnt},
+		{AttrRNRRetry, a.RNRRetry > maxRetry3, "RNR_RETRY %d out of range (0..7)", a.RNRRetry},
+		{AttrRQPSN, a.RQPSN > maxPSN, "RQ_PSN %#x out of range (24 bits)", a.RQPSN},
+		{AttrSQPSN, a.SQPSN > maxPSN, "SQ_PSN %#x out of range (24 bits)", a.SQPSN},
+		{AttrMaxQPRdAtomic, a.MaxRdAtomic > abi.MaxRdAtomic, "MAX_QP_RD_ATOMIC %d out of range (at most 16)", a.MaxRdAtomic},
+		{AttrMaxDestRdAtomic, a.MaxDestRdAtomic > abi.MaxRdAtomic, "MAX_DEST_RD_ATOMIC %d out of range (at most 16)", a.MaxDestRdAtomic},
+		{AttrMinRNRTimer, a.MinRNRTimer > maxTimer5, "MIN_RNR_TIMER %d out of range (5 bits)", a.MinRNRTimer},
+		{AttrDestQPN, a.DestQPNum > maxQPN24, "DEST_QPN %#x out of range (24 bits)", a.DestQPNum},
+		{AttrEnSQDAsync, a.EnSQDAsyncNotify > 1, "EN_SQD_ASYNC_NOTIFY %d: must be 0 or 1", a.EnSQDAsyncNotify},
+	}
+	for _, c := range checks {
+		if mask&c.bit != 0 && c.bad {
+			return errorf(errInval, c.msg, c.arg)
+		}
+	}
+	if mask&AttrAV != 0 {
+		if err := d.checkAH(&a.AHAttr); err != nil {
+			return errorf(errInval, "AV: %v", err)
+		}
+	}
+	return nil
+}
+
+// applyAttr stores the attributes of mask and moves the QP to next.
+func applyAttr(q *QP, next QPState, mask AttrMask, a *abi.QPAttr) {
+	t := &q.attr
+	if next == StateReset {
+		// RESET returns the QP to its state after creation (IBTA 10.3.1:
+		// the QP's attributes are reset to their initial values).
+		*t = abi.QPAttr{PortNum: devicePort, Cap: q.cap}
+		q.state = StateReset
+		return
+	}
+	if mask&AttrAccessFlags != 0 {
+		t.QPAccessFlags = a.QPAccessFlags
+	}
+	if mask&AttrPKeyIndex != 0 {
+		t.PKeyIndex = a.PKeyIndex
+	}
+	if mask&AttrPort != 0 {
+		t.PortNum = a.PortNum
+	}
+	if mask&AttrQKey != 0 {
+		t.QKey = a.QKey
+	}
+	if mask&AttrAV != 0 {
+		t.AHAttr = a.AHAttr
+	}
+	if mask&AttrPathMTU != 0 {
+		t.PathMTU = a.PathMTU
+	}
+	if mask&AttrTimeout != 0 {
+		t.Timeout = a.Timeout
+	}
+	if mask&AttrRetryCnt != 0 {
+		t.RetryCnt = a.RetryCnt
+	}
+	if mask&AttrRNRRetry != 0 {
+		t.RNRRetry = a.RNRRetry
+	}
+	if mask&AttrRQPSN != 0 {
+		t.RQPSN = a.RQPSN
+	}
+	if mask&AttrSQPSN != 0 {
+		t.SQPSN = a.SQPSN
+	}
+	if mask&AttrMaxQPRdAtomic != 0 {
+		t.MaxRdAtomic = a.MaxRdAtomic
+	}
+	if mask&AttrMaxDestRdAtomic != 0 {
+		t.MaxDestRdAtomic = a.MaxDestRdAtomic
+	}
+	if mask&AttrMinRNRTimer != 0 {
+		t.MinRNRTimer = a.MinRNRTimer
+	}
+	if mask&AttrDestQPN != 0 {
+		t.DestQPNum = a.DestQPNum
+	}
+	if mask&AttrEnSQDAsync != 0 {
+		t.EnSQDAsyncNotify = a.EnSQDAsyncNotify
+	}
+	// Without a data path there is nothing to drain: SQD is reached with
+	// the send queue already drained (sq_draining 0).
+	t.SQDraining = 0
+	q.state = next
+	t.QPState = next
+	t.CurQPState = next
+}

@@ -1,0 +1,108 @@
+package device
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// SocketSuffix is the file name suffix of a device's control socket: the
+// socket of device "vr0" is "vr0.sock" in the runtime directory.
+const SocketSuffix = ".sock"
+
+// RuntimeDir returns the directory that holds the control sockets and lock
+// files of the devices of this user:
+//
+//   - root (euid 0): /run/vrnic
+//   - others, XDG_RUNTIME_DIR set: $XDG_RUNTIME_DIR/vrnic
+//   - others, XDG_RUNTIME_DIR unset: $TMPDIR/vrnic-<uid> (os.TempDir), a
+//     directory private to the user (mode 0700, ownership checked by
+//     EnsureRuntimeDir).
+//
+// vrnicd and vrnicctl use the same rule, so vrnicctl finds the sockets of
+// the daemons of the same user without flags.
+func RuntimeDir() string {
+	if os.Geteuid() == 0 {
+		return "/run/vrnic"
+	}
+	if x := os.Getenv("XDG_RUNTIME_DIR"); x != "" {
+		return filepath.Join(x, "vrnic")
+	}
+	return filepath.Join(os.TempDir(), "vrnic-"+strconv.Itoa(os.Geteuid()))
+}
+
+// SocketPath returns the default control socket path of device name in dir.
+func SocketPath(dir, name string) string {
+	return filepath.Join(dir, name+SocketSuffix)
+}
+
+// EnsureRuntimeDir creates dir (mode 0700) if needed and checks that it is a
+// directory owned by the current user and not writable by others, so another
+// user cannot plant sockets in it.
+func EnsureRuntimeDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("runtime dir %s: %w", dir, err)
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return fmt.Errorf("runtime dir %s: %w", dir, err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("runtime dir %s: not a directory", dir)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if ok && int(st.Uid) != os.Geteuid() {
+		return fmt.Errorf("runtime dir %s: owned by uid %d, not %d", dir, st.Uid, os.Geteuid())
+	}
+	if fi.Mode().Perm()&0o022 != 0 {
+		return fmt.Errorf("runtime dir %s: writable by group or others (mode %v)", dir, fi.Mode().Perm())
+	}
+	return nil
+}
+
+// ErrSocketInUse is returned by Listen when a live daemon already serves the
+// socket path.
+var ErrSocketInUse = errors.New("control socket in use by a running daemon")
+
+// Listen creates the SOCK_SEQPACKET control socket at path (mode 0600 by
+// default umask handling: the socket is chmod-ed to 0660 so a group may be
+// granted access through the directory). An existing socket file is probed:
+// if a connect succeeds, another daemon is alive and Listen fails with
+// ErrSocketInUse; if the connect fails with ECONNREFUSED the socket is stale
+// (its daemon crashed) and is replaced. Any other file at path is left alone
+// and reported.
+func Listen(path string) (*net.UnixListener, error) {
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("listen %s: exists and is not a socket", path)
+		}
+		c, err := net.DialTimeout("unixpacket", path, time.Second)
+		switch {
+		case err == nil:
+			c.Close()
+			return nil, fmt.Errorf("listen %s: %w", path, ErrSocketInUse)
+		case errors.Is(err, syscall.ECONNREFUSED):
+			if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return nil, fmt.Errorf("listen %s: remove stale socket: %w", path, err)
+			}
+		default:
+			return nil, fmt.Errorf("listen %s: probing existing socket: %w", path, err)
+		}
+	}
+	l, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", path, err)
+	}
+	// Close removes the socket file; the daemon relies on that at shutdown.
+	l.SetUnlinkOnClose(true)
+	if err := os.Chmod(path, 0o660); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("listen %s: %w", path, err)
+	}
+	return l, nil
+}

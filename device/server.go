@@ -1,0 +1,255 @@
+package device
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/vrnic/vrnic/abi"
+	"golang.org/x/sys/unix"
+)
+
+// conn is the state of one control connection.
+type conn struct {
+	d   *Device
+	c   *net.UnixConn
+	ctx *Context // nil until OPEN_CONTEXT
+	pid int32
+	uid uint32
+
+	buf  []byte // receive buffer: MaxMsgSize+1 to detect oversize datagrams
+	oob  []byte
+	rbuf []byte // reply buffer
+}
+
+// request is one decoded command.
+type request struct {
+	hdr     abi.MsgHdr
+	payload []byte
+	msg     *rawMsg
+}
+
+// reply is what a handler returns on success: the reply struct (nil for an
+// empty reply) or raw bytes, and fds to pass (not closed by the sender).
+type reply struct {
+	body any
+	raw  []byte
+	fds  []int
+}
+
+// cmdSpec describes a command: the exact payload size (or -1 when the
+// handler checks a variable length), the number of fds it takes and
+// whether it needs an open context.
+type cmdSpec struct {
+	size           int
+	minFds, maxFds int
+	needCtx        bool
+	handle         func(*conn, *request) (reply, error)
+}
+
+var cmdTable map[abi.Cmd]cmdSpec
+
+func init() {
+	sz := func(v any) int { return abi.Sizeof(v) }
+	handle := sz(&abi.CmdHandleReq{})
+	cmdTable = map[abi.Cmd]cmdSpec{
+		abi.CmdOpenContext:   {sz(&abi.CmdOpenContextReq{}), 0, 0, false, (*conn).openContext},
+		abi.CmdQueryDevice:   {0, 0, 0, true, (*conn).queryDevice},
+		abi.CmdQueryPort:     {sz(&abi.CmdQueryPortReq{}), 0, 0, true, (*conn).queryPort},
+		abi.CmdQueryGID:      {sz(&abi.CmdQueryGIDReq{}), 0, 0, true, (*conn).queryGID},
+		abi.CmdAddHostMem:    {sz(&abi.CmdAddHostMemReq{}), 1, 1, true, (*conn).addHostMem},
+		abi.CmdRemoveHostMem: {handle, 0, 0, true, (*conn).removeHostMem},
+		abi.CmdAllocPD:       {0, 0, 0, true, (*conn).allocPD},
+		abi.CmdDeallocPD:     {handle, 0, 0, true, (*conn).deallocPD},
+		abi.CmdRegMR:         {-1, 0, 0, true, (*conn).regMR},
+		abi.CmdDeregMR:       {handle, 0, 0, true, (*conn).deregMR},
+		abi.CmdCreateCQ:      {sz(&abi.CmdCreateCQReq{}), 0, 1, true, (*conn).createCQ},
+		abi.CmdDestroyCQ:     {handle, 0, 0, true, (*conn).destroyCQ},
+		abi.CmdCreateQP:      {sz(&abi.CmdCreateQPReq{}), 0, 0, true, (*conn).createQP},
+		abi.CmdModifyQP:      {sz(&abi.CmdModifyQPReq{}), 0, 0, true, (*conn).modifyQP},
+		abi.CmdQueryQP:       {handle, 0, 0, true, (*conn).queryQP},
+		abi.CmdDestroyQP:     {handle, 0, 0, true, (*conn).destroyQP},
+		abi.CmdCreateSRQ:     {sz(&abi.CmdCreateSRQReq{}), 0, 0, true, (*conn).createSRQ},
+		abi.CmdModifySRQ:     {sz(&abi.CmdModifySRQReq{}), 0, 0, true, (*conn).modifySRQ},
+		abi.CmdQuerySRQ:      {handle, 0, 0, true, (*conn).querySRQ},
+		abi.CmdDestroySRQ:    {handle, 0, 0, true, (*conn).destroySRQ},
+		abi.CmdCreateAH:      {sz(&abi.CmdCreateAHReq{}), 0, 0, true, (*conn).createAH},
+		abi.CmdDestroyAH:     {handle, 0, 0, true, (*conn).destroyAH},
+	}
+	for op := range adminTable {
+		cmdTable[op] = cmdSpec{-1, 0, 0, false, (*conn).admin}
+	}
+}
+
+func (d *Device) serveConn(c *net.UnixConn) {
+	defer d.wg.Done()
+	d.counters.ConnectionsOpen.Add(1)
+	cn := &conn{
+		d:    d,
+		c:    c,
+		buf:  make([]byte, abi.MaxMsgSize+1),
+		oob:  make([]byte, unix.CmsgSpace(maxOOBFds*4)),
+		rbuf: make([]byte, abi.MaxMsgSize),
+	}
+	cn.pid, cn.uid, _ = peerCred(c)
+	defer func() {
+		c.Close()
+		d.mu.Lock()
+		delete(d.conns, c)
+		if cn.ctx != nil {
+			d.releaseContextLocked(cn.ctx, "connection closed")
+			cn.ctx = nil
+		}
+		d.mu.Unlock()
+		d.counters.ConnectionsOpen.Add(-1)
+	}()
+	for {
+		m, err := readMsg(c, cn.buf, cn.oob)
+		if err != nil {
+			var re *recvError
+			if errors.As(err, &re) {
+				d.counters.BadMessages.Add(1)
+				if !cn.replyRawError(m.data, unix.EMSGSIZE, re.Error()) {
+					return
+				}
+				continue
+			}
+			if !errors.Is(err, io.EOF) && !errors.Is(err, os.ErrClosed) && !errors.Is(err, net.ErrClosed) {
+				d.log.Debug("control connection read", "err", err)
+			}
+			return
+		}
+		ok := cn.handle(&m)
+		if n := len(m.fds); n > 0 {
+			for _, fd := range m.fds {
+				if fd >= 0 {
+					d.counters.FdsClosed.Add(1)
+				}
+			}
+		}
+		m.closeFds()
+		if !ok {
+			return
+		}
+	}
+}
+
+// handle processes one datagram and sends the reply. It returns false when
+// the connection must be closed (the reply could not be sent).
+func (cn *conn) handle(m *rawMsg) bool {
+	d := cn.d
+	var hdr abi.MsgHdr
+	if err := hdr.Decode(m.data); err != nil {
+		d.counters.BadMessages.Add(1)
+		return cn.replyRawError(m.data, unix.EMSGSIZE, fmt.Sprintf("datagram of %d bytes is shorter than the %d-byte header", len(m.data), abi.SizeofMsgHdr))
+	}
+	d.counters.Commands.Add(1)
+	rep, err := cn.dispatch(&hdr, m)
+	if err != nil {
+		d.counters.CommandErrors.Add(1)
+		return cn.sendError(&hdr, errnoOf(err), err.Error())
+	}
+	return cn.sendReply(&hdr, rep)
+}
+
+func (cn *conn) dispatch(hdr *abi.MsgHdr, m *rawMsg) (reply, error) {
+	if int(hdr.Length) != len(m.data) {
+		return reply{}, errorf(errMsgSize, "header length %d, datagram has %d bytes", hdr.Length, len(m.data))
+	}
+	if hdr.Flags != 0 {
+		return reply{}, errorf(errInval, "header flags %#x must be 0 in a command", hdr.Flags)
+	}
+	if hdr.Status != 0 {
+		return reply{}, errorf(errInval, "header status %d must be 0 in a command", hdr.Status)
+	}
+	spec, ok := cmdTable[hdr.Opcode]
+	if !ok {
+		return reply{}, errorf(errBadOpcode, "unknown command opcode %#x", uint16(hdr.Opcode))
+	}
+	payload := m.data[abi.SizeofMsgHdr:]
+	if spec.size >= 0 && len(payload) != spec.size {
+		return reply{}, errorf(errMsgSize, "%v: payload is %d bytes, want %d", hdr.Opcode, len(payload), spec.size)
+	}
+	if n := len(m.fds); n < spec.minFds || n > spec.maxFds {
+		if spec.minFds == spec.maxFds {
+			return reply{}, errorf(errBadFd, "%v: %d fds attached, want %d", hdr.Opcode, n, spec.minFds)
+		}
+		return reply{}, errorf(errBadFd, "%v: %d fds attached, want %d to %d", hdr.Opcode, n, spec.minFds, spec.maxFds)
+	}
+	cn.d.mu.Lock()
+	defer cn.d.mu.Unlock()
+	if cn.d.closed {
+		return reply{}, errorf(errBusy, "device is shutting down")
+	}
+	if spec.needCtx && cn.ctx == nil {
+		return reply{}, errorf(errInval, "%v before OPEN_CONTEXT", hdr.Opcode)
+	}
+	return spec.handle(cn, &request{hdr: *hdr, payload: payload, msg: m})
+}
+
+func (cn *conn) sendReply(req *abi.MsgHdr, rep reply) bool {
+	b := cn.rbuf
+	n := abi.SizeofMsgHdr
+	if rep.body != nil {
+		k, err := abi.Marshal(b[n:], rep.body)
+		if err != nil {
+			return cn.sendError(req, unix.EIO, "encoding reply: "+err.Error())
+		}
+		n += k
+	}
+	if rep.raw != nil {
+		if len(rep.raw) > len(b)-n {
+			return cn.sendError(req, unix.EMSGSIZE, "reply too large")
+		}
+		n += copy(b[n:], rep.raw)
+	}
+	h := abi.MsgHdr{Opcode: req.Opcode, Flags: abi.MsgFlagReply, Length: uint32(n), Seq: req.Seq}
+	h.Put(b)
+	var oob []byte
+	if len(rep.fds) > 0 {
+		oob = unix.UnixRights(rep.fds...)
+	}
+	return cn.write(b[:n], oob)
+}
+
+func (cn *conn) sendError(req *abi.MsgHdr, errno unix.Errno, msg string) bool {
+	n, err := abi.PutErrorReply(cn.rbuf, req, errno, msg)
+	if err != nil {
+		return false
+	}
+	return cn.write(cn.rbuf[:n], nil)
+}
+
+// replyRawError answers a datagram that could not be decoded; it echoes
+// opcode and seq if the header is there.
+func (cn *conn) replyRawError(data []byte, errno unix.Errno, msg string) bool {
+	var h abi.MsgHdr
+	if len(data) >= abi.SizeofMsgHdr {
+		_ = h.Decode(data)
+	}
+	return cn.sendError(&h, errno, msg)
+}
+
+func (cn *conn) write(b, oob []byte) bool {
+	cn.c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	_, _, err := cn.c.WriteMsgUnix(b, oob, nil)
+	return err == nil
+}
+
+// cString returns the printable part of a NUL-padded name field.
+func cString(b []byte) string {
+	if i := strings.IndexByte(string(b), 0); i >= 0 {
+		b = b[:i]
+	}
+	return strings.Map(func(r rune) rune {
+		if unicode.IsPrint(r) && r < unicode.MaxASCII {
+			return r
+		}
+		return '?'
+	}, string(b))
+}
