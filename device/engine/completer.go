@@ -235,22 +235,16 @@ func (qp *QP) compRead(p *packet) compState {
 	}
 	info := p.opcode.Info()
 	lastPkt := e.rcvd+1 == e.npkts
-	var want roce.OpFlags
-	switch {
-	case e.npkts == 1:
-		want = roce.OpOnly
-	case e.rcvd == 0:
-		want = roce.OpFirst
-	case lastPkt:
-		want = roce.OpLast
-	default:
-		want = roce.OpMiddle
-	}
 	off := uint64(e.rcvd) * uint64(qp.mtu)
 	wantLen := min(uint64(qp.mtu), e.length-off)
-	if !info.Is(want) || uint64(len(p.payload)) != wantLen {
+	// A READ resumed after a retry is answered as a new request (FIRST
+	// or ONLY at the resume PSN), so the position is checked as "last or
+	// not" against the data still expected, not against the original
+	// request.
+	endsMsg := info.Is(roce.OpLast) || info.Is(roce.OpOnly)
+	if endsMsg != lastPkt || uint64(len(p.payload)) != wantLen {
 		// IBTA 9.7.5.1.3: a response of the wrong kind or length is a
-		// bad response (C9-?), fatal for the WQE.
+		// bad response, fatal for the WQE.
 		qp.failWQE(e, abi.WCBadRespErr)
 		return compDone
 	}

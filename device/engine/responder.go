@@ -59,6 +59,7 @@ type rdRes struct {
 	active      bool   // responses still to send
 	first, last uint32 // PSN range of the request
 	cur         uint32 // next response PSN to send
+	req         uint32 // PSN of the request being answered (a re-executed READ starts later than first)
 	va          uint64 // READ: remote address of cur
 	rkey        uint32
 	left        uint32 // READ: bytes still to send
@@ -199,7 +200,7 @@ func (qp *QP) respDuplicate(p *packet) respState {
 			if roce.PSNAdd(p.psn, readPackets(p.dmaLen, qp.mtu)-1) != s.last {
 				break // not a tail of the original request
 			}
-			s.cur, s.va, s.rkey, s.left, s.active = p.psn, p.va, p.rkey, p.dmaLen, true
+			s.cur, s.req, s.va, s.rkey, s.left, s.active = p.psn, p.psn, p.va, p.rkey, p.dmaLen, true
 			return respDone
 		}
 		qp.Counters.Dropped.Add(1)
@@ -442,7 +443,7 @@ func (qp *QP) respExecute(p *packet) respState {
 		np := readPackets(p.dmaLen, qp.mtu)
 		s := &r.res[r.resNext]
 		*s = rdRes{kind: resRead, active: true, first: p.psn, last: roce.PSNAdd(p.psn, np-1),
-			cur: p.psn, va: p.va, rkey: p.rkey, left: p.dmaLen}
+			cur: p.psn, req: p.psn, va: p.va, rkey: p.rkey, left: p.dmaLen}
 		r.resNext = (r.resNext + 1) % len(r.res)
 		r.epsn = roce.PSNAdd(r.epsn, np)
 		r.msn = roce.PSNAdd(r.msn, 1)
@@ -536,10 +537,8 @@ func (qp *QP) sendResponse(s *rdRes) bool {
 	// IBTA 9.7.5.1.3: READ responses are path-MTU sized (the last may be
 	// shorter); FIRST, LAST and ONLY carry an AETH.
 	n := min(s.left, qp.mtu)
-	idx := uint32(roce.PSNDiff(s.cur, s.first))
-	total := readPackets(0, qp.mtu) // placeholder to keep types aligned
-	_ = total
-	np := uint32(roce.PSNDiff(s.last, s.first)) + 1
+	idx := uint32(roce.PSNDiff(s.cur, s.req))
+	np := uint32(roce.PSNDiff(s.last, s.req)) + 1
 	switch {
 	case np == 1:
 		o.opcode = roce.OpRCReadResponseOnly
@@ -549,9 +548,6 @@ func (qp *QP) sendResponse(s *rdRes) bool {
 		o.opcode = roce.OpRCReadResponseLast
 	default:
 		o.opcode = roce.OpRCReadResponseMiddle
-	}
-	if s.cur != s.first && roce.PSNAdd(s.cur, 0) == s.cur && idx == 0 {
-		o.opcode = roce.OpRCReadResponseFirst
 	}
 	payload := qp.w.payload(buf, o.opcode, int(n))
 	if payload == nil {
