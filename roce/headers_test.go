@@ -63,9 +63,11 @@ func TestHeaderEncode(t *testing.T) {
 			},
 		},
 		{
-			name:   "AETH",
-			want:   "62" + "000102",
-			encode: func(b []byte) { AETH(b).Encode(&AETHFields{Syndrome: NAKSyndrome(NAKRemoteAccessError), MSN: 0xff000102}) },
+			name: "AETH",
+			want: "62" + "000102",
+			encode: func(b []byte) {
+				AETH(b).Encode(&AETHFields{Syndrome: NAKSyndrome(NAKRemoteAccessError), MSN: 0xff000102})
+			},
 			check: func(t *testing.T, b []byte) {
 				h := AETH(b)
 				require.True(t, h.IsValid())
