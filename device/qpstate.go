@@ -260,7 +260,7 @@ func checkTransition(t QPType, cur, next QPState, mask AttrMask) error {
 		return errorf(errInval, "unknown attribute mask bits %#x", uint32(mask&^attrAll))
 	}
 	tr := qpTransitions[cur][next]
-	if !tr.valid || (t == QPTypeRC && cur == StateSQE && next == StateRTS) {
+	if !tr.valid || (t == QPTypeRC && cur == StateSQE) { // an RC QP is never in SQE
 		return errorf(errInval, "illegal QP state transition %v -> %v for %s QP", cur, next, qpTypeName(t))
 	}
 	req := tr.required[col]

@@ -161,3 +161,8 @@ func (c *Context) destroy(op abi.Cmd, h uint32) error {
 	_, _, err := c.k.call(op, &abi.CmdHandleReq{Handle: h}, nil, nil, nil)
 	return err
 }
+
+// Destroy sends a one-handle command (DESTROY_*, DEALLOC_PD, DEREG_MR,
+// REMOVE_HOST_MEM) by opcode: a low-level escape hatch for tools and tests
+// that need to name a handle directly.
+func (c *Context) Destroy(op abi.Cmd, handle uint32) error { return c.destroy(op, handle) }

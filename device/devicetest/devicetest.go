@@ -1,0 +1,95 @@
+// Package devicetest runs a vrnic device in-process on a real control
+// socket, for tests and runnable examples of client code: clients talk to
+// it exactly as they would to vrnicd (SOCK_SEQPACKET, SCM_RIGHTS, shared
+// memory), only the daemon shares the test's process.
+//
+// The device has no transport engine: QPs move through their states and
+// clients can post work, but no data moves and no completion is produced.
+package devicetest
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/dma"
+)
+
+// Server is an in-process device serving a control socket.
+type Server struct {
+	Device     *device.Device
+	SocketPath string
+	Space      *dma.Space
+	dir        string
+	done       chan error
+}
+
+// Options tune Start; the zero value is a device "test0" with default
+// limits, one GID (::ffff:127.0.0.1) and logging discarded.
+type Options struct {
+	Name   string
+	Limits device.Limits
+	Logger *slog.Logger
+}
+
+// Start creates a device listening on a socket in a new temporary
+// directory.
+func Start(o Options) (*Server, error) {
+	if o.Name == "" {
+		o.Name = "test0"
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	dir, err := os.MkdirTemp("", "vrnic-devicetest-")
+	if err != nil {
+		return nil, err
+	}
+	space, err := dma.NewSpace(dma.Config{Logger: o.Logger})
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	gid := [16]byte{10: 0xff, 11: 0xff, 12: 127, 15: 1}
+	d, err := device.New(device.Config{
+		Name:      o.Name,
+		Link:      device.LinkInfo{Type: abi.LinkMem, MaxMTU: abi.MTU4096, GIDs: [][16]byte{gid}, SpeedMbps: 10000},
+		Limits:    o.Limits,
+		Space:     space,
+		Doorbells: device.NewDoorbellPage,
+		Logger:    o.Logger,
+	})
+	if err != nil {
+		space.Close()
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	path := filepath.Join(dir, o.Name+device.SocketSuffix)
+	l, err := device.Listen(path)
+	if err != nil {
+		space.Close()
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("devicetest: %w", err)
+	}
+	s := &Server{Device: d, SocketPath: path, Space: space, dir: dir, done: make(chan error, 1)}
+	go func() { s.done <- d.Serve(l) }()
+	return s, nil
+}
+
+// Close stops the device, releases every client's resources and removes
+// the socket directory.
+func (s *Server) Close() error {
+	err := s.Device.Close()
+	if serr := <-s.done; serr != nil && !errors.Is(serr, device.ErrClosed) && err == nil {
+		err = serr
+	}
+	s.Space.Close()
+	if rerr := os.RemoveAll(s.dir); rerr != nil && err == nil {
+		err = rerr
+	}
+	return err
+}

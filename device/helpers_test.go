@@ -1,0 +1,5 @@
+package device
+
+import "golang.org/x/sys/unix"
+
+func errnoName(e unix.Errno) string { return unix.ErrnoName(e) }
