@@ -1,0 +1,152 @@
+package queues
+
+import (
+	"fmt"
+	"sync/atomic"
+
+	"github.com/vrnic/vrnic/abi"
+)
+
+// SQConfig sizes a send queue; the daemon keeps it in private memory.
+type SQConfig struct {
+	Slots     uint32 // power of two, 1..abi.MaxQPWR
+	MaxSGE    uint32 // <= abi.MaxSGE
+	MaxInline uint32 // <= abi.MaxInline
+}
+
+// Stride is the slot size in bytes.
+func (c SQConfig) Stride() uint32 { return abi.SQWQEBlocks(c.MaxSGE, c.MaxInline) * abi.WQEBlock }
+
+// RingBytes is the ring size in bytes.
+func (c SQConfig) RingBytes() uint64 { return uint64(c.Slots) * uint64(c.Stride()) }
+
+// SendWR is a decoded, validated send WQE in daemon memory.
+type SendWR struct {
+	abi.SendWQE
+	// SGE holds NumSGE entries (see SGEs).
+	SGE [abi.MaxSGE]abi.SGE
+	// Inline is the inline data (SendInline). It aliases the queue's private
+	// slot copy, not client memory, and is valid until the next Next.
+	Inline []byte
+	// Length is the total message length: the SGE lengths or inline_len.
+	Length uint64
+}
+
+// SGEs returns the decoded scatter/gather list.
+func (wr *SendWR) SGEs() []abi.SGE { return wr.SGE[:wr.NumSGE] }
+
+// SQ is the daemon's consumer view of a client send queue.
+type SQ struct {
+	consumer
+	maxSGE    uint32
+	maxInline uint32
+	buf       []byte // private copy of one slot
+}
+
+// NewSQ returns a send queue over ring (client memory, at least
+// cfg.RingBytes() long) whose producer index is pi (sq_pi) and consumer
+// index ci (sq_ci). It stores 0 to ci.
+func NewSQ(ring []byte, cfg SQConfig, pi, ci *atomic.Uint32) (*SQ, error) {
+	if cfg.MaxSGE > abi.MaxSGE || cfg.MaxInline > abi.MaxInline {
+		return nil, fmt.Errorf("%w: max_sge %d (limit %d), max_inline %d (limit %d)",
+			ErrConfig, cfg.MaxSGE, abi.MaxSGE, cfg.MaxInline, abi.MaxInline)
+	}
+	q := &SQ{maxSGE: cfg.MaxSGE, maxInline: cfg.MaxInline}
+	if err := q.init(ring, cfg.Slots, cfg.Stride(), abi.MaxQPWR, pi, ci); err != nil {
+		return nil, err
+	}
+	q.buf = make([]byte, cfg.Stride())
+	return q, nil
+}
+
+// Poll loads the client's producer index once and returns how many WQEs are
+// ready. An impossible index returns ErrIndex (sticky): the QP must move to
+// ERROR.
+func (q *SQ) Poll() (uint32, error) { return q.poll() }
+
+// Publish stores the consumer index (sq_ci) if it moved.
+func (q *SQ) Publish() { q.publish() }
+
+// Next consumes the next WQE seen by the last Poll into wr. It returns
+// false when there is none. A malformed WQE is consumed too and returns
+// true with a *WQEError (wr.WrID is set): complete it with the error's
+// status and move the QP to ERROR.
+func (q *SQ) Next(wr *SendWR) (bool, error) {
+	off, index, ok := q.next()
+	if !ok {
+		return false, nil
+	}
+	slot := q.ring[off : off+q.stride]
+	// Copy the control block once; decide everything on the copy.
+	copy(q.buf[:abi.SizeofSendWQE], slot)
+	wr.SendWQE.Decode(q.buf)
+	wr.Inline = nil
+	wr.Length = 0
+	if r := q.check(wr, slot); r != ReasonNone {
+		// Leave nothing a careless caller could index out of range with.
+		wr.NumSGE, wr.Inline, wr.Length = 0, nil, 0
+		return true, &WQEError{WrID: wr.WrID, Index: index, Reason: r}
+	}
+	return true, nil
+}
+
+func carriesData(op abi.WROpcode) bool {
+	switch op {
+	case abi.WRSend, abi.WRSendWithImm, abi.WRSendWithInv, abi.WRRDMAWrite, abi.WRRDMAWriteWithImm:
+		return true
+	}
+	return false
+}
+
+// check validates the decoded control block and copies and decodes the
+// SGEs or inline data from slot into private memory.
+func (q *SQ) check(wr *SendWR, slot []byte) Reason {
+	w := &wr.SendWQE
+	switch {
+	case !w.Opcode.Valid():
+		return ReasonOpcode
+	case w.Flags&^abi.SendFlagsAll != 0:
+		return ReasonFlags
+	case w.Reserved0 != 0:
+		return ReasonReserved
+	}
+	if w.Flags&abi.SendInline != 0 {
+		switch {
+		case w.NumSGE != 0:
+			return ReasonInlineWithSGE
+		case !carriesData(w.Opcode):
+			return ReasonInlineOpcode
+		case w.InlineLen > q.maxInline: // maxInline <= stride-64 by construction
+			return ReasonInlineTooLong
+		}
+		n := abi.SizeofSendWQE + w.InlineLen
+		copy(q.buf[abi.SizeofSendWQE:n], slot[abi.SizeofSendWQE:n])
+		wr.Inline = q.buf[abi.SizeofSendWQE:n]
+		wr.Length = uint64(w.InlineLen)
+		return ReasonNone
+	}
+	if w.InlineLen != 0 {
+		return ReasonReserved
+	}
+	if uint32(w.NumSGE) > q.maxSGE { // maxSGE SGEs fit the slot by construction
+		return ReasonTooManySGE
+	}
+	n := abi.SizeofSendWQE + uint32(w.NumSGE)*abi.SizeofSGE
+	copy(q.buf[abi.SizeofSendWQE:n], slot[abi.SizeofSendWQE:n])
+	var total uint64
+	for i := range uint32(w.NumSGE) {
+		o := abi.SizeofSendWQE + i*abi.SizeofSGE
+		wr.SGE[i].Decode(q.buf[o : o+abi.SizeofSGE])
+		total += uint64(wr.SGE[i].Length)
+	}
+	wr.Length = total
+	if total > abi.MaxMsgBytes {
+		return ReasonLength
+	}
+	if w.Opcode == abi.WRAtomicCmpAndSwp || w.Opcode == abi.WRAtomicFetchAdd {
+		if w.NumSGE != 1 || wr.SGE[0].Length != 8 {
+			return ReasonAtomicSGE
+		}
+	}
+	return ReasonNone
+}
