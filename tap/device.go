@@ -1,0 +1,309 @@
+package tap
+
+import (
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// ErrConfig reports an invalid configuration or argument.
+var ErrConfig = errors.New("tap: invalid configuration")
+
+const (
+	// MaxQueues is the largest queue count (the kernel's MAX_TAP_QUEUES
+	// is 256).
+	MaxQueues = 256
+
+	// DefaultMTU fits a RoCE v2 packet of path MTU 4096 in one frame:
+	// IPv6 header 40 (IPv4 with options: up to 60) + UDP 8 + BTH 12 +
+	// the longest extension headers on a 4096-byte payload (RETH 16 +
+	// ImmDt 4 on RDMA WRITE Only with Immediate) + 4096 + ICRC 4 = 4180
+	// (IPv4 with 40 option bytes: 4200). Hardware RoCE NICs ask for the
+	// same 4200 for 4096-byte RoCE MTU.
+	DefaultMTU = 4200
+
+	minMTU = 1280 // IPv6 minimum link MTU (RFC 8200 5)
+	maxMTU = 65521
+)
+
+// Config describes a TAP device.
+type Config struct {
+	// Name of the interface; empty lets the kernel pick tapN.
+	Name string
+	// Queues is the number of queues (one per worker), 1..MaxQueues.
+	Queues int
+	// MAC is the emulated NIC's Ethernet address: the source of its
+	// frames and the address it answers ARP/ND with. Zero picks a random
+	// locally administered unicast address.
+	MAC MAC
+	// LinkMAC, when non-zero, is set as the kernel interface's address
+	// (the kernel's end of the link); otherwise the kernel's random one
+	// stays.
+	LinkMAC MAC
+	// MTU of the interface; 0 means DefaultMTU.
+	MTU int
+	// Addrs are the NIC's own IPv4/IPv6 addresses (its GIDs); they are not
+	// configured on the kernel interface.
+	Addrs []netip.Addr
+	// NetNS, when not zero, is the network namespace to create the
+	// interface in (it is not closed by the Device).
+	NetNS netns.NsHandle
+	// Neighbor sets ARP/ND timing.
+	Neighbor NeighborConfig
+}
+
+// Device is a multi-queue TAP device and the emulated NIC's view of it.
+type Device struct {
+	name   string
+	index  int
+	mtu    int
+	mac    MAC
+	queues []*Queue
+	gids   *GIDTable
+	neigh  *Neighbors
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Create creates the TAP device: opens one fd per queue (non-blocking,
+// on the Go poller), checks the flags, sets MTU and MAC, brings the link
+// up. Needs CAP_NET_ADMIN.
+func Create(cfg Config) (*Device, error) {
+	if cfg.Queues < 1 || cfg.Queues > MaxQueues {
+		return nil, fmt.Errorf("%w: %d queues (want 1..%d)", ErrConfig, cfg.Queues, MaxQueues)
+	}
+	if cfg.MTU == 0 {
+		cfg.MTU = DefaultMTU
+	}
+	if cfg.MTU < minMTU || cfg.MTU > maxMTU {
+		return nil, fmt.Errorf("%w: MTU %d (want %d..%d)", ErrConfig, cfg.MTU, minMTU, maxMTU)
+	}
+	if len(cfg.Name) >= unix.IFNAMSIZ || strings.ContainsAny(cfg.Name, "/ %") {
+		return nil, fmt.Errorf("%w: interface name %q", ErrConfig, cfg.Name)
+	}
+	if cfg.MAC == (MAC{}) {
+		if _, err := rand.Read(cfg.MAC[:]); err != nil {
+			return nil, err
+		}
+		cfg.MAC[0] = cfg.MAC[0]&^1 | 2 // unicast, locally administered
+	}
+	if cfg.MAC[0]&1 != 0 || (cfg.LinkMAC != MAC{} && cfg.LinkMAC[0]&1 != 0) {
+		return nil, fmt.Errorf("%w: multicast MAC", ErrConfig)
+	}
+	gids, err := NewGIDTable(cfg.Addrs)
+	if err != nil {
+		return nil, err
+	}
+
+	var (
+		files []*os.File
+		name  string
+		index int
+	)
+	err = inNetNS(cfg.NetNS, func(h *netlink.Handle) error {
+		var err error
+		files, name, index, err = createLink(h, cfg)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	d := &Device{name: name, index: index, mtu: cfg.MTU, mac: cfg.MAC, gids: gids}
+	for i, f := range files {
+		q, err := newQueue(i, f)
+		if err != nil {
+			for _, f := range files {
+				f.Close()
+			}
+			return nil, err
+		}
+		d.queues = append(d.queues, q)
+	}
+	d.neigh = NewNeighbors(cfg.MAC, cfg.Addrs, cfg.Neighbor, d.queues[0].WriteFrame)
+	slog.Info("tap device created", "name", name, "queues", cfg.Queues, "mtu", cfg.MTU, "mac", cfg.MAC.String())
+	return d, nil
+}
+
+// createLink runs in the target namespace: creates the non-persistent
+// multi-queue TAP, verifies its flags and configures the link. On error
+// the fds are closed, which removes the device.
+func createLink(h *netlink.Handle, cfg Config) (files []*os.File, name string, index int, err error) {
+	tt := &netlink.Tuntap{
+		LinkAttrs:  netlink.LinkAttrs{Name: cfg.Name},
+		Mode:       netlink.TUNTAP_MODE_TAP,
+		Flags:      netlink.TUNTAP_MULTI_QUEUE_DEFAULTS | netlink.TUNTAP_NO_PI,
+		Queues:     cfg.Queues,
+		NonPersist: true,
+	}
+	if err := h.LinkAdd(tt); err != nil {
+		return nil, "", 0, fmt.Errorf("tap: create %q: %w", cfg.Name, err)
+	}
+	files = tt.Fds
+	defer func() {
+		if err != nil {
+			for _, f := range files {
+				f.Close()
+			}
+			files = nil
+		}
+	}()
+	if len(files) != cfg.Queues {
+		return nil, "", 0, fmt.Errorf("tap: create: got %d fds for %d queues", len(files), cfg.Queues)
+	}
+	name = tt.Name
+	if err := checkFlags(files[0]); err != nil {
+		return nil, "", 0, err
+	}
+	link, err := h.LinkByName(name)
+	if err != nil {
+		return nil, "", 0, fmt.Errorf("tap: find %s: %w", name, err)
+	}
+	if err := h.LinkSetMTU(link, cfg.MTU); err != nil {
+		return nil, "", 0, fmt.Errorf("tap: set MTU of %s: %w", name, err)
+	}
+	if cfg.LinkMAC != (MAC{}) {
+		if err := h.LinkSetHardwareAddr(link, net.HardwareAddr(cfg.LinkMAC[:])); err != nil {
+			return nil, "", 0, fmt.Errorf("tap: set MAC of %s: %w", name, err)
+		}
+	}
+	if err := h.LinkSetUp(link); err != nil {
+		return nil, "", 0, fmt.Errorf("tap: bring %s up: %w", name, err)
+	}
+	return files, name, link.Attrs().Index, nil
+}
+
+// checkFlags reads the device flags back (TUNGETIFF): a TAP, multi-queue,
+// no packet-information header and no virtio-net header, so each read or
+// write is exactly one Ethernet frame.
+func checkFlags(f *os.File) error {
+	var flags uint16
+	var ierr error
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	if err := rc.Control(func(fd uintptr) {
+		var ifr *unix.Ifreq
+		ifr, ierr = unix.NewIfreq("")
+		if ierr != nil {
+			return
+		}
+		if ierr = unix.IoctlIfreq(int(fd), unix.TUNGETIFF, ifr); ierr == nil {
+			flags = ifr.Uint16()
+		}
+	}); err != nil {
+		return err
+	}
+	if ierr != nil {
+		return fmt.Errorf("tap: TUNGETIFF: %w", ierr)
+	}
+	const want = unix.IFF_TAP | unix.IFF_MULTI_QUEUE | unix.IFF_NO_PI
+	if flags&want != want || flags&unix.IFF_VNET_HDR != 0 || flags&unix.IFF_TUN != 0 {
+		return fmt.Errorf("tap: unexpected device flags %#x", flags)
+	}
+	return nil
+}
+
+// inNetNS runs fn with a netlink handle for ns (the current namespace if
+// ns is 0) on an OS thread switched into ns, because TUNSETIFF creates the
+// device in the namespace of the calling thread. The thread is never
+// returned to the scheduler: it exits with the goroutine.
+func inNetNS(ns netns.NsHandle, fn func(*netlink.Handle) error) error {
+	if ns == 0 {
+		h, err := netlink.NewHandle()
+		if err != nil {
+			return fmt.Errorf("tap: netlink: %w", err)
+		}
+		defer h.Close()
+		return fn(h)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // not unlocked: the thread dies with the goroutine
+		if err := netns.Set(ns); err != nil {
+			errc <- fmt.Errorf("tap: enter netns: %w", err)
+			return
+		}
+		h, err := netlink.NewHandle()
+		if err != nil {
+			errc <- fmt.Errorf("tap: netlink: %w", err)
+			return
+		}
+		defer h.Close()
+		errc <- fn(h)
+	}()
+	return <-errc
+}
+
+// Name returns the interface name.
+func (d *Device) Name() string { return d.name }
+
+// Index returns the interface index (in its namespace).
+func (d *Device) Index() int { return d.index }
+
+// MAC returns the emulated NIC's MAC address.
+func (d *Device) MAC() MAC { return d.mac }
+
+// MTU returns the interface MTU.
+func (d *Device) MTU() int { return d.mtu }
+
+// MaxFrameSize is the largest frame a queue read returns: MTU plus the
+// Ethernet header and one 802.1Q tag.
+func (d *Device) MaxFrameSize() int { return d.mtu + ethHLen + vlanHLen }
+
+// NumQueues returns the number of queues.
+func (d *Device) NumQueues() int { return len(d.queues) }
+
+// Queue returns queue i (0 <= i < NumQueues).
+func (d *Device) Queue(i int) *Queue { return d.queues[i] }
+
+// GIDs returns the GID table.
+func (d *Device) GIDs() *GIDTable { return d.gids }
+
+// Neighbors returns the ARP/ND engine (its replies go out on queue 0).
+func (d *Device) Neighbors() *Neighbors { return d.neigh }
+
+// Control calls fn with queue 0's fd, valid during the call, e.g. to
+// attach eBPF programs with TUNSETSTEERINGEBPF/TUNSETFILTEREBPF (any
+// queue's fd configures the whole device).
+func (d *Device) Control(fn func(fd int) error) error {
+	var ferr error
+	rc, err := d.queues[0].file.SyscallConn()
+	if err != nil {
+		return err
+	}
+	if err := rc.Control(func(fd uintptr) { ferr = fn(int(fd)) }); err != nil {
+		return err
+	}
+	return ferr
+}
+
+// Close closes every queue fd, which removes the (non-persistent)
+// interface, and ends pending resolutions. Blocked reads return an error
+// matching os.ErrClosed. Close is idempotent.
+func (d *Device) Close() error {
+	d.closeOnce.Do(func() {
+		d.neigh.Close()
+		var errs []error
+		for _, q := range d.queues {
+			if err := q.close(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		d.closeErr = errors.Join(errs...)
+		slog.Info("tap device closed", "name", d.name)
+	})
+	return d.closeErr
+}

@@ -1,0 +1,183 @@
+package tap
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync/atomic"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Queue is one queue of a multi-queue TAP device: a non-blocking fd
+// registered with the Go poller. Frames the kernel steers to this queue
+// are read here; frames written here enter the kernel as if received on
+// the interface.
+//
+// ReadBatch must not run concurrently with itself, nor WriteBatch with
+// itself (one worker per queue); a read and a write may run together.
+type Queue struct {
+	index  int
+	file   *os.File
+	rc     syscall.RawConn
+	closed atomic.Bool
+
+	// Read state, used by readFn (a method value built once so a batch
+	// allocates nothing).
+	rbufs  [][]byte
+	rsizes []int
+	roff   int
+	rn     int
+	rerr   error
+	readFn func(fd uintptr) bool
+
+	// Write state, used by writeFn.
+	wbufs   [][]byte
+	woff    int
+	wn      int
+	werr    error
+	writeFn func(fd uintptr) bool
+}
+
+func newQueue(index int, f *os.File) (*Queue, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return nil, fmt.Errorf("tap: queue %d: %w", index, err)
+	}
+	q := &Queue{index: index, file: f, rc: rc}
+	q.readFn = q.read
+	q.writeFn = q.write
+	return q, nil
+}
+
+// Index returns the queue number.
+func (q *Queue) Index() int { return q.index }
+
+// ReadBatch waits until at least one frame is queued, then reads up to
+// len(bufs) frames without waiting more: frame i goes to bufs[i][offset:]
+// and its length to sizes[i] (len(sizes) >= len(bufs)). A frame longer
+// than the buffer is truncated by the kernel; size buffers for
+// Device.MaxFrameSize. It returns the number of frames read; after Close
+// it returns an error matching os.ErrClosed.
+func (q *Queue) ReadBatch(bufs [][]byte, sizes []int, offset int) (int, error) {
+	if len(sizes) < len(bufs) {
+		return 0, fmt.Errorf("%w: %d sizes for %d buffers", ErrConfig, len(sizes), len(bufs))
+	}
+	for _, b := range bufs {
+		if offset < 0 || offset >= len(b) {
+			return 0, fmt.Errorf("%w: offset %d in a %d-byte buffer", ErrConfig, offset, len(b))
+		}
+	}
+	if len(bufs) == 0 {
+		return 0, nil
+	}
+	q.rbufs, q.rsizes, q.roff, q.rn, q.rerr = bufs, sizes, offset, 0, nil
+	err := q.rc.Read(q.readFn)
+	n, rerr := q.rn, q.rerr
+	q.rbufs, q.rsizes = nil, nil
+	if err != nil {
+		return n, q.wrapErr("read", err)
+	}
+	if rerr != nil && n == 0 {
+		return 0, q.wrapErr("read", rerr)
+	}
+	return n, nil
+}
+
+// read runs under the poller: it drains up to len(rbufs) frames and asks
+// to wait (returns false) only when none was there.
+func (q *Queue) read(fd uintptr) bool {
+	for q.rn < len(q.rbufs) {
+		n, err := unix.Read(int(fd), q.rbufs[q.rn][q.roff:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.EAGAIN {
+			return q.rn > 0
+		}
+		if err != nil {
+			q.rerr = err
+			return true
+		}
+		q.rsizes[q.rn] = n
+		q.rn++
+	}
+	return true
+}
+
+// WriteBatch writes bufs[i][offset:] as one frame each, waiting while the
+// queue cannot take more. It returns the number of frames written.
+func (q *Queue) WriteBatch(bufs [][]byte, offset int) (int, error) {
+	for _, b := range bufs {
+		if offset < 0 || offset > len(b) {
+			return 0, fmt.Errorf("%w: offset %d in a %d-byte buffer", ErrConfig, offset, len(b))
+		}
+	}
+	if len(bufs) == 0 {
+		return 0, nil
+	}
+	q.wbufs, q.woff, q.wn, q.werr = bufs, offset, 0, nil
+	err := q.rc.Write(q.writeFn)
+	n, werr := q.wn, q.werr
+	q.wbufs = nil
+	if err != nil {
+		return n, q.wrapErr("write", err)
+	}
+	if werr != nil {
+		return n, q.wrapErr("write", werr)
+	}
+	return n, nil
+}
+
+func (q *Queue) write(fd uintptr) bool {
+	for q.wn < len(q.wbufs) {
+		_, err := unix.Write(int(fd), q.wbufs[q.wn][q.woff:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.EAGAIN {
+			return false
+		}
+		if err != nil {
+			q.werr = err
+			return true
+		}
+		q.wn++
+	}
+	return true
+}
+
+// WriteFrame writes one frame. It is meant for control traffic (ARP and
+// ND replies) and, unlike WriteBatch, may run concurrently with any other
+// call; it allocates.
+func (q *Queue) WriteFrame(frame []byte) error {
+	var werr error
+	err := q.rc.Write(func(fd uintptr) bool {
+		for {
+			_, werr = unix.Write(int(fd), frame)
+			if werr != unix.EINTR {
+				return werr != unix.EAGAIN
+			}
+		}
+	})
+	if err == nil {
+		err = werr
+	}
+	if err != nil {
+		return q.wrapErr("write", err)
+	}
+	return nil
+}
+
+func (q *Queue) wrapErr(op string, err error) error {
+	if q.closed.Load() && !errors.Is(err, os.ErrClosed) {
+		return fmt.Errorf("tap: queue %d %s: %w", q.index, op, os.ErrClosed)
+	}
+	return fmt.Errorf("tap: queue %d %s: %w", q.index, op, err)
+}
+
+func (q *Queue) close() error {
+	q.closed.Store(true)
+	return q.file.Close()
+}
