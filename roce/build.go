@@ -208,8 +208,8 @@ func (p *Path) Build(buf []byte, off, n int, h *Headers) ([]byte, error) {
 	udpLen := end - tstart + UDPHeaderLen
 	var iphl int
 	if v6 {
-		if !p.Src.IsValid() || !p.Dst.IsValid() {
-			return nil, fmt.Errorf("%w: source and destination IP addresses are required", ErrBadPath)
+		if !p.Src.Unmap().Is6() || !p.Dst.Unmap().Is6() {
+			return nil, fmt.Errorf("%w: source %v and destination %v are not both IPv6", ErrBadPath, p.Src, p.Dst)
 		}
 		iphl = IPv6HeaderLen
 		IPv6(buf[ipStart:]).Encode(&IPv6Fields{
