@@ -1,0 +1,121 @@
+package device
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"syscall"
+	"time"
+
+	"github.com/vrnic/vrnic/abi"
+)
+
+// AdminClient is an operator connection to a device's control socket
+// (used by vrnicctl and tests). It opens no context.
+type AdminClient struct {
+	c   *net.UnixConn
+	seq uint32
+	buf []byte
+}
+
+// DialAdmin connects to the control socket at path.
+func DialAdmin(path string) (*AdminClient, error) {
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		return nil, err
+	}
+	return &AdminClient{c: c, buf: make([]byte, abi.MaxMsgSize+1)}, nil
+}
+
+// Close closes the connection.
+func (a *AdminClient) Close() error { return a.c.Close() }
+
+// Call sends an operator command with a JSON request (nil for none) and
+// returns the JSON reply payload.
+func (a *AdminClient) Call(op abi.Cmd, req any) ([]byte, error) {
+	var payload []byte
+	if req != nil {
+		var err error
+		if payload, err = json.Marshal(req); err != nil {
+			return nil, err
+		}
+	}
+	msg := make([]byte, abi.SizeofMsgHdr+len(payload))
+	a.seq++
+	h := abi.MsgHdr{Opcode: op, Length: uint32(len(msg)), Seq: a.seq}
+	h.Put(msg)
+	copy(msg[abi.SizeofMsgHdr:], payload)
+	a.c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := a.c.Write(msg); err != nil {
+		return nil, err
+	}
+	n, err := a.c.Read(a.buf)
+	if err != nil {
+		return nil, err
+	}
+	var rh abi.MsgHdr
+	if err := rh.Decode(a.buf[:n]); err != nil {
+		return nil, err
+	}
+	if rh.Opcode != op || rh.Seq != a.seq || int(rh.Length) != n {
+		return nil, fmt.Errorf("operator reply does not match the request (opcode %#x seq %d)", uint16(rh.Opcode), rh.Seq)
+	}
+	body := a.buf[abi.SizeofMsgHdr:n]
+	if rh.Status != 0 {
+		for i, b := range body {
+			if b == 0 {
+				body = body[:i]
+				break
+			}
+		}
+		return nil, &abi.ControlError{Op: op, Errno: syscall.Errno(rh.Status), Msg: string(body)}
+	}
+	return append([]byte(nil), body...), nil
+}
+
+// Info returns the device summary.
+func (a *AdminClient) Info() (AdminInfo, error) {
+	var info AdminInfo
+	b, err := a.Call(AdminInfoCmd, nil)
+	if err != nil {
+		return info, err
+	}
+	return info, json.Unmarshal(b, &info)
+}
+
+// List fetches every page of an operator list command and returns the raw
+// JSON items.
+func (a *AdminClient) List(op abi.Cmd) ([]json.RawMessage, error) {
+	var all []json.RawMessage
+	req := AdminRequest{}
+	for {
+		b, err := a.Call(op, &req)
+		if err != nil {
+			return nil, err
+		}
+		var l AdminList
+		if err := json.Unmarshal(b, &l); err != nil {
+			return nil, err
+		}
+		all = append(all, l.Items...)
+		if l.Next == 0 || l.Next <= req.Start {
+			return all, nil
+		}
+		req.Start = l.Next
+	}
+}
+
+// ListAs fetches a list and decodes its items as T.
+func ListAs[T any](a *AdminClient, op abi.Cmd) ([]T, error) {
+	raw, err := a.List(op)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]T, len(raw))
+	for i, r := range raw {
+		if err := json.Unmarshal(r, &out[i]); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
