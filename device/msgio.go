@@ -3,6 +3,7 @@ package device
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 
@@ -61,12 +62,12 @@ func (e *recvError) Unwrap() error { return e.err }
 func readMsg(c *net.UnixConn, buf, oob []byte) (rawMsg, error) {
 	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
 	if err != nil {
-		return rawMsg{}, err
-	}
-	if n == 0 && oobn == 0 {
-		// A zero-length datagram on SOCK_SEQPACKET is how EOF looks too;
-		// treat it as the peer closing.
-		return rawMsg{}, os.ErrClosed
+		// The net package reports a zero-length read on SOCK_SEQPACKET as
+		// io.EOF; so does an empty datagram from a live peer (possibly
+		// carrying fds). Ask poll whether the peer is really gone.
+		if !errors.Is(err, io.EOF) || n != 0 || (oobn == 0 && peerHungUp(c)) {
+			return rawMsg{}, err
+		}
 	}
 	m := rawMsg{data: buf[:n]}
 	var cerr error
@@ -104,6 +105,23 @@ func readMsg(c *net.UnixConn, buf, oob []byte) (rawMsg, error) {
 		return m, &recvError{cerr}
 	}
 	return m, nil
+}
+
+// peerHungUp reports whether the peer of c has closed or shut down its
+// side (POLLHUP/POLLRDHUP).
+func peerHungUp(c *net.UnixConn) bool {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return true
+	}
+	hup := true
+	raw.Control(func(fd uintptr) {
+		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+		if n, err := unix.Poll(p, 0); err == nil {
+			hup = n > 0 && p[0].Revents&(unix.POLLHUP|unix.POLLRDHUP|unix.POLLERR) != 0
+		}
+	})
+	return hup
 }
 
 // fdIsEventfd reports whether fd refers to an eventfd. The kernel names the

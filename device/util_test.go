@@ -23,3 +23,16 @@ func adminList[T any](t *testing.T, path string, op abi.Cmd) []T {
 	require.NoError(t, err)
 	return items
 }
+
+// waitFor polls cond in the calling goroutine (unlike require.Eventually,
+// it starts no goroutine, so it can wait for a goroutine count).
+func waitFor(cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return true
+		}
+		time.Sleep(tick)
+	}
+	return cond()
+}
