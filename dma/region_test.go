@@ -66,13 +66,22 @@ func TestAddRegionRejects(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { tmp.Close() })
 	require.NoError(t, tmp.Truncate(size))
+	// A regular file on tmpfs is a shmem file: F_GET_SEALS answers, with
+	// F_SEAL_SEAL set forever, so it is refused as unsealable.
+	tmpWant := ErrNotMemfd
+	var sfs unix.Statfs_t
+	require.NoError(t, unix.Fstatfs(int(tmp.Fd()), &sfs))
+	if sfs.Type == unix.TMPFS_MAGIC {
+		tmpWant = ErrUnsealed
+	}
 
-	for _, tc := range []struct {
+	type hostile struct {
 		name   string
 		fd     int
 		length uint64
 		want   error
-	}{
+	}
+	cases := []hostile{
 		{"unsealed memfd", newMemfd(t, size, 0), size, ErrUnsealed},
 		{"memfd without sealing", noSealing, size, ErrUnsealed},
 		{"sealed grow only", newMemfd(t, size, unix.F_SEAL_GROW), size, ErrUnsealed},
@@ -80,7 +89,8 @@ func TestAddRegionRejects(t *testing.T) {
 		{"future write sealed", newMemfd(t, size, unix.F_SEAL_SHRINK|unix.F_SEAL_FUTURE_WRITE), size, ErrWriteSealed},
 		{"truncated memfd", newMemfd(t, size/2, unix.F_SEAL_SHRINK), size, ErrTooShort},
 		{"pipe", pipe[0], size, ErrNotMemfd},
-		{"regular file", int(tmp.Fd()), size, ErrNotMemfd},
+		{"regular file", int(tmp.Fd()), size, tmpWant},
+		{"directory", dirFd(t), size, ErrNotMemfd},
 		{"negative fd", -1, size, ErrNotMemfd},
 		{"closed fd", 1 << 20, size, ErrNotMemfd},
 		{"zero length", newMemfd(t, size, unix.F_SEAL_SHRINK), 0, ErrInvalid},
@@ -88,7 +98,13 @@ func TestAddRegionRejects(t *testing.T) {
 		{"length 4097", newMemfd(t, size, unix.F_SEAL_SHRINK), 4097, ErrInvalid},
 		{"absurd length", newMemfd(t, size, unix.F_SEAL_SHRINK), 1 << 50, ErrTooLarge},
 		{"above configured max", newMemfd(t, size, unix.F_SEAL_SHRINK), 2 << 30, ErrTooLarge},
-	} {
+	}
+	if shm, err := os.OpenFile("/dev/shm/vrnic-dma-test-"+strconv.Itoa(os.Getpid()), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600); err == nil {
+		t.Cleanup(func() { shm.Close(); os.Remove(shm.Name()) })
+		require.NoError(t, shm.Truncate(size))
+		cases = append(cases, hostile{"tmpfs file (not a memfd)", int(shm.Fd()), size, ErrUnsealed})
+	}
+	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := s.AddRegion(1, tc.fd, tc.length)
 			require.Error(t, err)
@@ -98,6 +114,13 @@ func TestAddRegionRejects(t *testing.T) {
 	s.mu.Lock()
 	assert.Empty(t, s.byPA, "no rejected fd may leave a region behind")
 	s.mu.Unlock()
+}
+
+func dirFd(t *testing.T) int {
+	fd, err := unix.Open(t.TempDir(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { unix.Close(fd) })
+	return fd
 }
 
 func TestAddRegionLayoutAndFdOwnership(t *testing.T) {
