@@ -43,9 +43,11 @@ var (
 	nicMAC = tap.MAC{0x02, 0x76, 0x72, 0, 0, 0x02}
 )
 
+func isRoot() bool { return os.Geteuid() == 0 }
+
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
+	if !isRoot() {
 		t.Skip("needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN for network namespaces, CAP_BPF)")
 	}
 	if _, err := exec.LookPath("ip"); err != nil {
@@ -56,7 +58,7 @@ func requireRoot(t *testing.T) {
 var nsCounter atomic.Int32
 
 // newNetNS creates a named network namespace removed at cleanup.
-func newNetNS(t *testing.T) (string, netns.NsHandle) {
+func newNetNS(t testing.TB) (string, netns.NsHandle) {
 	t.Helper()
 	name := fmt.Sprintf("vrnic-test-%d-%d", os.Getpid(), nsCounter.Add(1))
 	out, err := exec.Command("ip", "netns", "add", name).CombinedOutput()
