@@ -149,8 +149,9 @@ type Headers struct {
 // ModeUDP. The payload is not copied or changed. Build does not allocate.
 //
 // Errors: ErrUnknownOpcode, ErrOpcodeLength (payload on an opcode without
-// one), ErrNoRoom (headroom or tailroom short, or too long for the IP
-// length fields), ErrBadPath.
+// one, or not a multiple of 4 on a FIRST or MIDDLE packet), ErrNoRoom
+// (headroom or tailroom short, or too long for the IP length fields),
+// ErrBadPath.
 func (p *Path) Build(buf []byte, off, n int, h *Headers) ([]byte, error) {
 	op := h.BTH.Opcode
 	info := op.Info()
@@ -161,6 +162,11 @@ func (p *Path) Build(buf []byte, off, n int, h *Headers) ([]byte, error) {
 		return nil, fmt.Errorf("%w: %v with %d payload bytes", ErrOpcodeLength, op, n)
 	}
 	pad := -n & 3
+	if pad != 0 && info.Flags&(OpFirst|OpMiddle) != 0 {
+		// Only the last packet of a message may be padded (IBTA 9.2.1.3);
+		// the others carry exactly the path MTU.
+		return nil, fmt.Errorf("%w: %v with %d payload bytes, not a multiple of 4", ErrOpcodeLength, op, n)
+	}
 	end := off + n + pad + ICRCLen
 	if end > len(buf) || end < off {
 		return nil, fmt.Errorf("%w: need %d bytes after offset %d, have %d", ErrNoRoom, n+pad+ICRCLen, off, len(buf)-off)

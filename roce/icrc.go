@@ -25,11 +25,11 @@ import (
 // captures in the tests).
 //
 // Speed: the state after the 8 0xFF bytes is computed once (icrcSeed).
-// Per packet, the masked IP and UDP headers, the BTH and the first bytes
-// after it are copied to a small stack buffer of at least 64 bytes and a
-// multiple of 16, so both crc32.Update calls (the buffer, then the rest of
-// the packet in place) run on the carry-less multiply path of hash/crc32
-// on amd64 and arm64.
+// Per packet, the masked IP and UDP headers (or the pseudo header) and the
+// BTH, at most 80 bytes, are copied to a stack buffer and run through a
+// slicing-by-8 loop; the rest of the packet, in place, goes to
+// crc32.Update with the IEEE table, which uses the carry-less multiply
+// (PCLMULQDQ) implementation on amd64.
 
 // icrcSeed is the CRC-32 of 8 bytes of 0xFF.
 var icrcSeed = crc32.Update(0, crc32.IEEETable, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
@@ -57,20 +57,47 @@ func maskIPv6(h []byte) {
 
 // icrcFinish returns the ICRC given s[:n], the already masked IP and UDP
 // headers (n <= 68), and body, the transport packet from the BTH to the
-// end of the pad (len(body) >= BTHLen).
+// end of the pad (len(body) >= BTHLen). The masked prefix and BTH go
+// through slicing-by-8 in Go on the stack copy (hash/crc32 would move the
+// copy to the heap: it calls its implementation through a function
+// value); the rest, in place, through hash/crc32.
 func icrcFinish(s *[icrcScratchLen]byte, n int, body []byte) uint32 {
-	target := (n + BTHLen + 15) &^ 15
-	if target < 64 {
-		target = 64
-	}
-	k := min(target-n, len(body))
-	copy(s[n:n+k], body[:k])
+	copy(s[n:n+BTHLen], body[:BTHLen])
 	// UDP checksum and BTH byte 4 are variant.
 	s[n-2] = 0xff
 	s[n-1] = 0xff
 	s[n+bthFB] = 0xff
-	crc := crc32.Update(icrcSeed, crc32.IEEETable, s[:n+k])
-	return crc32.Update(crc, crc32.IEEETable, body[k:])
+	crc := crcSlicing8(icrcSeed, s[:n+BTHLen])
+	return crc32.Update(crc, crc32.IEEETable, body[BTHLen:])
+}
+
+// crcTab8 are the slicing-by-8 tables of the IEEE polynomial.
+var crcTab8 = func() (t [8][256]uint32) {
+	t[0] = *crc32.MakeTable(crc32.IEEE)
+	for i := 1; i < 8; i++ {
+		for j := range 256 {
+			c := t[i-1][j]
+			t[i][j] = c>>8 ^ t[0][c&0xff]
+		}
+	}
+	return t
+}()
+
+// crcSlicing8 continues the finished CRC-32 (IEEE) crc over p, like
+// crc32.Update, without letting p escape.
+func crcSlicing8(crc uint32, p []byte) uint32 {
+	t := &crcTab8
+	crc = ^crc
+	for len(p) >= 8 {
+		crc ^= binary.LittleEndian.Uint32(p)
+		crc = t[0][p[7]] ^ t[1][p[6]] ^ t[2][p[5]] ^ t[3][p[4]] ^
+			t[4][crc>>24] ^ t[5][crc>>16&0xff] ^ t[6][crc>>8&0xff] ^ t[7][crc&0xff]
+		p = p[8:]
+	}
+	for _, v := range p {
+		crc = t[0][byte(crc)^v] ^ crc>>8
+	}
+	return ^crc
 }
 
 // icrcIP returns the ICRC of pkt, an IP packet (IPv4 when v6 is false,

@@ -385,6 +385,8 @@ func TestBuildErrors(t *testing.T) {
 	assert.ErrorIs(t, err, ErrNoRoom, "tailroom")
 	_, err = p.Build(buf, MaxHeadroom, 1, &Headers{BTH: BTHFields{Opcode: OpRCAck}})
 	assert.ErrorIs(t, err, ErrOpcodeLength)
+	_, err = p.Build(buf, MaxHeadroom, 6, &Headers{BTH: BTHFields{Opcode: OpRCSendMiddle}})
+	assert.ErrorIs(t, err, ErrOpcodeLength, "MIDDLE packets are not padded")
 	_, err = p.Build(buf, MaxHeadroom, 0, &Headers{BTH: BTHFields{Opcode: 0x15}})
 	assert.ErrorIs(t, err, ErrUnknownOpcode)
 	bad := p

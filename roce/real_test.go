@@ -134,7 +134,7 @@ func TestRealTrafficRebuilds(t *testing.T) {
 
 // pickFrames returns one real frame per distinct opcode (and the CNP), the
 // frames the exhaustive bit tests run on.
-func pickFrames(t *testing.T) []realFrame {
+func pickFrames(t testing.TB) []realFrame {
 	seen := map[Opcode]bool{}
 	var out []realFrame
 	for _, f := range append(loadRxeFrames(t), loadConnectXFrames(t)...) {
