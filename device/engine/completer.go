@@ -165,6 +165,9 @@ func (qp *QP) ackThrough(psn uint32) bool {
 			if e.state == wqeDone {
 				continue
 			}
+			if roce.PSNDiff(psn, roce.PSNAdd(e.first, e.rcvd)) < 0 {
+				break // covers only responses already placed
+			}
 			qp.implicitNAK(e)
 			return false
 		}

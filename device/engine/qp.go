@@ -119,6 +119,10 @@ type QP struct {
 	attr  QPAttr
 	mtu   uint32
 	w     *worker
+	path  roce.Path
+
+	// lastCompPSN is comp.psn when the retry timer was last updated.
+	lastCompPSN uint32
 
 	// Send queue: a private ring of copies. head: oldest WQE not yet
 	// completed (completer); next: the WQE the requester works on; tail:
@@ -225,6 +229,7 @@ func (qp *QP) modify(a *QPAttr) error {
 			return fmt.Errorf("%w: address vector %v -> %v", ErrInvalid, a.LocalAddr, a.RemoteAddr)
 		}
 		qp.attr.LocalAddr, qp.attr.RemoteAddr = a.LocalAddr, a.RemoteAddr
+		qp.setPath()
 	}
 	if m&abi.QPAttrState != 0 {
 		switch a.State {

@@ -267,7 +267,7 @@ func (qp *QP) reqSend() reqState {
 		o.opcode = dataOpcode(e, idx)
 		off := uint64(idx) * uint64(qp.mtu)
 		n = int(min(uint64(qp.mtu), e.length-off))
-		payload := qp.w.payload(buf, o.opcode, n)
+		payload := qp.payload(buf, o.opcode, n)
 		if payload == nil {
 			qp.failWQE(e, abi.WCLocLenErr)
 			return reqExit

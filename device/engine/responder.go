@@ -449,7 +449,13 @@ func (qp *QP) respExecute(p *packet) respState {
 		r.msn = roce.PSNAdd(r.msn, 1)
 		return respDone
 	case info.Is(roce.OpAtomic):
-		orig, err := mem.Atomic(p.rkey, p.va, p.opcode == roce.OpRCCompareSwap, p.compare, p.swapAdd)
+		// AtomicETH: Swap (or Add) Data, Compare Data (IBTA 9.3.3.4).
+		cas := p.opcode == roce.OpRCCompareSwap
+		arg, swap := p.swapAdd, uint64(0)
+		if cas {
+			arg, swap = p.compare, p.swapAdd
+		}
+		orig, err := mem.Atomic(p.rkey, p.va, cas, arg, swap)
 		if err != nil {
 			return qp.fatalNAK(remoteNAK(err), p)
 		}
@@ -549,7 +555,7 @@ func (qp *QP) sendResponse(s *rdRes) bool {
 	default:
 		o.opcode = roce.OpRCReadResponseMiddle
 	}
-	payload := qp.w.payload(buf, o.opcode, int(n))
+	payload := qp.payload(buf, o.opcode, int(n))
 	if payload == nil {
 		return false
 	}

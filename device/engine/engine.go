@@ -1,0 +1,183 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/vrnic/vrnic/roce"
+)
+
+// Sentinel errors of the control operations.
+var (
+	ErrInvalid = errors.New("engine: invalid argument")
+	ErrExists  = errors.New("engine: QP number in use")
+	ErrNoQP    = errors.New("engine: no such QP")
+	ErrClosed  = errors.New("engine: closed")
+)
+
+// Config configures an Engine.
+type Config struct {
+	// Links: one per worker (worker i reads and writes Links[i]); the
+	// number of workers is len(Links).
+	Links []Link
+	// Mode is the framing of the links. Only roce.ModeEthernet (whole
+	// Ethernet frames: TAP and the in-memory link) is implemented.
+	Mode roce.Mode
+	// MAC is the device's MAC address; PeerMAC the destination MAC
+	// written into frames (neighbour resolution is not done here).
+	MAC, PeerMAC [6]byte
+	// FrameCap is the size of every frame buffer; it must equal the
+	// link's. Default DefaultFrameCap.
+	FrameCap int
+	// Batch is the number of frames per receive or send batch. Default 64.
+	Batch int
+	// Window is the most PSNs a QP has unacknowledged. Default 512.
+	Window int
+	// Logger gets lifecycle messages only. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// DefaultFrameCap fits a 4096-byte payload with any headers.
+const DefaultFrameCap = 4096 + roce.MaxHeadroom + roce.MaxTailroom
+
+// Engine is the RC transport of one device: N workers, each owning the QPs
+// roce.SteerQueue assigns to it.
+type Engine struct {
+	cfg     Config
+	clk     clock
+	workers []*worker
+	stop    chan struct{}
+	wg      sync.WaitGroup
+	mu      sync.Mutex // guards closed
+	closed  bool
+	log     *slog.Logger
+}
+
+// New creates an engine; Start runs it.
+func New(cfg Config) (*Engine, error) {
+	if len(cfg.Links) == 0 {
+		return nil, fmt.Errorf("%w: at least one link (worker) is required", ErrInvalid)
+	}
+	if cfg.Mode != roce.ModeEthernet {
+		return nil, fmt.Errorf("%w: link mode %v is not implemented", ErrInvalid, cfg.Mode)
+	}
+	if cfg.FrameCap == 0 {
+		cfg.FrameCap = DefaultFrameCap
+	}
+	if cfg.FrameCap < 256+roce.MaxHeadroom+roce.MaxTailroom {
+		return nil, fmt.Errorf("%w: frame capacity %d too small", ErrInvalid, cfg.FrameCap)
+	}
+	if cfg.Batch <= 0 {
+		cfg.Batch = 64
+	}
+	if cfg.Window <= 0 {
+		cfg.Window = 512
+	}
+	if cfg.Window >= 1<<22 {
+		return nil, fmt.Errorf("%w: window %d", ErrInvalid, cfg.Window)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	e := &Engine{cfg: cfg, clk: newClock(), stop: make(chan struct{}), log: cfg.Logger}
+	for i, l := range cfg.Links {
+		if l == nil {
+			return nil, fmt.Errorf("%w: link %d is nil", ErrInvalid, i)
+		}
+		e.workers = append(e.workers, newWorker(e, i, l))
+	}
+	return e, nil
+}
+
+// Start starts the workers.
+func (e *Engine) Start() {
+	for _, w := range e.workers {
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			w.run(e.stop)
+		}()
+	}
+	e.log.Info("engine started", "workers", len(e.workers))
+}
+
+// Close stops the workers and waits for them. QPs are abandoned without
+// completions (as a device reset).
+func (e *Engine) Close() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return ErrClosed
+	}
+	e.closed = true
+	e.mu.Unlock()
+	close(e.stop)
+	e.wg.Wait()
+	e.log.Info("engine stopped")
+	return nil
+}
+
+// Workers returns the number of workers.
+func (e *Engine) Workers() int { return len(e.workers) }
+
+func (e *Engine) owner(qpn uint32) *worker {
+	return e.workers[roce.SteerQueue(qpn&roce.PSNMask, len(e.workers))]
+}
+
+func (e *Engine) call(w *worker, m ctlMsg) (ctlReply, error) {
+	m.reply = make(chan ctlReply, 1)
+	select {
+	case w.ctl <- m:
+	case <-e.stop:
+		return ctlReply{}, ErrClosed
+	}
+	select {
+	case r := <-m.reply:
+		return r, r.err
+	case <-e.stop:
+		return ctlReply{}, ErrClosed
+	}
+}
+
+// CreateQP creates a QP (state RESET) on its owning worker.
+func (e *Engine) CreateQP(cfg QPConfig) error {
+	_, err := e.call(e.owner(cfg.QPN), ctlMsg{op: ctlCreate, cfg: cfg})
+	return err
+}
+
+// ModifyQP applies attributes (applied between the owner's batches).
+func (e *Engine) ModifyQP(qpn uint32, a QPAttr) error {
+	_, err := e.call(e.owner(qpn), ctlMsg{op: ctlModify, qpn: qpn & roce.PSNMask, attr: a})
+	return err
+}
+
+// DestroyQP removes a QP; nothing more is completed for it.
+func (e *Engine) DestroyQP(qpn uint32) error {
+	_, err := e.call(e.owner(qpn), ctlMsg{op: ctlDestroy, qpn: qpn & roce.PSNMask})
+	return err
+}
+
+// Counters returns the live counters of a QP (atomics, safe to read from
+// any goroutine while the QP exists).
+func (e *Engine) Counters(qpn uint32) (*QPCounters, error) {
+	r, err := e.call(e.owner(qpn), ctlMsg{op: ctlQuery, qpn: qpn & roce.PSNMask})
+	if err != nil {
+		return nil, err
+	}
+	return &r.qp.Counters, nil
+}
+
+// WorkerCounters returns worker i's counters.
+func (e *Engine) WorkerCounters(i int) *WorkerCounters { return &e.workers[i].Counters }
+
+// Kick tells the owner of qpn that WQEs were posted (the doorbell): it
+// wakes the worker if it sleeps. It never blocks and never allocates.
+func (e *Engine) Kick(qpn uint32) {
+	w := e.owner(qpn)
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
+}

@@ -1,0 +1,220 @@
+package engine
+
+import (
+	"encoding/binary"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/roce"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// wantCQE checks every field of a completion.
+func wantCQE(t *testing.T, got abi.CQE, want abi.CQE) {
+	t.Helper()
+	assert.Equal(t, want.WrID, got.WrID, "wr_id")
+	assert.Equal(t, want.Status, got.Status, "status %v", got.Status)
+	assert.Equal(t, want.Opcode, got.Opcode, "opcode")
+	assert.Equal(t, want.ByteLen, got.ByteLen, "byte_len")
+	assert.Equal(t, want.ImmOrInv, got.ImmOrInv, "imm_or_inv")
+	assert.Equal(t, want.QPNum, got.QPNum, "qp_num")
+	assert.Equal(t, want.WCFlags, got.WCFlags, "wc_flags")
+	assert.Equal(t, want.SrcQP, got.SrcQP, "src_qp")
+}
+
+func sizesFor(mtu int) []int {
+	return []int{0, 1, mtu - 1, mtu, mtu + 1, 1 << 20, 8 << 20}
+}
+
+// TestDataPaths moves every size over SEND, RDMA WRITE and RDMA READ at
+// three path MTUs and checks data and completions.
+func TestDataPaths(t *testing.T) {
+	for _, mtu := range []roce.MTU{roce.MTU256, roce.MTU1024, roce.MTU4096} {
+		o := defaultOpts()
+		o.mtu = mtu
+		a, b := pair(t, 2, nil, nil, o)
+		for _, size := range sizesFor(mtu.Bytes()) {
+			if size == 8<<20 && (testing.Short() || mtu == roce.MTU256 && raceEnabled) {
+				continue
+			}
+			for _, op := range []abi.WROpcode{abi.WRSend, abi.WRRDMAWrite, abi.WRRDMARead} {
+				t.Run(fmt.Sprintf("mtu%d/%d/%v", mtu.Bytes(), size, op), func(t *testing.T) {
+					runDataPath(t, a, b, op, size)
+				})
+			}
+		}
+	}
+}
+
+var wrSeq uint64
+
+func runDataPath(t *testing.T, a, b *tqp, op abi.WROpcode, size int) {
+	wrSeq++
+	src := a.n.buffer(size, 0x10000000+wrSeq<<32, accessAll, wrSeq)
+	dst := b.n.buffer(size, 0x20000000+wrSeq<<32, accessAll, wrSeq+1000)
+	a.scq.reset()
+	b.rcq.reset()
+	wr := abi.SendWQE{WrID: wrSeq, Opcode: op, Flags: abi.SendSignaled}
+	var local, remote *buffer = src, dst
+	switch op {
+	case abi.WRSend:
+		b.recv(t, wrSeq+7, dst.sge(0, size))
+	case abi.WRRDMAWrite:
+		wr.RemoteAddr, wr.RKey = dst.va, dst.key
+	case abi.WRRDMARead:
+		// READ pulls b's buffer into a's.
+		wr.RemoteAddr, wr.RKey = dst.va, dst.key
+		local, remote = dst, src
+	}
+	want := sum(local.b)
+	a.send(t, wr, src.sge(0, size))
+	require.True(t, a.scq.wait(1, waitFor), "send completion")
+	cq := a.scq.all()
+	require.Len(t, cq, 1)
+	wantOp := wcOpcode(op)
+	var byteLen uint32
+	if op == abi.WRRDMARead {
+		byteLen = uint32(size)
+	}
+	wantCQE(t, cq[0], abi.CQE{WrID: wrSeq, Status: abi.WCSuccess, Opcode: wantOp, QPNum: a.qpn, ByteLen: byteLen})
+	if op == abi.WRSend {
+		require.True(t, b.rcq.wait(1, waitFor), "recv completion")
+		rc := b.rcq.all()
+		require.Len(t, rc, 1)
+		wantCQE(t, rc[0], abi.CQE{WrID: wrSeq + 7, Status: abi.WCSuccess, Opcode: abi.WCRecv, QPNum: b.qpn, ByteLen: uint32(size)})
+	}
+	assert.Equal(t, want, sum(remote.b), "data")
+}
+
+// TestOps covers the remaining operations and variants.
+func TestOps(t *testing.T) {
+	o := defaultOpts()
+	a, b := pair(t, 2, nil, nil, o)
+	na, nb := a.n, b.n
+
+	t.Run("send_with_imm", func(t *testing.T) {
+		src := na.buffer(3000, 0x1000, accessAll, 1)
+		dst := nb.buffer(3000, 0x1000, accessAll, 2)
+		a.scq.reset()
+		b.rcq.reset()
+		b.recv(t, 51, dst.sge(0, 3000))
+		a.send(t, abi.SendWQE{WrID: 50, Opcode: abi.WRSendWithImm, Flags: abi.SendSignaled, ImmData: 0xdeadbeef}, src.sge(0, 3000))
+		require.True(t, b.rcq.wait(1, waitFor))
+		require.True(t, a.scq.wait(1, waitFor))
+		wantCQE(t, a.scq.all()[0], abi.CQE{WrID: 50, Opcode: abi.WCSend, QPNum: a.qpn})
+		wantCQE(t, b.rcq.all()[0], abi.CQE{WrID: 51, Opcode: abi.WCRecv, QPNum: b.qpn, ByteLen: 3000, WCFlags: abi.WCWithImm, ImmOrInv: 0xdeadbeef})
+		assert.Equal(t, sum(src.b), sum(dst.b), "data")
+	})
+	t.Run("send_with_inv", func(t *testing.T) {
+		src := na.buffer(100, 0x3000, accessAll, 3)
+		dst := nb.buffer(100, 0x3000, accessAll, 4)
+		victim := nb.buffer(64, 0x9000, accessAll, 5)
+		require.True(t, nb.mem.valid(victim.key))
+		a.scq.reset()
+		b.rcq.reset()
+		b.recv(t, 61, dst.sge(0, 100))
+		a.send(t, abi.SendWQE{WrID: 60, Opcode: abi.WRSendWithInv, Flags: abi.SendSignaled, InvalidateRKey: victim.key}, src.sge(0, 100))
+		require.True(t, b.rcq.wait(1, waitFor))
+		require.True(t, a.scq.wait(1, waitFor))
+		wantCQE(t, a.scq.all()[0], abi.CQE{WrID: 60, Opcode: abi.WCSend, QPNum: a.qpn})
+		wantCQE(t, b.rcq.all()[0], abi.CQE{WrID: 61, Opcode: abi.WCRecv, QPNum: b.qpn, ByteLen: 100, WCFlags: abi.WCWithInv, ImmOrInv: victim.key})
+		assert.False(t, nb.mem.valid(victim.key), "rkey invalidated")
+		assert.Equal(t, sum(src.b), sum(dst.b), "data")
+	})
+	t.Run("write_with_imm", func(t *testing.T) {
+		src := na.buffer(5000, 0x5000, accessAll, 6)
+		dst := nb.buffer(5000, 0x50000, accessAll, 7)
+		a.scq.reset()
+		b.rcq.reset()
+		b.recv(t, 71) // no SGE needed: the data goes to the RDMA address
+		a.send(t, abi.SendWQE{WrID: 70, Opcode: abi.WRRDMAWriteWithImm, Flags: abi.SendSignaled, ImmData: 0x1234, RemoteAddr: dst.va, RKey: dst.key}, src.sge(0, 5000))
+		require.True(t, b.rcq.wait(1, waitFor))
+		require.True(t, a.scq.wait(1, waitFor))
+		wantCQE(t, a.scq.all()[0], abi.CQE{WrID: 70, Opcode: abi.WCRDMAWrite, QPNum: a.qpn})
+		wantCQE(t, b.rcq.all()[0], abi.CQE{WrID: 71, Opcode: abi.WCRecvRDMAWithImm, QPNum: b.qpn, ByteLen: 5000, WCFlags: abi.WCWithImm, ImmOrInv: 0x1234})
+		assert.Equal(t, sum(src.b), sum(dst.b), "data")
+	})
+	t.Run("atomics", func(t *testing.T) {
+		word := nb.buffer(64, 0x7000, accessAll, 8)
+		binary.LittleEndian.PutUint64(word.b[8:], 100)
+		res := na.buffer(16, 0x7000, accessAll, 9)
+		a.scq.reset()
+		a.send(t, abi.SendWQE{WrID: 80, Opcode: abi.WRAtomicFetchAdd, Flags: abi.SendSignaled, RemoteAddr: word.va + 8, RKey: word.key, CompareAdd: 5}, res.sge(0, 8))
+		a.send(t, abi.SendWQE{WrID: 81, Opcode: abi.WRAtomicCmpAndSwp, Flags: abi.SendSignaled, RemoteAddr: word.va + 8, RKey: word.key, CompareAdd: 105, Swap: 7}, res.sge(8, 8))
+		require.True(t, a.scq.wait(2, waitFor))
+		cq := a.scq.all()
+		wantCQE(t, cq[0], abi.CQE{WrID: 80, Opcode: abi.WCFetchAdd, QPNum: a.qpn})
+		wantCQE(t, cq[1], abi.CQE{WrID: 81, Opcode: abi.WCCompSwap, QPNum: a.qpn})
+		assert.Equal(t, uint64(100), binary.LittleEndian.Uint64(res.b[0:]), "FAA original")
+		assert.Equal(t, uint64(105), binary.LittleEndian.Uint64(res.b[8:]), "CAS original")
+		assert.Equal(t, uint64(7), binary.LittleEndian.Uint64(word.b[8:]), "after CAS")
+		// A failing compare leaves memory alone and returns the value.
+		a.scq.reset()
+		a.send(t, abi.SendWQE{WrID: 82, Opcode: abi.WRAtomicCmpAndSwp, Flags: abi.SendSignaled, RemoteAddr: word.va + 8, RKey: word.key, CompareAdd: 1, Swap: 99}, res.sge(0, 8))
+		require.True(t, a.scq.wait(1, waitFor))
+		wantCQE(t, a.scq.all()[0], abi.CQE{WrID: 82, Opcode: abi.WCCompSwap, QPNum: a.qpn})
+		assert.Equal(t, uint64(7), binary.LittleEndian.Uint64(res.b[0:]))
+		assert.Equal(t, uint64(7), binary.LittleEndian.Uint64(word.b[8:]))
+	})
+	t.Run("local_inv", func(t *testing.T) {
+		mr := na.buffer(64, 0xa000, accessAll, 10)
+		a.scq.reset()
+		a.send(t, abi.SendWQE{WrID: 90, Opcode: abi.WRLocalInv, Flags: abi.SendSignaled, InvalidateRKey: mr.key})
+		require.True(t, a.scq.wait(1, waitFor))
+		wantCQE(t, a.scq.all()[0], abi.CQE{WrID: 90, Opcode: abi.WCLocalInv, QPNum: a.qpn})
+		assert.False(t, na.mem.valid(mr.key))
+	})
+	t.Run("multi_sge", func(t *testing.T) {
+		src := na.buffer(10000, 0xb0000, accessAll, 11)
+		dst := nb.buffer(10000, 0xb0000, accessAll, 12)
+		a.scq.reset()
+		b.rcq.reset()
+		// 3 SGEs on the send side, 4 on the receive side, odd sizes.
+		b.recv(t, 101, dst.sge(0, 1), dst.sge(1, 4095), dst.sge(4096, 3333), dst.sge(7429, 2571))
+		a.send(t, abi.SendWQE{WrID: 100, Opcode: abi.WRSend, Flags: abi.SendSignaled}, src.sge(0, 7), src.sge(7, 5000), src.sge(5007, 4993))
+		require.True(t, b.rcq.wait(1, waitFor))
+		require.True(t, a.scq.wait(1, waitFor))
+		wantCQE(t, b.rcq.all()[0], abi.CQE{WrID: 101, Opcode: abi.WCRecv, QPNum: b.qpn, ByteLen: 10000})
+		assert.Equal(t, sum(src.b), sum(dst.b), "data")
+		// WRITE and READ with several SGEs too.
+		dst2 := nb.buffer(10000, 0xc0000, accessAll, 13)
+		a.scq.reset()
+		a.send(t, abi.SendWQE{WrID: 102, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: dst2.va, RKey: dst2.key}, src.sge(0, 3), src.sge(3, 9997))
+		back := na.buffer(10000, 0xd0000, accessAll, 14)
+		a.send(t, abi.SendWQE{WrID: 103, Opcode: abi.WRRDMARead, Flags: abi.SendSignaled, RemoteAddr: dst2.va, RKey: dst2.key}, back.sge(0, 5000), back.sge(5000, 5000))
+		require.True(t, a.scq.wait(2, waitFor))
+		assert.Equal(t, sum(src.b), sum(dst2.b))
+		assert.Equal(t, sum(src.b), sum(back.b), "%v", a.scq.all())
+	})
+	t.Run("inline", func(t *testing.T) {
+		dst := nb.buffer(200, 0xe000, accessAll, 15)
+		a.scq.reset()
+		b.rcq.reset()
+		b.recv(t, 111, dst.sge(0, 200))
+		payload := []byte("inline data travels in the WQE")
+		require.NoError(t, a.sq.post(abi.SendWQE{WrID: 110, Opcode: abi.WRSend, Flags: abi.SendSignaled | abi.SendInline}, nil, payload))
+		a.n.eng.Kick(a.qpn)
+		require.True(t, b.rcq.wait(1, waitFor))
+		require.True(t, a.scq.wait(1, waitFor))
+		wantCQE(t, a.scq.all()[0], abi.CQE{WrID: 110, Opcode: abi.WCSend, QPNum: a.qpn})
+		wantCQE(t, b.rcq.all()[0], abi.CQE{WrID: 111, Opcode: abi.WCRecv, QPNum: b.qpn, ByteLen: uint32(len(payload))})
+		assert.Equal(t, payload, dst.b[:len(payload)])
+	})
+	t.Run("unsignaled", func(t *testing.T) {
+		src := na.buffer(64, 0xf000, accessAll, 16)
+		dst := nb.buffer(64, 0xf000, accessAll, 17)
+		a.scq.reset()
+		a.send(t, abi.SendWQE{WrID: 120, Opcode: abi.WRRDMAWrite, RemoteAddr: dst.va, RKey: dst.key}, src.sge(0, 64))
+		a.send(t, abi.SendWQE{WrID: 121, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: dst.va, RKey: dst.key}, src.sge(0, 64))
+		require.True(t, a.scq.wait(1, waitFor))
+		cq := a.scq.all()
+		require.Len(t, cq, 1, "the unsignaled WR completes silently")
+		wantCQE(t, cq[0], abi.CQE{WrID: 121, Opcode: abi.WCRDMAWrite, QPNum: a.qpn})
+	})
+}

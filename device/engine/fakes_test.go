@@ -1,0 +1,317 @@
+package engine
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vrnic/vrnic/abi"
+)
+
+// fakeMem is a byte-slice memory with keys: each MR is a slice at an IOVA
+// with access flags; lkey == rkey.
+type fakeMem struct {
+	mu   sync.RWMutex
+	mrs  map[uint32]*fakeMR
+	next uint32
+}
+
+type fakeMR struct {
+	va     uint64
+	buf    []byte
+	access uint32
+	valid  bool
+}
+
+func newFakeMem() *fakeMem { return &fakeMem{mrs: map[uint32]*fakeMR{}, next: 0x100} }
+
+// reg registers buf at va and returns its key.
+func (m *fakeMem) reg(buf []byte, va uint64, access uint32) uint32 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.next += 0x100
+	m.mrs[m.next] = &fakeMR{va: va, buf: buf, access: access, valid: true}
+	return m.next
+}
+
+func (m *fakeMem) valid(key uint32) bool {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	mr := m.mrs[key]
+	return mr != nil && mr.valid
+}
+
+var errFakeProt = fmt.Errorf("fake: %w", ErrMemProtection)
+var errFakeBounds = fmt.Errorf("fake: %w", ErrMemBounds)
+var errFakeLen = fmt.Errorf("fake: %w", ErrMemLength)
+
+// rangeOf returns the bytes of [va, va+n) of key; caller holds mu.
+func (m *fakeMem) rangeOf(key uint32, va uint64, n uint64, access uint32) ([]byte, error) {
+	mr := m.mrs[key]
+	if mr == nil || !mr.valid || mr.access&access != access {
+		return nil, errFakeProt
+	}
+	if va < mr.va || va+n < va || va+n > mr.va+uint64(len(mr.buf)) {
+		return nil, errFakeBounds
+	}
+	o := va - mr.va
+	return mr.buf[o : o+n], nil
+}
+
+func (m *fakeMem) sgeWalk(sges []abi.SGE, off uint64, n int, access uint32, f func(b []byte, i int)) error {
+	done := 0
+	for _, s := range sges {
+		if done == n {
+			break
+		}
+		l := uint64(s.Length)
+		if off >= l {
+			off -= l
+			continue
+		}
+		k := min(l-off, uint64(n-done))
+		b, err := m.rangeOf(s.LKey, s.Addr+off, k, access)
+		if err != nil {
+			return err
+		}
+		f(b, done)
+		done += int(k)
+		off = 0
+	}
+	if done < n {
+		return errFakeLen
+	}
+	return nil
+}
+
+func (m *fakeMem) Gather(sges []abi.SGE, off uint64, dst []byte) error {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.sgeWalk(sges, off, len(dst), 0, func(b []byte, i int) { copy(dst[i:], b) })
+}
+
+func (m *fakeMem) Scatter(sges []abi.SGE, off uint64, src []byte) error {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.sgeWalk(sges, off, len(src), accessLocalWrite, func(b []byte, i int) { copy(b, src[i:]) })
+}
+
+func (m *fakeMem) WriteRemote(rkey uint32, va uint64, src []byte) error {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	b, err := m.rangeOf(rkey, va, uint64(len(src)), accessRemoteWrite)
+	if err != nil {
+		return err
+	}
+	copy(b, src)
+	return nil
+}
+
+func (m *fakeMem) ReadRemote(rkey uint32, va uint64, dst []byte) error {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	b, err := m.rangeOf(rkey, va, uint64(len(dst)), accessRemoteRead)
+	if err != nil {
+		return err
+	}
+	copy(dst, b)
+	return nil
+}
+
+func (m *fakeMem) CheckRemote(rkey uint32, va uint64, n uint64, access uint32) error {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	_, err := m.rangeOf(rkey, va, n, access)
+	return err
+}
+
+func (m *fakeMem) Atomic(rkey uint32, va uint64, cas bool, compare, swap uint64) (uint64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if va&7 != 0 {
+		return 0, errFakeBounds
+	}
+	b, err := m.rangeOf(rkey, va, 8, accessRemoteAtomic)
+	if err != nil {
+		return 0, err
+	}
+	orig := binary.LittleEndian.Uint64(b)
+	switch {
+	case cas && orig == compare:
+		binary.LittleEndian.PutUint64(b, swap)
+	case !cas:
+		binary.LittleEndian.PutUint64(b, orig+compare)
+	}
+	return orig, nil
+}
+
+func (m *fakeMem) Invalidate(key uint32) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	mr := m.mrs[key]
+	if mr == nil || !mr.valid {
+		return errFakeProt
+	}
+	mr.valid = false
+	return nil
+}
+
+var _ Memory = (*fakeMem)(nil)
+
+// fakeSQ is a slice-backed send queue.
+type fakeSQ struct {
+	mu         sync.Mutex
+	ring       []SendWork
+	head, tail int
+	bad        bool // next poll returns an error
+}
+
+func newFakeSQ(n int) *fakeSQ {
+	q := &fakeSQ{ring: make([]SendWork, n)}
+	for i := range q.ring {
+		q.ring[i].SGEs = make([]abi.SGE, 0, abi.MaxSGE)
+		q.ring[i].Inline = make([]byte, 0, abi.MaxInline)
+	}
+	return q
+}
+
+func (q *fakeSQ) post(w abi.SendWQE, sges []abi.SGE, inline []byte) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.tail-q.head == len(q.ring) {
+		return errors.New("fake SQ full")
+	}
+	e := &q.ring[q.tail%len(q.ring)]
+	e.SendWQE = w
+	e.SGEs = append(e.SGEs[:0], sges...)
+	e.Inline = append(e.Inline[:0], inline...)
+	q.tail++
+	return nil
+}
+
+func (q *fakeSQ) PollSend(w *SendWork) (bool, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.head == q.tail {
+		return false, nil
+	}
+	e := &q.ring[q.head%len(q.ring)]
+	q.head++
+	w.SendWQE = e.SendWQE
+	if len(e.SGEs) > cap(w.SGEs) || len(e.Inline) > cap(w.Inline) {
+		return false, fmt.Errorf("%w: too many SGEs or inline bytes", ErrInvalid)
+	}
+	w.SGEs = append(w.SGEs[:0], e.SGEs...)
+	w.Inline = append(w.Inline[:0], e.Inline...)
+	return true, nil
+}
+
+// fakeRQ is a slice-backed receive queue.
+type fakeRQ struct {
+	mu         sync.Mutex
+	ring       []RecvWork
+	head, tail int
+}
+
+func newFakeRQ(n int) *fakeRQ {
+	q := &fakeRQ{ring: make([]RecvWork, n)}
+	for i := range q.ring {
+		q.ring[i].SGEs = make([]abi.SGE, 0, abi.MaxSGE)
+	}
+	return q
+}
+
+func (q *fakeRQ) post(wrid uint64, sges ...abi.SGE) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.tail-q.head == len(q.ring) {
+		return errors.New("fake RQ full")
+	}
+	e := &q.ring[q.tail%len(q.ring)]
+	e.WrID = wrid
+	e.SGEs = append(e.SGEs[:0], sges...)
+	q.tail++
+	return nil
+}
+
+func (q *fakeRQ) PollRecv(r *RecvWork) (bool, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.head == q.tail {
+		return false, nil
+	}
+	e := &q.ring[q.head%len(q.ring)]
+	q.head++
+	r.WrID = e.WrID
+	if len(e.SGEs) > cap(r.SGEs) {
+		return false, fmt.Errorf("%w: too many SGEs", ErrInvalid)
+	}
+	r.SGEs = append(r.SGEs[:0], e.SGEs...)
+	return true, nil
+}
+
+// fakeCQ collects completions.
+type fakeCQ struct {
+	mu    sync.Mutex
+	cqes  []abi.CQE
+	count atomic.Int64
+	ch    chan struct{}
+}
+
+func newFakeCQ(capacity int) *fakeCQ {
+	return &fakeCQ{cqes: make([]abi.CQE, 0, capacity), ch: make(chan struct{}, 1)}
+}
+
+func (c *fakeCQ) PushCQE(e *abi.CQE) error {
+	c.mu.Lock()
+	c.cqes = append(c.cqes, *e)
+	c.mu.Unlock()
+	c.count.Add(1)
+	select {
+	case c.ch <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// wait waits until the CQ holds at least n entries or d passes.
+func (c *fakeCQ) wait(n int, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for c.count.Load() < int64(n) {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return false
+		}
+		select {
+		case <-c.ch:
+		case <-time.After(min(left, 10*time.Millisecond)):
+		}
+	}
+	return true
+}
+
+// spin waits for n entries without allocating (for allocation tests).
+func (c *fakeCQ) spin(n int64) {
+	for c.count.Load() < n {
+		select {
+		case <-c.ch:
+		default:
+		}
+	}
+}
+
+func (c *fakeCQ) all() []abi.CQE {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]abi.CQE(nil), c.cqes...)
+}
+
+func (c *fakeCQ) reset() {
+	c.mu.Lock()
+	c.cqes = c.cqes[:0]
+	c.mu.Unlock()
+	c.count.Store(0)
+}

@@ -1,0 +1,152 @@
+package engine
+
+import (
+	"hash/crc32"
+	"math/rand/v2"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/link"
+	"github.com/vrnic/vrnic/roce"
+)
+
+const accessAll = accessLocalWrite | accessRemoteWrite | accessRemoteRead | accessRemoteAtomic
+
+type node struct {
+	eng   *Engine
+	mem   *fakeMem
+	addr  netip.Addr
+	ports []*link.Port
+}
+
+type tqp struct {
+	n        *node
+	qpn      uint32
+	sq       *fakeSQ
+	rq       *fakeRQ
+	scq, rcq *fakeCQ
+}
+
+type qpOpts struct {
+	mtu       roce.MTU
+	timeout   uint8
+	retry     uint8
+	rnrRetry  uint8
+	minRNR    uint8
+	rdAtomic  uint8
+	sigAll    bool
+	sqDepth   int
+	noConnect bool
+}
+
+func defaultOpts() qpOpts {
+	return qpOpts{mtu: roce.MTU1024, timeout: 12, retry: 7, rnrRetry: 7, minRNR: 1, rdAtomic: 4, sqDepth: 256}
+}
+
+func newNetwork(t testing.TB) *link.Network {
+	nw, err := link.NewNetwork(link.Config{FrameCap: DefaultFrameCap, QueueLen: 1024, Buffers: 4096})
+	require.NoError(t, err)
+	return nw
+}
+
+func newNode(t testing.TB, nw *link.Network, addr string, workers int, faults *link.Faults) *node {
+	a := netip.MustParseAddr(addr)
+	ports, err := nw.Attach(a, workers, faults)
+	require.NoError(t, err)
+	links := make([]Link, len(ports))
+	for i, p := range ports {
+		links[i] = p
+	}
+	eng, err := New(Config{Links: links, Mode: roce.ModeEthernet})
+	require.NoError(t, err)
+	eng.Start()
+	t.Cleanup(func() { _ = eng.Close() })
+	return &node{eng: eng, mem: newFakeMem(), addr: a, ports: ports}
+}
+
+func (n *node) newQP(t testing.TB, qpn uint32, o qpOpts) *tqp {
+	q := &tqp{n: n, qpn: qpn, sq: newFakeSQ(4096), rq: newFakeRQ(4096), scq: newFakeCQ(8192), rcq: newFakeCQ(8192)}
+	require.NoError(t, n.eng.CreateQP(QPConfig{
+		QPN: qpn, SQ: q.sq, RQ: q.rq, SendCQ: q.scq, RecvCQ: q.rcq, Mem: n.mem,
+		SQDepth: o.sqDepth, MaxSendSGE: abi.MaxSGE, MaxRecvSGE: abi.MaxSGE, MaxInline: abi.MaxInline, SigAll: o.sigAll,
+	}))
+	return q
+}
+
+// connect brings a and b to RTS, connected to each other.
+func connect(t testing.TB, a, b *tqp, o qpOpts) {
+	for _, p := range [][2]*tqp{{a, b}, {b, a}} {
+		l, r := p[0], p[1]
+		require.NoError(t, l.n.eng.ModifyQP(l.qpn, QPAttr{Mask: abi.QPAttrState | abi.QPAttrAccessFlags, State: abi.QPSInit, AccessFlags: accessAll}))
+		require.NoError(t, l.n.eng.ModifyQP(l.qpn, QPAttr{
+			Mask:  abi.QPAttrState | abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrDestQPN | abi.QPAttrRQPSN | abi.QPAttrMaxDestRdAtomic | abi.QPAttrMinRNRTimer,
+			State: abi.QPSRTR, LocalAddr: l.n.addr, RemoteAddr: r.n.addr, PathMTU: o.mtu, DestQPN: r.qpn,
+			RQPSN: r.qpn * 1000 & 0xffffff, MaxDestRdAtomic: o.rdAtomic, MinRNRTimer: o.minRNR,
+		}))
+		require.NoError(t, l.n.eng.ModifyQP(l.qpn, QPAttr{
+			Mask:  abi.QPAttrState | abi.QPAttrSQPSN | abi.QPAttrTimeout | abi.QPAttrRetryCnt | abi.QPAttrRNRRetry | abi.QPAttrMaxQPRdAtomic,
+			State: abi.QPSRTS, SQPSN: l.qpn * 1000 & 0xffffff, Timeout: o.timeout, RetryCnt: o.retry, RNRRetry: o.rnrRetry, MaxRdAtomic: o.rdAtomic,
+		}))
+	}
+}
+
+// pair builds two nodes with one connected QP each.
+func pair(t testing.TB, workers int, fa, fb *link.Faults, o qpOpts) (*tqp, *tqp) {
+	nw := newNetwork(t)
+	na := newNode(t, nw, "10.0.0.1", workers, fa)
+	nb := newNode(t, nw, "10.0.0.2", workers, fb)
+	a := na.newQP(t, 0x11, o)
+	b := nb.newQP(t, 0x22, o)
+	if !o.noConnect {
+		connect(t, a, b, o)
+	}
+	return a, b
+}
+
+func (q *tqp) send(t testing.TB, w abi.SendWQE, sges ...abi.SGE) {
+	require.NoError(t, q.sq.post(w, sges, nil))
+	q.n.eng.Kick(q.qpn)
+}
+
+func (q *tqp) recv(t testing.TB, wrid uint64, sges ...abi.SGE) {
+	require.NoError(t, q.rq.post(wrid, sges...))
+	q.n.eng.Kick(q.qpn)
+}
+
+// buffer is a registered buffer of n bytes filled with seeded random data.
+type buffer struct {
+	b   []byte
+	va  uint64
+	key uint32
+}
+
+func (n *node) buffer(size int, va uint64, access uint32, seed uint64) *buffer {
+	b := make([]byte, size)
+	fill(b, seed)
+	return &buffer{b: b, va: va, key: n.mem.reg(b, va, access)}
+}
+
+func (b *buffer) sge(off, n int) abi.SGE {
+	return abi.SGE{Addr: b.va + uint64(off), Length: uint32(n), LKey: b.key}
+}
+
+func fill(b []byte, seed uint64) {
+	r := rand.New(rand.NewPCG(seed, seed+1))
+	for i := 0; i+8 <= len(b); i += 8 {
+		v := r.Uint64()
+		for k := range 8 {
+			b[i+k] = byte(v >> (8 * k))
+		}
+	}
+	for i := len(b) &^ 7; i < len(b); i++ {
+		b[i] = byte(r.Uint32())
+	}
+}
+
+func sum(b []byte) uint32 { return crc32.ChecksumIEEE(b) }
+
+const waitFor = 60 * time.Second

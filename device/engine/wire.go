@@ -1,0 +1,130 @@
+package engine
+
+import (
+	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/roce"
+)
+
+// packet is a received request or response as the step machines see it:
+// the header fields copied out of the roce views, the payload still a view
+// into the receive buffer (valid until the worker's next receive).
+type packet struct {
+	opcode   roce.Opcode
+	psn      uint32
+	ackReq   bool
+	se       bool
+	va       uint64 // RETH or AtomicETH
+	rkey     uint32
+	dmaLen   uint32
+	swapAdd  uint64
+	compare  uint64
+	syndrome roce.Syndrome
+	msn      uint32
+	orig     uint64
+	imm      uint32
+	invRKey  uint32
+	payload  []byte
+}
+
+func (p *packet) fill(pkt *roce.Packet) {
+	b := pkt.BTH
+	*p = packet{opcode: b.Opcode(), psn: b.PSN(), ackReq: b.AckReq(), se: b.SE(), payload: pkt.Payload}
+	if pkt.RETH != nil {
+		p.va, p.rkey, p.dmaLen = pkt.RETH.VA(), pkt.RETH.RKey(), pkt.RETH.DMALength()
+	}
+	if pkt.AtomicETH != nil {
+		a := pkt.AtomicETH
+		p.va, p.rkey, p.swapAdd, p.compare = a.VA(), a.RKey(), a.SwapAdd(), a.Compare()
+	}
+	if pkt.AETH != nil {
+		p.syndrome, p.msn = pkt.AETH.Syndrome(), pkt.AETH.MSN()
+	}
+	if pkt.AtomicAckETH != nil {
+		p.orig = pkt.AtomicAckETH.OrigRemoteData()
+	}
+	if pkt.ImmDt != nil {
+		p.imm = pkt.ImmDt.Imm()
+	}
+	if pkt.IETH != nil {
+		p.invRKey = pkt.IETH.RKey()
+	}
+}
+
+// outPkt describes a packet to build; the payload is already in place.
+type outPkt struct {
+	opcode   roce.Opcode
+	psn      uint32
+	ackReq   bool
+	se       bool
+	va       uint64
+	rkey     uint32
+	dmaLen   uint32
+	swapAdd  uint64
+	compare  uint64
+	syndrome roce.Syndrome
+	msn      uint32
+	orig     uint64
+	imm      uint32
+	ieth     uint32
+}
+
+// pkeyDefault is the only P_Key vrnic uses (the default partition).
+const pkeyDefault = abi.PKeyDefault
+
+// payload returns where the payload of an op packet of n bytes goes in
+// buf: right after the headroom the headers need, so the frame Build
+// returns starts at buf[0]. nil if buf is too small.
+func (qp *QP) payload(buf []byte, op roce.Opcode, n int) []byte {
+	off := qp.path.Headroom(op)
+	if off+n+roce.MaxTailroom > len(buf) {
+		return nil
+	}
+	return buf[off : off+n]
+}
+
+// setPath builds the QP's path (the address vector in roce terms).
+func (qp *QP) setPath() {
+	qp.path = roce.Path{
+		Mode:    qp.w.e.cfg.Mode,
+		SrcMAC:  qp.w.e.cfg.MAC,
+		DstMAC:  qp.w.e.cfg.PeerMAC,
+		Src:     qp.attr.LocalAddr,
+		Dst:     qp.attr.RemoteAddr,
+		SrcPort: roce.UDPSrcPort(qp.qpn),
+		TTL:     64,
+	}
+}
+
+// txQueue builds o around the payload of n bytes already in buf and queues
+// the frame. false: the frame could not be queued (transmit batch full).
+func (w *worker) txQueue(qp *QP, buf []byte, o *outPkt, n int) bool {
+	h := &w.hdrs
+	*h = roce.Headers{BTH: roce.BTHFields{
+		Opcode: o.opcode, SE: o.se, PKey: pkeyDefault, DestQP: qp.attr.DestQPN, AckReq: o.ackReq, PSN: o.psn,
+	}}
+	info := o.opcode.Info()
+	if info.Has(roce.HdrRETH) {
+		h.RETH = roce.RETHFields{VA: o.va, RKey: o.rkey, DMALength: o.dmaLen}
+	}
+	if info.Has(roce.HdrAtomicETH) {
+		h.AtomicETH = roce.AtomicETHFields{VA: o.va, RKey: o.rkey, SwapAdd: o.swapAdd, Compare: o.compare}
+	}
+	if info.Has(roce.HdrAETH) {
+		h.AETH = roce.AETHFields{Syndrome: o.syndrome, MSN: o.msn}
+	}
+	h.AtomicAckETH.OrigRemoteData = o.orig
+	h.Imm, h.InvRKey = o.imm, o.ieth
+	off := qp.path.Headroom(o.opcode)
+	frame, err := qp.path.Build(buf, off, n, h)
+	if err != nil || len(frame) == 0 || &frame[0] != &buf[0] {
+		// A bug, not a wire condition: count it; the packet is lost and
+		// the retry machinery reports it if it matters.
+		w.Counters.BuildErrors.Add(1)
+		return true
+	}
+	w.tx[w.txN] = buf[:len(frame)]
+	w.txN++
+	w.busy = true
+	qp.Counters.PacketsSent.Add(1)
+	return true
+}

@@ -1,0 +1,357 @@
+package engine
+
+import (
+	"errors"
+	"runtime"
+	"sync/atomic"
+	"time"
+
+	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/roce"
+)
+
+// WorkerCounters are per-worker data path counters.
+type WorkerCounters struct {
+	RxFrames    atomic.Uint64
+	TxFrames    atomic.Uint64
+	ParseErrors atomic.Uint64 // malformed frames
+	ICRCErrors  atomic.Uint64 // ICRC mismatches
+	UnknownQP   atomic.Uint64 // destination QPN not on this worker
+	BadPeer     atomic.Uint64 // wrong source/destination address, P_Key or service
+	CQOverflows atomic.Uint64
+	BuildErrors atomic.Uint64
+	LinkErrors  atomic.Uint64
+	Sleeps      atomic.Uint64
+}
+
+// spinRounds is how many idle loop rounds a worker polls before sleeping.
+const spinRounds = 64
+
+// ctlOp is a control operation handed to the owning worker.
+type ctlOp uint8
+
+const (
+	ctlCreate ctlOp = iota
+	ctlModify
+	ctlDestroy
+	ctlQuery
+)
+
+type ctlMsg struct {
+	op    ctlOp
+	qpn   uint32
+	cfg   QPConfig
+	attr  QPAttr
+	reply chan ctlReply
+}
+
+type ctlReply struct {
+	err error
+	qp  *QP
+}
+
+// worker runs the QPs steered to it: one goroutine locked to an OS thread;
+// it alone touches its QPs, timers and buffers.
+type worker struct {
+	id     int
+	e      *Engine
+	link   Link
+	qps    map[uint32]*QP
+	list   []*QP
+	timers timerHeap
+	clk    clock
+	now    int64
+	window uint32
+
+	ctl  chan ctlMsg
+	kick chan struct{}
+
+	rx   [][]byte
+	tx   [][]byte
+	txN  int
+	busy bool
+
+	// scratch, reused for every packet and completion
+	pkt  roce.Packet
+	in   packet
+	out  outPkt
+	hdrs roce.Headers
+	cqe  abi.CQE
+
+	Counters WorkerCounters
+}
+
+func newWorker(e *Engine, id int, l Link) *worker {
+	w := &worker{
+		id: id, e: e, link: l,
+		qps:    make(map[uint32]*QP),
+		clk:    e.clk,
+		window: uint32(e.cfg.Window),
+		ctl:    make(chan ctlMsg, 16),
+		kick:   make(chan struct{}, 1),
+		rx:     make([][]byte, e.cfg.Batch),
+		tx:     make([][]byte, e.cfg.Batch),
+	}
+	for i := range w.rx {
+		w.rx[i] = make([]byte, e.cfg.FrameCap)
+		w.tx[i] = make([]byte, e.cfg.FrameCap)
+	}
+	return w
+}
+
+// activate notes that qp has work (the worker must not sleep this round).
+func (w *worker) activate(*QP) { w.busy = true }
+
+// markComp and markResp note completer / responder activity.
+func (w *worker) markComp(*QP) { w.busy = true }
+func (w *worker) markResp(*QP) { w.busy = true }
+
+// txBuf returns the next free transmit buffer (full capacity), flushing
+// the batch when it is full; nil when the link accepts nothing more now.
+func (w *worker) txBuf() []byte {
+	if w.txN == len(w.tx) {
+		w.flush()
+		if w.txN == len(w.tx) {
+			return nil
+		}
+	}
+	b := w.tx[w.txN]
+	return b[:cap(b)]
+}
+
+// flush hands the queued frames to the link; what it does not accept stays
+// queued, in order.
+func (w *worker) flush() {
+	if w.txN == 0 {
+		return
+	}
+	n, err := w.link.SendBatch(w.tx[:w.txN])
+	if err != nil {
+		w.Counters.LinkErrors.Add(1)
+	}
+	if n <= 0 {
+		return
+	}
+	w.Counters.TxFrames.Add(uint64(n))
+	for i := 0; i < w.txN-n; i++ {
+		w.tx[i], w.tx[n+i] = w.tx[n+i], w.tx[i]
+	}
+	w.txN -= n
+	w.busy = true
+}
+
+// receive reads one batch of frames and runs them through the machines.
+func (w *worker) receive() {
+	for i := range w.rx {
+		w.rx[i] = w.rx[i][:cap(w.rx[i])]
+	}
+	n, err := w.link.RecvBatch(w.rx)
+	if err != nil {
+		w.Counters.LinkErrors.Add(1)
+	}
+	if n <= 0 {
+		return
+	}
+	w.busy = true
+	w.Counters.RxFrames.Add(uint64(n))
+	for i := range n {
+		w.input(w.rx[i])
+	}
+}
+
+// input parses one frame (ICRC verified) and dispatches it.
+func (w *worker) input(frame []byte) {
+	pkt := &w.pkt
+	if err := roce.Parse(frame, pkt); err != nil {
+		if errors.Is(err, roce.ErrICRC) {
+			w.Counters.ICRCErrors.Add(1)
+		} else {
+			w.Counters.ParseErrors.Add(1)
+		}
+		return
+	}
+	qp := w.qps[pkt.BTH.DestQP()]
+	if qp == nil {
+		w.Counters.UnknownQP.Add(1)
+		return
+	}
+	// DESIGN 5: RC packets are accepted only from the QP's peer, in the
+	// default partition.
+	if pkt.Info.Service != roce.ServiceRC || pkt.BTH.PKey() != pkeyDefault ||
+		pkt.Src().Unmap() != qp.attr.RemoteAddr.Unmap() || pkt.Dst().Unmap() != qp.attr.LocalAddr.Unmap() {
+		w.Counters.BadPeer.Add(1)
+		return
+	}
+	qp.Counters.PacketsReceived.Add(1)
+	w.in.fill(pkt)
+	switch {
+	case pkt.Info.Is(roce.OpRequest):
+		qp.respRx(&w.in)
+	case pkt.Info.Is(roce.OpResponse):
+		qp.compRx(&w.in)
+	default:
+		qp.Counters.Dropped.Add(1)
+	}
+}
+
+// service runs the QP's output machines.
+func (w *worker) service(qp *QP) {
+	if qp.state == abi.QPSErr {
+		qp.respOutput() // a fatal NAK may still be owed
+		if qp.head != qp.tail || qp.resp.rqeValid {
+			w.busy = true
+		}
+		qp.flush()
+		return
+	}
+	if !qp.respOutput() {
+		return
+	}
+	qp.reqStep()
+	if qp.state == abi.QPSErr {
+		return
+	}
+	qp.advanceHead()
+	progressed := qp.comp.psn != qp.lastCompPSN
+	qp.lastCompPSN = qp.comp.psn
+	qp.updateRetryTimer(progressed)
+}
+
+// fire runs due timers.
+func (w *worker) fire() {
+	for {
+		t := w.timers.pop(w.now)
+		if t == nil {
+			return
+		}
+		w.busy = true
+		switch t.kind {
+		case timerRetry:
+			t.qp.onRetryTimer()
+		case timerRNR:
+			t.qp.onRNRTimer()
+		}
+	}
+}
+
+func (w *worker) drainCtl() bool {
+	for {
+		select {
+		case m := <-w.ctl:
+			w.apply(m)
+		default:
+			return true
+		}
+	}
+}
+
+func (w *worker) apply(m ctlMsg) {
+	var r ctlReply
+	switch m.op {
+	case ctlCreate:
+		if w.qps[m.cfg.QPN&roce.PSNMask] != nil {
+			r.err = ErrExists
+			break
+		}
+		qp, err := newQP(m.cfg, w)
+		if err != nil {
+			r.err = err
+			break
+		}
+		w.qps[qp.qpn] = qp
+		w.list = append(w.list, qp)
+		r.qp = qp
+	case ctlModify:
+		qp := w.qps[m.qpn]
+		if qp == nil {
+			r.err = ErrNoQP
+			break
+		}
+		r.err = qp.modify(&m.attr)
+		r.qp = qp
+	case ctlDestroy:
+		qp := w.qps[m.qpn]
+		if qp == nil {
+			r.err = ErrNoQP
+			break
+		}
+		w.timers.stop(&qp.retryTimer)
+		w.timers.stop(&qp.rnrTimer)
+		delete(w.qps, m.qpn)
+		for i, q := range w.list {
+			if q == qp {
+				w.list = append(w.list[:i], w.list[i+1:]...)
+				break
+			}
+		}
+	case ctlQuery:
+		r.qp = w.qps[m.qpn]
+		if r.qp == nil {
+			r.err = ErrNoQP
+		}
+	}
+	w.busy = true
+	m.reply <- r
+}
+
+// run is the worker loop: control operations between batches, receive,
+// timers, output; busy-poll while there is work, then sleep until a kick,
+// a frame, a control message or the next timer.
+func (w *worker) run(stop <-chan struct{}) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	sleepTimer := time.NewTimer(time.Hour)
+	sleepTimer.Stop()
+	idle := 0
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		w.busy = false
+		w.drainCtl()
+		w.now = w.clk.now()
+		w.receive()
+		w.fire()
+		for _, qp := range w.list {
+			w.service(qp)
+		}
+		w.flush()
+		if w.busy {
+			idle = 0
+			continue
+		}
+		if idle++; idle < spinRounds {
+			runtime.Gosched()
+			continue
+		}
+		idle = 0
+		var tc <-chan time.Time
+		if when, ok := w.timers.next(); ok {
+			d := time.Duration(when - w.clk.now())
+			if d <= 0 {
+				continue
+			}
+			sleepTimer.Reset(d)
+			tc = sleepTimer.C
+		}
+		if w.txN > 0 && tc == nil {
+			// Frames the link did not take: poll again soon.
+			sleepTimer.Reset(50 * time.Microsecond)
+			tc = sleepTimer.C
+		}
+		w.Counters.Sleeps.Add(1)
+		select {
+		case <-stop:
+			sleepTimer.Stop()
+			return
+		case m := <-w.ctl:
+			w.apply(m)
+		case <-w.kick:
+		case <-w.link.Ready():
+		case <-tc:
+		}
+		sleepTimer.Stop()
+	}
+}

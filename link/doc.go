@@ -1,0 +1,37 @@
+// Package link moves RoCE v2 frames between vrnic engines.
+//
+// A link is attached to an engine worker by worker: port i of a device is
+// read and written only by the device's worker i (as TAP queue i is), so a
+// port needs no locks. Frames are whole Ethernet frames built by package
+// roce (Ethernet, IPv4/IPv6, UDP 4791, BTH, extension headers, payload,
+// pad, ICRC); the receiving engine verifies the ICRC of every frame.
+//
+// # In-memory link
+//
+// A Network connects any number of devices, each attached with an IP
+// address and a number of workers. Sending a frame routes it by the
+// destination IP address of its IP header to a device and by the BTH
+// destination QP (roce.SteerQueue) to that device's port, exactly like the
+// eBPF steering of the TAP link.
+//
+// Buffers move by exchange, never by copy: the network owns a bounded pool
+// of empty buffers, all of the same capacity as the engines' buffers.
+//
+//	SendBatch: sender's filled buffer ──► receive queue of the destination port
+//	           pool's empty buffer     ──► sender's slot
+//	RecvBatch: queued filled buffer    ──► receiver's slot
+//	           receiver's empty buffer ──► pool
+//
+// The number of buffers in the pool plus the queues is constant, so
+// neither side allocates. When the pool or a destination queue is empty or
+// full the send stops early and reports how many frames it took; the
+// engine keeps the rest and retries (backpressure instead of loss).
+//
+// # Lossy variant
+//
+// A port created with Faults applies seeded drop, duplicate, reorder (hold
+// a frame back until N later frames passed), delay and corrupt decisions to
+// every frame it sends. The seed is logged when the port is created; with
+// the same seed and the same sequence of frames the same decisions are
+// made, so a failing run replays.
+package link

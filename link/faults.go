@@ -1,0 +1,170 @@
+package link
+
+import (
+	"log/slog"
+	"math/rand/v2"
+	"net/netip"
+	"time"
+)
+
+// Faults are the probabilistic faults a lossy port applies to each frame
+// it sends. Probabilities are in [0, 1] and are tried in this order: drop,
+// corrupt, duplicate, reorder, delay (a frame can be both corrupted and
+// duplicated, say).
+type Faults struct {
+	// Seed seeds the port PRNGs (port i uses Seed+i). 0 picks one from the
+	// clock; the seed in use is logged either way.
+	Seed      uint64
+	Drop      float64
+	Duplicate float64
+	Corrupt   float64 // flip one byte after the Ethernet header
+	// Reorder holds a frame back until ReorderDepth (default 3) later
+	// frames of the port have been sent.
+	Reorder      float64
+	ReorderDepth int
+	// Delay holds a frame back for DelayFor (default 100 us); it goes out
+	// with the first send or receive on the port after that.
+	Delay    float64
+	DelayFor time.Duration
+}
+
+// maxHeld bounds the frames a port holds back; beyond it frames go out
+// at once.
+const maxHeld = 64
+
+// reorderMaxAge is the longest a reordered frame waits for later frames.
+const reorderMaxAge = time.Millisecond
+
+type heldFrame struct {
+	frame []byte
+	dst   *Port
+	after uint64 // release once sent >= after (reorder)
+	until int64  // release once now >= until (delay)
+}
+
+type faultState struct {
+	cfg   Faults
+	seed  uint64
+	rng   *rand.Rand
+	held  []heldFrame
+	sent  uint64
+	start time.Time
+}
+
+func newFaultState(f Faults, index int, log *slog.Logger, addr netip.Addr) *faultState {
+	seed := f.Seed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	seed += uint64(index)
+	if f.ReorderDepth <= 0 {
+		f.ReorderDepth = 3
+	}
+	if f.DelayFor <= 0 {
+		f.DelayFor = 100 * time.Microsecond
+	}
+	log.Info("lossy link port", "addr", addr, "port", index, "seed", seed,
+		"drop", f.Drop, "duplicate", f.Duplicate, "corrupt", f.Corrupt, "reorder", f.Reorder, "delay", f.Delay)
+	return &faultState{cfg: f, seed: seed, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		held: make([]heldFrame, 0, maxHeld), start: time.Now()}
+}
+
+// Seed returns the seed of a lossy port (0 for a perfect one).
+func (p *Port) Seed() uint64 {
+	if p.f == nil {
+		return 0
+	}
+	return p.f.seed
+}
+
+func (f *faultState) hit(prob float64) bool { return prob > 0 && f.rng.Float64() < prob }
+
+// take gets an empty buffer from the pool, or nil.
+func (p *Port) take() []byte {
+	select {
+	case b := <-p.net.free:
+		return b[:cap(b)]
+	default:
+		return nil
+	}
+}
+
+// sendFaulty sends *slot through the faults. false: backpressure (the
+// frame was not taken and no decision was consumed... except the PRNG
+// draws, which is fine for replay as the same retry happens next time).
+func (p *Port) sendFaulty(dst *Port, slot *[]byte) bool {
+	f := p.f
+	fr := *slot
+	if f.hit(f.cfg.Drop) {
+		p.Counters.Dropped.Add(1)
+		f.sent++
+		return true
+	}
+	empty := p.take()
+	if empty == nil {
+		return false
+	}
+	if f.hit(f.cfg.Corrupt) {
+		i := 14 + f.rng.IntN(max(1, len(fr)-14))
+		if i < len(fr) {
+			fr[i] ^= byte(1 + f.rng.IntN(255))
+			p.Counters.Corrupted.Add(1)
+		}
+	}
+	if f.hit(f.cfg.Duplicate) {
+		if dup := p.take(); dup != nil {
+			dup = dup[:len(fr)]
+			copy(dup, fr)
+			if dst.deliver(dup) {
+				p.Counters.Duplicated.Add(1)
+			} else {
+				p.net.free <- dup[:cap(dup)]
+			}
+		}
+	}
+	f.sent++
+	switch {
+	case len(f.held) < maxHeld && f.hit(f.cfg.Reorder):
+		// The age limit keeps a frame from waiting forever behind a
+		// sender that went quiet.
+		f.held = append(f.held, heldFrame{frame: fr, dst: dst, after: f.sent + uint64(f.cfg.ReorderDepth),
+			until: int64(time.Since(f.start) + reorderMaxAge)})
+		p.Counters.Reordered.Add(1)
+	case len(f.held) < maxHeld && f.hit(f.cfg.Delay):
+		f.held = append(f.held, heldFrame{frame: fr, dst: dst, until: int64(time.Since(f.start) + f.cfg.DelayFor)})
+		p.Counters.Delayed.Add(1)
+	default:
+		if !dst.deliver(fr) {
+			// Receiver full: a lossy link loses the frame.
+			p.net.free <- fr[:cap(fr)]
+			p.Counters.Dropped.Add(1)
+		}
+	}
+	*slot = empty
+	p.releaseHeld(false)
+	return true
+}
+
+// releaseHeld delivers held frames that are due (all of them with force).
+func (p *Port) releaseHeld(force bool) {
+	f := p.f
+	if len(f.held) == 0 {
+		return
+	}
+	now := int64(time.Since(f.start))
+	j := 0
+	for _, h := range f.held {
+		due := force || (h.after != 0 && f.sent >= h.after) || (h.until != 0 && now >= h.until)
+		if !due {
+			f.held[j] = h
+			j++
+			continue
+		}
+		if !h.dst.deliver(h.frame) {
+			p.net.free <- h.frame[:cap(h.frame)]
+			p.Counters.Dropped.Add(1)
+		}
+	}
+	clear(f.held[j:])
+	f.held = f.held[:j]
+}
