@@ -2,6 +2,7 @@ package ebpf
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math/rand/v2"
 	"net/netip"
 	"testing"
@@ -205,7 +206,7 @@ func TestSteeringAgreesWithSteerQueue(t *testing.T) {
 		qpns = append(qpns, rng.Uint32())
 	}
 	for _, queues := range []int{1, 2, 3, 4, 7, 8, 64, 256} {
-		t.Run("", func(t *testing.T) {
+		t.Run(fmt.Sprintf("queues=%d", queues), func(t *testing.T) {
 			p := loadOrSkip(t, queues)
 			require.NoError(t, p.VerifySteering(qpns), "queues %d", queues)
 		})
