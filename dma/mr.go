@@ -42,7 +42,8 @@ type MRInfo struct {
 //
 // Checks, each with its own error: access flags (ErrAccessFlags); page
 // size 4 KiB or 2 MiB (ErrPageSize); length non-zero (ErrInvalid) and not
-// above Config.MaxMRBytes, iova+length not wrapping (ErrOverflow);
+// above Config.MaxMRBytes, iova+length not wrapping (ErrOverflow); at most
+// Config.MaxPagesPerMR pages (ErrTooLarge);
 // len(pages) equal to the pages the range touches (ErrPageCount); every
 // page aligned (ErrPageAlign) and wholly inside one region (ErrPAOutside)
 // of this owner (ErrNotOwner). The page list is copied; the caller may
@@ -67,6 +68,9 @@ func (s *Space) RegisterMR(o Owner, pd uint32, iova, length uint64, access Acces
 	ps := uint64(1) << pageShift
 	base := iova &^ (ps - 1)
 	want := ((iova+length-1)>>pageShift - iova>>pageShift) + 1
+	if want > uint64(s.cfg.MaxPagesPerMR) {
+		return MRInfo{}, fmt.Errorf("%w: %d pages > %d per MR", ErrTooLarge, want, s.cfg.MaxPagesPerMR)
+	}
 	if uint64(len(pages)) != want {
 		return MRInfo{}, fmt.Errorf("%w: %d pages for %d", ErrPageCount, len(pages), want)
 	}

@@ -15,7 +15,7 @@ const (
 )
 
 func TestRegisterMRRejects(t *testing.T) {
-	s := newSpace(t, Config{MaxMRBytes: 1 << 30})
+	s := newSpace(t, Config{MaxMRBytes: 1 << 30, MaxPagesPerMR: 1024})
 	a := addHostMem(t, s, 1, 64*kib)        // owner 1, 4 KiB pages
 	a2 := addHostMem(t, s, 1, 4*mib+64*kib) // owner 1, ends 64 KiB into a 2 MiB page
 	b := addHostMem(t, s, 2, 64*kib)        // owner 2
@@ -46,6 +46,7 @@ func TestRegisterMRRejects(t *testing.T) {
 		{"range ends exactly at 2^64", 1, math.MaxUint64 - 4095, 4096, 0, PageShift4K, []uint64{pg(a, 0)}, ErrOverflow},
 		{"length above max", 1, 0, 2 << 30, 0, PageShift4K, []uint64{pg(a, 0)}, ErrOverflow},
 		{"zero length", 1, 0, 0, 0, PageShift4K, nil, ErrInvalid},
+		{"more pages than allowed", 1, 0, 1025 * 4096, 0, PageShift4K, make([]uint64, 1025), ErrTooLarge},
 		{"page shift 16", 1, 0, 65536, 0, 16, []uint64{pg(a, 0)}, ErrPageSize},
 		{"page shift 30", 1, 0, 4096, 0, 30, []uint64{pg(a, 0)}, ErrPageSize},
 		{"remote write without local write", 1, 0, 4096, AccessRemoteWrite, PageShift4K, []uint64{pg(a, 0)}, ErrAccessFlags},

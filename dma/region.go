@@ -191,6 +191,9 @@ func (s *Space) ReadPageList(o Owner, pa uint64, n uint32) ([]uint64, error) {
 	if pa%8 != 0 {
 		return nil, fmt.Errorf("%w: page list PA %#x not 8-byte aligned", ErrInvalid, pa)
 	}
+	if int64(n) > int64(s.cfg.MaxPagesPerMR) {
+		return nil, fmt.Errorf("%w: %d pages > %d per MR", ErrTooLarge, n, s.cfg.MaxPagesPerMR)
+	}
 	size := uint64(n) * 8
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -253,6 +253,8 @@ func TestReadPageList(t *testing.T) {
 	assert.ErrorIs(t, err, ErrNotOwner)
 	_, err = s.ReadPageList(1, h.pa(800), 0)
 	assert.ErrorIs(t, err, ErrInvalid)
+	_, err = s.ReadPageList(1, h.pa(0), 1<<30)
+	assert.ErrorIs(t, err, ErrTooLarge, "page list bounded before any allocation")
 }
 
 func TestReleaseOwnerWithRingPin(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/vrnic/vrnic/abi"
 )
@@ -35,6 +36,10 @@ type Config struct {
 	MaxRegionBytes uint64
 	// MaxMRBytes bounds one MR's length (default VRNIC_MAX_MR_SIZE, 1<<40).
 	MaxMRBytes uint64
+	// MaxPagesPerMR bounds an MR's page list (default 1<<20: an 8 MiB
+	// table, 4 GiB of 4 KiB pages or 2 TiB of 2 MiB pages), so a client
+	// cannot make the daemon allocate page tables as large as its memory.
+	MaxPagesPerMR int
 	// NoMlock skips mlock; regions report locked=false.
 	NoMlock bool
 	// Logger receives lifecycle messages (nil: slog.Default()).
@@ -45,6 +50,7 @@ const (
 	defaultMaxMRs     = 1 << 16
 	maxMRs            = 1 << 24
 	defaultMaxRegions = 64
+	defaultMaxPages   = 1 << 20
 	maxRegionBytes    = 1 << 40
 	maxMRBytes        = abi.MaxMRSize
 	// paStart is the first PA handed out (PA 0 is never valid, so a zeroed
@@ -99,6 +105,9 @@ func NewSpace(cfg Config) (*Space, error) {
 	}
 	if cfg.MaxRegionsPerOwner <= 0 {
 		cfg.MaxRegionsPerOwner = defaultMaxRegions
+	}
+	if cfg.MaxPagesPerMR <= 0 {
+		cfg.MaxPagesPerMR = defaultMaxPages
 	}
 	if cfg.MaxRegionBytes == 0 || cfg.MaxRegionBytes > maxRegionBytes {
 		cfg.MaxRegionBytes = maxRegionBytes
@@ -182,10 +191,17 @@ func (s *Space) unpublish(r *region) {
 func (s *Space) synchronize() {
 	e := s.epoch.Add(1)
 	for _, a := range *s.accessors.Load() {
+		start := time.Now()
+		warned := false
 		for spins := 0; ; spins++ {
 			st := a.state.Load()
 			if st == 0 || st >= e {
 				break
+			}
+			if !warned && spins&1023 == 1023 && time.Since(start) > time.Second {
+				// A section should last one WQE; this is a stuck worker.
+				s.log.Warn("dma: unmapping waits for a worker inside a copy section", "waited", time.Since(start))
+				warned = true
 			}
 			backoff(spins)
 		}
