@@ -205,6 +205,8 @@ func TestHotPathAllocs(t *testing.T) {
 		{"WriteRemote", func() { err = acc.WriteRemote(mr.RKey, pd, 0x10000+4000, buf[:5000]) }, nil},
 		{"WriteRemote wrong PD", func() { err = acc.WriteRemote(mr.RKey, PD{2, 1}, 0x10000, buf[:10]) }, ErrWrongPD},
 		{"CopyToRemote", func() { _, _, err = acc.CopyToRemote(pd, sges[:1], mr.RKey, pd, 0x10000+8000) }, nil},
+		{"CheckRemote", func() { err = acc.CheckRemote(mr.RKey, pd, 0x10000, 4*4096, AccessRemoteWrite) }, nil},
+		{"CheckRemote bounds", func() { err = acc.CheckRemote(mr.RKey, pd, 0x10000, 4*4096+1, AccessRemoteWrite) }, ErrBounds},
 		{"CompareSwap", func() { _, err = acc.CompareSwap(mr.RKey, pd, 0x10000+4096, 1, 2) }, nil},
 		{"FetchAdd", func() { _, err = acc.FetchAdd(mr.RKey, pd, 0x10000+4096, 1) }, nil},
 		{"FetchAdd misaligned", func() { _, err = acc.FetchAdd(mr.RKey, pd, 0x10000+4097, 1) }, ErrMisaligned},

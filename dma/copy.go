@@ -128,6 +128,17 @@ func (a *Accessor) ScatterAt(pd PD, sges []SGE, off uint64, src []byte) (bad int
 	return 0, nil
 }
 
+// CheckRemote validates [va, va+length) of the MR named by rkey for pd and
+// the access bits want, without touching memory: a responder checks a
+// whole RDMA WRITE or READ request on its first packet.
+func (a *Accessor) CheckRemote(rkey uint32, pd PD, va, length uint64, want Access) error {
+	m := a.s.lookup(rkey)
+	if m == nil {
+		return ErrBadKey
+	}
+	return m.check(pd, va, length, want)
+}
+
 // ReadRemote copies len(dst) bytes at va of the MR named by rkey into dst
 // (REMOTE_READ required): an RDMA READ responder.
 func (a *Accessor) ReadRemote(rkey uint32, pd PD, va uint64, dst []byte) error {

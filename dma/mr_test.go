@@ -340,6 +340,11 @@ func TestTranslateErrors(t *testing.T) {
 	}
 	_, err = acc.Translate(ro.LKey, pd, 0x10000, 1, 0, segs)
 	assert.ErrorIs(t, err, ErrNoSection)
+	assert.NoError(t, acc.CheckRemote(rw.RKey, pd, 0x20000, 8192, AccessRemoteRead))
+	assert.ErrorIs(t, acc.CheckRemote(rw.RKey, pd, 0x20000, 8193, AccessRemoteRead), ErrBounds)
+	assert.ErrorIs(t, acc.CheckRemote(rw.RKey, pd, 0x20000, 1, AccessRemoteWrite), ErrAccess)
+	assert.ErrorIs(t, acc.CheckRemote(rw.RKey, PD{2, 1}, 0x20000, 1, AccessRemoteRead), ErrWrongPD)
+	assert.ErrorIs(t, acc.CheckRemote(inv.LKey, pd, 0x30000, 1, 0), ErrBadKey)
 
 	// SGE errors report the failing index.
 	sges := []SGE{{Addr: 0x10000, Length: 100, LKey: ro.LKey}, {Addr: 0x20000, Length: 100, LKey: rw.LKey}, {Addr: 0x30000, Length: 100, LKey: inv.LKey}}
