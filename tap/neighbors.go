@@ -70,6 +70,7 @@ type neighEntry struct {
 	expires  time.Time
 	lastSent time.Time
 	done     chan struct{} // closed when a pending resolution completes
+	waiters  int           // Resolve calls using the entry
 }
 
 // Neighbors is the NIC's ARP and IPv6 neighbour discovery, as NIC firmware
@@ -87,7 +88,7 @@ type Neighbors struct {
 	addr6 []netip.Addr // device IPv6 addresses
 	send  func(frame []byte) error
 
-	mu      sync.Mutex
+	mu      sync.RWMutex
 	cache   map[netip.Addr]*neighEntry
 	stats   NeighborStats
 	closed  bool
@@ -145,8 +146,8 @@ func (n *Neighbors) isOurs(a netip.Addr) bool {
 // It never sends and never allocates.
 func (n *Neighbors) Lookup(ip netip.Addr) (MAC, bool) {
 	ip = ip.Unmap()
-	n.mu.Lock()
-	defer n.mu.Unlock()
+	n.mu.RLock()
+	defer n.mu.RUnlock()
 	e := n.cache[ip]
 	if e == nil || !e.valid || time.Now().After(e.expires) {
 		return MAC{}, false
@@ -157,22 +158,49 @@ func (n *Neighbors) Lookup(ip netip.Addr) (MAC, bool) {
 // Resolve returns the MAC of the on-link peer ip, from the cache or by
 // sending ARP requests (IPv4) or neighbour solicitations (IPv6) until it
 // answers. A peer silent after cfg.Attempts requests gives ErrUnresolved;
-// ctx can end the wait sooner.
+// ctx can end the wait sooner. Concurrent calls for one peer share the
+// requests; an entry nobody resolved is removed when its last caller
+// gives up, so unanswered peers do not accumulate.
 func (n *Neighbors) Resolve(ctx context.Context, ip netip.Addr) (MAC, error) {
 	ip = ip.Unmap().WithZone("")
 	if !ip.IsValid() || ip.IsUnspecified() || ip.IsMulticast() {
 		return MAC{}, fmt.Errorf("%w: cannot resolve %v", ErrConfig, ip)
 	}
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return MAC{}, fmt.Errorf("tap: resolve %v: %w", ip, ErrClosed)
+	}
+	e := n.cache[ip]
+	if e != nil && e.valid && time.Now().Before(e.expires) {
+		n.mu.Unlock()
+		return e.mac, nil
+	}
+	if e == nil {
+		e = &neighEntry{}
+		n.cache[ip] = e
+	}
+	e.waiters++
+	n.mu.Unlock()
+	defer n.leave(ip, e)
+
 	wait := n.cfg.RetryInterval
 	for attempt := 0; attempt < n.cfg.Attempts; attempt++ {
-		done, mac, err := n.request(ip, wait)
-		if done == nil {
+		done, mac, resolved, err := n.request(ip, e, wait)
+		if err != nil || resolved {
 			return mac, err
 		}
 		t := time.NewTimer(wait)
 		select {
 		case <-done:
 			t.Stop()
+			n.mu.RLock()
+			mac, ok := e.mac, e.valid
+			n.mu.RUnlock()
+			if ok {
+				return mac, nil
+			}
+			continue
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
@@ -192,24 +220,29 @@ func (n *Neighbors) Resolve(ctx context.Context, ip netip.Addr) (MAC, error) {
 	return MAC{}, fmt.Errorf("%w: %v did not answer %d requests in %v", ErrUnresolved, ip, n.cfg.Attempts, n.cfg.Timeout())
 }
 
-// request returns the cached MAC (done == nil) or the channel closed when
-// ip is resolved, sending a request unless one went out less than half a
-// wait ago (concurrent resolutions of one peer share requests).
-func (n *Neighbors) request(ip netip.Addr, wait time.Duration) (done <-chan struct{}, mac MAC, err error) {
+// leave drops a Resolve caller from e; the last one removes an entry that
+// never resolved.
+func (n *Neighbors) leave(ip netip.Addr, e *neighEntry) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	e.waiters--
+	if e.waiters == 0 && !e.valid && n.cache[ip] == e {
+		delete(n.cache, ip)
+	}
+}
+
+// request returns the MAC if e is resolved, or the channel closed when it
+// is, sending a request unless one went out less than half a wait ago.
+func (n *Neighbors) request(ip netip.Addr, e *neighEntry, wait time.Duration) (done <-chan struct{}, mac MAC, resolved bool, err error) {
 	n.mu.Lock()
 	if n.closed {
 		n.mu.Unlock()
-		return nil, MAC{}, ErrClosed
+		return nil, MAC{}, false, fmt.Errorf("tap: resolve %v: %w", ip, ErrClosed)
 	}
 	now := time.Now()
-	e := n.cache[ip]
-	if e != nil && e.valid && now.Before(e.expires) {
+	if e.valid && now.Before(e.expires) {
 		n.mu.Unlock()
-		return nil, e.mac, nil
-	}
-	if e == nil {
-		e = &neighEntry{}
-		n.cache[ip] = e
+		return nil, e.mac, true, nil
 	}
 	if e.done == nil {
 		e.done = make(chan struct{})
@@ -217,23 +250,25 @@ func (n *Neighbors) request(ip netip.Addr, wait time.Duration) (done <-chan stru
 	done = e.done
 	if now.Sub(e.lastSent) < wait/2 {
 		n.mu.Unlock()
-		return done, MAC{}, nil
+		return done, MAC{}, false, nil
 	}
 	e.lastSent = now
 	frame, err := n.buildRequest(ip)
-	if ip.Is4() {
-		n.stats.ARPRequestsOut++
-	} else {
-		n.stats.NSOut++
+	if err == nil {
+		if ip.Is4() {
+			n.stats.ARPRequestsOut++
+		} else {
+			n.stats.NSOut++
+		}
 	}
 	n.mu.Unlock()
 	if err != nil {
-		return nil, MAC{}, err
+		return nil, MAC{}, false, err
 	}
 	if err := n.send(frame); err != nil {
-		return nil, MAC{}, fmt.Errorf("tap: send neighbour request for %v: %w", ip, err)
+		return nil, MAC{}, false, fmt.Errorf("tap: send neighbour request for %v: %w", ip, err)
 	}
-	return done, MAC{}, nil
+	return done, MAC{}, false, nil
 }
 
 // buildRequest returns an ARP request or a neighbour solicitation for ip
@@ -271,7 +306,7 @@ func (n *Neighbors) learn(ip netip.Addr, mac MAC, create bool) {
 		}
 		if len(n.cache) >= n.cfg.MaxEntries {
 			for k, x := range n.cache {
-				if x.done == nil && now.After(x.expires) {
+				if x.waiters == 0 && now.After(x.expires) {
 					delete(n.cache, k)
 				}
 			}

@@ -169,6 +169,9 @@ func TestResolveUnresolvedAfterAttempts(t *testing.T) {
 	assert.Equal(t, uint64(1), n.Stats().Unresolved)
 	_, ok := n.Lookup(silent)
 	assert.False(t, ok)
+	n.mu.Lock()
+	assert.Empty(t, n.cache, "the unresolved entry is removed")
+	n.mu.Unlock()
 }
 
 func TestResolveContextAndClose(t *testing.T) {
