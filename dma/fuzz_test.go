@@ -24,17 +24,17 @@ func FuzzRegisterTranslate(f *testing.F) {
 	acc := s.NewAccessor()
 	f.Cleanup(acc.Close)
 
-	f.Add(uint64(0x1000), uint64(8192), uint32(7), false, []byte{0, 1, 0, 0}, uint64(0x1100), uint64(5000), uint32(1), false)
-	f.Add(uint64(0x1234), uint64(3*4096), uint32(15), false, []byte{1, 5, 0, 3, 1, 9, 0, 2}, uint64(0x1234), uint64(3*4096), uint32(8), false)
-	f.Add(uint64(0x200000), uint64(4*mib), uint32(1), true, []byte{1, 1, 1, 0}, uint64(0x3ffff0), uint64(64), uint32(0), false)
-	f.Add(uint64(0), uint64(4096), uint32(0), false, []byte{2, 0}, uint64(0), uint64(8), uint32(0), false)
-	f.Add(uint64(0), uint64(4096), uint32(0), false, []byte{3, 16}, uint64(0), uint64(8), uint32(0), false)
-	f.Add(uint64(math.MaxUint64-100), uint64(4096), uint32(1), false, []byte{0, 0, 0, 1}, uint64(math.MaxUint64-50), uint64(8), uint32(0), true)
-	f.Add(uint64(0x10), uint64(100), uint32(2), false, []byte{0x80, 3}, uint64(0x10), uint64(8), uint32(2), false)
-	f.Add(uint64(0x77), uint64(0), uint32(0x101), false, []byte{0, 7, 1, 2, 0, 8, 0, 3}, uint64(0x1000), uint64(9000), uint32(0), false)
+	f.Add(uint64(0x1000), uint64(8192), uint32(7), false, []byte{0, 1, 0, 0}, uint64(0x1100), uint64(5000), uint32(1), false, uint32(0))
+	f.Add(uint64(0x1234), uint64(3*4096), uint32(15), false, []byte{1, 5, 0, 3, 1, 9, 0, 2}, uint64(0x1234), uint64(3*4096), uint32(8), false, uint32(258))
+	f.Add(uint64(0x200000), uint64(4*mib), uint32(1), true, []byte{1, 1, 1, 0}, uint64(0x3ffff0), uint64(64), uint32(0), false, uint32(0))
+	f.Add(uint64(0), uint64(4096), uint32(0), false, []byte{2, 0}, uint64(0), uint64(8), uint32(0), false, uint32(260))
+	f.Add(uint64(0), uint64(4096), uint32(0), false, []byte{3, 16}, uint64(0), uint64(8), uint32(0), false, uint32(0))
+	f.Add(uint64(math.MaxUint64-100), uint64(4096), uint32(1), false, []byte{0, 0, 0, 1}, uint64(math.MaxUint64-50), uint64(8), uint32(0), true, uint32(262))
+	f.Add(uint64(0x10), uint64(100), uint32(2), false, []byte{0x80, 3}, uint64(0x10), uint64(8), uint32(2), false, uint32(0))
+	f.Add(uint64(0x77), uint64(0), uint32(0x101), false, []byte{0, 7, 1, 2, 0, 8, 0, 3}, uint64(0x1000), uint64(9000), uint32(0), false, uint32(264))
 
 	segs := make([][]byte, 24)
-	f.Fuzz(func(t *testing.T, iova, length uint64, access uint32, huge bool, sel []byte, tiova, tlen uint64, want uint32, otherPD bool) {
+	f.Fuzz(func(t *testing.T, iova, length uint64, access uint32, huge bool, sel []byte, tiova, tlen uint64, want uint32, otherPD bool, rawKey uint32) {
 		shift := uint(PageShift4K)
 		if huge {
 			shift = PageShift2M
@@ -94,6 +94,22 @@ func FuzzRegisterTranslate(f *testing.F) {
 		}()
 
 		tlen %= 64 * kib
+		// A key near the live one (stale variants, other indices): a
+		// lookup either fails or translates inside a mapping.
+		if rawKey != 0 {
+			acc.Enter()
+			n, err := acc.Translate(mr.LKey^rawKey, PD{1, 1}, tiova, tlen, Access(want&0xf), segs)
+			for _, sg := range segs[:n] {
+				if !inMapping(s, sg) {
+					acc.Exit()
+					t.Fatalf("key %#x: segment outside every mapping", mr.LKey^rawKey)
+				}
+			}
+			acc.Exit()
+			if err == nil { // this MR is the only live one
+				t.Fatalf("key %#x translated; only %#x is live", mr.LKey^rawKey, mr.LKey)
+			}
+		}
 		pd := PD{1, 1}
 		if otherPD {
 			pd = PD{2, 1}

@@ -498,3 +498,29 @@ func TestCopyBetweenSGEsAndRemote(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, want[:1100], b1)
 }
+
+// TestAliasing: the same memfd added twice gets two disjoint PA ranges
+// that alias the same bytes, and an MR may name the same page twice (as
+// a kernel driver's page list may); neither confuses bounds or pins.
+func TestAliasing(t *testing.T) {
+	s := newSpace(t, Config{})
+	h := addHostMem(t, s, 1, 16*kib)
+	again, err := s.AddRegion(1, h.fd, 16*kib)
+	require.NoError(t, err)
+	assert.True(t, again.PA >= h.info.PA+h.info.Length+guardGap || again.PA+again.Length+guardGap <= h.info.PA, "disjoint ranges")
+
+	fill(h.client, 0x5e)
+	mr, err := s.RegisterMR(1, 1, 0x3000, 3*4096, AccessLocalWrite|AccessRemoteRead, PageShift4K, []uint64{h.pa(4096), again.PA + 4096, h.pa(4096)})
+	require.NoError(t, err)
+	acc := s.NewAccessor()
+	defer acc.Close()
+	got := make([]byte, 3*4096)
+	require.NoError(t, acc.ReadRemote(mr.RKey, PD{1, 1}, 0x3000, got))
+	for i := range 3 {
+		assert.Equal(t, h.client[4096:8192], got[i*4096:(i+1)*4096], "MR page %d", i)
+	}
+	assert.ErrorIs(t, s.RemoveRegion(1, again.Handle), ErrBusy)
+	require.NoError(t, s.DeregisterMR(1, mr.LKey))
+	require.NoError(t, s.RemoveRegion(1, again.Handle))
+	require.NoError(t, s.RemoveRegion(1, h.info.Handle))
+}
