@@ -76,20 +76,15 @@ func (s *Space) AddRegion(o Owner, fd int, length uint64) (RegionInfo, error) {
 		return RegionInfo{}, err
 	}
 
+	// Early refusal before mapping anything (checked again when placing).
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return RegionInfo{}, ErrClosed
+	err := s.placeLocked(o, nil)
+	s.mu.Unlock()
+	if err != nil {
+		return RegionInfo{}, err
 	}
-	st := s.owner(o)
-	if len(st.regions) >= s.cfg.MaxRegionsPerOwner {
-		return RegionInfo{}, fmt.Errorf("%w: %d regions per owner", ErrLimit, s.cfg.MaxRegionsPerOwner)
-	}
-	pa := s.nextPA
-	next := alignUp(pa+length, RegionAlign) + guardGap
-	if next > paLimit {
-		return RegionInfo{}, fmt.Errorf("%w: physical address space exhausted", ErrLimit)
-	}
+	// Map and lock without holding mu: mlock populates every page and may
+	// take long for big regions; other clients' commands go on meanwhile.
 	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		return RegionInfo{}, fmt.Errorf("dma: dup fd: %w", err)
@@ -100,13 +95,42 @@ func (s *Space) AddRegion(o Owner, fd int, length uint64) (RegionInfo, error) {
 		return RegionInfo{}, err
 	}
 	locked := !s.cfg.NoMlock && tryLock(mem)
-	s.nextHandle++
-	r := &region{owner: o, handle: s.nextHandle, pa: pa, length: length, mem: mem, fd: dup, locked: locked}
+	r := &region{owner: o, length: length, mem: mem, fd: dup, locked: locked}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.placeLocked(o, r); err != nil {
+		r.release() // never published: no grace period needed
+		return RegionInfo{}, err
+	}
+	s.log.Debug("dma: host memory added", "owner", o, "handle", r.handle, "pa", r.pa, "length", length, "locked", locked, "memlock_limit", memlockLimit())
+	return RegionInfo{Handle: r.handle, PA: r.pa, Length: length, Locked: locked}, nil
+}
+
+// placeLocked gives r a handle and the next PA range and publishes it, or
+// says why it cannot (r nil: only check). Caller holds mu.
+func (s *Space) placeLocked(o Owner, r *region) error {
+	if s.closed {
+		return ErrClosed
+	}
+	st := s.owner(o)
+	if len(st.regions) >= s.cfg.MaxRegionsPerOwner {
+		return fmt.Errorf("%w: %d regions per owner", ErrLimit, s.cfg.MaxRegionsPerOwner)
+	}
+	if r == nil {
+		return nil
+	}
+	pa := s.nextPA
+	next := alignUp(pa+r.length, RegionAlign) + guardGap
+	if next > paLimit {
+		return fmt.Errorf("%w: physical address space exhausted", ErrLimit)
+	}
 	s.nextPA = next
+	s.nextHandle++
+	r.handle, r.pa = s.nextHandle, pa
 	st.regions[r.handle] = r
 	s.byPA = append(s.byPA, r) // PAs only grow: stays sorted
-	s.log.Debug("dma: host memory added", "owner", o, "handle", r.handle, "pa", pa, "length", length, "locked", locked, "memlock_limit", memlockLimit())
-	return RegionInfo{Handle: r.handle, PA: pa, Length: length, Locked: locked}, nil
+	return nil
 }
 
 // RemoveRegion unmaps a region of owner. It fails with ErrBusy while an MR

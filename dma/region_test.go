@@ -335,3 +335,27 @@ func TestErrno(t *testing.T) {
 	assert.Equal(t, abi.ErrnoOf(fmt.Errorf("x: %w", ErrPAOutside)), unix.EFAULT, "abi.ErrnoOf sees it")
 	assert.NotErrorIs(t, ErrBusy, ErrInvalid)
 }
+
+func TestClose(t *testing.T) {
+	s := newSpace(t, Config{})
+	h := addHostMem(t, s, 1, 16*kib)
+	mr, err := s.RegisterMR(1, 1, 0, 4096, AccessLocalWrite|AccessRemoteRead, PageShift4K, []uint64{h.pa(0)})
+	require.NoError(t, err)
+	_, pin, err := s.Slice(1, h.pa(8192), 4096)
+	require.NoError(t, err)
+	acc := s.NewAccessor()
+	defer acc.Close()
+
+	s.Close()
+	s.Close() // idempotent
+	_, err = s.AddRegion(1, newMemfd(t, 4096, unix.F_SEAL_SHRINK), 4096)
+	assert.ErrorIs(t, err, ErrClosed)
+	_, err = s.RegisterMR(1, 1, 0, 4096, 0, PageShift4K, []uint64{h.pa(0)})
+	assert.ErrorIs(t, err, ErrClosed)
+	_, _, err = s.Slice(1, h.pa(0), 4096)
+	assert.ErrorIs(t, err, ErrClosed)
+	assert.ErrorIs(t, acc.ReadRemote(mr.RKey, PD{1, 1}, 0, make([]byte, 8)), ErrBadKey)
+	r := pin.r
+	pin.Release()
+	assert.Nil(t, r.mem, "the ring's region goes with its pin")
+}
