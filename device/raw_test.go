@@ -1,10 +1,10 @@
 package device_test
 
 import (
-	"encoding/binary"
 	"net"
 	"os"
 	"runtime"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -175,7 +175,7 @@ func TestMalformedMessages(t *testing.T) {
 	var st unix.Stat_t
 	require.NoError(t, unix.Fstat(rp.fds[0], &st))
 	assert.Equal(t, int64(abi.DBPageSize), st.Size)
-	target, err := os.Readlink("/proc/self/fd/" + itoa(rp.fds[1]))
+	target, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(rp.fds[1]))
 	require.NoError(t, err)
 	assert.Equal(t, "anon_inode:[eventfd]", target)
 	unix.Close(rp.fds[0])
@@ -207,7 +207,11 @@ func TestMalformedMessages(t *testing.T) {
 		{"unknown opcode", msg(0x55, 4, nil), nil, syscall.ENOSYS, "unknown command opcode 0x55"},
 		{"opcode 0", msg(0, 4, nil), nil, syscall.ENOSYS, "unknown"},
 		{"fault range", msg(abi.CmdFaultBase, 4, nil), nil, syscall.ENOSYS, "unknown"},
-		{"oversized", func() []byte { b := make([]byte, abi.MaxMsgSize+100); copy(b, msg(abi.CmdQueryDevice, 9, nil)); return b }(), nil, syscall.EMSGSIZE, "MSG_TRUNC"},
+		{"oversized", func() []byte {
+			b := make([]byte, abi.MaxMsgSize+100)
+			copy(b, msg(abi.CmdQueryDevice, 9, nil))
+			return b
+		}(), nil, syscall.EMSGSIZE, "MSG_TRUNC"},
 		{"payload on QUERY_DEVICE", msg(abi.CmdQueryDevice, 4, []byte{0}), nil, syscall.EMSGSIZE, "payload is 1 bytes, want 0"},
 		{"fd on QUERY_DEVICE", msg(abi.CmdQueryDevice, 4, nil), func() []int { return []int{newEventfd(t)} }, syscall.EBADF, "1 fds attached, want 0"},
 		{"too many fds", msg(abi.CmdQueryDevice, 4, nil), func() []int {
@@ -313,20 +317,6 @@ func cmdSize(op abi.Cmd) int {
 		return abi.Sizeof(&abi.CmdCreateAHReq{})
 	}
 	return abi.Sizeof(&abi.CmdHandleReq{})
-}
-
-func itoa(v int) string { return string(binary.AppendUvarint(nil, 0)[:0]) + fmtInt(v) }
-
-func fmtInt(v int) string {
-	if v == 0 {
-		return "0"
-	}
-	var b []byte
-	for v > 0 {
-		b = append([]byte{byte('0' + v%10)}, b...)
-		v /= 10
-	}
-	return string(b)
 }
 
 // TestClientCloseReleasesEverything closes a client holding one of every
