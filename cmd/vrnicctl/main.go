@@ -1,0 +1,322 @@
+// Command vrnicctl is the operator CLI of vrnic: it lists the devices
+// (control sockets) in the runtime directory and shows a device's
+// contexts, resources, QPs (state, PSNs, counters) and counters over the
+// control socket's operator commands.
+//
+//	vrnicctl [flags] devices
+//	vrnicctl [flags] info | contexts | pds | mrs | cqs | qps | srqs | ahs | hostmem
+//
+// Flags: -d NAME selects a device in the runtime dir, -s PATH a socket
+// directly (default: the only device there is), -runtime-dir DIR, -json
+// for machine-readable output.
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/device"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+var lists = map[string]abi.Cmd{
+	"contexts": device.AdminContextsCmd,
+	"pds":      device.AdminPDsCmd,
+	"mrs":      device.AdminMRsCmd,
+	"cqs":      device.AdminCQsCmd,
+	"qps":      device.AdminQPsCmd,
+	"srqs":     device.AdminSRQsCmd,
+	"ahs":      device.AdminAHsCmd,
+	"hostmem":  device.AdminHostMemCmd,
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("vrnicctl", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dir := fs.String("runtime-dir", device.RuntimeDir(), "runtime directory holding the device sockets")
+	name := fs.String("d", "", "device name (socket <name>.sock in the runtime dir)")
+	sock := fs.String("s", "", "control socket path")
+	asJSON := fs.Bool("json", false, "JSON output")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: vrnicctl [flags] devices|info|contexts|pds|mrs|cqs|qps|srqs|ahs|hostmem")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return 2
+	}
+	cmd := fs.Arg(0)
+	var err error
+	switch {
+	case cmd == "devices":
+		err = devices(*dir, *asJSON, stdout)
+	case cmd == "info" || lists[cmd] != 0:
+		var path string
+		if path, err = pickSocket(*dir, *name, *sock); err == nil {
+			err = show(path, cmd, *asJSON, stdout)
+		}
+	default:
+		fmt.Fprintf(stderr, "vrnicctl: unknown command %q\n", cmd)
+		fs.Usage()
+		return 2
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "vrnicctl:", err)
+		return 1
+	}
+	return 0
+}
+
+// sockets returns the device names and socket paths in dir.
+func sockets(dir string) (map[string]string, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, e := range ents {
+		if e.Type()&os.ModeSocket == 0 || !strings.HasSuffix(e.Name(), device.SocketSuffix) {
+			continue
+		}
+		out[strings.TrimSuffix(e.Name(), device.SocketSuffix)] = filepath.Join(dir, e.Name())
+	}
+	return out, nil
+}
+
+func pickSocket(dir, name, sock string) (string, error) {
+	if sock != "" {
+		return sock, nil
+	}
+	if name != "" {
+		return device.SocketPath(dir, name), nil
+	}
+	all, err := sockets(dir)
+	if err != nil {
+		return "", err
+	}
+	switch len(all) {
+	case 0:
+		return "", fmt.Errorf("no device sockets in %s (is vrnicd running? use -runtime-dir or -s)", dir)
+	case 1:
+		for _, p := range all {
+			return p, nil
+		}
+	}
+	names := make([]string, 0, len(all))
+	for n := range all {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return "", fmt.Errorf("several devices in %s (%s): choose one with -d", dir, strings.Join(names, ", "))
+}
+
+// DeviceEntry is one line of "vrnicctl devices".
+type DeviceEntry struct {
+	Name   string            `json:"name"`
+	Socket string            `json:"socket"`
+	Status string            `json:"status"` // "up" or the connection error
+	Info   *device.AdminInfo `json:"info,omitempty"`
+}
+
+func devices(dir string, asJSON bool, w io.Writer) error {
+	all, err := sockets(dir)
+	if err != nil {
+		return err
+	}
+	names := make([]string, 0, len(all))
+	for n := range all {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	out := []DeviceEntry{}
+	for _, n := range names {
+		e := DeviceEntry{Name: n, Socket: all[n], Status: "up"}
+		if info, err := fetchInfo(all[n]); err != nil {
+			e.Status = "down: " + err.Error()
+		} else {
+			e.Info = &info
+		}
+		out = append(out, e)
+	}
+	if asJSON {
+		return writeJSON(w, out)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "DEVICE\tSTATUS\tLINK\tCONTEXTS\tQPS\tSOCKET")
+	for _, e := range out {
+		if e.Info == nil {
+			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t%s\n", e.Name, e.Status, e.Socket)
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\n", e.Name, e.Status, e.Info.LinkType, e.Info.Resources.Contexts, e.Info.Resources.QP, e.Socket)
+	}
+	return tw.Flush()
+}
+
+func fetchInfo(path string) (device.AdminInfo, error) {
+	a, err := device.DialAdmin(path)
+	if err != nil {
+		return device.AdminInfo{}, err
+	}
+	defer a.Close()
+	return a.Info()
+}
+
+func show(path, what string, asJSON bool, w io.Writer) error {
+	a, err := device.DialAdmin(path)
+	if err != nil {
+		return fmt.Errorf("connect %s: %w", path, err)
+	}
+	defer a.Close()
+	if what == "info" {
+		info, err := a.Info()
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			return writeJSON(w, info)
+		}
+		return printInfo(w, info)
+	}
+	raw, err := a.List(lists[what])
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		if raw == nil {
+			raw = []json.RawMessage{}
+		}
+		return writeJSON(w, raw)
+	}
+	return printTable(w, what, raw)
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func printInfo(w io.Writer, i device.AdminInfo) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "device\t%s\n", i.Device)
+	fmt.Fprintf(tw, "abi\t%s\n", i.ABIVersion)
+	fmt.Fprintf(tw, "link\t%s\n", i.LinkType)
+	fmt.Fprintf(tw, "workers\t%d\n", i.Workers)
+	fmt.Fprintf(tw, "uptime\t%.0fs\n", i.UptimeSec)
+	fmt.Fprintf(tw, "connections\t%d\n", i.Connections)
+	r := i.Resources
+	fmt.Fprintf(tw, "resources\tcontexts=%d hostmem=%d pd=%d mr=%d cq=%d qp=%d srq=%d ah=%d\n",
+		r.Contexts, r.HostMem, r.PD, r.MR, r.CQ, r.QP, r.SRQ, r.AH)
+	keys := make([]string, 0, len(i.Counters))
+	for k := range i.Counters {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Fprintf(tw, "%s\t%d\n", k, i.Counters[k])
+	}
+	return tw.Flush()
+}
+
+// printTable prints list items as a table whose columns are the JSON
+// fields of the first item (nested objects flattened as a.b).
+func printTable(w io.Writer, what string, raw []json.RawMessage) error {
+	if len(raw) == 0 {
+		fmt.Fprintf(w, "no %s\n", what)
+		return nil
+	}
+	var rows []map[string]string
+	var cols []string
+	for i, r := range raw {
+		var m map[string]any
+		dec := json.NewDecoder(strings.NewReader(string(r)))
+		dec.UseNumber()
+		if err := dec.Decode(&m); err != nil {
+			return err
+		}
+		flat := map[string]string{}
+		var order []string
+		flatten("", m, flat, &order, r)
+		if i == 0 {
+			cols = order
+		}
+		rows = append(rows, flat)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, strings.ToUpper(strings.Join(cols, "\t")))
+	for _, r := range rows {
+		vals := make([]string, len(cols))
+		for i, c := range cols {
+			vals[i] = r[c]
+			if vals[i] == "" {
+				vals[i] = "-"
+			}
+		}
+		fmt.Fprintln(tw, strings.Join(vals, "\t"))
+	}
+	return tw.Flush()
+}
+
+// flatten walks m in the key order of the raw JSON object.
+func flatten(prefix string, m map[string]any, out map[string]string, order *[]string, raw []byte) {
+	keys := jsonKeys(raw)
+	for _, k := range keys {
+		v := m[k]
+		name := prefix + k
+		if sub, ok := v.(map[string]any); ok {
+			b, _ := json.Marshal(sub)
+			// Re-encode to recover the nested key order from the raw text.
+			var rawSub json.RawMessage
+			var parent map[string]json.RawMessage
+			if json.Unmarshal(raw, &parent) == nil {
+				rawSub = parent[k]
+			} else {
+				rawSub = b
+			}
+			flatten(name+".", sub, out, order, rawSub)
+			continue
+		}
+		*order = append(*order, name)
+		out[name] = fmt.Sprint(v)
+	}
+}
+
+// jsonKeys returns the keys of a JSON object in document order.
+func jsonKeys(raw []byte) []string {
+	dec := json.NewDecoder(strings.NewReader(string(raw)))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil
+	}
+	var keys []string
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return keys
+		}
+		keys = append(keys, t.(string))
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return keys
+		}
+	}
+	return keys
+}

@@ -1,0 +1,198 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"os"
+	"strings"
+
+	"github.com/vrnic/vrnic/device"
+)
+
+// Config is vrnicd's configuration: the JSON config file (strict: unknown
+// fields are an error) overridden by command-line flags given explicitly.
+type Config struct {
+	// Name is the device name; it names the socket (<name>.sock) and the
+	// lock file (<name>.lock) in the runtime directory.
+	Name string `json:"name"`
+	// RuntimeDir holds sockets and lock files. Default: /run/vrnic as root,
+	// $XDG_RUNTIME_DIR/vrnic otherwise, or $TMPDIR/vrnic-<uid> without
+	// XDG_RUNTIME_DIR.
+	RuntimeDir string `json:"runtime_dir,omitempty"`
+	// Socket is the control socket path (default <runtime_dir>/<name>.sock).
+	Socket string `json:"socket,omitempty"`
+	// Link configures the port.
+	Link LinkConfig `json:"link"`
+	// Workers is the number of engine workers (default: number of CPUs).
+	Workers int `json:"workers,omitempty"`
+	// LogLevel: debug, info, warn or error.
+	LogLevel string `json:"log_level,omitempty"`
+	// Limits bounds clients and the device; zero fields take defaults.
+	Limits device.Limits `json:"limits"`
+}
+
+// LinkConfig selects the link and its addresses.
+type LinkConfig struct {
+	// Type: "udp" (default, unprivileged), "mem" (in-process tests) or
+	// "tap" (not available yet).
+	Type string `json:"type"`
+	// Local is the UDP link's local ip:port (default 127.0.0.1:4791); its
+	// IP is the device's GID 0.
+	Local string `json:"local,omitempty"`
+	// Peers are the ip:port of the other devices on the UDP link.
+	Peers []string `json:"peers,omitempty"`
+	// MTU is the largest path MTU in bytes (256..4096, default 4096).
+	MTU int `json:"mtu,omitempty"`
+}
+
+// loadConfigFile decodes a config file strictly.
+func loadConfigFile(path string, c *Config) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(c); err != nil {
+		return fmt.Errorf("config %s: %w", path, err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return fmt.Errorf("config %s: trailing data after the JSON object", path)
+	}
+	return nil
+}
+
+type stringList []string
+
+func (s *stringList) String() string     { return strings.Join(*s, ",") }
+func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
+
+// parseConfig builds the configuration from args (without the program
+// name).
+func parseConfig(args []string, stderr io.Writer) (*Config, error) {
+	fs := flag.NewFlagSet("vrnicd", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		cfgFile = fs.String("config", "", "JSON config file (unknown fields are an error); flags override it")
+		name    = fs.String("name", "vrnic0", "device name (socket <name>.sock in the runtime dir)")
+		rundir  = fs.String("runtime-dir", "", "directory for sockets and lock files (default: /run/vrnic as root, $XDG_RUNTIME_DIR/vrnic, or $TMPDIR/vrnic-<uid>)")
+		socket  = fs.String("socket", "", "control socket path (default <runtime-dir>/<name>.sock)")
+		link    = fs.String("link", "udp", "link type: udp or mem (tap: not yet)")
+		local   = fs.String("udp-local", "127.0.0.1:4791", "UDP link: local ip:port (its IP is GID 0)")
+		mtu     = fs.Int("mtu", 4096, "largest path MTU in bytes")
+		workers = fs.Int("workers", 0, "engine workers (default: number of CPUs)")
+		level   = fs.String("log-level", "info", "log level: debug, info, warn, error")
+		peers   stringList
+	)
+	fs.Var(&peers, "udp-peer", "UDP link: a peer's ip:port (repeatable)")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	c := &Config{Name: *name, Link: LinkConfig{Type: *link, Local: *local, MTU: *mtu}, LogLevel: *level, Workers: *workers}
+	if *cfgFile != "" {
+		fileCfg := Config{}
+		if err := loadConfigFile(*cfgFile, &fileCfg); err != nil {
+			return nil, err
+		}
+		// Start from the file; fill what it leaves empty with flag
+		// defaults; then apply the flags given explicitly.
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		merged := fileCfg
+		pick := func(flagName string, dst *string, v string) {
+			if set[flagName] || *dst == "" {
+				*dst = v
+			}
+		}
+		pick("name", &merged.Name, *name)
+		pick("link", &merged.Link.Type, *link)
+		pick("udp-local", &merged.Link.Local, *local)
+		pick("log-level", &merged.LogLevel, *level)
+		if set["runtime-dir"] {
+			merged.RuntimeDir = *rundir
+		}
+		if set["socket"] {
+			merged.Socket = *socket
+		}
+		if set["mtu"] || merged.Link.MTU == 0 {
+			merged.Link.MTU = *mtu
+		}
+		if set["workers"] {
+			merged.Workers = *workers
+		}
+		if set["udp-peer"] {
+			merged.Link.Peers = peers
+		}
+		c = &merged
+	} else {
+		c.RuntimeDir, c.Socket, c.Link.Peers = *rundir, *socket, peers
+	}
+	return c, c.validate()
+}
+
+func (c *Config) validate() error {
+	if c.Name == "" || strings.ContainsAny(c.Name, "/\x00") || len(c.Name) > 64 {
+		return fmt.Errorf("invalid device name %q", c.Name)
+	}
+	switch c.Link.Type {
+	case "udp", "mem":
+	case "tap":
+		return errors.New("link type tap is not available yet")
+	default:
+		return fmt.Errorf("unknown link type %q (want udp or mem)", c.Link.Type)
+	}
+	if c.Link.Type == "udp" {
+		if _, err := netip.ParseAddrPort(c.Link.Local); err != nil {
+			return fmt.Errorf("udp-local %q: %w", c.Link.Local, err)
+		}
+		for _, p := range c.Link.Peers {
+			if _, err := netip.ParseAddrPort(p); err != nil {
+				return fmt.Errorf("udp-peer %q: %w", p, err)
+			}
+		}
+	}
+	if _, ok := mtuCode(c.Link.MTU); !ok {
+		return fmt.Errorf("mtu %d: want 256, 512, 1024, 2048 or 4096", c.Link.MTU)
+	}
+	if c.Workers < 0 || c.Workers > 1024 {
+		return fmt.Errorf("workers %d out of range", c.Workers)
+	}
+	if _, err := parseLevel(c.LogLevel); err != nil {
+		return err
+	}
+	for _, v := range []int{c.Limits.PerClient.Contexts, c.Limits.PerClient.HostMem, c.Limits.PerClient.PD, c.Limits.PerClient.MR,
+		c.Limits.PerClient.CQ, c.Limits.PerClient.QP, c.Limits.PerClient.SRQ, c.Limits.PerClient.AH,
+		c.Limits.PerDevice.Contexts, c.Limits.PerDevice.HostMem, c.Limits.PerDevice.PD, c.Limits.PerDevice.MR,
+		c.Limits.PerDevice.CQ, c.Limits.PerDevice.QP, c.Limits.PerDevice.SRQ, c.Limits.PerDevice.AH} {
+		if v < 0 {
+			return errors.New("limits must not be negative")
+		}
+	}
+	return nil
+}
+
+func mtuCode(bytes int) (uint32, bool) {
+	for code := uint32(1); code <= 5; code++ {
+		if 128<<code == bytes {
+			return code, true
+		}
+	}
+	return 0, false
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return 0, fmt.Errorf("log level %q: want debug, info, warn or error", s)
+	}
+	return l, nil
+}
