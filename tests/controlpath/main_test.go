@@ -1,0 +1,422 @@
+package controlpath
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/verbs"
+)
+
+// TestMain doubles as the client program: with VRNIC_TEST_CLIENT set the
+// re-executed test binary runs clientMain instead of the tests.
+func TestMain(m *testing.M) {
+	if mode := os.Getenv("VRNIC_TEST_CLIENT"); mode != "" {
+		os.Exit(clientMain(mode, os.Getenv("VRNIC_TEST_SOCKET")))
+	}
+	os.Exit(m.Run())
+}
+
+// clientMain opens a context, creates host memory, PDs, MRs, CQs, QPs
+// (moved to RTS), an SRQ and an AH, posts work, prints "READY <qpns>" and
+// then, in mode "hold", waits to be killed; in mode "exit" it returns.
+func clientMain(mode, sock string) int {
+	fail := func(err error) int {
+		fmt.Println("ERROR", err)
+		return 1
+	}
+	c, err := verbs.Open(sock, verbs.WithClientName("client-"+strconv.Itoa(os.Getpid())))
+	if err != nil {
+		return fail(err)
+	}
+	hm, err := c.AddHostMem(2 << 20)
+	if err != nil {
+		return fail(err)
+	}
+	pd, err := c.AllocPD()
+	if err != nil {
+		return fail(err)
+	}
+	buf, err := hm.Alloc(1<<20, 4096)
+	if err != nil {
+		return fail(err)
+	}
+	mr, err := pd.RegMR(buf, abi.AccessLocalWrite|abi.AccessRemoteWrite|abi.AccessRemoteRead)
+	if err != nil {
+		return fail(err)
+	}
+	ch, err := verbs.NewCompChannel()
+	if err != nil {
+		return fail(err)
+	}
+	cq, err := c.CreateCQ(256, ch)
+	if err != nil {
+		return fail(err)
+	}
+	srq, err := pd.CreateSRQ(64, 2, 0)
+	if err != nil {
+		return fail(err)
+	}
+	ah, err := pd.CreateAH(abi.AHAttr{DGID: [16]byte{10: 0xff, 11: 0xff, 12: 127, 15: 9}, PortNum: 1})
+	if err != nil {
+		return fail(err)
+	}
+	_ = ah
+	var qpns []string
+	for i := range 4 {
+		a := verbs.QPInitAttr{Type: abi.QPTRC, SendCQ: cq, RecvCQ: cq, Cap: abi.QPCap{MaxSendWR: 64, MaxRecvWR: 64, MaxSendSGE: 2, MaxRecvSGE: 2, MaxInlineData: 64}}
+		if i == 3 {
+			a.SRQ = srq
+			a.Cap.MaxRecvWR, a.Cap.MaxRecvSGE = 0, 0
+		}
+		qp, err := pd.CreateQP(a)
+		if err != nil {
+			return fail(err)
+		}
+		if err := qp.ToInit(abi.AccessRemoteWrite, 0); err != nil {
+			return fail(err)
+		}
+		av := abi.AHAttr{DGID: [16]byte{10: 0xff, 11: 0xff, 12: 127, 15: 9}, PortNum: 1}
+		if err := qp.ToRTR(verbs.RTRAttr{AV: av, PathMTU: abi.MTU1024, DestQPN: 100 + uint32(i), RQPSN: 1000, MaxDestRdAtomic: 1, MinRNRTimer: 1}); err != nil {
+			return fail(err)
+		}
+		if err := qp.ToRTS(verbs.RTSAttr{SQPSN: 2000 + uint32(i), Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 1}); err != nil {
+			return fail(err)
+		}
+		sge := []abi.SGE{mr.SGE(0, 64)}
+		if err := qp.PostSend(&verbs.SendWR{WrID: 1, Opcode: abi.WRSend, Flags: abi.SendSignaled, SGL: sge}); err != nil {
+			return fail(err)
+		}
+		qpns = append(qpns, strconv.Itoa(int(qp.QPN)))
+	}
+	if err := cq.ReqNotify(false); err != nil {
+		return fail(err)
+	}
+	fmt.Println("READY", strings.Join(qpns, ","))
+	if mode == "hold" {
+		select {} // until killed
+	}
+	return 0
+}
+
+// buildTools builds vrnicd and vrnicctl once per test run.
+var toolDir string
+
+func tools(t *testing.T) (vrnicd, vrnicctl string) {
+	t.Helper()
+	if toolDir == "" {
+		dir, err := os.MkdirTemp("", "vrnic-tools-")
+		require.NoError(t, err)
+		for _, c := range []string{"vrnicd", "vrnicctl"} {
+			out, err := exec.Command("go", "build", "-o", filepath.Join(dir, c), "github.com/vrnic/vrnic/cmd/"+c).CombinedOutput()
+			require.NoError(t, err, "go build %s: %s", c, out)
+		}
+		toolDir = dir
+	}
+	return filepath.Join(toolDir, "vrnicd"), filepath.Join(toolDir, "vrnicctl")
+}
+
+// daemon is a running vrnicd process.
+type daemon struct {
+	cmd    *exec.Cmd
+	name   string
+	socket string
+	stderr *strings.Builder
+}
+
+// startDaemon runs vrnicd -name name in runtime dir dir and waits for its
+// socket to answer.
+func startDaemon(t *testing.T, dir, name string, extra ...string) *daemon {
+	t.Helper()
+	vrnicd, _ := tools(t)
+	args := append([]string{"-name", name, "-runtime-dir", dir, "-log-level", "debug"}, extra...)
+	cmd := exec.Command(vrnicd, args...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Start())
+	d := &daemon{cmd: cmd, name: name, socket: device.SocketPath(dir, name), stderr: &stderr}
+	t.Cleanup(func() { d.stop(t) })
+	require.Eventually(t, func() bool {
+		a, err := device.DialAdmin(d.socket)
+		if err != nil {
+			return false
+		}
+		a.Close()
+		return true
+	}, 10*time.Second, 10*time.Millisecond, "vrnicd %s did not come up: %s", name, &stderr)
+	return d
+}
+
+// stop sends SIGTERM and waits; idempotent.
+func (d *daemon) stop(t *testing.T) {
+	if d.cmd.ProcessState != nil {
+		return
+	}
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- d.cmd.Wait() }()
+	select {
+	case err := <-done:
+		assert.NoError(t, err, "vrnicd %s exit: %s", d.name, d.stderr)
+	case <-time.After(10 * time.Second):
+		d.cmd.Process.Kill()
+		<-done
+		t.Errorf("vrnicd %s did not stop on SIGTERM", d.name)
+	}
+}
+
+// info returns the daemon's summary.
+func (d *daemon) info(t *testing.T) device.AdminInfo {
+	t.Helper()
+	a, err := device.DialAdmin(d.socket)
+	require.NoError(t, err)
+	defer a.Close()
+	info, err := a.Info()
+	require.NoError(t, err)
+	return info
+}
+
+// fdCount counts the open fds of process pid.
+func fdCount(t *testing.T, pid int) int {
+	t.Helper()
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	require.NoError(t, err)
+	return len(ents)
+}
+
+// client is a client process.
+type client struct {
+	cmd  *exec.Cmd
+	qpns []uint32
+}
+
+// startClient re-executes the test binary as a client of socket and waits
+// until it reports READY.
+func startClient(t *testing.T, socket, mode string) *client {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "VRNIC_TEST_CLIENT="+mode, "VRNIC_TEST_SOCKET="+socket)
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	c := &client{cmd: cmd}
+	t.Cleanup(func() {
+		if c.cmd.ProcessState == nil {
+			c.cmd.Process.Kill()
+			c.cmd.Wait()
+		}
+	})
+	line, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err)
+	line = strings.TrimSpace(line)
+	require.True(t, strings.HasPrefix(line, "READY "), "client said %q", line)
+	for _, s := range strings.Split(strings.TrimPrefix(line, "READY "), ",") {
+		n, err := strconv.Atoi(s)
+		require.NoError(t, err)
+		c.qpns = append(c.qpns, uint32(n))
+	}
+	return c
+}
+
+func runtimeDir(t *testing.T) string {
+	// Short path: unix socket paths are limited to 108 bytes.
+	dir, err := os.MkdirTemp("", "vrnic-rt-")
+	require.NoError(t, err)
+	require.NoError(t, os.Chmod(dir, 0o700))
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// TestClientSIGKILLReleasesEverything kills a client process holding QPs,
+// MRs, CQs, an SRQ, an AH and host memory, and checks through the control
+// socket that the daemon's resource counts return to zero, its fd count
+// returns to the baseline, and a new client is served.
+func TestClientSIGKILLReleasesEverything(t *testing.T) {
+	dir := runtimeDir(t)
+	d := startDaemon(t, dir, "kill0")
+	pid := d.cmd.Process.Pid
+	// Baseline after one admin connection has come and gone.
+	d.info(t)
+	require.Eventually(t, func() bool { return d.info(t).Connections == 1 }, 5*time.Second, 10*time.Millisecond)
+	baseFds := fdCount(t, pid)
+
+	for round := range 3 {
+		c := startClient(t, d.socket, "hold")
+		info := d.info(t)
+		require.Equal(t, 1, info.Resources.Contexts)
+		require.Equal(t, 4, info.Resources.QP)
+		require.Equal(t, 1, info.Resources.MR)
+		require.Greater(t, info.Resources.HostMem, 0)
+		require.Greater(t, fdCount(t, pid), baseFds, "the daemon holds the client's fds")
+		require.NoError(t, c.cmd.Process.Signal(syscall.SIGKILL))
+		c.cmd.Wait()
+		require.Eventually(t, func() bool {
+			i := d.info(t)
+			return i.Resources == device.ResourceCounts{} && i.Connections == 1
+		}, 10*time.Second, 10*time.Millisecond, "round %d: resources not released: %+v", round, d.info(t).Resources)
+		require.Eventually(t, func() bool { return fdCount(t, pid) == baseFds }, 10*time.Second, 10*time.Millisecond,
+			"round %d: daemon fds %d, baseline %d", round, fdCount(t, pid), baseFds)
+	}
+	// A new client is served and sees a working device.
+	c := startClient(t, d.socket, "exit")
+	require.NoError(t, c.cmd.Wait())
+	assert.Len(t, c.qpns, 4)
+	require.Eventually(t, func() bool { return d.info(t).Resources == device.ResourceCounts{} }, 10*time.Second, 10*time.Millisecond)
+	d.stop(t)
+	assert.NoFileExists(t, d.socket)
+	assert.NoFileExists(t, filepath.Join(dir, "kill0.lock"))
+}
+
+// TestTwoDaemonsSeveralClients runs two vrnicd processes on one host with
+// clients on each, and checks vrnicctl shows both devices and the QPs of
+// each client in their states with their PSNs.
+func TestTwoDaemonsSeveralClients(t *testing.T) {
+	_, vrnicctl := tools(t)
+	dir := runtimeDir(t)
+	d1 := startDaemon(t, dir, "vr1", "-udp-local", "127.0.0.1:47911", "-udp-peer", "127.0.0.1:47912")
+	d2 := startDaemon(t, dir, "vr2", "-udp-local", "127.0.0.1:47912", "-udp-peer", "127.0.0.1:47911")
+	// A third daemon with a taken name is refused.
+	vrnicd, _ := tools(t)
+	out, err := exec.Command(vrnicd, "-name", "vr1", "-runtime-dir", dir).CombinedOutput()
+	require.Error(t, err)
+	assert.Contains(t, string(out), "already running")
+
+	var clients []*client
+	for i := range 3 {
+		clients = append(clients, startClient(t, d1.socket, "hold"))
+		if i < 2 {
+			clients = append(clients, startClient(t, d2.socket, "hold"))
+		}
+	}
+	ctl := func(args ...string) []byte {
+		cmd := exec.Command(vrnicctl, append([]string{"-runtime-dir", dir}, args...)...)
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "vrnicctl %v: %s", args, out)
+		return out
+	}
+	var devs []struct {
+		Name   string            `json:"name"`
+		Status string            `json:"status"`
+		Info   *device.AdminInfo `json:"info"`
+	}
+	require.NoError(t, json.Unmarshal(ctl("-json", "devices"), &devs))
+	require.Len(t, devs, 2)
+	assert.Equal(t, "vr1", devs[0].Name)
+	assert.Equal(t, "vr2", devs[1].Name)
+	for i, want := range []int{3, 2} {
+		assert.Equal(t, "up", devs[i].Status)
+		require.NotNil(t, devs[i].Info)
+		assert.Equal(t, want, devs[i].Info.Resources.Contexts)
+		assert.Equal(t, 4*want, devs[i].Info.Resources.QP)
+		assert.Equal(t, "udp", devs[i].Info.LinkType)
+	}
+	text := string(ctl("devices"))
+	assert.Regexp(t, `vr1\s+up\s+udp\s+3\s+12`, text)
+	assert.Regexp(t, `vr2\s+up\s+udp\s+2\s+8`, text)
+
+	var qps []device.QPInfo
+	require.NoError(t, json.Unmarshal(ctl("-d", "vr1", "-json", "qps"), &qps))
+	require.Len(t, qps, 12)
+	want := map[uint32]bool{}
+	for _, c := range clients {
+		for _, q := range c.qpns {
+			want[q] = true
+		}
+	}
+	for _, q := range qps {
+		assert.Equal(t, "RTS", q.State)
+		assert.Equal(t, "RC", q.Type)
+		assert.Equal(t, uint32(1000), q.RQPSN)
+		assert.GreaterOrEqual(t, q.SQPSN, uint32(2000))
+		assert.Equal(t, 1024, q.PathMTU)
+		assert.True(t, want[q.QPN], "QPN %d belongs to a client", q.QPN)
+	}
+	var ctxs []device.ContextInfo
+	require.NoError(t, json.Unmarshal(ctl("-d", "vr2", "-json", "contexts"), &ctxs))
+	require.Len(t, ctxs, 2)
+	for _, cx := range ctxs {
+		assert.Equal(t, "client-"+strconv.Itoa(int(cx.PID)), cx.Client)
+		assert.Equal(t, 4, cx.Resources.QP)
+	}
+	qtext := string(ctl("-d", "vr2", "qps"))
+	assert.Contains(t, qtext, "STATE")
+	assert.Contains(t, qtext, "RTS")
+	assert.Contains(t, string(ctl("-s", d1.socket, "info")), "contexts=3")
+	// Clear errors.
+	cmd := exec.Command(vrnicctl, "-runtime-dir", dir, "qps")
+	out, err = cmd.CombinedOutput()
+	require.Error(t, err)
+	assert.Contains(t, string(out), "several devices")
+	cmd = exec.Command(vrnicctl, "-runtime-dir", dir, "-d", "nope", "qps")
+	out, err = cmd.CombinedOutput()
+	require.Error(t, err)
+	assert.Contains(t, string(out), "nope.sock")
+
+	// Killing one daemon's clients leaves the other's untouched.
+	for _, c := range clients {
+		c.cmd.Process.Kill()
+		c.cmd.Wait()
+	}
+	require.Eventually(t, func() bool { return d1.info(t).Resources == device.ResourceCounts{} }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return d2.info(t).Resources == device.ResourceCounts{} }, 10*time.Second, 10*time.Millisecond)
+	d1.stop(t)
+	d2.stop(t)
+	text = string(ctl("devices"))
+	assert.Contains(t, text, "DEVICE", "empty listing still has its header")
+	assert.NotContains(t, text, "vr1")
+}
+
+// TestStaleSocketReplaced SIGKILLs a daemon (leaving its socket) and checks
+// a new daemon of the same name replaces it.
+func TestStaleSocketReplaced(t *testing.T) {
+	dir := runtimeDir(t)
+	d := startDaemon(t, dir, "stale0")
+	require.NoError(t, d.cmd.Process.Kill())
+	d.cmd.Wait()
+	require.FileExists(t, d.socket, "a killed daemon leaves its socket")
+	d2 := startDaemon(t, dir, "stale0")
+	assert.Equal(t, "stale0", d2.info(t).Device)
+	// A non-socket file in the way is not touched.
+	other := filepath.Join(dir, "file0.sock")
+	require.NoError(t, os.WriteFile(other, []byte("x"), 0o600))
+	vrnicd, _ := tools(t)
+	out, err := exec.Command(vrnicd, "-name", "file0", "-runtime-dir", dir).CombinedOutput()
+	require.Error(t, err)
+	assert.Contains(t, string(out), "not a socket")
+}
+
+// TestConfigFile starts vrnicd from a JSON config with limits and checks
+// they apply; a config with an unknown field is refused.
+func TestConfigFile(t *testing.T) {
+	dir := runtimeDir(t)
+	cfg := filepath.Join(dir, "c.json")
+	require.NoError(t, os.WriteFile(cfg, []byte(`{"name":"cfg0","link":{"type":"mem"},"workers":3,
+		"limits":{"per_client":{"qp":2},"per_device":{"contexts":4}}}`), 0o600))
+	d := startDaemon(t, dir, "cfg0", "-config", cfg)
+	info := d.info(t)
+	assert.Equal(t, 3, info.Workers)
+	assert.Equal(t, "mem", info.LinkType)
+	assert.Equal(t, 2, info.Limits.PerClient.QP)
+	assert.Equal(t, 4, info.Limits.PerDevice.Contexts)
+	assert.Equal(t, device.DefaultLimits.PerClient.CQ, info.Limits.PerClient.CQ)
+
+	bad := filepath.Join(dir, "bad.json")
+	require.NoError(t, os.WriteFile(bad, []byte(`{"name":"x","link":{"type":"udp"},"bogus":1}`), 0o600))
+	vrnicd, _ := tools(t)
+	out, err := exec.Command(vrnicd, "-config", bad, "-runtime-dir", dir).CombinedOutput()
+	require.Error(t, err)
+	assert.Contains(t, string(out), `unknown field "bogus"`)
+}
