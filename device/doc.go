@@ -1,0 +1,45 @@
+// Package device is the emulated RNIC of vrnic: the control server that
+// clients reach over a SOCK_SEQPACKET socket, the resources they create,
+// their lifecycles, and the QP state machine. The transport engine
+// (package device/engine) plugs in through the Engine interface.
+//
+// # Control protocol
+//
+// One datagram is one command or one reply: struct vrnic_msg_hdr and the
+// command's struct (abi/vrnic_abi.h); fds travel as SCM_RIGHTS. Every
+// datagram is checked strictly before it reaches a handler: the header's
+// length equals the datagram's, flags and status are 0, the payload has
+// the exact size of the command's struct (REG_MR: the struct plus 8 bytes
+// per inline page), the number of fds is what the command takes, and every
+// control message is SCM_RIGHTS. MSG_TRUNC and MSG_CTRUNC are detected.
+// A defect gets an error reply (errno in status, NUL-terminated message);
+// fds not taken by a handler are closed; the connection continues.
+// Operator commands (0x100..) carry JSON (see admin.go).
+//
+// # Ownership
+//
+// A connection opens one context (OPEN_CONTEXT). The context owns host
+// memory regions (in the dma.Space, under the context's owner id), PDs,
+// MRs, CQs, QPs, SRQs and AHs, and its doorbell page. Objects refer to
+// each other and the device counts the references: a PD with MRs, QPs,
+// SRQs or AHs, a CQ used by a QP, an SRQ attached to a QP, and host memory
+// under an MR or a ring cannot be destroyed (EBUSY). When the connection
+// ends for any reason, the context and everything in it is destroyed in
+// dependency order (QPs, AHs, SRQs, CQs, MRs, PDs, host memory, doorbell
+// page), dma.ReleaseOwner catches the rest, and the client's fds held by
+// the daemon (memfd duplicates, completion eventfds) are closed.
+//
+// Limits: per client (EAGAIN) and per device (ENOMEM), see Limits.
+//
+// # Locking
+//
+// One mutex (Device.mu) guards all resource tables; every command runs
+// entirely under it. The control path is not hot; the data path never
+// takes it.
+//
+// # QP state machine
+//
+// See qpstate.go: the states, a name table, and the transition table of
+// required and optional attributes per QP type (IBTA 10.3, the
+// qp_state_table of libibverbs).
+package device

@@ -1,0 +1,60 @@
+// Package verbs is the Go client library of vrnic: what libibverbs is to a
+// hardware RNIC. It imports only the ABI (package abi) and
+// golang.org/x/sys; it never links daemon code, and a C client written
+// from abi/vrnic_abi.h alone can do everything it does.
+//
+// # Two paths
+//
+// The control path is a SOCK_SEQPACKET connection to vrnicd: Open sends
+// OPEN_CONTEXT and receives the doorbell page memfd and the kick eventfd;
+// AddHostMem, AllocPD, RegMR, CreateCQ, CreateQP, Modify, Query, CreateSRQ,
+// CreateAH and the Destroy methods are one command and one reply each.
+// Closing the Context (or the process dying) makes the daemon destroy
+// everything the context created.
+//
+// The data path never talks to the daemon: PostSend, PostRecv and
+// SRQ.PostRecv write WQEs into rings in host memory and store the new
+// producer index in the object's doorbell record; CQ.Poll reads CQEs from
+// the CQ ring by their owner bit and stores the consumer index. None of
+// them allocates or makes a system call, except the kick: after storing a
+// producer index, the poster reads the page's kick_needed word and writes
+// the kick eventfd only if the daemon said it is going to sleep.
+//
+// # Memory layout
+//
+//	host memory (memfd, mapped here and in the daemon; PA = base + offset)
+//	  ├─ SQ ring:  max_send_wr slots × sq_wqe_blocks × 64 B
+//	  │            block 0 struct vrnic_send_wqe, then SGEs (4 per block) or inline data
+//	  ├─ RQ ring:  max_recv_wr slots × rq_wqe_size B: struct vrnic_recv_wqe + SGEs
+//	  ├─ CQ ring:  cqe_count × 32 B struct vrnic_cqe, owner byte last
+//	  └─ buffers and REG_MR page lists
+//	doorbell page (daemon's memfd, mapped here): 128-byte records
+//	  record 0   header: magic, ABI version, kick_needed (daemon-written)
+//	  QP record  bytes 0..63 client: sq_pi, rq_pi | bytes 64..127 daemon: sq_ci, rq_ci
+//	  CQ record  client: cq_ci, arm word          | daemon: cq_pi, arm_sn_done, overflow
+//	  SRQ record client: srq_pi                   | daemon: srq_ci
+//
+// Every index is a free-running u32; a slot is index & (slots-1). A poster
+// never reuses a slot before the daemon's consumer index says it was
+// consumed (ErrQueueFull).
+//
+// # Memory registration
+//
+// Host memory is allocated by Context.Alloc (regions of at least 4 MiB
+// added on demand) or HostMem.Alloc. RegMR registers a Buffer with its
+// process virtual address as IOVA (like ibv_reg_mr) and builds the page
+// list from the buffer's PA: inline in the command up to 64 pages,
+// otherwise in a temporary buffer in host memory named by pbl_pa.
+//
+// # Without the transport engine
+//
+// Until the daemon's transport engine is wired in, posted work is written
+// to the rings but nothing consumes it: no data moves and no completion
+// arrives. Nothing in this package fakes completions.
+//
+// # Concurrency
+//
+// Control calls may be made from several goroutines. Posting to one QP or
+// SRQ, and polling or arming one CQ, must be done by one goroutine at a
+// time.
+package verbs
