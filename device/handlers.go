@@ -74,9 +74,9 @@ func (cn *conn) openContext(r *request) (reply, error) {
 		hostMem: map[uint32]*hostMem{},
 		pds:     map[uint32]*pd{},
 		mrs:     map[uint32]*mr{},
-		cqs:     map[uint32]*cq{},
+		cqs:     map[uint32]*CQ{},
 		qps:     map[uint32]*QP{},
-		srqs:    map[uint32]*srq{},
+		srqs:    map[uint32]*SRQ{},
 		ahs:     map[uint32]*ah{},
 	}
 	d.contexts[h] = cx
@@ -445,7 +445,7 @@ func (cn *conn) createCQ(r *request) (reply, error) {
 	if len(r.msg.fds) == 1 {
 		efd = r.msg.takeFd(0)
 	}
-	q := &cq{handle: cx.newHandle(), ringPA: c.RingPA, cqeCount: c.CQECount, dbIndex: idx, eventfd: efd, ring: pin}
+	q := &CQ{handle: cx.newHandle(), ringPA: c.RingPA, cqeCount: c.CQECount, dbIndex: idx, eventfd: efd, ring: pin}
 	cx.cqs[q.handle] = q
 	cx.counts.CQ++
 	d.totals.CQ++
@@ -472,7 +472,7 @@ func (cn *conn) destroyCQ(r *request) (reply, error) {
 	return reply{}, nil
 }
 
-func (d *Device) freeCQ(cx *Context, q *cq) {
+func (d *Device) freeCQ(cx *Context, q *CQ) {
 	q.ring.Release()
 	cx.db.Free(q.dbIndex)
 	closeFd(q.eventfd)

@@ -46,7 +46,7 @@ func (cn *conn) createQP(r *request) (reply, error) {
 	if !ok {
 		return reply{}, errorf(errNoEnt, "receive CQ %d not found", c.RecvCQ)
 	}
-	var s *srq
+	var s *SRQ
 	if c.SRQHandle != abi.NoSRQ {
 		if s, ok = cx.srqs[c.SRQHandle]; !ok {
 			return reply{}, errorf(errNoEnt, "SRQ %d not found", c.SRQHandle)
@@ -285,7 +285,7 @@ func (cn *conn) createSRQ(r *request) (reply, error) {
 		pin.Release()
 		return reply{}, errorf(errNoMem, "doorbell records exhausted: %v", err)
 	}
-	s := &srq{handle: cx.newHandle(), pd: p, ringPA: c.RingPA, maxWR: c.MaxWR, maxSGE: c.MaxSGE,
+	s := &SRQ{handle: cx.newHandle(), pd: p, ringPA: c.RingPA, maxWR: c.MaxWR, maxSGE: c.MaxSGE,
 		limit: c.SRQLimit, wqeSize: size, dbIndex: idx, ring: pin}
 	cx.srqs[s.handle] = s
 	p.users++
@@ -294,7 +294,7 @@ func (cn *conn) createSRQ(r *request) (reply, error) {
 	return reply{body: &abi.RespCreateSRQ{SRQHandle: s.handle, DBIndex: idx, RQWQESize: size}}, nil
 }
 
-func (cn *conn) lookupSRQ(h uint32) (*srq, error) {
+func (cn *conn) lookupSRQ(h uint32) (*SRQ, error) {
 	s, ok := cn.ctx.srqs[h]
 	if !ok {
 		return nil, errorf(errNoEnt, "SRQ %d not found", h)
@@ -346,7 +346,7 @@ func (cn *conn) destroySRQ(r *request) (reply, error) {
 	return reply{}, nil
 }
 
-func (d *Device) freeSRQ(cx *Context, s *srq) {
+func (d *Device) freeSRQ(cx *Context, s *SRQ) {
 	s.ring.Release()
 	cx.db.Free(s.dbIndex)
 	s.pd.users--

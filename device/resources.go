@@ -30,9 +30,9 @@ type Context struct {
 	hostMem    map[uint32]*hostMem
 	pds        map[uint32]*pd
 	mrs        map[uint32]*mr
-	cqs        map[uint32]*cq
+	cqs        map[uint32]*CQ
 	qps        map[uint32]*QP
-	srqs       map[uint32]*srq
+	srqs       map[uint32]*SRQ
 	ahs        map[uint32]*ah
 }
 
@@ -94,7 +94,9 @@ type mr struct {
 	shift  uint32
 }
 
-type cq struct {
+// CQ is a completion queue. The engine reads it through the accessors,
+// with the device lock held (Engine callbacks) or on values copied then.
+type CQ struct {
 	handle   uint32
 	ringPA   uint64
 	cqeCount uint32
@@ -104,7 +106,8 @@ type cq struct {
 	users    int // QPs using it as send or receive CQ
 }
 
-type srq struct {
+// SRQ is a shared receive queue (accessors as for CQ).
+type SRQ struct {
 	handle  uint32
 	pd      *pd
 	ringPA  uint64
@@ -132,9 +135,9 @@ type QP struct {
 	ctx      *Context
 	typ      QPType
 	pd       *pd
-	sendCQ   *cq
-	recvCQ   *cq
-	srq      *srq
+	sendCQ   *CQ
+	recvCQ   *CQ
+	srq      *SRQ
 	sigAll   bool
 	cap      abi.QPCap
 	sqPA     uint64
@@ -188,3 +191,41 @@ func (q *QP) PDHandle() uint32 { return q.pd.handle }
 
 // SigAll reports whether every send WR completes signaled.
 func (q *QP) SigAll() bool { return q.sigAll }
+
+// Handle returns the CQ handle.
+func (c *CQ) Handle() uint32 { return c.handle }
+
+// Ring returns the CQE ring (pinned while the CQ exists) and its entry
+// count (a power of two).
+func (c *CQ) Ring() ([]byte, uint32) { return c.ring.Bytes(), c.cqeCount }
+
+// DBIndex returns the CQ's record index in its context's doorbell page.
+func (c *CQ) DBIndex() uint32 { return c.dbIndex }
+
+// EventFd returns the completion eventfd, or -1 (owned by the CQ).
+func (c *CQ) EventFd() int { return c.eventfd }
+
+// Handle returns the SRQ handle.
+func (s *SRQ) Handle() uint32 { return s.handle }
+
+// Ring returns the receive ring, its slot count and slot size in bytes.
+func (s *SRQ) Ring() ([]byte, uint32, uint32) { return s.ring.Bytes(), s.maxWR, s.wqeSize }
+
+// DBIndex returns the SRQ's record index in the doorbell page.
+func (s *SRQ) DBIndex() uint32 { return s.dbIndex }
+
+// Limit returns the SRQ limit (0: not armed).
+func (s *SRQ) Limit() uint32 { return s.limit }
+
+// SendCQ returns the QP's send CQ.
+func (q *QP) SendCQ() *CQ { return q.sendCQ }
+
+// RecvCQ returns the QP's receive CQ.
+func (q *QP) RecvCQ() *CQ { return q.recvCQ }
+
+// SRQ returns the QP's SRQ, or nil.
+func (q *QP) SRQ() *SRQ { return q.srq }
+
+// Doorbells returns the doorbell page of the QP's context (QP, CQ and SRQ
+// records live there).
+func (q *QP) Doorbells() DoorbellPage { return q.ctx.db }

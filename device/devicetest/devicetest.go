@@ -34,6 +34,7 @@ type Options struct {
 	Name   string
 	Limits device.Limits
 	Logger *slog.Logger
+	Engine device.Engine // nil: no data path
 }
 
 // Start creates a device listening on a socket in a new temporary
@@ -61,6 +62,7 @@ func Start(o Options) (*Server, error) {
 		Limits:    o.Limits,
 		Space:     space,
 		Doorbells: device.NewDoorbellPage,
+		Engine:    o.Engine,
 		Logger:    o.Logger,
 	})
 	if err != nil {

@@ -1,0 +1,83 @@
+package device_test
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/device"
+)
+
+func TestAdminListings(t *testing.T) {
+	s := startServer(t, device.Limits{})
+	c := mustOpenFull(t, s)
+	defer c.Close()
+	path := s.SocketPath
+
+	ctxs := adminList[device.ContextInfo](t, path, device.AdminContextsCmd)
+	require.Len(t, ctxs, 1)
+	assert.NotZero(t, ctxs[0].PID, "SO_PEERCRED")
+	assert.Equal(t, 2, ctxs[0].Resources.QP)
+	assert.Len(t, adminList[device.PDInfo](t, path, device.AdminPDsCmd), 1)
+	mrs := adminList[device.MRInfoJSON](t, path, device.AdminMRsCmd)
+	require.Len(t, mrs, 1)
+	assert.Equal(t, uint64(1<<20), mrs[0].Length)
+	assert.Equal(t, uint32(256), mrs[0].Pages)
+	cqs := adminList[device.CQInfo](t, path, device.AdminCQsCmd)
+	require.Len(t, cqs, 1)
+	assert.True(t, cqs[0].Channel)
+	assert.Equal(t, 4, cqs[0].Users, "two QPs, each as send and receive CQ")
+	qps := adminList[device.QPInfo](t, path, device.AdminQPsCmd)
+	require.Len(t, qps, 2)
+	assert.Equal(t, "INIT", qps[0].State)
+	assert.Equal(t, "RESET", qps[1].State)
+	assert.Equal(t, "UD", qps[1].Type)
+	require.NotNil(t, qps[1].SRQ)
+	assert.Len(t, adminList[device.SRQInfo](t, path, device.AdminSRQsCmd), 1)
+	assert.Len(t, adminList[device.AHInfo](t, path, device.AdminAHsCmd), 1)
+	assert.Len(t, adminList[device.HostMemInfo](t, path, device.AdminHostMemCmd), 1)
+
+	a, err := device.DialAdmin(path)
+	require.NoError(t, err)
+	defer a.Close()
+	info, err := a.Info()
+	require.NoError(t, err)
+	assert.Equal(t, "test0", info.Device)
+	assert.Equal(t, "1.0", info.ABIVersion)
+	assert.Equal(t, 2, info.Resources.QP)
+	assert.EqualValues(t, 2, info.Connections, "the client and this operator")
+	assert.Positive(t, info.Counters["commands"])
+}
+
+// TestAdminPaging lists more AHs than fit one datagram: the list comes in
+// pages and nothing is lost or repeated.
+func TestAdminPaging(t *testing.T) {
+	s := startServer(t, device.Limits{})
+	c := open(t, s)
+	pd, err := c.AllocPD()
+	require.NoError(t, err)
+	const n = 1200
+	for range n {
+		_, err := pd.CreateAH(testAV())
+		require.NoError(t, err)
+	}
+	a, err := device.DialAdmin(s.SocketPath)
+	require.NoError(t, err)
+	defer a.Close()
+	b, err := a.Call(device.AdminAHsCmd, &device.AdminRequest{})
+	require.NoError(t, err)
+	var first device.AdminList
+	require.NoError(t, json.Unmarshal(b, &first))
+	assert.Equal(t, n, first.Total)
+	require.NotZero(t, first.Next, "one page cannot hold %d AHs", n)
+	assert.Less(t, len(b), abi.MaxMsgSize)
+	all := adminList[device.AHInfo](t, s.SocketPath, device.AdminAHsCmd)
+	require.Len(t, all, n)
+	seen := map[uint32]bool{}
+	for _, ah := range all {
+		assert.False(t, seen[ah.Handle])
+		seen[ah.Handle] = true
+	}
+}

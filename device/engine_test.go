@@ -1,0 +1,96 @@
+package device_test
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/device/devicetest"
+	"github.com/vrnic/vrnic/verbs"
+)
+
+// recEngine records the engine calls (a fake for testing the seam only).
+type recEngine struct {
+	mu      sync.Mutex
+	calls   []string
+	failNew bool
+}
+
+func (e *recEngine) add(s string) {
+	e.mu.Lock()
+	e.calls = append(e.calls, s)
+	e.mu.Unlock()
+}
+
+func (e *recEngine) CreateQP(q *device.QP) error {
+	if e.failNew {
+		return errors.New("no worker")
+	}
+	sq, blocks := q.SQ()
+	cq, n := q.SendCQ().Ring()
+	e.add(fmt.Sprintf("create %d sq=%d blocks=%d cq=%d", q.QPN(), len(sq), blocks, len(cq)/int(n)))
+	return nil
+}
+
+func (e *recEngine) ModifyQP(q *device.QP, prev device.QPState, mask device.AttrMask) {
+	e.add(fmt.Sprintf("modify %d %v->%v %v", q.QPN(), prev, q.State(), mask))
+}
+
+func (e *recEngine) DestroyQP(q *device.QP) { e.add(fmt.Sprintf("destroy %d", q.QPN())) }
+
+func (e *recEngine) Counters(q *device.QP) device.QPCounters {
+	return device.QPCounters{PacketsSent: uint64(q.QPN()), Retransmits: 3}
+}
+
+func (e *recEngine) snapshot() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]string(nil), e.calls...)
+}
+
+func TestEngineSeam(t *testing.T) {
+	eng := &recEngine{}
+	s, err := devicetest.Start(devicetest.Options{Engine: eng})
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	c := open(t, s)
+	e := newQPEnv(t, c)
+	qp := e.qp(t, abi.QPTRC)
+	require.NoError(t, qp.ToInit(0, 0))
+	q, err := qp.Query()
+	require.NoError(t, err)
+	assert.Equal(t, uint64(qp.QPN), q.PacketsSent, "counters come from the engine")
+	assert.Equal(t, uint64(3), q.Retransmits)
+	qps := adminList[device.QPInfo](t, s.SocketPath, device.AdminQPsCmd)
+	require.Len(t, qps, 1)
+	assert.Equal(t, uint64(3), qps[0].Counters.Retransmits)
+	require.NoError(t, modify(qp, abi.QPSErr, 0))
+	require.NoError(t, qp.Destroy())
+	qp2 := e.qp(t, abi.QPTUD)
+	require.NoError(t, c.Close()) // client death destroys through the engine too
+	waitIdle(t, s)
+	n1, n2 := qp.QPN, qp2.QPN
+	assert.Equal(t, []string{
+		fmt.Sprintf("create %d sq=%d blocks=2 cq=32", n1, 8*2*64),
+		fmt.Sprintf("modify %d RESET->INIT STATE|ACCESS_FLAGS|PKEY_INDEX|PORT", n1),
+		fmt.Sprintf("modify %d INIT->ERR STATE", n1),
+		fmt.Sprintf("destroy %d", n1),
+		fmt.Sprintf("create %d sq=%d blocks=2 cq=32", n2, 8*2*64),
+		fmt.Sprintf("destroy %d", n2),
+	}, eng.snapshot())
+
+	// An engine refusing a QP fails CREATE_QP and leaks nothing.
+	eng.failNew = true
+	c2 := open(t, s)
+	e2 := newQPEnv(t, c2)
+	_, err = e2.pd.CreateQP(verbs.QPInitAttr{Type: abi.QPTRC, SendCQ: e2.scq, RecvCQ: e2.rcq, Cap: abi.QPCap{MaxSendWR: 1, MaxRecvWR: 1}})
+	assert.Equal(t, syscall.ENOMEM, errno(t, err))
+	assert.Zero(t, s.Device.Counts().QP)
+	require.NoError(t, e2.scq.Destroy(), "the CQ is not held by the failed QP")
+}
