@@ -1,0 +1,116 @@
+package main
+
+import (
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/vrnic/vrnic/device"
+)
+
+func writeFile(t *testing.T, body string) string {
+	p := filepath.Join(t.TempDir(), "c.json")
+	require.NoError(t, os.WriteFile(p, []byte(body), 0o600))
+	return p
+}
+
+func TestParseConfigFlags(t *testing.T) {
+	c, err := parseConfig([]string{"-name", "vm1", "-udp-local", "10.0.0.1:4791", "-udp-peer", "10.0.0.2:4791", "-udp-peer", "10.0.0.3:4791", "-workers", "3", "-mtu", "1024"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, "vm1", c.Name)
+	assert.Equal(t, "udp", c.Link.Type)
+	assert.Equal(t, []string{"10.0.0.2:4791", "10.0.0.3:4791"}, c.Link.Peers)
+	assert.Equal(t, 3, c.Workers)
+	li, err := linkInfo(c)
+	require.NoError(t, err)
+	assert.Equal(t, byte(10), li.GIDs[0][12])
+	assert.Equal(t, byte(0xff), li.GIDs[0][10], "IPv4-mapped GID")
+	assert.EqualValues(t, 3, li.MaxMTU)
+}
+
+func TestParseConfigFile(t *testing.T) {
+	p := writeFile(t, `{"name":"fromfile","link":{"type":"mem","mtu":2048},"workers":2,"log_level":"debug",
+		"limits":{"per_client":{"qp":7},"max_mr_pages":100}}`)
+	c, err := parseConfig([]string{"-config", p}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, "fromfile", c.Name)
+	assert.Equal(t, "mem", c.Link.Type)
+	assert.Equal(t, 2048, c.Link.MTU)
+	assert.Equal(t, 7, c.Limits.PerClient.QP)
+	assert.Equal(t, uint32(100), c.Limits.MaxMRPages)
+	// Explicit flags win over the file; defaults do not.
+	c, err = parseConfig([]string{"-config", p, "-name", "flag", "-workers", "5"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, "flag", c.Name)
+	assert.Equal(t, 5, c.Workers)
+	assert.Equal(t, "mem", c.Link.Type)
+	assert.Equal(t, "debug", c.LogLevel)
+}
+
+func TestParseConfigErrors(t *testing.T) {
+	cases := []struct {
+		name string
+		args []string
+		file string
+		msg  string
+	}{
+		{"unknown field", nil, `{"name":"x","link":{"type":"udp"},"nope":1}`, `unknown field "nope"`},
+		{"unknown nested field", nil, `{"name":"x","link":{"type":"udp","speed":1}}`, `unknown field "speed"`},
+		{"trailing", nil, `{"name":"x","link":{"type":"udp"}} {}`, "trailing data"},
+		{"bad json", nil, `{"name":`, "unexpected EOF"},
+		{"tap", []string{"-link", "tap"}, "", "not available yet"},
+		{"link", []string{"-link", "eth"}, "", "unknown link type"},
+		{"local", []string{"-udp-local", "nothost"}, "", "udp-local"},
+		{"peer", []string{"-udp-peer", "1.2.3.4"}, "", "udp-peer"},
+		{"mtu", []string{"-mtu", "1500"}, "", "mtu 1500"},
+		{"name", []string{"-name", "a/b"}, "", "invalid device name"},
+		{"level", []string{"-log-level", "loud"}, "", "log level"},
+		{"workers", []string{"-workers", "-1"}, "", "workers"},
+		{"negative limit", nil, `{"name":"x","link":{"type":"udp"},"limits":{"per_device":{"qp":-1}}}`, "negative"},
+		{"args", []string{"extra"}, "", "unexpected arguments"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			args := tc.args
+			if tc.file != "" {
+				args = append([]string{"-config", writeFile(t, tc.file)}, args...)
+			}
+			_, err := parseConfig(args, io.Discard)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.msg)
+		})
+	}
+}
+
+// TestRunLifecycle runs the daemon in-process: it creates socket and lock
+// file, serves, and removes both when its context ends.
+func TestRunLifecycle(t *testing.T) {
+	dir, err := os.MkdirTemp("", "vrnicd-run-")
+	require.NoError(t, err)
+	defer os.RemoveAll(dir)
+	ctx, cancel := context.WithCancel(context.Background())
+	var logs strings.Builder
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"-name", "r0", "-runtime-dir", dir}, &syncWriter{w: &logs}) }()
+	sock := device.SocketPath(dir, "r0")
+	require.Eventually(t, func() bool {
+		a, err := device.DialAdmin(sock)
+		if err != nil {
+			return false
+		}
+		defer a.Close()
+		info, err := a.Info()
+		return err == nil && info.Device == "r0"
+	}, 5*time.Second, 10*time.Millisecond)
+	assert.FileExists(t, filepath.Join(dir, "r0.lock"))
+	cancel()
+	require.NoError(t, <-done)
+	assert.NoFileExists(t, sock)
+	assert.NoFileExists(t, filepath.Join(dir, "r0.lock"))
+}
