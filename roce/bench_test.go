@@ -3,6 +3,7 @@ package roce
 import (
 	"hash/crc32"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -101,11 +102,14 @@ func BenchmarkParseWrite4K(b *testing.B) {
 
 var sink uint32
 
-// BenchmarkICRCvsCRC32 measures, in the same run and interleaved in
-// blocks, the ICRC of a 4 KiB RDMA WRITE (IPv4 header through pad: 4152
-// bytes) and plain hash/crc32 (IEEE) over the same bytes, and reports
-// both throughputs and icrc/crc32, the throughput ratio (1.0 = the ICRC
-// costs nothing over plain CRC-32).
+// BenchmarkICRCvsCRC32 measures the ICRC of a 4 KiB RDMA WRITE (IPv4 or
+// IPv6 header through pad: 4152 or 4172 bytes) against plain hash/crc32
+// (crc32.ChecksumIEEE) over the same bytes, in the same run: the two
+// alternate in blocks of 32 calls, and the reported icrc/crc32 is the
+// median over all blocks of (crc32 block time / ICRC block time), i.e. the
+// ICRC's throughput as a fraction of plain CRC-32's (1.0 = free masking).
+// The median keeps other processes on a shared machine from skewing the
+// ratio; icrc-MB/s and crc32-MB/s are the plain averages.
 func BenchmarkICRCvsCRC32(b *testing.B) {
 	for _, v6 := range []bool{false, true} {
 		name := "ipv4"
@@ -120,30 +124,34 @@ func BenchmarkICRCvsCRC32(b *testing.B) {
 			if v6 {
 				iphl = IPv6HeaderLen
 			}
-			covered := frame[EthernetHeaderLen : len(frame)-ICRCLen]
+			covered := frame[len(frame)-ICRCLen-(iphl+UDPHeaderLen+RETHLen+BTHLen+4096) : len(frame)-ICRCLen]
 			require.Equal(b, getICRC(frame[len(frame)-ICRCLen:]), icrcIP(covered, v6, iphl))
 			b.ReportAllocs()
+			const block = 32
 			var tICRC, tCRC time.Duration
-			const block = 256
+			ratios := make([]float64, 0, b.N/block+1)
 			b.ResetTimer()
 			for done := 0; done < b.N; done += block {
-				n := min(block, b.N-done)
 				t0 := time.Now()
-				for range n {
+				for range block {
 					sink ^= crc32.ChecksumIEEE(covered)
 				}
 				t1 := time.Now()
-				for range n {
+				for range block {
 					sink ^= icrcIP(covered, v6, iphl)
 				}
 				t2 := time.Now()
 				tCRC += t1.Sub(t0)
 				tICRC += t2.Sub(t1)
+				ratios = append(ratios, float64(t1.Sub(t0))/float64(t2.Sub(t1)))
 			}
-			mb := float64(len(covered)) * float64(b.N) / 1e6
+			b.StopTimer()
+			slices.Sort(ratios)
+			n := float64(len(ratios) * block)
+			mb := float64(len(covered)) * n / 1e6
 			b.ReportMetric(mb/tICRC.Seconds(), "icrc-MB/s")
 			b.ReportMetric(mb/tCRC.Seconds(), "crc32-MB/s")
-			b.ReportMetric(tCRC.Seconds()/tICRC.Seconds(), "icrc/crc32")
+			b.ReportMetric(ratios[len(ratios)/2], "icrc/crc32")
 		})
 	}
 }

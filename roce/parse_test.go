@@ -294,6 +294,7 @@ func TestParseIPv4Options(t *testing.T) {
 	assert.Len(t, pkt.IPv4, 24)
 	assert.Equal(t, OpRCSendOnly, pkt.Opcode())
 	assert.Len(t, pkt.Payload, 5)
+	assert.Equal(t, refICRC(f[EthernetHeaderLen:]), pkt.ICRC, "the ICRC covers the options")
 	f[EthernetHeaderLen+21] = 7 // option byte: covered by the ICRC
 	ip.SetChecksum(ip.CalculateChecksum())
 	assert.ErrorIs(t, Parse(f, &pkt), ErrICRC)
