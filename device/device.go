@@ -145,6 +145,9 @@ func New(cfg Config) (*Device, error) {
 	}
 	fillCounts(&cfg.Limits.PerClient, DefaultLimits.PerClient)
 	fillCounts(&cfg.Limits.PerDevice, DefaultLimits.PerDevice)
+	if cfg.Limits.PerDevice.QP > qpnMask-firstQPN {
+		return nil, fmt.Errorf("device: at most %d QPs fit the 24-bit QPN space", qpnMask-firstQPN)
+	}
 	if cfg.Limits.MaxMRPages == 0 {
 		cfg.Limits.MaxMRPages = DefaultLimits.MaxMRPages
 	}
@@ -247,3 +250,26 @@ func (d *Device) Counts() ResourceCounts {
 
 // Counters returns the device's control-path counters.
 func (d *Device) Counters() *DeviceCounters { return &d.counters }
+
+// QPTransportError moves a QP to an error state on behalf of the transport
+// engine (IBTA 10.3.1): a UD QP in RTS whose send queue hit an error goes
+// to SQE when sqe is set; any other case goes to ERR. The engine calls it
+// from its own goroutines, never from inside an Engine callback (it takes
+// the device lock). It returns the new state, or an error for an unknown
+// QPN.
+func (d *Device) QPTransportError(qpn uint32, sqe bool) (QPState, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	q, ok := d.qps[qpn]
+	if !ok {
+		return 0, errorf(errNoEnt, "QP %d not found", qpn)
+	}
+	next := StateErr
+	if sqe && q.typ == QPTypeUD && q.state == StateRTS {
+		next = StateSQE
+	}
+	q.state = next
+	q.attr.QPState = next
+	q.attr.CurQPState = next
+	return next, nil
+}

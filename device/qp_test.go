@@ -63,7 +63,8 @@ const (
 )
 
 // pathTo returns the modifies that bring a new QP of type typ to state s.
-// SQE cannot be reached by a client (only the transport enters it).
+// SQE cannot be reached by a client: the path ends in RTS and the test
+// then reports a send error as the transport engine would.
 func pathTo(typ abi.QPType, s abi.QPState) ([]step, bool) {
 	initM, rtr, rts := uint32(rcInit), uint32(rcRTR), uint32(rcRTS)
 	if typ == abi.QPTUD {
@@ -83,6 +84,8 @@ func pathTo(typ abi.QPType, s abi.QPState) ([]step, bool) {
 		return p[:4], true
 	case abi.QPSErr:
 		return []step{{abi.QPSErr, 0}}, true
+	case abi.QPSSQE:
+		return p[:3], typ == abi.QPTUD
 	}
 	return nil, false
 }
@@ -118,8 +121,8 @@ var required = map[abi.QPType]map[[2]abi.QPState]uint32{
 var allStates = []abi.QPState{abi.QPSReset, abi.QPSInit, abi.QPSRTR, abi.QPSRTS, abi.QPSSQD, abi.QPSSQE, abi.QPSErr}
 
 // TestQPTransitionsThroughServer performs every legal transition on a
-// real QP over the control socket (except those leaving SQE, which only
-// the transport can enter), checks the state and attributes QUERY_QP
+// real QP over the control socket (a UD QP is put in SQE the way the
+// transport engine does it), checks the state and attributes QUERY_QP
 // reports, and checks that each missing required attribute is refused.
 // It then tries every illegal pair and checks the error.
 func TestQPTransitionsThroughServer(t *testing.T) {
@@ -140,6 +143,11 @@ func TestQPTransitionsThroughServer(t *testing.T) {
 					defer func() { assert.NoError(t, qp.Destroy()) }()
 					for _, st := range path {
 						require.NoError(t, modify(qp, st.to, st.mask), "path step to %v", st.to)
+					}
+					if cur == abi.QPSSQE {
+						st, err := s.Device.QPTransportError(qp.QPN, true)
+						require.NoError(t, err)
+						require.Equal(t, abi.QPSSQE, st)
 					}
 					if !legal {
 						err := modify(qp, next, 0)
@@ -344,4 +352,26 @@ func TestSRQAndAH(t *testing.T) {
 	assert.Equal(t, syscall.EBUSY, errno(t, e.pd.Dealloc()), "PD with an AH")
 	require.NoError(t, ah.Destroy())
 	assert.Equal(t, syscall.ENOENT, errno(t, ah.Destroy()))
+}
+
+func TestQPTransportError(t *testing.T) {
+	s := startServer(t, device.Limits{})
+	c := open(t, s)
+	e := newQPEnv(t, c)
+	rc := e.qp(t, abi.QPTRC)
+	for _, st := range []step{{abi.QPSInit, rcInit}, {abi.QPSRTR, rcRTR}, {abi.QPSRTS, rcRTS}} {
+		require.NoError(t, modify(rc, st.to, st.mask))
+	}
+	st, err := s.Device.QPTransportError(rc.QPN, true)
+	require.NoError(t, err)
+	assert.Equal(t, abi.QPSErr, st, "an RC QP never enters SQE")
+	q, err := rc.Query()
+	require.NoError(t, err)
+	assert.Equal(t, abi.QPSErr, q.Attr.QPState)
+	ud := e.qp(t, abi.QPTUD)
+	st, err = s.Device.QPTransportError(ud.QPN, true)
+	require.NoError(t, err)
+	assert.Equal(t, abi.QPSErr, st, "SQE only from RTS")
+	_, err = s.Device.QPTransportError(1<<23, false)
+	assert.Error(t, err)
 }

@@ -44,8 +44,16 @@ func SocketPath(dir, name string) string {
 // EnsureRuntimeDir creates dir (mode 0700) if needed and checks that it is a
 // directory owned by the current user and not writable by others, so another
 // user cannot plant sockets in it.
+//
+// As root the directory is created 0755 so that clients of other users
+// can reach sockets whose own mode (0660) and group allow them; otherwise
+// 0700.
 func EnsureRuntimeDir(dir string) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	mode := os.FileMode(0o700)
+	if os.Geteuid() == 0 {
+		mode = 0o755
+	}
+	if err := os.MkdirAll(dir, mode); err != nil {
 		return fmt.Errorf("runtime dir %s: %w", dir, err)
 	}
 	fi, err := os.Lstat(dir)
