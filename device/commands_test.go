@@ -119,3 +119,44 @@ func TestHostMemAndMR(t *testing.T) {
 	assert.Equal(t, syscall.ENOENT, errno(t, pd.Dealloc()))
 	assert.Equal(t, device.ResourceCounts{Contexts: 1, HostMem: 1}, s.Device.Counts())
 }
+
+// TestIsolation: one client cannot name another's memory or objects.
+func TestIsolation(t *testing.T) {
+	s := startServer(t, device.Limits{})
+	a := open(t, s)
+	b := open(t, s)
+	hmA, err := a.AddHostMem(1 << 20)
+	require.NoError(t, err)
+	pdB, err := b.AllocPD()
+	require.NoError(t, err)
+
+	// A ring in A's memory, created by B.
+	rb := rawFor(t, s)
+	rep := rb.call(msg(abi.CmdCreateCQ, 1, encode(t, &abi.CmdCreateCQReq{RingPA: hmA.PA(), CQECount: 4})))
+	assert.Equal(t, uint32(syscall.EACCES), rep.hdr.Status, rep.errMsg())
+
+	// An MR over A's memory, registered by B.
+	bufA, err := hmA.Alloc(4096, 4096)
+	require.NoError(t, err)
+	_, err = pdB.RegMRAt(bufA, bufA.PA, abi.AccessLocalWrite)
+	assert.Equal(t, syscall.EACCES, errno(t, err))
+
+	// A's handles mean nothing to B.
+	pdA, err := a.AllocPD()
+	require.NoError(t, err)
+	mrA, err := pdA.RegMR(bufA, abi.AccessLocalWrite)
+	require.NoError(t, err)
+	assert.Equal(t, syscall.ENOENT, errno(t, b.Destroy(abi.CmdDeregMR, mrA.Handle)))
+	assert.Equal(t, syscall.ENOENT, errno(t, b.Destroy(abi.CmdRemoveHostMem, hmA.Handle())))
+	if pdA.Handle != pdB.Handle {
+		assert.Equal(t, syscall.ENOENT, errno(t, b.Destroy(abi.CmdDeallocPD, pdA.Handle)))
+	}
+}
+
+// rawFor returns a raw connection with an open context.
+func rawFor(t *testing.T, s *devicetest.Server) *rawConn {
+	r := dialRaw(t, s.SocketPath)
+	t.Cleanup(func() { r.c.Close() })
+	r.open()
+	return r
+}

@@ -407,7 +407,9 @@ func (d *Device) pinRing(cx *Context, what string, pa, size uint64) (Pin, error)
 	}
 	pin, err := d.mem.PinRange(cx.owner, pa, size)
 	if err != nil {
-		return nil, errorf(errFault, "%s ring at PA %#x (%d bytes): %v", what, pa, size, err)
+		// Keeps the dma errno: EFAULT outside host memory, EACCES in
+		// another client's memory.
+		return nil, fmt.Errorf("%s ring at PA %#x (%d bytes): %w", what, pa, size, err)
 	}
 	return pin, nil
 }
