@@ -6,22 +6,31 @@ import (
 )
 
 // checksumAdd adds b to the one's complement sum s (RFC 1071) and returns
-// the new, unfolded sum. Odd-length b is padded with a zero byte; only the
-// last chunk of a sum may have odd length.
+// the new, unfolded sum, in network byte order. Odd-length b is padded
+// with a zero byte; only the last chunk of a sum may have odd length. s
+// stays far below 2^64 for any realistic chain of calls (each adds less
+// than 2^18).
+//
+// The bulk is summed as native little-endian 64-bit words with a carry
+// chain, folded to 16 bits and byte-swapped: the one's complement sum does
+// not depend on byte order except for that final swap (RFC 1071, 2.B).
 func checksumAdd(s uint64, b []byte) uint64 {
-	var c uint64
+	le := binary.LittleEndian
+	var acc, c uint64
 	for len(b) >= 32 {
-		s, c = bits.Add64(s, uint64(binary.BigEndian.Uint32(b[0:]))<<32|uint64(binary.BigEndian.Uint32(b[4:])), c)
-		s, c = bits.Add64(s, uint64(binary.BigEndian.Uint32(b[8:]))<<32|uint64(binary.BigEndian.Uint32(b[12:])), c)
-		s, c = bits.Add64(s, uint64(binary.BigEndian.Uint32(b[16:]))<<32|uint64(binary.BigEndian.Uint32(b[20:])), c)
-		s, c = bits.Add64(s, uint64(binary.BigEndian.Uint32(b[24:]))<<32|uint64(binary.BigEndian.Uint32(b[28:])), c)
+		acc, c = bits.Add64(acc, le.Uint64(b[0:]), c)
+		acc, c = bits.Add64(acc, le.Uint64(b[8:]), c)
+		acc, c = bits.Add64(acc, le.Uint64(b[16:]), c)
+		acc, c = bits.Add64(acc, le.Uint64(b[24:]), c)
 		b = b[32:]
 	}
 	for len(b) >= 8 {
-		s, c = bits.Add64(s, binary.BigEndian.Uint64(b), c)
+		acc, c = bits.Add64(acc, le.Uint64(b), c)
 		b = b[8:]
 	}
-	var t uint64
+	acc, c = bits.Add64(acc, 0, c)
+	acc += c // c is 1 only when acc wrapped to 0: no overflow
+	t := uint64(bits.ReverseBytes16(checksumFold(acc)))
 	for len(b) >= 2 {
 		t += uint64(binary.BigEndian.Uint16(b))
 		b = b[2:]
@@ -29,9 +38,7 @@ func checksumAdd(s uint64, b []byte) uint64 {
 	if len(b) == 1 {
 		t += uint64(b[0]) << 8
 	}
-	s, c = bits.Add64(s, t, c)
-	s, c = bits.Add64(s, 0, c)
-	return s + c // c is 1 only when s wrapped to 0: no overflow
+	return s + t
 }
 
 // checksumFold folds a 64-bit one's complement sum to 16 bits (not

@@ -432,3 +432,25 @@ func TestBuildDoesNotTouchOutside(t *testing.T) {
 		}
 	}
 }
+
+// TestAppendCaptureFrame: UDP-link packets wrapped for a capture parse as
+// full frames with a valid ICRC, for both families and the zero pseudo
+// header.
+func TestAppendCaptureFrame(t *testing.T) {
+	for _, ps := range []Pseudo{
+		{},
+		{Src: netip.MustParseAddr("192.0.2.1"), Dst: netip.MustParseAddr("192.0.2.2"), SrcPort: 50000},
+		{Src: netip.MustParseAddr("2001:db8::1"), Dst: netip.MustParseAddr("2001:db8::2"), SrcPort: 4791, DstPort: 4791},
+	} {
+		var out []byte
+		for _, c := range goldenCases(false) {
+			c.path = Path{Mode: ModeUDP, Src: ps.Src, Dst: ps.Dst, SrcPort: ps.SrcPort, DstPort: ps.DstPort}
+			tp := buildCase(t, c)
+			out = AppendCaptureFrame(out[:0], &ps, macA, macB, tp)
+			var pkt Packet
+			require.NoError(t, Parse(out, &pkt), "%+v %s", ps, c.name)
+			assert.Equal(t, tp, []byte(out[len(out)-len(tp):]))
+			assert.Equal(t, c.h.BTH.Opcode, pkt.Opcode())
+		}
+	}
+}

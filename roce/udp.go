@@ -77,7 +77,7 @@ func (b UDP) Encode(f *UDPFields) {
 func UDPChecksum(src, dst []byte, dgram []byte) uint16 {
 	s := checksumAdd(0, src)
 	s = checksumAdd(s, dst)
-	s = uint64(checksumFold(s)) + ProtocolUDP + uint64(len(dgram))
+	s += ProtocolUDP + uint64(len(dgram))
 	s = checksumAdd(s, dgram[:udpChecksum])
 	s = checksumAdd(s, dgram[udpChecksum+2:])
 	c := ^checksumFold(s)
