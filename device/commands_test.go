@@ -13,7 +13,7 @@ import (
 	"github.com/vrnic/vrnic/verbs"
 )
 
-func startServer(t *testing.T, lim device.Limits) *devicetest.Server {
+func startServer(t testing.TB, lim device.Limits) *devicetest.Server {
 	t.Helper()
 	s, err := devicetest.Start(devicetest.Options{Limits: lim})
 	require.NoError(t, err)
@@ -21,7 +21,7 @@ func startServer(t *testing.T, lim device.Limits) *devicetest.Server {
 	return s
 }
 
-func open(t *testing.T, s *devicetest.Server) *verbs.Context {
+func open(t testing.TB, s *devicetest.Server) *verbs.Context {
 	t.Helper()
 	c, err := verbs.Open(s.SocketPath, verbs.WithClientName(t.Name()))
 	require.NoError(t, err)
