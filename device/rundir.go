@@ -27,13 +27,17 @@ const SocketSuffix = ".sock"
 // vrnicd and vrnicctl use the same rule, so vrnicctl finds the sockets of
 // the daemons of the same user without flags.
 func RuntimeDir() string {
-	if os.Geteuid() == 0 {
+	return runtimeDirFor(os.Geteuid(), os.Getenv("XDG_RUNTIME_DIR"), os.TempDir())
+}
+
+func runtimeDirFor(euid int, xdg, tmp string) string {
+	if euid == 0 {
 		return "/run/vrnic"
 	}
-	if x := os.Getenv("XDG_RUNTIME_DIR"); x != "" {
-		return filepath.Join(x, "vrnic")
+	if xdg != "" {
+		return filepath.Join(xdg, "vrnic")
 	}
-	return filepath.Join(os.TempDir(), "vrnic-"+strconv.Itoa(os.Geteuid()))
+	return filepath.Join(tmp, "vrnic-"+strconv.Itoa(euid))
 }
 
 // SocketPath returns the default control socket path of device name in dir.
