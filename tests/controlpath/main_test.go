@@ -26,7 +26,11 @@ func TestMain(m *testing.M) {
 	if mode := os.Getenv("VRNIC_TEST_CLIENT"); mode != "" {
 		os.Exit(clientMain(mode, os.Getenv("VRNIC_TEST_SOCKET")))
 	}
-	os.Exit(m.Run())
+	rc := m.Run()
+	if toolDir != "" {
+		os.RemoveAll(toolDir)
+	}
+	os.Exit(rc)
 }
 
 // clientMain opens a context, creates host memory, PDs, MRs, CQs, QPs
