@@ -110,6 +110,8 @@ func (c *Context) CreateCQ(cqe int, ch *CompChannel) (*CQ, error) {
 	}
 	rec, err := c.record(r.DBIndex)
 	if err != nil {
+		c.destroy(abi.CmdDestroyCQ, r.CQHandle)
+		ring.Free()
 		return nil, err
 	}
 	return &CQ{ctx: c, Handle: r.CQHandle, ring: ring, n: n, mask: n - 1, rec: rec, ch: ch}, nil

@@ -87,6 +87,11 @@ func (pd *PD) CreateQP(a QPInitAttr) (*QP, error) {
 	}
 	rec, err := c.record(r.DBIndex)
 	if err != nil {
+		c.destroy(abi.CmdDestroyQP, r.QPN)
+		sq.Free()
+		if rq != nil {
+			rq.Free()
+		}
 		return nil, err
 	}
 	return &QP{ctx: c, QPN: r.QPN, Type: a.Type, Cap: r.Cap, sq: sq, rq: rq, sqBlocks: r.SQWQEBlocks,
@@ -208,6 +213,8 @@ func (pd *PD) CreateSRQ(maxWR, maxSGE, limit uint32) (*SRQ, error) {
 	}
 	rec, err := c.record(r.DBIndex)
 	if err != nil {
+		c.destroy(abi.CmdDestroySRQ, r.SRQHandle)
+		ring.Free()
 		return nil, err
 	}
 	return &SRQ{ctx: c, Handle: r.SRQHandle, ring: ring, stride: r.RQWQESize, mask: maxWR - 1, maxSGE: maxSGE, rec: rec}, nil
