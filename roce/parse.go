@@ -127,6 +127,13 @@ func (pkt *Packet) Path() Path {
 // (ErrBadIPVersion, ErrBadIPHeaderLen, ErrBadIPChecksum, ErrFragment,
 // ErrNotUDP), lengths (ErrTruncated, ErrBadLength), UDP port (ErrNotRoCE),
 // then the transport checks of ParseUDP and the ICRC (ErrICRC).
+//
+// The UDP checksum is not verified: the ICRC covers the same bytes end to
+// end except the variant fields, and hashing the packet a second time
+// would double the cost. frame is only read. Only the rejection of a
+// corrupt ICRC is free of allocation among the error paths (a flood of
+// damaged frames must not cost garbage); the others wrap their sentinel
+// with detail.
 func Parse(frame []byte, pkt *Packet) error {
 	*pkt = Packet{Mode: ModeEthernet}
 	eth := Ethernet(frame)

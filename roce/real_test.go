@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/hex"
 	"errors"
+	"hash/crc32"
 	"io"
 	"os"
 	"path/filepath"
@@ -264,4 +265,27 @@ func TestUDPSrcPortMatchesRxe(t *testing.T) {
 		assert.Equal(t, UDPSrcPortForFlow(0, qpn, qpn), pkt.UDP.SrcPort(), f.name)
 	}
 	assert.Greater(t, n, 100)
+}
+
+// TestRoCEv1ICRCConfirmsIPv6Masking: vrnic does not speak RoCE v1, but a
+// RoCE v1 frame's ICRC covers the GRH, which has the IPv6 header's layout,
+// with the same variant fields (traffic class, flow label, hop limit)
+// masked. The ConnectX RoCE v1 vectors therefore check maskIPv6 and the
+// BTH masking against hardware, which the IPv4-only v2 captures cannot.
+func TestRoCEv1ICRCConfirmsIPv6Masking(t *testing.T) {
+	n := 0
+	for _, f := range loadConnectXFrames(t) {
+		if Ethernet(f.frame).Type() != EtherTypeRoCEv1 {
+			continue
+		}
+		n++
+		body := bytes.Clone(f.frame[EthernetHeaderLen : len(f.frame)-ICRCLen])
+		grh := body[:IPv6HeaderLen]
+		require.Equal(t, uint8(0x1b), grh[6], "%s: GRH next header is the IBA transport (0x1b)", f.name)
+		maskIPv6(grh)
+		body[IPv6HeaderLen+bthFB] = 0xff
+		got := crc32.Update(icrcSeed, crc32.IEEETable, body)
+		assert.Equal(t, getICRC(f.frame[len(f.frame)-ICRCLen:]), got, f.name)
+	}
+	assert.Equal(t, 2, n)
 }
