@@ -21,10 +21,6 @@ var (
 	errBadFd     = errors.New("bad file descriptor")           // EBADF
 	errMsgSize   = errors.New("bad message length")            // EMSGSIZE
 	errBadOpcode = errors.New("unknown command")               // ENOSYS
-	errPerm      = errors.New("operation not permitted")       // EPERM
-	errAccess    = errors.New("access denied")                 // EACCES
-	errFault     = errors.New("bad address")                   // EFAULT
-	errRange     = errors.New("value out of range")            // ERANGE
 )
 
 // errnoTable is the one mapping from control-path sentinels to errno.
@@ -43,10 +39,6 @@ var errnoTable = []struct {
 	{errFdKind, unix.EBADF},
 	{errMsgSize, unix.EMSGSIZE},
 	{errBadOpcode, unix.ENOSYS},
-	{errPerm, unix.EPERM},
-	{errAccess, unix.EACCES},
-	{errFault, unix.EFAULT},
-	{errRange, unix.ERANGE},
 }
 
 // errnoOf returns the errno a reply carries for err: the first sentinel in
