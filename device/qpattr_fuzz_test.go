@@ -1,0 +1,65 @@
+package device
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/dma"
+)
+
+// FuzzModifyQP drives the state machine with arbitrary MODIFY_QP
+// commands on a QP in an arbitrary state. Invariants: no panic; a
+// rejected command changes nothing; an accepted one took a transition of
+// the table with every required attribute, and the stored values are in
+// range.
+func FuzzModifyQP(f *testing.F) {
+	sp, err := dma.NewSpace(dma.Config{NoMlock: true})
+	require.NoError(f, err)
+	f.Cleanup(sp.Close)
+	d, err := New(Config{Name: "fz", Space: sp, Doorbells: NewDoorbellPage,
+		Link: LinkInfo{GIDs: [][16]byte{{15: 1}}, MaxMTU: abi.MTU4096}})
+	require.NoError(f, err)
+	seed := func(typ QPType, cur QPState, mask AttrMask, a abi.QPAttr) {
+		b := make([]byte, abi.Sizeof(&a))
+		abi.Marshal(b, &a)
+		f.Add(uint32(typ), uint8(cur), uint32(mask), b)
+	}
+	good := abi.QPAttr{QPState: StateInit, PortNum: 1, PathMTU: abi.MTU1024, AHAttr: abi.AHAttr{DGID: [16]byte{1}, PortNum: 1}}
+	seed(QPTypeRC, StateReset, AttrState|AttrPKeyIndex|AttrPort|AttrAccessFlags, good)
+	good.QPState = StateRTR
+	seed(QPTypeRC, StateInit, AttrState|AttrAV|AttrPathMTU|AttrDestQPN|AttrRQPSN|AttrMaxDestRdAtomic|AttrMinRNRTimer, good)
+	good.QPState = StateRTS
+	seed(QPTypeUD, StateRTR, AttrState|AttrSQPSN, good)
+	seed(QPTypeUD, StateSQE, AttrState|AttrQKey, good)
+	seed(QPTypeRC, StateErr, attrAll, good)
+	f.Fuzz(func(t *testing.T, typ uint32, cur uint8, mask uint32, attr []byte) {
+		var a abi.QPAttr
+		if len(attr) < abi.Sizeof(&a) {
+			return
+		}
+		abi.Unmarshal(attr, &a)
+		q := &QP{typ: QPType(typ), state: QPState(cur % numStates), cap: abi.QPCap{MaxSendWR: 1}}
+		before := *q
+		err := d.modifyQPLocked(q, AttrMask(mask), &a)
+		if err != nil {
+			require.Equal(t, before, *q, "a refused modify changes nothing")
+			require.NotEmpty(t, err.Error())
+			return
+		}
+		col, ok := qpTypeIndex(q.typ)
+		require.True(t, ok, "only RC and UD QPs are accepted")
+		tr := qpTransitions[before.state][q.state]
+		require.True(t, tr.valid)
+		require.Zero(t, tr.required[col]&^AttrMask(mask), "required attributes present")
+		require.LessOrEqual(t, q.attr.SQPSN, uint32(maxPSN))
+		require.LessOrEqual(t, q.attr.RQPSN, uint32(maxPSN))
+		require.LessOrEqual(t, q.attr.DestQPNum, uint32(maxQPN24))
+		require.LessOrEqual(t, q.attr.Timeout, uint8(maxTimer5))
+		require.LessOrEqual(t, q.attr.RetryCnt, uint8(maxRetry3))
+		require.LessOrEqual(t, q.attr.MaxRdAtomic, uint8(abi.MaxRdAtomic))
+		if q.state != StateReset && q.state != StateErr && AttrMask(mask)&AttrPathMTU != 0 {
+			require.GreaterOrEqual(t, q.attr.PathMTU, abi.MTU256)
+		}
+	})
+}
