@@ -340,3 +340,51 @@ func TestUDPChecksumVerifies(t *testing.T) {
 	}
 	assert.Greater(t, n, 40)
 }
+
+// TestIPSetters writes every IP field with its setter and reads it back.
+func TestIPSetters(t *testing.T) {
+	v4 := IPv4(make([]byte, IPv4HeaderLen))
+	v4.SetVersionIHL(20)
+	v4.SetTOS(0x2e)
+	v4.SetTotalLength(1500)
+	v4.SetID(0xbeef)
+	v4.SetFlagsFragment(IPv4FlagMF | 3)
+	v4.SetTTL(9)
+	v4.SetProtocol(ProtocolUDP)
+	v4.SetSrc([4]byte{1, 2, 3, 4})
+	v4.SetDst([4]byte{5, 6, 7, 8})
+	v4.SetChecksum(v4.CalculateChecksum())
+	assert.Equal(t, "452e05dcbeef2003091100000102030405060708"[:20], hex.EncodeToString(v4)[:20])
+	assert.Equal(t, uint8(4), v4.Version())
+	assert.Equal(t, 20, v4.HeaderLen())
+	assert.True(t, v4.IsFragment())
+	assert.Equal(t, uint8(17), v4.Protocol())
+	assert.Equal(t, netip.MustParseAddr("1.2.3.4"), v4.Src())
+	assert.Equal(t, netip.MustParseAddr("5.6.7.8"), v4.Dst())
+	assert.Equal(t, uint16(0), refChecksum(v4))
+
+	v6 := IPv6(make([]byte, IPv6HeaderLen))
+	v6.Encode(&IPv6Fields{})
+	v6.SetNextHeader(ProtocolUDP)
+	v6.SetHopLimit(3)
+	v6.SetPayloadLength(99)
+	v6.SetSrc(netip.MustParseAddr("2001:db8::a").As16())
+	v6.SetDst(netip.MustParseAddr("2001:db8::b").As16())
+	assert.Equal(t, uint8(17), v6.NextHeader())
+	assert.Equal(t, uint8(3), v6.HopLimit())
+	assert.Equal(t, uint16(99), v6.PayloadLength())
+	assert.Equal(t, netip.MustParseAddr("2001:db8::a"), v6.Src())
+	assert.Equal(t, netip.MustParseAddr("2001:db8::b"), v6.Dst())
+
+	u := UDP(make([]byte, UDPHeaderLen))
+	u.SetSrcPort(1)
+	u.SetDstPort(2)
+	u.SetLength(3)
+	u.SetChecksum(4)
+	assert.Equal(t, "0001000200030004", hex.EncodeToString(u))
+
+	e := Ethernet(make([]byte, EthernetHeaderLen))
+	e.SetDst([6]byte{1, 2, 3, 4, 5, 6})
+	e.SetSrc([6]byte{7, 8, 9, 10, 11, 12})
+	assert.Equal(t, EthernetFields{Dst: [6]byte{1, 2, 3, 4, 5, 6}, Src: [6]byte{7, 8, 9, 10, 11, 12}}, e.Fields())
+}

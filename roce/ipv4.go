@@ -99,6 +99,9 @@ func (b IPv4) SetTTL(v uint8) { b[ipv4TTL] = v }
 // Protocol returns the Protocol field.
 func (b IPv4) Protocol() uint8 { return b[ipv4Protocol] }
 
+// SetProtocol sets the Protocol field.
+func (b IPv4) SetProtocol(v uint8) { b[ipv4Protocol] = v }
+
 // Checksum returns the Header Checksum field.
 func (b IPv4) Checksum() uint16 { return binary.BigEndian.Uint16(b[ipv4Checksum:]) }
 
@@ -110,6 +113,16 @@ func (b IPv4) Src() netip.Addr { return netip.AddrFrom4([4]byte(b[ipv4Src : ipv4
 
 // Dst returns the Destination Address.
 func (b IPv4) Dst() netip.Addr { return netip.AddrFrom4([4]byte(b[ipv4Dst : ipv4Dst+4])) }
+
+// SetSrc sets the Source Address.
+func (b IPv4) SetSrc(a [4]byte) { copy(b[ipv4Src:ipv4Src+4], a[:]) }
+
+// SetDst sets the Destination Address.
+func (b IPv4) SetDst(a [4]byte) { copy(b[ipv4Dst:ipv4Dst+4], a[:]) }
+
+// SetVersionIHL sets Version to 4 and IHL to hl/4 (hl a multiple of 4,
+// 20..60).
+func (b IPv4) SetVersionIHL(hl int) { b[ipv4VerIHL] = 4<<4 | uint8(hl/4)&0xf }
 
 // CalculateChecksum returns the header checksum of the HeaderLen() bytes
 // with the checksum field taken as zero. b must hold HeaderLen() bytes.

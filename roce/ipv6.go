@@ -70,6 +70,9 @@ func (b IPv6) SetPayloadLength(v uint16) { binary.BigEndian.PutUint16(b[ipv6Payl
 // NextHeader returns the Next Header field.
 func (b IPv6) NextHeader() uint8 { return b[ipv6NextHdr] }
 
+// SetNextHeader sets the Next Header field.
+func (b IPv6) SetNextHeader(v uint8) { b[ipv6NextHdr] = v }
+
 // HopLimit returns the Hop Limit field.
 func (b IPv6) HopLimit() uint8 { return b[ipv6HopLimit] }
 
@@ -81,6 +84,12 @@ func (b IPv6) Src() netip.Addr { return netip.AddrFrom16([16]byte(b[ipv6Src : ip
 
 // Dst returns the Destination Address.
 func (b IPv6) Dst() netip.Addr { return netip.AddrFrom16([16]byte(b[ipv6Dst : ipv6Dst+16])) }
+
+// SetSrc sets the Source Address.
+func (b IPv6) SetSrc(a [16]byte) { copy(b[ipv6Src:ipv6Src+16], a[:]) }
+
+// SetDst sets the Destination Address.
+func (b IPv6) SetDst(a [16]byte) { copy(b[ipv6Dst:ipv6Dst+16], a[:]) }
 
 // IPv6Fields is an IPv6 header in host form.
 type IPv6Fields struct {
