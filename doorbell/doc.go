@@ -1,0 +1,40 @@
+// Package doorbell implements the doorbell page, the eventfd kicks, CQ
+// arming and the daemon's polling loop of vrnic.
+//
+// The doorbell page (abi.DBPageSize bytes, a memfd the daemon creates per
+// context and the client maps shared, read/write) is an array of 128-byte
+// records. Record 0 is the page header (magic, ABI version, kick_needed);
+// records 1.. are handed out to QPs, CQs and SRQs. In every record bytes
+// 0..63 are written only by the client and bytes 64..127 only by the
+// daemon, so the two sides never write the same cache line:
+//
+//	record 0  header  | magic abi_version kick_needed ... (daemon) | reserved (client) |
+//	QP        client  | sq_pi rq_pi ...    | daemon | sq_ci rq_ci ...             |
+//	CQ        client  | cq_ci arm ...      | daemon | cq_pi arm_sn_done overflow |
+//	SRQ       client  | srq_pi ...         | daemon | srq_ci ...                |
+//
+// Every word is a free-running u32 accessed with 32-bit atomics (Go's
+// sync/atomic operations are sequentially consistent; on amd64 a store is
+// XCHG, matching __atomic_store_n(..., __ATOMIC_SEQ_CST) in C clients).
+//
+// Ringing a doorbell (client, Page.Ring): store the producer index, then
+// load kick_needed; only if it is non-zero write the context's kick eventfd.
+// While the daemon polls, kick_needed is 0 and posting costs no system
+// call.
+//
+// Going to sleep (daemon, Poller): after SpinBudget empty passes the poller
+// stores kick_needed = 1 in every page it serves, re-checks every record,
+// and only if that finds nothing sleeps in epoll_wait on the kick eventfds.
+// Because both sides store first and load second with sequentially
+// consistent operations, at least one of them sees the other's store: the
+// re-check sees the post, or the client sees kick_needed and kicks. No
+// wake-up is lost. On waking the poller clears kick_needed and drains the
+// eventfd.
+//
+// One page is served by one Poller (kick_needed is a single word).
+//
+// File descriptors: a Page owns its memfd and kick eventfd and closes them
+// in Close; callers that send them to a client send them before Close (the
+// client's copies are separate descriptors). A CQ's completion eventfd is
+// created by the client and owned by the CQNotifier it is given to.
+package doorbell
