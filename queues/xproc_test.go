@@ -1,0 +1,422 @@
+package queues_test
+
+// The two-process test: this test binary re-executes itself as a client
+// process (VRNIC_XPROC_CLIENT=1). The daemon side (the test) creates the
+// ring memfd, the doorbell page and the kick eventfd and sends them over a
+// SOCK_SEQPACKET unix socket with SCM_RIGHTS; the client maps them and
+// posts WQEs through a small ring with wrap-around, waiting for sq_ci
+// before reusing a slot; the daemon consumes with a doorbell.Poller, either
+// busy-polling or sleeping on the kick eventfd.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/doorbell"
+	"github.com/vrnic/vrnic/queues"
+)
+
+const (
+	envClient = "VRNIC_XPROC_CLIENT"
+	envCount  = "VRNIC_XPROC_COUNT" // overrides the default WQE count
+	bodyLen   = 32
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(envClient) == "1" {
+		os.Exit(xprocClient())
+	}
+	os.Exit(m.Run())
+}
+
+// setupMsg is the first datagram to the client; fds: ring memfd, doorbell
+// page memfd, kick eventfd.
+type setupMsg struct {
+	Count     uint64
+	Slots     uint32
+	MaxSGE    uint32
+	MaxInline uint32
+	Record    uint32
+}
+
+// doneMsg is the client's last datagram.
+type doneMsg struct {
+	Kicks uint64
+}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// body fills b with bytes derived from seq (xorshift64*).
+func body(seq uint64, b []byte) {
+	x := seq*0x9E3779B97F4A7C15 | 1
+	for i := 0; i+8 <= len(b); i += 8 {
+		x ^= x >> 12
+		x ^= x << 25
+		x ^= x >> 27
+		binary.LittleEndian.PutUint64(b[i:], x*0x2545F4914F6CDD1D)
+	}
+}
+
+// checksum covers the inline body and the other seq-derived fields.
+func checksum(seq uint64, remoteAddr uint64, b []byte) uint32 {
+	return crc32.Checksum(b, castagnoli) ^ uint32(seq) ^ uint32(remoteAddr>>3)
+}
+
+// xprocClient is the client process: receive the fds, map them, post.
+func xprocClient() int {
+	if err := runClient(); err != nil {
+		fmt.Fprintln(os.Stderr, "client:", err)
+		return 1
+	}
+	return 0
+}
+
+func runClient() error {
+	sock := 3 // ExtraFiles[0]
+	buf := make([]byte, 256)
+	oob := make([]byte, unix.CmsgSpace(4*abi.MaxFDs))
+	n, oobn, _, _, err := unix.Recvmsg(sock, buf, oob, 0)
+	if err != nil {
+		return fmt.Errorf("recvmsg: %w", err)
+	}
+	var setup setupMsg
+	if _, err := binary.Decode(buf[:n], binary.LittleEndian, &setup); err != nil {
+		return err
+	}
+	fds, err := parseFDs(oob[:oobn])
+	if err != nil {
+		return err
+	}
+	if len(fds) != 3 {
+		return fmt.Errorf("got %d fds, want 3", len(fds))
+	}
+	cfg := queues.SQConfig{Slots: setup.Slots, MaxSGE: setup.MaxSGE, MaxInline: setup.MaxInline}
+	ring, err := unix.Mmap(fds[0], 0, int(cfg.RingBytes()), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fmt.Errorf("mmap ring: %w", err)
+	}
+	page, err := doorbell.Map(fds[1], fds[2])
+	if err != nil {
+		return err
+	}
+	rec, err := page.QP(setup.Record)
+	if err != nil {
+		return err
+	}
+	// Ready; wait for go.
+	if err := unix.Sendmsg(sock, []byte("ready"), nil, nil, 0); err != nil {
+		return err
+	}
+	if _, _, _, _, err := unix.Recvmsg(sock, buf, nil, 0); err != nil {
+		return err
+	}
+
+	stride := cfg.Stride()
+	mask := cfg.Slots - 1
+	var pi, ci uint32
+	var kicks uint64
+	var w abi.SendWQE
+	for seq := uint64(1); seq <= setup.Count; seq++ {
+		for spins := 0; pi-ci >= cfg.Slots; spins++ {
+			ci = rec.SQCI.Load()
+			if spins&1023 == 1023 {
+				runtime.Gosched()
+			}
+		}
+		slot := ring[(pi&mask)*stride : (pi&mask+1)*stride]
+		inline := slot[abi.SizeofSendWQE : abi.SizeofSendWQE+bodyLen]
+		body(seq, inline)
+		w = abi.SendWQE{WrID: seq, Opcode: abi.WRSendWithImm, Flags: abi.SendInline | abi.SendSignaled,
+			InlineLen: bodyLen, RemoteAddr: seq * 8}
+		w.ImmData = checksum(seq, w.RemoteAddr, inline)
+		w.Put(slot)
+		pi++
+		kicked, err := page.Ring(rec.SQPI, pi)
+		if err != nil {
+			return err
+		}
+		if kicked {
+			kicks++
+		}
+	}
+	out := make([]byte, 8)
+	binary.LittleEndian.PutUint64(out, kicks)
+	if err := unix.Sendmsg(sock, out, nil, nil, 0); err != nil {
+		return err
+	}
+	// Wait for the daemon to close the socket before exiting, so it can
+	// read /proc/PID/io of a live process.
+	unix.Recvmsg(sock, buf, nil, 0)
+	return nil
+}
+
+func parseFDs(oob []byte) ([]int, error) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil, err
+	}
+	var fds []int
+	for _, m := range msgs {
+		f, err := unix.ParseUnixRights(&m)
+		if err != nil {
+			return nil, err
+		}
+		fds = append(fds, f...)
+	}
+	return fds, nil
+}
+
+// syscw reads the write-family system call count of a process from
+// /proc/PID/io (task I/O accounting, summed over its threads; vfs_write
+// increments it for every write(2), eventfd writes included).
+func syscw(pid int) (uint64, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/io", pid))
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "syscw: "); ok {
+			return strconv.ParseUint(v, 10, 64)
+		}
+	}
+	return 0, errors.New("no syscw in /proc/PID/io")
+}
+
+type xprocResult struct {
+	elapsed    time.Duration
+	kicks      uint64 // counted by the client
+	syscw      uint64 // client write-family syscalls during posting (/proc)
+	syscwKnown bool
+	stats      doorbell.PollerStats
+	consumed   uint64
+}
+
+type xprocMode struct {
+	name string
+	spin int // poller spin budget
+}
+
+var (
+	modeBusy  = xprocMode{"busy-poll", 1 << 62}
+	modeSleep = xprocMode{"eventfd", 0}
+)
+
+// runXProc runs count WQEs from a client process through a ring of slots
+// slots and checks each is seen once, in order, with a good checksum.
+func runXProc(t testing.TB, mode xprocMode, count uint64, slots uint32) xprocResult {
+	t.Helper()
+	cfg := queues.SQConfig{Slots: slots, MaxSGE: 1, MaxInline: bodyLen}
+
+	ringFD, err := unix.MemfdCreate("vrnic-test-ring", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	require.NoError(t, err)
+	defer unix.Close(ringFD)
+	require.NoError(t, unix.Ftruncate(ringFD, int64(cfg.RingBytes())))
+	ring, err := unix.Mmap(ringFD, 0, int(cfg.RingBytes()), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	require.NoError(t, err)
+	defer unix.Munmap(ring)
+
+	page, err := doorbell.New()
+	require.NoError(t, err)
+	defer page.Close()
+	idx, err := page.Alloc()
+	require.NoError(t, err)
+	rec, err := page.QP(idx)
+	require.NoError(t, err)
+	sq, err := queues.NewSQ(ring, cfg, rec.SQPI, rec.SQCI)
+	require.NoError(t, err)
+
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	sock := pair[0]
+	defer unix.Close(sock)
+	childEnd := os.NewFile(uintptr(pair[1]), "client-sock")
+
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), envClient+"=1")
+	cmd.ExtraFiles = []*os.File{childEnd}
+	errPath := t.TempDir() + "/client.stderr"
+	errFile, err := os.Create(errPath)
+	require.NoError(t, err)
+	defer errFile.Close()
+	cmd.Stderr = errFile // a file: no copying goroutine
+	clientErr := func() string { b, _ := os.ReadFile(errPath); return string(b) }
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	require.NoError(t, cmd.Start())
+	childEnd.Close()
+	waited := false
+	defer func() {
+		if !waited {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	}()
+
+	setup := setupMsg{Count: count, Slots: cfg.Slots, MaxSGE: cfg.MaxSGE, MaxInline: cfg.MaxInline, Record: idx}
+	msg, err := binary.Append(nil, binary.LittleEndian, &setup)
+	require.NoError(t, err)
+	require.NoError(t, unix.Sendmsg(sock, msg, unix.UnixRights(ringFD, page.MemFd(), page.KickFd()), nil, 0))
+	buf := make([]byte, 64)
+	n, _, _, _, err := unix.Recvmsg(sock, buf, nil, 0)
+	require.NoError(t, err, "client: %s", clientErr())
+	require.Equal(t, "ready", string(buf[:n]), "client: %s", clientErr())
+
+	// The daemon side: a poller whose pass consumes and verifies the SQ.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var (
+		next    = uint64(1)
+		failure error
+		wr      queues.SendWR
+		scratch [bodyLen]byte
+	)
+	poller, err := doorbell.NewPoller(doorbell.PollerConfig{SpinBudget: mode.spin, Poll: func() bool {
+		if failure != nil {
+			return false
+		}
+		n, err := sq.Poll()
+		if err != nil {
+			failure = err
+			cancel()
+			return false
+		}
+		if n == 0 {
+			return false
+		}
+		for {
+			ok, err := sq.Next(&wr)
+			if !ok {
+				break
+			}
+			switch {
+			case err != nil:
+				failure = err
+			case wr.WrID != next:
+				failure = fmt.Errorf("WQE %d: wr_id %d (lost, duplicated or reordered)", next, wr.WrID)
+			case len(wr.Inline) != bodyLen || wr.ImmData != checksum(wr.WrID, wr.RemoteAddr, wr.Inline):
+				failure = fmt.Errorf("WQE %d: bad checksum", next)
+			default:
+				body(wr.WrID, scratch[:])
+				if !bytes.Equal(scratch[:], wr.Inline) {
+					failure = fmt.Errorf("WQE %d: body differs", next)
+				}
+			}
+			if failure != nil {
+				cancel()
+				return false
+			}
+			next++
+		}
+		sq.Publish()
+		if next > count {
+			cancel()
+		}
+		return true
+	}})
+	require.NoError(t, err)
+	defer poller.Close()
+	require.NoError(t, poller.Add(page))
+
+	before, errIO := syscw(cmd.Process.Pid)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	var runErr error
+	go func() {
+		defer wg.Done()
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		runErr = poller.Run(ctx)
+	}()
+	start := time.Now()
+	require.NoError(t, unix.Sendmsg(sock, []byte("go"), nil, nil, 0))
+	wg.Wait()
+	elapsed := time.Since(start)
+	require.NoError(t, runErr)
+	require.NoError(t, failure)
+
+	// The client reports its kick count once all its posts are done.
+	n, _, _, _, err = unix.Recvmsg(sock, buf, nil, 0)
+	require.NoError(t, err)
+	require.Equal(t, 8, n, "client: %s", clientErr())
+	res := xprocResult{elapsed: elapsed, kicks: binary.LittleEndian.Uint64(buf), stats: poller.Stats(), consumed: next - 1}
+	after, errIO2 := syscw(cmd.Process.Pid)
+	if errIO == nil && errIO2 == nil {
+		res.syscw, res.syscwKnown = after-before, true
+	}
+	unix.Shutdown(sock, unix.SHUT_RDWR)
+	waited = true
+	require.NoError(t, cmd.Wait(), "client: %s", clientErr())
+	assert.Equal(t, count, res.consumed)
+	assert.Equal(t, uint32(count), rec.SQCI.Load(), "sq_ci published (mod 2^32)")
+	return res
+}
+
+func xprocCount(t testing.TB) uint64 {
+	if s := os.Getenv(envCount); s != "" {
+		n, err := strconv.ParseUint(s, 10, 64)
+		require.NoError(t, err)
+		return n
+	}
+	switch {
+	case testing.Short():
+		return 200_000
+	case raceEnabled:
+		return 1_000_000
+	}
+	return 10_000_000
+}
+
+// TestTwoProcess moves count WQEs (10 million without -race) from a
+// client process through a 64-slot ring, busy-polling and sleeping on the
+// kick eventfd. Nothing may be lost, duplicated, reordered or corrupted. In
+// busy-poll mode the client makes no system call to post: it counts its
+// eventfd writes (zero) and /proc/PID/io confirms it made no write(2).
+func TestTwoProcess(t *testing.T) {
+	count := xprocCount(t)
+	for _, mode := range []xprocMode{modeBusy, modeSleep} {
+		t.Run(mode.name, func(t *testing.T) {
+			res := runXProc(t, mode, count, 64)
+			rate := float64(res.consumed) / res.elapsed.Seconds()
+			t.Logf("%s: %d WQEs in %v (%.2f M WQE/s); client kicks %d, client write syscalls %d (known %v); poller sleeps %d, kicks seen %d",
+				mode.name, res.consumed, res.elapsed.Round(time.Millisecond), rate/1e6, res.kicks, res.syscw, res.syscwKnown, res.stats.Sleeps, res.stats.Kicks)
+			switch mode {
+			case modeBusy:
+				assert.Zero(t, res.kicks, "busy-polling daemon: posts make no kick")
+				assert.Zero(t, res.stats.Sleeps)
+				if res.syscwKnown {
+					assert.Zero(t, res.syscw, "client made write(2) calls while posting")
+				}
+			case modeSleep:
+				assert.Positive(t, res.stats.Sleeps, "the daemon slept")
+				assert.Positive(t, res.kicks, "the client kicked")
+				if res.syscwKnown {
+					// The independent count sees every kick: the zero above
+					// is a measurement, not a blind spot.
+					assert.GreaterOrEqual(t, res.syscw, res.kicks)
+				}
+			}
+		})
+	}
+}
