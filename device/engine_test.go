@@ -12,6 +12,7 @@ import (
 	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/device"
 	"github.com/vrnic/vrnic/device/devicetest"
+	"github.com/vrnic/vrnic/doorbell"
 	"github.com/vrnic/vrnic/verbs"
 )
 
@@ -93,4 +94,59 @@ func TestEngineSeam(t *testing.T) {
 	assert.Equal(t, syscall.ENOMEM, errno(t, err))
 	assert.Zero(t, s.Device.Counts().QP)
 	require.NoError(t, e2.scq.Destroy(), "the CQ is not held by the failed QP")
+}
+
+// TestDoorbellsSharedWithClient: what a client posts through verbs is
+// visible to the daemon side in the context's doorbell page, which the
+// engine reaches from the QP.
+func TestDoorbellsSharedWithClient(t *testing.T) {
+	eng := &pageEngine{}
+	s, err := devicetest.Start(devicetest.Options{Engine: eng})
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	c := open(t, s)
+	ch, err := verbs.NewCompChannel()
+	require.NoError(t, err)
+	defer ch.Close()
+	pd, err := c.AllocPD()
+	require.NoError(t, err)
+	cq, err := c.CreateCQ(8, ch)
+	require.NoError(t, err)
+	qp, err := pd.CreateQP(verbs.QPInitAttr{Type: abi.QPTRC, SendCQ: cq, RecvCQ: cq, Cap: abi.QPCap{MaxSendWR: 8, MaxRecvWR: 8, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	require.NoError(t, err)
+	require.NotNil(t, eng.page)
+	rec, err := eng.page.QP(eng.qpRec)
+	require.NoError(t, err)
+	crec, err := eng.page.CQ(eng.cqRec)
+	require.NoError(t, err)
+	assert.Zero(t, rec.SQPI.Load())
+	for i := range 3 {
+		require.NoError(t, qp.PostSend(&verbs.SendWR{WrID: uint64(i), Opcode: abi.WRSend}))
+	}
+	require.NoError(t, qp.PostRecv(&verbs.RecvWR{WrID: 9}))
+	assert.Equal(t, uint32(3), rec.SQPI.Load())
+	assert.Equal(t, uint32(1), rec.RQPI.Load())
+	require.NoError(t, cq.ReqNotify(true))
+	assert.Equal(t, abi.ArmWord(1, true), crec.Arm.Load())
+	// A sleeping daemon is kicked.
+	eng.page.KickNeeded().Store(1)
+	require.NoError(t, qp.PostSend(&verbs.SendWR{Opcode: abi.WRSend}))
+	n, err := eng.page.Kick().Drain()
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), n)
+}
+
+// pageEngine remembers the doorbell page and records of the last QP.
+type pageEngine struct {
+	device.NopEngine
+	page  *doorbell.Page
+	qpRec uint32
+	cqRec uint32
+}
+
+func (e *pageEngine) CreateQP(q *device.QP) error {
+	e.page = q.Doorbells().(*doorbell.Page)
+	e.qpRec = q.DBIndex()
+	e.cqRec = q.SendCQ().DBIndex()
+	return nil
 }
