@@ -30,7 +30,10 @@ func (e *recEngine) add(s string) {
 }
 
 func (e *recEngine) CreateQP(q *device.QP) error {
-	if e.failNew {
+	e.mu.Lock()
+	fail := e.failNew
+	e.mu.Unlock()
+	if fail {
 		return errors.New("no worker")
 	}
 	sq, blocks := q.SQ()
@@ -87,7 +90,9 @@ func TestEngineSeam(t *testing.T) {
 	}, eng.snapshot())
 
 	// An engine refusing a QP fails CREATE_QP and leaks nothing.
+	eng.mu.Lock()
 	eng.failNew = true
+	eng.mu.Unlock()
 	c2 := open(t, s)
 	e2 := newQPEnv(t, c2)
 	_, err = e2.pd.CreateQP(verbs.QPInitAttr{Type: abi.QPTRC, SendCQ: e2.scq, RecvCQ: e2.rcq, Cap: abi.QPCap{MaxSendWR: 1, MaxRecvWR: 1}})
@@ -114,10 +119,13 @@ func TestDoorbellsSharedWithClient(t *testing.T) {
 	require.NoError(t, err)
 	qp, err := pd.CreateQP(verbs.QPInitAttr{Type: abi.QPTRC, SendCQ: cq, RecvCQ: cq, Cap: abi.QPCap{MaxSendWR: 8, MaxRecvWR: 8, MaxSendSGE: 1, MaxRecvSGE: 1}})
 	require.NoError(t, err)
-	require.NotNil(t, eng.page)
-	rec, err := eng.page.QP(eng.qpRec)
+	eng.mu.Lock()
+	page, qpRec, cqRec := eng.page, eng.qpRec, eng.cqRec
+	eng.mu.Unlock()
+	require.NotNil(t, page)
+	rec, err := page.QP(qpRec)
 	require.NoError(t, err)
-	crec, err := eng.page.CQ(eng.cqRec)
+	crec, err := page.CQ(cqRec)
 	require.NoError(t, err)
 	assert.Zero(t, rec.SQPI.Load())
 	for i := range 3 {
@@ -129,9 +137,9 @@ func TestDoorbellsSharedWithClient(t *testing.T) {
 	require.NoError(t, cq.ReqNotify(true))
 	assert.Equal(t, abi.ArmWord(1, true), crec.Arm.Load())
 	// A sleeping daemon is kicked.
-	eng.page.KickNeeded().Store(1)
+	page.KickNeeded().Store(1)
 	require.NoError(t, qp.PostSend(&verbs.SendWR{Opcode: abi.WRSend}))
-	n, err := eng.page.Kick().Drain()
+	n, err := page.Kick().Drain()
 	require.NoError(t, err)
 	assert.Equal(t, uint64(1), n)
 }
@@ -139,12 +147,15 @@ func TestDoorbellsSharedWithClient(t *testing.T) {
 // pageEngine remembers the doorbell page and records of the last QP.
 type pageEngine struct {
 	device.NopEngine
+	mu    sync.Mutex
 	page  *doorbell.Page
 	qpRec uint32
 	cqRec uint32
 }
 
 func (e *pageEngine) CreateQP(q *device.QP) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	e.page = q.Doorbells().(*doorbell.Page)
 	e.qpRec = q.DBIndex()
 	e.cqRec = q.SendCQ().DBIndex()
