@@ -4,7 +4,7 @@
 // control socket's operator commands.
 //
 //	vrnicctl [flags] devices
-//	vrnicctl [flags] info | contexts | pds | mrs | cqs | qps | srqs | ahs | hostmem
+//	vrnicctl [flags] info | counters | contexts | pds | mrs | cqs | qps | srqs | ahs | hostmem
 //
 // Flags: -d NAME selects a device in the runtime dir, -s PATH a socket
 // directly (default: the only device there is), -runtime-dir DIR, -json
@@ -50,7 +50,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	sock := fs.String("s", "", "control socket path")
 	asJSON := fs.Bool("json", false, "JSON output")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: vrnicctl [flags] devices|info|contexts|pds|mrs|cqs|qps|srqs|ahs|hostmem")
+		fmt.Fprintln(stderr, "usage: vrnicctl [flags] devices|info|counters|contexts|pds|mrs|cqs|qps|srqs|ahs|hostmem")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -65,7 +65,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	switch {
 	case cmd == "devices":
 		err = devices(*dir, *asJSON, stdout)
-	case cmd == "info" || lists[cmd] != 0:
+	case cmd == "info" || cmd == "counters" || lists[cmd] != 0:
 		var path string
 		if path, err = pickSocket(*dir, *name, *sock); err == nil {
 			err = show(path, cmd, *asJSON, stdout)
@@ -186,10 +186,34 @@ func show(path, what string, asJSON bool, w io.Writer) error {
 		return fmt.Errorf("connect %s: %w", path, err)
 	}
 	defer a.Close()
-	if what == "info" {
+	if what == "info" || what == "counters" {
 		info, err := a.Info()
 		if err != nil {
 			return err
+		}
+		if what == "counters" {
+			c := map[string]int64{"connections": info.Connections}
+			for k, v := range info.Counters {
+				c[k] = v
+			}
+			r := info.Resources
+			for k, v := range map[string]int{"contexts": r.Contexts, "host_mem": r.HostMem, "pd": r.PD, "mr": r.MR,
+				"cq": r.CQ, "qp": r.QP, "srq": r.SRQ, "ah": r.AH} {
+				c["resources."+k] = int64(v)
+			}
+			if asJSON {
+				return writeJSON(w, c)
+			}
+			keys := make([]string, 0, len(c))
+			for k := range c {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+			for _, k := range keys {
+				fmt.Fprintf(tw, "%s\t%d\n", k, c[k])
+			}
+			return tw.Flush()
 		}
 		if asJSON {
 			return writeJSON(w, info)
