@@ -183,3 +183,189 @@ func findModel(regions []hostMem, pa uint64) *hostMem {
 	}
 	return nil
 }
+
+// FuzzSlice: arbitrary ring addresses never yield a view outside the
+// owner's memory; a view shows exactly the client's bytes at that PA.
+func FuzzSlice(f *testing.F) {
+	s := newSpace(f, Config{})
+	a := addHostMem(f, s, 1, 64*kib)
+	b := addHostMem(f, s, 2, 64*kib)
+	fill(a.client, 1)
+	fill(b.client, 2)
+	f.Add(uint64(0), uint64(4096), false)
+	f.Add(uint64(64*kib-1), uint64(1), false)
+	f.Add(uint64(64*kib-64), uint64(128), false)
+	f.Add(uint64(b.info.PA-a.info.PA), uint64(64), false)
+	f.Add(uint64(math.MaxUint64), uint64(2), true)
+	f.Fuzz(func(t *testing.T, rel, n uint64, absolute bool) {
+		pa := a.info.PA + rel // relative to region a (wrapping is fine)
+		if absolute {
+			pa = rel
+		}
+		v, pin, err := s.Slice(1, pa, n)
+		inA := n > 0 && pa >= a.info.PA && n <= a.info.Length && pa-a.info.PA <= a.info.Length-n
+		if (err == nil) != inA {
+			t.Fatalf("Slice(%#x, %#x) err=%v, inside owner 1's region: %v", pa, n, err, inA)
+		}
+		if err != nil {
+			return
+		}
+		defer pin.Release()
+		off := pa - a.info.PA
+		if !inMapping(s, v) || uint64(len(v)) != n || !bytes.Equal(v, a.client[off:off+n]) {
+			t.Fatalf("Slice(%#x, %#x) is not the client's bytes", pa, n)
+		}
+	})
+}
+
+// FuzzSGECopy feeds arbitrary SGE lists (as a client writes them in WQEs)
+// and message offsets to GatherAt and ScatterAt, and compares with a
+// reference model: same bytes on success, the same failing SGE and error
+// otherwise.
+func FuzzSGECopy(f *testing.F) {
+	s := newSpace(f, Config{})
+	h := addHostMem(f, s, 1, 64*kib)
+	fill(h.client, 0x3a)
+	// MR 0: read-only, pages shuffled; MR 1: writable; key 2: invalidated.
+	ro, err := s.RegisterMR(1, 1, 0x10000, 4*4096, 0, PageShift4K, []uint64{h.pa(12288), h.pa(0), h.pa(8192), h.pa(4096)})
+	if err != nil {
+		f.Fatal(err)
+	}
+	rw, err := s.RegisterMR(1, 1, 0x20000-100, 4*4096, AccessLocalWrite, PageShift4K, []uint64{h.pa(40960), h.pa(32768), h.pa(16384), h.pa(61440), h.pa(20480)})
+	if err != nil {
+		f.Fatal(err)
+	}
+	inv, err := s.RegisterMR(1, 1, 0x30000, 4096, AccessLocalWrite, PageShift4K, []uint64{h.pa(24576)})
+	if err != nil || s.Invalidate(inv.LKey, PD{1, 1}) != nil {
+		f.Fatal("setup")
+	}
+	type mrModel struct {
+		key, base uint64
+		iova, n   uint64
+		pages     []uint64 // region offsets
+		write     bool
+	}
+	models := []mrModel{
+		{uint64(ro.LKey), 0x10000, 0x10000, 4 * 4096, []uint64{12288, 0, 8192, 4096}, false},
+		{uint64(rw.LKey), 0x1f000, 0x20000 - 100, 4 * 4096, []uint64{40960, 32768, 16384, 61440, 20480}, true},
+	}
+	acc := s.NewAccessor()
+	f.Cleanup(acc.Close)
+
+	f.Add([]byte{0, 0x00, 0x10, 0x00, 0x10}, uint64(0), uint16(100), false)
+	f.Add([]byte{1, 0x00, 0x10, 0x00, 0x20, 0, 0x10, 0x00, 0x00, 0x10}, uint64(10), uint16(5000), true)
+	f.Add([]byte{2, 0, 0, 0, 1}, uint64(0), uint16(1), false)
+	f.Add([]byte{0, 0xf0, 0x3f, 0x20, 0x00, 1, 0, 0, 0, 0}, uint64(0), uint16(8192), true)
+	buf := make([]byte, 1<<16)
+	f.Fuzz(func(t *testing.T, raw []byte, off uint64, n uint16, write bool) {
+		// 5 bytes per SGE: key selector, 16-bit offset from the MR's iova
+		// (may run past it), 16-bit length.
+		var sges []SGE
+		for len(raw) >= 5 && len(sges) < 8 {
+			sel := raw[0]
+			addr := uint64(raw[1]) | uint64(raw[2])<<8
+			l := uint32(raw[3]) | uint32(raw[4])<<8
+			raw = raw[5:]
+			var key uint32
+			var base uint64
+			switch sel % 4 {
+			case 0, 1:
+				key, base = uint32(models[sel%4].key), models[sel%4].iova
+			case 2:
+				key, base = inv.LKey, 0x30000
+			case 3:
+				key, base = uint32(sel)<<8|7, 0x10000
+			}
+			if sel&0x80 != 0 {
+				base -= 0x800 // before the MR start
+			}
+			sges = append(sges, SGE{Addr: base + addr, Length: l, LKey: key})
+		}
+		// Reference model.
+		find := func(key uint32) *mrModel {
+			for i := range models {
+				if uint32(models[i].key) == key {
+					return &models[i]
+				}
+			}
+			return nil
+		}
+		var want []byte
+		var wantAt []uint64 // region offset of each byte of want
+		wantBad, wantErr := 0, error(nil)
+		need, o := uint64(n), off
+		for i, sg := range sges {
+			if need == 0 {
+				break
+			}
+			l := uint64(sg.Length)
+			if o >= l {
+				o -= l
+				continue
+			}
+			c := min(l-o, need)
+			m := find(sg.LKey)
+			switch {
+			case m == nil:
+				wantErr = ErrBadKey
+			case write && !m.write:
+				wantErr = ErrAccess
+			case sg.Addr+o < m.iova || sg.Addr+o+c > m.iova+m.n:
+				wantErr = ErrBounds
+			}
+			if wantErr != nil {
+				wantBad = i
+				break
+			}
+			for v := sg.Addr + o; v < sg.Addr+o+c; v++ {
+				rel := v - m.base
+				at := m.pages[rel/4096] + rel%4096
+				want = append(want, h.client[at])
+				wantAt = append(wantAt, at)
+			}
+			need -= c
+			o = 0
+		}
+		if wantErr == nil && need > 0 {
+			wantErr, wantBad = ErrLength, len(sges)
+		}
+
+		dst := buf[:n]
+		var bad int
+		var err error
+		var model []byte
+		if write {
+			for i := range dst {
+				dst[i] = byte(i) ^ 0xc5
+			}
+			// What the client must see afterwards: the writes in order
+			// (SGEs may overlap; the last write wins).
+			model = bytes.Clone(h.client)
+			if wantErr == nil {
+				for i, at := range wantAt {
+					model[at] = dst[i]
+				}
+			}
+			bad, err = acc.ScatterAt(PD{1, 1}, sges, off, dst)
+		} else {
+			bad, err = acc.GatherAt(PD{1, 1}, sges, off, dst)
+		}
+		if !errors.Is(err, wantErr) || (wantErr == nil && err != nil) || (err != nil && bad != wantBad) {
+			t.Fatalf("err=%v bad=%d, model err=%v bad=%d (sges %+v off %d n %d)", err, bad, wantErr, wantBad, sges, off, n)
+		}
+		if write {
+			ok := err != nil || bytes.Equal(h.client, model)
+			fill(h.client, 0x3a) // known bytes for the next input
+			if !ok {
+				t.Fatalf("client memory after scatter differs from the model")
+			}
+			return
+		}
+		if err != nil {
+			return
+		}
+		if !bytes.Equal(dst, want) {
+			t.Fatalf("gathered bytes differ from the client's view")
+		}
+	})
+}
