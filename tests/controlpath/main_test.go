@@ -192,23 +192,23 @@ func (d *daemon) info(t *testing.T) device.AdminInfo {
 	return info
 }
 
-// fdCount counts the open fds of process pid other than sockets (the
-// control connections, whose closing the daemon notices asynchronously;
-// they are checked through the connection count instead). What a client
-// leaves in the daemon would be memfd duplicates, eventfds and doorbell
-// pages: all non-socket fds.
-func fdCount(t *testing.T, pid int) int {
+// fdCount counts the open fds of process pid: all of them, and those that
+// are not sockets (what a client would leave behind in the daemon: memfd
+// duplicates, eventfds, doorbell pages).
+func fdCount(t *testing.T, pid int) (all, nonSocket int) {
 	t.Helper()
 	dir := fmt.Sprintf("/proc/%d/fd", pid)
 	ents, err := os.ReadDir(dir)
 	require.NoError(t, err)
-	n := 0
 	for _, e := range ents {
-		if l, err := os.Readlink(filepath.Join(dir, e.Name())); err == nil && !strings.HasPrefix(l, "socket:") {
-			n++
+		if l, err := os.Readlink(filepath.Join(dir, e.Name())); err == nil {
+			all++
+			if !strings.HasPrefix(l, "socket:") {
+				nonSocket++
+			}
 		}
 	}
-	return n
+	return all, nonSocket
 }
 
 // client is a client process.
@@ -263,27 +263,39 @@ func TestClientSIGKILLReleasesEverything(t *testing.T) {
 	dir := runtimeDir(t)
 	d := startDaemon(t, dir, "kill0")
 	pid := d.cmd.Process.Pid
-	// Baseline after one admin connection has come and gone.
-	d.info(t)
-	require.Eventually(t, func() bool { return d.info(t).Connections == 1 }, 5*time.Second, 10*time.Millisecond)
-	baseFds := fdCount(t, pid)
+	// One operator connection stays open for the whole test; the daemon is
+	// quiescent when it is the only connection and nothing is allocated.
+	// The fd baseline is taken in that state, so it counts exactly one
+	// control connection.
+	adm, err := device.DialAdmin(d.socket)
+	require.NoError(t, err)
+	defer adm.Close()
+	quiescent := func() bool {
+		i, err := adm.Info()
+		return err == nil && i.Connections == 1 && i.Resources == device.ResourceCounts{}
+	}
+	require.Eventually(t, quiescent, 10*time.Second, 10*time.Millisecond)
+	baseAll, baseFiles := fdCount(t, pid)
 
 	for round := range 3 {
 		c := startClient(t, d.socket, "hold")
-		info := d.info(t)
+		info, err := adm.Info()
+		require.NoError(t, err)
 		require.Equal(t, 1, info.Resources.Contexts)
 		require.Equal(t, 4, info.Resources.QP)
 		require.Equal(t, 1, info.Resources.MR)
+		require.Equal(t, 1, info.Resources.SRQ)
+		require.Equal(t, 1, info.Resources.AH)
 		require.Greater(t, info.Resources.HostMem, 0)
-		require.Greater(t, fdCount(t, pid), baseFds, "the daemon holds the client's fds")
+		_, files := fdCount(t, pid)
+		require.Greater(t, files, baseFiles, "the daemon holds the client's memfds, eventfds and doorbell page")
 		require.NoError(t, c.cmd.Process.Signal(syscall.SIGKILL))
 		c.cmd.Wait()
+		require.Eventually(t, quiescent, 10*time.Second, 10*time.Millisecond, "round %d: not released", round)
 		require.Eventually(t, func() bool {
-			i := d.info(t)
-			return i.Resources == device.ResourceCounts{} && i.Connections == 1
-		}, 10*time.Second, 10*time.Millisecond, "round %d: resources not released: %+v", round, d.info(t).Resources)
-		require.Eventually(t, func() bool { return fdCount(t, pid) == baseFds }, 10*time.Second, 10*time.Millisecond,
-			"round %d: daemon fds %d, baseline %d", round, fdCount(t, pid), baseFds)
+			all, files := fdCount(t, pid)
+			return all == baseAll && files == baseFiles
+		}, 10*time.Second, 10*time.Millisecond, "round %d: daemon fds differ from the baseline %d (%d non-socket)", round, baseAll, baseFiles)
 	}
 	// A new client is served and sees a working device.
 	c := startClient(t, d.socket, "exit")
