@@ -80,7 +80,9 @@ func TestConcurrentRegistrationAndCopies(t *testing.T) {
 					acc.Enter()
 					var k int
 					k, err = acc.Translate(key, pd, 0x10000+4000, 6000, 0, segs)
-					if err == nil {
+					// Hold the section for a while, re-reading the
+					// segments: a region unmapped under it would fault.
+					for rep := 0; err == nil && rep < 64; rep++ {
 						o := 0
 						for _, sg := range segs[:k] {
 							o += copy(buf[o:], sg)
