@@ -71,10 +71,13 @@
 // # Errors
 //
 // Control-path errors wrap the sentinels with %w and context; hot-path
-// methods return bare sentinels (no allocation). Errno maps a sentinel to
-// the errno of a control reply; the copy methods say which SGE failed so
-// the engine picks the completion status (LOC_PROT_ERR, LOC_LEN_ERR,
-// REM_ACCESS_ERR).
+// methods return bare sentinels (no allocation). Each sentinel unwraps to
+// the errno of a control reply (errors.Is(ErrBusy, unix.EBUSY); Errno and
+// abi.ErrnoOf find it). The copy methods say which SGE failed so the
+// engine picks the completion status: ErrBadKey, ErrWrongPD, ErrAccess and
+// ErrBounds on a local SGE are LOC_PROT_ERR, ErrLength is LOC_LEN_ERR,
+// any failure of the (rkey, va) side is REM_ACCESS_ERR (a NAK on the
+// responder), ErrMisaligned on an atomic is REM_INV_REQ_ERR.
 //
 // # fd ownership
 //
