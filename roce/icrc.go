@@ -25,23 +25,35 @@ import (
 // captures in the tests).
 //
 // Speed: the state after the 8 0xFF bytes is computed once (icrcSeed).
-// Per packet, the IP and UDP headers (or the pseudo header) and the first
-// 8 or 12 BTH bytes, 40 to 80 bytes, are read as 8-byte words, the
-// variant bits OR-ed to ones in registers, and fed to slicing-by-16 steps
-// in Go; the rest of the packet, in place, goes to crc32.Update with the
-// IEEE table, which uses the carry-less multiply (PCLMULQDQ)
-// implementation on amd64. The packet is never written. Two obvious
-// alternatives measured slower: a masked copy on the stack handed to
-// crc32.Update escapes to the heap (hash/crc32 calls its implementation
-// through a function value), and storing masked bytes (in place or in a
-// copy) before loading them as wider words stalls on store forwarding.
+// Per packet the CRC runs in one pass over the packet in place, the
+// packet never written: crcMasked reads the bytes, ORs a per-layout mask
+// (icrcMasks, icrcBTHMask) into the first icrcMaskLen of them as they are
+// loaded, and feeds them to the CRC. On amd64 with PCLMULQDQ and SSE4.1,
+// for buffers of at least icrcFoldMin bytes, that is an assembly routine
+// (icrc_amd64.s) folding 4 x 128-bit lanes with carry-less multiplies, the
+// mask OR-ed in registers as the first two 64-byte blocks are loaded; the
+// last 16 folded bytes and the under-16-byte tail finish in Go with
+// slicing-by-16 steps. Elsewhere, and for short buffers, the masked prefix
+// is read as 8-byte words, OR-ed in registers and fed to slicing-by-16
+// steps in Go, the rest going to crc32.Update. Alternatives measured
+// slower: a masked copy on the stack handed to crc32.Update escapes to the
+// heap (hash/crc32 calls its implementation through a function value);
+// storing masked bytes (in place or in a copy) before loading them as
+// wider words stalls on store forwarding; splitting the packet into a Go
+// prefix and a second crc32.Update call pays that call's fixed cost (~35
+// ns) per packet.
 
 // icrcSeed is the CRC-32 of 8 bytes of 0xFF.
 var icrcSeed = crc32.Update(0, crc32.IEEETable, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
 
-// icrcScratchLen is the length of a mask: IPv4 with options (60) + UDP (8)
-// + BTH (12).
-const icrcScratchLen = 80
+// icrcMaskLen is the length of a mask: two 64-byte blocks, enough for
+// IPv4 with options (60) + UDP (8) + BTH (12) and for IPv6 (40) + UDP + BTH.
+// Mask bytes past the variant fields are zero.
+const icrcMaskLen = 128
+
+// icrcMask holds ones at the ICRC-variant bits of the first bytes of a
+// buffer, zeros elsewhere.
+type icrcMask = [icrcMaskLen]byte
 
 // maskIPv4 sets the ICRC-variant fields of the IPv4 header h to ones.
 func maskIPv4(h []byte) {
@@ -62,7 +74,7 @@ func maskIPv6(h []byte) {
 
 // icrcMasks[ihl] (IHL 5..15) and icrcMasks[16] (IPv6) hold ones at the
 // variant bits of IP header, UDP header and BTH for each header layout.
-var icrcMasks = func() (m [17][icrcScratchLen]byte) {
+var icrcMasks = func() (m [17]icrcMask) {
 	for ihl := 5; ihl <= 15; ihl++ {
 		mk := m[ihl][:]
 		maskIPv4(mk)
@@ -79,31 +91,64 @@ var icrcMasks = func() (m [17][icrcScratchLen]byte) {
 	return m
 }()
 
+// icrcBTHMasks mask BTH byte 4 of a buffer starting at BTH byte 0 ([0],
+// IPv6 pseudo header) or at BTH byte 4 ([1], IPv4 pseudo header).
+var icrcBTHMasks = [2]icrcMask{{bthFB: 0xff}, {0: 0xff}}
+
 // icrcIP returns the ICRC of pkt, an IP packet (IPv4 when v6 is false,
 // with header length iphl) holding UDP and a transport packet through the
 // pad, without the ICRC itself. The caller has checked the lengths. pkt
 // is only read.
-//
-// The headers through BTH byte 4 are read as 8-byte words, OR-ed with the
-// layout's mask and fed to the slicing-by-16 step; the rest goes to
-// hash/crc32 in place.
 func icrcIP(pkt []byte, v6 bool, iphl int) uint32 {
 	mk := &icrcMasks[16]
 	if !v6 {
 		mk = &icrcMasks[iphl>>2&0xf]
 	}
-	m := (iphl + UDPHeaderLen + bthFB + 1 + 7) &^ 7 // <= iphl + UDP + BTH
-	p := pkt[:m]
+	// The variant bits end at BTH byte 4, at most iphl + UDP + BTH.
+	m := (iphl + UDPHeaderLen + bthFB + 1 + 7) &^ 7
+	return ^crcMasked(^icrcSeed, pkt, mk, m)
+}
+
+// crcMaskedGeneric is crcMasked in portable Go: the first m bytes (m a
+// multiple of 8, at most icrcMaskLen and len(p)) are read as 8-byte
+// words, OR-ed with mk and fed to slicing-by-16 steps; the rest goes to
+// hash/crc32 in place.
+func crcMaskedGeneric(c uint32, p []byte, mk *icrcMask, m int) uint32 {
+	h := p[:m]
 	le := binary.LittleEndian
-	c := ^icrcSeed
 	i := 0
-	for ; i+16 <= len(p); i += 16 {
-		c = crcWord2(c, le.Uint64(p[i:])|le.Uint64(mk[i:]), le.Uint64(p[i+8:])|le.Uint64(mk[i+8:]))
+	for ; i+16 <= len(h); i += 16 {
+		c = crcWord2(c, le.Uint64(h[i:])|le.Uint64(mk[i:]), le.Uint64(h[i+8:])|le.Uint64(mk[i+8:]))
 	}
-	if i < len(p) {
-		c = crcWord(c, le.Uint64(p[i:])|le.Uint64(mk[i:]))
+	if i < len(h) {
+		c = crcWord(c, le.Uint64(h[i:])|le.Uint64(mk[i:]))
 	}
-	return crc32.Update(^c, crc32.IEEETable, pkt[m:])
+	return ^crc32.Update(^c, crc32.IEEETable, p[m:])
+}
+
+// crcTail advances the raw CRC-32 state c over b, fewer than 16 bytes, in
+// at most four slicing steps (8, 4, 2, 1 bytes).
+func crcTail(c uint32, b []byte) uint32 {
+	le := binary.LittleEndian
+	t := &crcTab
+	if len(b) >= 8 {
+		c = crcWord(c, le.Uint64(b))
+		b = b[8:]
+	}
+	if len(b) >= 4 {
+		c ^= le.Uint32(b)
+		c = t[0][c>>24] ^ t[1][c>>16&0xff] ^ t[2][c>>8&0xff] ^ t[3][c&0xff]
+		b = b[4:]
+	}
+	if len(b) >= 2 {
+		c ^= uint32(le.Uint16(b))
+		c = c>>16 ^ t[0][c>>8&0xff] ^ t[1][c&0xff]
+		b = b[2:]
+	}
+	if len(b) >= 1 {
+		c = c>>8 ^ t[0][byte(c)^b[0]]
+	}
+	return c
 }
 
 // crcTab are the slicing-by-16 tables of the IEEE polynomial: crcTab[k][b]
@@ -144,6 +189,20 @@ func crcWord2(c uint32, w0, w1 uint64) uint32 {
 		t[3][h1&0xff] ^ t[2][h1>>8&0xff] ^ t[1][h1>>16&0xff] ^ t[0][h1>>24]
 }
 
+// xPowMod returns x^n mod P for the IEEE polynomial P (0x104c11db7), bit
+// d of the result the coefficient of x^d: the source of the amd64 fold
+// constants (foldK).
+func xPowMod(n int) uint32 {
+	r := uint64(1)
+	for range n {
+		r <<= 1
+		if r&(1<<32) != 0 {
+			r ^= 0x104c11db7
+		}
+	}
+	return uint32(r)
+}
+
 // netWord places the 16-bit value v in network byte order in the low two
 // bytes of a little-endian word.
 func netWord(v uint64) uint64 { return v>>8&0xff | (v&0xff)<<8 }
@@ -178,9 +237,10 @@ type Pseudo struct {
 }
 
 // icrcPseudo returns the ICRC of body (BTH..pad) under pseudo header ps.
-// The pseudo header and the first BTH bytes are composed as 8-byte words
-// in registers (see Pseudo for the values); the rest of body goes to
-// hash/crc32 in place. body is only read.
+// The pseudo header (with the first BTH bytes for IPv4) is composed as
+// 8-byte words in registers and fed to slicing-by-16 steps (see Pseudo
+// for the values); the rest of body goes to crcMasked in place. body is
+// only read.
 func icrcPseudo(ps *Pseudo, body []byte) uint32 {
 	le := binary.LittleEndian
 	ul := uint64(UDPHeaderLen + len(body) + ICRCLen) // UDP length
@@ -196,8 +256,7 @@ func icrcPseudo(ps *Pseudo, body []byte) uint32 {
 		c = crcWord2(c, 0x6f|0xffffff<<8|netWord(ul)<<32|ProtocolUDP<<48|0xff<<56, le.Uint64(s[0:]))
 		c = crcWord2(c, le.Uint64(s[8:]), le.Uint64(d[0:]))
 		c = crcWord2(c, le.Uint64(d[8:]), netWord(sp)|netWord(dp)<<16|netWord(ul)<<32|0xffff<<48)
-		c = crcWord(c, le.Uint64(body[0:])|0xff<<(8*bthFB))
-		return crc32.Update(^c, crc32.IEEETable, body[8:])
+		return ^crcMasked(c, body, &icrcBTHMasks[0], 8)
 	}
 	s, d := addr4(src), addr4(dst)
 	c = crcWord2(c,
@@ -210,9 +269,8 @@ func icrcPseudo(ps *Pseudo, body []byte) uint32 {
 		uint64(le.Uint32(d[:]))|netWord(sp)<<32|netWord(dp)<<48,
 		// UDP length | checksum ff ff | BTH 0..3
 		netWord(ul)|0xffff<<16|uint64(le.Uint32(body[0:]))<<32)
-	// BTH 4..11, byte 4 masked
-	c = crcWord(c, le.Uint64(body[4:])|0xff)
-	return crc32.Update(^c, crc32.IEEETable, body[12:])
+	// BTH 4.. with byte 4 masked
+	return ^crcMasked(c, body[4:], &icrcBTHMasks[1], 8)
 }
 
 // putICRC stores crc little-endian at b[0:4].

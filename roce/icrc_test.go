@@ -2,7 +2,10 @@ package roce
 
 import (
 	"bytes"
+	"fmt"
 	"hash/crc32"
+	"math/bits"
+	"math/rand/v2"
 	"net/netip"
 	"testing"
 
@@ -56,8 +59,9 @@ func TestICRCPseudoMatchesReference(t *testing.T) {
 		{Src: netip.MustParseAddr("2001:db8::1"), Dst: netip.MustParseAddr("2001:db8:ffff::2"), SrcPort: 4791},
 		{Src: netip.MustParseAddr("::ffff:10.0.0.1"), Dst: netip.MustParseAddr("10.0.0.2"), SrcPort: 1},
 	}
+	lengths := append(icrcLengths(0, 300), 1000, 4096+RETHLen, 9000)
 	for _, ps := range pairs {
-		for n := 0; n < 40; n++ {
+		for _, n := range lengths {
 			body := make([]byte, BTHLen+n)
 			for i := range body {
 				body[i] = byte(i*37 + n)
@@ -87,4 +91,182 @@ func TestICRCPseudoMatchesReference(t *testing.T) {
 // value 0xdebb20e3 (rxe_icrc.c), in raw (not inverted) form.
 func TestICRCSeed(t *testing.T) {
 	assert.Equal(t, uint32(0xdebb20e3), ^icrcSeed)
+}
+
+// icrcLengths returns every length from lo to hi and some large ones
+// around the fold paths' block sizes and common MTUs.
+func icrcLengths(lo, hi int) []int {
+	var ns []int
+	for n := lo; n <= hi; n++ {
+		ns = append(ns, n)
+	}
+	return append(ns, 383, 384, 511, 512, 513, 1023, 1024, 1040, 1500, 2047, 4152, 4172, 8191, 9000, 65536+7)
+}
+
+// icrcVariant is one implementation of crcMasked; min is the shortest
+// buffer it takes.
+type icrcVariant struct {
+	name string
+	min  int
+	f    func(c uint32, p []byte, mk *icrcMask, m int) uint32
+}
+
+// icrcVariants are the portable path, the dispatching crcMasked and each
+// architecture kernel this CPU runs, forced.
+func icrcVariants() []icrcVariant {
+	return append([]icrcVariant{
+		{"generic", 0, crcMaskedGeneric},
+		{"dispatch", 0, crcMasked},
+	}, archICRCVariants()...)
+}
+
+// icrcLayout is a named mask with the span (a multiple of 8) covering
+// its nonzero bytes.
+type icrcLayout struct {
+	name string
+	mk   *icrcMask
+	span int
+}
+
+// maskSpan returns the smallest multiple of 8 covering mk's nonzero bytes.
+func maskSpan(mk *icrcMask) int {
+	n := 0
+	for i, b := range mk {
+		if b != 0 {
+			n = i + 1
+		}
+	}
+	return (n + 7) &^ 7
+}
+
+// icrcLayouts are every mask the package uses (IPv4 IHL 5..15, IPv6, the
+// two pseudo-header BTH masks), no mask, all ones and a random one.
+func icrcLayouts(rng *rand.Rand) []icrcLayout {
+	var ls []icrcLayout
+	add := func(name string, mk *icrcMask) { ls = append(ls, icrcLayout{name, mk, maskSpan(mk)}) }
+	for ihl := 5; ihl <= 15; ihl++ {
+		add(fmt.Sprintf("ipv4-ihl%d", ihl), &icrcMasks[ihl])
+	}
+	add("ipv6", &icrcMasks[16])
+	add("bth0", &icrcBTHMasks[0])
+	add("bth4", &icrcBTHMasks[1])
+	add("none", new(icrcMask))
+	ones, rnd := new(icrcMask), new(icrcMask)
+	for i := range ones {
+		ones[i], rnd[i] = 0xff, byte(rng.Uint32())
+	}
+	add("ones", ones)
+	add("random", rnd)
+	return ls
+}
+
+// refMasked is crcMasked the plain way: copy, OR the mask in, CRC.
+func refMasked(c uint32, p []byte, mk *icrcMask) uint32 {
+	q := bytes.Clone(p)
+	for i := range min(len(q), icrcMaskLen) {
+		q[i] |= mk[i]
+	}
+	return ^crc32.Update(^c, crc32.IEEETable, q)
+}
+
+// checkVariants asserts every variant that takes p under layout l
+// agrees with refMasked and leaves p as it was.
+func checkVariants(t *testing.T, c uint32, p []byte, l icrcLayout) bool {
+	orig := bytes.Clone(p)
+	want := refMasked(c, p, l.mk)
+	ok := true
+	for _, v := range icrcVariants() {
+		if len(p) < v.min || len(p) < l.span {
+			continue
+		}
+		ok = assert.Equal(t, want, v.f(c, p, l.mk, l.span), "%s %s len %d", v.name, l.name, len(p)) && ok
+		ok = assert.Equal(t, orig, p, "%s wrote to p", v.name) && ok
+	}
+	return ok
+}
+
+// TestCRCMaskedVariants checks every implementation against refMasked
+// for every mask layout, every length 0..300 and assorted large ones, at
+// varying alignments and start states.
+func TestCRCMaskedVariants(t *testing.T) {
+	for _, v := range icrcVariants() {
+		t.Logf("variant %s (from %d bytes)", v.name, v.min)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	buf := make([]byte, 65536+64)
+	for i := range buf {
+		buf[i] = byte(rng.Uint32())
+	}
+	for _, l := range icrcLayouts(rng) {
+		t.Run(l.name, func(t *testing.T) {
+			for _, n := range icrcLengths(0, 300) {
+				off := n % 16
+				if !checkVariants(t, rng.Uint32(), buf[off:off+n], l) {
+					return
+				}
+			}
+		})
+	}
+}
+
+// TestICRCIPRandom checks icrcIP against refICRC on random packets of
+// every header layout (IPv4 IHL 5..15, IPv6) and length.
+func TestICRCIPRandom(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for hl := 5; hl <= 16; hl++ {
+		v6, iphl := hl == 16, hl*4
+		if v6 {
+			iphl = IPv6HeaderLen
+		}
+		t.Run(fmt.Sprintf("v6=%v/iphl=%d", v6, iphl), func(t *testing.T) {
+			for _, n := range icrcLengths(iphl+UDPHeaderLen+BTHLen+ICRCLen, 300) {
+				ip := make([]byte, n)
+				for i := range ip {
+					ip[i] = byte(rng.Uint32())
+				}
+				ip[0] = 0x40 | byte(hl)
+				if v6 {
+					ip[0] = 0x60 | ip[0]&0xf
+				}
+				if !assert.Equal(t, refICRC(ip), icrcIP(ip[:n-ICRCLen], v6, iphl), "len %d", n) {
+					return
+				}
+			}
+		})
+	}
+}
+
+// TestFoldConstants checks xPowMod, from which the fold constants come,
+// against hash/crc32: the raw CRC of k bytes whose first bit alone is set
+// is x^(8k-1+32) mod P, bit-reflected.
+func TestFoldConstants(t *testing.T) {
+	for k := 1; k <= 300; k++ {
+		msg := make([]byte, k)
+		msg[0] = 1
+		raw := ^crc32.Update(^uint32(0), crc32.IEEETable, msg)
+		require.Equal(t, bits.Reverse32(raw), xPowMod(8*k+31), "k=%d", k)
+	}
+}
+
+// TestCRCTail checks crcTail against hash/crc32 for every tail length.
+func TestCRCTail(t *testing.T) {
+	b := []byte("0123456789abcdef")
+	for n := range 16 {
+		for _, c := range []uint32{0, 1, 0xdebb20e3, 0xffffffff} {
+			assert.Equal(t, ^crc32.Update(^c, crc32.IEEETable, b[:n]), crcTail(c, b[:n]), "n=%d c=%#x", n, c)
+		}
+	}
+}
+
+// FuzzCRCMasked compares every implementation of crcMasked (portable,
+// dispatching, each architecture kernel) with refMasked on arbitrary
+// bytes, start state and mask layout.
+func FuzzCRCMasked(f *testing.F) {
+	for _, n := range []int{0, 7, 40, 127, 128, 143, 255, 256, 300, 1040, 4172} {
+		f.Add(bytes.Repeat([]byte{0xa5, 0x3c, 0x00}, n)[:n], uint32(n)*0x9e3779b9, uint8(n))
+	}
+	layouts := icrcLayouts(rand.New(rand.NewPCG(5, 6)))
+	f.Fuzz(func(t *testing.T, data []byte, c uint32, layout uint8) {
+		checkVariants(t, c, data, layouts[int(layout)%len(layouts)])
+	})
 }

@@ -1,0 +1,83 @@
+//go:build amd64
+
+package roce
+
+import (
+	"math/bits"
+
+	"golang.org/x/sys/cpu"
+)
+
+// icrcFoldMin and icrcFoldWideMin are the shortest buffers crcMasked
+// hands to icrcFold, narrow (the two 64-byte blocks the mask covers) and
+// wide (the four 64-byte lane groups). Shorter ones take the portable
+// path.
+const (
+	icrcFoldMin     = 2 * 64
+	icrcFoldWideMin = 4 * 64
+)
+
+// useFold reports whether the CPU has what the narrow icrcFold needs:
+// PCLMULQDQ for the multiplies, SSE4.1 for PEXTRQ. useFoldWide adds the
+// AVX-512 foundation and its VPCLMULQDQ (x/sys/cpu reports AVX-512 only
+// when the OS saves the zmm state).
+var (
+	useFold     = cpu.X86.HasPCLMULQDQ && cpu.X86.HasSSE41
+	useFoldWide = useFold && cpu.X86.HasAVX512F && cpu.X86.HasAVX512VPCLMULQDQ
+)
+
+// icrcK are icrcFold's constants, pairs (x^(D+32), x^(D-32)) mod P for a
+// fold over D bits in the bit-reflected 33-bit form foldK gives: D = 512
+// (narrow loop, folding wide lane groups together), D = 128 (folding
+// lanes together, 16-byte steps), D = 2048 (wide loop).
+var icrcK = [6]uint64{
+	foldK(4*128 + 32), foldK(4*128 - 32),
+	foldK(128 + 32), foldK(128 - 32),
+	foldK(16*128 + 32), foldK(16*128 - 32),
+}
+
+// foldK returns x^n mod P with the coefficient of x^d at bit 32-d, the
+// form in which a carry-less multiply by a bit-reflected 64-bit half of a
+// data block (bit i the coefficient of x^(63-i)) yields the product
+// aligned as a bit-reflected 128-bit block.
+//
+// Why: a 128-bit block R, bit j the coefficient of x^(127-j), is
+// H*x^64 + L with H in its low and L in its high quadword. Moved D bits
+// further along the message, R*x^D = H*x^(64+D) + L*x^D, and modulo P
+// that is H*(x^(D+32) mod P)*x^32 + L*(x^(D-32) mod P)*x^32. Multiplying
+// a half (bit i ~ x^(63-i)) by a constant in this form (bit j ~ x^(32-j))
+// puts x^(95-k) at product bit k, which as a 128-bit block (bit k ~
+// x^(127-k)) is the product times x^32: exactly the terms above.
+func foldK(n int) uint64 {
+	return uint64(bits.Reverse32(xPowMod(n))) << 1
+}
+
+// icrcFold returns the 16 bytes (little-endian, first byte lowest) whose
+// CRC from state 0 is the raw CRC-32 state after c over p, with
+// p[i]|mk[i] in place of p[i] for i < icrcMaskLen. The mask is OR-ed into
+// registers as the bytes are loaded; p is only read. len(p) must be a
+// multiple of 16 and at least icrcFoldMin, or icrcFoldWideMin when wide
+// (the AVX-512 path, which needs useFoldWide).
+//
+//go:noescape
+func icrcFold(c uint32, p []byte, mk *icrcMask, wide bool) (lo, hi uint64)
+
+// crcMasked returns the raw (not inverted) CRC-32 state after c over p,
+// with p[i]|mk[i] in place of p[i] for i < m: m, a multiple of 8 no
+// larger than icrcMaskLen or len(p), covers every nonzero byte of mk.
+// p is only read.
+func crcMasked(c uint32, p []byte, mk *icrcMask, m int) uint32 {
+	if !useFold || len(p) < icrcFoldMin {
+		return crcMaskedGeneric(c, p, mk, m)
+	}
+	return crcFolded(c, p, mk, useFoldWide && len(p) >= icrcFoldWideMin)
+}
+
+// crcFolded is crcMasked through icrcFold (wide or narrow, which the
+// caller has checked the CPU and len(p) allow) and crcTail for the last
+// len(p)%16 bytes.
+func crcFolded(c uint32, p []byte, mk *icrcMask, wide bool) uint32 {
+	n := len(p) &^ 15
+	lo, hi := icrcFold(c, p[:n], mk, wide)
+	return crcTail(crcWord2(0, lo, hi), p[n:])
+}

@@ -1,0 +1,169 @@
+//go:build amd64
+
+#include "textflag.h"
+
+// icrcFold: CRC-32 (IEEE, bit-reflected) by folding with carry-less
+// multiplies, after Intel's "Fast CRC Computation for Generic Polynomials
+// Using PCLMULQDQ Instruction". 128-bit lanes hold the message so far,
+// congruent modulo P to it; each step folds every lane forward by the
+// width of all lanes (its low quadword times x^(D+32) mod P, its high
+// quadword times x^(D-32) mod P, see foldK) onto the next block of its
+// lane. Narrow (SSE): four lanes X1..X4, 64 bytes a step. Wide (AVX-512
+// VPCLMULQDQ): four lanes of four, Z1..Z4, 256 bytes a step, then one
+// zmm, 64 bytes a step, then its quarters become X1..X4. Both end alike:
+// the lanes fold into X1, 16-byte steps follow, and X1 is returned for
+// the caller's final reduction. The mask is OR-ed into the first 128
+// bytes in registers as they are loaded; nothing is stored.
+
+// FOLD folds lane A (scratch T) forward by the distance whose constants
+// are in X0 and adds data block D: A = lo(A)*lo(X0) ^ hi(A)*hi(X0) ^ D.
+#define FOLD(A, T, D) \
+	MOVOA     A, T; \
+	PCLMULQDQ $0x00, X0, A; \
+	PCLMULQDQ $0x11, X0, T; \
+	PXOR      D, A; \
+	PXOR      T, A
+
+// LOAD4 loads the 64 bytes at off(SI) into X9..X12.
+#define LOAD4(off) \
+	MOVOU off+0(SI), X9; \
+	MOVOU off+16(SI), X10; \
+	MOVOU off+32(SI), X11; \
+	MOVOU off+48(SI), X12
+
+// MASK4 ORs the 64 mask bytes at off(DX) into X9..X12 (X13..X15 and X5
+// scratch).
+#define MASK4(off) \
+	MOVOU off+0(DX), X13; \
+	MOVOU off+16(DX), X14; \
+	MOVOU off+32(DX), X15; \
+	MOVOU off+48(DX), X5; \
+	POR   X13, X9; \
+	POR   X14, X10; \
+	POR   X15, X11; \
+	POR   X5, X12
+
+// FOLD4 folds the four lanes onto X9..X12.
+#define FOLD4 \
+	FOLD(X1, X5, X9); \
+	FOLD(X2, X6, X10); \
+	FOLD(X3, X7, X11); \
+	FOLD(X4, X8, X12)
+
+// ZFOLD folds zmm lane group A (scratch T) forward by the distance whose
+// constants are in every quarter of Z0 and adds D.
+#define ZFOLD(A, T, D) \
+	VPCLMULQDQ $0x11, Z0, A, T; \
+	VPCLMULQDQ $0x00, Z0, A, A; \
+	VPTERNLOGD $0x96, D, T, A
+
+// func icrcFold(c uint32, p []byte, mk *icrcMask, wide bool) (lo, hi uint64)
+TEXT ·icrcFold(SB), NOSPLIT, $0-64
+	MOVQ p_base+8(FP), SI
+	MOVQ p_len+16(FP), CX
+	MOVQ mk+32(FP), DX
+	CMPB wide+40(FP), $0
+	JNE  wide
+
+	// Block 0, masked, the state c added to its first 4 bytes.
+	LOAD4(0)
+	MASK4(0)
+	MOVL  c+0(FP), X13
+	PXOR  X13, X9
+	MOVOA X9, X1
+	MOVOA X10, X2
+	MOVOA X11, X3
+	MOVOA X12, X4
+
+	// Block 1, masked.
+	MOVOU ·icrcK+0(SB), X0
+	LOAD4(64)
+	MASK4(64)
+	FOLD4
+	ADDQ  $128, SI
+	SUBQ  $128, CX
+
+loop64:
+	CMPQ CX, $64
+	JB   lanes
+	LOAD4(0)
+	FOLD4
+	ADDQ $64, SI
+	SUBQ $64, CX
+	JMP  loop64
+
+wide:
+	// Blocks 0..3 (256 bytes), the first two masked, the state c added.
+	VMOVDQU64 0(SI), Z1
+	VMOVDQU64 64(SI), Z2
+	VMOVDQU64 128(SI), Z3
+	VMOVDQU64 192(SI), Z4
+	VPORQ     0(DX), Z1, Z1
+	VPORQ     64(DX), Z2, Z2
+	MOVL      c+0(FP), AX
+	VMOVD     AX, X13
+	VPXORQ    Z13, Z1, Z1
+	ADDQ      $256, SI
+	SUBQ      $256, CX
+
+	VBROADCASTI32X4 ·icrcK+32(SB), Z0
+
+wloop256:
+	CMPQ      CX, $256
+	JB        wfold
+	VMOVDQU64 0(SI), Z9
+	VMOVDQU64 64(SI), Z10
+	VMOVDQU64 128(SI), Z11
+	VMOVDQU64 192(SI), Z12
+	ZFOLD(Z1, Z5, Z9)
+	ZFOLD(Z2, Z6, Z10)
+	ZFOLD(Z3, Z7, Z11)
+	ZFOLD(Z4, Z8, Z12)
+	ADDQ      $256, SI
+	SUBQ      $256, CX
+	JMP       wloop256
+
+wfold:
+	// Fold Z1 onto Z2, Z2 onto Z3, Z3 onto Z4, by 512 bits.
+	VBROADCASTI32X4 ·icrcK+0(SB), Z0
+	ZFOLD(Z1, Z5, Z2)
+	ZFOLD(Z1, Z5, Z3)
+	ZFOLD(Z1, Z5, Z4)
+
+wloop64:
+	CMPQ      CX, $64
+	JB        wsplit
+	VMOVDQU64 0(SI), Z9
+	ZFOLD(Z1, Z5, Z9)
+	ADDQ      $64, SI
+	SUBQ      $64, CX
+	JMP       wloop64
+
+wsplit:
+	VEXTRACTI32X4 $3, Z1, X4
+	VEXTRACTI32X4 $2, Z1, X3
+	VEXTRACTI32X4 $1, Z1, X2
+	VZEROUPPER
+
+lanes:
+	// Fold X1 onto X2, X2 onto X3, X3 onto X4, by 128 bits.
+	MOVOU ·icrcK+16(SB), X0
+	FOLD(X1, X5, X2)
+	FOLD(X1, X5, X3)
+	FOLD(X1, X5, X4)
+
+loop16:
+	CMPQ  CX, $16
+	JB    done
+	MOVOU (SI), X9
+	FOLD(X1, X5, X9)
+	ADDQ  $16, SI
+	SUBQ  $16, CX
+	JMP   loop16
+
+done:
+	MOVQ   X1, AX
+	PEXTRQ $1, X1, BX
+	MOVQ   AX, lo+48(FP)
+	MOVQ   BX, hi+56(FP)
+	RET

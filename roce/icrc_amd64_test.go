@@ -1,0 +1,19 @@
+//go:build amd64
+
+package roce
+
+// archICRCVariants forces each icrcFold kernel this CPU runs.
+func archICRCVariants() []icrcVariant {
+	var vs []icrcVariant
+	if useFold {
+		vs = append(vs, icrcVariant{"narrow", icrcFoldMin, func(c uint32, p []byte, mk *icrcMask, _ int) uint32 {
+			return crcFolded(c, p, mk, false)
+		}})
+	}
+	if useFoldWide {
+		vs = append(vs, icrcVariant{"wide", icrcFoldWideMin, func(c uint32, p []byte, mk *icrcMask, _ int) uint32 {
+			return crcFolded(c, p, mk, true)
+		}})
+	}
+	return vs
+}

@@ -1,0 +1,6 @@
+//go:build !amd64
+
+package roce
+
+// archICRCVariants: no architecture kernels here.
+func archICRCVariants() []icrcVariant { return nil }
