@@ -157,7 +157,7 @@ func New(cfg Config) (*Device, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Device{
+	d := &Device{
 		cfg:      cfg,
 		log:      cfg.Logger.With("device", cfg.Name),
 		mem:      dmaSpace{cfg.Space},
@@ -169,7 +169,14 @@ func New(cfg Config) (*Device, error) {
 		nextQPN:  firstQPN,
 		lns:      make(map[*net.UnixListener]struct{}),
 		conns:    make(map[*net.UnixConn]struct{}),
-	}, nil
+	}
+	if dp, ok := cfg.Engine.(*DataPlane); ok {
+		if dp.dev != nil {
+			return nil, errors.New("device: the DataPlane already serves another device")
+		}
+		dp.dev = d
+	}
+	return d, nil
 }
 
 // Name returns the device name.

@@ -475,6 +475,9 @@ func (cn *conn) destroyCQ(r *request) (reply, error) {
 }
 
 func (d *Device) freeCQ(cx *Context, q *CQ) {
+	if dp, ok := d.engine.(*DataPlane); ok {
+		dp.releaseCQ(q)
+	}
 	q.ring.Release()
 	cx.db.Free(q.dbIndex)
 	closeFd(q.eventfd)

@@ -347,6 +347,9 @@ func (cn *conn) destroySRQ(r *request) (reply, error) {
 }
 
 func (d *Device) freeSRQ(cx *Context, s *SRQ) {
+	if dp, ok := d.engine.(*DataPlane); ok {
+		dp.releaseSRQ(s)
+	}
 	s.ring.Release()
 	cx.db.Free(s.dbIndex)
 	s.pd.users--

@@ -1,0 +1,304 @@
+package device
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/device/engine"
+	"github.com/vrnic/vrnic/doorbell"
+	"github.com/vrnic/vrnic/queues"
+)
+
+// The engine's work sources and completion sinks over the client's rings
+// (package queues) and doorbell records (package doorbell).
+//
+// Who calls what:
+//
+//   - sqSource and an RQ's recvSource belong to one QP and are called only
+//     by the QP's owning engine worker.
+//   - An SRQ's recvSource is shared by every QP attached to it, whatever
+//     worker owns them: a mutex serialises its consumers.
+//   - A cqSink is shared by every QP using the CQ (as send or receive CQ),
+//     on any worker: a mutex serialises its producers. The engine reaches it
+//     through a per-QP qpSink, which knows the QP and reports error
+//     completions (the QP is then in ERR) to the data plane.
+//
+// Resetting a QP (MODIFY_QP to RESET) discards the WQEs posted so far
+// without completions (IBTA 10.3.1). The client's producer indices are not
+// reset by the ABI (they are free-running), so the control path records
+// the producer index the client had published when the QP was reset, and
+// the worker, on its next poll, consumes the ring up to that index. The
+// hand-over is one atomic word (generation << 32 | index): the worker
+// alone moves the consumer index.
+
+// errRingBroken is reported once for a ring whose client-written producer
+// index was impossible (queues.ErrIndex): the engine moves the QP to ERR.
+var errRingBroken = errors.New("device: work queue index out of range")
+
+// resetReq is the hand-over of a RESET to the worker: generation in the
+// high half (0: none yet), the producer index to discard up to in the low.
+type resetReq struct{ v atomic.Uint64 }
+
+func (r *resetReq) request(pi uint32) {
+	for {
+		old := r.v.Load()
+		next := (old>>32+1)<<32 | uint64(pi)
+		if r.v.CompareAndSwap(old, next) {
+			return
+		}
+	}
+}
+
+// sqSource is a QP's send queue as the engine's SendSource.
+type sqSource struct {
+	q      *queues.SQ
+	wr     queues.SendWR
+	reset  resetReq
+	seen   uint32 // reset generation applied (worker only)
+	broken bool   // errRingBroken reported (worker only)
+}
+
+var _ engine.SendSource = (*sqSource)(nil)
+
+func newSQSource(ring []byte, c abi.QPCap, rec doorbell.QPRecord) (*sqSource, error) {
+	q, err := queues.NewSQ(ring, queues.SQConfig{Slots: c.MaxSendWR, MaxSGE: c.MaxSendSGE, MaxInline: c.MaxInlineData}, rec.SQPI, rec.SQCI)
+	if err != nil {
+		return nil, err
+	}
+	return &sqSource{q: q}, nil
+}
+
+// PollSend implements engine.SendSource. The WQE is read once from the
+// ring into private memory and validated by package queues, then copied
+// into w (whose SGE and inline storage the engine sized from the same
+// capacities). The consumer index is published when the batch seen by
+// the last producer-index load is used up.
+func (s *sqSource) PollSend(w *engine.SendWork) (bool, error) {
+	if v := s.reset.v.Load(); uint32(v>>32) != s.seen {
+		s.seen = uint32(v >> 32)
+		discardTo(s.q, uint32(v), func() (bool, error) { return s.q.Next(&s.wr) })
+	}
+	if s.q.Pending() == 0 {
+		s.q.Publish()
+		n, err := s.q.Poll()
+		if err != nil {
+			if s.broken {
+				return false, nil
+			}
+			s.broken = true
+			w.SendWQE = abi.SendWQE{}
+			w.SGEs, w.Inline = w.SGEs[:0], w.Inline[:0]
+			return true, fmt.Errorf("%w: %w", errRingBroken, err)
+		}
+		if n == 0 {
+			return false, nil
+		}
+	}
+	ok, err := s.q.Next(&s.wr)
+	if !ok {
+		return false, nil
+	}
+	if s.q.Pending() == 0 {
+		s.q.Publish()
+	}
+	w.SendWQE = s.wr.SendWQE
+	w.SGEs, w.Inline = w.SGEs[:0], w.Inline[:0]
+	if err != nil {
+		return true, err // *queues.WQEError: consumed, wr_id kept
+	}
+	sges := s.wr.SGEs()
+	if len(sges) > cap(w.SGEs) || len(s.wr.Inline) > cap(w.Inline) {
+		// Cannot happen: both were sized from the QP's capabilities.
+		return true, errWorkTooBig
+	}
+	w.SGEs = append(w.SGEs, sges...)
+	w.Inline = append(w.Inline, s.wr.Inline...)
+	return true, nil
+}
+
+var errWorkTooBig = errors.New("device: WQE larger than the engine's private copy")
+
+// discardTo consumes the ring up to producer index target (the RESET
+// hand-over) and publishes the consumer index. A target the client's
+// producer index never reached, or an impossible index, stops early: the
+// ring then starts from where it is.
+func discardTo(q interface {
+	Poll() (uint32, error)
+	Head() uint32
+	Publish()
+}, target uint32, next func() (bool, error)) {
+	for q.Head() != target {
+		n, err := q.Poll()
+		if err != nil || n == 0 {
+			break
+		}
+		for q.Head() != target {
+			if ok, _ := next(); !ok {
+				break
+			}
+		}
+	}
+	q.Publish()
+}
+
+// recvSource is an RQ or SRQ as the engine's RecvSource.
+type recvSource struct {
+	mu     *sync.Mutex // non-nil for an SRQ (shared by workers)
+	q      *queues.RecvQueue
+	wr     queues.RecvWR
+	reset  resetReq // RQ only
+	seen   uint32
+	broken bool
+}
+
+var _ engine.RecvSource = (*recvSource)(nil)
+
+func newRQSource(ring []byte, slots, maxSGE uint32, rec doorbell.QPRecord) (*recvSource, error) {
+	q, err := queues.NewRQ(ring, queues.RecvConfig{Slots: slots, MaxSGE: maxSGE}, rec.RQPI, rec.RQCI)
+	if err != nil {
+		return nil, err
+	}
+	return &recvSource{q: q}, nil
+}
+
+func newSRQSource(ring []byte, slots, maxSGE uint32, rec doorbell.SRQRecord) (*recvSource, error) {
+	q, err := queues.NewSRQ(ring, queues.RecvConfig{Slots: slots, MaxSGE: maxSGE}, rec.PI, rec.CI)
+	if err != nil {
+		return nil, err
+	}
+	return &recvSource{q: q, mu: new(sync.Mutex)}, nil
+}
+
+// PollRecv implements engine.RecvSource.
+func (s *recvSource) PollRecv(r *engine.RecvWork) (bool, error) {
+	if s.mu != nil {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+	} else if v := s.reset.v.Load(); uint32(v>>32) != s.seen {
+		s.seen = uint32(v >> 32)
+		discardTo(s.q, uint32(v), func() (bool, error) { return s.q.Next(&s.wr) })
+	}
+	if s.q.Pending() == 0 {
+		s.q.Publish()
+		n, err := s.q.Poll()
+		if err != nil {
+			if s.broken {
+				return false, nil
+			}
+			s.broken = true
+			r.WrID, r.SGEs = 0, r.SGEs[:0]
+			return true, fmt.Errorf("%w: %w", errRingBroken, err)
+		}
+		if n == 0 {
+			return false, nil
+		}
+	}
+	ok, err := s.q.Next(&s.wr)
+	if !ok {
+		return false, nil
+	}
+	if s.q.Pending() == 0 {
+		s.q.Publish()
+	}
+	r.WrID, r.SGEs = s.wr.WrID, r.SGEs[:0]
+	if err != nil {
+		return true, err
+	}
+	sges := s.wr.SGEs()
+	if len(sges) > cap(r.SGEs) {
+		return true, errWorkTooBig
+	}
+	r.SGEs = append(r.SGEs, sges...)
+	return true, nil
+}
+
+// cqSink is a CQ's producer side: the CQE ring (queues.CQ), cq_pi, and
+// CQ arming with the client's completion eventfd (doorbell.CQNotifier).
+// It lives as long as the CQ (created with the first QP that uses it,
+// released when the CQ is destroyed), so its producer index survives the
+// QPs.
+//
+// Overflow (the client did not consume): the CQE is not written, the
+// record's overflow word is set (queues), and the CQ stays in error: every
+// later completion fails too (IBTA 11.4.2.1: a CQ overrun is a CQ error;
+// its QPs go to ERR). The QP of each failed completion is moved to ERR.
+type cqSink struct {
+	mu       sync.Mutex
+	cq       *queues.CQ
+	notify   *doorbell.CQNotifier
+	overflow bool
+	lost     atomic.Uint64 // completions refused after the overflow
+	events   atomic.Uint64 // completion eventfd writes
+}
+
+func newCQSink(ring []byte, count uint32, rec doorbell.CQRecord, comp *doorbell.EventFD) (*cqSink, error) {
+	q, err := queues.NewCQ(ring, count, queues.CQWords{CI: rec.CI, PI: rec.PI, Overflow: rec.Overflow})
+	if err != nil {
+		return nil, err
+	}
+	return &cqSink{cq: q, notify: doorbell.NewCQNotifier(rec, comp)}, nil
+}
+
+// errCQOverflow is returned for every completion of an overflowed CQ.
+var errCQOverflow = fmt.Errorf("device: %w (CQ in error)", queues.ErrCQFull)
+
+// push writes c, publishes cq_pi and, if the CQ is armed for it, writes
+// the completion eventfd (solicited: the CQE satisfies a solicited-only
+// arm).
+func (s *cqSink) push(c *abi.CQE, solicited bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.overflow {
+		s.lost.Add(1)
+		return errCQOverflow
+	}
+	if err := s.cq.Push(c); err != nil {
+		s.overflow = true
+		s.lost.Add(1)
+		if errors.Is(err, queues.ErrCQFull) {
+			return errCQOverflow
+		}
+		return err
+	}
+	s.cq.Publish()
+	if sent, _ := s.notify.Completed(solicited); sent {
+		s.events.Add(1)
+	}
+	return nil
+}
+
+func (s *cqSink) close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.notify.Close()
+}
+
+// qpSink is one QP's use of a CQ: the engine's CompletionSink.
+type qpSink struct {
+	qp   *dpQP
+	cq   *cqSink
+	recv bool
+}
+
+var _ engine.CompletionSink = (*qpSink)(nil)
+
+// PushCQE implements engine.CompletionSink. Solicited-only arming: an
+// error completion always satisfies it; a send-side success never does
+// (IBTA 11.4.2.2: solicited events come from receive completions of
+// messages with the SE bit). The engine does not pass the SE bit of a
+// received message yet, so every successful receive completion is taken
+// as solicited: a solicited-only waiter may wake for an unsolicited
+// message, but never misses a solicited one.
+func (s *qpSink) PushCQE(c *abi.CQE) error {
+	solicited := c.Status != abi.WCSuccess || s.recv
+	err := s.cq.push(c, solicited)
+	if c.Status != abi.WCSuccess || err != nil {
+		// An RC error completion means the QP is in ERR (IBTA 10.8.3.3);
+		// an overflowed CQ moves it there.
+		s.qp.noteError()
+	}
+	return err
+}

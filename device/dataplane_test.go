@@ -1,0 +1,435 @@
+package device_test
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"log/slog"
+	"math/rand/v2"
+	"net/netip"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/device/engine"
+	"github.com/vrnic/vrnic/dma"
+	"github.com/vrnic/vrnic/link"
+	"github.com/vrnic/vrnic/roce"
+	"github.com/vrnic/vrnic/verbs"
+)
+
+// dpNode is an in-process device with the transport engine, attached to
+// an in-memory network, serving a real control socket.
+type dpNode struct {
+	addr netip.Addr
+	gid  [16]byte
+	dev  *device.Device
+	dp   *device.DataPlane
+	sock string
+}
+
+func newDPNetwork(t testing.TB) *link.Network {
+	nw, err := link.NewNetwork(link.Config{FrameCap: engine.DefaultFrameCap, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	return nw
+}
+
+// newDPNode starts a device at addr with workers engine workers.
+func newDPNode(t testing.TB, nw *link.Network, addr string, workers int, faults *link.Faults) *dpNode {
+	t.Helper()
+	log := slog.New(slog.DiscardHandler)
+	a := netip.MustParseAddr(addr)
+	ports, err := nw.Attach(a, workers, faults)
+	require.NoError(t, err)
+	links := make([]engine.Link, len(ports))
+	for i, p := range ports {
+		links[i] = p
+	}
+	eng, err := engine.New(engine.Config{Links: links, Mode: roce.ModeEthernet, Logger: log})
+	require.NoError(t, err)
+	space, err := dma.NewSpace(dma.Config{Logger: log})
+	require.NoError(t, err)
+	dp, err := device.NewDataPlane(device.DataPlaneConfig{Engine: eng, Space: space, Logger: log})
+	require.NoError(t, err)
+	n := &dpNode{addr: a, gid: a.As16(), dp: dp} // IPv4: the IPv4-mapped GID
+	n.dev, err = device.New(device.Config{
+		Name:      "dp-" + addr,
+		Link:      device.LinkInfo{Type: abi.LinkMem, MaxMTU: abi.MTU4096, GIDs: [][16]byte{n.gid}, SpeedMbps: 10000},
+		Space:     space,
+		Doorbells: device.NewDoorbellPage,
+		Engine:    dp,
+		Logger:    log,
+	})
+	require.NoError(t, err)
+	dp.Start()
+	dir := t.TempDir()
+	n.sock = filepath.Join(dir, "dev"+device.SocketSuffix)
+	l, err := device.Listen(n.sock)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- n.dev.Serve(l) }()
+	t.Cleanup(func() {
+		n.dev.Close()
+		<-done
+		assert.NoError(t, dp.Close())
+		space.Close()
+	})
+	return n
+}
+
+// dpClient is one verbs client with a connected RC QP and a registered
+// buffer.
+type dpClient struct {
+	ctx  *verbs.Context
+	pd   *verbs.PD
+	ch   *verbs.CompChannel
+	scq  *verbs.CQ
+	rcq  *verbs.CQ
+	qp   *verbs.QP
+	buf  *verbs.Buffer
+	mr   *verbs.MR
+	node *dpNode
+}
+
+const dpBufSize = 1 << 20
+
+func newDPClient(t testing.TB, n *dpNode, cqe int) *dpClient {
+	t.Helper()
+	ctx, err := verbs.Open(n.sock, verbs.WithClientName(t.Name()))
+	require.NoError(t, err)
+	t.Cleanup(func() { ctx.Close() })
+	c := &dpClient{ctx: ctx, node: n}
+	c.pd, err = ctx.AllocPD()
+	require.NoError(t, err)
+	c.ch, err = verbs.NewCompChannel()
+	require.NoError(t, err)
+	t.Cleanup(func() { c.ch.Close() })
+	c.scq, err = ctx.CreateCQ(cqe, c.ch)
+	require.NoError(t, err)
+	c.rcq, err = ctx.CreateCQ(cqe, c.ch)
+	require.NoError(t, err)
+	c.qp, err = c.pd.CreateQP(verbs.QPInitAttr{Type: abi.QPTRC, SendCQ: c.scq, RecvCQ: c.rcq,
+		Cap: abi.QPCap{MaxSendWR: 64, MaxRecvWR: 64, MaxSendSGE: 2, MaxRecvSGE: 2, MaxInlineData: 128}})
+	require.NoError(t, err)
+	c.buf, err = ctx.Alloc(dpBufSize, 4096)
+	require.NoError(t, err)
+	c.mr, err = c.pd.RegMR(c.buf, abi.AccessAll)
+	require.NoError(t, err)
+	return c
+}
+
+// connectRC brings a and b to RTS, connected to each other.
+func connectRC(t testing.TB, a, b *dpClient, mtu abi.MTU) {
+	t.Helper()
+	for _, p := range [][2]*dpClient{{a, b}, {b, a}} {
+		l, r := p[0], p[1]
+		require.NoError(t, l.qp.ToInit(abi.AccessAll, 0))
+		require.NoError(t, l.qp.ToRTR(verbs.RTRAttr{
+			AV:      abi.AHAttr{DGID: r.node.gid, SGIDIndex: 0, HopLimit: 64, PortNum: 1},
+			PathMTU: mtu, DestQPN: r.qp.QPN, RQPSN: r.qp.QPN * 7 & 0xffffff, MaxDestRdAtomic: 4, MinRNRTimer: 1,
+		}))
+		require.NoError(t, l.qp.ToRTS(verbs.RTSAttr{SQPSN: l.qp.QPN * 7 & 0xffffff, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4}))
+	}
+}
+
+// pollN polls cq until n completions arrived (or the deadline passed).
+func pollN(t testing.TB, cq *verbs.CQ, n int) []abi.CQE {
+	t.Helper()
+	out := make([]abi.CQE, 0, n)
+	wc := make([]abi.CQE, 16)
+	deadline := time.Now().Add(20 * time.Second)
+	for len(out) < n && time.Now().Before(deadline) {
+		k := cq.Poll(wc[:min(len(wc), n-len(out))])
+		for i := range k {
+			wc[i].Owner = 0 // the phase bit, not part of the completion
+			out = append(out, wc[i])
+		}
+		if k == 0 {
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
+	require.Len(t, out, n, "completions before the deadline")
+	return out
+}
+
+// noMore asserts no further completion arrives within a short while.
+func noMore(t testing.TB, cqs ...*verbs.CQ) {
+	t.Helper()
+	time.Sleep(20 * time.Millisecond)
+	wc := make([]abi.CQE, 1)
+	for _, cq := range cqs {
+		assert.Zero(t, cq.Poll(wc), "unexpected completion %+v", wc[0])
+	}
+}
+
+func fillRand(b []byte, seed uint64) {
+	r := rand.New(rand.NewPCG(seed, ^seed))
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+}
+
+// TestDataPlaneRCOperations runs every RC operation between two devices
+// joined by the in-memory link, through real control sockets, shared
+// memory rings, doorbell records and memory registrations, and checks the
+// data moved and every field of every completion.
+func TestDataPlaneRCOperations(t *testing.T) {
+	nw := newDPNetwork(t)
+	na := newDPNode(t, nw, "10.0.0.1", 2, nil)
+	nb := newDPNode(t, nw, "10.0.0.2", 2, nil)
+	a := newDPClient(t, na, 64)
+	b := newDPClient(t, nb, 64)
+	connectRC(t, a, b, abi.MTU1024)
+	qa, qb := a.qp.QPN, b.qp.QPN
+
+	type step struct {
+		name string
+		run  func(t *testing.T)
+	}
+	steps := []step{
+		{"SEND multi-packet, two SGEs each side", func(t *testing.T) {
+			src := a.buf.Bytes[0:5000]
+			fillRand(src, 1)
+			dst := b.buf.Bytes[0:8192]
+			clear(dst)
+			require.NoError(t, b.qp.PostRecv(&verbs.RecvWR{WrID: 0xb1, SGL: []abi.SGE{b.mr.SGE(0, 3000), b.mr.SGE(3000, 5192)}}))
+			require.NoError(t, a.qp.PostSend(&verbs.SendWR{WrID: 0xa1, Opcode: abi.WRSend, Flags: abi.SendSignaled,
+				SGL: []abi.SGE{a.mr.SGE(0, 1000), a.mr.SGE(1000, 4000)}}))
+			sc := pollN(t, a.scq, 1)
+			rc := pollN(t, b.rcq, 1)
+			assert.Equal(t, abi.CQE{WrID: 0xa1, Status: abi.WCSuccess, Opcode: abi.WCSend, QPNum: qa}, sc[0])
+			assert.Equal(t, abi.CQE{WrID: 0xb1, Status: abi.WCSuccess, Opcode: abi.WCRecv, QPNum: qb, ByteLen: 5000}, rc[0])
+			assert.Equal(t, src, dst[:5000])
+			assert.Zero(t, sum8(dst[5000:]), "nothing written past the message")
+		}},
+		{"SEND_WITH_IMM inline", func(t *testing.T) {
+			dst := b.buf.Bytes[8192 : 8192+256]
+			clear(dst)
+			msg := []byte("inline payload carried in the WQE itself")
+			require.NoError(t, b.qp.PostRecv(&verbs.RecvWR{WrID: 0xb2, SGL: []abi.SGE{b.mr.SGE(8192, 256)}}))
+			require.NoError(t, a.qp.PostSend(&verbs.SendWR{WrID: 0xa2, Opcode: abi.WRSendWithImm, Flags: abi.SendSignaled | abi.SendInline,
+				Inline: msg, ImmData: 0xfeedf00d}))
+			sc := pollN(t, a.scq, 1)
+			rc := pollN(t, b.rcq, 1)
+			assert.Equal(t, abi.CQE{WrID: 0xa2, Status: abi.WCSuccess, Opcode: abi.WCSend, QPNum: qa}, sc[0])
+			assert.Equal(t, abi.CQE{WrID: 0xb2, Status: abi.WCSuccess, Opcode: abi.WCRecv, QPNum: qb, ByteLen: uint32(len(msg)),
+				WCFlags: abi.WCWithImm, ImmOrInv: 0xfeedf00d}, rc[0])
+			assert.Equal(t, msg, dst[:len(msg)])
+		}},
+		{"RDMA WRITE, unsignaled then signaled", func(t *testing.T) {
+			src := a.buf.Bytes[16384 : 16384+10000]
+			fillRand(src, 3)
+			dst := b.buf.Bytes[16384 : 16384+10000]
+			clear(dst)
+			require.NoError(t, a.qp.PostSend(&verbs.SendWR{WrID: 0xa3, Opcode: abi.WRRDMAWrite,
+				SGL: []abi.SGE{a.mr.SGE(16384, 6000)}, RemoteAddr: b.mr.Addr + 16384, RKey: b.mr.RKey}))
+			require.NoError(t, a.qp.PostSend(&verbs.SendWR{WrID: 0xa4, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled,
+				SGL: []abi.SGE{a.mr.SGE(16384+6000, 4000)}, RemoteAddr: b.mr.Addr + 16384 + 6000, RKey: b.mr.RKey}))
+			sc := pollN(t, a.scq, 1)
+			assert.Equal(t, abi.CQE{WrID: 0xa4, Status: abi.WCSuccess, Opcode: abi.WCRDMAWrite, QPNum: qa}, sc[0])
+			assert.Equal(t, src, dst, "both writes placed")
+		}},
+		{"RDMA WRITE_WITH_IMM", func(t *testing.T) {
+			src := a.buf.Bytes[32768 : 32768+3000]
+			fillRand(src, 4)
+			dst := b.buf.Bytes[65536 : 65536+3000]
+			clear(dst)
+			require.NoError(t, b.qp.PostRecv(&verbs.RecvWR{WrID: 0xb5}))
+			require.NoError(t, a.qp.PostSend(&verbs.SendWR{WrID: 0xa5, Opcode: abi.WRRDMAWriteWithImm, Flags: abi.SendSignaled,
+				SGL: []abi.SGE{a.mr.SGE(32768, 3000)}, RemoteAddr: b.mr.Addr + 65536, RKey: b.mr.RKey, ImmData: 0x12345678}))
+			sc := pollN(t, a.scq, 1)
+			rc := pollN(t, b.rcq, 1)
+			assert.Equal(t, abi.CQE{WrID: 0xa5, Status: abi.WCSuccess, Opcode: abi.WCRDMAWrite, QPNum: qa}, sc[0])
+			assert.Equal(t, abi.CQE{WrID: 0xb5, Status: abi.WCSuccess, Opcode: abi.WCRecvRDMAWithImm, QPNum: qb, ByteLen: 3000,
+				WCFlags: abi.WCWithImm, ImmOrInv: 0x12345678}, rc[0])
+			assert.Equal(t, src, dst)
+		}},
+		{"RDMA READ", func(t *testing.T) {
+			src := b.buf.Bytes[131072 : 131072+7000]
+			fillRand(src, 5)
+			dst := a.buf.Bytes[131072 : 131072+7000]
+			clear(dst)
+			require.NoError(t, a.qp.PostSend(&verbs.SendWR{WrID: 0xa6, Opcode: abi.WRRDMARead, Flags: abi.SendSignaled,
+				SGL: []abi.SGE{a.mr.SGE(131072, 2000), a.mr.SGE(131072+2000, 5000)}, RemoteAddr: b.mr.Addr + 131072, RKey: b.mr.RKey}))
+			sc := pollN(t, a.scq, 1)
+			assert.Equal(t, abi.CQE{WrID: 0xa6, Status: abi.WCSuccess, Opcode: abi.WCRDMARead, QPNum: qa, ByteLen: 7000}, sc[0])
+			assert.Equal(t, src, dst)
+		}},
+		{"CMP_AND_SWP hit and miss", func(t *testing.T) {
+			word := b.buf.Bytes[200000:200008]
+			binary.LittleEndian.PutUint64(word, 0x1111)
+			res := a.buf.Bytes[200000:200008]
+			require.NoError(t, a.qp.PostSend(&verbs.SendWR{WrID: 0xa7, Opcode: abi.WRAtomicCmpAndSwp, Flags: abi.SendSignaled,
+				SGL: []abi.SGE{a.mr.SGE(200000, 8)}, RemoteAddr: b.mr.Addr + 200000, RKey: b.mr.RKey, CompareAdd: 0x1111, Swap: 0x2222}))
+			sc := pollN(t, a.scq, 1)
+			assert.Equal(t, abi.CQE{WrID: 0xa7, Status: abi.WCSuccess, Opcode: abi.WCCompSwap, QPNum: qa}, sc[0])
+			assert.Equal(t, uint64(0x1111), binary.LittleEndian.Uint64(res), "original value returned")
+			assert.Equal(t, uint64(0x2222), binary.LittleEndian.Uint64(word), "swapped")
+			require.NoError(t, a.qp.PostSend(&verbs.SendWR{WrID: 0xa8, Opcode: abi.WRAtomicCmpAndSwp, Flags: abi.SendSignaled,
+				SGL: []abi.SGE{a.mr.SGE(200000, 8)}, RemoteAddr: b.mr.Addr + 200000, RKey: b.mr.RKey, CompareAdd: 0x1111, Swap: 0x3333}))
+			sc = pollN(t, a.scq, 1)
+			assert.Equal(t, abi.CQE{WrID: 0xa8, Status: abi.WCSuccess, Opcode: abi.WCCompSwap, QPNum: qa}, sc[0])
+			assert.Equal(t, uint64(0x2222), binary.LittleEndian.Uint64(res))
+			assert.Equal(t, uint64(0x2222), binary.LittleEndian.Uint64(word), "compare failed: unchanged")
+		}},
+		{"FETCH_AND_ADD", func(t *testing.T) {
+			word := b.buf.Bytes[200008:200016]
+			binary.LittleEndian.PutUint64(word, 1000)
+			res := a.buf.Bytes[200008:200016]
+			for i := range 3 {
+				require.NoError(t, a.qp.PostSend(&verbs.SendWR{WrID: 0xa9 + uint64(i), Opcode: abi.WRAtomicFetchAdd, Flags: abi.SendSignaled,
+					SGL: []abi.SGE{a.mr.SGE(200008, 8)}, RemoteAddr: b.mr.Addr + 200008, RKey: b.mr.RKey, CompareAdd: 7}))
+				sc := pollN(t, a.scq, 1)
+				assert.Equal(t, abi.CQE{WrID: 0xa9 + uint64(i), Status: abi.WCSuccess, Opcode: abi.WCFetchAdd, QPNum: qa}, sc[0])
+				assert.Equal(t, uint64(1000+7*i), binary.LittleEndian.Uint64(res))
+			}
+			assert.Equal(t, uint64(1021), binary.LittleEndian.Uint64(word))
+		}},
+		{"SEND from B to A (the other direction)", func(t *testing.T) {
+			src := b.buf.Bytes[300000:300100]
+			fillRand(src, 9)
+			dst := a.buf.Bytes[300000:300100]
+			clear(dst)
+			require.NoError(t, a.qp.PostRecv(&verbs.RecvWR{WrID: 0xac, SGL: []abi.SGE{a.mr.SGE(300000, 100)}}))
+			require.NoError(t, b.qp.PostSend(&verbs.SendWR{WrID: 0xbc, Opcode: abi.WRSend, Flags: abi.SendSignaled, SGL: []abi.SGE{b.mr.SGE(300000, 100)}}))
+			assert.Equal(t, abi.CQE{WrID: 0xbc, Status: abi.WCSuccess, Opcode: abi.WCSend, QPNum: qb}, pollN(t, b.scq, 1)[0])
+			assert.Equal(t, abi.CQE{WrID: 0xac, Status: abi.WCSuccess, Opcode: abi.WCRecv, QPNum: qa, ByteLen: 100}, pollN(t, a.rcq, 1)[0])
+			assert.Equal(t, src, dst)
+		}},
+	}
+	for _, s := range steps {
+		if !t.Run(s.name, s.run) {
+			break // later steps assume the QPs are healthy
+		}
+	}
+	noMore(t, a.scq, a.rcq, b.scq, b.rcq)
+
+	// The engine's counters reach QUERY_QP.
+	qra, err := a.qp.Query()
+	require.NoError(t, err)
+	assert.Equal(t, abi.QPSRTS, qra.Attr.QPState)
+	assert.NotZero(t, qra.PacketsSent)
+	assert.NotZero(t, qra.PacketsReceived)
+	assert.Zero(t, qra.Retransmits, "a perfect link needs no retransmission")
+}
+
+func sum8(b []byte) (s byte) {
+	for _, v := range b {
+		s |= v
+	}
+	return s
+}
+
+// TestDataPlaneCompletionEvent: an armed CQ's completion channel is
+// written when a completion arrives, and a QP posted to while the poller
+// sleeps is woken through the kick eventfd.
+func TestDataPlaneCompletionEvent(t *testing.T) {
+	nw := newDPNetwork(t)
+	na := newDPNode(t, nw, "10.0.1.1", 1, nil)
+	nb := newDPNode(t, nw, "10.0.1.2", 1, nil)
+	a := newDPClient(t, na, 16)
+	b := newDPClient(t, nb, 16)
+	connectRC(t, a, b, abi.MTU4096)
+	// Let both sides go idle: the poller sleeps, kick_needed is set.
+	require.Eventually(t, func() bool { return na.dp.PollerStats().Sleeps > 0 && nb.dp.PollerStats().Sleeps > 0 },
+		10*time.Second, time.Millisecond)
+	require.NoError(t, b.rcq.ReqNotify(false))
+	require.NoError(t, b.qp.PostRecv(&verbs.RecvWR{WrID: 1, SGL: []abi.SGE{b.mr.SGE(0, 64)}}))
+	copy(a.buf.Bytes, "event")
+	require.NoError(t, a.qp.PostSend(&verbs.SendWR{WrID: 2, Opcode: abi.WRSend, SGL: []abi.SGE{a.mr.SGE(0, 5)}}))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	n, err := b.ch.Wait(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), n, "one event per arm")
+	rc := pollN(t, b.rcq, 1)
+	assert.Equal(t, abi.CQE{WrID: 1, Status: abi.WCSuccess, Opcode: abi.WCRecv, QPNum: b.qp.QPN, ByteLen: 5}, rc[0])
+	assert.Equal(t, "event", string(b.buf.Bytes[:5]))
+	noMore(t, a.scq) // unsignaled send: no completion
+}
+
+// TestDataPlaneRemoteAccessError: a WRITE to an rkey the peer never
+// granted completes with REM_ACCESS_ERR, both QPs end in ERR (device
+// state included, as QUERY_QP shows), and later WRs are flushed.
+func TestDataPlaneRemoteAccessError(t *testing.T) {
+	nw := newDPNetwork(t)
+	na := newDPNode(t, nw, "10.0.2.1", 1, nil)
+	nb := newDPNode(t, nw, "10.0.2.2", 1, nil)
+	a := newDPClient(t, na, 16)
+	b := newDPClient(t, nb, 16)
+	connectRC(t, a, b, abi.MTU1024)
+	ro, err := b.ctx.Alloc(4096, 4096)
+	require.NoError(t, err)
+	roMR, err := b.pd.RegMR(ro, abi.AccessLocalWrite|abi.AccessRemoteRead)
+	require.NoError(t, err)
+	require.NoError(t, a.qp.PostSend(&verbs.SendWR{WrID: 10, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled,
+		SGL: []abi.SGE{a.mr.SGE(0, 16)}, RemoteAddr: roMR.Addr, RKey: roMR.RKey}))
+	require.NoError(t, a.qp.PostSend(&verbs.SendWR{WrID: 11, Opcode: abi.WRSend, Flags: abi.SendSignaled, SGL: []abi.SGE{a.mr.SGE(0, 16)}}))
+	sc := pollN(t, a.scq, 2)
+	assert.Equal(t, abi.CQE{WrID: 10, Status: abi.WCRemAccessErr, Opcode: abi.WCRDMAWrite, QPNum: a.qp.QPN, VendorErr: 1}, sc[0])
+	assert.Equal(t, abi.CQE{WrID: 11, Status: abi.WCWRFlushErr, Opcode: abi.WCSend, QPNum: a.qp.QPN}, sc[1])
+	require.Eventually(t, func() bool {
+		q, err := a.qp.Query()
+		return err == nil && q.Attr.QPState == abi.QPSErr
+	}, 10*time.Second, time.Millisecond, "the device learns the QP is in ERR")
+	// The responder's QP went to ERR too (class C error, IBTA 9.9.3.1.3):
+	// a receive posted now is flushed, and that completion tells the
+	// device.
+	require.NoError(t, b.qp.PostRecv(&verbs.RecvWR{WrID: 20}))
+	rc := pollN(t, b.rcq, 1)
+	assert.Equal(t, abi.CQE{WrID: 20, Status: abi.WCWRFlushErr, Opcode: abi.WCRecv, QPNum: b.qp.QPN}, rc[0])
+	require.Eventually(t, func() bool {
+		q, err := b.qp.Query()
+		return err == nil && q.Attr.QPState == abi.QPSErr
+	}, 10*time.Second, time.Millisecond, "the device learns the responder's QP is in ERR")
+
+	// RESET and reconnect: the QPs work again (nothing stale is replayed).
+	for _, c := range []*dpClient{a, b} {
+		require.NoError(t, c.qp.Modify(&abi.QPAttr{QPState: abi.QPSReset}, abi.QPAttrState))
+	}
+	connectRC(t, a, b, abi.MTU1024)
+	copy(a.buf.Bytes[:4], "anew")
+	require.NoError(t, b.qp.PostRecv(&verbs.RecvWR{WrID: 21, SGL: []abi.SGE{b.mr.SGE(100, 4)}}))
+	require.NoError(t, a.qp.PostSend(&verbs.SendWR{WrID: 12, Opcode: abi.WRSend, Flags: abi.SendSignaled, SGL: []abi.SGE{a.mr.SGE(0, 4)}}))
+	assert.Equal(t, abi.CQE{WrID: 12, Status: abi.WCSuccess, Opcode: abi.WCSend, QPNum: a.qp.QPN}, pollN(t, a.scq, 1)[0])
+	assert.Equal(t, abi.CQE{WrID: 21, Status: abi.WCSuccess, Opcode: abi.WCRecv, QPNum: b.qp.QPN, ByteLen: 4}, pollN(t, b.rcq, 1)[0])
+	assert.Equal(t, "anew", string(b.buf.Bytes[100:104]))
+	q, err := a.qp.Query()
+	require.NoError(t, err)
+	assert.Equal(t, abi.QPSRTS, q.Attr.QPState)
+}
+
+// TestDataPlaneMemErrors: every dma error of the hot path maps to the
+// engine class that picks the completion status, and keeps the dma cause.
+func TestDataPlaneMemErrors(t *testing.T) {
+	for _, c := range []struct {
+		in   error
+		want error
+	}{
+		{dma.ErrBadKey, engine.ErrMemProtection},
+		{dma.ErrWrongPD, engine.ErrMemProtection},
+		{dma.ErrAccess, engine.ErrMemProtection},
+		{dma.ErrLength, engine.ErrMemLength},
+		{dma.ErrBounds, engine.ErrMemBounds},
+		{dma.ErrMisaligned, engine.ErrMemBounds},
+		{dma.ErrSegments, engine.ErrMemProtection},
+	} {
+		t.Run(c.in.Error(), func(t *testing.T) {
+			err := device.MemErrOf(c.in)
+			assert.ErrorIs(t, err, c.want)
+			assert.ErrorIs(t, err, c.in)
+			for _, other := range []error{engine.ErrMemProtection, engine.ErrMemLength, engine.ErrMemBounds} {
+				if other != c.want {
+					assert.False(t, errors.Is(err, other), "only one class")
+				}
+			}
+		})
+	}
+	assert.NoError(t, device.MemErrOf(nil))
+	assert.Zero(t, testing.AllocsPerRun(100, func() { _ = device.MemErrOf(dma.ErrBounds) }))
+}
