@@ -90,7 +90,8 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 		level   = fs.String("log-level", "info", "log level: debug, info, warn, error")
 		peers   stringList
 	)
-	fs.Var(&peers, "udp-peer", "UDP link: a peer's ip:port (repeatable)")
+	fs.StringVar(local, "local", "127.0.0.1:4791", "same as -udp-local")
+	fs.Var(&peers, "udp-peer", "UDP link: a peer's ip:port (repeatable; peers are also found from the QPs' destination GIDs)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -115,6 +116,9 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 		}
 		pick("name", &merged.Name, *name)
 		pick("link", &merged.Link.Type, *link)
+		if set["local"] {
+			set["udp-local"] = true
+		}
 		pick("udp-local", &merged.Link.Local, *local)
 		pick("log-level", &merged.LogLevel, *level)
 		if set["runtime-dir"] {

@@ -14,9 +14,12 @@
 // answering); a socket left by a crashed daemon (connect gives
 // ECONNREFUSED) is replaced.
 //
-// The transport engine is not wired into the daemon yet: clients can
-// create and drive every resource, and post work into their rings, but no
-// data moves and no completion is produced.
+// Data path: the RC transport engine (package device/engine) runs -workers
+// workers over the link: -link mem is an in-memory link private to the
+// daemon (QPs of its clients connected to its own GID talk to each other);
+// -link udp carries RoCE v2 over UDP once the UDP link is in the tree
+// (until then the daemon runs without a data path and says so). UD QPs
+// have no data path yet.
 package main
 
 import (
@@ -96,6 +99,19 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	defer space.Close()
+	plane, err := newDataPlane(cfg, li, space, workers, log)
+	if err != nil {
+		return err
+	}
+	var eng device.Engine
+	if plane != nil {
+		eng = plane.dp
+		defer func() {
+			if err := plane.stop(); err != nil {
+				log.Warn("data plane stop", "err", err)
+			}
+		}()
+	}
 	dev, err := device.New(device.Config{
 		Name:       cfg.Name,
 		NumWorkers: workers,
@@ -103,6 +119,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		Limits:     cfg.Limits,
 		Space:      space,
 		Doorbells:  device.NewDoorbellPage,
+		Engine:     eng,
 		Logger:     log,
 	})
 	if err != nil {
@@ -112,8 +129,11 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if plane != nil {
+		plane.dp.Start()
+	}
 	log.Info("vrnicd started", "device", cfg.Name, "socket", sock, "link", cfg.Link.Type, "local", cfg.Link.Local,
-		"peers", cfg.Link.Peers, "workers", workers, "pid", os.Getpid(), "abi", fmt.Sprintf("%d.%d", abi.VersionMajor, abi.VersionMinor))
+		"peers", cfg.Link.Peers, "workers", workers, "data_path", plane != nil, "pid", os.Getpid(), "abi", fmt.Sprintf("%d.%d", abi.VersionMajor, abi.VersionMinor))
 	done := make(chan error, 1)
 	go func() { done <- dev.Serve(l) }()
 	select {

@@ -1,0 +1,77 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+
+	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/device/engine"
+	"github.com/vrnic/vrnic/dma"
+	"github.com/vrnic/vrnic/link"
+	"github.com/vrnic/vrnic/roce"
+)
+
+// dataPlane is the daemon's transport: the links, the engine over them and
+// the device's DataPlane. stop releases everything in order.
+type dataPlane struct {
+	dp    *device.DataPlane
+	close func() error // the links
+}
+
+// newDataPlane builds the engine with workers workers over the link the
+// configuration names:
+//
+//   - mem: an in-memory network private to the daemon, with this device
+//     as its only member at its GID 0 address. Frames to the device's own
+//     address come back to it, so QPs of two clients of the same daemon
+//     can be connected to each other; frames to any other address are
+//     dropped (counted as no route). It needs nothing from the host.
+//   - udp: the UDP link is not in the tree yet; until it is, the daemon
+//     runs without a data path (nil, nil): QPs move through their states
+//     and no data moves.
+func newDataPlane(cfg *Config, li device.LinkInfo, space *dma.Space, workers int, log *slog.Logger) (*dataPlane, error) {
+	var (
+		links []engine.Link
+		close = func() error { return nil }
+	)
+	switch cfg.Link.Type {
+	case "mem":
+		nw, err := link.NewNetwork(link.Config{FrameCap: engine.DefaultFrameCap, Logger: log})
+		if err != nil {
+			return nil, err
+		}
+		addr := netip.AddrFrom16(li.GIDs[0]).Unmap()
+		ports, err := nw.Attach(addr, workers, nil)
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range ports {
+			links = append(links, p)
+		}
+	case "udp":
+		log.Warn("the UDP link is not available yet: running without a data path (use -link mem for loopback QPs)")
+		return nil, nil
+	default:
+		return nil, fmt.Errorf("link type %q has no data path", cfg.Link.Type)
+	}
+	eng, err := engine.New(engine.Config{Links: links, Mode: roce.ModeEthernet, MAC: li.MAC, Logger: log})
+	if err != nil {
+		close()
+		return nil, err
+	}
+	dp, err := device.NewDataPlane(device.DataPlaneConfig{Engine: eng, Space: space, Logger: log})
+	if err != nil {
+		eng.Close()
+		close()
+		return nil, err
+	}
+	return &dataPlane{dp: dp, close: close}, nil
+}
+
+// stop closes the data plane (after the device: its QPs are gone) and
+// the links.
+func (p *dataPlane) stop() error {
+	return errors.Join(p.dp.Close(), p.close())
+}

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"context"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/verbs"
+)
+
+func TestParseConfigLocalAlias(t *testing.T) {
+	c, err := parseConfig([]string{"-link", "udp", "-local", "127.0.0.2:4791", "-workers", "2"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, "127.0.0.2:4791", c.Link.Local)
+	assert.Equal(t, 2, c.Workers)
+	c, err = parseConfig([]string{"-config", writeFile(t, `{"name":"f","link":{"type":"udp","local":"10.0.0.9:4791"}}`), "-local", "10.0.0.7:4791"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, "10.0.0.7:4791", c.Link.Local, "the flag overrides the file")
+}
+
+// TestRunMemLinkLoopback runs the daemon with the in-memory link and two
+// worker threads; two clients connect an RC QP pair through it (both at
+// the daemon's GID) and move data both ways with SEND and RDMA WRITE.
+func TestRunMemLinkLoopback(t *testing.T) {
+	dir := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	var logs strings.Builder
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-name", "m0", "-runtime-dir", dir, "-link", "mem", "-workers", "2"}, &syncWriter{w: &logs})
+	}()
+	stopped := false
+	stop := func() {
+		if !stopped {
+			stopped = true
+			cancel()
+			require.NoError(t, <-done)
+		}
+	}
+	defer stop()
+	sock := device.SocketPath(dir, "m0")
+	require.Eventually(t, func() bool {
+		a, err := device.DialAdmin(sock)
+		if err != nil {
+			return false
+		}
+		a.Close()
+		return true
+	}, 5*time.Second, 10*time.Millisecond)
+
+	type side struct {
+		c    *verbs.Context
+		cq   *verbs.CQ
+		qp   *verbs.QP
+		buf  *verbs.Buffer
+		mr   *verbs.MR
+		addr abi.RespQueryGID
+	}
+	open := func() *side {
+		c, err := verbs.Open(sock)
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		pd, err := c.AllocPD()
+		require.NoError(t, err)
+		cq, err := c.CreateCQ(16, nil)
+		require.NoError(t, err)
+		qp, err := pd.CreateQP(verbs.QPInitAttr{Type: abi.QPTRC, SendCQ: cq, RecvCQ: cq, SigAll: true,
+			Cap: abi.QPCap{MaxSendWR: 8, MaxRecvWR: 8, MaxSendSGE: 1, MaxRecvSGE: 1}})
+		require.NoError(t, err)
+		buf, err := c.Alloc(8192, 4096)
+		require.NoError(t, err)
+		mr, err := pd.RegMR(buf, abi.AccessAll)
+		require.NoError(t, err)
+		gid, err := c.QueryGID(1, 0)
+		require.NoError(t, err)
+		return &side{c: c, cq: cq, qp: qp, buf: buf, mr: mr, addr: gid}
+	}
+	a, b := open(), open()
+	for _, p := range [][2]*side{{a, b}, {b, a}} {
+		l, r := p[0], p[1]
+		require.NoError(t, l.qp.ToInit(abi.AccessAll, 0))
+		require.NoError(t, l.qp.ToRTR(verbs.RTRAttr{AV: abi.AHAttr{DGID: r.addr.GID, PortNum: 1, HopLimit: 64},
+			PathMTU: abi.MTU1024, DestQPN: r.qp.QPN, RQPSN: 100, MaxDestRdAtomic: 1, MinRNRTimer: 1}))
+		require.NoError(t, l.qp.ToRTS(verbs.RTSAttr{SQPSN: 100, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 1}))
+	}
+	poll := func(cq *verbs.CQ) abi.CQE {
+		wc := make([]abi.CQE, 1)
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) {
+			if cq.Poll(wc) == 1 {
+				wc[0].Owner = 0
+				return wc[0]
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
+		require.Fail(t, "no completion")
+		return abi.CQE{}
+	}
+	copy(a.buf.Bytes, "hello over the daemon")
+	require.NoError(t, b.qp.PostRecv(&verbs.RecvWR{WrID: 1, SGL: []abi.SGE{b.mr.SGE(0, 64)}}))
+	require.NoError(t, a.qp.PostSend(&verbs.SendWR{WrID: 2, Opcode: abi.WRSend, SGL: []abi.SGE{a.mr.SGE(0, 21)}}))
+	assert.Equal(t, abi.CQE{WrID: 2, Opcode: abi.WCSend, QPNum: a.qp.QPN}, poll(a.cq))
+	assert.Equal(t, abi.CQE{WrID: 1, Opcode: abi.WCRecv, QPNum: b.qp.QPN, ByteLen: 21}, poll(b.cq))
+	assert.Equal(t, "hello over the daemon", string(b.buf.Bytes[:21]))
+
+	copy(b.buf.Bytes[4096:], "written back")
+	require.NoError(t, b.qp.PostSend(&verbs.SendWR{WrID: 3, Opcode: abi.WRRDMAWrite, SGL: []abi.SGE{b.mr.SGE(4096, 12)},
+		RemoteAddr: a.mr.Addr + 1000, RKey: a.mr.RKey}))
+	assert.Equal(t, abi.CQE{WrID: 3, Opcode: abi.WCRDMAWrite, QPNum: b.qp.QPN}, poll(b.cq))
+	assert.Equal(t, "written back", string(a.buf.Bytes[1000:1012]))
+	q, err := a.qp.Query()
+	require.NoError(t, err)
+	assert.NotZero(t, q.PacketsSent)
+	stop()
+	assert.Contains(t, logs.String(), "data_path=true")
+	assert.Contains(t, logs.String(), "engine stopped")
+}
