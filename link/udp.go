@@ -1,0 +1,585 @@
+package link
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/vrnic/vrnic/roce"
+	"golang.org/x/sys/unix"
+)
+
+// Errors of the UDP link.
+var (
+	// ErrUDPAddrInUse: the local address and port are taken (by another
+	// daemon, or any socket not in this link's reuseport group).
+	ErrUDPAddrInUse = errors.New("link: UDP address already in use")
+	// ErrUDPSteering: the reuseport steering program could not be
+	// attached; without it datagrams would reach the wrong workers.
+	ErrUDPSteering = errors.New("link: cannot attach the reuseport steering program")
+	// ErrUDPClosed: the link was closed.
+	ErrUDPClosed = errors.New("link: UDP link closed")
+)
+
+// UDPConfig configures a UDP link.
+type UDPConfig struct {
+	// Local is the address and port every socket binds to: an IPv4 or
+	// IPv6 address of this machine, not unspecified (received frames
+	// carry it as their destination) and without zone. Port 0 means 4791.
+	Local netip.AddrPort
+	// Workers is the number of sockets, one per engine worker. Default 1.
+	Workers int
+	// FrameCap is the capacity of every buffer (must equal the
+	// engine's); at least UDPHeadroom4 (IPv4) or UDPHeadroom6 (IPv6) plus
+	// a BTH and an ICRC. Received datagrams longer than FrameCap minus
+	// the headroom are dropped (RxTruncated).
+	FrameCap int
+	// SendBuffer and RecvBuffer set SO_SNDBUF and SO_RCVBUF (bytes);
+	// 0 keeps the kernel default. The kernel caps them at
+	// net.core.wmem_max and net.core.rmem_max.
+	SendBuffer, RecvBuffer int
+	// PeerPort is a UDP destination port accepted besides 4791, for peers
+	// bound to another port (tests). 0: only 4791.
+	PeerPort uint16
+	// Batch is the largest number of datagrams per sendmmsg or recvmmsg
+	// call. Default 64.
+	Batch int
+	// Logger gets lifecycle messages. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// UDPCounters count what a UDP port did. All are atomic: read them from
+// any goroutine.
+type UDPCounters struct {
+	TxFrames     atomic.Uint64 // datagrams sent
+	TxBytes      atomic.Uint64 // UDP payload bytes sent
+	RxFrames     atomic.Uint64 // frames returned by RecvBatch
+	RxBytes      atomic.Uint64 // UDP payload bytes received
+	Backpressure atomic.Uint64 // SendBatch stopped early: EAGAIN or ENOBUFS
+	SendErrors   atomic.Uint64 // datagrams the kernel refused (dropped)
+	RecvErrors   atomic.Uint64 // recvmmsg errors other than EAGAIN
+	RxTruncated  atomic.Uint64 // datagrams longer than the buffers (dropped)
+	RxForeign    atomic.Uint64 // sender address of another family (dropped)
+	Wakeups      atomic.Uint64 // Ready signals from the poller
+	// LastSendErrno is the errno of the last send error (diagnosis).
+	LastSendErrno atomic.Uint32
+	// Drops counts frames dropped on send, by reason (UDPDrop).
+	Drops [numUDPDrops]atomic.Uint64
+}
+
+// Dropped returns the number of frames dropped on send for reason r.
+func (c *UDPCounters) Dropped(r UDPDrop) uint64 {
+	if r >= numUDPDrops {
+		return 0
+	}
+	return c.Drops[r].Load()
+}
+
+// UDPLink is a device's UDP attachment: one socket per worker, all bound
+// to the same address and port in one SO_REUSEPORT group with the
+// steering program attached. It owns the sockets; Close closes them.
+type UDPLink struct {
+	cfg   UDPConfig
+	local netip.AddrPort
+	ports []*UDPPort
+	done  chan struct{}
+	wg    sync.WaitGroup
+	once  sync.Once
+	err   error
+}
+
+// udpBatch holds the preallocated arguments of one sendmmsg or recvmmsg
+// call: message i uses iovs[i] and names[i]. The Go pointers in msgs and
+// iovs are cleared after every call so no caller buffer is retained.
+type udpBatch struct {
+	msgs  []unix.Mmsghdr
+	iovs  []unix.Iovec
+	names [][sockaddrLen]byte
+	idx   []int     // tx: frame index of message i
+	drops []UDPDrop // tx: drop reason of frame i of the chunk, or numUDPDrops
+}
+
+func newUDPBatch(n int) udpBatch {
+	return udpBatch{
+		msgs:  make([]unix.Mmsghdr, n),
+		iovs:  make([]unix.Iovec, n),
+		names: make([][sockaddrLen]byte, n),
+		idx:   make([]int, n),
+		drops: make([]UDPDrop, n),
+	}
+}
+
+// UDPPort is one worker's socket; it implements the engine's Link.
+// SendBatch and RecvBatch must be called by one goroutine at a time (the
+// owning worker); Ready and Counters from any.
+//
+// Wake-ups: a goroutine per port waits on the Go netpoller for the socket
+// to become readable and then signals Ready. It re-arms only after
+// RecvBatch found the socket empty (EAGAIN), and re-checks readability
+// (poll with timeout 0) after resetting the netpoller's readiness and
+// before sleeping, so a datagram that arrives between RecvBatch returning
+// and the waiter sleeping still signals Ready; while frames are waiting
+// unread it does not spin.
+type UDPPort struct {
+	link  *UDPLink
+	index int
+	file  *os.File
+	rc    syscall.RawConn
+	loc   udpLocal
+	hl    int // receive headroom
+	ready chan struct{}
+	arm   chan struct{}
+
+	// Method values made once, so the hot path does not allocate.
+	sendFn, recvFn func(uintptr)
+	waitFn         func(uintptr) bool
+	pfd            []unix.PollFd // waiter only
+
+	// Arguments and results of sendFn and recvFn (owner goroutine).
+	tx, rx   udpBatch
+	txFrames [][]byte
+	rxFrames [][]byte
+	txN, rxN int
+	rxErr    error
+
+	Counters UDPCounters
+}
+
+// NewUDP opens cfg.Workers sockets bound to cfg.Local in one reuseport
+// group, attaches the steering program and starts one waiter goroutine
+// per socket. Errors wrap ErrInvalid (configuration), ErrUDPAddrInUse or
+// ErrUDPSteering; nothing stays open on error.
+func NewUDP(cfg UDPConfig) (*UDPLink, error) {
+	a := cfg.Local.Addr().Unmap()
+	if !a.IsValid() || a.IsUnspecified() || a.IsMulticast() || a.Zone() != "" {
+		return nil, fmt.Errorf("%w: local address %v: need a specific unicast address without zone", ErrInvalid, cfg.Local.Addr())
+	}
+	port := cfg.Local.Port()
+	if port == 0 {
+		port = roce.UDPPort
+	}
+	if cfg.Workers == 0 {
+		cfg.Workers = 1
+	}
+	if cfg.Workers < 0 || cfg.Workers > 1024 {
+		return nil, fmt.Errorf("%w: %d workers", ErrInvalid, cfg.Workers)
+	}
+	if cfg.Batch <= 0 {
+		cfg.Batch = 64
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	v6 := a.Is6()
+	hl := UDPHeadroom4
+	if v6 {
+		hl = UDPHeadroom6
+	}
+	if cfg.FrameCap < hl+udpMinPayload {
+		return nil, fmt.Errorf("%w: frame capacity %d, need at least %d", ErrInvalid, cfg.FrameCap, hl+udpMinPayload)
+	}
+	if cfg.SendBuffer < 0 || cfg.RecvBuffer < 0 {
+		return nil, fmt.Errorf("%w: socket buffer sizes %d, %d", ErrInvalid, cfg.SendBuffer, cfg.RecvBuffer)
+	}
+	local := netip.AddrPortFrom(a, port)
+	loc := udpLocal{v6: v6, port: port, peerPort: cfg.PeerPort}
+	if v6 {
+		loc.addr = a.As16()
+	} else {
+		a4 := a.As4()
+		copy(loc.addr[:], a4[:])
+	}
+	sa := sockaddrOf(local)
+
+	// A socket of another reuseport group owner (same user) would join
+	// the group silently and take traffic: make sure nobody holds the
+	// address by binding it once without SO_REUSEPORT.
+	if err := probeFree(v6, sa); err != nil {
+		return nil, fmt.Errorf("%w: %v: %v", ErrUDPAddrInUse, local, err)
+	}
+
+	l := &UDPLink{cfg: cfg, local: local, done: make(chan struct{})}
+	fds := make([]int, 0, cfg.Workers)
+	closeFDs := func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}
+	for i := range cfg.Workers {
+		fd, err := udpSocket(v6, &cfg, true)
+		if err != nil {
+			closeFDs()
+			return nil, fmt.Errorf("link: UDP socket %d: %w", i, err)
+		}
+		fds = append(fds, fd)
+		if err := unix.Bind(fd, sa); err != nil {
+			closeFDs()
+			if errors.Is(err, unix.EADDRINUSE) {
+				return nil, fmt.Errorf("%w: %v (socket %d): %v", ErrUDPAddrInUse, local, i, err)
+			}
+			return nil, fmt.Errorf("link: bind %v (socket %d): %w", local, i, err)
+		}
+	}
+	if err := attachSteering(fds[0], cfg.Workers); err != nil {
+		closeFDs()
+		return nil, fmt.Errorf("%w: %v: %v", ErrUDPSteering, local, err)
+	}
+
+	for i, fd := range fds {
+		p := &UDPPort{
+			link: l, index: i, loc: loc, hl: hl,
+			ready: make(chan struct{}, 1), arm: make(chan struct{}, 1),
+			pfd: make([]unix.PollFd, 1),
+			tx:  newUDPBatch(cfg.Batch), rx: newUDPBatch(cfg.Batch),
+		}
+		p.file = os.NewFile(uintptr(fd), fmt.Sprintf("udp:%v#%d", local, i))
+		rc, err := p.file.SyscallConn()
+		if err != nil { // only for a nil *os.File
+			p.file.Close()
+			for _, q := range l.ports {
+				q.file.Close()
+			}
+			for _, fd := range fds[i+1:] {
+				unix.Close(fd)
+			}
+			return nil, fmt.Errorf("link: %v: %w", local, err)
+		}
+		p.rc = rc
+		p.sendFn, p.recvFn, p.waitFn = p.send, p.recv, p.readable
+		p.arm <- struct{}{}
+		l.ports = append(l.ports, p)
+	}
+	for _, p := range l.ports {
+		l.wg.Add(1)
+		go p.waiter(l.done)
+	}
+	cfg.Logger.Info("link: UDP link up", "local", local, "workers", cfg.Workers, "frame_cap", cfg.FrameCap)
+	return l, nil
+}
+
+// udpSocket creates a non-blocking UDP socket with the link's options.
+func udpSocket(v6 bool, cfg *UDPConfig, reuse bool) (int, error) {
+	family := unix.AF_INET
+	if v6 {
+		family = unix.AF_INET6
+	}
+	fd, err := unix.Socket(family, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, unix.IPPROTO_UDP)
+	if err != nil {
+		return -1, err
+	}
+	type opt struct {
+		level, name, val int
+		what             string
+	}
+	opts := make([]opt, 0, 5)
+	if reuse {
+		opts = append(opts, opt{unix.SOL_SOCKET, unix.SO_REUSEPORT, 1, "SO_REUSEPORT"})
+	}
+	if v6 {
+		opts = append(opts,
+			opt{unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 1, "IPV6_V6ONLY"},
+			opt{unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER, unix.IPV6_PMTUDISC_DO, "IPV6_MTU_DISCOVER"})
+	} else {
+		// DF on every datagram, never fragment locally: the frames
+		// promise DF (see UDPDropIPv4Header).
+		opts = append(opts, opt{unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO, "IP_MTU_DISCOVER"})
+	}
+	if cfg != nil && cfg.SendBuffer > 0 {
+		opts = append(opts, opt{unix.SOL_SOCKET, unix.SO_SNDBUF, cfg.SendBuffer, "SO_SNDBUF"})
+	}
+	if cfg != nil && cfg.RecvBuffer > 0 {
+		opts = append(opts, opt{unix.SOL_SOCKET, unix.SO_RCVBUF, cfg.RecvBuffer, "SO_RCVBUF"})
+	}
+	for _, o := range opts {
+		if err := unix.SetsockoptInt(fd, o.level, o.name, o.val); err != nil {
+			unix.Close(fd)
+			return -1, fmt.Errorf("%s: %w", o.what, err)
+		}
+	}
+	return fd, nil
+}
+
+// probeFree binds a socket without SO_REUSEPORT to sa and closes it.
+func probeFree(v6 bool, sa unix.Sockaddr) error {
+	fd, err := udpSocket(v6, nil, false)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Bind(fd, sa)
+}
+
+func sockaddrOf(ap netip.AddrPort) unix.Sockaddr {
+	a := ap.Addr().Unmap()
+	if a.Is4() {
+		return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: a.As4()}
+	}
+	return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: a.As16()}
+}
+
+// Ports returns the ports, port i for worker i.
+func (l *UDPLink) Ports() []*UDPPort { return l.ports }
+
+// LocalAddr returns the bound address and port.
+func (l *UDPLink) LocalAddr() netip.AddrPort { return l.local }
+
+// Close stops the waiters and closes the sockets. It waits for a
+// SendBatch or RecvBatch in progress; later calls fail with ErrUDPClosed.
+func (l *UDPLink) Close() error {
+	l.once.Do(func() {
+		close(l.done)
+		var errs []error
+		for _, p := range l.ports {
+			errs = append(errs, p.file.Close())
+		}
+		l.wg.Wait()
+		l.err = errors.Join(errs...)
+		l.cfg.Logger.Info("link: UDP link closed", "local", l.local)
+	})
+	return l.err
+}
+
+// Index returns the worker index of the port.
+func (p *UDPPort) Index() int { return p.index }
+
+// Ready is signalled when frames may be waiting.
+func (p *UDPPort) Ready() <-chan struct{} { return p.ready }
+
+func (p *UDPPort) signal() {
+	select {
+	case p.ready <- struct{}{}:
+	default:
+	}
+}
+
+// waiter signals Ready when the socket becomes readable, once per arm.
+func (p *UDPPort) waiter(done <-chan struct{}) {
+	defer p.link.wg.Done()
+	for {
+		select {
+		case <-p.arm:
+		case <-done:
+			return
+		}
+		if err := p.rc.Read(p.waitFn); err != nil {
+			return // closed
+		}
+		p.Counters.Wakeups.Add(1)
+		p.signal()
+	}
+}
+
+// readable reports whether a datagram is queued on fd. RawConn.Read calls
+// it after resetting the poller's readiness: false makes it sleep until
+// the next arrival.
+func (p *UDPPort) readable(fd uintptr) bool {
+	p.pfd[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
+	for {
+		n, err := unix.Poll(p.pfd, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		return err != nil || n > 0
+	}
+}
+
+// SendBatch implements the engine's Link: it sends the UDP payload of
+// every conforming frame to the destination of its IP and UDP headers and
+// drops (and counts) the others. The caller keeps its buffers (the kernel
+// copies). It returns fewer than len(frames) only on backpressure
+// (EAGAIN, ENOBUFS); a datagram the kernel refuses for another reason is
+// dropped and counted in SendErrors.
+func (p *UDPPort) SendBatch(frames [][]byte) (int, error) {
+	if len(frames) == 0 {
+		return 0, nil
+	}
+	p.txFrames, p.txN = frames, 0
+	err := p.rc.Control(p.sendFn)
+	p.txFrames = nil
+	if err != nil {
+		return 0, fmt.Errorf("%w: %v", ErrUDPClosed, err)
+	}
+	return p.txN, nil
+}
+
+// send is SendBatch on the socket fd.
+func (p *UDPPort) send(fd uintptr) {
+	frames := p.txFrames
+	b := &p.tx
+	c := &p.Counters
+	for i := 0; i < len(frames); {
+		// Chunk frames[i:end]: at most one call's worth of frames.
+		end := min(len(frames), i+len(b.msgs))
+		k := 0
+		for f := i; f < end; f++ {
+			payload, namelen, why, ok := p.loc.conform(frames[f], &b.names[k])
+			b.drops[f-i] = why
+			if !ok {
+				continue
+			}
+			b.drops[f-i] = numUDPDrops
+			b.iovs[k].Base = &payload[0]
+			b.iovs[k].SetLen(len(payload))
+			m := &b.msgs[k]
+			m.Hdr = unix.Msghdr{Name: &b.names[k][0], Namelen: namelen, Iov: &b.iovs[k]}
+			m.Hdr.SetIovlen(1)
+			b.idx[k] = f
+			k++
+		}
+		stop := end // first frame not accepted
+		for s := 0; s < k; {
+			r, e := sendmmsg(fd, b.msgs[s:k], unix.MSG_DONTWAIT)
+			if r > 0 {
+				for j := s; j < s+r; j++ {
+					c.TxBytes.Add(uint64(b.iovs[j].Len))
+				}
+				c.TxFrames.Add(uint64(r))
+				s += r
+				continue
+			}
+			if e == unix.EINTR {
+				continue
+			}
+			if e == unix.EAGAIN || e == unix.ENOBUFS {
+				c.Backpressure.Add(1)
+				stop = b.idx[s]
+				break
+			}
+			c.SendErrors.Add(1)
+			c.LastSendErrno.Store(uint32(e))
+			s++ // drop this datagram, go on with the next
+		}
+		for f := i; f < stop; f++ {
+			if why := b.drops[f-i]; why < numUDPDrops {
+				c.Drops[why].Add(1)
+			}
+		}
+		for j := range k {
+			b.iovs[j].Base, b.msgs[j].Hdr.Iov, b.msgs[j].Hdr.Name = nil, nil, nil
+		}
+		if stop < end {
+			p.txN = stop
+			return
+		}
+		i = end
+	}
+	p.txN = len(frames)
+}
+
+// RecvBatch implements the engine's Link: it fills frames with received
+// datagrams, each behind synthesized Ethernet, IP and UDP headers, in the
+// caller's buffers (frames[i] is resliced; buffers may change places when
+// a datagram is dropped). It never blocks. Each buffer needs a capacity
+// of at least the headroom plus a BTH and an ICRC.
+func (p *UDPPort) RecvBatch(frames [][]byte) (int, error) {
+	if len(frames) == 0 {
+		return 0, nil
+	}
+	p.rxFrames, p.rxN, p.rxErr = frames, 0, nil
+	err := p.rc.Control(p.recvFn)
+	p.rxFrames = nil
+	if err != nil {
+		return 0, fmt.Errorf("%w: %v", ErrUDPClosed, err)
+	}
+	return p.rxN, p.rxErr
+}
+
+// recv is RecvBatch on the socket fd.
+func (p *UDPPort) recv(fd uintptr) {
+	frames := p.rxFrames
+	b := &p.rx
+	c := &p.Counters
+	hl := p.hl
+	total, drained, short := 0, false, false
+	var src [16]byte
+	for total < len(frames) && !drained && !short {
+		k := min(len(frames)-total, len(b.msgs))
+		for i := range k {
+			buf := frames[total+i]
+			buf = buf[:cap(buf)]
+			if len(buf) < hl+udpMinPayload {
+				p.rxErr = fmt.Errorf("%w: receive buffer of capacity %d", ErrInvalid, cap(buf))
+				k, short = i, true
+				break
+			}
+			frames[total+i] = buf
+			b.iovs[i].Base = &buf[hl]
+			b.iovs[i].SetLen(len(buf) - hl)
+			m := &b.msgs[i]
+			m.Hdr = unix.Msghdr{Name: &b.names[i][0], Namelen: sockaddrLen, Iov: &b.iovs[i]}
+			m.Hdr.SetIovlen(1)
+			m.Len = 0
+		}
+		if k == 0 {
+			break
+		}
+		got := 0
+		for {
+			r, e := recvmmsg(fd, b.msgs[:k], unix.MSG_DONTWAIT)
+			if e == unix.EINTR {
+				continue
+			}
+			if e != 0 {
+				if e != unix.EAGAIN {
+					c.RecvErrors.Add(1)
+				}
+				r = 0
+			}
+			got = r
+			break
+		}
+		if got < k {
+			drained = true
+		}
+		j := total
+		for i := range got {
+			m := &b.msgs[i]
+			slot := total + i
+			if m.Hdr.Flags&unix.MSG_TRUNC != 0 {
+				c.RxTruncated.Add(1)
+				continue
+			}
+			sport, ok := sockaddrPeer(&b.names[i], m.Hdr.Namelen, p.loc.v6, &src)
+			if !ok {
+				c.RxForeign.Add(1)
+				continue
+			}
+			n := int(m.Len)
+			buf := frames[slot]
+			if p.loc.v6 {
+				synth6(buf, n, &src, sport, &p.loc.addr, p.loc.port)
+			} else {
+				synth4(buf, n, &src, sport, &p.loc.addr, p.loc.port)
+			}
+			frames[slot] = buf[:hl+n]
+			if j != slot {
+				frames[j], frames[slot] = frames[slot], frames[j]
+			}
+			j++
+			c.RxFrames.Add(1)
+			c.RxBytes.Add(uint64(n))
+		}
+		for i := range k {
+			b.iovs[i].Base, b.msgs[i].Hdr.Iov, b.msgs[i].Hdr.Name = nil, nil, nil
+		}
+		total = j
+	}
+	p.rxN = total
+	switch {
+	case short:
+	case drained:
+		// The socket was empty: let the waiter sleep on the poller.
+		select {
+		case p.arm <- struct{}{}:
+		default:
+		}
+	default:
+		// A full batch: more may be waiting.
+		p.signal()
+	}
+}
