@@ -126,11 +126,21 @@ func newDPClient(t testing.TB, n *dpNode, cqe int) *dpClient {
 // connectRC brings a and b to RTS, connected to each other.
 func connectRC(t testing.TB, a, b *dpClient, mtu abi.MTU) {
 	t.Helper()
-	for _, p := range [][2]*dpClient{{a, b}, {b, a}} {
+	connectQPs(t, a.qp, a.node.gid, b.qp, b.node.gid, mtu)
+}
+
+// connectQPs connects QP a (at GID ga) and QP b (at GID gb).
+func connectQPs(t testing.TB, a *verbs.QP, ga [16]byte, b *verbs.QP, gb [16]byte, mtu abi.MTU) {
+	t.Helper()
+	type end struct {
+		qp  *verbs.QP
+		gid [16]byte
+	}
+	for _, p := range [][2]end{{{a, ga}, {b, gb}}, {{b, gb}, {a, ga}}} {
 		l, r := p[0], p[1]
 		require.NoError(t, l.qp.ToInit(abi.AccessAll, 0))
 		require.NoError(t, l.qp.ToRTR(verbs.RTRAttr{
-			AV:      abi.AHAttr{DGID: r.node.gid, SGIDIndex: 0, HopLimit: 64, PortNum: 1},
+			AV:      abi.AHAttr{DGID: r.gid, SGIDIndex: 0, HopLimit: 64, PortNum: 1},
 			PathMTU: mtu, DestQPN: r.qp.QPN, RQPSN: r.qp.QPN * 7 & 0xffffff, MaxDestRdAtomic: 4, MinRNRTimer: 1,
 		}))
 		require.NoError(t, l.qp.ToRTS(verbs.RTSAttr{SQPSN: l.qp.QPN * 7 & 0xffffff, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4}))
@@ -432,4 +442,111 @@ func TestDataPlaneMemErrors(t *testing.T) {
 	}
 	assert.NoError(t, device.MemErrOf(nil))
 	assert.Zero(t, testing.AllocsPerRun(100, func() { _ = device.MemErrOf(dma.ErrBounds) }))
+}
+
+// TestDataPlaneBadWQE: a WQE the daemon cannot accept (an opcode the
+// device does not support) completes with LOC_QP_OP_ERR, the QP goes to
+// ERR and the WRs behind it are flushed.
+func TestDataPlaneBadWQE(t *testing.T) {
+	nw := newDPNetwork(t)
+	na := newDPNode(t, nw, "10.0.3.1", 1, nil)
+	nb := newDPNode(t, nw, "10.0.3.2", 1, nil)
+	a := newDPClient(t, na, 16)
+	b := newDPClient(t, nb, 16)
+	connectRC(t, a, b, abi.MTU1024)
+	require.NoError(t, a.qp.PostSend(&verbs.SendWR{WrID: 1, Opcode: abi.WROpcode(8), Flags: abi.SendSignaled}))
+	require.NoError(t, a.qp.PostSend(&verbs.SendWR{WrID: 2, Opcode: abi.WRSend}))
+	sc := pollN(t, a.scq, 2)
+	assert.Equal(t, abi.CQE{WrID: 1, Status: abi.WCLocQPOpErr, Opcode: abi.WCSend, QPNum: a.qp.QPN, VendorErr: 1}, sc[0])
+	assert.Equal(t, abi.CQE{WrID: 2, Status: abi.WCWRFlushErr, Opcode: abi.WCSend, QPNum: a.qp.QPN}, sc[1])
+	require.Eventually(t, func() bool {
+		q, err := a.qp.Query()
+		return err == nil && q.Attr.QPState == abi.QPSErr
+	}, 10*time.Second, time.Millisecond)
+}
+
+// TestDataPlaneCQOverflow: completions the client does not reap overflow
+// the CQ; the overflow word is set, the QP goes to ERR in the engine and
+// the device, and later completions are not written over unread ones.
+func TestDataPlaneCQOverflow(t *testing.T) {
+	nw := newDPNetwork(t)
+	na := newDPNode(t, nw, "10.0.4.1", 1, nil)
+	nb := newDPNode(t, nw, "10.0.4.2", 1, nil)
+	a := newDPClient(t, na, 2) // 2 entries
+	b := newDPClient(t, nb, 64)
+	connectRC(t, a, b, abi.MTU1024)
+	for i := range 4 {
+		require.NoError(t, a.qp.PostSend(&verbs.SendWR{WrID: uint64(i), Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled,
+			SGL: []abi.SGE{a.mr.SGE(0, 8)}, RemoteAddr: b.mr.Addr, RKey: b.mr.RKey}))
+	}
+	require.Eventually(t, a.scq.Overflowed, 10*time.Second, time.Millisecond, "overflow flagged")
+	require.Eventually(t, func() bool {
+		q, err := a.qp.Query()
+		return err == nil && q.Attr.QPState == abi.QPSErr
+	}, 10*time.Second, time.Millisecond, "the QP is moved to ERR")
+	sc := pollN(t, a.scq, 2)
+	assert.Equal(t, abi.CQE{WrID: 0, Status: abi.WCSuccess, Opcode: abi.WCRDMAWrite, QPNum: a.qp.QPN}, sc[0])
+	assert.Equal(t, abi.CQE{WrID: 1, Status: abi.WCSuccess, Opcode: abi.WCRDMAWrite, QPNum: a.qp.QPN}, sc[1])
+	noMore(t, a.scq)
+}
+
+// TestDataPlaneSharedSRQ: two QPs of one device, owned by different
+// workers, share an SRQ and a CQ; messages from two peers arrive
+// concurrently and every receive WQE is used exactly once.
+func TestDataPlaneSharedSRQ(t *testing.T) {
+	const perQP = 48
+	nw := newDPNetwork(t)
+	na := newDPNode(t, nw, "10.0.5.1", 2, nil)
+	nb := newDPNode(t, nw, "10.0.5.2", 2, nil)
+	a := newDPClient(t, na, 256)
+	b := newDPClient(t, nb, 256)
+	srq, err := b.pd.CreateSRQ(2*perQP, 1, 0)
+	require.NoError(t, err)
+	qcap := abi.QPCap{MaxSendWR: 64, MaxSendSGE: 1}
+	var bq []*verbs.QP
+	for len(bq) < 2 {
+		q, err := b.pd.CreateQP(verbs.QPInitAttr{Type: abi.QPTRC, SendCQ: b.scq, RecvCQ: b.rcq, SRQ: srq, Cap: qcap})
+		require.NoError(t, err)
+		if len(bq) == 1 && roce.SteerQueue(q.QPN, 2) == roce.SteerQueue(bq[0].QPN, 2) {
+			continue // want the two QPs on different workers
+		}
+		bq = append(bq, q)
+	}
+	aq := []*verbs.QP{a.qp}
+	q2, err := a.pd.CreateQP(verbs.QPInitAttr{Type: abi.QPTRC, SendCQ: a.scq, RecvCQ: a.rcq, Cap: abi.QPCap{MaxSendWR: 64, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	require.NoError(t, err)
+	aq = append(aq, q2)
+	for i := range 2 {
+		connectQPs(t, aq[i], na.gid, bq[i], nb.gid, abi.MTU1024)
+	}
+	const msg = 64
+	for i := range 2 * perQP {
+		require.NoError(t, srq.PostRecv(&verbs.RecvWR{WrID: uint64(1000 + i), SGL: []abi.SGE{b.mr.SGE(uint32(i*msg), msg)}}))
+	}
+	for i := range 2 * perQP {
+		binary.LittleEndian.PutUint64(a.buf.Bytes[i*msg:], uint64(i))
+	}
+	for k := range perQP {
+		for i, q := range aq {
+			id := 2*k + i
+			require.NoError(t, q.PostSend(&verbs.SendWR{WrID: uint64(id), Opcode: abi.WRSend, SGL: []abi.SGE{a.mr.SGE(uint32(id*msg), msg)}}))
+		}
+	}
+	rc := pollN(t, b.rcq, 2*perQP)
+	wrs := map[uint64]bool{}
+	perQPN := map[uint32]int{}
+	got := map[uint64]bool{}
+	for _, c := range rc {
+		assert.Equal(t, abi.WCSuccess, c.Status)
+		assert.Equal(t, abi.WCRecv, c.Opcode)
+		assert.Equal(t, uint32(msg), c.ByteLen)
+		assert.False(t, wrs[c.WrID], "receive WQE %d used twice", c.WrID)
+		wrs[c.WrID] = true
+		perQPN[c.QPNum]++
+		slot := int(c.WrID - 1000)
+		got[binary.LittleEndian.Uint64(b.buf.Bytes[slot*msg:])] = true
+	}
+	assert.Equal(t, map[uint32]int{bq[0].QPN: perQP, bq[1].QPN: perQP}, perQPN)
+	assert.Len(t, got, 2*perQP, "every message landed in its own buffer")
+	noMore(t, b.rcq)
 }

@@ -1,0 +1,343 @@
+package device
+
+import (
+	"errors"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/device/engine"
+	"github.com/vrnic/vrnic/doorbell"
+	"github.com/vrnic/vrnic/queues"
+)
+
+// Unit tests of the ring adapters over plain memory and doorbell words
+// (the end-to-end tests in dataplane_test.go run them over shared memory
+// with the engine).
+
+type testSQ struct {
+	ring   []byte
+	stride uint32
+	slots  uint32
+	rec    doorbell.QPRecord
+	pi     uint32
+}
+
+func newTestSQ(t testing.TB, slots, maxSGE, maxInline uint32) (*testSQ, *sqSource) {
+	c := abi.QPCap{MaxSendWR: slots, MaxSendSGE: maxSGE, MaxInlineData: maxInline}
+	stride := abi.SQWQEBlocks(maxSGE, maxInline) * abi.WQEBlock
+	q := &testSQ{ring: make([]byte, slots*stride), stride: stride, slots: slots,
+		rec: doorbell.QPRecord{SQPI: new(atomic.Uint32), RQPI: new(atomic.Uint32), SQCI: new(atomic.Uint32), RQCI: new(atomic.Uint32)}}
+	s, err := newSQSource(q.ring, c, q.rec)
+	require.NoError(t, err)
+	return q, s
+}
+
+// post writes a WQE into the next slot and publishes the producer index.
+func (q *testSQ) post(w abi.SendWQE, sges []abi.SGE, inline []byte) {
+	slot := q.ring[(q.pi&(q.slots-1))*q.stride:][:q.stride]
+	clear(slot)
+	w.NumSGE = uint8(len(sges))
+	for i := range sges {
+		sges[i].Put(slot[abi.WQEBlock+i*abi.SizeofSGE:])
+	}
+	if inline != nil {
+		w.InlineLen = uint32(len(inline))
+		copy(slot[abi.WQEBlock:], inline)
+	}
+	w.Put(slot)
+	q.pi++
+	q.rec.SQPI.Store(q.pi)
+}
+
+func newSendWork(maxSGE, maxInline int) *engine.SendWork {
+	return &engine.SendWork{SGEs: make([]abi.SGE, 0, maxSGE), Inline: make([]byte, 0, maxInline)}
+}
+
+func TestSQSource(t *testing.T) {
+	q, s := newTestSQ(t, 4, 2, 32)
+	w := newSendWork(2, 32)
+
+	ok, err := s.PollSend(w)
+	require.NoError(t, err)
+	assert.False(t, ok, "nothing posted")
+
+	sges := []abi.SGE{{Addr: 0x1000, Length: 10, LKey: 7}, {Addr: 0x2000, Length: 20, LKey: 8}}
+	q.post(abi.SendWQE{WrID: 1, Opcode: abi.WRSend, Flags: abi.SendSignaled}, sges, nil)
+	q.post(abi.SendWQE{WrID: 2, Opcode: abi.WRSendWithImm, Flags: abi.SendInline, ImmData: 9}, nil, []byte("inline!"))
+	q.post(abi.SendWQE{WrID: 3, Opcode: abi.WROpcode(8)}, nil, nil) // BIND_MW: not supported
+
+	ok, err = s.PollSend(w)
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, uint64(1), w.WrID)
+	assert.Equal(t, abi.WRSend, w.Opcode)
+	assert.Equal(t, sges, w.SGEs)
+	assert.Empty(t, w.Inline)
+	assert.Zero(t, q.rec.SQCI.Load(), "consumer index published once per batch")
+
+	ok, err = s.PollSend(w)
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, uint64(2), w.WrID)
+	assert.Equal(t, []byte("inline!"), w.Inline)
+	assert.Empty(t, w.SGEs)
+	assert.Equal(t, uint32(9), w.ImmData)
+
+	ok, err = s.PollSend(w)
+	require.True(t, ok, "a malformed WQE is consumed")
+	var we *queues.WQEError
+	require.ErrorAs(t, err, &we)
+	assert.Equal(t, uint64(3), w.WrID, "its wr_id is kept for the error completion")
+	assert.Equal(t, uint32(3), q.rec.SQCI.Load(), "batch used up: consumer index published")
+
+	ok, err = s.PollSend(w)
+	assert.False(t, ok)
+	assert.NoError(t, err)
+
+	// An impossible producer index is reported once, then the ring is
+	// silent (the engine flushes the QP).
+	q.rec.SQPI.Store(q.pi + 5)
+	ok, err = s.PollSend(w)
+	assert.True(t, ok)
+	assert.ErrorIs(t, err, errRingBroken)
+	assert.ErrorIs(t, err, queues.ErrIndex)
+	assert.Zero(t, w.WrID)
+	for range 3 {
+		ok, err = s.PollSend(w)
+		assert.False(t, ok)
+		assert.NoError(t, err)
+	}
+}
+
+func TestSQSourceReset(t *testing.T) {
+	q, s := newTestSQ(t, 8, 1, 0)
+	w := newSendWork(1, 0)
+	q.post(abi.SendWQE{WrID: 1, Opcode: abi.WRSend}, nil, nil)
+	q.post(abi.SendWQE{WrID: 2, Opcode: abi.WRSend}, nil, nil)
+	// RESET with two WQEs posted; the client posts a third afterwards.
+	s.reset.request(q.rec.SQPI.Load())
+	q.post(abi.SendWQE{WrID: 3, Opcode: abi.WRSend}, nil, nil)
+	ok, err := s.PollSend(w)
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, uint64(3), w.WrID, "WQEs posted before the RESET are discarded")
+	ok, _ = s.PollSend(w)
+	assert.False(t, ok)
+	assert.Equal(t, uint32(3), q.rec.SQCI.Load())
+	// A second RESET with nothing new posted discards nothing more.
+	s.reset.request(q.rec.SQPI.Load())
+	q.post(abi.SendWQE{WrID: 4, Opcode: abi.WRSend}, nil, nil)
+	ok, _ = s.PollSend(w)
+	require.True(t, ok)
+	assert.Equal(t, uint64(4), w.WrID)
+}
+
+func TestSQSourceNoAlloc(t *testing.T) {
+	q, s := newTestSQ(t, 64, 2, 64)
+	w := newSendWork(2, 64)
+	sges := []abi.SGE{{Addr: 1, Length: 2, LKey: 3}}
+	allocs := testing.AllocsPerRun(1000, func() {
+		q.post(abi.SendWQE{WrID: 5, Opcode: abi.WRRDMAWrite}, sges, nil)
+		if ok, err := s.PollSend(w); !ok || err != nil {
+			panic("no WQE")
+		}
+	})
+	assert.Zero(t, allocs)
+}
+
+type testRQ struct {
+	ring   []byte
+	stride uint32
+	slots  uint32
+	pi     *atomic.Uint32
+	ci     *atomic.Uint32
+	mu     sync.Mutex
+	next   uint32
+}
+
+func (q *testRQ) post(wrid uint64, sges ...abi.SGE) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	slot := q.ring[(q.next&(q.slots-1))*q.stride:][:q.stride]
+	h := abi.RecvWQE{WrID: wrid, NumSGE: uint32(len(sges))}
+	h.Put(slot)
+	for i := range sges {
+		sges[i].Put(slot[abi.SizeofRecvWQE+i*abi.SizeofSGE:])
+	}
+	q.next++
+	q.pi.Store(q.next)
+}
+
+func TestRecvSourceRQ(t *testing.T) {
+	q := &testRQ{slots: 4, stride: abi.RQWQESize(2), pi: new(atomic.Uint32), ci: new(atomic.Uint32)}
+	q.ring = make([]byte, q.slots*q.stride)
+	s, err := newRQSource(q.ring, q.slots, 2, doorbell.QPRecord{RQPI: q.pi, RQCI: q.ci})
+	require.NoError(t, err)
+	r := &engine.RecvWork{SGEs: make([]abi.SGE, 0, 2)}
+	q.post(11, abi.SGE{Addr: 1, Length: 100, LKey: 2})
+	q.post(12)
+	ok, err := s.PollRecv(r)
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, uint64(11), r.WrID)
+	assert.Equal(t, []abi.SGE{{Addr: 1, Length: 100, LKey: 2}}, r.SGEs)
+	ok, err = s.PollRecv(r)
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, uint64(12), r.WrID)
+	assert.Empty(t, r.SGEs)
+	assert.Equal(t, uint32(2), q.ci.Load())
+	// Reset discards what was posted before it.
+	q.post(13)
+	s.reset.request(q.pi.Load())
+	q.post(14)
+	ok, _ = s.PollRecv(r)
+	require.True(t, ok)
+	assert.Equal(t, uint64(14), r.WrID)
+	assert.Zero(t, testing.AllocsPerRun(500, func() {
+		q.post(15)
+		if ok, _ := s.PollRecv(r); !ok {
+			panic("no RQE")
+		}
+	}))
+}
+
+// TestRecvSourceSRQConcurrent: consumers on several goroutines (the
+// workers of the QPs attached to an SRQ) take every posted WQE exactly
+// once.
+func TestRecvSourceSRQConcurrent(t *testing.T) {
+	const total, consumers = 20000, 4
+	q := &testRQ{slots: 64, stride: abi.RQWQESize(1), pi: new(atomic.Uint32), ci: new(atomic.Uint32)}
+	q.ring = make([]byte, q.slots*q.stride)
+	s, err := newSRQSource(q.ring, q.slots, 1, doorbell.SRQRecord{PI: q.pi, CI: q.ci})
+	require.NoError(t, err)
+	var (
+		wg   sync.WaitGroup
+		got  [consumers][]uint64
+		done atomic.Bool
+	)
+	for c := range consumers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := &engine.RecvWork{SGEs: make([]abi.SGE, 0, 1)}
+			for {
+				ok, err := s.PollRecv(r)
+				if err != nil {
+					panic(err)
+				}
+				if ok {
+					got[c] = append(got[c], r.WrID)
+					continue
+				}
+				if done.Load() && q.ci.Load() == total {
+					return
+				}
+			}
+		}()
+	}
+	for i := range uint64(total) {
+		// Flow control as a client does it: never more than slots ahead.
+		for q.next-q.ci.Load() >= q.slots {
+			runtime.Gosched()
+		}
+		q.post(i)
+	}
+	done.Store(true)
+	wg.Wait()
+	seen := make([]bool, total)
+	n := 0
+	for c := range consumers {
+		for _, id := range got[c] {
+			require.False(t, seen[id], "wr_id %d taken twice", id)
+			seen[id] = true
+			n++
+		}
+	}
+	assert.Equal(t, total, n, "every WQE taken once")
+}
+
+func newTestCQ(t testing.TB, count uint32, comp *doorbell.EventFD) (*cqSink, doorbell.CQRecord, []byte) {
+	rec := doorbell.CQRecord{CI: new(atomic.Uint32), Arm: new(atomic.Uint32), PI: new(atomic.Uint32),
+		ArmSNDone: new(atomic.Uint32), Overflow: new(atomic.Uint32)}
+	ring := make([]byte, count*abi.SizeofCQE)
+	s, err := newCQSink(ring, count, rec, comp)
+	require.NoError(t, err)
+	return s, rec, ring
+}
+
+func TestCQSinkOverflowAndArming(t *testing.T) {
+	ev, err := doorbell.NewEventFD()
+	require.NoError(t, err)
+	s, rec, ring := newTestCQ(t, 4, ev)
+	defer s.close()
+
+	// Solicited-only arm: a non-solicited CQE does not fire, the next
+	// solicited one does, once.
+	rec.Arm.Store(abi.ArmWord(1, true))
+	require.NoError(t, s.push(&abi.CQE{WrID: 1, QPNum: 5}, false))
+	n, _ := ev.Drain()
+	assert.Zero(t, n)
+	require.NoError(t, s.push(&abi.CQE{WrID: 2, QPNum: 5}, true))
+	n, _ = ev.Drain()
+	assert.Equal(t, uint64(1), n)
+	require.NoError(t, s.push(&abi.CQE{WrID: 3, QPNum: 5}, true))
+	n, _ = ev.Drain()
+	assert.Zero(t, n, "one event per arm")
+	assert.Equal(t, uint32(3), rec.PI.Load(), "cq_pi published")
+
+	var e abi.CQE
+	require.True(t, queues.ReadCQE(ring, 4, 1, &e))
+	assert.Equal(t, uint64(2), e.WrID)
+
+	require.NoError(t, s.push(&abi.CQE{WrID: 4}, false))
+	err = s.push(&abi.CQE{WrID: 5}, false)
+	assert.ErrorIs(t, err, queues.ErrCQFull)
+	assert.Equal(t, uint32(1), rec.Overflow.Load())
+	// The client catches up, but the CQ stays in error.
+	rec.CI.Store(4)
+	assert.ErrorIs(t, s.push(&abi.CQE{WrID: 6}, false), queues.ErrCQFull)
+	assert.Equal(t, uint64(2), s.lost.Load())
+}
+
+func TestQPSinkReportsErrors(t *testing.T) {
+	s, _, _ := newTestCQ(t, 2, nil)
+	wake := make(chan struct{}, 1)
+	x := &dpQP{wake: wake}
+	sink := &qpSink{qp: x, cq: s}
+	require.NoError(t, sink.PushCQE(&abi.CQE{WrID: 1}))
+	assert.Zero(t, x.errReq.Load(), "success: nothing to report")
+	require.NoError(t, sink.PushCQE(&abi.CQE{WrID: 2, Status: abi.WCRemAccessErr}))
+	assert.Equal(t, uint64(1), x.errReq.Load())
+	assert.Len(t, wake, 1)
+	<-wake
+	// After a RESET (generation 1) an overflow is reported anew.
+	x.gen.Add(1)
+	assert.ErrorIs(t, sink.PushCQE(&abi.CQE{WrID: 3}), queues.ErrCQFull)
+	assert.Equal(t, uint64(2), x.errReq.Load())
+	assert.Len(t, wake, 1)
+	assert.Zero(t, testing.AllocsPerRun(100, func() {
+		if err := sink.PushCQE(&abi.CQE{WrID: 4}); !errors.Is(err, queues.ErrCQFull) {
+			panic(err)
+		}
+	}))
+}
+
+func TestCQSinkNoAlloc(t *testing.T) {
+	s, rec, _ := newTestCQ(t, 64, nil)
+	ci := uint32(0)
+	c := &abi.CQE{WrID: 1, Opcode: abi.WCRecv}
+	assert.Zero(t, testing.AllocsPerRun(1000, func() {
+		if err := s.push(c, true); err != nil {
+			panic(err)
+		}
+		ci++
+		rec.CI.Store(ci)
+	}))
+}
