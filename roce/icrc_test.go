@@ -7,7 +7,9 @@ import (
 	"math/bits"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -269,4 +271,42 @@ func FuzzCRCMasked(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte, c uint32, layout uint8) {
 		checkVariants(t, c, data, layouts[int(layout)%len(layouts)])
 	})
+}
+
+// BenchmarkCRCMaskedKernels measures each crcMasked implementation under
+// the IPv6 mask against plain crc32.ChecksumIEEE over the same bytes, in
+// alternating blocks like BenchmarkICRCvsCRC32: variant/crc32 is the
+// median of (crc32 block time / variant block time).
+func BenchmarkCRCMaskedKernels(b *testing.B) {
+	for _, n := range []int{128, 256, 512, 1024, 4172} {
+		p := make([]byte, n)
+		for i := range p {
+			p[i] = byte(i * 7)
+		}
+		for _, v := range icrcVariants() {
+			if n < v.min {
+				continue
+			}
+			b.Run(fmt.Sprintf("%s/%d", v.name, n), func(b *testing.B) {
+				b.ReportAllocs()
+				b.SetBytes(int64(n))
+				const block = 32
+				ratios := make([]float64, 0, b.N/block+1)
+				for done := 0; done < b.N; done += block {
+					t0 := time.Now()
+					for range block {
+						sink ^= crc32.ChecksumIEEE(p)
+					}
+					t1 := time.Now()
+					for range block {
+						sink ^= v.f(^icrcSeed, p, &icrcMasks[16], 56)
+					}
+					t2 := time.Now()
+					ratios = append(ratios, float64(t1.Sub(t0))/float64(t2.Sub(t1)))
+				}
+				slices.Sort(ratios)
+				b.ReportMetric(ratios[len(ratios)/2], "variant/crc32")
+			})
+		}
+	}
 }
