@@ -1,12 +1,18 @@
 package link
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -187,5 +193,39 @@ func TestUDPSteeringBothDirections(t *testing.T) {
 				assert.Equal(t, i, roce.SteerQueue(pkt.BTH.DestQP(), 2))
 			}
 		}
+	}
+}
+
+// TestUDPUnprivileged runs the steering and opcode tests again in a
+// child process without any privilege (uid and gid nobody, no
+// capabilities): the UDP link, its reuseport group and the classic BPF
+// steering program need none. Run as root it re-executes the test binary
+// as nobody; run as any other user the whole suite already is the proof.
+func TestUDPUnprivileged(t *testing.T) {
+	if os.Getenv("VRNIC_UDP_CHILD") != "" {
+		t.Skip("in the unprivileged child")
+	}
+	if os.Getuid() != 0 {
+		t.Skip("not root: every test of this package already runs unprivileged")
+	}
+	dir, err := os.MkdirTemp("", "vrnic-udp-")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	require.NoError(t, os.Chmod(dir, 0o755))
+	self, err := os.ReadFile(os.Args[0])
+	require.NoError(t, err)
+	bin := filepath.Join(dir, "link.test")
+	require.NoError(t, os.WriteFile(bin, self, 0o755))
+
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "-test.run=^(TestUDPSteering|TestUDPOpcodes|TestUDPCorruptedDatagram)$", "-test.count=1", "-test.v")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "VRNIC_UDP_CHILD=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534, Groups: []uint32{}}}
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	for _, name := range []string{"TestUDPSteering", "TestUDPOpcodes", "TestUDPCorruptedDatagram"} {
+		assert.Contains(t, string(out), "--- PASS: "+name+" ")
 	}
 }
