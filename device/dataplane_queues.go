@@ -74,8 +74,8 @@ func newSQSource(ring []byte, c abi.QPCap, rec doorbell.QPRecord) (*sqSource, er
 // PollSend implements engine.SendSource. The WQE is read once from the
 // ring into private memory and validated by package queues, then copied
 // into w (whose SGE and inline storage the engine sized from the same
-// capacities). The consumer index is published when the batch seen by
-// the last producer-index load is used up.
+// capacities). The consumer index is published after every WQE taken:
+// the slot may be reused by the client from then on.
 func (s *sqSource) PollSend(w *engine.SendWork) (bool, error) {
 	if v := s.reset.v.Load(); uint32(v>>32) != s.seen {
 		s.seen = uint32(v >> 32)
@@ -101,9 +101,9 @@ func (s *sqSource) PollSend(w *engine.SendWork) (bool, error) {
 	if !ok {
 		return false, nil
 	}
-	if s.q.Pending() == 0 {
-		s.q.Publish()
-	}
+	// The slot is free as soon as the WQE is copied: publish at once, so
+	// the client's flow control sees it (one store to the daemon's line).
+	s.q.Publish()
 	w.SendWQE = s.wr.SendWQE
 	w.SGEs, w.Inline = w.SGEs[:0], w.Inline[:0]
 	if err != nil {
@@ -200,9 +200,9 @@ func (s *recvSource) PollRecv(r *engine.RecvWork) (bool, error) {
 	if !ok {
 		return false, nil
 	}
-	if s.q.Pending() == 0 {
-		s.q.Publish()
-	}
+	// The slot is free as soon as the WQE is copied: publish at once, so
+	// the client's flow control sees it (one store to the daemon's line).
+	s.q.Publish()
 	r.WrID, r.SGEs = s.wr.WrID, r.SGEs[:0]
 	if err != nil {
 		return true, err
