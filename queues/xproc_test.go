@@ -28,6 +28,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
 	"github.com/vrnic/vrnic/abi"
@@ -45,7 +46,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(envClient) == "1" {
 		os.Exit(xprocClient())
 	}
-	os.Exit(m.Run())
+	goleak.VerifyTestMain(m)
 }
 
 // setupMsg is the first datagram to the client; fds: ring memfd, doorbell
