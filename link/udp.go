@@ -322,6 +322,23 @@ func sockaddrOf(ap netip.AddrPort) unix.Sockaddr {
 	return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: a.As16()}
 }
 
+// ConformPath sets the fields of p that the send conventions of the link
+// fix (see the package documentation, "UDP link"), so that frames built
+// on p are sent, not dropped: Ethernet mode without VLAN, the link's
+// address as source (an IPv4 link needs an IPv4 destination, an IPv6
+// link an IPv6 one), the link's port as UDP source port, DF. The MACs
+// become UDPLocalMAC (source) and UDPRemoteMAC (destination); they are
+// not carried. p.Dst and p.DstPort (0: 4791) are kept. The per-packet
+// IPv4 Identification (roce.Headers.IPID) must stay 0.
+func (l *UDPLink) ConformPath(p *roce.Path) {
+	p.Mode = roce.ModeEthernet
+	p.VLAN, p.VLANTCI = false, 0
+	p.SrcMAC, p.DstMAC = UDPLocalMAC, UDPRemoteMAC
+	p.Src = l.local.Addr()
+	p.SrcPort = l.local.Port()
+	p.DontFragment = true
+}
+
 // Ports returns the ports, port i for worker i.
 func (l *UDPLink) Ports() []*UDPPort { return l.ports }
 

@@ -525,3 +525,31 @@ func TestUDPSocketBuffers(t *testing.T) {
 		assert.Equal(t, 2*32768, snd)
 	}
 }
+
+// TestUDPConformPath: a path as the engine makes it for any link (UDP
+// source port from the QPN, no DF, a VLAN tag) has its frames dropped;
+// after ConformPath they are sent and verify at the receiver.
+func TestUDPConformPath(t *testing.T) {
+	aAddr, bAddr := loopback4(t), loopback4(t)
+	la := newTestLink(t, aAddr, 1, nil)
+	b := newTestLink(t, bAddr, 1, nil).Ports()[0]
+	a := la.Ports()[0]
+	path := roce.Path{
+		Mode: roce.ModeEthernet, Src: aAddr.Addr(), Dst: bAddr.Addr(),
+		SrcPort: roce.UDPSrcPort(0x33), TTL: 64, VLAN: true, VLANTCI: 5,
+	}
+	h := roce.Headers{BTH: roce.BTHFields{Opcode: roce.OpRCSendOnly, PKey: 0xffff, DestQP: 0x44, PSN: 1}}
+	n, err := a.SendBatch([][]byte{buildFrame(t, &path, &h, 40)})
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+	assert.Equal(t, uint64(1), a.Counters.Dropped(UDPDropVLAN))
+	la.ConformPath(&path)
+	h.BTH.PSN = 2
+	sendAll(t, a, [][]byte{buildFrame(t, &path, &h, 40)})
+	f := recvN(t, b, 1)[0]
+	var pkt roce.Packet
+	require.NoError(t, roce.Parse(f, &pkt))
+	assert.Equal(t, uint32(2), pkt.BTH.PSN())
+	assert.Equal(t, aAddr.Addr(), pkt.Src())
+	assert.Equal(t, uint64(1), a.Counters.TxFrames.Load())
+}
