@@ -97,7 +97,8 @@ func TestRunLifecycle(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var logs strings.Builder
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"-name", "r0", "-runtime-dir", dir}, &syncWriter{w: &logs}) }()
+	local := freeLoopback(t) // the default UDP link binds it; 127.0.0.1 may be taken
+	go func() { done <- run(ctx, []string{"-name", "r0", "-runtime-dir", dir, "-local", local.String()}, &syncWriter{w: &logs}) }()
 	sock := device.SocketPath(dir, "r0")
 	require.Eventually(t, func() bool {
 		a, err := device.DialAdmin(sock)

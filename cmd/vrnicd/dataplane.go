@@ -28,9 +28,13 @@ type dataPlane struct {
 //     address come back to it, so QPs of two clients of the same daemon
 //     can be connected to each other; frames to any other address are
 //     dropped (counted as no route). It needs nothing from the host.
-//   - udp: the UDP link is not in the tree yet; until it is, the daemon
-//     runs without a data path (nil, nil): QPs move through their states
-//     and no data moves.
+//   - udp: the UDP link (package link): one socket per worker bound to the
+//     -local address (port 4791), steered by QPN in the kernel; peers are
+//     the QPs' destination GIDs, port 4791. The link only sends frames
+//     that follow its conventions (UDP source port = 4791, IPv4
+//     Identification 0 and DF); the engine's frames use a per-QP source
+//     port and no DF until the engine offers that framing, and until then
+//     the link drops them (counted per reason in its counters).
 func newDataPlane(cfg *Config, li device.LinkInfo, space *dma.Space, workers int, log *slog.Logger) (*dataPlane, error) {
 	var (
 		links []engine.Link
@@ -51,12 +55,22 @@ func newDataPlane(cfg *Config, li device.LinkInfo, space *dma.Space, workers int
 			links = append(links, p)
 		}
 	case "udp":
-		log.Warn("the UDP link is not available yet: running without a data path (use -link mem for loopback QPs)")
-		return nil, nil
+		local, err := netip.ParseAddrPort(cfg.Link.Local)
+		if err != nil {
+			return nil, err
+		}
+		ul, err := link.NewUDP(link.UDPConfig{Local: local, Workers: workers, FrameCap: engine.DefaultFrameCap, Logger: log})
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range ul.Ports() {
+			links = append(links, p)
+		}
+		close = ul.Close
 	default:
 		return nil, fmt.Errorf("link type %q has no data path", cfg.Link.Type)
 	}
-	eng, err := engine.New(engine.Config{Links: links, Mode: roce.ModeEthernet, MAC: li.MAC, Logger: log})
+	eng, err := engine.New(engine.Config{Links: links, Mode: roce.ModeEthernet, MAC: li.MAC, PeerMAC: link.UDPLocalMAC, Logger: log})
 	if err != nil {
 		close()
 		return nil, err

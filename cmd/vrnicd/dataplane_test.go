@@ -2,8 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"io"
+	"math/rand/v2"
+	"net"
+	"net/netip"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -121,4 +126,58 @@ func TestRunMemLinkLoopback(t *testing.T) {
 	stop()
 	assert.Contains(t, logs.String(), "data_path=true")
 	assert.Contains(t, logs.String(), "engine stopped")
+}
+
+// freeLoopback returns a 127.0.0.0/8 address whose UDP port 4791 is free
+// (any 127/8 address is loopback on Linux).
+func freeLoopback(t testing.TB) netip.AddrPort {
+	t.Helper()
+	for range 100 {
+		ap := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, byte(1 + rand.IntN(250)), byte(rand.IntN(256)), byte(1 + rand.IntN(250))}), 4791)
+		c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(ap))
+		if err == nil {
+			c.Close()
+			return ap
+		}
+	}
+	t.Fatal("no free 127.0.0.0/8 address with UDP port 4791")
+	return netip.AddrPort{}
+}
+
+// TestRunUDPLink: with -link udp the daemon binds its UDP link (one
+// socket per worker on -local) before it serves, releases it when it
+// stops, and refuses to start when the address is taken.
+func TestRunUDPLink(t *testing.T) {
+	local := freeLoopback(t)
+	dir := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	var logs strings.Builder
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-name", "u0", "-runtime-dir", dir, "-link", "udp", "-local", local.String(), "-workers", "2"}, &syncWriter{w: &logs})
+	}()
+	sock := device.SocketPath(dir, "u0")
+	require.Eventually(t, func() bool {
+		a, err := device.DialAdmin(sock)
+		if err != nil {
+			return false
+		}
+		a.Close()
+		return true
+	}, 5*time.Second, 10*time.Millisecond, "%s", &logs)
+	_, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(local))
+	assert.True(t, errors.Is(err, syscall.EADDRINUSE), "the link holds %v: %v", local, err)
+
+	// A second daemon on the same address fails cleanly.
+	var logs2 strings.Builder
+	err = run(context.Background(), []string{"-name", "u1", "-runtime-dir", dir, "-link", "udp", "-local", local.String()}, &syncWriter{w: &logs2})
+	assert.ErrorContains(t, err, "in use")
+	assert.NoFileExists(t, device.SocketPath(dir, "u1"))
+
+	cancel()
+	require.NoError(t, <-done)
+	assert.Contains(t, logs.String(), "UDP link up")
+	c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(local))
+	require.NoError(t, err, "released at exit")
+	c.Close()
 }

@@ -17,9 +17,9 @@
 // Data path: the RC transport engine (package device/engine) runs -workers
 // workers over the link: -link mem is an in-memory link private to the
 // daemon (QPs of its clients connected to its own GID talk to each other);
-// -link udp carries RoCE v2 over UDP once the UDP link is in the tree
-// (until then the daemon runs without a data path and says so). UD QPs
-// have no data path yet.
+// -link udp carries RoCE v2 over UDP sockets bound to -local (port 4791),
+// to the peers the QPs' destination GIDs name. UD QPs have no data path
+// yet.
 package main
 
 import (
