@@ -117,11 +117,21 @@ func TestUDPSteerProgram(t *testing.T) {
 // worker roce.SteerQueue(qpn, N): the kernel runs the program, and socket
 // i (bound i-th) is index i of the reuseport group.
 func TestUDPSteering(t *testing.T) {
-	for _, n := range []int{1, 2, 4} {
-		t.Run(fmt.Sprintf("workers=%d", n), func(t *testing.T) {
-			local := loopback4(t)
+	for _, tc := range []struct {
+		fam string
+		n   int
+	}{{"ipv4", 1}, {"ipv4", 2}, {"ipv4", 4}, {"ipv6", 2}, {"ipv6", 4}} {
+		n := tc.n
+		t.Run(fmt.Sprintf("%s/workers=%d", tc.fam, n), func(t *testing.T) {
+			var local netip.AddrPort
+			hl := UDPHeadroom4
+			if tc.fam == "ipv4" {
+				local = loopback4(t)
+			} else {
+				local, hl = loopback6(t), UDPHeadroom6
+			}
 			l := newTestLink(t, local, n, nil)
-			plain, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(local.Addr(), 0)))
+			plain, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(local.Addr(), 0)))
 			require.NoError(t, err)
 			defer plain.Close()
 
@@ -146,7 +156,7 @@ func TestUDPSteering(t *testing.T) {
 				got := recvN(t, p, want[i])
 				short := 0
 				for _, f := range got {
-					payload := f[UDPHeadroom4:]
+					payload := f[hl:]
 					if len(payload) < roce.BTHLen {
 						short++
 						continue
