@@ -99,19 +99,22 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	defer space.Close()
-	plane, err := newDataPlane(cfg, li, space, workers, log)
+	// The control socket first: a name clash is reported before the link
+	// is touched.
+	l, err := device.Listen(sock)
 	if err != nil {
 		return err
 	}
-	var eng device.Engine
-	if plane != nil {
-		eng = plane.dp
-		defer func() {
-			if err := plane.stop(); err != nil {
-				log.Warn("data plane stop", "err", err)
-			}
-		}()
+	plane, err := newDataPlane(cfg, li, space, workers, log)
+	if err != nil {
+		l.Close()
+		return err
 	}
+	defer func() {
+		if err := plane.stop(); err != nil {
+			log.Warn("data plane stop", "err", err)
+		}
+	}()
 	dev, err := device.New(device.Config{
 		Name:       cfg.Name,
 		NumWorkers: workers,
@@ -119,21 +122,16 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		Limits:     cfg.Limits,
 		Space:      space,
 		Doorbells:  device.NewDoorbellPage,
-		Engine:     eng,
+		Engine:     plane.dp,
 		Logger:     log,
 	})
 	if err != nil {
+		l.Close()
 		return err
 	}
-	l, err := device.Listen(sock)
-	if err != nil {
-		return err
-	}
-	if plane != nil {
-		plane.dp.Start()
-	}
+	plane.dp.Start()
 	log.Info("vrnicd started", "device", cfg.Name, "socket", sock, "link", cfg.Link.Type, "local", cfg.Link.Local,
-		"peers", cfg.Link.Peers, "workers", workers, "data_path", plane != nil, "pid", os.Getpid(), "abi", fmt.Sprintf("%d.%d", abi.VersionMajor, abi.VersionMinor))
+		"peers", cfg.Link.Peers, "workers", workers, "data_path", true, "pid", os.Getpid(), "abi", fmt.Sprintf("%d.%d", abi.VersionMajor, abi.VersionMinor))
 	done := make(chan error, 1)
 	go func() { done <- dev.Serve(l) }()
 	select {
