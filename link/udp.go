@@ -132,6 +132,7 @@ type UDPPort struct {
 	rc    syscall.RawConn
 	loc   udpLocal
 	hl    int // receive headroom
+	fcap  int // cfg.FrameCap: the longest frame RecvBatch returns
 	ready chan struct{}
 	arm   chan struct{}
 
@@ -232,7 +233,7 @@ func NewUDP(cfg UDPConfig) (*UDPLink, error) {
 
 	for i, fd := range fds {
 		p := &UDPPort{
-			link: l, index: i, loc: loc, hl: hl,
+			link: l, index: i, loc: loc, hl: hl, fcap: cfg.FrameCap,
 			ready: make(chan struct{}, 1), arm: make(chan struct{}, 1),
 			pfd: make([]unix.PollFd, 1),
 			tx:  newUDPBatch(cfg.Batch), rx: newUDPBatch(cfg.Batch),
@@ -491,8 +492,10 @@ func (p *UDPPort) send(fd uintptr) {
 // RecvBatch implements the engine's Link: it fills frames with received
 // datagrams, each behind synthesized Ethernet, IP and UDP headers, in the
 // caller's buffers (frames[i] is resliced; buffers may change places when
-// a datagram is dropped). It never blocks. Each buffer needs a capacity
-// of at least the headroom plus a BTH and an ICRC.
+// a datagram is dropped). It never blocks. Frames are at most
+// UDPConfig.FrameCap bytes (longer datagrams are dropped, RxTruncated);
+// each buffer needs a capacity of at least the headroom plus a BTH and an
+// ICRC, and normally has FrameCap.
 func (p *UDPPort) RecvBatch(frames [][]byte) (int, error) {
 	if len(frames) == 0 {
 		return 0, nil
@@ -518,7 +521,7 @@ func (p *UDPPort) recv(fd uintptr) {
 		k := min(len(frames)-total, len(b.msgs))
 		for i := range k {
 			buf := frames[total+i]
-			buf = buf[:cap(buf)]
+			buf = buf[:min(cap(buf), p.fcap)]
 			if len(buf) < hl+udpMinPayload {
 				p.rxErr = fmt.Errorf("%w: receive buffer of capacity %d", ErrInvalid, cap(buf))
 				k, short = i, true

@@ -320,24 +320,35 @@ func TestUDPCorruptedDatagram(t *testing.T) {
 	}
 }
 
-// TestUDPTruncatedAndCompaction: a datagram longer than the buffers is
-// dropped and counted; the frames around it arrive in order, in
-// consecutive slots.
+// TestUDPTruncatedAndCompaction: a datagram longer than the frame
+// capacity allows is dropped and counted, even when the buffers are
+// larger; the frames around it arrive in order, in consecutive slots.
 func TestUDPTruncatedAndCompaction(t *testing.T) {
+	const fcap = 1000
 	bAddr := loopback4(t)
-	b := newTestLink(t, bAddr, 1, nil).Ports()[0]
+	b := newTestLink(t, bAddr, 1, func(c *UDPConfig) { c.FrameCap = fcap }).Ports()[0]
 	plain, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(bAddr.Addr(), 0)))
 	require.NoError(t, err)
 	defer plain.Close()
-	for _, d := range [][]byte{bytes.Repeat([]byte{1}, 100), make([]byte, testFrameCap), bytes.Repeat([]byte{3}, 200)} {
+	max := fcap - UDPHeadroom4
+	for _, d := range [][]byte{
+		bytes.Repeat([]byte{1}, 100),
+		bytes.Repeat([]byte{2}, max+1),
+		bytes.Repeat([]byte{3}, max),
+		make([]byte, testFrameCap),
+		bytes.Repeat([]byte{5}, 200),
+	} {
 		_, err := plain.WriteToUDPAddrPort(d, bAddr)
 		require.NoError(t, err)
 	}
-	got := recvN(t, b, 2)
+	got := recvN(t, b, 3) // buffers of testFrameCap > fcap
+	require.Len(t, got, 3)
 	assert.Equal(t, UDPHeadroom4+100, len(got[0]))
-	assert.Equal(t, UDPHeadroom4+200, len(got[1]))
+	assert.Equal(t, fcap, len(got[1]))
 	assert.Equal(t, byte(3), got[1][UDPHeadroom4])
-	assert.Equal(t, uint64(1), b.Counters.RxTruncated.Load())
+	assert.Equal(t, UDPHeadroom4+200, len(got[2]))
+	assert.Equal(t, byte(5), got[2][UDPHeadroom4])
+	assert.Equal(t, uint64(2), b.Counters.RxTruncated.Load())
 }
 
 // TestUDPSynthMatchesCapture: the receive headers are those of
