@@ -330,11 +330,11 @@ func TestUDPTruncatedAndCompaction(t *testing.T) {
 	plain, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(bAddr.Addr(), 0)))
 	require.NoError(t, err)
 	defer plain.Close()
-	max := fcap - UDPHeadroom4
+	most := fcap - UDPHeadroom4
 	for _, d := range [][]byte{
 		bytes.Repeat([]byte{1}, 100),
-		bytes.Repeat([]byte{2}, max+1),
-		bytes.Repeat([]byte{3}, max),
+		bytes.Repeat([]byte{2}, most+1),
+		bytes.Repeat([]byte{3}, most),
 		make([]byte, testFrameCap),
 		bytes.Repeat([]byte{5}, 200),
 	} {
