@@ -9,7 +9,10 @@
 //	go run ./cmd/vrnic-demo [-duration 5s] [-size 16384] [-link udp|mem]
 //
 // With -link mem one daemon with its in-memory link serves both clients
-// (the QPs are connected through that daemon's loopback).
+// (the QPs are connected through that daemon's loopback). That is the
+// default until the engine's frames follow the UDP link's conventions
+// (see defaultLink). With -link udp and the default addresses taken (port
+// 4791 in use), the demo picks free 127.0.0.0/8 addresses instead.
 //
 // Processes: the daemons are vrnicd (the -vrnicd binary, a vrnicd beside
 // this executable, or one built with the go tool into the demo's
@@ -28,6 +31,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
@@ -44,6 +48,12 @@ import (
 )
 
 const roleEnv = "VRNIC_DEMO_ROLE"
+
+// defaultLink is the link the demo uses without -link. It is mem until
+// the engine builds frames to the UDP link's conventions (UDP source port
+// 4791, IPv4 Identification 0, DF): the UDP link drops any other frame,
+// so two daemons over UDP do not exchange traffic yet.
+const defaultLink = "mem"
 
 func main() {
 	if os.Getenv(roleEnv) == "client" {
@@ -95,6 +105,7 @@ type config struct {
 	addrB    string
 	mtu      int
 	verbose  bool
+	autoAddr bool // addresses not given: another free pair may be used
 }
 
 func parseFlags(args []string, stderr io.Writer) (*config, error) {
@@ -103,7 +114,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	c := &config{}
 	fs.DurationVar(&c.duration, "duration", 5*time.Second, "how long the traffic runs")
 	fs.IntVar(&c.size, "size", 16384, "bytes per SEND, WRITE and READ (1..1048576)")
-	fs.StringVar(&c.link, "link", "udp", "udp: two daemons over UDP on loopback; mem: one daemon, in-memory link")
+	fs.StringVar(&c.link, "link", defaultLink, "udp: two daemons over UDP on loopback; mem: one daemon, in-memory link")
 	fs.IntVar(&c.workers, "workers", 1, "engine workers per daemon")
 	fs.StringVar(&c.vrnicd, "vrnicd", "", "vrnicd binary (default: beside this program, or built with the go tool)")
 	fs.StringVar(&c.addrA, "addr-a", "127.0.0.1", "UDP link: first daemon's address (port 4791)")
@@ -113,6 +124,9 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	c.autoAddr = !set["addr-a"] && !set["addr-b"]
 	switch {
 	case fs.NArg() > 0:
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
@@ -280,6 +294,14 @@ func (d *demo) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if c.link == "udp" && c.autoAddr && (!udpFree(c.addrA) || !udpFree(c.addrB)) {
+		a, b := freeLoopback(), freeLoopback()
+		if !a.IsValid() || !b.IsValid() || a == b {
+			return errors.New("no free loopback addresses with UDP port 4791")
+		}
+		fmt.Fprintf(d.out, "UDP port 4791 of %s or %s is in use: using %v and %v\n", c.addrA, c.addrB, a, b)
+		c.addrA, c.addrB = a.String(), b.String()
+	}
 	type daemonSpec struct{ name, local string }
 	specs := []daemonSpec{{"demo-a", c.addrA}, {"demo-b", c.addrB}}
 	if c.link == "mem" {
@@ -340,6 +362,28 @@ func (d *demo) run(ctx context.Context) error {
 	}
 	a, b := peers["a"], peers["b"]
 	return d.session(a, b)
+}
+
+// udpFree reports whether UDP port 4791 of addr can be bound.
+func udpFree(addr string) bool {
+	c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(netip.MustParseAddr(addr), 4791)))
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
+
+// freeLoopback returns a random 127.0.0.0/8 address (all loopback on
+// Linux) whose UDP port 4791 is free, or the zero Addr.
+func freeLoopback() netip.Addr {
+	for range 100 {
+		a := netip.AddrFrom4([4]byte{127, byte(1 + rand.IntN(250)), byte(rand.IntN(256)), byte(1 + rand.IntN(250))})
+		if udpFree(a.String()) {
+			return a
+		}
+	}
+	return netip.Addr{}
 }
 
 // waitSocket waits until the daemon answers on its control socket.
