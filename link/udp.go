@@ -226,7 +226,7 @@ func NewUDP(cfg UDPConfig) (*UDPLink, error) {
 			return nil, fmt.Errorf("link: bind %v (socket %d): %w", local, i, err)
 		}
 	}
-	if err := attachSteering(fds[0], cfg.Workers); err != nil {
+	if err := udpAttach(fds[0], cfg.Workers); err != nil {
 		closeFDs()
 		return nil, fmt.Errorf("%w: %v: %v", ErrUDPSteering, local, err)
 	}
@@ -262,6 +262,10 @@ func NewUDP(cfg UDPConfig) (*UDPLink, error) {
 	cfg.Logger.Info("link: UDP link up", "local", local, "workers", cfg.Workers, "frame_cap", cfg.FrameCap)
 	return l, nil
 }
+
+// udpAttach attaches the steering program; a variable so that a unit test
+// can make it fail.
+var udpAttach = attachSteering
 
 // udpSocket creates a non-blocking UDP socket with the link's options.
 func udpSocket(v6 bool, cfg *UDPConfig, reuse bool) (int, error) {

@@ -518,6 +518,15 @@ func TestNewUDPErrors(t *testing.T) {
 		assert.ErrorIs(t, err, ErrUDPAddrInUse, "a second group must not join the first")
 		require.NoError(t, l.Close())
 	})
+	t.Run("steering-refused", func(t *testing.T) {
+		old := udpAttach
+		t.Cleanup(func() { udpAttach = old })
+		udpAttach = func(int, int) error { return unix.EPERM }
+		_, err := NewUDP(UDPConfig{Local: ok, Workers: 2, FrameCap: testFrameCap})
+		assert.ErrorIs(t, err, ErrUDPSteering)
+		assert.ErrorContains(t, err, "operation not permitted")
+		assert.NoError(t, probeFree(false, sockaddrOf(ok)), "sockets closed")
+	})
 	assert.Equal(t, fds, openFDs(t), "no fd left by failed NewUDP")
 }
 
