@@ -21,7 +21,8 @@
 //	          peer port; lengths consistent with the IP header
 //	payload   at least a BTH and an ICRC
 //
-// The payload goes out with sendmmsg to Dst and DstPort. TOS, TTL, flow
+// UDPLink.ConformPath sets a roce.Path to these conventions. The payload
+// goes out with sendmmsg to Dst and DstPort. TOS, TTL, flow
 // label, hop limit and the checksums are not carried (the ICRC masks
 // them); the kernel sets DF and never fragments (IP_PMTUDISC_DO).
 //
