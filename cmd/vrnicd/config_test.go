@@ -98,7 +98,9 @@ func TestRunLifecycle(t *testing.T) {
 	var logs strings.Builder
 	done := make(chan error, 1)
 	local := freeLoopback(t) // the default UDP link binds it; 127.0.0.1 may be taken
-	go func() { done <- run(ctx, []string{"-name", "r0", "-runtime-dir", dir, "-local", local.String()}, &syncWriter{w: &logs}) }()
+	go func() {
+		done <- run(ctx, []string{"-name", "r0", "-runtime-dir", dir, "-local", local.String()}, &syncWriter{w: &logs})
+	}()
 	sock := device.SocketPath(dir, "r0")
 	require.Eventually(t, func() bool {
 		a, err := device.DialAdmin(sock)
