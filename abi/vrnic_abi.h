@@ -675,7 +675,14 @@ struct vrnic_db_qp {
  * bits 8..31 the arm sequence. To arm, write the word with a sequence one
  * greater than the last one written; the daemon writes the completion
  * eventfd once for a sequence, for the first CQE written after it saw it
- * (only a solicited or error CQE when solicited only is set). */
+ * that the client has not consumed yet (cq_ci <= its index; only a
+ * solicited or error CQE when solicited only is set).
+ * Order on the client (all __ATOMIC_SEQ_CST): store cq_ci for the CQEs
+ * consumed, then store the arm word, then poll the CQ once more, and sleep
+ * on the completion eventfd only if that poll found nothing. The daemon
+ * writes a CQE's owner word, then loads the arm word, then cq_ci; so either
+ * it notifies or the last poll sees the CQE. An event can be stale (its CQE
+ * already polled): after an event, re-arm and poll again. */
 #define VRNIC_CQ_ARM_ARMED     0x1u
 #define VRNIC_CQ_ARM_SOLICITED 0x2u
 #define VRNIC_CQ_ARM_SN_SHIFT  8u

@@ -11,7 +11,8 @@ import (
 // FuzzCQNotifier lets a hostile client write any sequence of arm words.
 // The notifier never panics, writes the completion eventfd at most once per
 // change of the arm sequence, never for an unarmed word, never for a
-// non-solicited CQE under a solicited-only arm, and its private record of
+// non-solicited CQE under a solicited-only arm, never for a CQE the client
+// says it consumed, and its private record of
 // the last notified sequence is what it publishes in arm_sn_done.
 func FuzzCQNotifier(f *testing.F) {
 	f.Add([]byte{1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0})
@@ -28,16 +29,24 @@ func FuzzCQNotifier(f *testing.F) {
 		n := NewCQNotifier(rec, comp)
 		defer n.Close()
 		lastNotified := uint32(0)
-		// Each step: 1 flag byte (bit 0: write an arm word, bit 1:
-		// solicited CQE) and, when writing, 4 bytes of arm word.
+		// Each step writes one CQE and has 1 flag byte (bit 0: write an arm
+		// word, bit 1: solicited CQE, bit 2: write cq_ci), then 4 bytes of
+		// arm word and/or 4 bytes of consumer index.
+		le := func(b []byte) uint32 { return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24 }
 		for len(steps) > 0 {
 			flags := steps[0]
 			steps = steps[1:]
+			rec.PI.Add(1)
 			if flags&1 != 0 && len(steps) >= 4 {
-				rec.Arm.Store(uint32(steps[0]) | uint32(steps[1])<<8 | uint32(steps[2])<<16 | uint32(steps[3])<<24)
+				rec.Arm.Store(le(steps))
+				steps = steps[4:]
+			}
+			if flags&4 != 0 && len(steps) >= 4 {
+				rec.CI.Store(le(steps))
 				steps = steps[4:]
 			}
 			w := rec.Arm.Load()
+			unconsumed := int32(rec.PI.Load()-1-rec.CI.Load()) >= 0
 			sent, err := n.Completed(flags&2 != 0)
 			require.NoError(t, err)
 			cnt, err := comp.Drain()
@@ -46,6 +55,7 @@ func FuzzCQNotifier(f *testing.F) {
 			if sent {
 				require.NotZero(t, w&abi.CQArmArmed)
 				require.NotEqual(t, lastNotified, abi.ArmSN(w), "notified twice for one sequence")
+				require.True(t, unconsumed, "notified for a CQE the client had consumed")
 				if w&abi.CQArmSolicited != 0 {
 					require.NotZero(t, flags&2)
 				}

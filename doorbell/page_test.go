@@ -203,6 +203,7 @@ func TestRingKicksOnlyWhenNeeded(t *testing.T) {
 func TestCQNotifier(t *testing.T) {
 	type step struct {
 		arm       uint32 // 0: leave the arm word unchanged
+		consumed  bool   // the client consumes every CQE before this step's arm
 		solicited bool
 		want      bool
 	}
@@ -210,12 +211,15 @@ func TestCQNotifier(t *testing.T) {
 		name  string
 		steps []step
 	}{
-		{"not armed", []step{{0, false, false}, {0, true, false}}},
-		{"once per sequence", []step{{abi.ArmWord(1, false), false, true}, {0, false, false}, {0, true, false}}},
-		{"rearm", []step{{abi.ArmWord(1, false), false, true}, {abi.ArmWord(2, false), false, true}, {0, false, false}}},
-		{"solicited only", []step{{abi.ArmWord(1, true), false, false}, {0, false, false}, {0, true, true}, {0, true, false}}},
-		{"disarmed word", []step{{abi.ArmWord(1, false) &^ abi.CQArmArmed, false, false}}},
-		{"sequence wrap", []step{{abi.ArmWord(0xffffff, false), false, true}, {abi.ArmWord(0, false), false, true}}},
+		{"not armed", []step{{0, false, false, false}, {0, false, true, false}}},
+		{"once per sequence", []step{{abi.ArmWord(1, false), false, false, true}, {0, false, false, false}, {0, false, true, false}}},
+		{"rearm", []step{{abi.ArmWord(1, false), false, false, true}, {abi.ArmWord(2, false), false, false, true}, {0, false, false, false}}},
+		{"solicited only", []step{{abi.ArmWord(1, true), false, false, false}, {0, false, false, false}, {0, false, true, true}, {0, false, true, false}}},
+		{"disarmed word", []step{{abi.ArmWord(1, false) &^ abi.CQArmArmed, false, false, false}}},
+		{"sequence wrap", []step{{abi.ArmWord(0xffffff, false), false, false, true}, {abi.ArmWord(0, false), false, false, true}}},
+		// The client consumed the CQE before arming (it was written before
+		// the arm): the arm is kept for the next CQE.
+		{"consumed before arm", []step{{abi.ArmWord(1, false), true, false, false}, {0, false, false, true}, {0, false, false, false}}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -229,6 +233,10 @@ func TestCQNotifier(t *testing.T) {
 			n := NewCQNotifier(rec, comp)
 			defer n.Close()
 			for k, s := range c.steps {
+				rec.PI.Add(1) // the daemon wrote and published a CQE
+				if s.consumed {
+					rec.CI.Store(rec.PI.Load())
+				}
 				if s.arm != 0 {
 					rec.Arm.Store(s.arm)
 				}
