@@ -9,11 +9,12 @@ import (
 )
 
 // icrcFoldMin and icrcFoldWideMin are the shortest buffers crcMasked
-// hands to icrcFold, narrow (the two 64-byte blocks the mask covers) and
-// wide (the four 64-byte lane groups). Shorter ones take the portable
-// path.
+// hands to icrcFold, narrow and wide (the four 64-byte lane groups).
+// Narrow takes one 64-byte block when the mask's span is within it, two
+// (icrcFoldMin2) otherwise. Shorter ones take the portable path.
 const (
-	icrcFoldMin     = 2 * 64
+	icrcFoldMin     = 64
+	icrcFoldMin2    = 2 * 64
 	icrcFoldWideMin = 4 * 64
 )
 
@@ -54,9 +55,10 @@ func foldK(n int) uint64 {
 
 // icrcFold returns the 16 bytes (little-endian, first byte lowest) whose
 // CRC from state 0 is the raw CRC-32 state after c over p, with
-// p[i]|mk[i] in place of p[i] for i < icrcMaskLen. The mask is OR-ed into
-// registers as the bytes are loaded; p is only read. len(p) must be a
-// multiple of 16 and at least icrcFoldMin, or icrcFoldWideMin when wide
+// p[i]|mk[i] in place of p[i] for i < min(len(p)&^63, icrcMaskLen) (mask
+// bytes past the 64-byte blocks of p are not applied). The mask is OR-ed
+// into registers as the bytes are loaded; p is only read. len(p) must be
+// a multiple of 16 and at least icrcFoldMin, or icrcFoldWideMin when wide
 // (the AVX-512 path, which needs useFoldWide).
 //
 //go:noescape
@@ -67,15 +69,15 @@ func icrcFold(c uint32, p []byte, mk *icrcMask, wide bool) (lo, hi uint64)
 // larger than icrcMaskLen or len(p), covers every nonzero byte of mk.
 // p is only read.
 func crcMasked(c uint32, p []byte, mk *icrcMask, m int) uint32 {
-	if !useFold || len(p) < icrcFoldMin {
+	if !useFold || len(p) < icrcFoldMin || len(p) < icrcFoldMin2 && m > icrcFoldMin {
 		return crcMaskedGeneric(c, p, mk, m)
 	}
 	return crcFolded(c, p, mk, useFoldWide && len(p) >= icrcFoldWideMin)
 }
 
 // crcFolded is crcMasked through icrcFold (wide or narrow, which the
-// caller has checked the CPU and len(p) allow) and crcTail for the last
-// len(p)%16 bytes.
+// caller has checked the CPU, len(p) and the mask's span allow) and
+// crcTail for the last len(p)%16 bytes.
 func crcFolded(c uint32, p []byte, mk *icrcMask, wide bool) uint32 {
 	n := len(p) &^ 15
 	lo, hi := icrcFold(c, p[:n], mk, wide)

@@ -13,7 +13,8 @@
 // zmm, 64 bytes a step, then its quarters become X1..X4. Both end alike:
 // the lanes fold into X1, 16-byte steps follow, and X1 is returned for
 // the caller's final reduction. The mask is OR-ed into the first 128
-// bytes in registers as they are loaded; nothing is stored.
+// bytes (64 when p is shorter than 128, narrow only) in registers as they
+// are loaded; nothing is stored.
 
 // FOLD folds lane A (scratch T) forward by the distance whose constants
 // are in X0 and adds data block D: A = lo(A)*lo(X0) ^ hi(A)*hi(X0) ^ D.
@@ -74,14 +75,18 @@ TEXT ·icrcFold(SB), NOSPLIT, $0-64
 	MOVOA X10, X2
 	MOVOA X11, X3
 	MOVOA X12, X4
+	ADDQ  $64, SI
+	SUBQ  $64, CX
+	MOVOU ·icrcK+0(SB), X0
+	CMPQ  CX, $64
+	JB    lanes
 
 	// Block 1, masked.
-	MOVOU ·icrcK+0(SB), X0
-	LOAD4(64)
+	LOAD4(0)
 	MASK4(64)
 	FOLD4
-	ADDQ  $128, SI
-	SUBQ  $128, CX
+	ADDQ  $64, SI
+	SUBQ  $64, CX
 
 loop64:
 	CMPQ CX, $64
