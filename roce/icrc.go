@@ -32,7 +32,7 @@ import (
 // SSE4.1, for buffers of at least icrcFoldMin bytes, that is an assembly
 // routine (icrc_amd64.s) folding 4 x 128-bit lanes with carry-less
 // multiplies, the mask OR-ed in registers as the first two 64-byte blocks
-// are loaded; with AVX-512 VPCLMULQDQ, from icrcFoldWideMin bytes, the
+// are loaded (one block under 128 bytes, when the mask fits it); with AVX-512 VPCLMULQDQ, from icrcFoldWideMin bytes, the
 // same routine folds four zmm registers (16 lanes, 256 bytes a step)
 // instead. The wide form matters because hash/crc32 itself uses
 // VPCLMULQDQ on such CPUs from 1 KiB, where 128-bit PCLMULQDQ alone runs
@@ -191,20 +191,6 @@ func crcWord2(c uint32, w0, w1 uint64) uint32 {
 		t[11][h0&0xff] ^ t[10][h0>>8&0xff] ^ t[9][h0>>16&0xff] ^ t[8][h0>>24] ^
 		t[7][l1&0xff] ^ t[6][l1>>8&0xff] ^ t[5][l1>>16&0xff] ^ t[4][l1>>24] ^
 		t[3][h1&0xff] ^ t[2][h1>>8&0xff] ^ t[1][h1>>16&0xff] ^ t[0][h1>>24]
-}
-
-// xPowMod returns x^n mod P for the IEEE polynomial P (0x104c11db7), bit
-// d of the result the coefficient of x^d: the source of the amd64 fold
-// constants (foldK).
-func xPowMod(n int) uint32 {
-	r := uint64(1)
-	for range n {
-		r <<= 1
-		if r&(1<<32) != 0 {
-			r ^= 0x104c11db7
-		}
-	}
-	return uint32(r)
 }
 
 // netWord places the 16-bit value v in network byte order in the low two

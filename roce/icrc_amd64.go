@@ -37,6 +37,20 @@ var icrcK = [6]uint64{
 	foldK(16*128 + 32), foldK(16*128 - 32),
 }
 
+// xPowMod returns x^n mod P for the IEEE polynomial P (0x104c11db7), bit
+// d of the result the coefficient of x^d: the source of the fold
+// constants (foldK).
+func xPowMod(n int) uint32 {
+	r := uint64(1)
+	for range n {
+		r <<= 1
+		if r&(1<<32) != 0 {
+			r ^= 0x104c11db7
+		}
+	}
+	return uint32(r)
+}
+
 // foldK returns x^n mod P with the coefficient of x^d at bit 32-d, the
 // form in which a carry-less multiply by a bit-reflected 64-bit half of a
 // data block (bit i the coefficient of x^(63-i)) yields the product
