@@ -28,9 +28,10 @@ func NewEventFD() (*EventFD, error) {
 	return &EventFD{fd: fd}, nil
 }
 
-// EventFDFrom wraps an eventfd received from elsewhere (SCM_RIGHTS); the
-// EventFD takes ownership of fd. It checks fd is an eventfd by its
-// /proc/self/fdinfo entry and sets it non-blocking.
+// EventFDFrom wraps an eventfd received from elsewhere (SCM_RIGHTS). It
+// checks fd is an eventfd (its /proc/self/fd link is anon_inode:[eventfd])
+// and sets it non-blocking. On success the EventFD owns fd; on error the
+// caller still does.
 func EventFDFrom(fd int) (*EventFD, error) {
 	if err := checkEventFD(fd); err != nil {
 		return nil, err

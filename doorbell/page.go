@@ -87,8 +87,9 @@ func New() (*Page, error) {
 }
 
 // Map maps a doorbell page received from the daemon (client side) and
-// checks its size, magic and ABI major version. The Page takes ownership of
-// memfd and kickfd. Alloc and Free are not for clients.
+// checks its size, magic and ABI major version. On success the Page owns
+// memfd and kickfd (Close closes them); on error the caller still owns
+// them. Alloc and Free are not for clients.
 func Map(memfd, kickfd int) (*Page, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(memfd, &st); err != nil {

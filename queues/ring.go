@@ -57,8 +57,8 @@ func (c *consumer) poll() (uint32, error) {
 	return pi - c.head, nil
 }
 
-// slot returns the byte offset of the next slot and advances head; ok is
-// false when the last poll's slots are all consumed.
+// next returns the byte offset and index of the next slot and advances
+// head; ok is false when the last poll's slots are all consumed.
 func (c *consumer) next() (off, index uint32, ok bool) {
 	if c.head == c.tail {
 		return 0, 0, false
