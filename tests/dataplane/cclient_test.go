@@ -3,7 +3,6 @@ package dataplane
 import (
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -18,7 +17,7 @@ import (
 type daemon struct {
 	cmd    *exec.Cmd
 	socket string
-	logs   *strings.Builder
+	logs   *syncBuf
 	done   chan error
 }
 
@@ -27,7 +26,7 @@ type daemon struct {
 func startDaemon(t *testing.T, name string, args ...string) *daemon {
 	t.Helper()
 	dir := t.TempDir()
-	d := &daemon{socket: device.SocketPath(dir, name), logs: &strings.Builder{}, done: make(chan error, 1)}
+	d := &daemon{socket: device.SocketPath(dir, name), logs: &syncBuf{}, done: make(chan error, 1)}
 	d.cmd = exec.Command(filepath.Join(bin, "vrnicd"), append([]string{"-name", name, "-runtime-dir", dir}, args...)...)
 	d.cmd.Stderr = d.logs
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

@@ -23,7 +23,7 @@ type demoRun struct {
 	tmp    string // the demo's TMPDIR
 	lines  chan string
 	stdout []string
-	stderr strings.Builder
+	stderr syncBuf
 }
 
 // startDemo starts vrnic-demo (it finds vrnicd beside itself) with its
@@ -160,12 +160,6 @@ func TestDemoMemLink(t *testing.T) {
 	checkSummary(t, r, 5000)
 	assert.Zero(t, r.wait(t), "exit status; stderr:\n%s", r.stderr.String())
 	r.assertCleanedUp(t, 3)
-	// A perfect link needs no retransmission.
-	for _, l := range r.stdout {
-		if m := retransRe.FindStringSubmatch(l); m != nil {
-			assert.Equal(t, "0", m[4], "retransmissions of QP %s", m[1])
-		}
-	}
 }
 
 // TestDemoFailsWhenAClientDies kills the responder client in the middle

@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 )
 
@@ -48,4 +50,23 @@ func freeLoopback(t testing.TB) netip.Addr {
 	}
 	t.Fatal("no free 127.0.0.0/8 address with UDP port 4791")
 	return netip.Addr{}
+}
+
+// syncBuf is a strings.Builder safe for a process's output goroutine and
+// the test reading it.
+type syncBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
