@@ -37,6 +37,12 @@ type Config struct {
 	Window int
 	// Logger gets lifecycle messages only. Default slog.Default().
 	Logger *slog.Logger
+	// PathFixup, when set, adjusts every QP's path after the engine built
+	// it from the QP attributes: a link whose framing has conventions
+	// (the UDP link fixes the source address and port and the DF flag)
+	// sets the fields it owns here, so frames are built conforming
+	// instead of being dropped by the link.
+	PathFixup func(*roce.Path)
 }
 
 // DefaultFrameCap fits a 4096-byte payload with any headers.

@@ -92,6 +92,11 @@ func (qp *QP) setPath() {
 		Dst:     qp.attr.RemoteAddr,
 		SrcPort: roce.UDPSrcPort(qp.qpn),
 		TTL:     64,
+		// DF as Linux rxe sets it: RoCE v2 packets are never fragmented.
+		DontFragment: true,
+	}
+	if f := qp.w.e.cfg.PathFixup; f != nil {
+		f(&qp.path)
 	}
 }
 
