@@ -231,3 +231,17 @@ func (p *Port) RecvBatch(frames [][]byte) (int, error) {
 	}
 	return len(frames), nil
 }
+
+// FreeBuffers returns the number of empty buffers in the pool.
+func (n *Network) FreeBuffers() int { return len(n.free) }
+
+// Queued returns the number of frames waiting in the port's receive queue.
+func (p *Port) Queued() int { return len(p.q) }
+
+// Held returns the number of frames a lossy port holds back.
+func (p *Port) Held() int {
+	if p.f == nil {
+		return 0
+	}
+	return len(p.f.held)
+}

@@ -65,7 +65,13 @@ func (qp *QP) compRx(p *packet) {
 		return
 	}
 	st := compCheckPSN
+	if traceHook != nil {
+		traceHook(qp, "rx %v psn %d syn %v comp.psn %d req.psn %d", p.opcode, p.psn, p.syndrome, qp.comp.psn, qp.req.psn)
+	}
 	for st != compDone {
+		if traceHook != nil {
+			traceHook(qp, "  comp state %v", st)
+		}
 		switch st {
 		case compCheckPSN:
 			st = qp.compCheckPSN(p)
@@ -410,22 +416,37 @@ func (qp *QP) onRetryTimer() {
 }
 
 // startRetry restarts transmission at comp.psn (go-back-N, IBTA 9.7.6.1.3
-// and 9.7.5.2.2), consuming one retry; when none is left the oldest
-// unfinished WQE completes with RETRY_EXC_ERR.
+// and 9.7.5.2.2).
+//
+// Retry accounting: retry_cnt bounds consecutive local ACK timeouts
+// without forward progress (the meaning libibverbs documents for
+// RETRY_EXC_ERR: "the remote side didn't send any Ack or Nack"); when none
+// is left the oldest unfinished WQE completes with RETRY_EXC_ERR. A
+// restart caused by a NAK-PSN sequence error or an implicit NAK (a response
+// that skips PSNs) proves the responder alive and does not consume a
+// retry, but at most one such restart happens between two timeouts or
+// progress (inRetry), as in Linux rxe, so NAKs answering packets sent
+// before the restart do not restart it again and a responder that only
+// NAKs still ends in RETRY_EXC_ERR through the timeouts.
 func (qp *QP) startRetry(timeout bool) {
-	if qp.comp.retryLeft == 0 {
-		for i := qp.head; i != qp.tail; i++ {
-			e := &qp.sq[i&qp.sqMask]
-			if e.state != wqeDone {
-				qp.failWQE(e, abi.WCRetryExcErr)
-				return
+	if timeout {
+		if qp.comp.retryLeft == 0 {
+			for i := qp.head; i != qp.tail; i++ {
+				e := &qp.sq[i&qp.sqMask]
+				if e.state != wqeDone {
+					qp.failWQE(e, abi.WCRetryExcErr)
+					return
+				}
 			}
+			qp.enterError()
+			return
 		}
-		qp.enterError()
-		return
+		qp.comp.retryLeft--
 	}
-	qp.comp.retryLeft--
 	qp.comp.inRetry = !timeout
+	if traceHook != nil {
+		traceHook(qp, "retry timeout=%v from %d left %d", timeout, qp.comp.psn, qp.comp.retryLeft)
+	}
 	qp.rewind(qp.comp.psn)
 	qp.armRetry()
 }
@@ -477,5 +498,9 @@ func (qp *QP) rewind(psn uint32) {
 		qp.next = k
 	}
 	qp.req.sinceAck = 0
+	qp.req.ackAllUntil = qp.req.psn
 	qp.w.activate(qp)
 }
+
+// traceHook, when set by a test, receives a line per completer event.
+var traceHook func(qp *QP, format string, args ...any)

@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"net/netip"
+	"runtime/debug"
 	"sync/atomic"
 
 	"github.com/vrnic/vrnic/abi"
@@ -198,6 +199,7 @@ func (qp *QP) modify(a *QPAttr) error {
 	if m&abi.QPAttrSQPSN != 0 {
 		qp.attr.SQPSN = a.SQPSN & roce.PSNMask
 		qp.req.psn = qp.attr.SQPSN
+		qp.req.ackAllUntil = qp.attr.SQPSN
 		qp.comp.psn = qp.attr.SQPSN
 	}
 	if m&abi.QPAttrAccessFlags != 0 {
@@ -259,7 +261,7 @@ func (qp *QP) reset() {
 	qp.w.timers.stop(&qp.rnrTimer)
 	qp.state = abi.QPSReset
 	qp.head, qp.next, qp.tail = 0, 0, 0
-	qp.req = requester{psn: qp.attr.SQPSN}
+	qp.req = requester{psn: qp.attr.SQPSN, ackAllUntil: qp.attr.SQPSN}
 	qp.comp = completer{psn: qp.attr.SQPSN, retryLeft: qp.attr.RetryCnt, rnrLeft: qp.attr.RNRRetry}
 	qp.resp.clear(qp.attr.RQPSN)
 }
@@ -272,6 +274,14 @@ func (qp *QP) enterError() {
 		return
 	}
 	qp.state = abi.QPSErr
+	if debugErr {
+		fmt.Printf("QP %#x to ERR: head %d next %d tail %d comp.psn %d req.psn %d inRetry %v\n", qp.qpn, qp.head, qp.next, qp.tail, qp.comp.psn, qp.req.psn, qp.comp.inRetry)
+		for i := qp.head; i != qp.tail; i++ {
+			e := &qp.sq[i&qp.sqMask]
+			fmt.Printf("  wqe %d %v op %v len %d first %d last %d send %d rcvd %d status %v\n", i, e.state, e.Opcode, e.length, e.first, e.last, e.sendPSN, e.rcvd, e.status)
+		}
+		_ = debug.Stack
+	}
 	qp.w.timers.stop(&qp.retryTimer)
 	qp.w.timers.stop(&qp.rnrTimer)
 	qp.w.activate(qp)
@@ -372,3 +382,5 @@ func (qp *QP) completeRecv(r *RecvWork, st abi.WCStatus, op abi.WCOpcode, n uint
 		qp.w.Counters.CQOverflows.Add(1)
 	}
 }
+
+var debugErr = false

@@ -43,6 +43,10 @@ type requester struct {
 	psn      uint32 // next PSN to assign to a new message
 	rdAtomic int    // READ/atomic WQEs holding a max_rd_atomic credit
 	sinceAck uint32 // packets sent since the last AckReq
+	// ackAllUntil: after a go-back-N restart every retransmitted packet
+	// (PSNs before this one) asks for an ACK, so that one surviving
+	// packet is enough to learn what the responder has.
+	ackAllUntil uint32
 }
 
 // ackReqEvery: the requester asks for an ACK at least every this many
@@ -285,7 +289,7 @@ func (qp *QP) reqSend() reqState {
 		o.imm, o.ieth = e.ImmData, e.InvalidateRKey
 		o.se = last && e.Flags&abi.SendSolicited != 0 && e.Opcode != abi.WRRDMAWrite
 		qp.req.sinceAck++
-		o.ackReq = last || qp.req.sinceAck >= ackReqEvery ||
+		o.ackReq = last || qp.req.sinceAck >= ackReqEvery || roce.PSNDiff(e.sendPSN, qp.req.ackAllUntil) < 0 ||
 			roce.PSNDiff(roce.PSNAdd(e.sendPSN, 1), qp.comp.psn) >= int32(qp.w.window)
 	}
 	if o.ackReq {

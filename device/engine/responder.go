@@ -300,11 +300,11 @@ func (qp *QP) respCheckResource(p *packet) respState {
 		}
 		r.rqeValid = true
 	case info.Is(roce.OpRead) || info.Is(roce.OpAtomic):
-		if r.res[r.resNext].active {
-			// The requester exceeded max_dest_rd_atomic (IBTA
-			// 9.7.5.2.4? NAK-Invalid Request).
-			return qp.fatalNAK(roce.NAKInvalidRequest, p)
-		}
+		// The oldest resource is reused. It can still be sending
+		// responses to a re-executed duplicate READ the requester no
+		// longer needs: a requester only sends a new READ/atomic when it
+		// has a free max_rd_atomic credit, i.e. when it received every
+		// response of an older one, so the oldest is finished business.
 	}
 	return respCheckLength
 }

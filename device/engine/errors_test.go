@@ -1,0 +1,137 @@
+package engine
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vrnic/vrnic/abi"
+)
+
+func TestRNR(t *testing.T) {
+	t.Run("recv_posted_late", func(t *testing.T) {
+		o := defaultOpts()
+		o.rnrRetry = 7 // infinite
+		o.minRNR = 1   // 10 us
+		a, b := pair(t, 1, nil, nil, o)
+		src := a.n.buffer(3000, 0x1000, accessAll, 1)
+		dst := b.n.buffer(3000, 0x1000, accessAll, 2)
+		a.send(t, abi.SendWQE{WrID: 1, Opcode: abi.WRSend, Flags: abi.SendSignaled}, src.sge(0, 3000))
+		ca, err := a.n.eng.Counters(a.qpn)
+		require.NoError(t, err)
+		deadline := time.Now().Add(waitFor)
+		for ca.RNRNAKsReceived.Load() < 3 && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		require.GreaterOrEqual(t, ca.RNRNAKsReceived.Load(), uint64(3), "RNR NAKs while no RECV is posted")
+		assert.Zero(t, a.scq.count.Load(), "the SEND waits for a RECV")
+		b.recv(t, 2, dst.sge(0, 3000))
+		require.True(t, a.scq.wait(1, waitFor))
+		require.True(t, b.rcq.wait(1, waitFor))
+		wantCQE(t, a.scq.all()[0], abi.CQE{WrID: 1, Opcode: abi.WCSend, QPNum: a.qpn})
+		wantCQE(t, b.rcq.all()[0], abi.CQE{WrID: 2, Opcode: abi.WCRecv, QPNum: b.qpn, ByteLen: 3000})
+		assert.Equal(t, sum(src.b), sum(dst.b))
+	})
+	t.Run("rnr_retry_exhausted", func(t *testing.T) {
+		o := defaultOpts()
+		o.rnrRetry = 2
+		o.minRNR = 1
+		a, b := pair(t, 1, nil, nil, o)
+		src := a.n.buffer(100, 0x1000, accessAll, 1)
+		a.send(t, abi.SendWQE{WrID: 1, Opcode: abi.WRSend, Flags: abi.SendSignaled}, src.sge(0, 100))
+		require.True(t, a.scq.wait(1, waitFor))
+		wantCQE(t, a.scq.all()[0], abi.CQE{WrID: 1, Status: abi.WCRNRRetryExcErr, Opcode: abi.WCSend, QPNum: a.qpn})
+		ca, err := a.n.eng.Counters(a.qpn)
+		require.NoError(t, err)
+		assert.Equal(t, uint64(3), ca.RNRNAKsReceived.Load(), "rnr_retry 2: the first try and two retries")
+		// The QP is in ERR: later WRs and RECVs are flushed.
+		a.send(t, abi.SendWQE{WrID: 2, Opcode: abi.WRSend}, src.sge(0, 100))
+		a.recv(t, 3, src.sge(0, 100))
+		require.True(t, a.scq.wait(2, waitFor))
+		require.True(t, a.rcq.wait(1, waitFor))
+		wantCQE(t, a.scq.all()[1], abi.CQE{WrID: 2, Status: abi.WCWRFlushErr, Opcode: abi.WCSend, QPNum: a.qpn})
+		wantCQE(t, a.rcq.all()[0], abi.CQE{WrID: 3, Status: abi.WCWRFlushErr, Opcode: abi.WCRecv, QPNum: a.qpn})
+		_ = b
+	})
+}
+
+func TestDeadPeer(t *testing.T) {
+	o := defaultOpts()
+	o.timeout = 4 // 65 us
+	o.retry = 3
+	a, b := pair(t, 1, nil, nil, o)
+	require.NoError(t, b.n.eng.DestroyQP(b.qpn)) // frames to it are dropped
+	src := a.n.buffer(5000, 0x1000, accessAll, 1)
+	a.recv(t, 9, src.sge(0, 10))
+	a.send(t, abi.SendWQE{WrID: 1, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: 0x1000, RKey: 0x200}, src.sge(0, 5000))
+	a.send(t, abi.SendWQE{WrID: 2, Opcode: abi.WRSend}, src.sge(0, 10))
+	require.True(t, a.scq.wait(2, waitFor))
+	cq := a.scq.all()
+	wantCQE(t, cq[0], abi.CQE{WrID: 1, Status: abi.WCRetryExcErr, Opcode: abi.WCRDMAWrite, QPNum: a.qpn})
+	wantCQE(t, cq[1], abi.CQE{WrID: 2, Status: abi.WCWRFlushErr, Opcode: abi.WCSend, QPNum: a.qpn})
+	ca, err := a.n.eng.Counters(a.qpn)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(4), ca.Timeouts.Load(), "retry_cnt 3: three retries, the fourth timeout fails")
+	require.True(t, a.rcq.wait(1, waitFor))
+	wantCQE(t, a.rcq.all()[0], abi.CQE{WrID: 9, Status: abi.WCWRFlushErr, Opcode: abi.WCRecv, QPNum: a.qpn})
+	// Later posts complete too.
+	a.send(t, abi.SendWQE{WrID: 3, Opcode: abi.WRSend}, src.sge(0, 10))
+	require.True(t, a.scq.wait(3, waitFor))
+	wantCQE(t, a.scq.all()[2], abi.CQE{WrID: 3, Status: abi.WCWRFlushErr, Opcode: abi.WCSend, QPNum: a.qpn})
+}
+
+func TestRemoteErrors(t *testing.T) {
+	t.Run("remote_access", func(t *testing.T) {
+		a, b := pair(t, 2, nil, nil, defaultOpts())
+		src := a.n.buffer(100, 0x1000, accessAll, 1)
+		ro := b.n.buffer(100, 0x1000, accessRemoteRead|accessLocalWrite, 2) // no remote write
+		b.recv(t, 20, ro.sge(0, 100))
+		a.send(t, abi.SendWQE{WrID: 1, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: ro.va, RKey: ro.key}, src.sge(0, 100))
+		a.send(t, abi.SendWQE{WrID: 2, Opcode: abi.WRRDMARead, Flags: abi.SendSignaled, RemoteAddr: ro.va, RKey: ro.key}, src.sge(0, 100))
+		require.True(t, a.scq.wait(2, waitFor))
+		cq := a.scq.all()
+		wantCQE(t, cq[0], abi.CQE{WrID: 1, Status: abi.WCRemAccessErr, Opcode: abi.WCRDMAWrite, QPNum: a.qpn})
+		wantCQE(t, cq[1], abi.CQE{WrID: 2, Status: abi.WCWRFlushErr, Opcode: abi.WCRDMARead, QPNum: a.qpn})
+		// The responder went to ERR too: its RQ is flushed.
+		require.True(t, b.rcq.wait(1, waitFor))
+		wantCQE(t, b.rcq.all()[0], abi.CQE{WrID: 20, Status: abi.WCWRFlushErr, Opcode: abi.WCRecv, QPNum: b.qpn})
+	})
+	t.Run("bad_rkey_read_and_misaligned_atomic", func(t *testing.T) {
+		for _, wr := range []abi.SendWQE{
+			{WrID: 1, Opcode: abi.WRRDMARead, Flags: abi.SendSignaled, RemoteAddr: 0x1000, RKey: 0xdead00},
+			{WrID: 1, Opcode: abi.WRAtomicFetchAdd, Flags: abi.SendSignaled, RemoteAddr: 0x1003, RKey: 0},
+		} {
+			a, b := pair(t, 1, nil, nil, defaultOpts())
+			src := a.n.buffer(100, 0x1000, accessAll, 1)
+			word := b.n.buffer(64, 0x1000, accessAll, 2)
+			want := abi.WCRemAccessErr
+			if wr.Opcode == abi.WRAtomicFetchAdd {
+				wr.RKey = word.key
+				want = abi.WCRemInvReqErr
+			}
+			a.send(t, wr, src.sge(0, 8))
+			require.True(t, a.scq.wait(1, waitFor))
+			wantCQE(t, a.scq.all()[0], abi.CQE{WrID: 1, Status: want, Opcode: wcOpcode(wr.Opcode), QPNum: a.qpn})
+		}
+	})
+	t.Run("recv_too_small", func(t *testing.T) {
+		a, b := pair(t, 1, nil, nil, defaultOpts())
+		src := a.n.buffer(100, 0x1000, accessAll, 1)
+		dst := b.n.buffer(50, 0x1000, accessAll, 2)
+		b.recv(t, 7, dst.sge(0, 50))
+		a.send(t, abi.SendWQE{WrID: 1, Opcode: abi.WRSend, Flags: abi.SendSignaled}, src.sge(0, 100))
+		require.True(t, a.scq.wait(1, waitFor))
+		require.True(t, b.rcq.wait(1, waitFor))
+		wantCQE(t, a.scq.all()[0], abi.CQE{WrID: 1, Status: abi.WCRemInvReqErr, Opcode: abi.WCSend, QPNum: a.qpn})
+		wantCQE(t, b.rcq.all()[0], abi.CQE{WrID: 7, Status: abi.WCLocLenErr, Opcode: abi.WCRecv, QPNum: b.qpn})
+	})
+	t.Run("local_protection", func(t *testing.T) {
+		a, b := pair(t, 1, nil, nil, defaultOpts())
+		dst := b.n.buffer(100, 0x1000, accessAll, 2)
+		a.send(t, abi.SendWQE{WrID: 1, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: dst.va, RKey: dst.key}, abi.SGE{Addr: 0x1000, Length: 100, LKey: 0xbad})
+		require.True(t, a.scq.wait(1, waitFor))
+		wantCQE(t, a.scq.all()[0], abi.CQE{WrID: 1, Status: abi.WCLocProtErr, Opcode: abi.WCRDMAWrite, QPNum: a.qpn})
+	})
+}
