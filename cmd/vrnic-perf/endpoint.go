@@ -1,0 +1,258 @@
+package main
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"math/rand/v2"
+	"time"
+
+	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/verbs"
+	"golang.org/x/sys/unix"
+)
+
+// endpoint is one side's verbs resources: one context, PD and CQ (send
+// and receive completions of every QP), and per QP one buffer registered
+// as one MR.
+//
+// Buffer of each QP (L = max(largest message, 8 × depth), 64-byte aligned):
+//
+//	[0, L)    bandwidth tests: WRITE/SEND source or READ destination
+//	          (client), WRITE target, READ source or receive buffer
+//	          (server); atomic_bw: the client's result slots (8 bytes per
+//	          outstanding WR), the server's target word at offset 0.
+//	          latency tests: where the peer's WRITE or SEND lands.
+//	[L, 2L)   latency tests only: what this side sends.
+type endpoint struct {
+	opt   *options
+	ctx   *verbs.Context
+	pd    *verbs.PD
+	ch    *verbs.CompChannel // with -events
+	cq    *verbs.CQ
+	qps   []*qpRes
+	wc    [64]abi.CQE
+	pfd   [1]unix.PollFd
+	evbuf [8]byte
+	area  int // L
+	hist  histogram
+}
+
+// qpRes is one QP and its memory, with the work requests the measured
+// loops reuse (no allocation per WR).
+type qpRes struct {
+	qp    *verbs.QP
+	buf   *verbs.Buffer
+	mr    *verbs.MR
+	psn   uint32
+	peer  qpInfo
+	wr    verbs.SendWR
+	sge   [1]abi.SGE
+	rwr   verbs.RecvWR
+	rsge  [1]abi.SGE
+	start counters
+
+	posted, completed, target uint64
+	received                  uint64
+}
+
+// stallTimeout: no completion for this long fails the run.
+const stallTimeout = 10 * time.Second
+
+var (
+	errStalled    = errors.New("no progress for 10 s: the transport is stuck")
+	errCompletion = errors.New("completion error")
+	errVerify     = errors.New("data verification failed")
+)
+
+// newEndpoint opens the device and creates the CQ, QPs and buffers.
+func newEndpoint(socket string, o *options, name string) (_ *endpoint, err error) {
+	e := &endpoint{opt: o}
+	if e.ctx, err = verbs.Open(socket, verbs.WithClientName(name)); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			e.close()
+		}
+	}()
+	if e.pd, err = e.ctx.AllocPD(); err != nil {
+		return nil, err
+	}
+	if o.Events {
+		if e.ch, err = verbs.NewCompChannel(); err != nil {
+			return nil, err
+		}
+		e.pfd[0] = unix.PollFd{Fd: int32(e.ch.Fd()), Events: unix.POLLIN}
+	}
+	if e.cq, err = e.ctx.CreateCQ(o.QPs*(o.Depth+o.RecvDepth)+2, e.ch); err != nil {
+		return nil, err
+	}
+	e.area = (max(o.maxMsg(), 8*o.Depth) + 63) &^ 63
+	bufLen := e.area
+	if o.Test.latency() {
+		bufLen *= 2
+	}
+	for range o.QPs {
+		q := &qpRes{psn: rand.Uint32() & 0xffffff}
+		if q.qp, err = e.pd.CreateQP(verbs.QPInitAttr{Type: abi.QPTRC, SendCQ: e.cq, RecvCQ: e.cq,
+			Cap: abi.QPCap{MaxSendWR: uint32(max(o.Depth, 16)), MaxRecvWR: uint32(o.RecvDepth),
+				MaxSendSGE: 1, MaxRecvSGE: 1, MaxInlineData: uint32(o.Inline)}}); err != nil {
+			return nil, fmt.Errorf("create QP: %w", err)
+		}
+		if q.buf, err = e.ctx.Alloc(bufLen, 4096); err != nil {
+			return nil, err
+		}
+		if q.mr, err = e.pd.RegMR(q.buf, abi.AccessAll); err != nil {
+			return nil, err
+		}
+		e.qps = append(e.qps, q)
+	}
+	return e, nil
+}
+
+// infos returns what the peer needs of this side's QPs.
+func (e *endpoint) infos() ([]qpInfo, error) {
+	gid, err := e.ctx.QueryGID(1, 0)
+	if err != nil {
+		return nil, err
+	}
+	var r []qpInfo
+	for _, q := range e.qps {
+		r = append(r, qpInfo{QPN: q.qp.QPN, PSN: q.psn, GID: gid.GID, RKey: q.mr.RKey, Addr: q.mr.Addr, Len: q.mr.Length})
+	}
+	return r, nil
+}
+
+// connect moves every QP to RTS towards its peer and, for tests that
+// receive, fills its receive queue.
+func (e *endpoint) connect(peers []qpInfo) error {
+	if len(peers) != len(e.qps) {
+		return fmt.Errorf("%w: peer has %d QPs, want %d", errProtocol, len(peers), len(e.qps))
+	}
+	for i, q := range e.qps {
+		q.peer = peers[i]
+		if q.peer.Len < uint64(e.area) {
+			return fmt.Errorf("%w: peer buffer of %d bytes, want at least %d", errProtocol, q.peer.Len, e.area)
+		}
+		if err := q.qp.ToInit(abi.AccessAll, 0); err != nil {
+			return fmt.Errorf("QP %#x to INIT: %w", q.qp.QPN, err)
+		}
+		if err := q.qp.ToRTR(verbs.RTRAttr{AV: abi.AHAttr{DGID: q.peer.GID, HopLimit: 64, PortNum: 1},
+			PathMTU: mtuCode(e.opt.MTU), DestQPN: q.peer.QPN, RQPSN: q.peer.PSN,
+			MaxDestRdAtomic: abi.MaxRdAtomic, MinRNRTimer: 1}); err != nil {
+			return fmt.Errorf("QP %#x to RTR: %w", q.qp.QPN, err)
+		}
+		if err := q.qp.ToRTS(verbs.RTSAttr{SQPSN: q.psn, Timeout: 14, RetryCnt: 7, RNRRetry: 7,
+			MaxRdAtomic: abi.MaxRdAtomic}); err != nil {
+			return fmt.Errorf("QP %#x to RTS: %w", q.qp.QPN, err)
+		}
+		q.rsge[0] = q.mr.SGE(0, uint32(e.area))
+		q.rwr = verbs.RecvWR{SGL: q.rsge[:]}
+	}
+	return nil
+}
+
+// fillRecv posts receives until each QP's receive queue holds RecvDepth
+// (send tests only).
+func (e *endpoint) fillRecv() error {
+	if e.opt.Test != sendBW && e.opt.Test != sendLat {
+		return nil
+	}
+	for _, q := range e.qps {
+		for range e.opt.RecvDepth {
+			if err := q.qp.PostRecv(&q.rwr); err != nil {
+				return fmt.Errorf("post receive: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+func (e *endpoint) close() {
+	if e.ctx != nil {
+		e.ctx.Close() // the daemon destroys everything the context owned
+	}
+	if e.ch != nil {
+		e.ch.Close()
+	}
+}
+
+// qpIndex finds the QP of a completion (few QPs: a linear search, no map).
+func (e *endpoint) qpIndex(qpn uint32) int {
+	for i, q := range e.qps {
+		if q.qp.QPN == qpn {
+			return i
+		}
+	}
+	return -1
+}
+
+// pollCQ returns the number of completions in e.wc. Busy polling returns
+// at once; with events it arms the CQ, polls again (a completion between
+// the first poll and the arm raises no event) and sleeps on the
+// completion eventfd for at most 10 ms.
+func (e *endpoint) pollCQ() (int, error) {
+	n := e.cq.Poll(e.wc[:])
+	if n > 0 || e.ch == nil {
+		return n, nil
+	}
+	if err := e.cq.ReqNotify(false); err != nil {
+		return 0, err
+	}
+	if n = e.cq.Poll(e.wc[:]); n > 0 {
+		return n, nil
+	}
+	if _, err := unix.Poll(e.pfd[:], 10); err != nil && err != unix.EINTR {
+		return 0, fmt.Errorf("poll completion channel: %w", err)
+	}
+	if e.pfd[0].Revents&unix.POLLIN != 0 {
+		unix.Read(e.ch.Fd(), e.evbuf[:])
+	}
+	return e.cq.Poll(e.wc[:]), nil
+}
+
+// checkCQE turns a failed completion into an error naming the QP, the
+// work request and the status.
+func checkCQE(c *abi.CQE, what string) error {
+	if c.Status == abi.WCSuccess {
+		return nil
+	}
+	return fmt.Errorf("%w: %s: QP %#x WR %d (%v): status %v (vendor error %d)",
+		errCompletion, what, c.QPNum, c.WrID, c.Opcode, c.Status, c.VendorErr)
+}
+
+// queryCounters reads every QP's transport counters.
+func (e *endpoint) queryCounters() (counters, error) {
+	var sum counters
+	for _, q := range e.qps {
+		r, err := q.qp.Query()
+		if err != nil {
+			return sum, fmt.Errorf("QUERY_QP %#x: %w", q.qp.QPN, err)
+		}
+		sum.PacketsSent += r.PacketsSent
+		sum.PacketsReceived += r.PacketsReceived
+		sum.Retransmits += r.Retransmits
+		sum.RNRNaks += r.RNRNaksReceived
+	}
+	return sum, nil
+}
+
+// fillPattern writes the data of message size n for QP i: the same bytes
+// on both sides, different for every size and QP.
+func fillPattern(b []byte, size, qp int) {
+	seed := uint64(size)*0x9e3779b97f4a7c15 + uint64(qp)*0xbf58476d1ce4e5b9 + 1
+	var w [8]byte
+	for i := 0; i < len(b); i += 8 {
+		seed ^= seed << 13
+		seed ^= seed >> 7
+		seed ^= seed << 17
+		binary.LittleEndian.PutUint64(w[:], seed)
+		copy(b[i:], w[:])
+	}
+}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+func checksum(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }

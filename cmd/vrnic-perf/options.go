@@ -1,0 +1,212 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"time"
+
+	"github.com/vrnic/vrnic/abi"
+)
+
+// testKind is one of the benchmark types, named as perftest names its
+// programs (ib_write_bw is write_bw).
+type testKind string
+
+const (
+	writeBW  testKind = "write_bw"
+	readBW   testKind = "read_bw"
+	sendBW   testKind = "send_bw"
+	atomicBW testKind = "atomic_bw"
+	writeLat testKind = "write_lat"
+	sendLat  testKind = "send_lat"
+	readLat  testKind = "read_lat"
+)
+
+func (k *testKind) String() string     { return string(*k) }
+func (k *testKind) Set(s string) error { *k = testKind(s); return nil }
+
+var testKinds = []testKind{writeBW, readBW, sendBW, atomicBW, writeLat, sendLat, readLat}
+
+// latency reports whether k is a latency (one operation in flight) test.
+func (k testKind) latency() bool { return k == writeLat || k == sendLat || k == readLat }
+
+// pingPong reports whether k is measured as a round trip between the two
+// sides; its one-way latency is half the round trip, as perftest reports.
+func (k testKind) pingPong() bool { return k == writeLat || k == sendLat }
+
+// Atomic operations of atomic_bw.
+const (
+	atomicFetchAdd = "fetch_add"
+	atomicCmpSwap  = "cmp_swap"
+)
+
+// Limits of the options.
+const (
+	maxSize  = 8 << 20
+	maxQPs   = 64
+	maxDepth = 4096
+	// sweepBytes bounds the bytes moved per QP for one size of a -a sweep
+	// without -duration: large sizes run fewer iterations.
+	sweepBytes = 256 << 20
+	minSweepIt = 16
+)
+
+// options are the parameters of a benchmark, chosen by the client and
+// sent to the server in the hello message.
+type options struct {
+	Test      testKind      `json:"test"`
+	Atomic    string        `json:"atomic"`
+	Size      int           `json:"size"`
+	Sweep     bool          `json:"sweep"`
+	Iters     int           `json:"iters"`
+	Duration  time.Duration `json:"duration"`
+	Depth     int           `json:"depth"`
+	QPs       int           `json:"qps"`
+	MTU       int           `json:"mtu"`
+	Inline    int           `json:"inline"`
+	CQMod     int           `json:"cq_mod"`
+	Events    bool          `json:"events"`
+	Verify    bool          `json:"verify"`
+	JSON      bool          `json:"-"`
+	RecvDepth int           `json:"recv_depth"`
+}
+
+// addFlags registers the benchmark options on fs.
+func (o *options) addFlags(fs *flag.FlagSet) {
+	fs.Var(&o.Test, "test", "write_bw, read_bw, send_bw, atomic_bw, write_lat, send_lat or read_lat (default write_bw)")
+	fs.StringVar(&o.Atomic, "atomic", atomicFetchAdd, "atomic_bw operation: fetch_add or cmp_swap")
+	fs.IntVar(&o.Size, "size", 0, "message size in bytes, 1..8388608 (default 65536 for bandwidth, 8 for latency tests)")
+	fs.BoolVar(&o.Sweep, "a", false, "sweep all message sizes 2^0 .. 2^23")
+	fs.IntVar(&o.Iters, "iters", 0, "iterations per QP (default 5000 for bandwidth, 1000 for latency tests)")
+	fs.DurationVar(&o.Duration, "duration", 0, "run each size for this long instead of a number of iterations")
+	fs.IntVar(&o.Depth, "depth", 128, "outstanding work requests per QP (bandwidth tests)")
+	fs.IntVar(&o.QPs, "qps", 1, "number of QPs (bandwidth tests)")
+	fs.IntVar(&o.MTU, "mtu", 4096, "path MTU: 256, 512, 1024, 2048 or 4096")
+	fs.IntVar(&o.Inline, "inline", 0, "SEND and RDMA WRITE messages up to this size are posted inline (0..512)")
+	fs.IntVar(&o.CQMod, "cq-mod", 0, "request a completion every N work requests (default min(depth, 64))")
+	fs.BoolVar(&o.Events, "events", false, "wait for completion events instead of busy polling")
+	fs.BoolVar(&o.Verify, "verify", true, "verify the data moved (checksums, atomic words) after each size")
+	fs.BoolVar(&o.JSON, "json", false, "print the results as JSON")
+}
+
+// mtuCode is the path MTU enum of bytes, or 0.
+func mtuCode(bytes int) abi.MTU {
+	for m := abi.MTU256; m <= abi.MTU4096; m++ {
+		if m.Bytes() == bytes {
+			return m
+		}
+	}
+	return 0
+}
+
+var errOption = errors.New("bad option")
+
+// finish fills defaults and checks the options.
+func (o *options) finish() error {
+	if o.Test == "" {
+		o.Test = writeBW
+	}
+	known := false
+	for _, k := range testKinds {
+		known = known || k == o.Test
+	}
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", errOption, fmt.Sprintf(format, args...))
+	}
+	if !known {
+		return bad("test %q: want one of %v", o.Test, testKinds)
+	}
+	if o.Test.latency() {
+		o.Depth = 1
+	}
+	if o.Size == 0 {
+		o.Size = 65536
+		if o.Test.latency() {
+			o.Size = 8
+		}
+	}
+	if o.Test == atomicBW {
+		o.Size = 8
+		o.Sweep = false
+		o.Inline = 0
+	}
+	if o.Iters == 0 && o.Duration == 0 {
+		o.Iters = 5000
+		if o.Test.latency() {
+			o.Iters = 1000
+		}
+	}
+	if o.CQMod == 0 {
+		o.CQMod = min(o.Depth, 64)
+	}
+	if o.RecvDepth == 0 {
+		o.RecvDepth = min(max(2*o.Depth, 256), abi.MaxQPWR)
+	}
+	switch {
+	case o.Atomic != atomicFetchAdd && o.Atomic != atomicCmpSwap:
+		return bad("atomic %q: want fetch_add or cmp_swap", o.Atomic)
+	case o.Size < 1 || o.Size > maxSize:
+		return bad("size %d out of range (1..%d)", o.Size, maxSize)
+	case o.Iters < 0 || o.Iters > 1<<30:
+		return bad("iters %d out of range", o.Iters)
+	case o.Duration < 0 || o.Duration > time.Hour:
+		return bad("duration %v out of range", o.Duration)
+	case o.Iters > 0 && o.Duration > 0:
+		return bad("give -iters or -duration, not both")
+	case o.Depth < 1 || o.Depth > maxDepth:
+		return bad("depth %d out of range (1..%d)", o.Depth, maxDepth)
+	case o.QPs < 1 || o.QPs > maxQPs:
+		return bad("qps %d out of range (1..%d)", o.QPs, maxQPs)
+	case o.Test.latency() && o.QPs != 1:
+		return bad("%s runs on one QP", o.Test)
+	case mtuCode(o.MTU) == 0:
+		return bad("mtu %d: want 256, 512, 1024, 2048 or 4096", o.MTU)
+	case o.Inline < 0 || o.Inline > abi.MaxInline:
+		return bad("inline %d out of range (0..%d)", o.Inline, abi.MaxInline)
+	case o.CQMod < 1 || o.CQMod > o.Depth:
+		return bad("cq-mod %d out of range (1..depth %d)", o.CQMod, o.Depth)
+	case o.RecvDepth < 1 || o.RecvDepth > abi.MaxQPWR:
+		return bad("recv depth %d out of range", o.RecvDepth)
+	case o.QPs*(o.Depth+o.RecvDepth)+2 > abi.MaxCQE:
+		return bad("qps × depth too large for one CQ (%d entries)", abi.MaxCQE)
+	}
+	return nil
+}
+
+// sizes are the message sizes to run, smallest first.
+func (o *options) sizes() []int {
+	if !o.Sweep {
+		return []int{o.Size}
+	}
+	var s []int
+	for n := 1; n <= maxSize; n <<= 1 {
+		s = append(s, n)
+	}
+	return s
+}
+
+// maxMsg is the largest message size of the run.
+func (o *options) maxMsg() int {
+	if o.Sweep {
+		return maxSize
+	}
+	return o.Size
+}
+
+// itersFor is the number of iterations per QP for one size (0: run for
+// the duration).
+func (o *options) itersFor(size int) int {
+	if o.Duration > 0 {
+		return 0
+	}
+	if o.Sweep {
+		return min(o.Iters, max(minSweepIt, sweepBytes/size))
+	}
+	return o.Iters
+}
+
+// inline reports whether messages of size bytes are posted inline.
+func (o *options) inline(size int) bool {
+	return size <= o.Inline && (o.Test == writeBW || o.Test == sendBW || o.Test == writeLat || o.Test == sendLat)
+}
