@@ -1,7 +1,11 @@
 // Package device is the emulated RNIC of vrnic: the control server that
 // clients reach over a SOCK_SEQPACKET socket, the resources they create,
 // their lifecycles, and the QP state machine. The transport engine
-// (package device/engine) plugs in through the Engine interface.
+// (package device/engine) plugs in through the Engine interface;
+// DataPlane (dataplane*.go) is the Engine that runs it: adapters from the
+// client's rings, doorbell records, CQs and memory regions to the
+// engine's interfaces, the doorbell poller that wakes the engine's
+// workers, and the path by which transport errors reach the QP state.
 //
 // # Control protocol
 //
