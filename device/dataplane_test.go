@@ -42,6 +42,12 @@ func newDPNetwork(t testing.TB) *link.Network {
 // newDPNode starts a device at addr with workers engine workers.
 func newDPNode(t testing.TB, nw *link.Network, addr string, workers int, faults *link.Faults) *dpNode {
 	t.Helper()
+	return newDPNodeSpin(t, nw, addr, workers, faults, 0)
+}
+
+// newDPNodeSpin is newDPNode with the doorbell poller's spin budget.
+func newDPNodeSpin(t testing.TB, nw *link.Network, addr string, workers int, faults *link.Faults, spin int) *dpNode {
+	t.Helper()
 	log := slog.New(slog.DiscardHandler)
 	a := netip.MustParseAddr(addr)
 	ports, err := nw.Attach(a, workers, faults)
@@ -54,7 +60,7 @@ func newDPNode(t testing.TB, nw *link.Network, addr string, workers int, faults 
 	require.NoError(t, err)
 	space, err := dma.NewSpace(dma.Config{Logger: log})
 	require.NoError(t, err)
-	dp, err := device.NewDataPlane(device.DataPlaneConfig{Engine: eng, Space: space, Logger: log})
+	dp, err := device.NewDataPlane(device.DataPlaneConfig{Engine: eng, Space: space, SpinBudget: spin, Logger: log})
 	require.NoError(t, err)
 	n := &dpNode{addr: a, gid: a.As16(), dp: dp} // IPv4: the IPv4-mapped GID
 	n.dev, err = device.New(device.Config{
@@ -357,6 +363,8 @@ func TestDataPlaneCompletionEvent(t *testing.T) {
 	require.NoError(t, b.qp.PostRecv(&verbs.RecvWR{WrID: 1, SGL: []abi.SGE{b.mr.SGE(0, 64)}}))
 	copy(a.buf.Bytes, "event")
 	require.NoError(t, a.qp.PostSend(&verbs.SendWR{WrID: 2, Opcode: abi.WRSend, SGL: []abi.SGE{a.mr.SGE(0, 5)}}))
+	require.Eventually(t, func() bool { return na.dp.PollerStats().Kicks > 0 }, 10*time.Second, time.Millisecond,
+		"a post to a sleeping daemon writes the kick eventfd, which wakes the poller")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	n, err := b.ch.Wait(ctx)
@@ -643,4 +651,32 @@ func TestDataPlaneLossyLink(t *testing.T) {
 	qb, err := b.qp.Query()
 	require.NoError(t, err)
 	t.Logf("retransmissions: a %d, b %d", qa.Retransmits, qb.Retransmits)
+}
+
+// TestDataPlaneNoSyscallWhilePolling: while the doorbell poller polls
+// (here: a budget it never exhausts), the daemon never advertises
+// kick_needed, so clients post without writing the kick eventfd, and the
+// work still reaches the engine.
+func TestDataPlaneNoSyscallWhilePolling(t *testing.T) {
+	nw := newDPNetwork(t)
+	na := newDPNodeSpin(t, nw, "10.0.7.1", 1, nil, 1<<40)
+	nb := newDPNodeSpin(t, nw, "10.0.7.2", 1, nil, 1<<40)
+	a := newDPClient(t, na, 256)
+	b := newDPClient(t, nb, 256)
+	connectRC(t, a, b, abi.MTU1024)
+	for i := range 100 {
+		require.NoError(t, b.qp.PostRecv(&verbs.RecvWR{WrID: uint64(i), SGL: []abi.SGE{b.mr.SGE(uint32(64*i), 64)}}))
+		require.NoError(t, a.qp.PostSend(&verbs.SendWR{WrID: uint64(i), Opcode: abi.WRSend, Flags: abi.SendSignaled, SGL: []abi.SGE{a.mr.SGE(0, 64)}}))
+		if i%32 == 31 {
+			pollN(t, a.scq, 32)
+		}
+	}
+	pollN(t, a.scq, 4)
+	pollN(t, b.rcq, 100)
+	for _, n := range []*dpNode{na, nb} {
+		st := n.dp.PollerStats()
+		assert.Zero(t, st.Sleeps, "the poller never slept")
+		assert.Zero(t, n.dp.DrainKicks(), "no client wrote the kick eventfd")
+		assert.NotZero(t, st.Passes)
+	}
 }
