@@ -9,10 +9,9 @@
 //	go run ./cmd/vrnic-demo [-duration 5s] [-size 16384] [-link udp|mem]
 //
 // With -link mem one daemon with its in-memory link serves both clients
-// (the QPs are connected through that daemon's loopback). That is the
-// default until the engine's frames follow the UDP link's conventions
-// (see defaultLink). With -link udp and the default addresses taken (port
-// 4791 in use), the demo picks free 127.0.0.0/8 addresses instead.
+// (the QPs are connected through that daemon's loopback). With the
+// default addresses taken (UDP port 4791 in use), the demo picks free
+// 127.0.0.0/8 addresses instead.
 //
 // Processes: the daemons are vrnicd (the -vrnicd binary, a vrnicd beside
 // this executable, or one built with the go tool into the demo's
@@ -49,11 +48,8 @@ import (
 
 const roleEnv = "VRNIC_DEMO_ROLE"
 
-// defaultLink is the link the demo uses without -link. It is mem until
-// the engine builds frames to the UDP link's conventions (UDP source port
-// 4791, IPv4 Identification 0, DF): the UDP link drops any other frame,
-// so two daemons over UDP do not exchange traffic yet.
-const defaultLink = "mem"
+// defaultLink is the link the demo uses without -link.
+const defaultLink = "udp"
 
 func main() {
 	if os.Getenv(roleEnv) == "client" {

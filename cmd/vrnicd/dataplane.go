@@ -31,14 +31,14 @@ type dataPlane struct {
 //   - udp: the UDP link (package link): one socket per worker bound to the
 //     -local address (port 4791), steered by QPN in the kernel; peers are
 //     the QPs' destination GIDs, port 4791. The link only sends frames
-//     that follow its conventions (UDP source port = 4791, IPv4
-//     Identification 0 and DF); the engine's frames use a per-QP source
-//     port and no DF until the engine offers that framing, and until then
-//     the link drops them (counted per reason in its counters).
+//     that follow its conventions (UDP source port = its port, IPv4
+//     Identification 0 and DF): the engine builds every QP's frames that
+//     way through its PathFixup hook, set to the link's ConformPath.
 func newDataPlane(cfg *Config, li device.LinkInfo, space *dma.Space, workers int, log *slog.Logger) (*dataPlane, error) {
 	var (
 		links []engine.Link
 		close = func() error { return nil }
+		fixup func(*roce.Path)
 	)
 	switch cfg.Link.Type {
 	case "mem":
@@ -66,11 +66,11 @@ func newDataPlane(cfg *Config, li device.LinkInfo, space *dma.Space, workers int
 		for _, p := range ul.Ports() {
 			links = append(links, p)
 		}
-		close = ul.Close
+		close, fixup = ul.Close, ul.ConformPath
 	default:
 		return nil, fmt.Errorf("link type %q has no data path", cfg.Link.Type)
 	}
-	eng, err := engine.New(engine.Config{Links: links, Mode: roce.ModeEthernet, MAC: li.MAC, PeerMAC: link.UDPLocalMAC, Logger: log})
+	eng, err := engine.New(engine.Config{Links: links, Mode: roce.ModeEthernet, MAC: li.MAC, PathFixup: fixup, Logger: log})
 	if err != nil {
 		close()
 		return nil, err

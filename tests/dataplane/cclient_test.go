@@ -61,9 +61,11 @@ func (d *daemon) stop(t *testing.T) {
 }
 
 // TestCClientDataPath: a client written in C from vrnic_abi.h and libc
-// alone connects two RC QPs of its context through a real vrnicd (in-memory
-// link, 2 workers) and moves data with SEND/RECV and RDMA WRITE, checking
-// completions by their owner bit and every byte.
+// alone connects two RC QPs of its context through a real vrnicd (2
+// workers) and moves data with SEND/RECV and RDMA WRITE, checking
+// completions by their owner bit and every byte: over the in-memory link,
+// and over the UDP link (the QPs' frames go out of the daemon's socket
+// and come back to it).
 func TestCClientDataPath(t *testing.T) {
 	gcc, err := exec.LookPath("gcc")
 	if err != nil {
@@ -72,8 +74,16 @@ func TestCClientDataPath(t *testing.T) {
 	cl := filepath.Join(t.TempDir(), "cloop")
 	out, err := exec.Command(gcc, "-std=c11", "-Wall", "-Werror", "-O1", "-I", "../../abi", "-o", cl, "testdata/cloop.c").CombinedOutput()
 	require.NoError(t, err, "gcc: %s", out)
-	d := startDaemon(t, "c0", "-link", "mem", "-workers", "2")
-	out, err = exec.Command(cl, d.socket).CombinedOutput()
-	require.NoError(t, err, "C client: %s\nvrnicd log:\n%s", out, d.logs.String())
-	assert.Equal(t, "OK 3000 5000\n", string(out))
+	for _, link := range []string{"mem", "udp"} {
+		t.Run(link, func(t *testing.T) {
+			args := []string{"-link", link, "-workers", "2"}
+			if link == "udp" {
+				args = append(args, "-local", freeLoopback(t).String()+":4791")
+			}
+			d := startDaemon(t, "c0", args...)
+			out, err := exec.Command(cl, d.socket).CombinedOutput()
+			require.NoError(t, err, "C client: %s\nvrnicd log:\n%s", out, d.logs.String())
+			assert.Equal(t, "OK 3000 5000\n", string(out))
+		})
+	}
 }
