@@ -30,16 +30,29 @@ func TestParseConfigLocalAlias(t *testing.T) {
 	assert.Equal(t, "10.0.0.7:4791", c.Link.Local, "the flag overrides the file")
 }
 
-// TestRunMemLinkLoopback runs the daemon with the in-memory link and two
-// worker threads; two clients connect an RC QP pair through it (both at
-// the daemon's GID) and move data both ways with SEND and RDMA WRITE.
-func TestRunMemLinkLoopback(t *testing.T) {
+// TestRunLoopbackTraffic runs the daemon with each link and two worker
+// threads; two clients connect an RC QP pair through it (both at the
+// daemon's GID: over UDP the frames leave by the daemon's socket and come
+// back to it) and move data both ways with SEND and RDMA WRITE.
+func TestRunLoopbackTraffic(t *testing.T) {
+	for _, link := range []string{"mem", "udp"} {
+		t.Run(link, func(t *testing.T) {
+			args := []string{"-link", link, "-workers", "2"}
+			if link == "udp" {
+				args = append(args, "-local", freeLoopback(t).String())
+			}
+			loopbackTraffic(t, args)
+		})
+	}
+}
+
+func loopbackTraffic(t *testing.T, extra []string) {
 	dir := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
 	var logs strings.Builder
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"-name", "m0", "-runtime-dir", dir, "-link", "mem", "-workers", "2"}, &syncWriter{w: &logs})
+		done <- run(ctx, append([]string{"-name", "m0", "-runtime-dir", dir}, extra...), &syncWriter{w: &logs})
 	}()
 	stopped := false
 	stop := func() {
