@@ -189,3 +189,15 @@ func TestDemoUDPLink(t *testing.T) {
 	r.assertCleanedUp(t, 4)
 	assert.Contains(t, strings.Join(r.stdout, "\n"), "udp link "+a.String()+":4791")
 }
+
+// TestDemoInterrupted: SIGINT in the middle of the traffic stops the
+// demo with status 1, and it still stops every process and removes its
+// directory.
+func TestDemoInterrupted(t *testing.T) {
+	r := startDemo(t, "-link", "mem", "-duration", "30s")
+	r.next(t, regexp.MustCompile(`^\s+\[\s*1\.\d+s\]`))
+	require.NoError(t, r.cmd.Process.Signal(syscall.SIGINT))
+	assert.Equal(t, 1, r.wait(t))
+	assert.NotContains(t, strings.Join(r.stdout, "\n"), "PASS")
+	r.assertCleanedUp(t, 3)
+}
