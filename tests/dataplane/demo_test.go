@@ -201,3 +201,18 @@ func TestDemoInterrupted(t *testing.T) {
 	assert.NotContains(t, strings.Join(r.stdout, "\n"), "PASS")
 	r.assertCleanedUp(t, 3)
 }
+
+// TestDemoFailsWhenADaemonDies SIGKILLs the responder's daemon in the
+// middle of UDP traffic: the requester's operations fail, the demo exits
+// 1 without hanging, and stops every remaining process.
+func TestDemoFailsWhenADaemonDies(t *testing.T) {
+	a, b := freeLoopback(t), freeLoopback(t)
+	r := startDemo(t, "-addr-a", a.String(), "-addr-b", b.String(), "-duration", "30s")
+	m := r.next(t, regexp.MustCompile(`^started vrnicd demo-b \(pid (\d+)`))
+	pid := int(atoi(t, m[1]))
+	r.next(t, regexp.MustCompile(`^\s+\[\s*1\.\d+s\]`))
+	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+	assert.Equal(t, 1, r.wait(t))
+	assert.Contains(t, r.stderr.String(), "FAIL")
+	r.assertCleanedUp(t, 4)
+}
