@@ -306,6 +306,11 @@ func (qp *QP) finishReadAtomic(e *swqe) {
 // every PSN before it, and the requester retransmits from that PSN.
 func (qp *QP) compNAKSeq(p *packet) compState {
 	qp.Counters.SeqNAKsReceived.Add(1)
+	if qp.comp.rnrWait {
+		// Answers packets sent before the RNR NAK; the RNR timer
+		// decides when to resend.
+		return compDone
+	}
 	if !qp.ackThrough(roce.PSNAdd(p.psn, roce.PSNMask)) {
 		return compDone
 	}

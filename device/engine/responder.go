@@ -295,6 +295,9 @@ func (qp *QP) respCheckResource(p *packet) respState {
 		}
 		if !ok {
 			qp.Counters.RNRNAKsSent.Add(1)
+			// The rest of the message now arrives out of sequence;
+			// the RNR NAK is the one NAK of this gap.
+			r.nakSent = true
 			qp.queueNAK(roce.RNRNAKSyndrome(roce.RNRTimer(qp.attr.MinRNRTimer)), p.psn, false)
 			return respDone
 		}

@@ -25,7 +25,7 @@ type WorkerCounters struct {
 }
 
 // spinRounds is how many idle loop rounds a worker polls before sleeping.
-const spinRounds = 64
+const spinRounds = 256
 
 // ctlOp is a control operation handed to the owning worker.
 type ctlOp uint8
@@ -66,10 +66,11 @@ type worker struct {
 	ctl  chan ctlMsg
 	kick chan struct{}
 
-	rx   [][]byte
-	tx   [][]byte
-	txN  int
-	busy bool
+	rx     [][]byte
+	rxUsed int // slots RecvBatch filled last time (to restore to full length)
+	tx     [][]byte
+	txN    int
+	busy   bool
 
 	// scratch, reused for every packet and completion
 	pkt  roce.Packet
@@ -142,10 +143,11 @@ func (w *worker) flush() {
 
 // receive reads one batch of frames and runs them through the machines.
 func (w *worker) receive() {
-	for i := range w.rx {
+	for i := range w.rxUsed {
 		w.rx[i] = w.rx[i][:cap(w.rx[i])]
 	}
 	n, err := w.link.RecvBatch(w.rx)
+	w.rxUsed = max(n, 0)
 	if err != nil {
 		w.Counters.LinkErrors.Add(1)
 	}
@@ -322,8 +324,10 @@ func (w *worker) run(stop <-chan struct{}) {
 			idle = 0
 			continue
 		}
+		// Poll a little longer before sleeping: a worker is locked to
+		// its thread, so yielding (Gosched) would cost a thread
+		// hand-off; plain re-polling is cheaper than that.
 		if idle++; idle < spinRounds {
-			runtime.Gosched()
 			continue
 		}
 		idle = 0
