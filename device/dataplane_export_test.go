@@ -16,3 +16,16 @@ func (dp *DataPlane) DrainKicks() uint64 {
 	}
 	return n
 }
+
+// Armed reports whether the poller advertises kick_needed in every page
+// it serves (it is going to sleep or asleep) and serves at least one.
+func (dp *DataPlane) Armed() bool {
+	dp.mu.Lock()
+	defer dp.mu.Unlock()
+	for p := range dp.pages {
+		if p.KickNeeded().Load() == 0 {
+			return false
+		}
+	}
+	return len(dp.pages) > 0
+}

@@ -356,9 +356,13 @@ func TestDataPlaneCompletionEvent(t *testing.T) {
 	a := newDPClient(t, na, 16)
 	b := newDPClient(t, nb, 16)
 	connectRC(t, a, b, abi.MTU4096)
-	// Let both sides go idle: the poller sleeps, kick_needed is set.
-	require.Eventually(t, func() bool { return na.dp.PollerStats().Sleeps > 0 && nb.dp.PollerStats().Sleeps > 0 },
-		10*time.Second, time.Millisecond)
+	// Let both sides go idle: the pollers advertise kick_needed and sleep
+	// (the re-check after arming takes microseconds; the pause lets it
+	// pass, and the second look shows nothing woke them).
+	asleep := func() bool { return na.dp.Armed() && nb.dp.Armed() }
+	require.Eventually(t, asleep, 10*time.Second, time.Millisecond)
+	time.Sleep(20 * time.Millisecond)
+	require.True(t, asleep())
 	require.NoError(t, b.rcq.ReqNotify(false))
 	require.NoError(t, b.qp.PostRecv(&verbs.RecvWR{WrID: 1, SGL: []abi.SGE{b.mr.SGE(0, 64)}}))
 	copy(a.buf.Bytes, "event")
