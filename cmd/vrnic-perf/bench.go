@@ -14,7 +14,6 @@ import (
 type measurement struct {
 	ops     uint64 // operations completed, all QPs
 	elapsed time.Duration
-	sent    []uint64 // per QP
 }
 
 // prepareWRs sets up each QP's reusable send work request for one size.
@@ -154,7 +153,22 @@ func (e *endpoint) progress() string {
 	for _, q := range e.qps {
 		s += fmt.Sprintf("QP %#x posted %d completed %d received %d; ", q.qp.QPN, q.posted, q.completed, q.received)
 	}
-	return s
+	return s + e.qpStates()
+}
+
+// qpStates describes each QP as the daemon sees it (for stall reports).
+func (e *endpoint) qpStates() string {
+	s := ""
+	for _, q := range e.qps {
+		r, err := q.qp.Query()
+		if err != nil {
+			s += fmt.Sprintf("QP %#x: query: %v; ", q.qp.QPN, err)
+			continue
+		}
+		s += fmt.Sprintf("QP %#x %v: %d packets sent, %d received, %d retransmissions, %d RNR NAKs; ", q.qp.QPN,
+			r.Attr.QPState, r.PacketsSent, r.PacketsReceived, r.Retransmits, r.RNRNaksReceived)
+	}
+	return s + fmt.Sprintf("CQ overflow %v", e.cq.Overflowed())
 }
 
 // runLat is the measured loop of the latency tests on the client: one
@@ -200,9 +214,7 @@ func (e *endpoint) runLat(size, iters int) (measurement, error) {
 		}
 		e.hist.add(d)
 	}
-	m := measurement{ops: k - 1, elapsed: time.Since(start)}
-	m.sent = []uint64{k - 1}
-	return m, nil
+	return measurement{ops: k - 1, elapsed: time.Since(start)}, nil
 }
 
 // reap handles the completions in e.wc for a latency loop: errors fail,
@@ -234,9 +246,17 @@ func (e *endpoint) reap(q *qpRes, n int, size int) error {
 // nil, ends the wait early (the server's end of the test).
 func (e *endpoint) waitWrite(q *qpRes, recv []byte, size int, k uint64, stop func() bool) error {
 	last := time.Now()
+	// Reap own completions at least once per message, so the CQ never
+	// fills when the peer's WRITE arrives before the first periodic poll.
+	if err := e.reap(q, e.cq.Poll(e.wc[:]), size); err != nil {
+		return err
+	}
 	for spins := 0; ; spins++ {
 		if loadByte(recv, size-1) == byte(k) {
 			return nil
+		}
+		if spins&63 == 63 {
+			yield()
 		}
 		if spins&255 == 255 {
 			if err := e.reap(q, e.cq.Poll(e.wc[:]), size); err != nil {
@@ -246,7 +266,8 @@ func (e *endpoint) waitWrite(q *qpRes, recv []byte, size int, k uint64, stop fun
 				return errStopped
 			}
 			if spins&0xffff == 0xffff && time.Since(last) > stallTimeout {
-				return errStalled
+				return fmt.Errorf("%w: waiting for the peer's WRITE %d (last byte %#x, want %#x); own WRs posted %d, completed %d; %s",
+					errStalled, k, loadByte(recv, size-1), byte(k), q.posted, q.completed, e.qpStates())
 			}
 		}
 	}
@@ -272,7 +293,8 @@ func (e *endpoint) waitRecv(q *qpRes, k uint64, stop func() bool) error {
 				return errStopped
 			}
 			if time.Since(last) > stallTimeout {
-				return errStalled
+				return fmt.Errorf("%w: waiting for receive %d; received %d, own WRs posted %d, completed %d; %s",
+					errStalled, k, q.received, q.posted, q.completed, e.qpStates())
 			}
 		}
 	}
@@ -291,7 +313,7 @@ func (e *endpoint) waitSendCompletion(q *qpRes, k uint64) error {
 			return err
 		}
 		if n == 0 && time.Since(last) > stallTimeout {
-			return errStalled
+			return fmt.Errorf("%w: waiting for the completion of WR %d; completed %d; %s", errStalled, k, q.completed, e.qpStates())
 		}
 	}
 	return nil

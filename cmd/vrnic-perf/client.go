@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"runtime"
 	"syscall"
 	"time"
 )
@@ -106,16 +105,14 @@ func (e *endpoint) runSize(cc *ctrlConn, size int) (result, error) {
 	if err != nil {
 		return result{}, err
 	}
-	runtime.GC()
-	var ms0, ms1 runtime.MemStats
-	runtime.ReadMemStats(&ms0)
+	allocs0 := loopAllocs()
 	var meas measurement
 	if o.Test.latency() {
 		meas, err = e.runLat(size, iters)
 	} else {
 		meas, err = e.runBW(size, iters)
 	}
-	runtime.ReadMemStats(&ms1)
+	allocs1 := loopAllocs()
 	if err != nil {
 		return result{}, err
 	}
@@ -153,7 +150,7 @@ func (e *endpoint) runSize(cc *ctrlConn, size int) (result, error) {
 		r.Server = *v.Counters
 	}
 	r.Retransmits = r.Client.Retransmits + r.Server.Retransmits
-	r.LoopAllocs = ms1.Mallocs - ms0.Mallocs
+	r.LoopAllocs = allocs1 - allocs0
 	r.Verified = o.Verify
 	return r, nil
 }

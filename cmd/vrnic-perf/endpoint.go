@@ -36,6 +36,7 @@ type endpoint struct {
 	pfd   [1]unix.PollFd
 	evbuf [8]byte
 	area  int // L
+	idle  int // empty polls in a row
 	hist  histogram
 }
 
@@ -195,8 +196,16 @@ func (e *endpoint) qpIndex(qpn uint32) int {
 // completion eventfd for at most 10 ms.
 func (e *endpoint) pollCQ() (int, error) {
 	n := e.cq.Poll(e.wc[:])
-	if n > 0 || e.ch == nil {
+	if n > 0 {
+		e.idle = 0
 		return n, nil
+	}
+	if e.ch == nil {
+		e.idle++
+		if e.idle%yieldEvery == 0 {
+			yield()
+		}
+		return 0, nil
 	}
 	if err := e.cq.ReqNotify(false); err != nil {
 		return 0, err
@@ -212,6 +221,16 @@ func (e *endpoint) pollCQ() (int, error) {
 	}
 	return e.cq.Poll(e.wc[:]), nil
 }
+
+// yieldEvery: a busy-polling loop gives its CPU away (sched_yield) after
+// this many empty polls in a row. On a host with fewer cores than busy
+// threads (the daemon's workers, both roles) pure spinning keeps the
+// daemon from running until the scheduler's time slice ends.
+const yieldEvery = 64
+
+// yield is a raw system call: it returns at once, so the Go scheduler
+// need not hand the P to another thread (which would allocate a new M).
+func yield() { unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }
 
 // checkCQE turns a failed completion into an error naming the QP, the
 // work request and the status.

@@ -127,6 +127,7 @@ func clientMain(args []string, stdout, stderr io.Writer) error {
 	if err := o.finish(); err != nil {
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
+	enableAllocProfile()
 	rs, err := runClientRole(*dev, *server, &o)
 	if len(rs) > 0 {
 		if o.JSON {

@@ -82,6 +82,7 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.Duration, "duration", 0, "run each size for this long instead of a number of iterations")
 	fs.IntVar(&o.Depth, "depth", 128, "outstanding work requests per QP (bandwidth tests)")
 	fs.IntVar(&o.QPs, "qps", 1, "number of QPs (bandwidth tests)")
+	fs.IntVar(&o.RecvDepth, "rx-depth", 0, "receives posted per QP (send tests; default max(4 × depth, 512))")
 	fs.IntVar(&o.MTU, "mtu", 4096, "path MTU: 256, 512, 1024, 2048 or 4096")
 	fs.IntVar(&o.Inline, "inline", 0, "SEND and RDMA WRITE messages up to this size are posted inline (0..512)")
 	fs.IntVar(&o.CQMod, "cq-mod", 0, "request a completion every N work requests (default min(depth, 64))")
@@ -141,7 +142,7 @@ func (o *options) finish() error {
 		o.CQMod = min(o.Depth, 64)
 	}
 	if o.RecvDepth == 0 {
-		o.RecvDepth = min(max(2*o.Depth, 256), abi.MaxQPWR)
+		o.RecvDepth = min(max(4*o.Depth, 512), abi.MaxQPWR)
 	}
 	switch {
 	case o.Atomic != atomicFetchAdd && o.Atomic != atomicCmpSwap:

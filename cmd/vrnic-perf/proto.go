@@ -140,7 +140,7 @@ func (p *ctrlConn) recv(want string, timeout time.Duration) (message, error) {
 		return m, err
 	}
 	if m.Kind == "error" {
-		return m, fmt.Errorf("peer failed: %s", m.Error)
+		return m, errors.New(m.Error)
 	}
 	if want != "" && m.Kind != want {
 		return m, fmt.Errorf("%w: got message %q, want %q", errProtocol, m.Kind, want)

@@ -192,8 +192,9 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	l.stopAll()
 	if err != nil || c.verbose {
 		for _, p := range l.procs {
+			fmt.Fprintf(stderr, "--- %s (pid %d, %v):\n", p.name, p.cmd.Process.Pid, p.cmd.ProcessState)
 			if t := lastLines(p.log, 20); t != "" {
-				fmt.Fprintf(stderr, "--- %s (pid %d):\n%s\n", p.name, p.cmd.Process.Pid, t)
+				fmt.Fprintln(stderr, t)
 			}
 		}
 	}

@@ -49,7 +49,7 @@ func serve(dev, listen string, stdout io.Writer) error {
 }
 
 // errPeer marks errors reported by the other side.
-var errPeer = errors.New("peer")
+var errPeer = errors.New("from the peer")
 
 func serveConn(dev string, cc *ctrlConn) error {
 	hello, err := cc.recv("hello", 30*time.Second)
@@ -147,7 +147,7 @@ func (e *endpoint) serveSize(cc *ctrlConn, size int) error {
 	}
 	d := <-doneCh
 	if d.err != nil {
-		return fmt.Errorf("%w: %w", errPeer, d.err)
+		return fmt.Errorf("%w: %w (server: %s)", errPeer, d.err, e.progress())
 	}
 	if serveErr != nil {
 		return serveErr
