@@ -117,6 +117,9 @@ func (qp *QP) respRx(p *packet) {
 		return
 	}
 	st := respCheckPSN
+	if traceHook != nil {
+		traceHook(qp, "B rx %v psn %d epsn %d nakSent %v ack %v", p.opcode, p.psn, qp.resp.epsn, qp.resp.nakSent, p.ackReq)
+	}
 	for st != respDone {
 		switch st {
 		case respCheckPSN:
@@ -516,6 +519,9 @@ func (qp *QP) respOutput() bool {
 		}
 		if !qp.w.txQueue(qp, buf, o, 0) {
 			return false
+		}
+		if traceHook != nil {
+			traceHook(qp, "B tx ack %v psn %d", o.syndrome, o.psn)
 		}
 		fatal := r.nakPending && r.nakFatal
 		r.ackPending, r.nakPending, r.nakFatal = false, false, false

@@ -1,0 +1,95 @@
+package engine
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/roce"
+)
+
+// nullLink accepts and discards every frame and never receives.
+type nullLink struct{ ready chan struct{} }
+
+func (l *nullLink) SendBatch(f [][]byte) (int, error) { return len(f), nil }
+func (l *nullLink) RecvBatch([][]byte) (int, error)   { return 0, nil }
+func (l *nullLink) Ready() <-chan struct{}            { return l.ready }
+
+// fuzzWorker builds an engine that is not started and one QP in RTS on
+// its only worker, driven directly by the test.
+func fuzzWorker(t testing.TB) (*worker, *QP) {
+	e, err := New(Config{Links: []Link{&nullLink{ready: make(chan struct{}, 1)}}, Mode: roce.ModeEthernet})
+	require.NoError(t, err)
+	w := e.workers[0]
+	mem := newFakeMem()
+	buf := make([]byte, 1<<16)
+	mem.reg(buf, 0x1000, accessAll) // key 0x200
+	rq := newFakeRQ(64)
+	for i := range 32 {
+		require.NoError(t, rq.post(uint64(i), abi.SGE{Addr: 0x1000, Length: 1 << 15, LKey: 0x200}))
+	}
+	reply := make(chan ctlReply, 1)
+	w.apply(ctlMsg{op: ctlCreate, cfg: QPConfig{QPN: 0x11, SQ: newFakeSQ(16), RQ: rq, SendCQ: newFakeCQ(1024), RecvCQ: newFakeCQ(1024),
+		Mem: mem, SQDepth: 16, MaxSendSGE: 4, MaxRecvSGE: 4}, reply: reply})
+	r := <-reply
+	require.NoError(t, r.err)
+	qp := r.qp
+	for _, a := range []QPAttr{
+		{Mask: abi.QPAttrState | abi.QPAttrAccessFlags, State: abi.QPSInit, AccessFlags: accessAll},
+		{Mask: abi.QPAttrState | abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrDestQPN | abi.QPAttrRQPSN | abi.QPAttrMaxDestRdAtomic,
+			State: abi.QPSRTR, LocalAddr: netip.MustParseAddr("10.0.0.1"), RemoteAddr: netip.MustParseAddr("10.0.0.2"),
+			PathMTU: roce.MTU256, DestQPN: 0x22, RQPSN: 100, MaxDestRdAtomic: 4},
+		{Mask: abi.QPAttrState | abi.QPAttrSQPSN | abi.QPAttrTimeout | abi.QPAttrRetryCnt, State: abi.QPSRTS, SQPSN: 500, Timeout: 10, RetryCnt: 7},
+	} {
+		require.NoError(t, qp.modify(&a))
+	}
+	return w, qp
+}
+
+// seedFrame builds a valid frame from 10.0.0.2 to QP 0x11.
+func seedFrame(t testing.TB, op roce.Opcode, psn uint32, payload int, h roce.Headers) []byte {
+	p := roce.Path{Mode: roce.ModeEthernet, Src: netip.MustParseAddr("10.0.0.2"), Dst: netip.MustParseAddr("10.0.0.1"), SrcPort: 1234, TTL: 64}
+	buf := make([]byte, 2048)
+	off := p.Headroom(op)
+	for i := range payload {
+		buf[off+i] = byte(i)
+	}
+	h.BTH = roce.BTHFields{Opcode: op, PKey: 0xffff, DestQP: 0x11, PSN: psn, AckReq: true}
+	f, err := p.Build(buf, off, payload, &h)
+	require.NoError(t, err)
+	return append([]byte(nil), f...)
+}
+
+// FuzzInput feeds arbitrary frames to a worker owning a QP in RTS: the
+// engine must never panic, whatever the wire brings (ICRC-valid frames
+// with hostile headers included, as the seeds show).
+func FuzzInput(f *testing.F) {
+	reth := roce.Headers{RETH: roce.RETHFields{VA: 0x1000, RKey: 0x200, DMALength: 300}}
+	f.Add(seedFrame(f, roce.OpRCSendOnly, 100, 200, roce.Headers{}))
+	f.Add(seedFrame(f, roce.OpRCSendFirst, 100, 256, roce.Headers{}))
+	f.Add(seedFrame(f, roce.OpRCWriteFirst, 100, 256, reth))
+	f.Add(seedFrame(f, roce.OpRCWriteOnly, 100, 300, reth))
+	f.Add(seedFrame(f, roce.OpRCReadRequest, 100, 0, reth))
+	f.Add(seedFrame(f, roce.OpRCFetchAdd, 100, 0, roce.Headers{AtomicETH: roce.AtomicETHFields{VA: 0x1008, RKey: 0x200, SwapAdd: 1}}))
+	f.Add(seedFrame(f, roce.OpRCCompareSwap, 101, 0, roce.Headers{AtomicETH: roce.AtomicETHFields{VA: 0x1003, RKey: 0x200}}))
+	f.Add(seedFrame(f, roce.OpRCAck, 500, 0, roce.Headers{AETH: roce.AETHFields{Syndrome: roce.NAKSyndrome(roce.NAKPSNSequenceError)}}))
+	f.Add(seedFrame(f, roce.OpRCReadResponseOnly, 500, 100, roce.Headers{}))
+	f.Add(seedFrame(f, roce.OpRCAtomicAck, 500, 0, roce.Headers{AtomicAckETH: roce.AtomicAckETHFields{OrigRemoteData: 7}}))
+	f.Add(seedFrame(f, roce.OpRCSendLastInv, 100, 10, roce.Headers{InvRKey: 0x200}))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, frame []byte) {
+		w, qp := fuzzWorker(t)
+		// Something outstanding, so responses have a WQE to match.
+		require.NoError(t, qp.cfg.SQ.(*fakeSQ).post(abi.SendWQE{WrID: 1, Opcode: abi.WRRDMARead, Flags: abi.SendSignaled, RemoteAddr: 0x1000, RKey: 0x200},
+			[]abi.SGE{{Addr: 0x1000, Length: 100, LKey: 0x200}}, nil))
+		w.service(qp)
+		buf := make([]byte, DefaultFrameCap)
+		n := copy(buf, frame)
+		w.input(buf[:n])
+		w.input(buf[:n]) // and as a duplicate
+		w.service(qp)
+		w.fire()
+	})
+}

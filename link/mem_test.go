@@ -1,0 +1,178 @@
+package link
+
+import (
+	"net/netip"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vrnic/vrnic/roce"
+)
+
+const testCap = 4096 + roce.MaxHeadroom + roce.MaxTailroom
+
+// frame builds a RoCE v2 SEND_ONLY frame from src to dst for qpn with a
+// payload whose first byte is tag.
+func frame(t testing.TB, src, dst string, qpn uint32, tag byte) []byte {
+	p := roce.Path{Mode: roce.ModeEthernet, Src: netip.MustParseAddr(src), Dst: netip.MustParseAddr(dst), SrcPort: 1000, TTL: 64}
+	buf := make([]byte, testCap)
+	off := p.Headroom(roce.OpRCSendOnly)
+	buf[off] = tag
+	f, err := p.Build(buf, off, 16, &roce.Headers{BTH: roce.BTHFields{Opcode: roce.OpRCSendOnly, PKey: 0xffff, DestQP: qpn}})
+	require.NoError(t, err)
+	require.Equal(t, &buf[0], &f[0])
+	return buf[:len(f)]
+}
+
+func newNet(t testing.TB, buffers, queue int) *Network {
+	n, err := NewNetwork(Config{FrameCap: testCap, Buffers: buffers, QueueLen: queue})
+	require.NoError(t, err)
+	return n
+}
+
+func recvAll(t testing.TB, p *Port) [][]byte {
+	var out [][]byte
+	for {
+		slots := [][]byte{make([]byte, testCap)}
+		n, err := p.RecvBatch(slots)
+		require.NoError(t, err)
+		if n == 0 {
+			return out
+		}
+		out = append(out, slots[0])
+	}
+}
+
+func TestRouting(t *testing.T) {
+	n := newNet(t, 64, 16)
+	a, err := n.Attach(netip.MustParseAddr("10.0.0.1"), 1, nil)
+	require.NoError(t, err)
+	b, err := n.Attach(netip.MustParseAddr("10.0.0.2"), 4, nil)
+	require.NoError(t, err)
+	_, err = n.Attach(netip.MustParseAddr("10.0.0.2"), 1, nil)
+	require.ErrorIs(t, err, ErrExists)
+
+	var frames [][]byte
+	for q := uint32(1); q <= 20; q++ {
+		frames = append(frames, frame(t, "10.0.0.1", "10.0.0.2", q, byte(q)))
+	}
+	frames = append(frames, frame(t, "10.0.0.1", "10.0.0.9", 1, 99)) // nobody there
+	sent, err := a[0].SendBatch(frames)
+	require.NoError(t, err)
+	assert.Equal(t, len(frames), sent)
+	assert.Equal(t, uint64(1), a[0].Counters.NoRoute.Load())
+	for _, f := range frames {
+		assert.Equal(t, testCap, cap(f), "slots keep full-capacity buffers")
+	}
+	got := 0
+	for i, p := range b {
+		select {
+		case <-p.Ready():
+		default:
+		}
+		for _, f := range recvAll(t, p) {
+			var pkt roce.Packet
+			require.NoError(t, roce.Parse(f, &pkt))
+			q := pkt.BTH.DestQP()
+			assert.Equal(t, i, roce.SteerQueue(q, len(b)), "QPN %d steered to port %d", q, i)
+			assert.Equal(t, byte(q), pkt.Payload[0])
+			got++
+		}
+	}
+	assert.Equal(t, 20, got)
+	assert.Equal(t, 64, n.FreeBuffers(), "every buffer is back in the pool or with its owner")
+}
+
+func TestBackpressure(t *testing.T) {
+	n := newNet(t, 8, 4)
+	a, err := n.Attach(netip.MustParseAddr("10.0.0.1"), 1, nil)
+	require.NoError(t, err)
+	b, err := n.Attach(netip.MustParseAddr("10.0.0.2"), 1, nil)
+	require.NoError(t, err)
+	var frames [][]byte
+	for i := range 6 {
+		frames = append(frames, frame(t, "10.0.0.1", "10.0.0.2", 5, byte(i)))
+	}
+	sent, err := a[0].SendBatch(frames)
+	require.NoError(t, err)
+	assert.Equal(t, 4, sent, "the receive queue holds 4")
+	got := recvAll(t, b[0])
+	require.Len(t, got, 4)
+	sent, err = a[0].SendBatch(frames[4:])
+	require.NoError(t, err)
+	assert.Equal(t, 2, sent)
+	got = recvAll(t, b[0])
+	require.Len(t, got, 2)
+	var pkt roce.Packet
+	require.NoError(t, roce.Parse(got[1], &pkt))
+	assert.Equal(t, byte(5), pkt.Payload[0], "order kept across the retry")
+}
+
+// TestFaultsReplay: the same seed makes the same decisions for the same
+// frames; the counters add up and no buffer is lost.
+func TestFaultsReplay(t *testing.T) {
+	run := func(seed uint64) (tags []byte, c *PortCounters, n *Network) {
+		n = newNet(t, 256, 256)
+		f := &Faults{Seed: seed, Drop: 0.2, Duplicate: 0.1, Reorder: 0.1, Corrupt: 0.05}
+		a, err := n.Attach(netip.MustParseAddr("10.0.0.1"), 1, f)
+		require.NoError(t, err)
+		b, err := n.Attach(netip.MustParseAddr("10.0.0.2"), 1, nil)
+		require.NoError(t, err)
+		for i := range 100 {
+			fr := [][]byte{frame(t, "10.0.0.1", "10.0.0.2", 3, byte(i))}
+			sent, err := a[0].SendBatch(fr)
+			require.NoError(t, err)
+			require.Equal(t, 1, sent)
+		}
+		a[0].releaseHeld(true)
+		for _, fr := range recvAll(t, b[0]) {
+			var pkt roce.Packet
+			if roce.Parse(fr, &pkt) == nil {
+				tags = append(tags, pkt.Payload[0])
+			} else {
+				tags = append(tags, 0xff)
+			}
+		}
+		return tags, &a[0].Counters, n
+	}
+	t1, c, n := run(42)
+	t2, _, _ := run(42)
+	t3, _, _ := run(43)
+	// The decisions replay exactly; when a held frame is released also
+	// depends on the clock (reorder age limit, delay), so compare the
+	// delivered frames as a multiset.
+	slices.Sort(t1)
+	slices.Sort(t2)
+	slices.Sort(t3)
+	assert.Equal(t, t1, t2, "same seed, same frames: same outcome")
+	assert.NotEqual(t, t1, t3)
+	assert.NotZero(t, c.Dropped.Load())
+	assert.NotZero(t, c.Duplicated.Load())
+	assert.NotZero(t, c.Reordered.Load())
+	assert.NotZero(t, c.Corrupted.Load())
+	assert.Equal(t, 100-int(c.Dropped.Load())+int(c.Duplicated.Load()), len(t1))
+	assert.Equal(t, 256, n.FreeBuffers())
+}
+
+// FuzzSendBatch: whatever bytes a sender hands the link, routing never
+// panics and buffers are conserved.
+func FuzzSendBatch(f *testing.F) {
+	f.Add(frame(f, "10.0.0.1", "10.0.0.2", 7, 1))
+	f.Add([]byte{})
+	f.Add(make([]byte, 40))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		n := newNet(t, 4, 4)
+		a, err := n.Attach(netip.MustParseAddr("10.0.0.1"), 1, nil)
+		require.NoError(t, err)
+		_, err = n.Attach(netip.MustParseAddr("::2"), 2, nil)
+		require.NoError(t, err)
+		_, err = n.Attach(netip.MustParseAddr("10.0.0.2"), 2, nil)
+		require.NoError(t, err)
+		buf := make([]byte, testCap)
+		m := copy(buf, b)
+		_, err = a[0].SendBatch([][]byte{buf[:m]})
+		require.NoError(t, err)
+	})
+}

@@ -1,0 +1,406 @@
+package link
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vrnic/vrnic/roce"
+	"github.com/vrnic/vrnic/tap"
+)
+
+// ErrTAPClosed reports use of a closed TAP link.
+var ErrTAPClosed = errors.New("link: TAP link closed")
+
+// tapQueue is what a TAP port needs from its queue (tap.Queue): batched
+// reads that wait for the first frame and batched writes.
+type tapQueue interface {
+	ReadBatch(bufs [][]byte, sizes []int, offset int) (int, error)
+	WriteBatch(bufs [][]byte, offset int) (int, error)
+}
+
+// neighborHandler takes ARP and neighbour discovery frames
+// (tap.Neighbors).
+type neighborHandler interface {
+	HandleFrame(frame []byte) bool
+}
+
+// TAPConfig configures a TAP link.
+type TAPConfig struct {
+	// FrameCap is the capacity of every buffer; it must equal the
+	// engine's and be at least the device's MaxFrameSize (longer frames
+	// would be truncated by the kernel and fail their ICRC).
+	FrameCap int
+	// Batch is the most frames one read of a queue returns. Default 64.
+	Batch int
+	// Buffers is the number of receive buffers per queue (at least
+	// 2*Batch). Default 4*Batch.
+	Buffers int
+	// Logger gets lifecycle messages. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// TAPCounters count what a TAP port did. All are atomic.
+type TAPCounters struct {
+	RxFrames    atomic.Uint64 // RoCE v2 frames returned by RecvBatch
+	RxBytes     atomic.Uint64 // their bytes (whole frames)
+	RxNeighbor  atomic.Uint64 // ARP/ND frames given to the neighbour engine
+	RxOther     atomic.Uint64 // neither RoCE v2 nor ARP/ND (dropped)
+	RxMisqueued atomic.Uint64 // RoCE v2 for a QP another queue owns (dropped)
+	ReadErrors  atomic.Uint64 // failed queue reads
+	TxFrames    atomic.Uint64 // frames written
+	TxBytes     atomic.Uint64 // their bytes
+	TxErrors    atomic.Uint64 // frames the kernel refused (dropped)
+	Wakeups     atomic.Uint64 // Ready signals
+}
+
+// TAPQueueStats is a snapshot of one port's counters.
+type TAPQueueStats struct {
+	Queue       int    `json:"queue"`
+	RxFrames    uint64 `json:"rx_frames"`
+	RxBytes     uint64 `json:"rx_bytes"`
+	RxNeighbor  uint64 `json:"rx_neighbor"`
+	RxOther     uint64 `json:"rx_other"`
+	RxMisqueued uint64 `json:"rx_misqueued"`
+	ReadErrors  uint64 `json:"read_errors"`
+	TxFrames    uint64 `json:"tx_frames"`
+	TxBytes     uint64 `json:"tx_bytes"`
+	TxErrors    uint64 `json:"tx_errors"`
+	Wakeups     uint64 `json:"wakeups"`
+}
+
+// TAPLink is a device's TAP attachment: port i reads and writes queue i of
+// a multi-queue TAP device for worker i. It owns the device: Close closes
+// it (the interface disappears).
+type TAPLink struct {
+	cfg   TAPConfig
+	dev   *tap.Device // nil in unit tests over fake queues
+	ports []*TAPPort
+	done  chan struct{}
+	wg    sync.WaitGroup
+	once  sync.Once
+	err   error
+	close func() error // closes the queues (ends blocked reads)
+}
+
+// TAPPort is one worker's queue; it implements the engine's Link.
+// SendBatch and RecvBatch must be called by one goroutine at a time (the
+// owning worker); Ready and Counters from any.
+//
+// Receive path: a reader goroutine per port waits in the queue's
+// ReadBatch (on the Go netpoller) with up to Batch empty buffers of the
+// port's pool, classifies what it read and moves each RoCE v2 frame to the
+// full channel, then signals Ready. RecvBatch exchanges: it takes filled
+// buffers from the full channel and puts the caller's empty buffers in
+// their place into the free channel, from which the reader takes the
+// buffers of its next read. The number of buffers of the port is
+// constant (Buffers), both channels can hold all of them, so no send
+// ever blocks and nothing is allocated. When the worker does not keep up,
+// the free channel runs dry, the reader stops reading and frames wait in
+// the kernel's queue (which drops beyond its length, like a NIC ring).
+//
+// No lost wake-ups: the reader signals Ready after it made frames
+// visible; a worker that found the full channel empty and then sleeps on
+// Ready finds the signal of any frame queued since.
+type TAPPort struct {
+	link  *TAPLink
+	index int
+	nq    int
+	q     tapQueue
+	neigh neighborHandler
+	fcap  int
+	ready chan struct{}
+	full  chan []byte
+	free  chan []byte
+
+	// Reader-private.
+	rbufs [][]byte
+	sizes []int
+
+	Counters TAPCounters
+}
+
+// NewTAP attaches the engine's workers to the queues of dev, one port per
+// queue, and starts one reader goroutine per queue. It takes ownership of
+// dev: Close closes it. Frames of other kinds than RoCE v2 and ARP/ND are
+// counted and dropped; ARP/ND go to dev.Neighbors().
+func NewTAP(dev *tap.Device, cfg TAPConfig) (*TAPLink, error) {
+	if dev == nil {
+		return nil, fmt.Errorf("%w: nil TAP device", ErrInvalid)
+	}
+	if cfg.FrameCap < dev.MaxFrameSize() {
+		return nil, fmt.Errorf("%w: frame capacity %d below the device's largest frame %d (MTU %d)",
+			ErrInvalid, cfg.FrameCap, dev.MaxFrameSize(), dev.MTU())
+	}
+	qs := make([]tapQueue, dev.NumQueues())
+	for i := range qs {
+		qs[i] = dev.Queue(i)
+	}
+	l, err := newTAPLink(qs, dev.Neighbors(), cfg, dev.Close)
+	if err != nil {
+		return nil, err
+	}
+	l.dev = dev
+	l.cfg.Logger.Info("link: TAP link up", "device", dev.Name(), "queues", dev.NumQueues(), "frame_cap", cfg.FrameCap)
+	return l, nil
+}
+
+// newTAPLink builds the ports over qs; closeQueues must make blocked
+// ReadBatch calls return an error.
+func newTAPLink(qs []tapQueue, neigh neighborHandler, cfg TAPConfig, closeQueues func() error) (*TAPLink, error) {
+	if len(qs) == 0 || len(qs) > tap.MaxQueues {
+		return nil, fmt.Errorf("%w: %d queues", ErrInvalid, len(qs))
+	}
+	if cfg.FrameCap < roce.MaxHeadroom+roce.MaxTailroom {
+		return nil, fmt.Errorf("%w: frame capacity %d", ErrInvalid, cfg.FrameCap)
+	}
+	if cfg.Batch <= 0 {
+		cfg.Batch = 64
+	}
+	if cfg.Buffers <= 0 {
+		cfg.Buffers = 4 * cfg.Batch
+	}
+	if cfg.Buffers < 2*cfg.Batch {
+		return nil, fmt.Errorf("%w: %d buffers for batches of %d (want at least %d)", ErrInvalid, cfg.Buffers, cfg.Batch, 2*cfg.Batch)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	l := &TAPLink{cfg: cfg, done: make(chan struct{}), close: closeQueues}
+	for i, q := range qs {
+		p := &TAPPort{
+			link: l, index: i, nq: len(qs), q: q, neigh: neigh, fcap: cfg.FrameCap,
+			ready: make(chan struct{}, 1),
+			full:  make(chan []byte, cfg.Buffers),
+			free:  make(chan []byte, cfg.Buffers),
+			rbufs: make([][]byte, 0, cfg.Batch),
+			sizes: make([]int, cfg.Batch),
+		}
+		for range cfg.Buffers {
+			p.free <- make([]byte, cfg.FrameCap)
+		}
+		l.ports = append(l.ports, p)
+	}
+	for _, p := range l.ports {
+		l.wg.Add(1)
+		go p.reader()
+	}
+	return l, nil
+}
+
+// Ports returns the ports, port i for worker i.
+func (l *TAPLink) Ports() []*TAPPort { return l.ports }
+
+// Device returns the TAP device (nil for a link over fake queues).
+func (l *TAPLink) Device() *tap.Device { return l.dev }
+
+// Stats returns a snapshot of every port's counters.
+func (l *TAPLink) Stats() []TAPQueueStats {
+	out := make([]TAPQueueStats, len(l.ports))
+	for i, p := range l.ports {
+		c := &p.Counters
+		out[i] = TAPQueueStats{
+			Queue: i, RxFrames: c.RxFrames.Load(), RxBytes: c.RxBytes.Load(), RxNeighbor: c.RxNeighbor.Load(),
+			RxOther: c.RxOther.Load(), RxMisqueued: c.RxMisqueued.Load(), ReadErrors: c.ReadErrors.Load(),
+			TxFrames: c.TxFrames.Load(), TxBytes: c.TxBytes.Load(), TxErrors: c.TxErrors.Load(), Wakeups: c.Wakeups.Load(),
+		}
+	}
+	return out
+}
+
+// Close stops the readers and closes the device (its queues). Call it
+// after the engine stopped: a SendBatch or RecvBatch after Close fails
+// with ErrTAPClosed or returns nothing.
+func (l *TAPLink) Close() error {
+	l.once.Do(func() {
+		close(l.done)
+		l.err = l.close()
+		l.wg.Wait()
+		l.cfg.Logger.Info("link: TAP link closed")
+	})
+	return l.err
+}
+
+// Index returns the queue (worker) index of the port.
+func (p *TAPPort) Index() int { return p.index }
+
+// Ready is signalled when frames may be waiting.
+func (p *TAPPort) Ready() <-chan struct{} { return p.ready }
+
+func (p *TAPPort) signal() {
+	select {
+	case p.ready <- struct{}{}:
+		p.Counters.Wakeups.Add(1)
+	default:
+	}
+}
+
+// reader is the port's receive goroutine (see TAPPort).
+func (p *TAPPort) reader() {
+	defer p.link.wg.Done()
+	done := p.link.done
+	for {
+		// Hold up to Batch empty buffers; wait for the first one.
+		if len(p.rbufs) == 0 {
+			select {
+			case b := <-p.free:
+				p.rbufs = append(p.rbufs, b[:cap(b)])
+			case <-done:
+				return
+			}
+		}
+	fill:
+		for len(p.rbufs) < cap(p.rbufs) {
+			select {
+			case b := <-p.free:
+				p.rbufs = append(p.rbufs, b[:cap(b)])
+			default:
+				break fill
+			}
+		}
+		n, err := p.q.ReadBatch(p.rbufs, p.sizes, 0)
+		if err != nil {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			if errors.Is(err, os.ErrClosed) {
+				return
+			}
+			p.Counters.ReadErrors.Add(1)
+			time.Sleep(time.Millisecond) // a failing queue must not spin
+			continue
+		}
+		if p.deliver(n) > 0 {
+			p.signal()
+		}
+	}
+}
+
+// deliver classifies the n frames just read into p.rbufs: RoCE v2 frames
+// move to the full channel (their buffers leave p.rbufs), the others are
+// handled or counted and their buffers kept for the next read. It returns
+// the number of frames delivered.
+func (p *TAPPort) deliver(n int) int {
+	keep, out := 0, 0
+	for i, b := range p.rbufs {
+		if i < n && p.accept(b[:p.sizes[i]]) {
+			p.full <- b[:p.sizes[i]] // never blocks: it can hold every buffer
+			out++
+			continue
+		}
+		p.rbufs[keep] = b
+		keep++
+	}
+	clear(p.rbufs[keep:])
+	p.rbufs = p.rbufs[:keep]
+	return out
+}
+
+// accept tells whether frame is RoCE v2 for a QP of this queue; it hands
+// ARP/ND to the neighbour engine and counts everything it drops.
+func (p *TAPPort) accept(frame []byte) bool {
+	qpn, ok := roceDestQP(frame)
+	if !ok {
+		if tap.IsNeighborFrame(frame) && p.neigh != nil && p.neigh.HandleFrame(frame) {
+			p.Counters.RxNeighbor.Add(1)
+		} else {
+			p.Counters.RxOther.Add(1)
+		}
+		return false
+	}
+	if roce.SteerQueue(qpn, p.nq) != p.index {
+		p.Counters.RxMisqueued.Add(1)
+		return false
+	}
+	p.Counters.RxFrames.Add(1)
+	p.Counters.RxBytes.Add(uint64(len(frame)))
+	return true
+}
+
+// roceDestQP returns the BTH destination QP of a RoCE v2 frame: Ethernet
+// (optionally one 802.1Q tag), IPv4 without fragmentation or IPv6 without
+// extension headers, UDP to port 4791, room for a BTH. It reads headers
+// in place and never allocates; everything else is checked by the
+// engine's parser.
+func roceDestQP(frame []byte) (uint32, bool) {
+	eth := roce.Ethernet(frame)
+	if !eth.IsValid() {
+		return 0, false
+	}
+	ip := frame[eth.HeaderLen():]
+	var ihl int
+	switch eth.Type() {
+	case roce.EtherTypeIPv4:
+		h := roce.IPv4(ip)
+		if !h.IsValid() || h.Version() != 4 || h.HeaderLen() < roce.IPv4HeaderLen || h.Protocol() != roce.IPProtoUDP || h.IsFragment() {
+			return 0, false
+		}
+		ihl = h.HeaderLen()
+	case roce.EtherTypeIPv6:
+		h := roce.IPv6(ip)
+		if !h.IsValid() || h.NextHeader() != roce.IPProtoUDP {
+			return 0, false
+		}
+		ihl = roce.IPv6HeaderLen
+	default:
+		return 0, false
+	}
+	if len(ip) < ihl+roce.UDPHeaderLen+roce.BTHLen {
+		return 0, false
+	}
+	if roce.UDP(ip[ihl:]).DstPort() != roce.UDPPort {
+		return 0, false
+	}
+	return roce.BTH(ip[ihl+roce.UDPHeaderLen:]).DestQP(), true
+}
+
+// RecvBatch implements the engine's Link by exchange: slot i gets a
+// received frame (in a buffer of the port's pool) and its previous buffer
+// (empty, capacity FrameCap) goes to the pool. It never blocks.
+func (p *TAPPort) RecvBatch(frames [][]byte) (int, error) {
+	for n := range frames {
+		if cap(frames[n]) < p.fcap {
+			return n, fmt.Errorf("%w: receive buffer of capacity %d, want %d", ErrInvalid, cap(frames[n]), p.fcap)
+		}
+		select {
+		case f := <-p.full:
+			old := frames[n]
+			frames[n] = f
+			p.free <- old[:cap(old)] // never blocks: it can hold every buffer
+		default:
+			return n, nil
+		}
+	}
+	return len(frames), nil
+}
+
+// SendBatch implements the engine's Link: it writes every frame to the
+// queue (the kernel copies; the caller keeps its buffers). A frame the
+// kernel refuses is dropped and counted (TxErrors) so one bad frame cannot
+// stall the worker; after Close it fails with ErrTAPClosed.
+func (p *TAPPort) SendBatch(frames [][]byte) (int, error) {
+	sent := 0
+	for sent < len(frames) {
+		n, err := p.q.WriteBatch(frames[sent:], 0)
+		for _, f := range frames[sent : sent+n] {
+			p.Counters.TxBytes.Add(uint64(len(f)))
+		}
+		p.Counters.TxFrames.Add(uint64(n))
+		sent += n
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, os.ErrClosed) {
+			return sent, fmt.Errorf("%w: %v", ErrTAPClosed, err)
+		}
+		p.Counters.TxErrors.Add(1)
+		sent++ // drop the refused frame
+	}
+	return sent, nil
+}
