@@ -3,7 +3,6 @@ package engine
 import (
 	"fmt"
 	"net/netip"
-	"runtime/debug"
 	"sync/atomic"
 
 	"github.com/vrnic/vrnic/abi"
@@ -274,14 +273,6 @@ func (qp *QP) enterError() {
 		return
 	}
 	qp.state = abi.QPSErr
-	if debugErr {
-		fmt.Printf("QP %#x to ERR: head %d next %d tail %d comp.psn %d req.psn %d inRetry %v\n", qp.qpn, qp.head, qp.next, qp.tail, qp.comp.psn, qp.req.psn, qp.comp.inRetry)
-		for i := qp.head; i != qp.tail; i++ {
-			e := &qp.sq[i&qp.sqMask]
-			fmt.Printf("  wqe %d %v op %v len %d first %d last %d send %d rcvd %d status %v\n", i, e.state, e.Opcode, e.length, e.first, e.last, e.sendPSN, e.rcvd, e.status)
-		}
-		_ = debug.Stack
-	}
 	qp.w.timers.stop(&qp.retryTimer)
 	qp.w.timers.stop(&qp.rnrTimer)
 	qp.w.activate(qp)
@@ -382,5 +373,3 @@ func (qp *QP) completeRecv(r *RecvWork, st abi.WCStatus, op abi.WCOpcode, n uint
 		qp.w.Counters.CQOverflows.Add(1)
 	}
 }
-
-var debugErr = false

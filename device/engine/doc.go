@@ -1,0 +1,57 @@
+// Package engine is the InfiniBand RC transport of vrnic (IBTA vol. 1
+// chapter 9, reliability in 9.7): per QP a requester, a responder and a
+// completer, run by N worker goroutines over links that carry RoCE v2
+// frames.
+//
+// # Workers
+//
+// Worker i is a goroutine locked to an OS thread; it owns the QPs that
+// roce.SteerQueue(qpn, N) assigns to it and reads and writes Link i (TAP
+// queue i, a UDP socket, an in-memory port), so the data path has no locks
+// and per-QP ordering is free. Control operations (create, modify,
+// destroy, query) travel to the owner through a channel and are applied
+// between batches. A worker loops: control messages, one receive batch
+// (every frame parsed by roce, ICRC verified, dispatched to the QP's
+// responder or completer), due timers, the output of every QP (responses,
+// then new requests), one send batch. It polls while there is work and
+// then sleeps until a kick (Engine.Kick, the doorbell), a frame
+// (Link.Ready), a control message or its next timer. Timers are an
+// indexed min-heap per worker with nanosecond deadlines (two per QP: ACK
+// timeout and RNR back-off), not a goroutine or time.Timer per QP.
+//
+// # Memory layout and ownership
+//
+// Every frame buffer is a []byte of Config.FrameCap bytes; each worker
+// owns Batch receive and Batch send buffers and exchanges them with its
+// link (see Link). A frame is built in place: the payload is copied once
+// from client memory (Memory.Gather or ReadRemote) to
+// buf[Path.Headroom(op):], roce.Path.Build writes the headers in front of
+// it (so the frame starts at buf[0]) and the pad and ICRC behind it. On
+// receive the payload is copied once from the frame to client memory
+// (Scatter or WriteRemote). Per QP, send WQEs are copied once from the SQ
+// (SendSource) into a private ring of SQDepth entries whose SGE lists and
+// inline data live in slabs allocated at QP creation:
+//
+//	head ──── completer: oldest WQE without a CQE
+//	next ──── requester: the WQE it is sending
+//	tail ──── WQEs fetched from the SQ
+//
+// The steady state allocates nothing per WQE, packet or CQE (tested with
+// testing.AllocsPerRun). Counters are atomics, per QP and per worker; there
+// is no logging on the data path.
+//
+// # State machines
+//
+// requester.go, responder.go and completer.go follow Linux rxe (rxe_req.c,
+// rxe_resp.c, rxe_comp.c): an explicit state enum, a name table and small
+// step functions, with the IBTA section quoted where the code is subtle.
+// Where the IBTA and rxe differ the IBTA wins and a comment says so
+// (retry_cnt 7 is a count of 7, not infinite). A WQE's error status is set
+// once on the WQE and turned into the CQE status in one place
+// (completeSend). A QP in ERR completes every outstanding and later WR on
+// both queues with WR_FLUSH_ERR.
+//
+// What the engine needs from other layers is declared here as interfaces:
+// Memory (package dma), SendSource and RecvSource (package queues),
+// CompletionSink (a CQ) and Link (package link, the TAP and UDP links).
+package engine
