@@ -338,13 +338,13 @@ func roceDestQP(frame []byte) (uint32, bool) {
 	switch eth.Type() {
 	case roce.EtherTypeIPv4:
 		h := roce.IPv4(ip)
-		if !h.IsValid() || h.Version() != 4 || h.HeaderLen() < roce.IPv4HeaderLen || h.Protocol() != roce.IPProtoUDP || h.IsFragment() {
+		if !h.IsValid() || h.Version() != 4 || h.HeaderLen() < roce.IPv4HeaderLen || h.Protocol() != roce.ProtocolUDP || h.IsFragment() {
 			return 0, false
 		}
 		ihl = h.HeaderLen()
 	case roce.EtherTypeIPv6:
 		h := roce.IPv6(ip)
-		if !h.IsValid() || h.NextHeader() != roce.IPProtoUDP {
+		if !h.IsValid() || h.NextHeader() != roce.ProtocolUDP {
 			return 0, false
 		}
 		ihl = roce.IPv6HeaderLen
