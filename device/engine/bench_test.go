@@ -17,7 +17,7 @@ import (
 func steady(t testing.TB) (*tqp, *tqp) {
 	o := defaultOpts()
 	o.mtu = roce.MTU4096
-	return pair(t, 1, nil, nil, o)
+	return pairOn(t, newNetworkSized(t, 256, 128), 1, nil, nil, o)
 }
 
 // TestZeroAllocWrite: the steady-state RDMA WRITE path (post, segment,

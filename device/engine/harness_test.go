@@ -47,8 +47,11 @@ func defaultOpts() qpOpts {
 	return qpOpts{mtu: roce.MTU1024, timeout: 12, retry: 7, rnrRetry: 7, minRNR: 1, rdAtomic: 4, sqDepth: 256}
 }
 
-func newNetwork(t testing.TB) *link.Network {
-	nw, err := link.NewNetwork(link.Config{FrameCap: DefaultFrameCap, QueueLen: 1024, Buffers: 4096})
+func newNetwork(t testing.TB) *link.Network { return newNetworkSized(t, 4096, 1024) }
+
+// newNetworkSized: a small pool keeps the buffers in cache (benchmarks).
+func newNetworkSized(t testing.TB, buffers, queue int) *link.Network {
+	nw, err := link.NewNetwork(link.Config{FrameCap: DefaultFrameCap, QueueLen: queue, Buffers: buffers})
 	require.NoError(t, err)
 	return nw
 }
@@ -96,7 +99,10 @@ func connect(t testing.TB, a, b *tqp, o qpOpts) {
 
 // pair builds two nodes with one connected QP each.
 func pair(t testing.TB, workers int, fa, fb *link.Faults, o qpOpts) (*tqp, *tqp) {
-	nw := newNetwork(t)
+	return pairOn(t, newNetwork(t), workers, fa, fb, o)
+}
+
+func pairOn(t testing.TB, nw *link.Network, workers int, fa, fb *link.Faults, o qpOpts) (*tqp, *tqp) {
 	na := newNode(t, nw, "10.0.0.1", workers, fa)
 	nb := newNode(t, nw, "10.0.0.2", workers, fb)
 	a := na.newQP(t, 0x11, o)

@@ -24,8 +24,8 @@ type WorkerCounters struct {
 	Sleeps      atomic.Uint64
 }
 
-// spinRounds is how many idle loop rounds a worker polls before sleeping.
-const spinRounds = 256
+// spinNanos is how long an idle worker keeps polling before it sleeps.
+const spinNanos = 50_000
 
 // ctlOp is a control operation handed to the owning worker.
 type ctlOp uint8
@@ -304,7 +304,7 @@ func (w *worker) run(stop <-chan struct{}) {
 	defer runtime.UnlockOSThread()
 	sleepTimer := time.NewTimer(time.Hour)
 	sleepTimer.Stop()
-	idle := 0
+	lastWork := w.clk.now()
 	for {
 		select {
 		case <-stop:
@@ -321,16 +321,16 @@ func (w *worker) run(stop <-chan struct{}) {
 		}
 		w.flush()
 		if w.busy {
-			idle = 0
+			lastWork = w.now
 			continue
 		}
-		// Poll a little longer before sleeping: a worker is locked to
-		// its thread, so yielding (Gosched) would cost a thread
-		// hand-off; plain re-polling is cheaper than that.
-		if idle++; idle < spinRounds {
+		// Poll a little longer before sleeping (a sleep and wake-up cost
+		// a futex round trip each). A worker is locked to its thread, so
+		// yielding (Gosched) would cost a thread hand-off; plain
+		// re-polling is cheaper than that.
+		if w.now-lastWork < spinNanos {
 			continue
 		}
-		idle = 0
 		var tc <-chan time.Time
 		if when, ok := w.timers.next(); ok {
 			d := time.Duration(when - w.clk.now())
