@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -95,6 +96,13 @@ type DataPlaneConfig struct {
 	SpinBudget int
 	// Logger gets lifecycle messages. Default slog.Default().
 	Logger *slog.Logger
+	// Resolve, when set, makes sure the link can reach the peer address
+	// of an RC QP (a TAP link resolves the peer's MAC address with ARP or
+	// neighbour discovery) before the QP goes from INIT to RTR; see
+	// CheckModifyQP. nil: every peer is reachable (UDP, in-memory links).
+	Resolve func(ctx context.Context, peer netip.Addr) error
+	// ResolveTimeout bounds one Resolve call. Default 3s.
+	ResolveTimeout time.Duration
 }
 
 // dpQP is the data plane's state of one RC QP.
@@ -148,6 +156,9 @@ func NewDataPlane(cfg DataPlaneConfig) (*DataPlane, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.ResolveTimeout <= 0 {
+		cfg.ResolveTimeout = 3 * time.Second
 	}
 	dp := &DataPlane{
 		cfg: cfg, eng: cfg.Engine, space: cfg.Space, log: cfg.Logger,
@@ -414,6 +425,16 @@ func (dp *DataPlane) ModifyQP(q *QP, prev QPState, mask AttrMask) {
 	}
 	if mask&AttrAV != 0 {
 		ea.LocalAddr, ea.RemoteAddr = dp.avAddrs(&a.AHAttr)
+	}
+	if prev == StateInit && q.state == StateRTR {
+		if err := dp.resolvePeer(q.qpn, &a.AHAttr); err != nil {
+			// Normally CheckModifyQP refused the change already; this is
+			// the last line: the engine never gets an RTR QP it cannot
+			// address, the QP goes to ERR (its WRs complete flushed).
+			dp.log.Error("QP to RTR with an unreachable peer; moving the QP to ERR", "qpn", q.qpn, "err", err)
+			x.noteError()
+			return
+		}
 	}
 	dp.modifyEngine(x, ea)
 }

@@ -1,0 +1,60 @@
+package device
+
+import (
+	"context"
+	"net/netip"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vrnic/vrnic/abi"
+)
+
+// Peer resolution on INIT → RTR.
+//
+// A link that addresses peers by link-layer address (the TAP link) has to
+// know the peer's MAC before the engine builds the QP's first frame: the
+// engine's per-QP path is fixed when the QP goes to RTR, from a lookup in
+// the link's neighbour cache that never waits (PathFixup). Resolution
+// itself, which sends ARP requests or neighbour solicitations and waits
+// for the answer, is done here, on the control path, by
+// DataPlaneConfig.Resolve, so that
+//
+//   - CheckModifyQP (called before the device applies a MODIFY_QP) fails
+//     the INIT → RTR transition of a QP whose peer does not answer with
+//     EHOSTUNREACH and a message naming the peer: the client gets an
+//     error from ibv_modify_qp, not a QP that hangs;
+//   - ModifyQP repeats the check (a hit in the neighbour cache when
+//     CheckModifyQP ran) and moves the QP to ERR rather than hand the
+//     engine an RTR QP it cannot address.
+//
+// Both run under the device lock: a peer that does not answer holds the
+// device's control path for at most ResolveTimeout.
+
+// CheckModifyQP checks a MODIFY_QP before the device applies it: for an
+// RC QP going from INIT (cur) to RTR (next) it resolves the peer address
+// of the address vector (a's when mask has AttrAV, else the QP's) with
+// DataPlaneConfig.Resolve. The error wraps unix.EHOSTUNREACH.
+func (dp *DataPlane) CheckModifyQP(q *QP, cur, next QPState, mask AttrMask, a *abi.QPAttr) error {
+	if dp.cfg.Resolve == nil || q.typ != QPTypeRC || cur != StateInit || next != StateRTR {
+		return nil
+	}
+	av := &q.attr.AHAttr
+	if mask&AttrAV != 0 {
+		av = &a.AHAttr
+	}
+	return dp.resolvePeer(q.qpn, av)
+}
+
+// resolvePeer runs Resolve for the destination GID of av.
+func (dp *DataPlane) resolvePeer(qpn uint32, av *abi.AHAttr) error {
+	if dp.cfg.Resolve == nil {
+		return nil
+	}
+	peer := netip.AddrFrom16(av.DGID).Unmap()
+	ctx, cancel := context.WithTimeout(context.Background(), dp.cfg.ResolveTimeout)
+	defer cancel()
+	if err := dp.cfg.Resolve(ctx, peer); err != nil {
+		return errorf(unix.EHOSTUNREACH, "QP %d: peer %v is unreachable (no ARP/neighbour reply): %v", qpn, peer, err)
+	}
+	return nil
+}

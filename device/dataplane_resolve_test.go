@@ -1,0 +1,129 @@
+package device_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/netip"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/device/engine"
+	"github.com/vrnic/vrnic/dma"
+	"github.com/vrnic/vrnic/roce"
+	"github.com/vrnic/vrnic/verbs"
+)
+
+// resolveLog records Resolve calls and fails those for unreachable.
+type resolveLog struct {
+	mu          sync.Mutex
+	calls       []netip.Addr
+	unreachable netip.Addr
+}
+
+func (r *resolveLog) resolve(ctx context.Context, peer netip.Addr) error {
+	r.mu.Lock()
+	r.calls = append(r.calls, peer)
+	r.mu.Unlock()
+	if peer == r.unreachable {
+		return errors.New("no answer")
+	}
+	return nil
+}
+
+func (r *resolveLog) snapshot() []netip.Addr {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]netip.Addr(nil), r.calls...)
+}
+
+// newResolveNode is newDPNode with a Resolve hook.
+func newResolveNode(t *testing.T, addr string, resolve func(context.Context, netip.Addr) error) *dpNode {
+	t.Helper()
+	log := slog.New(slog.DiscardHandler)
+	nw := newDPNetwork(t)
+	a := netip.MustParseAddr(addr)
+	ports, err := nw.Attach(a, 1, nil)
+	require.NoError(t, err)
+	eng, err := engine.New(engine.Config{Links: []engine.Link{ports[0]}, Mode: roce.ModeEthernet, Logger: log})
+	require.NoError(t, err)
+	space, err := dma.NewSpace(dma.Config{Logger: log})
+	require.NoError(t, err)
+	dp, err := device.NewDataPlane(device.DataPlaneConfig{Engine: eng, Space: space, Logger: log, Resolve: resolve})
+	require.NoError(t, err)
+	n := &dpNode{addr: a, gid: a.As16(), dp: dp}
+	n.dev, err = device.New(device.Config{
+		Name:      "resolve",
+		Link:      device.LinkInfo{Type: abi.LinkTAP, MaxMTU: abi.MTU4096, GIDs: [][16]byte{n.gid}, SpeedMbps: 10000},
+		Space:     space,
+		Doorbells: device.NewDoorbellPage,
+		Engine:    dp,
+		Logger:    log,
+	})
+	require.NoError(t, err)
+	dp.Start()
+	n.sock = filepath.Join(t.TempDir(), "dev"+device.SocketSuffix)
+	l, err := device.Listen(n.sock)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- n.dev.Serve(l) }()
+	t.Cleanup(func() {
+		n.dev.Close()
+		<-done
+		assert.NoError(t, dp.Close())
+		space.Close()
+	})
+	return n
+}
+
+// TestDataPlaneResolveOnRTR: the peer is resolved when an RC QP goes from
+// INIT to RTR, and a QP whose peer cannot be resolved never reaches the
+// engine as RTR: it ends in ERR instead of hanging.
+func TestDataPlaneResolveOnRTR(t *testing.T) {
+	good, bad := netip.MustParseAddr("10.77.0.2"), netip.MustParseAddr("10.77.0.9")
+	rl := &resolveLog{unreachable: bad}
+	n := newResolveNode(t, "10.77.0.1", rl.resolve)
+	c := newDPClient(t, n, 64)
+
+	require.NoError(t, c.qp.ToInit(abi.AccessAll, 0))
+	assert.Empty(t, rl.snapshot(), "no resolution before RTR")
+	rtr := func(peer netip.Addr) verbs.RTRAttr {
+		return verbs.RTRAttr{AV: abi.AHAttr{DGID: peer.As16(), HopLimit: 64, PortNum: 1}, PathMTU: abi.MTU1024, DestQPN: 0x42, MaxDestRdAtomic: 4}
+	}
+	require.NoError(t, c.qp.ToRTR(rtr(good)))
+	calls := rl.snapshot()
+	require.NotEmpty(t, calls)
+	for _, a := range calls {
+		assert.Equal(t, good, a, "the QP's destination GID is resolved")
+	}
+	require.NoError(t, c.qp.ToRTS(verbs.RTSAttr{Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4}))
+	assert.Len(t, rl.snapshot(), len(calls), "RTR to RTS resolves nothing")
+	r, err := c.qp.Query()
+	require.NoError(t, err)
+	assert.Equal(t, abi.QPSRTS, r.Attr.QPState)
+
+	// An unreachable peer.
+	qp2, err := c.pd.CreateQP(verbs.QPInitAttr{Type: abi.QPTRC, SendCQ: c.scq, RecvCQ: c.rcq,
+		Cap: abi.QPCap{MaxSendWR: 8, MaxRecvWR: 8, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	require.NoError(t, err)
+	require.NoError(t, qp2.ToInit(abi.AccessAll, 0))
+	err = qp2.ToRTR(rtr(bad))
+	if err != nil {
+		// The device consults CheckModifyQP: the MODIFY_QP fails.
+		assert.ErrorContains(t, err, bad.String())
+		return
+	}
+	// Otherwise the data plane moves the QP to ERR.
+	require.Eventually(t, func() bool {
+		r, err := qp2.Query()
+		return err == nil && r.Attr.QPState == abi.QPSErr
+	}, 5*time.Second, time.Millisecond, "a QP with an unreachable peer goes to ERR")
+	assert.Contains(t, rl.snapshot(), bad)
+}
