@@ -3,6 +3,7 @@ package engine
 import (
 	"encoding/binary"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/roce"
@@ -65,12 +66,12 @@ func (qp *QP) compRx(p *packet) {
 		return
 	}
 	st := compCheckPSN
-	if traceHook != nil {
-		traceHook(qp, "rx %v psn %d syn %v comp.psn %d req.psn %d", p.opcode, p.psn, p.syndrome, qp.comp.psn, qp.req.psn)
+	if h := traceHook.Load(); h != nil {
+		(*h)(qp, "rx %v psn %d syn %v comp.psn %d req.psn %d", p.opcode, p.psn, p.syndrome, qp.comp.psn, qp.req.psn)
 	}
 	for st != compDone {
-		if traceHook != nil {
-			traceHook(qp, "  comp state %v", st)
+		if h := traceHook.Load(); h != nil {
+			(*h)(qp, "  comp state %v", st)
 		}
 		switch st {
 		case compCheckPSN:
@@ -449,8 +450,8 @@ func (qp *QP) startRetry(timeout bool) {
 		qp.comp.retryLeft--
 	}
 	qp.comp.inRetry = !timeout
-	if traceHook != nil {
-		traceHook(qp, "retry timeout=%v from %d left %d", timeout, qp.comp.psn, qp.comp.retryLeft)
+	if h := traceHook.Load(); h != nil {
+		(*h)(qp, "retry timeout=%v from %d left %d", timeout, qp.comp.psn, qp.comp.retryLeft)
 	}
 	qp.rewind(qp.comp.psn)
 	qp.armRetry()
@@ -507,5 +508,10 @@ func (qp *QP) rewind(psn uint32) {
 	qp.w.activate(qp)
 }
 
-// traceHook, when set by a test, receives a line per completer event.
-var traceHook func(qp *QP, format string, args ...any)
+// traceFunc receives a line per transport event.
+type traceFunc func(qp *QP, format string, args ...any)
+
+// traceHook, when set by a test, receives a line per requester, responder
+// and completer event. Unset (nil) in production: one atomic load per
+// event.
+var traceHook atomic.Pointer[traceFunc]

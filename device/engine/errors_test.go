@@ -1,6 +1,9 @@
 package engine
 
 import (
+	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -8,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/roce"
 )
 
 func TestRNR(t *testing.T) {
@@ -134,4 +138,53 @@ func TestRemoteErrors(t *testing.T) {
 		require.True(t, a.scq.wait(1, waitFor))
 		wantCQE(t, a.scq.all()[0], abi.CQE{WrID: 1, Status: abi.WCLocProtErr, Opcode: abi.WCRDMAWrite, QPNum: a.qpn})
 	})
+}
+
+// TestFence: a fenced WR is not started before the READ ahead of it has
+// completed (IBTA 10.8.3.3); an unfenced one is.
+func TestFence(t *testing.T) {
+	for _, fence := range []bool{true, false} {
+		t.Run(fmt.Sprintf("fence=%v", fence), func(t *testing.T) {
+			a, b := pair(t, 1, nil, nil, defaultOpts())
+			src := b.n.buffer(256<<10, 0x100000, accessAll, 1)
+			dst := a.n.buffer(256<<10, 0x100000, accessAll, 2)
+			wsrc := a.n.buffer(64, 0x900000, accessAll, 3)
+			var mu sync.Mutex
+			var events []string
+			var hook traceFunc = func(qp *QP, format string, args ...any) {
+				if qp.qpn != a.qpn || len(args) == 0 {
+					return
+				}
+				op, ok := args[0].(roce.Opcode)
+				if !ok || (op != roce.OpRCReadResponseLast && op != roce.OpRCWriteOnly) {
+					return
+				}
+				mu.Lock()
+				events = append(events, strings.Fields(format)[0]+" "+op.String())
+				mu.Unlock()
+			}
+			traceHook.Store(&hook)
+			t.Cleanup(func() { traceHook.Store(nil) })
+			flags := abi.SendSignaled
+			if fence {
+				flags |= abi.SendFence
+			}
+			// Both posted before the kick, so without the fence the WRITE
+			// goes out right behind the READ request.
+			require.NoError(t, a.sq.post(abi.SendWQE{WrID: 1, Opcode: abi.WRRDMARead, Flags: abi.SendSignaled, RemoteAddr: src.va, RKey: src.key},
+				[]abi.SGE{dst.sge(0, 256<<10)}, nil))
+			require.NoError(t, a.sq.post(abi.SendWQE{WrID: 2, Opcode: abi.WRRDMAWrite, Flags: flags, RemoteAddr: src.va, RKey: src.key},
+				[]abi.SGE{wsrc.sge(0, 64)}, nil))
+			a.n.eng.Kick(a.qpn)
+			require.True(t, a.scq.wait(2, waitFor))
+			mu.Lock()
+			defer mu.Unlock()
+			require.Len(t, events, 2, "%v", events)
+			if fence {
+				assert.Equal(t, []string{"rx RC_RDMA_READ_RESPONSE_LAST", "send RC_RDMA_WRITE_ONLY"}, events)
+			} else {
+				assert.Equal(t, []string{"send RC_RDMA_WRITE_ONLY", "rx RC_RDMA_READ_RESPONSE_LAST"}, events)
+			}
+		})
+	}
 }

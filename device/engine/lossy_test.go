@@ -42,8 +42,7 @@ func TestLossy(t *testing.T) {
 			a, b := pair(t, 2, &f, &fb, o)
 			var trace []string
 			var tmu sync.Mutex
-			traceHook = func(qp *QP, format string, args ...any) {
-
+			var hook traceFunc = func(qp *QP, format string, args ...any) {
 				tmu.Lock()
 				trace = append(trace, fmt.Sprintf("%d ", qp.w.now/1000)+fmt.Sprintf(format, args...))
 				if len(trace) > 4000 {
@@ -51,8 +50,9 @@ func TestLossy(t *testing.T) {
 				}
 				tmu.Unlock()
 			}
+			traceHook.Store(&hook)
 			defer func() {
-				traceHook = nil
+				traceHook.Store(nil)
 				if t.Failed() {
 					tmu.Lock()
 					for _, l := range trace {

@@ -298,8 +298,8 @@ func (qp *QP) reqSend() reqState {
 	if !qp.w.txQueue(qp, buf, o, n) {
 		return reqExit
 	}
-	if traceHook != nil {
-		traceHook(qp, "send %v psn %d", o.opcode, o.psn)
+	if h := traceHook.Load(); h != nil {
+		(*h)(qp, "send %v psn %d", o.opcode, o.psn)
 	}
 	if last {
 		e.sendPSN = roce.PSNAdd(e.last, 1)

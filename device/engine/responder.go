@@ -117,8 +117,8 @@ func (qp *QP) respRx(p *packet) {
 		return
 	}
 	st := respCheckPSN
-	if traceHook != nil {
-		traceHook(qp, "B rx %v psn %d epsn %d nakSent %v ack %v", p.opcode, p.psn, qp.resp.epsn, qp.resp.nakSent, p.ackReq)
+	if h := traceHook.Load(); h != nil {
+		(*h)(qp, "B rx %v psn %d epsn %d nakSent %v ack %v", p.opcode, p.psn, qp.resp.epsn, qp.resp.nakSent, p.ackReq)
 	}
 	for st != respDone {
 		switch st {
@@ -520,8 +520,8 @@ func (qp *QP) respOutput() bool {
 		if !qp.w.txQueue(qp, buf, o, 0) {
 			return false
 		}
-		if traceHook != nil {
-			traceHook(qp, "B tx ack %v psn %d", o.syndrome, o.psn)
+		if h := traceHook.Load(); h != nil {
+			(*h)(qp, "B tx ack %v psn %d", o.syndrome, o.psn)
 		}
 		fatal := r.nakPending && r.nakFatal
 		r.ackPending, r.nakPending, r.nakFatal = false, false, false
