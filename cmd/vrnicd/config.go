@@ -40,7 +40,7 @@ type Config struct {
 // LinkConfig selects the link and its addresses.
 type LinkConfig struct {
 	// Type: "udp" (default, unprivileged), "mem" (in-process tests) or
-	// "tap" (not available yet).
+	// "tap" (a multi-queue TAP device; root).
 	Type string `json:"type"`
 	// Local is the UDP link's local ip:port (default 127.0.0.1:4791); its
 	// IP is the device's GID 0.
@@ -49,6 +49,28 @@ type LinkConfig struct {
 	Peers []string `json:"peers,omitempty"`
 	// MTU is the largest path MTU in bytes (256..4096, default 4096).
 	MTU int `json:"mtu,omitempty"`
+	// TAP configures the TAP link.
+	TAP TAPConfig `json:"tap,omitempty"`
+}
+
+// TAPConfig configures the TAP link (-link tap).
+type TAPConfig struct {
+	// Name is the interface name (default: the device name when it fits
+	// an interface name, else the kernel's tapN).
+	Name string `json:"name,omitempty"`
+	// Addrs are the NIC's addresses with their on-link prefixes
+	// ("10.77.0.1/24", "fd00::1/64"), GID 0 first. Peers must be on one
+	// of these prefixes (there is no router).
+	Addrs []string `json:"addrs,omitempty"`
+	// MAC is the NIC's Ethernet address (default: derived from the
+	// device name, locally administered).
+	MAC string `json:"mac,omitempty"`
+	// NetNS names a network namespace (/run/netns/NAME) to create the
+	// interface in; default: the daemon's.
+	NetNS string `json:"netns,omitempty"`
+	// VerifySteering runs the steering program on test frames at start
+	// and refuses to start if it disagrees with the engine's QP owners.
+	VerifySteering bool `json:"verify_steering,omitempty"`
 }
 
 // loadConfigFile decodes a config file strictly.
@@ -83,13 +105,19 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 		name    = fs.String("name", "vrnic0", "device name (socket <name>.sock in the runtime dir)")
 		rundir  = fs.String("runtime-dir", "", "directory for sockets and lock files (default: /run/vrnic as root, $XDG_RUNTIME_DIR/vrnic, or $TMPDIR/vrnic-<uid>)")
 		socket  = fs.String("socket", "", "control socket path (default <runtime-dir>/<name>.sock)")
-		link    = fs.String("link", "udp", "link type: udp or mem (tap: not yet)")
+		link    = fs.String("link", "udp", "link type: udp, mem or tap")
 		local   = fs.String("udp-local", "127.0.0.1:4791", "UDP link: local ip:port (its IP is GID 0)")
 		mtu     = fs.Int("mtu", 4096, "largest path MTU in bytes")
 		workers = fs.Int("workers", 0, "engine workers (default: number of CPUs)")
 		level   = fs.String("log-level", "info", "log level: debug, info, warn, error")
 		peers   stringList
+		tapName = fs.String("tap-name", "", "TAP link: interface name (default: the device name)")
+		tapMAC  = fs.String("tap-mac", "", "TAP link: the NIC's MAC address (default: derived from the device name)")
+		tapNS   = fs.String("tap-netns", "", "TAP link: network namespace (ip netns name) to create the interface in")
+		tapVer  = fs.Bool("tap-verify-steering", false, "TAP link: check the eBPF steering program against the engine's QP owners at start")
+		tapAddr stringList
 	)
+	fs.Var(&tapAddr, "tap-addr", "TAP link: the NIC's address/prefix, e.g. 10.77.0.1/24 (repeatable; the first is GID 0)")
 	fs.StringVar(local, "local", "127.0.0.1:4791", "same as -udp-local")
 	fs.Var(&peers, "udp-peer", "UDP link: a peer's ip:port (repeatable; peers are also found from the QPs' destination GIDs)")
 	if err := fs.Parse(args); err != nil {
@@ -98,7 +126,8 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
-	c := &Config{Name: *name, Link: LinkConfig{Type: *link, Local: *local, MTU: *mtu}, LogLevel: *level, Workers: *workers}
+	tapCfg := TAPConfig{Name: *tapName, Addrs: tapAddr, MAC: *tapMAC, NetNS: *tapNS, VerifySteering: *tapVer}
+	c := &Config{Name: *name, Link: LinkConfig{Type: *link, Local: *local, MTU: *mtu, TAP: tapCfg}, LogLevel: *level, Workers: *workers}
 	if *cfgFile != "" {
 		fileCfg := Config{}
 		if err := loadConfigFile(*cfgFile, &fileCfg); err != nil {
@@ -136,6 +165,21 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 		if set["udp-peer"] {
 			merged.Link.Peers = peers
 		}
+		if set["tap-name"] {
+			merged.Link.TAP.Name = *tapName
+		}
+		if set["tap-addr"] {
+			merged.Link.TAP.Addrs = tapAddr
+		}
+		if set["tap-mac"] {
+			merged.Link.TAP.MAC = *tapMAC
+		}
+		if set["tap-netns"] {
+			merged.Link.TAP.NetNS = *tapNS
+		}
+		if set["tap-verify-steering"] {
+			merged.Link.TAP.VerifySteering = *tapVer
+		}
 		c = &merged
 	} else {
 		c.RuntimeDir, c.Socket, c.Link.Peers = *rundir, *socket, peers
@@ -150,9 +194,11 @@ func (c *Config) validate() error {
 	switch c.Link.Type {
 	case "udp", "mem":
 	case "tap":
-		return errors.New("link type tap is not available yet")
+		if err := c.Link.TAP.validate(); err != nil {
+			return err
+		}
 	default:
-		return fmt.Errorf("unknown link type %q (want udp or mem)", c.Link.Type)
+		return fmt.Errorf("unknown link type %q (want udp, mem or tap)", c.Link.Type)
 	}
 	if c.Link.Type == "udp" {
 		if _, err := netip.ParseAddrPort(c.Link.Local); err != nil {

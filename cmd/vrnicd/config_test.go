@@ -64,7 +64,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"unknown nested field", nil, `{"name":"x","link":{"type":"udp","speed":1}}`, `unknown field "speed"`},
 		{"trailing", nil, `{"name":"x","link":{"type":"udp"}} {}`, "trailing data"},
 		{"bad json", nil, `{"name":`, "unexpected EOF"},
-		{"tap", []string{"-link", "tap"}, "", "not available yet"},
+		{"tap-without-addr", []string{"-link", "tap"}, "", "at least one -tap-addr"},
 		{"link", []string{"-link", "eth"}, "", "unknown link type"},
 		{"local", []string{"-udp-local", "nothost"}, "", "udp-local"},
 		{"peer", []string{"-udp-peer", "1.2.3.4"}, "", "udp-peer"},

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -18,6 +19,9 @@ import (
 type dataPlane struct {
 	dp    *device.DataPlane
 	close func() error // the links
+	// stats reads the link's counters for the stats socket (nil: the link
+	// has none to serve).
+	stats func() (any, error)
 }
 
 // newDataPlane builds the engine with workers workers over the link the
@@ -34,11 +38,19 @@ type dataPlane struct {
 //     that follow its conventions (UDP source port = its port, IPv4
 //     Identification 0 and DF): the engine builds every QP's frames that
 //     way through its PathFixup hook, set to the link's ConformPath.
+//   - tap: a multi-queue TAP device, queue i for worker i, with the eBPF
+//     steering and filter programs attached (tap.go). PathFixup writes the
+//     NIC's MAC and the peer's, looked up in the NIC's neighbour cache; the
+//     data plane's Resolve hook fills that cache (ARP/ND) when a QP goes to
+//     RTR.
 func newDataPlane(cfg *Config, li device.LinkInfo, space *dma.Space, workers int, log *slog.Logger) (*dataPlane, error) {
 	var (
 		links []engine.Link
-		close = func() error { return nil }
-		fixup func(*roce.Path)
+		close    = func() error { return nil }
+		fixup    func(*roce.Path)
+		resolve  func(context.Context, netip.Addr) error
+		stats    func() (any, error)
+		frameCap = engine.DefaultFrameCap
 	)
 	switch cfg.Link.Type {
 	case "mem":
@@ -67,21 +79,29 @@ func newDataPlane(cfg *Config, li device.LinkInfo, space *dma.Space, workers int
 			links = append(links, p)
 		}
 		close, fixup = ul.Close, ul.ConformPath
+	case "tap":
+		frameCap = frameCapFor()
+		tl, err := openTAP(cfg, li.MAC, workers, frameCap, log)
+		if err != nil {
+			return nil, err
+		}
+		links = tl.links()
+		close, fixup, resolve, stats = tl.close, tl.fixPath, tl.resolve, tl.stats
 	default:
 		return nil, fmt.Errorf("link type %q has no data path", cfg.Link.Type)
 	}
-	eng, err := engine.New(engine.Config{Links: links, Mode: roce.ModeEthernet, MAC: li.MAC, PathFixup: fixup, Logger: log})
+	eng, err := engine.New(engine.Config{Links: links, Mode: roce.ModeEthernet, MAC: li.MAC, FrameCap: frameCap, PathFixup: fixup, Logger: log})
 	if err != nil {
 		close()
 		return nil, err
 	}
-	dp, err := device.NewDataPlane(device.DataPlaneConfig{Engine: eng, Space: space, Logger: log})
+	dp, err := device.NewDataPlane(device.DataPlaneConfig{Engine: eng, Space: space, Resolve: resolve, Logger: log})
 	if err != nil {
 		eng.Close()
 		close()
 		return nil, err
 	}
-	return &dataPlane{dp: dp, close: close}, nil
+	return &dataPlane{dp: dp, close: close, stats: stats}, nil
 }
 
 // stop closes the data plane (after the device: its QPs are gone) and

@@ -18,8 +18,16 @@
 // workers over the link: -link mem is an in-memory link private to the
 // daemon (QPs of its clients connected to its own GID talk to each other);
 // -link udp carries RoCE v2 over UDP sockets bound to -local (port 4791),
-// to the peers the QPs' destination GIDs name. UD QPs have no data path
-// yet.
+// to the peers the QPs' destination GIDs name; -link tap (root) creates a
+// multi-queue TAP interface (-tap-name, in -tap-netns) with one queue per
+// worker and eBPF steering by destination QP, the NIC answering ARP/ND for
+// its -tap-addr addresses (its GIDs) and resolving its peers' MACs. UD QPs
+// have no data path yet.
+//
+// With -link tap the daemon also serves its link counters (per-queue
+// steering and link counters, filter verdicts, ARP/ND) as one JSON
+// document per connection on the stream socket <runtime-dir>/<name>.stats
+// (vrnicctl link).
 package main
 
 import (
@@ -130,6 +138,16 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	plane.dp.Start()
+	if plane.stats != nil {
+		statsPath := strings.TrimSuffix(sock, device.SocketSuffix) + statsSuffix
+		stopStats, err := serveStats(statsPath, plane.stats, log)
+		if err != nil {
+			dev.Close()
+			l.Close()
+			return err
+		}
+		defer stopStats()
+	}
 	log.Info("vrnicd started", "device", cfg.Name, "socket", sock, "link", cfg.Link.Type, "local", cfg.Link.Local,
 		"peers", cfg.Link.Peers, "workers", workers, "data_path", true, "pid", os.Getpid(), "abi", fmt.Sprintf("%d.%d", abi.VersionMajor, abi.VersionMinor))
 	done := make(chan error, 1)
@@ -175,6 +193,15 @@ func linkInfo(cfg *Config) (device.LinkInfo, error) {
 	case "mem":
 		li.Type = abi.LinkMem
 		li.GIDs = [][16]byte{netip.MustParseAddr("::ffff:127.0.0.1").As16()}
+	case "tap":
+		li.Type = abi.LinkTAP
+		prefixes, err := cfg.Link.TAP.prefixes()
+		if err != nil {
+			return li, err
+		}
+		for _, p := range prefixes {
+			li.GIDs = append(li.GIDs, p.Addr().As16()) // IPv4 becomes ::ffff:a.b.c.d
+		}
 	}
 	// A locally administered MAC derived from the name.
 	h := uint64(14695981039346656037)
@@ -182,6 +209,13 @@ func linkInfo(cfg *Config) (device.LinkInfo, error) {
 		h = (h ^ uint64(cfg.Name[i])) * 1099511628211
 	}
 	li.MAC = [6]byte{0x02, byte(h >> 32), byte(h >> 24), byte(h >> 16), byte(h >> 8), byte(h)}
+	if cfg.Link.Type == "tap" && cfg.Link.TAP.MAC != "" {
+		mac, err := cfg.Link.TAP.mac()
+		if err != nil {
+			return li, err
+		}
+		li.MAC = mac
+	}
 	return li, nil
 }
 

@@ -1,0 +1,268 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strings"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/vrnic/vrnic/device/engine"
+	"github.com/vrnic/vrnic/ebpf"
+	"github.com/vrnic/vrnic/link"
+	"github.com/vrnic/vrnic/roce"
+	"github.com/vrnic/vrnic/tap"
+)
+
+// validate checks the TAP link's configuration (without touching the
+// system).
+func (c *TAPConfig) validate() error {
+	if len(c.Addrs) == 0 {
+		return errors.New("link tap needs at least one -tap-addr (address/prefix, e.g. 10.77.0.1/24)")
+	}
+	if _, err := c.prefixes(); err != nil {
+		return err
+	}
+	if c.MAC != "" {
+		if _, err := c.mac(); err != nil {
+			return err
+		}
+	}
+	if len(c.Name) >= 16 || strings.ContainsAny(c.Name, "/ %") {
+		return fmt.Errorf("tap-name %q: not a valid interface name", c.Name)
+	}
+	if strings.ContainsAny(c.NetNS, "/\x00") {
+		return fmt.Errorf("tap-netns %q: not a namespace name", c.NetNS)
+	}
+	return nil
+}
+
+// prefixes parses Addrs.
+func (c *TAPConfig) prefixes() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range c.Addrs {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, fmt.Errorf("tap-addr %q: want address/prefix: %w", s, err)
+		}
+		a := p.Addr()
+		if a.Zone() != "" || a.IsUnspecified() || a.IsMulticast() || a.Is4In6() {
+			return nil, fmt.Errorf("tap-addr %q: want a unicast IPv4 or IPv6 address", s)
+		}
+		out = append(out, p)
+	}
+	if len(out) > 16 {
+		return nil, fmt.Errorf("%d tap addresses: the GID table holds 16", len(out))
+	}
+	return out, nil
+}
+
+// mac parses MAC: a unicast Ethernet address.
+func (c *TAPConfig) mac() ([6]byte, error) {
+	hw, err := net.ParseMAC(c.MAC)
+	if err != nil || len(hw) != 6 {
+		return [6]byte{}, fmt.Errorf("tap-mac %q: want an Ethernet address aa:bb:cc:dd:ee:ff", c.MAC)
+	}
+	if hw[0]&1 != 0 {
+		return [6]byte{}, fmt.Errorf("tap-mac %q: a multicast address", c.MAC)
+	}
+	return [6]byte(hw), nil
+}
+
+// ifName is the interface name: -tap-name, else the device name when it
+// is a valid interface name, else empty (the kernel picks tapN).
+func (c *Config) tapIfName() string {
+	if c.Link.TAP.Name != "" {
+		return c.Link.TAP.Name
+	}
+	if len(c.Name) < 16 && !strings.ContainsAny(c.Name, "/ %:") {
+		return c.Name
+	}
+	return ""
+}
+
+// tapLink is the daemon's TAP link: the device with its queues (owned by
+// the link), the eBPF programs, and what the engine and the data plane
+// need from it.
+type tapLink struct {
+	link     *link.TAPLink
+	progs    *ebpf.Programs
+	dev      *tap.Device
+	prefixes []netip.Prefix
+	log      *slog.Logger
+	// steerBase is the steering counters after the start-up
+	// verification, subtracted from what Stats reports.
+	steerBase ebpf.SteerStats
+}
+
+// openTAP creates the multi-queue TAP device (one queue per worker),
+// loads and attaches the steering and filter programs, optionally
+// verifies the steering, and attaches the link. Needs CAP_NET_ADMIN and
+// CAP_BPF (root). Nothing stays on error.
+func openTAP(cfg *Config, mac [6]byte, workers, frameCap int, log *slog.Logger) (_ *tapLink, err error) {
+	tc := &cfg.Link.TAP
+	prefixes, err := tc.prefixes()
+	if err != nil {
+		return nil, err
+	}
+	addrs := make([]netip.Addr, len(prefixes))
+	for i, p := range prefixes {
+		addrs[i] = p.Addr()
+	}
+	var ns netns.NsHandle
+	if tc.NetNS != "" {
+		if ns, err = netns.GetFromName(tc.NetNS); err != nil {
+			return nil, fmt.Errorf("tap-netns %q: %w (create it with: ip netns add %s)", tc.NetNS, err, tc.NetNS)
+		}
+		defer ns.Close()
+	}
+	dev, err := tap.Create(tap.Config{Name: cfg.tapIfName(), Queues: workers, MAC: tap.MAC(mac), Addrs: addrs, NetNS: ns})
+	if err != nil {
+		return nil, fmt.Errorf("%w (the TAP link needs CAP_NET_ADMIN: run vrnicd as root)", err)
+	}
+	defer func() {
+		if err != nil {
+			dev.Close()
+		}
+	}()
+	progs, err := ebpf.Load(workers)
+	if err != nil {
+		return nil, fmt.Errorf("%w (the TAP link's steering needs CAP_BPF: run vrnicd as root)", err)
+	}
+	defer func() {
+		if err != nil {
+			progs.Close()
+		}
+	}()
+	if err := progs.SetAddrs(addrs); err != nil {
+		return nil, err
+	}
+	if err := dev.Control(progs.Attach); err != nil {
+		return nil, err
+	}
+	t := &tapLink{progs: progs, dev: dev, prefixes: prefixes, log: log}
+	if tc.VerifySteering {
+		qpns := make([]uint32, 0, 4096)
+		for q := uint32(1); q <= 4096; q++ {
+			qpns = append(qpns, q)
+		}
+		if err := progs.VerifySteering(qpns); err != nil {
+			return nil, err
+		}
+		if t.steerBase, err = progs.SteerStats(); err != nil {
+			return nil, err
+		}
+		log.Info("tap: steering verified", "qpns", len(qpns), "queues", workers)
+	}
+	if t.link, err = link.NewTAP(dev, link.TAPConfig{FrameCap: frameCap, Logger: log}); err != nil {
+		return nil, err
+	}
+	log.Info("tap link ready", "interface", dev.Name(), "netns", tc.NetNS, "mac", dev.MAC().String(), "addrs", tc.Addrs, "queues", workers)
+	return t, nil
+}
+
+// frameCapFor returns the buffer size for a TAP device of the default MTU:
+// the engine's default or the largest frame the device delivers.
+func frameCapFor() int {
+	return max(engine.DefaultFrameCap, tap.DefaultMTU+18)
+}
+
+// links returns the engine's links, port i for worker i.
+func (t *tapLink) links() []engine.Link {
+	out := make([]engine.Link, 0, len(t.link.Ports()))
+	for _, p := range t.link.Ports() {
+		out = append(out, p)
+	}
+	return out
+}
+
+// fixPath is the engine's PathFixup: source MAC is the NIC's, the
+// destination MAC the peer's from the neighbour cache (resolved on the
+// control path when the QP went to RTR; Lookup never waits and never
+// allocates). A peer missing from the cache keeps the engine's default
+// (broadcast would flood the bridge; a zero MAC is dropped by it).
+func (t *tapLink) fixPath(p *roce.Path) {
+	p.SrcMAC = t.dev.MAC()
+	if mac, ok := t.dev.Neighbors().Lookup(p.Dst); ok {
+		p.DstMAC = mac
+	}
+}
+
+// resolve is the data plane's Resolve hook: the peer must be on one of
+// the NIC's prefixes and answer ARP or neighbour discovery.
+func (t *tapLink) resolve(ctx context.Context, peer netip.Addr) error {
+	peer = peer.Unmap()
+	onLink := false
+	for _, p := range t.prefixes {
+		if p.Contains(peer) {
+			onLink = true
+			break
+		}
+	}
+	if !onLink {
+		return fmt.Errorf("%v is not on the link (prefixes %v; no router)", peer, t.prefixes)
+	}
+	_, err := t.dev.Neighbors().Resolve(ctx, peer)
+	return err
+}
+
+// close closes the link (and the device, detaching the programs with it),
+// then the programs' maps.
+func (t *tapLink) close() error {
+	return errors.Join(t.link.Close(), t.progs.Close())
+}
+
+// LinkStats is the JSON the stats socket serves for a TAP link.
+type LinkStats struct {
+	Link      string `json:"link"`
+	Interface string `json:"interface"`
+	MAC       string `json:"mac"`
+	// Queues: per queue, the frames the steering program put there and
+	// what the link did with them.
+	Queues []QueueStats `json:"queues"`
+	// SteerNonRoCE counts frames the steering program saw that were not
+	// RoCE v2 (queue 0).
+	SteerNonRoCE uint64 `json:"steer_non_roce"`
+	// Filter counts the filter program's verdicts by reason;
+	// FilterDropped sums the dropping ones.
+	Filter        map[string]uint64 `json:"filter"`
+	FilterDropped uint64            `json:"filter_dropped"`
+	Neighbors     tap.NeighborStats `json:"neighbors"`
+}
+
+// QueueStats is one queue's line of LinkStats.
+type QueueStats struct {
+	Steered uint64 `json:"steered"`
+	link.TAPQueueStats
+}
+
+// stats reads the counters (steering counters net of the start-up
+// verification runs).
+func (t *tapLink) stats() (any, error) {
+	st := LinkStats{Link: "tap", Interface: t.dev.Name(), MAC: t.dev.MAC().String(), Filter: map[string]uint64{}, Neighbors: t.dev.Neighbors().Stats()}
+	ss, err := t.progs.SteerStats()
+	if err != nil {
+		return nil, err
+	}
+	fs, err := t.progs.FilterStats()
+	if err != nil {
+		return nil, err
+	}
+	for i, q := range t.link.Stats() {
+		s := ss.Steered[i]
+		if i < len(t.steerBase.Steered) {
+			s -= t.steerBase.Steered[i]
+		}
+		st.Queues = append(st.Queues, QueueStats{Steered: s, TAPQueueStats: q})
+	}
+	st.SteerNonRoCE = ss.NonRoCE - t.steerBase.NonRoCE
+	for r, c := range fs {
+		st.Filter[ebpf.FilterReason(r).String()] = c
+	}
+	st.FilterDropped = fs.Dropped()
+	return st, nil
+}
