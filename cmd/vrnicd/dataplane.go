@@ -45,7 +45,7 @@ type dataPlane struct {
 //     RTR.
 func newDataPlane(cfg *Config, li device.LinkInfo, space *dma.Space, workers int, log *slog.Logger) (*dataPlane, error) {
 	var (
-		links []engine.Link
+		links    []engine.Link
 		close    = func() error { return nil }
 		fixup    func(*roce.Path)
 		resolve  func(context.Context, netip.Addr) error
