@@ -5,6 +5,13 @@
 //
 //	vrnicctl [flags] devices
 //	vrnicctl [flags] info | counters | contexts | pds | mrs | cqs | qps | srqs | ahs | hostmem
+//	vrnicctl [flags] link
+//
+// link shows the link counters a daemon serves on its stats socket
+// (<name>.stats beside <name>.sock; the TAP link): per queue, the frames
+// the eBPF steering program put there and what the link did with them
+// (RoCE frames to the engine, ARP/ND, other and misqueued frames dropped,
+// frames sent), the filter program's verdicts and the ARP/ND counters.
 //
 // Flags: -d NAME selects a device in the runtime dir, -s PATH a socket
 // directly (default: the only device there is), -runtime-dir DIR, -json
@@ -50,7 +57,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	sock := fs.String("s", "", "control socket path")
 	asJSON := fs.Bool("json", false, "JSON output")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: vrnicctl [flags] devices|info|counters|contexts|pds|mrs|cqs|qps|srqs|ahs|hostmem")
+		fmt.Fprintln(stderr, "usage: vrnicctl [flags] devices|info|counters|link|contexts|pds|mrs|cqs|qps|srqs|ahs|hostmem")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -65,6 +72,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	switch {
 	case cmd == "devices":
 		err = devices(*dir, *asJSON, stdout)
+	case cmd == "link":
+		var path string
+		if path, err = pickSocket(*dir, *name, *sock); err == nil {
+			err = showLink(path, *asJSON, stdout)
+		}
 	case cmd == "info" || cmd == "counters" || lists[cmd] != 0:
 		var path string
 		if path, err = pickSocket(*dir, *name, *sock); err == nil {

@@ -1,0 +1,123 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/vrnic/vrnic/device"
+)
+
+// statsSuffix names a daemon's link statistics socket (vrnicd).
+const statsSuffix = ".stats"
+
+// LinkStats is the JSON a daemon serves on its stats socket (the TAP
+// link); fields unknown to this version are kept in the JSON output.
+type LinkStats struct {
+	Link          string            `json:"link"`
+	Interface     string            `json:"interface"`
+	MAC           string            `json:"mac"`
+	Queues        []QueueStats      `json:"queues"`
+	SteerNonRoCE  uint64            `json:"steer_non_roce"`
+	Filter        map[string]uint64 `json:"filter"`
+	FilterDropped uint64            `json:"filter_dropped"`
+	Neighbors     map[string]uint64 `json:"neighbors"`
+}
+
+// QueueStats is one TAP queue's counters.
+type QueueStats struct {
+	Queue       int    `json:"queue"`
+	Steered     uint64 `json:"steered"`
+	RxFrames    uint64 `json:"rx_frames"`
+	RxBytes     uint64 `json:"rx_bytes"`
+	RxNeighbor  uint64 `json:"rx_neighbor"`
+	RxOther     uint64 `json:"rx_other"`
+	RxMisqueued uint64 `json:"rx_misqueued"`
+	ReadErrors  uint64 `json:"read_errors"`
+	TxFrames    uint64 `json:"tx_frames"`
+	TxBytes     uint64 `json:"tx_bytes"`
+	TxErrors    uint64 `json:"tx_errors"`
+	Wakeups     uint64 `json:"wakeups"`
+}
+
+// statsPath is the stats socket beside control socket sock.
+func statsPath(sock string) string {
+	return strings.TrimSuffix(sock, device.SocketSuffix) + statsSuffix
+}
+
+// fetchLink reads one JSON document from the stats socket of the daemon
+// whose control socket is sock.
+func fetchLink(sock string) (json.RawMessage, error) {
+	p := statsPath(sock)
+	c, err := net.DialTimeout("unix", p, 5*time.Second)
+	if err != nil {
+		return nil, fmt.Errorf("link counters: %w (only the TAP link serves them, on %s)", err, p)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	b, err := io.ReadAll(io.LimitReader(c, 1<<20))
+	if err != nil {
+		return nil, err
+	}
+	var probe map[string]json.RawMessage
+	if err := json.Unmarshal(b, &probe); err != nil {
+		return nil, fmt.Errorf("link counters from %s: %w", p, err)
+	}
+	if e, ok := probe["error"]; ok {
+		return nil, fmt.Errorf("link counters: daemon says %s", e)
+	}
+	return json.RawMessage(b), nil
+}
+
+func showLink(sock string, asJSON bool, w io.Writer) error {
+	raw, err := fetchLink(sock)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		var v any
+		if err := json.Unmarshal(raw, &v); err != nil {
+			return err
+		}
+		return writeJSON(w, v)
+	}
+	var st LinkStats
+	if err := json.Unmarshal(raw, &st); err != nil {
+		return err
+	}
+	if st.Link == "" {
+		return errors.New("link counters: empty reply")
+	}
+	return printLink(w, &st)
+}
+
+func printLink(w io.Writer, st *LinkStats) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "link\t%s\ninterface\t%s\nmac\t%s\n\n", st.Link, st.Interface, st.MAC)
+	fmt.Fprintln(tw, "QUEUE\tSTEERED\tRX_FRAMES\tRX_BYTES\tRX_NEIGHBOR\tRX_OTHER\tRX_MISQUEUED\tTX_FRAMES\tTX_BYTES\tTX_ERRORS\tREAD_ERRORS")
+	for _, q := range st.Queues {
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", q.Queue, q.Steered, q.RxFrames, q.RxBytes, q.RxNeighbor,
+			q.RxOther, q.RxMisqueued, q.TxFrames, q.TxBytes, q.TxErrors, q.ReadErrors)
+	}
+	fmt.Fprintf(tw, "\nsteer_non_roce\t%d\nfilter_dropped\t%d\n", st.SteerNonRoCE, st.FilterDropped)
+	for _, m := range []struct {
+		prefix string
+		vals   map[string]uint64
+	}{{"filter.", st.Filter}, {"neighbors.", st.Neighbors}} {
+		keys := make([]string, 0, len(m.vals))
+		for k := range m.vals {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			fmt.Fprintf(tw, "%s%s\t%d\n", m.prefix, k, m.vals[k])
+		}
+	}
+	return tw.Flush()
+}
