@@ -36,19 +36,33 @@ func TestMain(m *testing.M) {
 		os.Setenv("GORACE", "atexit_sleep_ms=0")
 	}
 	dir, err := os.MkdirTemp("", "vrnic-perf-test-")
+	if err == nil {
+		err = findVrnicd(dir)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	vrnicdBin = filepath.Join(dir, "vrnicd")
-	if out, err := exec.Command("go", "build", "-o", vrnicdBin, "github.com/vrnic/vrnic/cmd/vrnicd").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build vrnicd: %v\n%s", err, out)
 		os.RemoveAll(dir)
 		os.Exit(1)
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// findVrnicd sets vrnicdBin: the daemon named by VRNIC_PERF_TEST_VRNICD
+// (a prebuilt one), or vrnicd built from this tree into dir.
+func findVrnicd(dir string) error {
+	if vrnicdBin = os.Getenv("VRNIC_PERF_TEST_VRNICD"); vrnicdBin != "" {
+		if out, _ := exec.Command(vrnicdBin, "-h").CombinedOutput(); !bytes.Contains(out, []byte("-link")) {
+			return fmt.Errorf("VRNIC_PERF_TEST_VRNICD=%s is not a vrnicd:\n%s", vrnicdBin, out)
+		}
+		return nil
+	}
+	vrnicdBin = filepath.Join(dir, "vrnicd")
+	if out, err := exec.Command("go", "build", "-o", vrnicdBin, "github.com/vrnic/vrnic/cmd/vrnicd").CombinedOutput(); err != nil {
+		return fmt.Errorf("build vrnicd: %w\n%s", err, out)
+	}
+	return nil
 }
 
 // daemon is a vrnicd the test started.
