@@ -5,14 +5,17 @@
 //
 //	vrnic-perf server -dev SOCKET [-listen ADDR]
 //	vrnic-perf client -dev SOCKET -server ADDR [test options]
-//	vrnic-perf run [-link mem|udp | -dev-a SOCKET -dev-b SOCKET] [test options]
+//	vrnic-perf run [-link udp|mem | -dev-a SOCKET -dev-b SOCKET] [test options]
 //
 // ADDR is host:port (TCP, default :18515 as perftest) or unix:/path. The
 // client connects to the server's control address and both exchange QPN,
 // PSN, GID, rkey and buffer address (proto.go); the server serves one
-// client and exits. run starts vrnicd daemons (or uses the given sockets)
-// and both roles as child processes of this executable, prints the
-// client's result and stops every process it started by its PID.
+// client and exits. run starts vrnicd daemons (or uses the given sockets):
+// by default two over the UDP link on 127.0.0.1 and 127.0.0.2 (other free
+// 127/8 addresses when port 4791 of those is taken), with -link mem one
+// daemon whose in-memory link connects both roles; then both roles as
+// child processes of this executable. It prints the client's result and
+// stops every process it started by its PID.
 //
 // Tests (-test): write_bw, read_bw, send_bw, atomic_bw (-atomic fetch_add
 // or cmp_swap), write_lat, send_lat, read_lat. Bandwidth tests keep -depth
@@ -60,7 +63,7 @@ func main() {
 const usage = `usage:
   vrnic-perf server -dev SOCKET [-listen ADDR]
   vrnic-perf client -dev SOCKET -server ADDR [test options]
-  vrnic-perf run [-link mem|udp] [-dev-a SOCKET -dev-b SOCKET] [test options]
+  vrnic-perf run [-link udp|mem] [-dev-a SOCKET -dev-b SOCKET] [test options]
 run "vrnic-perf client -h" for the test options`
 
 // realMain runs a subcommand and returns the exit status.

@@ -44,7 +44,7 @@ func parseRun(args []string, stderr io.Writer) (*runConfig, error) {
 	fs := flag.NewFlagSet("vrnic-perf run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	c := &runConfig{}
-	fs.StringVar(&c.link, "link", "mem", "daemons to start: mem (one vrnicd, in-memory link) or udp (two vrnicd over UDP on loopback)")
+	fs.StringVar(&c.link, "link", "udp", "daemons to start: udp (two vrnicd over the UDP link on loopback) or mem (one vrnicd, in-memory link)")
 	fs.StringVar(&c.devA, "dev-a", "", "client's device socket (with -dev-b: use running daemons, start none)")
 	fs.StringVar(&c.devB, "dev-b", "", "server's device socket")
 	fs.StringVar(&c.vrnicd, "vrnicd", "", "vrnicd binary (default: beside this program, or built with the go tool)")
