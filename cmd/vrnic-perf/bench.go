@@ -20,7 +20,7 @@ type measurement struct {
 func (e *endpoint) prepareWRs(size int) {
 	o := e.opt
 	inline := o.inline(size)
-	for i, q := range e.qps {
+	for _, q := range e.qps {
 		q.posted, q.completed, q.received = 0, 0, 0
 		w := verbs.SendWR{RemoteAddr: q.peer.Addr, RKey: q.peer.RKey}
 		local := uint32(0)
@@ -49,7 +49,6 @@ func (e *endpoint) prepareWRs(size int) {
 			w.SGL = nil
 		}
 		q.wr = w
-		_ = i
 	}
 }
 

@@ -161,6 +161,8 @@ func (o *options) finish() error {
 		return bad("qps %d out of range (1..%d)", o.QPs, maxQPs)
 	case o.Test.latency() && o.QPs != 1:
 		return bad("%s runs on one QP", o.Test)
+	case o.Test == writeLat && o.Events:
+		return bad("write_lat waits by polling the memory the peer writes; -events does not apply")
 	case mtuCode(o.MTU) == 0:
 		return bad("mtu %d: want 256, 512, 1024, 2048 or 4096", o.MTU)
 	case o.Inline < 0 || o.Inline > abi.MaxInline:

@@ -111,6 +111,7 @@ func TestOptions(t *testing.T) {
 		"depth":    func(o *options) { o.Depth = maxDepth + 1 },
 		"qps":      func(o *options) { o.QPs = 0 },
 		"lat qps":  func(o *options) { o.Test, o.QPs = readLat, 2 },
+		"events":   func(o *options) { o.Test, o.Events = writeLat, true },
 		"mtu":      func(o *options) { o.MTU = 1500 },
 		"inline":   func(o *options) { o.Inline = abi.MaxInline + 1 },
 		"cq-mod":   func(o *options) { o.CQMod = 200 },
