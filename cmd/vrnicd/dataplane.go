@@ -71,7 +71,14 @@ func newDataPlane(cfg *Config, li device.LinkInfo, space *dma.Space, workers int
 		if err != nil {
 			return nil, err
 		}
-		ul, err := link.NewUDP(link.UDPConfig{Local: local, Workers: workers, FrameCap: engine.DefaultFrameCap, Logger: log})
+		ul, err := link.NewUDP(link.UDPConfig{
+			Local: local, Workers: workers, FrameCap: engine.DefaultFrameCap, Logger: log,
+			// The kernel default (about 208 KiB) holds only some 50
+			// 4 KiB frames per worker; a burst beyond it is dropped
+			// silently on loopback and costs a go-back-N retransmission.
+			// The kernel caps these at net.core.[rw]mem_max.
+			SendBuffer: udpSocketBuffer, RecvBuffer: udpSocketBuffer,
+		})
 		if err != nil {
 			return nil, err
 		}
@@ -109,3 +116,6 @@ func newDataPlane(cfg *Config, li device.LinkInfo, space *dma.Space, workers int
 func (p *dataPlane) stop() error {
 	return errors.Join(p.dp.Close(), p.close())
 }
+
+// udpSocketBuffer is the SO_SNDBUF/SO_RCVBUF asked for each UDP link socket.
+const udpSocketBuffer = 4 << 20
