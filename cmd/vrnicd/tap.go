@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"strings"
 
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
 	"github.com/vrnic/vrnic/device/engine"
@@ -129,6 +130,9 @@ func openTAP(cfg *Config, mac [6]byte, workers, frameCap int, log *slog.Logger) 
 			dev.Close()
 		}
 	}()
+	if err := setTxQueueLen(ns, dev.Index(), tapTxQueueLen); err != nil {
+		return nil, err
+	}
 	progs, err := ebpf.Load(workers)
 	if err != nil {
 		return nil, fmt.Errorf("%w (the TAP link's steering needs CAP_BPF: run vrnicd as root)", err)
@@ -163,6 +167,38 @@ func openTAP(cfg *Config, mac [6]byte, workers, frameCap int, log *slog.Logger) 
 	}
 	log.Info("tap link ready", "interface", dev.Name(), "netns", tc.NetNS, "mac", dev.MAC().String(), "addrs", tc.Addrs, "queues", workers)
 	return t, nil
+}
+
+// tapTxQueueLen is the length of each TAP queue (frames the kernel keeps
+// for the daemon to read; the tun driver's default is 500). A burst of a
+// full send window (512 frames per QP) from several QPs fits without
+// drops while a worker is busy.
+const tapTxQueueLen = 4096
+
+// setTxQueueLen sets the queue length of interface index in namespace ns
+// (0: the current one).
+func setTxQueueLen(ns netns.NsHandle, index, n int) error {
+	var (
+		h   *netlink.Handle
+		err error
+	)
+	if ns == 0 {
+		h, err = netlink.NewHandle()
+	} else {
+		h, err = netlink.NewHandleAt(ns)
+	}
+	if err != nil {
+		return fmt.Errorf("tap: netlink: %w", err)
+	}
+	defer h.Close()
+	l, err := h.LinkByIndex(index)
+	if err != nil {
+		return fmt.Errorf("tap: find interface %d: %w", index, err)
+	}
+	if err := h.LinkSetTxQLen(l, n); err != nil {
+		return fmt.Errorf("tap: set queue length of %s: %w", l.Attrs().Name, err)
+	}
+	return nil
 }
 
 // frameCapFor returns the buffer size for a TAP device of the default MTU:

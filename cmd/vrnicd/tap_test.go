@@ -107,6 +107,7 @@ func TestRunTAP(t *testing.T) {
 	require.NoError(t, err, "%s", out)
 	assert.Contains(t, string(out), "tap")
 	assert.Contains(t, string(out), "multi_queue")
+	assert.Contains(t, string(out), fmt.Sprintf("qlen %d", tapTxQueueLen))
 
 	vc, err := verbs.Open(sock)
 	require.NoError(t, err)
