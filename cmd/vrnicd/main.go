@@ -148,8 +148,15 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 		defer stopStats()
 	}
-	log.Info("vrnicd started", "device", cfg.Name, "socket", sock, "link", cfg.Link.Type, "local", cfg.Link.Local,
-		"peers", cfg.Link.Peers, "workers", workers, "data_path", true, "pid", os.Getpid(), "abi", fmt.Sprintf("%d.%d", abi.VersionMajor, abi.VersionMinor))
+	where := []any{"local", cfg.Link.Local, "peers", cfg.Link.Peers}
+	switch cfg.Link.Type {
+	case "tap":
+		where = []any{"tap_addrs", cfg.Link.TAP.Addrs}
+	case "mem":
+		where = nil
+	}
+	log.Info("vrnicd started", append(append([]any{"device", cfg.Name, "socket", sock, "link", cfg.Link.Type}, where...),
+		"workers", workers, "data_path", true, "pid", os.Getpid(), "abi", fmt.Sprintf("%d.%d", abi.VersionMajor, abi.VersionMinor))...)
 	done := make(chan error, 1)
 	go func() { done <- dev.Serve(l) }()
 	select {

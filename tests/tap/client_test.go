@@ -43,7 +43,7 @@ const (
 
 // peerInfo is what the clients exchange to connect their QPs.
 type peerInfo struct {
-	GID  [16]byte `json:"gid"`
+	GIDs [2][16]byte `json:"gids"` // IPv4 (GID 0) and IPv6 (GID 1)
 	QPNs []uint32 `json:"qpns"`
 	Addr uint64   `json:"addr"`
 	RKey uint32   `json:"rkey"`
@@ -141,9 +141,13 @@ func (c *client) run() error {
 		return err
 	}
 	defer c.ctx.Close()
-	g, err := c.ctx.QueryGID(1, 0)
-	if err != nil {
-		return err
+	var gids [2][16]byte
+	for i := range gids {
+		g, err := c.ctx.QueryGID(1, uint32(i))
+		if err != nil {
+			return err
+		}
+		gids[i] = g.GID
 	}
 	if c.pd, err = c.ctx.AllocPD(); err != nil {
 		return err
@@ -161,7 +165,7 @@ func (c *client) run() error {
 		return err
 	}
 	c.index = map[uint32]int{}
-	me := peerInfo{GID: g.GID, Addr: c.buf.Addr(), RKey: c.mr.RKey}
+	me := peerInfo{GIDs: gids, Addr: c.buf.Addr(), RKey: c.mr.RKey}
 	for i := range c.args.QPs {
 		qp, err := c.pd.CreateQP(verbs.QPInitAttr{Type: abi.QPTRC, SendCQ: c.scq, RecvCQ: c.rcq,
 			Cap: abi.QPCap{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 1, MaxRecvSGE: 1}})
@@ -196,7 +200,13 @@ func (c *client) run() error {
 		if err := qp.ToInit(abi.AccessAll, 0); err != nil {
 			return err
 		}
-		if err := qp.ToRTR(verbs.RTRAttr{AV: abi.AHAttr{DGID: c.peer.GID, HopLimit: 64, PortNum: 1}, PathMTU: mtuCode(mtu),
+		// The op-matrix QPs use IPv4; of the others, every second one
+		// IPv6 (GID 1).
+		gid := 0
+		if i >= len(c.args.MTUs) && i%2 == 1 {
+			gid = 1
+		}
+		if err := qp.ToRTR(verbs.RTRAttr{AV: abi.AHAttr{DGID: c.peer.GIDs[gid], SGIDIndex: uint8(gid), HopLimit: 64, PortNum: 1}, PathMTU: mtuCode(mtu),
 			DestQPN: c.peer.QPNs[i], RQPSN: c.peer.QPNs[i] & 0xfff, MaxDestRdAtomic: 4, MinRNRTimer: 1}); err != nil {
 			return fmt.Errorf("QP %d to RTR: %w", i, err)
 		}

@@ -1,0 +1,49 @@
+package tap
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/verbs"
+)
+
+// TestUnreachablePeer: a QP whose peer does not answer ARP (on the link)
+// or is not on the link at all does not hang: MODIFY_QP to RTR fails with
+// a message naming the peer, or (with a device that applies the change
+// first) the QP is in ERR within the resolution timeout.
+func TestUnreachablePeer(t *testing.T) {
+	tp := newTopo(t)
+	d := tp.startDaemon(t, tp.nsA, "tu", "vtu", 2, "10.77.0.1/24")
+	c, err := verbs.Open(d.sock, verbs.WithClientName("unreachable"))
+	require.NoError(t, err)
+	defer c.Close()
+	pd, err := c.AllocPD()
+	require.NoError(t, err)
+	cq, err := c.CreateCQ(16, nil)
+	require.NoError(t, err)
+	for _, peer := range []string{"10.77.0.99", "192.0.2.1"} {
+		t.Run(peer, func(t *testing.T) {
+			qp, err := pd.CreateQP(verbs.QPInitAttr{Type: abi.QPTRC, SendCQ: cq, RecvCQ: cq, Cap: abi.QPCap{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}})
+			require.NoError(t, err)
+			require.NoError(t, qp.ToInit(abi.AccessAll, 0))
+			start := time.Now()
+			err = qp.ToRTR(verbs.RTRAttr{AV: abi.AHAttr{DGID: netip.MustParseAddr("::ffff:" + peer).As16(), HopLimit: 64, PortNum: 1},
+				PathMTU: abi.MTU1024, DestQPN: 7, MaxDestRdAtomic: 1})
+			if err != nil {
+				assert.ErrorContains(t, err, peer, "the error names the peer")
+				return
+			}
+			require.Eventually(t, func() bool {
+				r, err := qp.Query()
+				return err == nil && r.Attr.QPState == abi.QPSErr
+			}, 10*time.Second, 10*time.Millisecond, "the QP goes to ERR")
+			t.Logf("%s: QP in ERR after %v", peer, time.Since(start).Round(time.Millisecond))
+			assert.Contains(t, d.proc.out.String(), peer, "the daemon's log names the peer")
+		})
+	}
+}
