@@ -44,9 +44,9 @@ const (
 // peerInfo is what the clients exchange to connect their QPs.
 type peerInfo struct {
 	GIDs [2][16]byte `json:"gids"` // IPv4 (GID 0) and IPv6 (GID 1)
-	QPNs []uint32 `json:"qpns"`
-	Addr uint64   `json:"addr"`
-	RKey uint32   `json:"rkey"`
+	QPNs []uint32    `json:"qpns"`
+	Addr uint64      `json:"addr"`
+	RKey uint32      `json:"rkey"`
 }
 
 // msg is one line between the clients.
