@@ -35,7 +35,7 @@ func (a *Accessor) Validate(pd PD, sges []SGE, want Access) (total uint64, bad i
 		if sg.Length == 0 {
 			continue
 		}
-		if err := a.sgeCheck(pd, sg, 0, uint64(sg.Length), want); err != nil {
+		if _, err := a.sgeRegion(pd, sg, 0, uint64(sg.Length), want); err != nil {
 			return total, i, err
 		}
 		total += uint64(sg.Length)
@@ -43,62 +43,48 @@ func (a *Accessor) Validate(pd PD, sges []SGE, want Access) (total uint64, bad i
 	return total, 0, nil
 }
 
-func (a *Accessor) sgeCheck(pd PD, sg *SGE, off, n uint64, want Access) error {
+// sgeRegion checks n bytes at offset off of one SGE (bounds, key, PD,
+// want access) and returns the MR that holds them.
+func (a *Accessor) sgeRegion(pd PD, sg *SGE, off, n uint64, want Access) (*memRegion, error) {
 	if sg.Addr > math.MaxUint64-uint64(sg.Length) {
-		return ErrBounds
+		return nil, ErrBounds
 	}
 	m := a.s.lookup(sg.LKey)
 	if m == nil {
-		return ErrBadKey
+		return nil, ErrBadKey
 	}
-	return m.check(pd, sg.Addr+off, n, want)
+	if err := m.check(pd, sg.Addr+off, n, want); err != nil {
+		return nil, err
+	}
+	return m, nil
 }
 
 // GatherAt copies len(dst) bytes of the message described by sges,
 // starting at message offset off, into dst (local read access). A
 // requester builds each packet's payload with one call.
 func (a *Accessor) GatherAt(pd PD, sges []SGE, off uint64, dst []byte) (bad int, err error) {
-	a.Enter()
-	defer a.Exit()
-	for i := range sges {
-		if len(dst) == 0 {
-			return 0, nil
-		}
-		sg := &sges[i]
-		l := uint64(sg.Length)
-		if off >= l {
-			off -= l
-			continue
-		}
-		n := min(l-off, uint64(len(dst)))
-		if sg.Addr > math.MaxUint64-l {
-			return i, ErrBounds
-		}
-		m := a.s.lookup(sg.LKey)
-		if m == nil {
-			return i, ErrBadKey
-		}
-		if err := m.check(pd, sg.Addr+off, n, 0); err != nil {
-			return i, err
-		}
-		copyOut(m, sg.Addr+off, dst[:n])
-		dst = dst[n:]
-		off = 0
-	}
-	if len(dst) != 0 {
-		return len(sges), ErrLength
-	}
-	return 0, nil
+	return a.copyAt(pd, sges, off, dst, false)
 }
 
 // ScatterAt copies src into the message described by sges at message
 // offset off (local write access). A responder places each incoming SEND
 // packet, and a completer each READ response, with one call.
 func (a *Accessor) ScatterAt(pd PD, sges []SGE, off uint64, src []byte) (bad int, err error) {
+	return a.copyAt(pd, sges, off, src, true)
+}
+
+// copyAt is GatherAt (toSGEs false: the SGEs' memory into buf) and
+// ScatterAt (toSGEs true: buf into the SGEs' memory, which needs local
+// write access).
+func (a *Accessor) copyAt(pd PD, sges []SGE, off uint64, buf []byte, toSGEs bool) (int, error) {
 	a.Enter()
 	defer a.Exit()
+	want := Access(0)
+	if toSGEs {
+		want = AccessLocalWrite
+	}
 	for i := range sges {
-		if len(src) == 0 {
+		if len(buf) == 0 {
 			return 0, nil
 		}
 		sg := &sges[i]
@@ -107,22 +93,20 @@ func (a *Accessor) ScatterAt(pd PD, sges []SGE, off uint64, src []byte) (bad int
 			off -= l
 			continue
 		}
-		n := min(l-off, uint64(len(src)))
-		if sg.Addr > math.MaxUint64-l {
-			return i, ErrBounds
-		}
-		m := a.s.lookup(sg.LKey)
-		if m == nil {
-			return i, ErrBadKey
-		}
-		if err := m.check(pd, sg.Addr+off, n, AccessLocalWrite); err != nil {
+		n := min(l-off, uint64(len(buf)))
+		m, err := a.sgeRegion(pd, sg, off, n, want)
+		if err != nil {
 			return i, err
 		}
-		copyIn(m, sg.Addr+off, src[:n])
-		src = src[n:]
+		if toSGEs {
+			copyIn(m, sg.Addr+off, buf[:n])
+		} else {
+			copyOut(m, sg.Addr+off, buf[:n])
+		}
+		buf = buf[n:]
 		off = 0
 	}
-	if len(src) != 0 {
+	if len(buf) != 0 {
 		return len(sges), ErrLength
 	}
 	return 0, nil
