@@ -34,22 +34,22 @@ func (cn *conn) createQP(r *request) (reply, error) {
 	if err := checkCapReserved(c.Cap); err != nil {
 		return reply{}, err
 	}
-	p, ok := cx.pds[c.PDHandle]
-	if !ok {
-		return reply{}, errorf(errNoEnt, "PD %d not found", c.PDHandle)
+	p, err := lookup(cx.pds, "PD", c.PDHandle)
+	if err != nil {
+		return reply{}, err
 	}
-	scq, ok := cx.cqs[c.SendCQ]
-	if !ok {
-		return reply{}, errorf(errNoEnt, "send CQ %d not found", c.SendCQ)
+	scq, err := lookup(cx.cqs, "send CQ", c.SendCQ)
+	if err != nil {
+		return reply{}, err
 	}
-	rcq, ok := cx.cqs[c.RecvCQ]
-	if !ok {
-		return reply{}, errorf(errNoEnt, "receive CQ %d not found", c.RecvCQ)
+	rcq, err := lookup(cx.cqs, "receive CQ", c.RecvCQ)
+	if err != nil {
+		return reply{}, err
 	}
 	var s *SRQ
 	if c.SRQHandle != abi.NoSRQ {
-		if s, ok = cx.srqs[c.SRQHandle]; !ok {
-			return reply{}, errorf(errNoEnt, "SRQ %d not found", c.SRQHandle)
+		if s, err = lookup(cx.srqs, "SRQ", c.SRQHandle); err != nil {
+			return reply{}, err
 		}
 	}
 	if c.SQSigAll > 1 {
@@ -86,7 +86,6 @@ func (cn *conn) createQP(r *request) (reply, error) {
 	if s == nil {
 		q.rqSize = abi.RQWQESize(cp.MaxRecvSGE)
 	}
-	var err error
 	if q.sqRing, err = d.pinRing(cx, "SQ", c.SQPA, uint64(cp.MaxSendWR)*uint64(q.sqBlocks)*abi.WQEBlock); err != nil {
 		return reply{}, err
 	}
@@ -146,12 +145,25 @@ func (d *Device) unpinQP(q *QP) {
 	}
 }
 
-func (cn *conn) lookupQP(qpn uint32) (*QP, error) {
-	q, ok := cn.ctx.qps[qpn]
+// lookup finds handle h in one of a context's tables; what names the
+// resource in the errNoEnt error ("PD 7 not found").
+func lookup[T any](table map[uint32]T, what string, h uint32) (T, error) {
+	v, ok := table[h]
 	if !ok {
-		return nil, errorf(errNoEnt, "QP %d not found", qpn)
+		var zero T
+		return zero, errorf(errNoEnt, "%s %d not found", what, h)
 	}
-	return q, nil
+	return v, nil
+}
+
+// lookupArg is lookup of the handle that is a request's whole argument.
+func lookupArg[T any](r *request, table map[uint32]T, what string) (T, error) {
+	h, err := handleArg(r)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return lookup(table, what, h)
 }
 
 func (cn *conn) modifyQP(r *request) (reply, error) {
@@ -159,7 +171,7 @@ func (cn *conn) modifyQP(r *request) (reply, error) {
 	if err := decode(r, &c); err != nil {
 		return reply{}, err
 	}
-	q, err := cn.lookupQP(c.QPN)
+	q, err := lookup(cn.ctx.qps, "QP", c.QPN)
 	if err != nil {
 		return reply{}, err
 	}
@@ -191,11 +203,7 @@ func (d *Device) modifyQPLocked(q *QP, mask AttrMask, a *abi.QPAttr) error {
 }
 
 func (cn *conn) queryQP(r *request) (reply, error) {
-	h, err := handleArg(r)
-	if err != nil {
-		return reply{}, err
-	}
-	q, err := cn.lookupQP(h)
+	q, err := lookupArg(r, cn.ctx.qps, "QP")
 	if err != nil {
 		return reply{}, err
 	}
@@ -225,11 +233,7 @@ func (cn *conn) queryQP(r *request) (reply, error) {
 }
 
 func (cn *conn) destroyQP(r *request) (reply, error) {
-	h, err := handleArg(r)
-	if err != nil {
-		return reply{}, err
-	}
-	q, err := cn.lookupQP(h)
+	q, err := lookupArg(r, cn.ctx.qps, "QP")
 	if err != nil {
 		return reply{}, err
 	}
@@ -259,9 +263,9 @@ func (cn *conn) createSRQ(r *request) (reply, error) {
 	if err := decode(r, &c); err != nil {
 		return reply{}, err
 	}
-	p, ok := cx.pds[c.PDHandle]
-	if !ok {
-		return reply{}, errorf(errNoEnt, "PD %d not found", c.PDHandle)
+	p, err := lookup(cx.pds, "PD", c.PDHandle)
+	if err != nil {
+		return reply{}, err
 	}
 	if !isPow2(c.MaxWR) || c.MaxWR > abi.MaxSRQWR {
 		return reply{}, errorf(errInval, "max_wr %d: must be a power of two in 1..%d", c.MaxWR, abi.MaxSRQWR)
@@ -294,20 +298,12 @@ func (cn *conn) createSRQ(r *request) (reply, error) {
 	return reply{body: &abi.RespCreateSRQ{SRQHandle: s.handle, DBIndex: idx, RQWQESize: size}}, nil
 }
 
-func (cn *conn) lookupSRQ(h uint32) (*SRQ, error) {
-	s, ok := cn.ctx.srqs[h]
-	if !ok {
-		return nil, errorf(errNoEnt, "SRQ %d not found", h)
-	}
-	return s, nil
-}
-
 func (cn *conn) modifySRQ(r *request) (reply, error) {
 	var c abi.CmdModifySRQReq
 	if err := decode(r, &c); err != nil {
 		return reply{}, err
 	}
-	s, err := cn.lookupSRQ(c.SRQHandle)
+	s, err := lookup(cn.ctx.srqs, "SRQ", c.SRQHandle)
 	if err != nil {
 		return reply{}, err
 	}
@@ -319,11 +315,7 @@ func (cn *conn) modifySRQ(r *request) (reply, error) {
 }
 
 func (cn *conn) querySRQ(r *request) (reply, error) {
-	h, err := handleArg(r)
-	if err != nil {
-		return reply{}, err
-	}
-	s, err := cn.lookupSRQ(h)
+	s, err := lookupArg(r, cn.ctx.srqs, "SRQ")
 	if err != nil {
 		return reply{}, err
 	}
@@ -331,16 +323,12 @@ func (cn *conn) querySRQ(r *request) (reply, error) {
 }
 
 func (cn *conn) destroySRQ(r *request) (reply, error) {
-	h, err := handleArg(r)
-	if err != nil {
-		return reply{}, err
-	}
-	s, err := cn.lookupSRQ(h)
+	s, err := lookupArg(r, cn.ctx.srqs, "SRQ")
 	if err != nil {
 		return reply{}, err
 	}
 	if s.users > 0 {
-		return reply{}, errorf(errBusy, "SRQ %d is in use by %d QPs", h, s.users)
+		return reply{}, errorf(errBusy, "SRQ %d is in use by %d QPs", s.handle, s.users)
 	}
 	cn.d.freeSRQ(cn.ctx, s)
 	return reply{}, nil
@@ -367,9 +355,9 @@ func (cn *conn) createAH(r *request) (reply, error) {
 	if c.Reserved != 0 {
 		return reply{}, errorf(errInval, "reserved field must be 0")
 	}
-	p, ok := cx.pds[c.PDHandle]
-	if !ok {
-		return reply{}, errorf(errNoEnt, "PD %d not found", c.PDHandle)
+	p, err := lookup(cx.pds, "PD", c.PDHandle)
+	if err != nil {
+		return reply{}, err
 	}
 	if err := d.checkAH(&c.Attr); err != nil {
 		return reply{}, err
@@ -386,13 +374,9 @@ func (cn *conn) createAH(r *request) (reply, error) {
 }
 
 func (cn *conn) destroyAH(r *request) (reply, error) {
-	h, err := handleArg(r)
+	a, err := lookupArg(r, cn.ctx.ahs, "AH")
 	if err != nil {
 		return reply{}, err
-	}
-	a, ok := cn.ctx.ahs[h]
-	if !ok {
-		return reply{}, errorf(errNoEnt, "AH %d not found", h)
 	}
 	cn.d.freeAH(cn.ctx, a)
 	return reply{}, nil
