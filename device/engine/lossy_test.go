@@ -140,10 +140,10 @@ func runMix(t *testing.T, a, b *tqp, n int, seed uint64) {
 		for _, nd := range []*node{a.n, b.n} {
 			for i, p := range nd.ports {
 				w := nd.eng.WorkerCounters(i)
-				t.Logf("%v port %d: queued %d held %d sent %d recv %d dropped %d dup %d reord %d delayed %d corrupt %d; worker rx %d tx %d sleeps %d icrc %d parse %d badpeer %d unknownqp %d",
+				t.Logf("%v port %d: queued %d held %d sent %d recv %d dropped %d dup %d reord %d delayed %d corrupt %d; worker rx %d tx %d sleeps %d icrc %d parse %d badpeer %d unknownqp %d build %d",
 					nd.addr, i, p.Queued(), p.Held(), p.Counters.Sent.Load(), p.Counters.Received.Load(), p.Counters.Dropped.Load(),
 					p.Counters.Duplicated.Load(), p.Counters.Reordered.Load(), p.Counters.Delayed.Load(), p.Counters.Corrupted.Load(),
-					w.RxFrames.Load(), w.TxFrames.Load(), w.Sleeps.Load(), w.ICRCErrors.Load(), w.ParseErrors.Load(), w.BadPeer.Load(), w.UnknownQP.Load())
+					w.RxFrames.Load(), w.TxFrames.Load(), w.Sleeps.Load(), w.ICRCErrors.Load(), w.ParseErrors.Load(), w.BadPeer.Load(), w.UnknownQP.Load(), w.BuildErrors.Load())
 			}
 		}
 		t.Fatalf("receive completions: %d of %d", b.rcq.count.Load(), sends)
