@@ -30,11 +30,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strconv"
@@ -44,6 +42,7 @@ import (
 
 	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/internal/launch"
 )
 
 const roleEnv = "VRNIC_DEMO_ROLE"
@@ -145,96 +144,6 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	return c, nil
 }
 
-// proc is a child process the demo started.
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	log  string
-	done chan error
-}
-
-func (p *proc) exited() bool {
-	select {
-	case err := <-p.done:
-		p.done <- err
-		return true
-	default:
-		return false
-	}
-}
-
-// stop ends the process by its PID: it waits up to wait for the process
-// to exit by itself, then sends SIGTERM, then SIGKILL after grace.
-func (p *proc) stop(wait, grace time.Duration) error {
-	select {
-	case err := <-p.done:
-		p.done <- err
-		return err
-	case <-time.After(wait):
-	}
-	p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-p.done:
-		return err
-	case <-time.After(grace):
-		p.cmd.Process.Kill()
-		return <-p.done
-	}
-}
-
-func start(name, dir, bin string, args, env []string) (*proc, error) {
-	logPath := filepath.Join(dir, name+".log")
-	f, err := os.Create(logPath)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.Env = append(os.Environ(), env...)
-	// The kernel kills the child if the demo dies without stopping it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan error, 1)}
-	go func() { p.done <- cmd.Wait() }()
-	return p, nil
-}
-
-func tail(path string, n int) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return ""
-	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
-
-// findVrnicd returns the daemon binary to run, building it if needed.
-func findVrnicd(c *config, dir string, out io.Writer) (string, error) {
-	if c.vrnicd != "" {
-		return c.vrnicd, nil
-	}
-	if exe, err := os.Executable(); err == nil {
-		p := filepath.Join(filepath.Dir(exe), "vrnicd")
-		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
-			return p, nil
-		}
-	}
-	bin := filepath.Join(dir, "vrnicd")
-	fmt.Fprintln(out, "building vrnicd ...")
-	cmd := exec.Command("go", "build", "-o", bin, "github.com/vrnic/vrnic/cmd/vrnicd")
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("build vrnicd (run from the repository, or pass -vrnicd): %w", err)
-	}
-	return bin, nil
-}
-
 // run is the demo; it returns the exit status.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c, err := parseFlags(args, stderr)
@@ -250,22 +159,23 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	d := &demo{cfg: c, dir: dir, out: stdout}
+	d := &demo{cfg: c, dir: dir, out: stdout, procs: launch.Group{Dir: dir}}
 	err = d.run(ctx)
-	for i := len(d.procs) - 1; i >= 0; i-- {
-		p := d.procs[i]
+	procs := d.procs.Procs
+	for i := len(procs) - 1; i >= 0; i-- {
+		p := procs[i]
 		wait := time.Duration(0)
-		if !strings.HasPrefix(p.name, "vrnicd") && err == nil {
+		if !strings.HasPrefix(p.Name, "vrnicd") && err == nil {
 			wait = 10 * time.Second // a client exits by itself after its result
 		}
-		if perr := p.stop(wait, 5*time.Second); perr != nil && err == nil && !strings.HasPrefix(p.name, "vrnicd") {
-			err = fmt.Errorf("%s: %w", p.name, perr)
+		if perr := p.Stop(wait, 5*time.Second); perr != nil && err == nil && !strings.HasPrefix(p.Name, "vrnicd") {
+			err = fmt.Errorf("%s: %w", p.Name, perr)
 		}
 	}
 	if c.verbose || err != nil {
-		for _, p := range d.procs {
-			if t := tail(p.log, 15); t != "" {
-				fmt.Fprintf(stderr, "--- %s (pid %d) log:\n%s\n", p.name, p.cmd.Process.Pid, t)
+		for _, p := range procs {
+			if t := p.Tail(15); t != "" {
+				fmt.Fprintf(stderr, "--- %s (pid %d) log:\n%s\n", p.Name, p.Pid(), t)
 			}
 		}
 	}
@@ -281,22 +191,24 @@ type demo struct {
 	cfg   *config
 	dir   string
 	out   io.Writer
-	procs []*proc
+	procs launch.Group // daemons and clients, in d.dir
 }
 
 func (d *demo) run(ctx context.Context) error {
 	c := d.cfg
-	bin, err := findVrnicd(c, d.dir, d.out)
+	bin, err := launch.FindVrnicd(c.vrnicd, d.dir, d.out)
 	if err != nil {
 		return err
 	}
-	if c.link == "udp" && c.autoAddr && (!udpFree(c.addrA) || !udpFree(c.addrB)) {
-		a, b := freeLoopback(), freeLoopback()
-		if !a.IsValid() || !b.IsValid() || a == b {
-			return errors.New("no free loopback addresses with UDP port 4791")
+	if c.link == "udp" && c.autoAddr {
+		a, b, err := launch.LoopbackPair(netip.MustParseAddr(c.addrA), netip.MustParseAddr(c.addrB))
+		if err != nil {
+			return err
 		}
-		fmt.Fprintf(d.out, "UDP port 4791 of %s or %s is in use: using %v and %v\n", c.addrA, c.addrB, a, b)
-		c.addrA, c.addrB = a.String(), b.String()
+		if a.String() != c.addrA || b.String() != c.addrB {
+			fmt.Fprintf(d.out, "UDP port 4791 of %s or %s is in use: using %v and %v\n", c.addrA, c.addrB, a, b)
+			c.addrA, c.addrB = a.String(), b.String()
+		}
 	}
 	type daemonSpec struct{ name, local string }
 	specs := []daemonSpec{{"demo-a", c.addrA}, {"demo-b", c.addrB}}
@@ -309,17 +221,16 @@ func (d *demo) run(ctx context.Context) error {
 		if c.link == "udp" {
 			args = append(args, "-local", netip.AddrPortFrom(netip.MustParseAddr(s.local), 4791).String())
 		}
-		p, err := start("vrnicd-"+s.name, d.dir, bin, args, nil)
+		p, err := d.procs.Start(launch.Spec{Name: "vrnicd-" + s.name, Bin: bin, Args: args})
 		if err != nil {
 			return err
 		}
-		d.procs = append(d.procs, p)
 		sock := device.SocketPath(d.dir, s.name)
-		if err := waitSocket(ctx, p, sock); err != nil {
+		if err := launch.WaitReady(ctx, p, sock, 15*time.Second); err != nil {
 			return err
 		}
 		socks = append(socks, sock)
-		fmt.Fprintf(d.out, "started vrnicd %s (pid %d, %s link%s)\n", s.name, p.cmd.Process.Pid, c.link, map[bool]string{true: " " + s.local + ":4791", false: ""}[c.link == "udp"])
+		fmt.Fprintf(d.out, "started vrnicd %s (pid %d, %s link%s)\n", s.name, p.Pid(), c.link, map[bool]string{true: " " + s.local + ":4791", false: ""}[c.link == "udp"])
 	}
 	if len(socks) == 1 {
 		socks = append(socks, socks[0])
@@ -341,12 +252,11 @@ func (d *demo) run(ctx context.Context) error {
 	for i, role := range []string{"a", "b"} {
 		args := []string{"-role", role, "-socket", socks[i], "-ctrl", ctrlPath, "-duration", c.duration.String(),
 			"-size", strconv.Itoa(c.size), "-mtu", strconv.Itoa(c.mtu)}
-		p, err := start("client-"+role, d.dir, self, args, []string{roleEnv + "=client"})
+		p, err := d.procs.Start(launch.Spec{Name: "client-" + role, Bin: self, Args: args, Env: []string{roleEnv + "=client"}})
 		if err != nil {
 			return err
 		}
-		d.procs = append(d.procs, p)
-		fmt.Fprintf(d.out, "started client %s (pid %d) on %s\n", role, p.cmd.Process.Pid, filepath.Base(socks[i]))
+		fmt.Fprintf(d.out, "started client %s (pid %d) on %s\n", role, p.Pid(), filepath.Base(socks[i]))
 	}
 	peers, err := d.accept(ctx, ln)
 	if err != nil {
@@ -358,49 +268,6 @@ func (d *demo) run(ctx context.Context) error {
 	}
 	a, b := peers["a"], peers["b"]
 	return d.session(a, b)
-}
-
-// udpFree reports whether UDP port 4791 of addr can be bound.
-func udpFree(addr string) bool {
-	c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(netip.MustParseAddr(addr), 4791)))
-	if err != nil {
-		return false
-	}
-	c.Close()
-	return true
-}
-
-// freeLoopback returns a random 127.0.0.0/8 address (all loopback on
-// Linux) whose UDP port 4791 is free, or the zero Addr.
-func freeLoopback() netip.Addr {
-	for range 100 {
-		a := netip.AddrFrom4([4]byte{127, byte(1 + rand.IntN(250)), byte(rand.IntN(256)), byte(1 + rand.IntN(250))})
-		if udpFree(a.String()) {
-			return a
-		}
-	}
-	return netip.Addr{}
-}
-
-// waitSocket waits until the daemon answers on its control socket.
-func waitSocket(ctx context.Context, p *proc, sock string) error {
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		if a, err := device.DialAdmin(sock); err == nil {
-			_, err = a.Info()
-			a.Close()
-			if err == nil {
-				return nil
-			}
-		}
-		if p.exited() {
-			return fmt.Errorf("%s exited during start-up:\n%s", p.name, tail(p.log, 10))
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("%s: no control socket at %s", p.name, sock)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // accept takes the two clients' connections and their hello messages.

@@ -6,9 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"runtime"
 	"strconv"
@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/internal/launch"
 )
 
 // vrnicdBin is the daemon built once for the tests.
@@ -58,9 +59,10 @@ func findVrnicd(dir string) error {
 		}
 		return nil
 	}
-	vrnicdBin = filepath.Join(dir, "vrnicd")
-	if out, err := exec.Command("go", "build", "-o", vrnicdBin, "github.com/vrnic/vrnic/cmd/vrnicd").CombinedOutput(); err != nil {
-		return fmt.Errorf("build vrnicd: %w\n%s", err, out)
+	var out bytes.Buffer
+	var err error
+	if vrnicdBin, err = launch.GoBuild(launch.VrnicdPackage, dir, "vrnicd", &out); err != nil {
+		return fmt.Errorf("%w\n%s", err, out.String())
 	}
 	return nil
 }
@@ -77,40 +79,17 @@ func startDaemon(t *testing.T, name string, args ...string) *daemon {
 	t.Helper()
 	dir := t.TempDir()
 	log := &syncBuffer{}
-	cmd := exec.Command(vrnicdBin, append([]string{"-name", name, "-runtime-dir", dir, "-workers", "1"}, args...)...)
-	cmd.Stdout, cmd.Stderr = log, log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	require.NoError(t, cmd.Start())
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
+	p, err := launch.Start(launch.Spec{Name: "vrnicd", Bin: vrnicdBin,
+		Args:   append([]string{"-name", name, "-runtime-dir", dir, "-workers", "1"}, args...),
+		Stdout: log, Stderr: log})
+	require.NoError(t, err)
 	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-		assert.ErrorIs(t, syscall.Kill(cmd.Process.Pid, 0), syscall.ESRCH, "vrnicd still running")
+		p.Stop(0, 10*time.Second)
+		assert.ErrorIs(t, syscall.Kill(p.Pid(), 0), syscall.ESRCH, "vrnicd still running")
 	})
-	d := &daemon{sock: device.SocketPath(dir, name), pid: cmd.Process.Pid}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if a, err := device.DialAdmin(d.sock); err == nil {
-			_, err = a.Info()
-			a.Close()
-			if err == nil {
-				return d
-			}
-		}
-		select {
-		case err := <-done:
-			t.Fatalf("vrnicd exited during start-up: %v\n%s", err, log.String())
-		default:
-		}
-		require.True(t, time.Now().Before(deadline), "vrnicd: no control socket\n%s", log.String())
-		time.Sleep(20 * time.Millisecond)
-	}
+	d := &daemon{sock: device.SocketPath(dir, name), pid: p.Pid()}
+	require.NoError(t, launch.WaitReady(context.Background(), p, d.sock, 20*time.Second), "%s", log.String())
+	return d
 }
 
 // perf runs vrnic-perf in this process and returns its exit status and
@@ -277,13 +256,10 @@ func TestServerClientRoles(t *testing.T) {
 // TestUDPLink runs bandwidth and latency tests between two daemons over
 // the UDP link on two loopback addresses.
 func TestUDPLink(t *testing.T) {
-	a, b := "127.0.0.1", "127.0.0.2"
-	if !udpPortFree(a) || !udpPortFree(b) {
-		a, b = randomLoopback(), randomLoopback()
-		require.True(t, a != "" && b != "" && a != b, "free loopback addresses")
-	}
-	da := startDaemon(t, "perf-udp-a", "-link", "udp", "-local", net.JoinHostPort(a, "4791"))
-	db := startDaemon(t, "perf-udp-b", "-link", "udp", "-local", net.JoinHostPort(b, "4791"))
+	a, b, err := launch.LoopbackPair(netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("127.0.0.2"))
+	require.NoError(t, err)
+	da := startDaemon(t, "perf-udp-a", "-link", "udp", "-local", netip.AddrPortFrom(a, launch.RoCEPort).String())
+	db := startDaemon(t, "perf-udp-b", "-link", "udp", "-local", netip.AddrPortFrom(b, launch.RoCEPort).String())
 	for _, c := range []perfCase{
 		{"write_bw 4KiB", []string{"-test", "write_bw", "-size", "4096", "-iters", "300"}, writeBW, 4096, 300},
 		{"write_bw 1MiB", []string{"-test", "write_bw", "-size", "1048576", "-iters", "20", "-depth", "8"}, writeBW, 1 << 20, 20},

@@ -7,18 +7,16 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/internal/launch"
 )
 
 // runConfig is the command line of run.
@@ -89,92 +87,15 @@ func parseRun(args []string, stderr io.Writer) (*runConfig, error) {
 	return c, nil
 }
 
-// child is a process run started.
-type child struct {
-	name string
-	cmd  *exec.Cmd
-	out  string // stdout file
-	log  string // stderr file
-	done chan struct{}
-	err  error
-}
-
-func (p *child) running() bool {
-	select {
-	case <-p.done:
-		return false
-	default:
-		return true
-	}
-}
-
-// wait waits up to d for the process to exit by itself.
-func (p *child) wait(d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-p.done:
-		return true
-	case <-t.C:
-		return false
-	}
-}
-
-// stop ends the process by its PID: SIGTERM, then SIGKILL after grace.
-func (p *child) stop(grace time.Duration) {
-	if !p.running() {
-		return
-	}
-	p.cmd.Process.Signal(syscall.SIGTERM)
-	if !p.wait(grace) {
-		p.cmd.Process.Kill()
-		<-p.done
-	}
-}
-
 // launcher starts and stops run's processes, all in one private
 // directory.
 type launcher struct {
-	dir   string
-	procs []*child
+	launch.Group
 }
 
-func (l *launcher) start(name, bin string, args []string) (*child, error) {
-	p := &child{name: name, out: filepath.Join(l.dir, name+".out"), log: filepath.Join(l.dir, name+".log"), done: make(chan struct{})}
-	outF, err := os.Create(p.out)
-	if err != nil {
-		return nil, err
-	}
-	defer outF.Close()
-	logF, err := os.Create(p.log)
-	if err != nil {
-		return nil, err
-	}
-	defer logF.Close()
-	p.cmd = exec.Command(bin, args...)
-	p.cmd.Stdout, p.cmd.Stderr = outF, logF
-	p.cmd.Env = append(os.Environ(), mainEnv+"=1")
-	// If run dies without stopping it, the kernel kills the child.
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := p.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	go func() { p.err = p.cmd.Wait(); close(p.done) }()
-	l.procs = append(l.procs, p)
-	return p, nil
-}
-
-// stopAll stops every process still running, the last started first.
-func (l *launcher) stopAll() {
-	for i := len(l.procs) - 1; i >= 0; i-- {
-		l.procs[i].stop(5 * time.Second)
-	}
-}
-
-func lastLines(path string, n int) string {
-	b, _ := os.ReadFile(path)
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+// start starts a process; stdout and stderr go to separate files.
+func (l *launcher) start(name, bin string, args []string) (*launch.Proc, error) {
+	return l.Start(launch.Spec{Name: name, Bin: bin, Args: args, Env: []string{mainEnv + "=1"}, SplitStdout: true})
 }
 
 func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -187,13 +108,13 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	defer os.RemoveAll(dir)
-	l := &launcher{dir: dir}
+	l := &launcher{launch.Group{Dir: dir}}
 	err = l.run(ctx, c, stdout, stderr)
-	l.stopAll()
+	l.StopAll(5 * time.Second)
 	if err != nil || c.verbose {
-		for _, p := range l.procs {
-			fmt.Fprintf(stderr, "--- %s (pid %d, %v):\n", p.name, p.cmd.Process.Pid, p.cmd.ProcessState)
-			if t := lastLines(p.log, 20); t != "" {
+		for _, p := range l.Procs {
+			fmt.Fprintf(stderr, "--- %s (pid %d, %v):\n", p.Name, p.Pid(), p.Cmd.ProcessState)
+			if t := p.Tail(20); t != "" {
 				fmt.Fprintln(stderr, t)
 			}
 		}
@@ -213,7 +134,7 @@ func (l *launcher) run(ctx context.Context, c *runConfig, stdout, stderr io.Writ
 	if err != nil {
 		return err
 	}
-	listen := "unix:" + filepath.Join(l.dir, "ctrl.sock")
+	listen := "unix:" + filepath.Join(l.Dir, "ctrl.sock")
 	if c.ctrl == "tcp" {
 		listen = "127.0.0.1:0"
 	}
@@ -230,29 +151,29 @@ func (l *launcher) run(ctx context.Context, c *runConfig, stdout, stderr io.Writ
 		return err
 	}
 	select {
-	case <-cli.done:
+	case <-cli.Done():
 	case <-ctx.Done():
 		return context.Cause(ctx)
 	}
-	out, _ := os.ReadFile(cli.out)
+	out, _ := os.ReadFile(cli.Out)
 	stdout.Write(out)
-	if cli.err != nil {
-		return fmt.Errorf("client (pid %d): %w: %s", cli.cmd.Process.Pid, cli.err, lastLines(cli.log, 3))
+	if err := cli.Err(); err != nil {
+		return fmt.Errorf("client (pid %d): %w: %s", cli.Pid(), err, cli.Tail(3))
 	}
-	if !srv.wait(10 * time.Second) {
-		return fmt.Errorf("server (pid %d) did not exit after the client", srv.cmd.Process.Pid)
+	if !srv.Wait(10 * time.Second) {
+		return fmt.Errorf("server (pid %d) did not exit after the client", srv.Pid())
 	}
-	if srv.err != nil {
-		return fmt.Errorf("server (pid %d): %w: %s", srv.cmd.Process.Pid, srv.err, lastLines(srv.log, 3))
+	if err := srv.Err(); err != nil {
+		return fmt.Errorf("server (pid %d): %w: %s", srv.Pid(), err, srv.Tail(3))
 	}
 	return nil
 }
 
 // listenAddr waits for the server's "listening on NETWORK:ADDR" line.
-func listenAddr(ctx context.Context, srv *child) (string, error) {
+func listenAddr(ctx context.Context, srv *launch.Proc) (string, error) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		if f, err := os.Open(srv.out); err == nil {
+		if f, err := os.Open(srv.Out); err == nil {
 			line, _ := bufio.NewReader(f).ReadString('\n')
 			f.Close()
 			if a, ok := strings.CutPrefix(strings.TrimSpace(line), "listening on "); ok && strings.HasSuffix(line, "\n") {
@@ -262,8 +183,8 @@ func listenAddr(ctx context.Context, srv *child) (string, error) {
 				return strings.TrimPrefix(a, "tcp:"), nil
 			}
 		}
-		if !srv.running() {
-			return "", fmt.Errorf("server exited during start-up: %s", lastLines(srv.log, 5))
+		if !srv.Running() {
+			return "", fmt.Errorf("server exited during start-up: %s", srv.Tail(5))
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			return "", errors.New("server: no control address")
@@ -276,16 +197,17 @@ func listenAddr(ctx context.Context, srv *child) (string, error) {
 // link on two loopback addresses) and returns the client's and the
 // server's device sockets.
 func (l *launcher) startDaemons(ctx context.Context, c *runConfig, stderr io.Writer) (string, string, error) {
-	bin, err := l.vrnicd(c, stderr)
+	bin, err := launch.FindVrnicd(c.vrnicd, l.Dir, stderr)
 	if err != nil {
 		return "", "", err
 	}
 	addrs := []string{c.addrA, c.addrB}
-	if c.link == "udp" && c.autoAddr && (!udpPortFree(c.addrA) || !udpPortFree(c.addrB)) {
-		addrs = []string{randomLoopback(), randomLoopback()}
-		if addrs[0] == "" || addrs[1] == "" || addrs[0] == addrs[1] {
-			return "", "", errors.New("no free loopback addresses with UDP port 4791")
+	if c.link == "udp" && c.autoAddr {
+		a, b, err := launch.LoopbackPair(netip.MustParseAddr(c.addrA), netip.MustParseAddr(c.addrB))
+		if err != nil {
+			return "", "", err
 		}
+		addrs = []string{a.String(), b.String()}
 	}
 	n := 2
 	if c.link == "mem" {
@@ -294,7 +216,7 @@ func (l *launcher) startDaemons(ctx context.Context, c *runConfig, stderr io.Wri
 	var socks []string
 	for i := range n {
 		name := fmt.Sprintf("perf-%c", 'a'+i)
-		args := []string{"-name", name, "-runtime-dir", l.dir, "-link", c.link, "-workers", strconv.Itoa(c.workers)}
+		args := []string{"-name", name, "-runtime-dir", l.Dir, "-link", c.link, "-workers", strconv.Itoa(c.workers)}
 		if c.link == "udp" {
 			args = append(args, "-local", net.JoinHostPort(addrs[i], "4791"))
 		}
@@ -302,8 +224,8 @@ func (l *launcher) startDaemons(ctx context.Context, c *runConfig, stderr io.Wri
 		if err != nil {
 			return "", "", err
 		}
-		sock := device.SocketPath(l.dir, name)
-		if err := daemonReady(ctx, p, sock); err != nil {
+		sock := device.SocketPath(l.Dir, name)
+		if err := launch.WaitReady(ctx, p, sock, 20*time.Second); err != nil {
 			return "", "", err
 		}
 		socks = append(socks, sock)
@@ -312,67 +234,4 @@ func (l *launcher) startDaemons(ctx context.Context, c *runConfig, stderr io.Wri
 		return socks[0], socks[0], nil
 	}
 	return socks[0], socks[1], nil
-}
-
-// vrnicd finds the daemon binary: -vrnicd, beside this executable, or
-// built into the private directory.
-func (l *launcher) vrnicd(c *runConfig, stderr io.Writer) (string, error) {
-	if c.vrnicd != "" {
-		return c.vrnicd, nil
-	}
-	if exe, err := os.Executable(); err == nil {
-		p := filepath.Join(filepath.Dir(exe), "vrnicd")
-		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
-			return p, nil
-		}
-	}
-	bin := filepath.Join(l.dir, "vrnicd")
-	cmd := exec.Command("go", "build", "-o", bin, "github.com/vrnic/vrnic/cmd/vrnicd")
-	cmd.Stdout, cmd.Stderr = stderr, stderr
-	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("build vrnicd (run from the repository, or give -vrnicd): %w", err)
-	}
-	return bin, nil
-}
-
-// daemonReady waits until the daemon answers on its control socket.
-func daemonReady(ctx context.Context, p *child, sock string) error {
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if a, err := device.DialAdmin(sock); err == nil {
-			_, err = a.Info()
-			a.Close()
-			if err == nil {
-				return nil
-			}
-		}
-		if !p.running() {
-			return fmt.Errorf("%s exited during start-up: %s", p.name, lastLines(p.log, 10))
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("%s: no control socket at %s", p.name, sock)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func udpPortFree(addr string) bool {
-	c, err := net.ListenPacket("udp", net.JoinHostPort(addr, "4791"))
-	if err != nil {
-		return false
-	}
-	c.Close()
-	return true
-}
-
-// randomLoopback returns a 127.0.0.0/8 address whose UDP port 4791 is
-// free, or "".
-func randomLoopback() string {
-	for range 64 {
-		a := netip.AddrFrom4([4]byte{127, byte(rand.IntN(256)), byte(rand.IntN(256)), byte(2 + rand.IntN(250))}).String()
-		if udpPortFree(a) {
-			return a
-		}
-	}
-	return ""
 }

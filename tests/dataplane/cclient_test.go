@@ -1,9 +1,9 @@
 package dataplane
 
 import (
+	"context"
 	"os/exec"
 	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 
@@ -11,14 +11,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/internal/launch"
 )
 
 // daemon is a vrnicd process started by a test.
 type daemon struct {
-	cmd    *exec.Cmd
+	proc   *launch.Proc
 	socket string
 	logs   *syncBuf
-	done   chan error
 }
 
 // startDaemon runs vrnicd with a private runtime dir and waits until its
@@ -26,38 +26,25 @@ type daemon struct {
 func startDaemon(t *testing.T, name string, args ...string) *daemon {
 	t.Helper()
 	dir := t.TempDir()
-	d := &daemon{socket: device.SocketPath(dir, name), logs: &syncBuf{}, done: make(chan error, 1)}
-	d.cmd = exec.Command(filepath.Join(bin, "vrnicd"), append([]string{"-name", name, "-runtime-dir", dir}, args...)...)
-	d.cmd.Stderr = d.logs
-	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	require.NoError(t, d.cmd.Start())
-	go func() { d.done <- d.cmd.Wait() }()
+	d := &daemon{socket: device.SocketPath(dir, name), logs: &syncBuf{}}
+	var err error
+	d.proc, err = launch.Start(launch.Spec{Name: "vrnicd " + name, Bin: filepath.Join(bin, "vrnicd"),
+		Args: append([]string{"-name", name, "-runtime-dir", dir}, args...), Stderr: d.logs})
+	require.NoError(t, err)
 	t.Cleanup(func() { d.stop(t) })
-	require.Eventually(t, func() bool {
-		a, err := device.DialAdmin(d.socket)
-		if err != nil {
-			return false
-		}
-		a.Close()
-		return true
-	}, 15*time.Second, 10*time.Millisecond, "vrnicd %s did not come up", name)
+	require.NoError(t, launch.WaitReady(context.Background(), d.proc, d.socket, 15*time.Second),
+		"vrnicd %s did not come up; log:\n%s", name, d.logs.String())
 	return d
 }
 
-// stop sends SIGTERM and expects a clean exit (idempotent).
+// stop sends SIGTERM and expects a clean exit.
 func (d *daemon) stop(t *testing.T) {
-	if d.cmd.ProcessState != nil {
+	err := d.proc.Stop(0, 10*time.Second)
+	if d.proc.Killed() {
+		t.Errorf("vrnicd did not stop on SIGTERM; log:\n%s", d.logs.String())
 		return
 	}
-	d.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-d.done:
-		assert.NoError(t, err, "vrnicd exit; log:\n%s", d.logs.String())
-	case <-time.After(10 * time.Second):
-		d.cmd.Process.Kill()
-		<-d.done
-		t.Errorf("vrnicd did not stop on SIGTERM; log:\n%s", d.logs.String())
-	}
+	assert.NoError(t, err, "vrnicd exit; log:\n%s", d.logs.String())
 }
 
 // TestCClientDataPath: a client written in C from vrnic_abi.h and libc

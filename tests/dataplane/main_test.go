@@ -2,15 +2,15 @@ package dataplane
 
 import (
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"net/netip"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/vrnic/vrnic/internal/launch"
 )
 
 // bin holds the binaries built by TestMain.
@@ -25,10 +25,8 @@ func TestMain(m *testing.M) {
 		}
 		defer os.RemoveAll(dir)
 		for _, pkg := range []string{"vrnicd", "vrnic-demo"} {
-			cmd := exec.Command("go", "build", "-o", filepath.Join(dir, pkg), "github.com/vrnic/vrnic/cmd/"+pkg)
-			cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-			if err := cmd.Run(); err != nil {
-				fmt.Fprintf(os.Stderr, "build %s: %v\n", pkg, err)
+			if _, err := launch.GoBuild("github.com/vrnic/vrnic/cmd/"+pkg, dir, pkg, os.Stderr); err != nil {
+				fmt.Fprintln(os.Stderr, err)
 				return 1
 			}
 		}
@@ -40,16 +38,9 @@ func TestMain(m *testing.M) {
 // freeLoopback returns a 127.0.0.0/8 address whose UDP port 4791 is free.
 func freeLoopback(t testing.TB) netip.Addr {
 	t.Helper()
-	for range 100 {
-		a := netip.AddrFrom4([4]byte{127, byte(1 + rand.IntN(250)), byte(rand.IntN(256)), byte(1 + rand.IntN(250))})
-		c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(a, 4791)))
-		if err == nil {
-			c.Close()
-			return a
-		}
-	}
-	t.Fatal("no free 127.0.0.0/8 address with UDP port 4791")
-	return netip.Addr{}
+	a, err := launch.FreeLoopback()
+	require.NoError(t, err)
+	return a
 }
 
 // syncBuf is a strings.Builder safe for a process's output goroutine and

@@ -1,0 +1,51 @@
+package launch
+
+import (
+	"errors"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+)
+
+// RoCEPort is the UDP port of RoCE v2, on which vrnicd's UDP link listens.
+const RoCEPort = 4791
+
+// ErrNoFreeAddress: no loopback address with a free RoCE v2 UDP port was
+// found.
+var ErrNoFreeAddress = errors.New("no free loopback addresses with UDP port 4791")
+
+// UDPFree reports whether UDP port 4791 of a can be bound.
+func UDPFree(a netip.Addr) bool {
+	c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(a, RoCEPort)))
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
+
+// FreeLoopback returns a random 127.0.0.0/8 address (all loopback on
+// Linux) outside 127.0.0.0/16, whose UDP port 4791 is free.
+func FreeLoopback() (netip.Addr, error) {
+	for range 100 {
+		a := netip.AddrFrom4([4]byte{127, byte(1 + rand.IntN(250)), byte(rand.IntN(256)), byte(1 + rand.IntN(250))})
+		if UDPFree(a) {
+			return a, nil
+		}
+	}
+	return netip.Addr{}, ErrNoFreeAddress
+}
+
+// LoopbackPair returns a and b if UDP port 4791 of both is free, else two
+// other distinct addresses from FreeLoopback.
+func LoopbackPair(a, b netip.Addr) (netip.Addr, netip.Addr, error) {
+	if UDPFree(a) && UDPFree(b) {
+		return a, b, nil
+	}
+	a, errA := FreeLoopback()
+	b, errB := FreeLoopback()
+	if errA != nil || errB != nil || a == b {
+		return netip.Addr{}, netip.Addr{}, ErrNoFreeAddress
+	}
+	return a, b, nil
+}
