@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/internal/rcpair"
 	"github.com/vrnic/vrnic/verbs"
 )
 
@@ -52,7 +53,7 @@ type client struct {
 	qp    *verbs.QP
 	buf   *verbs.Buffer
 	mr    *verbs.MR
-	peer  qpInfo
+	peer  rcpair.Info
 	wc    []abi.CQE
 	conn  *peerConn
 	psn   uint32
@@ -116,7 +117,7 @@ func (c *client) run() error {
 		return err
 	}
 	c.psn = uint32(time.Now().UnixNano()) & 0xffffff
-	me := qpInfo{QPN: c.qp.QPN, PSN: c.psn, GID: gid.GID, RKey: c.mr.RKey, Addr: c.mr.Addr, Len: c.mr.Length}
+	me := rcpair.Local(c.qp, c.psn, gid.GID, c.mr)
 	if err := c.conn.send(message{Kind: "hello", Role: c.cfg.role, QP: &me}); err != nil {
 		return err
 	}
@@ -132,7 +133,7 @@ func (c *client) run() error {
 			}
 		}
 	}
-	if err := c.connect(); err != nil {
+	if err := rcpair.Connect(c.qp, c.psn, c.peer, rcpair.Attr{MTU: c.cfg.mtu, MaxRdAtomic: 4}); err != nil {
 		return err
 	}
 	if err := c.conn.send(message{Kind: "ready"}); err != nil {
@@ -158,20 +159,6 @@ func (c *client) run() error {
 	r.PacketsSent, r.PacketsReceived, r.Retransmits, r.RNRNaks = q.PacketsSent, q.PacketsReceived, q.Retransmits, q.RNRNaksReceived
 	r.Failures = c.fails
 	return c.conn.send(message{Kind: "result", Result: r})
-}
-
-func (c *client) connect() error {
-	if err := c.qp.ToInit(abi.AccessAll, 0); err != nil {
-		return fmt.Errorf("INIT: %w", err)
-	}
-	if err := c.qp.ToRTR(verbs.RTRAttr{AV: abi.AHAttr{DGID: c.peer.GID, HopLimit: 64, PortNum: 1},
-		PathMTU: c.cfg.mtu, DestQPN: c.peer.QPN, RQPSN: c.peer.PSN, MaxDestRdAtomic: 4, MinRNRTimer: 1}); err != nil {
-		return fmt.Errorf("RTR: %w", err)
-	}
-	if err := c.qp.ToRTS(verbs.RTSAttr{SQPSN: c.psn, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4}); err != nil {
-		return fmt.Errorf("RTS: %w", err)
-	}
-	return nil
 }
 
 func (c *client) postRecv(slot int) error {

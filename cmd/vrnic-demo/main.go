@@ -40,9 +40,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/device"
 	"github.com/vrnic/vrnic/internal/launch"
+	"github.com/vrnic/vrnic/internal/rcpair"
 )
 
 const roleEnv = "VRNIC_DEMO_ROLE"
@@ -72,19 +72,10 @@ func clientMain(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	c.mtu = mtuCode(mtu)
+	c.mtu = rcpair.MTU(mtu)
 	if err := runClient(c); err != nil {
 		fmt.Fprintf(os.Stderr, "vrnic-demo client %s: %v\n", c.role, err)
 		return 1
-	}
-	return 0
-}
-
-func mtuCode(bytes int) abi.MTU {
-	for m := abi.MTU256; m <= abi.MTU4096; m++ {
-		if m.Bytes() == bytes {
-			return m
-		}
 	}
 	return 0
 }
@@ -133,7 +124,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		return nil, fmt.Errorf("link %q: want udp or mem", c.link)
 	case c.workers < 1 || c.workers > 64:
 		return nil, fmt.Errorf("workers %d out of range", c.workers)
-	case mtuCode(c.mtu) == 0:
+	case rcpair.MTU(c.mtu) == 0:
 		return nil, fmt.Errorf("mtu %d: want 256, 512, 1024, 2048 or 4096", c.mtu)
 	}
 	for _, a := range []string{c.addrA, c.addrB} {
@@ -273,7 +264,7 @@ func (d *demo) run(ctx context.Context) error {
 // accept takes the two clients' connections and their hello messages.
 func (d *demo) accept(ctx context.Context, ln net.Listener) (map[string]*peerConn, error) {
 	peers := map[string]*peerConn{}
-	hellos := map[string]*qpInfo{}
+	hellos := map[string]*rcpair.Info{}
 	ln.(*net.UnixListener).SetDeadline(time.Now().Add(30 * time.Second))
 	for len(peers) < 2 {
 		nc, err := ln.Accept()

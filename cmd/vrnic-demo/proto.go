@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net"
 	"time"
+
+	"github.com/vrnic/vrnic/internal/rcpair"
 )
 
 // The demo's processes talk over one unix stream socket in the demo's
@@ -21,22 +23,12 @@ import (
 //	demo → client   stop                    role b: stop serving
 //	client → demo   result{...}             final figures and checks
 type message struct {
-	Kind     string    `json:"kind"`
-	Role     string    `json:"role,omitempty"`
-	QP       *qpInfo   `json:"qp,omitempty"`
-	Progress *progress `json:"progress,omitempty"`
-	Result   *result   `json:"result,omitempty"`
-	Error    string    `json:"error,omitempty"`
-}
-
-// qpInfo is what one side needs of the other to connect and address it.
-type qpInfo struct {
-	QPN  uint32   `json:"qpn"`
-	PSN  uint32   `json:"psn"`
-	GID  [16]byte `json:"gid"`
-	RKey uint32   `json:"rkey"`
-	Addr uint64   `json:"addr"` // IOVA of the MR
-	Len  uint64   `json:"len"`
+	Kind     string       `json:"kind"`
+	Role     string       `json:"role,omitempty"`
+	QP       *rcpair.Info `json:"qp,omitempty"`
+	Progress *progress    `json:"progress,omitempty"`
+	Result   *result      `json:"result,omitempty"`
+	Error    string       `json:"error,omitempty"`
 }
 
 // progress is the requester's running count.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/internal/rcpair"
 	"github.com/vrnic/vrnic/verbs"
 	"golang.org/x/sys/unix"
 )
@@ -47,7 +48,7 @@ type qpRes struct {
 	buf   *verbs.Buffer
 	mr    *verbs.MR
 	psn   uint32
-	peer  qpInfo
+	peer  rcpair.Info
 	wr    verbs.SendWR
 	sge   [1]abi.SGE
 	rwr   verbs.RecvWR
@@ -114,21 +115,21 @@ func newEndpoint(socket string, o *options, name string) (_ *endpoint, err error
 }
 
 // infos returns what the peer needs of this side's QPs.
-func (e *endpoint) infos() ([]qpInfo, error) {
+func (e *endpoint) infos() ([]rcpair.Info, error) {
 	gid, err := e.ctx.QueryGID(1, 0)
 	if err != nil {
 		return nil, err
 	}
-	var r []qpInfo
+	var r []rcpair.Info
 	for _, q := range e.qps {
-		r = append(r, qpInfo{QPN: q.qp.QPN, PSN: q.psn, GID: gid.GID, RKey: q.mr.RKey, Addr: q.mr.Addr, Len: q.mr.Length})
+		r = append(r, rcpair.Local(q.qp, q.psn, gid.GID, q.mr))
 	}
 	return r, nil
 }
 
 // connect moves every QP to RTS towards its peer and, for tests that
 // receive, fills its receive queue.
-func (e *endpoint) connect(peers []qpInfo) error {
+func (e *endpoint) connect(peers []rcpair.Info) error {
 	if len(peers) != len(e.qps) {
 		return fmt.Errorf("%w: peer has %d QPs, want %d", errProtocol, len(peers), len(e.qps))
 	}
@@ -137,17 +138,8 @@ func (e *endpoint) connect(peers []qpInfo) error {
 		if q.peer.Len < uint64(e.area) {
 			return fmt.Errorf("%w: peer buffer of %d bytes, want at least %d", errProtocol, q.peer.Len, e.area)
 		}
-		if err := q.qp.ToInit(abi.AccessAll, 0); err != nil {
-			return fmt.Errorf("QP %#x to INIT: %w", q.qp.QPN, err)
-		}
-		if err := q.qp.ToRTR(verbs.RTRAttr{AV: abi.AHAttr{DGID: q.peer.GID, HopLimit: 64, PortNum: 1},
-			PathMTU: mtuCode(e.opt.MTU), DestQPN: q.peer.QPN, RQPSN: q.peer.PSN,
-			MaxDestRdAtomic: abi.MaxRdAtomic, MinRNRTimer: 1}); err != nil {
-			return fmt.Errorf("QP %#x to RTR: %w", q.qp.QPN, err)
-		}
-		if err := q.qp.ToRTS(verbs.RTSAttr{SQPSN: q.psn, Timeout: 14, RetryCnt: 7, RNRRetry: 7,
-			MaxRdAtomic: abi.MaxRdAtomic}); err != nil {
-			return fmt.Errorf("QP %#x to RTS: %w", q.qp.QPN, err)
+		if err := rcpair.Connect(q.qp, q.psn, q.peer, rcpair.Attr{MTU: rcpair.MTU(e.opt.MTU), MaxRdAtomic: abi.MaxRdAtomic}); err != nil {
+			return err
 		}
 		q.rsge[0] = q.mr.SGE(0, uint32(e.area))
 		q.rwr = verbs.RecvWR{SGL: q.rsge[:]}

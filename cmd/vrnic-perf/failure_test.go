@@ -8,12 +8,14 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/vrnic/vrnic/internal/rcpair"
 )
 
 // fakeServer plays the server role on a real device but lets the test
 // spoil what it tells the client: tamper edits its hello, perSize answers
 // each start message.
-func fakeServer(t *testing.T, dev string, tamper func([]qpInfo), perSize func(e *endpoint, cc *ctrlConn, size int) error) (addr string, errc chan error) {
+func fakeServer(t *testing.T, dev string, tamper func([]rcpair.Info), perSize func(e *endpoint, cc *ctrlConn, size int) error) (addr string, errc chan error) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "ctrl.sock")
 	ln, err := net.Listen("unix", path)
@@ -73,7 +75,7 @@ func clientOptions(t *testing.T, o options) *options {
 // status and tells the server.
 func TestCompletionErrorFailsRun(t *testing.T) {
 	d := startDaemon(t, "perf-err", "-link", "mem")
-	addr, errc := fakeServer(t, d.sock, func(q []qpInfo) { q[0].RKey ^= 0x5a00 }, func(e *endpoint, cc *ctrlConn, size int) error {
+	addr, errc := fakeServer(t, d.sock, func(q []rcpair.Info) { q[0].RKey ^= 0x5a00 }, func(e *endpoint, cc *ctrlConn, size int) error {
 		if err := cc.send(message{Kind: "started", Size: size}); err != nil {
 			return err
 		}
@@ -98,7 +100,7 @@ func TestCompletionErrorFailsRun(t *testing.T) {
 func TestVerificationFailureFailsRun(t *testing.T) {
 	d := startDaemon(t, "perf-verify", "-link", "mem")
 	t.Run("client side", func(t *testing.T) {
-		addr, errc := fakeServer(t, d.sock, func([]qpInfo) {}, func(e *endpoint, cc *ctrlConn, size int) error {
+		addr, errc := fakeServer(t, d.sock, func([]rcpair.Info) {}, func(e *endpoint, cc *ctrlConn, size int) error {
 			fillPattern(e.qps[0].buf.Bytes[:size], size, 0)
 			if err := cc.send(message{Kind: "started", Size: size, Checksum: e.checksumAll(0, size) ^ 1}); err != nil {
 				return err
@@ -115,7 +117,7 @@ func TestVerificationFailureFailsRun(t *testing.T) {
 		<-errc
 	})
 	t.Run("server verdict", func(t *testing.T) {
-		addr, errc := fakeServer(t, d.sock, func([]qpInfo) {}, func(e *endpoint, cc *ctrlConn, size int) error {
+		addr, errc := fakeServer(t, d.sock, func([]rcpair.Info) {}, func(e *endpoint, cc *ctrlConn, size int) error {
 			if err := cc.send(message{Kind: "started", Size: size}); err != nil {
 				return err
 			}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/internal/rcpair"
 )
 
 // testKind is one of the benchmark types, named as perftest names its
@@ -91,16 +92,6 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.JSON, "json", false, "print the results as JSON")
 }
 
-// mtuCode is the path MTU enum of bytes, or 0.
-func mtuCode(bytes int) abi.MTU {
-	for m := abi.MTU256; m <= abi.MTU4096; m++ {
-		if m.Bytes() == bytes {
-			return m
-		}
-	}
-	return 0
-}
-
 var errOption = errors.New("bad option")
 
 // finish fills defaults and checks the options.
@@ -163,7 +154,7 @@ func (o *options) finish() error {
 		return bad("%s runs on one QP", o.Test)
 	case o.Test == writeLat && o.Events:
 		return bad("write_lat waits by polling the memory the peer writes; -events does not apply")
-	case mtuCode(o.MTU) == 0:
+	case rcpair.MTU(o.MTU) == 0:
 		return bad("mtu %d: want 256, 512, 1024, 2048 or 4096", o.MTU)
 	case o.Inline < 0 || o.Inline > abi.MaxInline:
 		return bad("inline %d out of range (0..%d)", o.Inline, abi.MaxInline)

@@ -8,6 +8,8 @@ import (
 	"net"
 	"strings"
 	"time"
+
+	"github.com/vrnic/vrnic/internal/rcpair"
 )
 
 // The control connection: like perftest, the client connects to the
@@ -29,26 +31,15 @@ import (
 // Either side sends error{error} instead of its next message when it
 // fails; the other side reports it and exits non-zero.
 type message struct {
-	Kind     string    `json:"kind"`
-	Options  *options  `json:"options,omitempty"`
-	QPs      []qpInfo  `json:"qps,omitempty"`
-	Size     int       `json:"size,omitempty"`
-	Iters    int       `json:"iters,omitempty"`
-	Sent     []uint64  `json:"sent,omitempty"`
-	Checksum uint32    `json:"checksum,omitempty"`
-	Counters *counters `json:"counters,omitempty"`
-	Error    string    `json:"error,omitempty"`
-}
-
-// qpInfo is what one side needs of the other to connect a QP and address
-// its memory: as perftest exchanges LID/GID, QPN, PSN, rkey and VA.
-type qpInfo struct {
-	QPN  uint32   `json:"qpn"`
-	PSN  uint32   `json:"psn"`
-	GID  [16]byte `json:"gid"`
-	RKey uint32   `json:"rkey"`
-	Addr uint64   `json:"addr"`
-	Len  uint64   `json:"len"`
+	Kind     string        `json:"kind"`
+	Options  *options      `json:"options,omitempty"`
+	QPs      []rcpair.Info `json:"qps,omitempty"`
+	Size     int           `json:"size,omitempty"`
+	Iters    int           `json:"iters,omitempty"`
+	Sent     []uint64      `json:"sent,omitempty"`
+	Checksum uint32        `json:"checksum,omitempty"`
+	Counters *counters     `json:"counters,omitempty"`
+	Error    string        `json:"error,omitempty"`
 }
 
 // counters are the transport counters of one side's QPs over one size

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/internal/rcpair"
 )
 
 func TestHistogramQuantiles(t *testing.T) {
@@ -197,7 +198,7 @@ func FuzzDecodeMessage(f *testing.F) {
 			assert.True(t, o.Size >= 1 && o.Size <= maxSize)
 			assert.True(t, o.QPs >= 1 && o.QPs <= maxQPs)
 			assert.True(t, o.CQMod >= 1 && o.CQMod <= o.Depth)
-			assert.NotZero(t, mtuCode(o.MTU))
+			assert.NotZero(t, rcpair.MTU(o.MTU))
 		}
 	})
 }
