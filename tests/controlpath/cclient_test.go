@@ -24,7 +24,7 @@ func TestCClient(t *testing.T) {
 		t.Skip("gcc not installed: the C client cannot be built")
 	}
 	bin := filepath.Join(t.TempDir(), "cclient")
-	out, err := exec.Command(gcc, "-std=c11", "-Wall", "-Werror", "-O1", "-I", "../../abi", "-o", bin, "testdata/cclient.c").CombinedOutput()
+	out, err := exec.Command(gcc, "-std=c11", "-Wall", "-Werror", "-O1", "-I", "../../abi", "-I", "../testdata", "-o", bin, "testdata/cclient.c").CombinedOutput()
 	require.NoError(t, err, "gcc: %s", out)
 
 	_, vrnicctl := tools(t)

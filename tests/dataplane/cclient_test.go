@@ -59,7 +59,7 @@ func TestCClientDataPath(t *testing.T) {
 		t.Skip("gcc not installed: the C client cannot be built")
 	}
 	cl := filepath.Join(t.TempDir(), "cloop")
-	out, err := exec.Command(gcc, "-std=c11", "-Wall", "-Werror", "-O1", "-I", "../../abi", "-o", cl, "testdata/cloop.c").CombinedOutput()
+	out, err := exec.Command(gcc, "-std=c11", "-Wall", "-Werror", "-O1", "-I", "../../abi", "-I", "../testdata", "-o", cl, "testdata/cloop.c").CombinedOutput()
 	require.NoError(t, err, "gcc: %s", out)
 	for _, link := range []string{"mem", "udp"} {
 		t.Run(link, func(t *testing.T) {

@@ -4,76 +4,8 @@
  * through the daemon's data path, reading completions by their owner bit
  * and checking every byte. It prints "OK <send byte_len> <write bytes>"
  * and exits 0, or prints "ERROR ..." and exits 1. */
-#define _GNU_SOURCE
-#include <errno.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "vrnic_client.h"
 #include <time.h>
-#include <fcntl.h>
-#include <unistd.h>
-#include <sys/mman.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include "vrnic_abi.h"
-
-static int sock;
-static uint32_t seq;
-
-static void die(const char *what, int err, const char *msg) {
-	printf("ERROR %s: %s%s%s\n", what, strerror(err), msg ? ": " : "", msg ? msg : "");
-	exit(1);
-}
-
-/* call sends one command (header + req, plus extra bytes and fds) and reads
- * the reply into resp and, if rfds, the 2 fds of OPEN_CONTEXT. */
-static void call(uint16_t op, const void *req, size_t req_len, const void *extra, size_t extra_len,
-		 const int *fds, int nfds, void *resp, size_t resp_len, int *rfds) {
-	static uint8_t buf[VRNIC_MAX_MSG_SIZE];
-	struct vrnic_msg_hdr h = { .opcode = op, .length = sizeof h + req_len + extra_len, .seq = ++seq };
-	memcpy(buf, &h, sizeof h);
-	if (req_len)
-		memcpy(buf + sizeof h, req, req_len);
-	if (extra_len)
-		memcpy(buf + sizeof h + req_len, extra, extra_len);
-	struct iovec iov = { buf, h.length };
-	union { struct cmsghdr c; char b[CMSG_SPACE(sizeof(int) * VRNIC_MAX_FDS)]; } cm;
-	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
-	if (nfds) {
-		m.msg_control = cm.b;
-		m.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
-		struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-		c->cmsg_level = SOL_SOCKET;
-		c->cmsg_type = SCM_RIGHTS;
-		c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
-		memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
-	}
-	if (sendmsg(sock, &m, 0) < 0)
-		die("sendmsg", errno, NULL);
-	iov.iov_len = sizeof buf;
-	m.msg_control = cm.b;
-	m.msg_controllen = sizeof cm.b;
-	ssize_t n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC);
-	if (n < (ssize_t)sizeof h)
-		die("recvmsg", n < 0 ? errno : EPROTO, NULL);
-	struct vrnic_msg_hdr r;
-	memcpy(&r, buf, sizeof r);
-	if (r.opcode != op || r.seq != h.seq || !(r.flags & VRNIC_MSG_F_REPLY))
-		die("reply", EPROTO, NULL);
-	if (r.status)
-		die("command", r.status, (const char *)buf + sizeof r);
-	if ((size_t)n != sizeof r + resp_len)
-		die("reply length", EPROTO, NULL);
-	if (resp_len)
-		memcpy(resp, buf + sizeof r, resp_len);
-	if (rfds) {
-		struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-		if (!c || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(2 * sizeof(int)))
-			die("reply fds", EPROTO, NULL);
-		memcpy(rfds, CMSG_DATA(c), 2 * sizeof(int));
-	}
-}
 
 /* Memory layout of the 1 MiB host memory (PA = pa + offset):
  *   0        CQ ring, 64 CQEs
@@ -84,20 +16,6 @@ static void call(uint16_t op, const void *req, size_t req_len, const void *extra
 #define OFF_RQ1 (512 << 10)
 #define OFF_SQ2 (640 << 10)
 #define OFF_RQ2 (768 << 10)
-
-static uint8_t *mem, *db;
-static uint64_t pa;
-static int kick;
-static struct vrnic_db_header *dh;
-
-static void ring(uint32_t *pi, uint32_t v) {
-	__atomic_store_n(pi, v, __ATOMIC_SEQ_CST);
-	if (__atomic_load_n(&dh->kick_needed, __ATOMIC_SEQ_CST)) {
-		uint64_t one = 1;
-		if (write(kick, &one, 8) != 8)
-			die("kick", errno, NULL);
-	}
-}
 
 static uint32_t cq_ci;
 
@@ -123,38 +41,6 @@ static struct vrnic_cqe poll_cq(struct vrnic_db_cq *crec) {
 	}
 }
 
-static void modify_to_rts(uint32_t qpn, uint32_t dest, const uint8_t *gid) {
-	struct vrnic_cmd_modify_qp mq = { .qpn = qpn };
-	mq.attr_mask = VRNIC_QP_STATE | VRNIC_QP_PKEY_INDEX | VRNIC_QP_PORT | VRNIC_QP_ACCESS_FLAGS;
-	mq.attr.qp_state = VRNIC_QPS_INIT;
-	mq.attr.port_num = 1;
-	mq.attr.qp_access_flags = VRNIC_ACCESS_REMOTE_WRITE;
-	call(VRNIC_CMD_MODIFY_QP, &mq, sizeof mq, NULL, 0, NULL, 0, NULL, 0, NULL);
-	memset(&mq.attr, 0, sizeof mq.attr);
-	mq.attr_mask = VRNIC_QP_STATE | VRNIC_QP_AV | VRNIC_QP_PATH_MTU | VRNIC_QP_DEST_QPN | VRNIC_QP_RQ_PSN |
-		       VRNIC_QP_MAX_DEST_RD_ATOMIC | VRNIC_QP_MIN_RNR_TIMER;
-	mq.attr.qp_state = VRNIC_QPS_RTR;
-	mq.attr.path_mtu = VRNIC_MTU_1024;
-	mq.attr.dest_qp_num = dest;
-	mq.attr.rq_psn = 100 + dest;
-	mq.attr.max_dest_rd_atomic = 1;
-	mq.attr.min_rnr_timer = 1;
-	memcpy(mq.attr.ah_attr.dgid, gid, 16);
-	mq.attr.ah_attr.hop_limit = 64;
-	mq.attr.ah_attr.port_num = 1;
-	call(VRNIC_CMD_MODIFY_QP, &mq, sizeof mq, NULL, 0, NULL, 0, NULL, 0, NULL);
-	memset(&mq.attr, 0, sizeof mq.attr);
-	mq.attr_mask = VRNIC_QP_STATE | VRNIC_QP_TIMEOUT | VRNIC_QP_RETRY_CNT | VRNIC_QP_RNR_RETRY |
-		       VRNIC_QP_SQ_PSN | VRNIC_QP_MAX_QP_RD_ATOMIC;
-	mq.attr.qp_state = VRNIC_QPS_RTS;
-	mq.attr.timeout = 14;
-	mq.attr.retry_cnt = 7;
-	mq.attr.rnr_retry = 7;
-	mq.attr.sq_psn = 100 + qpn;
-	mq.attr.max_rd_atomic = 1;
-	call(VRNIC_CMD_MODIFY_QP, &mq, sizeof mq, NULL, 0, NULL, 0, NULL, 0, NULL);
-}
-
 static void check_cqe(struct vrnic_cqe c, uint64_t wr_id, uint8_t opcode, uint32_t qpn, uint32_t byte_len) {
 	if (c.wr_id != wr_id || c.status != VRNIC_WC_SUCCESS || c.opcode != opcode || c.qp_num != qpn ||
 	    c.byte_len != byte_len || c.vendor_err != 0) {
@@ -169,36 +55,8 @@ static void check_cqe(struct vrnic_cqe c, uint64_t wr_id, uint8_t opcode, uint32
 int main(int argc, char **argv) {
 	if (argc != 2)
 		return 2;
-	sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-	struct sockaddr_un a = { .sun_family = AF_UNIX };
-	strncpy(a.sun_path, argv[1], sizeof a.sun_path - 1);
-	if (connect(sock, (struct sockaddr *)&a, sizeof a) < 0)
-		die("connect", errno, NULL);
-
-	struct vrnic_cmd_open_context oc = { .abi_version = VRNIC_ABI_VERSION };
-	strcpy(oc.client_name, "c-loop");
-	struct vrnic_resp_open_context ocr;
-	int fds[2];
-	call(VRNIC_CMD_OPEN_CONTEXT, &oc, sizeof oc, NULL, 0, NULL, 0, &ocr, sizeof ocr, fds);
-	db = mmap(NULL, ocr.db_page_size, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
-	if (db == MAP_FAILED)
-		die("mmap doorbell", errno, NULL);
-	dh = (void *)db;
-	if (dh->magic != VRNIC_DB_MAGIC)
-		die("doorbell magic", EPROTO, NULL);
-	kick = fds[1];
-
-	size_t len = 1 << 20;
-	int mfd = memfd_create("cloop", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (mfd < 0 || ftruncate(mfd, len) < 0 || fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK) < 0)
-		die("memfd", errno, NULL);
-	mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
-	if (mem == MAP_FAILED)
-		die("mmap memory", errno, NULL);
-	struct vrnic_cmd_add_host_mem ah = { .length = len };
-	struct vrnic_resp_add_host_mem ahr;
-	call(VRNIC_CMD_ADD_HOST_MEM, &ah, sizeof ah, NULL, 0, &mfd, 1, &ahr, sizeof ahr, NULL);
-	pa = ahr.pa_base;
+	open_context(argv[1], "c-loop");
+	add_host_mem("cloop", 1 << 20);
 
 	struct vrnic_cmd_query_gid qg = { .port_num = 1, .index = 0 };
 	struct vrnic_resp_query_gid gid;
@@ -206,13 +64,7 @@ int main(int argc, char **argv) {
 
 	struct vrnic_resp_alloc_pd pdr;
 	call(VRNIC_CMD_ALLOC_PD, NULL, 0, NULL, 0, NULL, 0, &pdr, sizeof pdr, NULL);
-	struct vrnic_cmd_reg_mr mr = { .iova = pa + OFF_DATA, .length = 65536, .pd_handle = pdr.pd_handle,
-		.access = VRNIC_ACCESS_LOCAL_WRITE | VRNIC_ACCESS_REMOTE_WRITE, .page_shift = VRNIC_PAGE_SHIFT_4K, .npages = 16 };
-	uint64_t pages[16];
-	for (int i = 0; i < 16; i++)
-		pages[i] = pa + OFF_DATA + 4096 * i;
-	struct vrnic_resp_reg_mr mrr;
-	call(VRNIC_CMD_REG_MR, &mr, sizeof mr, pages, sizeof pages, NULL, 0, &mrr, sizeof mrr, NULL);
+	struct vrnic_resp_reg_mr mrr = reg_mr(pdr.pd_handle, OFF_DATA, VRNIC_ACCESS_LOCAL_WRITE | VRNIC_ACCESS_REMOTE_WRITE);
 
 	struct vrnic_cmd_create_cq cq = { .ring_pa = pa, .cqe_count = 64 };
 	struct vrnic_resp_create_cq cqr;
@@ -227,8 +79,9 @@ int main(int argc, char **argv) {
 			.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1 } };
 		call(VRNIC_CMD_CREATE_QP, &qc, sizeof qc, NULL, 0, NULL, 0, &qr[i], sizeof qr[i], NULL);
 	}
-	modify_to_rts(qr[0].qpn, qr[1].qpn, gid.gid);
-	modify_to_rts(qr[1].qpn, qr[0].qpn, gid.gid);
+	/* Each QP's PSNs start at 100 + its QPN. */
+	for (int i = 0; i < 2; i++)
+		rc_to_rts(qr[i].qpn, qr[1 - i].qpn, gid.gid, 64, 100 + qr[1 - i].qpn, 100 + qr[i].qpn, 1);
 	struct vrnic_db_qp *rec1 = (void *)(db + qr[0].db_index * VRNIC_DB_RECORD_SIZE);
 	struct vrnic_db_qp *rec2 = (void *)(db + qr[1].db_index * VRNIC_DB_RECORD_SIZE);
 	uint8_t *data = mem + OFF_DATA;
