@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/vrnic/vrnic/internal/launch"
 	"github.com/vrnic/vrnic/internal/rcpair"
 )
 
@@ -140,7 +141,7 @@ func TestServerRejectsBadStart(t *testing.T) {
 	d := startDaemon(t, "perf-proto", "-link", "mem")
 	path := filepath.Join(t.TempDir(), "ctrl.sock")
 	errc := make(chan error, 1)
-	go func() { errc <- serve(d.sock, "unix:"+path, &syncBuffer{}) }()
+	go func() { errc <- serve(d.sock, "unix:"+path, &launch.Buffer{}) }()
 	nc, err := dial("unix:" + path)
 	require.NoError(t, err)
 	defer nc.Close()

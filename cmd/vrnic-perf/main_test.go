@@ -78,7 +78,7 @@ type daemon struct {
 func startDaemon(t *testing.T, name string, args ...string) *daemon {
 	t.Helper()
 	dir := t.TempDir()
-	log := &syncBuffer{}
+	log := &launch.Buffer{}
 	p, err := launch.Start(launch.Spec{Name: "vrnicd", Bin: vrnicdBin,
 		Args:   append([]string{"-name", name, "-runtime-dir", dir, "-workers", "1"}, args...),
 		Stdout: log, Stderr: log})

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/internal/launch"
 	"github.com/vrnic/vrnic/internal/rcpair"
 )
 
@@ -155,13 +156,13 @@ func TestFillPattern(t *testing.T) {
 func TestReportJSON(t *testing.T) {
 	rs := []result{{Test: sendLat, Size: 8, Ops: 10, Latency: &latencyStats{Samples: 10, Min: 1000}}}
 	var b []byte
-	w := &syncBuffer{}
+	w := &launch.Buffer{}
 	require.NoError(t, writeJSON(w, rs))
 	b = []byte(w.String())
 	var r report
 	require.NoError(t, json.Unmarshal(b, &r))
 	assert.Equal(t, rs, r.Results)
-	tw := &syncBuffer{}
+	tw := &launch.Buffer{}
 	o := options{Test: sendLat, QPs: 1, Depth: 1, MTU: 4096, CQMod: 1}
 	writeTable(tw, &o, rs)
 	assert.Contains(t, tw.String(), "one-way = round trip / 2")

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,25 +19,6 @@ import (
 
 	"github.com/vrnic/vrnic/device"
 )
-
-// syncBuf is a bytes.Buffer safe for a process's output goroutine and the
-// test reading it.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // helperEnv makes the test binary a parent that starts `sleep 60` with
 // Start, prints its PID and blocks (TestPdeathsig).
@@ -167,7 +147,7 @@ func TestGroup(t *testing.T) {
 func TestPdeathsig(t *testing.T) {
 	exe, err := os.Executable()
 	require.NoError(t, err)
-	var out syncBuf
+	var out Buffer
 	parent, err := Start(Spec{Name: "parent", Bin: exe, Args: []string{"-test.run=^$"}, Env: []string{helperEnv + "=1"}, Stdout: &out, Stderr: &out})
 	require.NoError(t, err)
 	t.Cleanup(func() { parent.Stop(0, time.Second) })

@@ -18,7 +18,7 @@ import (
 type daemon struct {
 	proc   *launch.Proc
 	socket string
-	logs   *syncBuf
+	logs   *launch.Buffer
 }
 
 // startDaemon runs vrnicd with a private runtime dir and waits until its
@@ -26,7 +26,7 @@ type daemon struct {
 func startDaemon(t *testing.T, name string, args ...string) *daemon {
 	t.Helper()
 	dir := t.TempDir()
-	d := &daemon{socket: device.SocketPath(dir, name), logs: &syncBuf{}}
+	d := &daemon{socket: device.SocketPath(dir, name), logs: &launch.Buffer{}}
 	var err error
 	d.proc, err = launch.Start(launch.Spec{Name: "vrnicd " + name, Bin: filepath.Join(bin, "vrnicd"),
 		Args: append([]string{"-name", name, "-runtime-dir", dir}, args...), Stderr: d.logs})

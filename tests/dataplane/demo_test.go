@@ -15,6 +15,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/vrnic/vrnic/internal/launch"
 )
 
 // demoRun is one run of vrnic-demo.
@@ -23,7 +25,7 @@ type demoRun struct {
 	tmp    string // the demo's TMPDIR
 	lines  chan string
 	stdout []string
-	stderr syncBuf
+	stderr launch.Buffer
 }
 
 // startDemo starts vrnic-demo (it finds vrnicd beside itself) with its

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"strings"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -41,23 +39,4 @@ func freeLoopback(t testing.TB) netip.Addr {
 	a, err := launch.FreeLoopback()
 	require.NoError(t, err)
 	return a
-}
-
-// syncBuf is a strings.Builder safe for a process's output goroutine and
-// the test reading it.
-type syncBuf struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
