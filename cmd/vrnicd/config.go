@@ -35,6 +35,9 @@ type Config struct {
 	LogLevel string `json:"log_level,omitempty"`
 	// Limits bounds clients and the device; zero fields take defaults.
 	Limits device.Limits `json:"limits"`
+	// CPUProfile, when set (flag only), is a file the daemon writes a CPU
+	// profile of its whole run to.
+	CPUProfile string `json:"-"`
 }
 
 // LinkConfig selects the link and its addresses.
@@ -116,6 +119,7 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 		tapNS   = fs.String("tap-netns", "", "TAP link: network namespace (ip netns name) to create the interface in")
 		tapVer  = fs.Bool("tap-verify-steering", false, "TAP link: check the eBPF steering program against the engine's QP owners at start")
 		tapAddr stringList
+		cpuProf = fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	)
 	fs.Var(&tapAddr, "tap-addr", "TAP link: the NIC's address/prefix, e.g. 10.77.0.1/24 (repeatable; the first is GID 0)")
 	fs.StringVar(local, "local", "127.0.0.1:4791", "same as -udp-local")
@@ -184,6 +188,7 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 	} else {
 		c.RuntimeDir, c.Socket, c.Link.Peers = *rundir, *socket, peers
 	}
+	c.CPUProfile = *cpuProf
 	return c, c.validate()
 }
 

@@ -58,10 +58,10 @@ func ipCmd(t testing.TB, args ...string) string {
 
 // newTopo creates the namespaces and the bridge; t.Cleanup deletes them,
 // then checks that nothing of the test is left.
-func newTopo(t *testing.T) *topo {
+func newTopo(t testing.TB) *topo {
 	requireRoot(t)
 	p := fmt.Sprintf("vrt%d", os.Getpid()%100000)
-	tp := &topo{t: t, pfx: p, nsA: p + "a", nsB: p + "b", nsB2: p + "br", dir: t.TempDir()}
+	tp := &topo{pfx: p, nsA: p + "a", nsB: p + "b", nsB2: p + "br", dir: t.TempDir()}
 	t.Cleanup(func() { // registered first: runs last
 		out, _ := exec.Command("ip", "netns", "list").CombinedOutput()
 		for _, ns := range []string{tp.nsA, tp.nsB, tp.nsB2} {
@@ -97,11 +97,12 @@ type proc struct {
 	err  error
 }
 
-func start(t *testing.T, name string, cmd *exec.Cmd) *proc {
+func start(t testing.TB, name string, cmd *exec.Cmd) *proc {
 	t.Helper()
 	p := &proc{cmd: cmd, out: &syncBuf{}, done: make(chan error, 1)}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	// No Pdeathsig: it fires when the forking OS thread exits, and
+	// tap.Create ends threads it switched into another namespace.
 	require.NoError(t, cmd.Start(), name)
 	go func() { p.done <- cmd.Wait() }()
 	t.Cleanup(func() {
@@ -155,13 +156,14 @@ type daemon struct {
 // startDaemon runs vrnicd in namespace ns with its TAP ifname created in
 // the bridge namespace, waits for its control socket and makes the TAP
 // a port of br0.
-func (tp *topo) startDaemon(t *testing.T, ns, name, ifname string, workers int, addrs ...string) *daemon {
+func (tp *topo) startDaemon(t testing.TB, ns, name, ifname string, workers int, extra []string, addrs ...string) *daemon {
 	t.Helper()
 	args := []string{"netns", "exec", ns, filepath.Join(bin, "vrnicd"), "-name", name, "-runtime-dir", tp.dir,
 		"-link", "tap", "-workers", fmt.Sprint(workers), "-tap-name", ifname, "-tap-netns", tp.nsB2, "-tap-verify-steering"}
 	for _, a := range addrs {
 		args = append(args, "-tap-addr", a)
 	}
+	args = append(args, extra...)
 	d := &daemon{name: name, sock: device.SocketPath(tp.dir, name), ifname: ifname}
 	d.proc = start(t, "vrnicd "+name, exec.Command("ip", args...))
 	deadline := time.Now().Add(20 * time.Second)
@@ -186,7 +188,7 @@ func (tp *topo) startDaemon(t *testing.T, ns, name, ifname string, workers int, 
 
 // linkStats runs vrnicctl link for d (a separate process, as an operator
 // would).
-func linkStats(t *testing.T, d *daemon) linkJSON {
+func linkStats(t testing.TB, d *daemon) linkJSON {
 	t.Helper()
 	out, err := exec.Command(filepath.Join(bin, "vrnicctl"), "-s", d.sock, "-json", "link").CombinedOutput()
 	require.NoError(t, err, "vrnicctl link: %s", out)
@@ -270,7 +272,7 @@ func (tp *topo) capture(t *testing.T, iface, file string) *proc {
 
 // txDropped returns the TX drop counter of ifname in the bridge
 // namespace: frames for the daemon dropped at a full TAP queue.
-func (tp *topo) txDropped(t *testing.T, ifname string) uint64 {
+func (tp *topo) txDropped(t testing.TB, ifname string) uint64 {
 	t.Helper()
 	out := ipCmd(t, "-n", tp.nsB2, "-s", "-j", "link", "show", "dev", ifname)
 	var links []struct {
