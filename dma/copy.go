@@ -126,35 +126,37 @@ func (a *Accessor) CheckRemote(rkey uint32, pd PD, va, length uint64, want Acces
 // ReadRemote copies len(dst) bytes at va of the MR named by rkey into dst
 // (REMOTE_READ required): an RDMA READ responder.
 func (a *Accessor) ReadRemote(rkey uint32, pd PD, va uint64, dst []byte) error {
-	a.Enter()
-	defer a.Exit()
-	m := a.s.lookup(rkey)
-	if m == nil {
-		return ErrBadKey
-	}
-	if err := m.check(pd, va, uint64(len(dst)), AccessRemoteRead); err != nil {
-		return err
-	}
-	if len(dst) > 0 {
-		copyOut(m, va, dst)
-	}
-	return nil
+	return a.remoteAt(rkey, pd, va, dst, false)
 }
 
 // WriteRemote copies src to va of the MR named by rkey (REMOTE_WRITE
 // required): an RDMA WRITE responder.
 func (a *Accessor) WriteRemote(rkey uint32, pd PD, va uint64, src []byte) error {
+	return a.remoteAt(rkey, pd, va, src, true)
+}
+
+// remoteAt is ReadRemote (toMR false: the MR's bytes into buf) and
+// WriteRemote (toMR true: buf into the MR).
+func (a *Accessor) remoteAt(rkey uint32, pd PD, va uint64, buf []byte, toMR bool) error {
 	a.Enter()
 	defer a.Exit()
+	want := AccessRemoteRead
+	if toMR {
+		want = AccessRemoteWrite
+	}
 	m := a.s.lookup(rkey)
 	if m == nil {
 		return ErrBadKey
 	}
-	if err := m.check(pd, va, uint64(len(src)), AccessRemoteWrite); err != nil {
+	if err := m.check(pd, va, uint64(len(buf)), want); err != nil {
 		return err
 	}
-	if len(src) > 0 {
-		copyIn(m, va, src)
+	if len(buf) > 0 {
+		if toMR {
+			copyIn(m, va, buf)
+		} else {
+			copyOut(m, va, buf)
+		}
 	}
 	return nil
 }
