@@ -16,6 +16,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/vrnic/vrnic/device"
 )
@@ -35,7 +36,8 @@ func TestMain(m *testing.M) {
 		<-p.Done()
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	// Every Proc's wait goroutine ends with its process: none may be left.
+	goleak.VerifyTestMain(m)
 }
 
 // gone reports whether no process has this PID (a Proc is reaped by its
