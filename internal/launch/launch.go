@@ -3,7 +3,11 @@
 // roles of vrnic-demo and vrnic-perf.
 //
 // Every child is started with Pdeathsig SIGKILL (the kernel kills it if
-// its parent dies without stopping it) and is stopped by its PID:
+// its parent dies without stopping it). The kernel ties that signal to
+// the OS thread that forked, not to the process: Start must not be
+// called from a goroutine locked to a thread that may end (one that
+// switched network namespace, for instance). A child is stopped by its
+// PID:
 // optionally a wait for it to exit by itself, then SIGTERM, then SIGKILL
 // after a grace period. One goroutine per child waits for it and closes
 // Done; Err is the exit status after that.
