@@ -189,8 +189,10 @@ func (dp *DataPlane) Start() {
 	dp.wg.Add(2)
 	go func() {
 		defer dp.wg.Done()
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
+		// Not locked to an OS thread: an empty pass yields (Gosched),
+		// which on a locked thread is a hand-off of the P to another
+		// thread and two futex calls per pass, the largest CPU cost of a
+		// daemon under small-message load (BENCHMARKS.md).
 		if err := dp.poller.Run(ctx); err != nil {
 			dp.log.Error("doorbell poller stopped", "err", err)
 		}
