@@ -141,9 +141,14 @@ func tapPath(v6 bool) *roce.Path {
 	return p
 }
 
+func tapHeaders() roce.Headers {
+	return roce.Headers{BTH: roce.BTHFields{Opcode: roce.OpRCSendOnly, PKey: 0xffff}}
+}
+
 func roceFrameFor(t testing.TB, qpn uint32, psn uint32, n int, v6 bool) []byte {
-	h := &roce.Headers{BTH: roce.BTHFields{Opcode: roce.OpRCSendOnly, PKey: 0xffff, DestQP: qpn, PSN: psn}}
-	return bytes.Clone(buildFrame(t, tapPath(v6), h, n))
+	h := tapHeaders()
+	h.BTH.DestQP, h.BTH.PSN = qpn, psn
+	return bytes.Clone(buildFrame(t, tapPath(v6), &h, n))
 }
 
 // recvTAP receives exactly n frames from p (copies), waiting on Ready.

@@ -1,0 +1,113 @@
+package link
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/vishvananda/netns"
+
+	"github.com/vrnic/vrnic/tap"
+)
+
+// newRootTAPPair creates a network namespace with a bridge and two
+// multi-queue TAP devices on it, each behind a TAP link (root only).
+func newRootTAPPair(t *testing.T, queues int) (*TAPLink, *TAPLink) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("TAP link test needs root (network namespace, TAP devices)")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("TAP link test needs iproute2 (ip)")
+	}
+	ns := fmt.Sprintf("vrlink%d", os.Getpid()%100000)
+	ip := func(args ...string) {
+		out, err := exec.Command("ip", args...).CombinedOutput()
+		require.NoError(t, err, "ip %v: %s", args, out)
+	}
+	ip("netns", "add", ns)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	ip("-n", ns, "link", "add", "br0", "type", "bridge")
+	ip("-n", ns, "link", "set", "br0", "up")
+	h, err := netns.GetFromName(ns)
+	require.NoError(t, err)
+	defer h.Close()
+	var links []*TAPLink
+	for i, name := range []string{"lta", "ltb"} {
+		mac := tap.MAC{2, 0x4c, 0, 0, 0, byte(i + 1)}
+		dev, err := tap.Create(tap.Config{Name: name, Queues: queues, MAC: mac, NetNS: h})
+		require.NoError(t, err)
+		ip("-n", ns, "link", "set", name, "master", "br0")
+		l, err := NewTAP(dev, TAPConfig{FrameCap: testFrameCap, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			dev.Close()
+		}
+		require.NoError(t, err)
+		t.Cleanup(func() { l.Close() })
+		links = append(links, l)
+	}
+	return links[0], links[1]
+}
+
+// rootFrame is a RoCE frame from link a's NIC to link b's NIC.
+func rootFrame(t testing.TB, qpn, psn uint32, n int) []byte {
+	p := tapPath(false)
+	p.SrcMAC, p.DstMAC = [6]byte{2, 0x4c, 0, 0, 0, 1}, [6]byte{2, 0x4c, 0, 0, 0, 2}
+	h := &rootHeaders
+	h.BTH.DestQP, h.BTH.PSN = qpn, psn
+	return buildFrame(t, p, h, n)
+}
+
+var rootHeaders = tapHeaders()
+
+// TestTAPRealDevices: frames written on one TAP link's port cross a
+// bridge and come out of the other link's port of their QP (no steering
+// program: a single queue), byte for byte; the steady state allocates
+// nothing.
+func TestTAPRealDevices(t *testing.T) {
+	a, b := newRootTAPPair(t, 1)
+	// The bridge learns b's NIC MAC from one frame b sends.
+	back := rootFrame(t, 0x100, 0, 8)
+	copy(back[0:6], []byte{2, 0x4c, 0, 0, 0, 1})
+	copy(back[6:12], []byte{2, 0x4c, 0, 0, 0, 2})
+	_, err := b.Ports()[0].SendBatch([][]byte{back})
+	require.NoError(t, err)
+	time.Sleep(20 * time.Millisecond)
+
+	pa, pb := a.Ports()[0], b.Ports()[0]
+	var want [][]byte
+	for i := range 20 {
+		f := rootFrame(t, 0x100+uint32(i), uint32(i), i*200)
+		want = append(want, append([]byte(nil), f...))
+		n, err := pa.SendBatch([][]byte{f})
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+	}
+	got := recvTAP(t, pb, len(want))
+	for i := range want {
+		assert.Equal(t, want[i], got[i], "frame %d", i)
+	}
+	assert.EqualValues(t, 20, pa.Counters.TxFrames.Load())
+
+	out := [][]byte{rootFrame(t, 0x200, 1, 1024)}
+	bufs := newBufs(1)
+	round := func() {
+		pa.SendBatch(out)
+		for {
+			bufs[0] = bufs[0][:cap(bufs[0])]
+			if k, _ := pb.RecvBatch(bufs); k == 1 {
+				return
+			}
+			<-pb.Ready()
+		}
+	}
+	for range 20 {
+		round()
+	}
+	assert.Zero(t, testing.AllocsPerRun(200, round), "send, bridge, receive: no allocation per frame")
+}
