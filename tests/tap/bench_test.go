@@ -240,6 +240,7 @@ func BenchmarkTAPWrite1MiB(b *testing.B) {
 	raw := e.rawForward(b, frames, roce.OpRCWriteMiddle, 4096)
 	rdmaMBs := float64(b.N) * size / rdma.Seconds() / 1e6
 	rawMBs := float64(frames) * 4096 / raw.Seconds() / 1e6
+	e.reportRetrans(b)
 	b.ReportMetric(rdmaMBs, "MB/s")
 	b.ReportMetric(rawMBs, "raw-MB/s")
 	b.ReportMetric(rdmaMBs/rawMBs, "ratio")
@@ -258,7 +259,16 @@ func BenchmarkTAPWrite8B(b *testing.B) {
 	raw := e.rawForward(b, b.N, roce.OpRCWriteOnly, 8)
 	rdmaRate := float64(b.N) / rdma.Seconds()
 	rawRate := float64(b.N) / raw.Seconds()
+	e.reportRetrans(b)
 	b.ReportMetric(rdmaRate/1e6, "Mmsg/s")
 	b.ReportMetric(rawRate/1e6, "raw-Mframes/s")
 	b.ReportMetric(rdmaRate/rawRate, "ratio")
+}
+
+// reportRetrans reports the requester's retransmissions (go-back-N
+// restarts after a frame was lost, e.g. at a full TAP queue).
+func (e *benchEnv) reportRetrans(b *testing.B) {
+	r, err := e.a.qp.Query()
+	require.NoError(b, err)
+	b.ReportMetric(float64(r.Retransmits), "retrans")
 }

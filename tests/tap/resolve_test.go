@@ -18,7 +18,7 @@ import (
 // first) the QP is in ERR within the resolution timeout.
 func TestUnreachablePeer(t *testing.T) {
 	tp := newTopo(t)
-	d := tp.startDaemon(t, tp.nsA, "tu", "vtu", 2, "10.77.0.1/24")
+	d := tp.startDaemon(t, tp.nsA, "tu", "vtu", 2, nil, "10.77.0.1/24")
 	c, err := verbs.Open(d.sock, verbs.WithClientName("unreachable"))
 	require.NoError(t, err)
 	defer c.Close()

@@ -63,8 +63,8 @@ func report(t *testing.T, p *proc) clientReport {
 //     op-matrix QP follow the expected sequence exactly.
 func TestTwoDaemonsOverTAP(t *testing.T) {
 	tp := newTopo(t)
-	da := tp.startDaemon(t, tp.nsA, "ta", "vta", workers, addrA+"/24", "fd77::1/64")
-	db := tp.startDaemon(t, tp.nsB, "tb", "vtb", workers, addrB+"/24", "fd77::2/64")
+	da := tp.startDaemon(t, tp.nsA, "ta", "vta", workers, nil, addrA+"/24", "fd77::1/64")
+	db := tp.startDaemon(t, tp.nsB, "tb", "vtb", workers, nil, addrB+"/24", "fd77::2/64")
 	pcap := filepath.Join(tp.dir, "vta.pcap")
 	capture := tp.capture(t, "vta", pcap)
 
