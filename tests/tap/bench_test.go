@@ -271,4 +271,16 @@ func (e *benchEnv) reportRetrans(b *testing.B) {
 	r, err := e.a.qp.Query()
 	require.NoError(b, err)
 	b.ReportMetric(float64(r.Retransmits), "retrans")
+	// Frames the responder sent (ACKs) per frame the requester sent,
+	// over the whole run.
+	var ta, tb uint64
+	for _, q := range linkStats(b, e.da).Queues {
+		ta += q.TxFrames
+	}
+	for _, q := range linkStats(b, e.db).Queues {
+		tb += q.TxFrames
+	}
+	if ta > 0 {
+		b.ReportMetric(float64(tb)/float64(ta), "acks/frame")
+	}
 }

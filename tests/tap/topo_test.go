@@ -207,6 +207,7 @@ type linkJSON struct {
 		RxMisqueued uint64 `json:"rx_misqueued"`
 		RxOther     uint64 `json:"rx_other"`
 		TxErrors    uint64 `json:"tx_errors"`
+		TxFrames    uint64 `json:"tx_frames"`
 	} `json:"queues"`
 	SteerNonRoCE  uint64            `json:"steer_non_roce"`
 	Filter        map[string]uint64 `json:"filter"`
