@@ -74,7 +74,7 @@ func (c *TAPConfig) mac() ([6]byte, error) {
 	return [6]byte(hw), nil
 }
 
-// ifName is the interface name: -tap-name, else the device name when it
+// tapIfName is the interface name: -tap-name, else the device name when it
 // is a valid interface name, else empty (the kernel picks tapN).
 func (c *Config) tapIfName() string {
 	if c.Link.TAP.Name != "" {

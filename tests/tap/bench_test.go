@@ -66,7 +66,7 @@ func newBenchEnv(b *testing.B) *benchEnv {
 	}
 
 	// The raw pair, on the same bridge.
-	ns, err := netns.GetFromName(tp.nsB2)
+	ns, err := netns.GetFromName(tp.nsBr)
 	require.NoError(b, err)
 	defer ns.Close()
 	for i, name := range []string{"vra", "vrb"} {
@@ -74,7 +74,7 @@ func newBenchEnv(b *testing.B) *benchEnv {
 		d, err := tap.Create(tap.Config{Name: name, Queues: 1, MAC: env.rawMAC[i], NetNS: ns})
 		require.NoError(b, err)
 		b.Cleanup(func() { d.Close() })
-		ipCmd(b, "-n", tp.nsB2, "link", "set", "dev", name, "txqueuelen", "4096", "master", "br0")
+		ipCmd(b, "-n", tp.nsBr, "link", "set", "dev", name, "txqueuelen", "4096", "master", "br0")
 		if i == 0 {
 			env.rawA = d
 		} else {
@@ -203,7 +203,7 @@ func (e *benchEnv) rawForward(b *testing.B, count int, op roce.Opcode, payload i
 	select {
 	case <-readDone:
 	case <-time.After(time.Minute):
-		b.Fatalf("raw forwarding: %d of %d frames\n%s", got.Load(), count, ipCmd(b, "-n", e.tp.nsB2, "-s", "link"))
+		b.Fatalf("raw forwarding: %d of %d frames\n%s", got.Load(), count, ipCmd(b, "-n", e.tp.nsBr, "-s", "link"))
 	}
 	d := time.Since(start)
 	close(stop)

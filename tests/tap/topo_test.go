@@ -45,7 +45,7 @@ func (s *syncBuf) String() string {
 type topo struct {
 	t              *testing.T
 	pfx            string
-	nsA, nsB, nsB2 string
+	nsA, nsB, nsBr string
 	dir            string
 }
 
@@ -61,10 +61,10 @@ func ipCmd(t testing.TB, args ...string) string {
 func newTopo(t testing.TB) *topo {
 	requireRoot(t)
 	p := fmt.Sprintf("vrt%d", os.Getpid()%100000)
-	tp := &topo{pfx: p, nsA: p + "a", nsB: p + "b", nsB2: p + "br", dir: t.TempDir()}
+	tp := &topo{pfx: p, nsA: p + "a", nsB: p + "b", nsBr: p + "br", dir: t.TempDir()}
 	t.Cleanup(func() { // registered first: runs last
 		out, _ := exec.Command("ip", "netns", "list").CombinedOutput()
-		for _, ns := range []string{tp.nsA, tp.nsB, tp.nsB2} {
+		for _, ns := range []string{tp.nsA, tp.nsB, tp.nsBr} {
 			if strings.Contains(string(out), ns) {
 				t.Errorf("namespace %s left behind", ns)
 			}
@@ -76,7 +76,7 @@ func newTopo(t testing.TB) *topo {
 			}
 		}
 	})
-	for _, ns := range []string{tp.nsA, tp.nsB, tp.nsB2} {
+	for _, ns := range []string{tp.nsA, tp.nsB, tp.nsBr} {
 		ipCmd(t, "netns", "add", ns)
 		t.Cleanup(func() {
 			if out, err := exec.Command("ip", "netns", "del", ns).CombinedOutput(); err != nil {
@@ -84,8 +84,8 @@ func newTopo(t testing.TB) *topo {
 			}
 		})
 	}
-	ipCmd(t, "-n", tp.nsB2, "link", "add", "br0", "type", "bridge")
-	ipCmd(t, "-n", tp.nsB2, "link", "set", "br0", "up")
+	ipCmd(t, "-n", tp.nsBr, "link", "add", "br0", "type", "bridge")
+	ipCmd(t, "-n", tp.nsBr, "link", "set", "br0", "up")
 	return tp
 }
 
@@ -159,7 +159,7 @@ type daemon struct {
 func (tp *topo) startDaemon(t testing.TB, ns, name, ifname string, workers int, extra []string, addrs ...string) *daemon {
 	t.Helper()
 	args := []string{"netns", "exec", ns, filepath.Join(bin, "vrnicd"), "-name", name, "-runtime-dir", tp.dir,
-		"-link", "tap", "-workers", fmt.Sprint(workers), "-tap-name", ifname, "-tap-netns", tp.nsB2, "-tap-verify-steering"}
+		"-link", "tap", "-workers", fmt.Sprint(workers), "-tap-name", ifname, "-tap-netns", tp.nsBr, "-tap-verify-steering"}
 	for _, a := range addrs {
 		args = append(args, "-tap-addr", a)
 	}
@@ -182,7 +182,7 @@ func (tp *topo) startDaemon(t testing.TB, ns, name, ifname string, workers int, 
 		require.True(t, time.Now().Before(deadline), "vrnicd %s not up:\n%s", name, d.proc.out)
 		time.Sleep(20 * time.Millisecond)
 	}
-	ipCmd(t, "-n", tp.nsB2, "link", "set", ifname, "master", "br0")
+	ipCmd(t, "-n", tp.nsBr, "link", "set", ifname, "master", "br0")
 	return d
 }
 
@@ -265,7 +265,7 @@ func startClient(t *testing.T, a clientArgs) *proc {
 // capture runs tshark on iface in the bridge namespace, writing a pcap.
 func (tp *topo) capture(t *testing.T, iface, file string) *proc {
 	t.Helper()
-	p := start(t, "tshark", exec.Command("ip", "netns", "exec", tp.nsB2, "tshark", "-q", "-i", iface, "-F", "pcap", "-w", file))
+	p := start(t, "tshark", exec.Command("ip", "netns", "exec", tp.nsBr, "tshark", "-q", "-i", iface, "-F", "pcap", "-w", file))
 	require.Eventually(t, func() bool { return strings.Contains(p.out.String(), "Capturing on") }, 20*time.Second, 10*time.Millisecond,
 		"tshark did not start: %s", p.out)
 	return p
@@ -275,7 +275,7 @@ func (tp *topo) capture(t *testing.T, iface, file string) *proc {
 // namespace: frames for the daemon dropped at a full TAP queue.
 func (tp *topo) txDropped(t testing.TB, ifname string) uint64 {
 	t.Helper()
-	out := ipCmd(t, "-n", tp.nsB2, "-s", "-j", "link", "show", "dev", ifname)
+	out := ipCmd(t, "-n", tp.nsBr, "-s", "-j", "link", "show", "dev", ifname)
 	var links []struct {
 		Stats64 struct {
 			TX struct {

@@ -1,0 +1,27 @@
+// # TAP link
+//
+// NewTAP attaches a device to a multi-queue TAP device (package tap): port
+// i reads and writes queue i for engine worker i. The eBPF steering
+// program attached to the device (package ebpf) puts every received RoCE
+// v2 frame on the queue of the worker that owns its destination QP
+// (roce.SteerQueue), the same function the engine uses, so a port only
+// ever sees frames for its own QPs; a frame for another queue's QP is
+// counted (RxMisqueued) and dropped. ARP and neighbour discovery frames,
+// on any queue, go to the device's neighbour engine (tap.Neighbors), not
+// to the engine; anything else is counted (RxOther) and dropped.
+//
+// Frames are whole Ethernet frames in both directions, exactly as the
+// engine builds and parses them: the kernel side of the TAP is a bridge
+// port or a host interface, and nothing is synthesized.
+//
+// Receive: a reader goroutine per queue waits in tap.Queue.ReadBatch
+// with up to Batch buffers of the port's pool, classifies what it read
+// and hands RoCE frames to RecvBatch by buffer exchange (see TAPPort).
+// Send: SendBatch writes the caller's frames (the kernel copies, one
+// write per frame: a TAP without a virtio-net header has no batched
+// write); a frame the kernel refuses is counted and dropped so that it
+// cannot stall the worker. Neither path allocates.
+//
+// The link owns the device: Close stops the readers and closes the
+// device, which removes the interface (and the programs attached to it).
+package link
