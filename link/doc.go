@@ -31,7 +31,13 @@
 //
 // A port created with Faults applies seeded drop, duplicate, reorder (hold
 // a frame back until N later frames passed), delay and corrupt decisions to
-// every frame it sends. The seed is logged when the port is created; with
-// the same seed and the same sequence of frames the same decisions are
-// made, so a failing run replays.
+// every frame it sends. A held frame goes out with the port's next send or
+// receive once it is due (a delayed frame after DelayFor, a reordered one
+// after ReorderDepth later frames or at most 1 ms); the port signals its
+// Ready channel when the earliest held frame is due, so an owner that went
+// idle (an engine worker asleep until its next ACK timeout) is woken to
+// release it, and a delay stays a delay instead of becoming a loss. The
+// seed is logged when the port is created; with the same seed and the same
+// sequence of frames the same decisions are made, so a failing run
+// replays.
 package link

@@ -23,7 +23,9 @@ type Faults struct {
 	Reorder      float64
 	ReorderDepth int
 	// Delay holds a frame back for DelayFor (default 100 us); it goes out
-	// with the first send or receive on the port after that.
+	// with the first send or receive on the port after that, and the port
+	// signals its Ready channel when the time is up so that an idle owner
+	// (a worker asleep until its next timer) calls it.
 	Delay    float64
 	DelayFor time.Duration
 }
@@ -49,6 +51,14 @@ type faultState struct {
 	held  []heldFrame
 	sent  uint64
 	start time.Time
+	// wake signals the port's Ready channel when the earliest held frame
+	// is due (wakeAt, on the start clock; 0 when not armed). Without it a
+	// held frame would wait for the owner's next send or receive, which
+	// for a worker that went to sleep is its next timer (an ACK timeout)
+	// or, with no timer, the next frame it gets: the delay of a quiet
+	// sender's last frames became a loss.
+	wake   *time.Timer
+	wakeAt int64 // deadline of the pending wake-up; in the past: none
 }
 
 func newFaultState(f Faults, index int, log *slog.Logger, addr netip.Addr) *faultState {
@@ -67,6 +77,40 @@ func newFaultState(f Faults, index int, log *slog.Logger, addr netip.Addr) *faul
 		"drop", f.Drop, "duplicate", f.Duplicate, "corrupt", f.Corrupt, "reorder", f.Reorder, "delay", f.Delay)
 	return &faultState{cfg: f, seed: seed, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		held: make([]heldFrame, 0, maxHeld), start: time.Now()}
+}
+
+// armWake arms the port's wake-up for the earliest held frame. Every held
+// frame has a deadline (until): a delayed frame its delay, a reordered one
+// its age limit. Called by the owner after held changed.
+func (p *Port) armWake() {
+	f := p.f
+	if len(f.held) == 0 {
+		return // a pending wake-up is harmless: Ready may be spurious
+	}
+	next := f.held[0].until
+	for _, h := range f.held[1:] {
+		next = min(next, h.until)
+	}
+	now := int64(time.Since(f.start))
+	if f.wakeAt > now && f.wakeAt <= next {
+		return // an earlier (or the same) wake-up is pending
+	}
+	f.wakeAt = next
+	d := time.Duration(next - now)
+	if f.wake == nil {
+		f.wake = time.AfterFunc(d, p.wakeUp)
+		return
+	}
+	f.wake.Reset(d)
+}
+
+// wakeUp runs on the timer's goroutine: it only signals Ready; the owner
+// releases the due frames in its next SendBatch or RecvBatch.
+func (p *Port) wakeUp() {
+	select {
+	case p.ready <- struct{}{}:
+	default:
+	}
 }
 
 // Seed returns the seed of a lossy port (0 for a perfect one).
@@ -130,9 +174,11 @@ func (p *Port) sendFaulty(dst *Port, slot *[]byte) bool {
 		f.held = append(f.held, heldFrame{frame: fr, dst: dst, after: f.sent + uint64(f.cfg.ReorderDepth),
 			until: int64(time.Since(f.start) + reorderMaxAge)})
 		p.Counters.Reordered.Add(1)
+		p.armWake()
 	case len(f.held) < maxHeld && f.hit(f.cfg.Delay):
 		f.held = append(f.held, heldFrame{frame: fr, dst: dst, until: int64(time.Since(f.start) + f.cfg.DelayFor)})
 		p.Counters.Delayed.Add(1)
+		p.armWake()
 	default:
 		if !dst.deliver(fr) {
 			// Receiver full: a lossy link loses the frame.
@@ -167,4 +213,5 @@ func (p *Port) releaseHeld(force bool) {
 	}
 	clear(f.held[j:])
 	f.held = f.held[:j]
+	p.armWake()
 }

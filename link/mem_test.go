@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -154,6 +155,48 @@ func TestFaultsReplay(t *testing.T) {
 	assert.NotZero(t, c.Corrupted.Load())
 	assert.Equal(t, 100-int(c.Dropped.Load())+int(c.Duplicated.Load()), len(t1))
 	assert.Equal(t, 256, n.FreeBuffers())
+}
+
+// TestHeldFrameWakesOwner: a frame a lossy port holds back (delayed, or
+// reordered behind later frames that never come) must not wait for the
+// owner's next send or receive. An engine worker with nothing to do sleeps
+// until Ready or its next timer (an ACK timeout), so the port signals Ready
+// when the frame is due; the owner's next call releases it. Before this, a
+// quiet sender's held frame went out only with its next retransmission, and
+// the fault "delay" acted as a loss.
+func TestHeldFrameWakesOwner(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		faults Faults
+	}{
+		{"delay", Faults{Seed: 7, Delay: 1, DelayFor: 200 * time.Microsecond}},
+		{"reorder", Faults{Seed: 7, Reorder: 1}}, // no later frames: the age limit
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newNet(t, 16, 16)
+			a, err := n.Attach(netip.MustParseAddr("10.0.0.1"), 1, &tc.faults)
+			require.NoError(t, err)
+			b, err := n.Attach(netip.MustParseAddr("10.0.0.2"), 1, nil)
+			require.NoError(t, err)
+			sent, err := a[0].SendBatch([][]byte{frame(t, "10.0.0.1", "10.0.0.2", 3, 9)})
+			require.NoError(t, err)
+			require.Equal(t, 1, sent)
+			require.Equal(t, 1, a[0].Held(), "the fault holds the frame back")
+			require.Zero(t, b[0].Queued())
+			select {
+			case <-a[0].Ready():
+			case <-time.After(10 * time.Second):
+				t.Fatal("the sending port never signalled Ready for its held frame")
+			}
+			// The owner's reaction to Ready: a receive (nothing for it).
+			got, err := a[0].RecvBatch([][]byte{make([]byte, testCap)})
+			require.NoError(t, err)
+			assert.Zero(t, got)
+			assert.Zero(t, a[0].Held(), "released by the owner's call after the wake-up")
+			require.Len(t, recvAll(t, b[0]), 1)
+			assert.Equal(t, 16, n.FreeBuffers(), "buffers conserved (the receiver exchanged one for the frame)")
+		})
+	}
 }
 
 // FuzzSendBatch: whatever bytes a sender hands the link, routing never
