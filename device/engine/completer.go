@@ -138,13 +138,21 @@ func (qp *QP) compClassify(p *packet) compState {
 }
 
 // progress records forward progress: IBTA 9.7.6.1.? the retry counters
-// restart when a response makes progress.
+// restart when a response makes progress, and so does the ACK timer
+// (9.7.6.1.3). The timer restarts here, when the response is processed,
+// not later in the worker's round: the worker runs due timers right after
+// its receive batch, and an ACK timer that expired while the response
+// waited in that batch would otherwise count a timeout (and restart the
+// whole window) although the response just made progress.
 func (qp *QP) progress(psn uint32) {
 	if roce.PSNDiff(psn, qp.comp.psn) > 0 {
 		qp.comp.psn = psn
 		qp.comp.retryLeft = qp.attr.RetryCnt
 		qp.comp.rnrLeft = qp.attr.RNRRetry
 		qp.comp.inRetry = false
+		if qp.retryTimer.armed() {
+			qp.armRetry()
+		}
 	}
 }
 

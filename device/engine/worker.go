@@ -27,6 +27,11 @@ type WorkerCounters struct {
 // spinNanos is how long an idle worker keeps polling before it sleeps.
 const spinNanos = 50_000
 
+// txPoll is how long a worker holding frames its link did not take
+// (backpressure: a full buffer pool, receive queue or socket buffer) sleeps
+// at most before it offers them again: a link has no "writable" signal.
+const txPoll = 50 * time.Microsecond
+
 // ctlOp is a control operation handed to the owning worker.
 type ctlOp uint8
 
@@ -332,17 +337,22 @@ func (w *worker) run(stop <-chan struct{}) {
 			continue
 		}
 		var tc <-chan time.Time
+		d := time.Duration(-1) // no deadline
 		if when, ok := w.timers.next(); ok {
-			d := time.Duration(when - w.clk.now())
+			d = time.Duration(when - w.clk.now())
 			if d <= 0 {
 				continue
 			}
-			sleepTimer.Reset(d)
-			tc = sleepTimer.C
 		}
-		if w.txN > 0 && tc == nil {
-			// Frames the link did not take: poll again soon.
-			sleepTimer.Reset(50 * time.Microsecond)
+		if w.txN > 0 && (d < 0 || d > txPoll) {
+			// Frames the link did not take: offer them again soon,
+			// whatever the next timer. (Sleeping until the timer left a
+			// requester's burst queued for a whole ACK timeout, which
+			// then counted against retry_cnt for frames never sent.)
+			d = txPoll
+		}
+		if d >= 0 {
+			sleepTimer.Reset(d)
 			tc = sleepTimer.C
 		}
 		w.Counters.Sleeps.Add(1)
