@@ -94,12 +94,13 @@ func TestRunTAP(t *testing.T) {
 		}
 	}()
 	sock := device.SocketPath(dir, "tp0")
+	// The stats socket comes last (the control socket before the link).
 	require.Eventually(t, func() bool {
-		a, err := device.DialAdmin(sock)
+		c, err := net.Dial("unix", strings.TrimSuffix(sock, device.SocketSuffix)+statsSuffix)
 		if err != nil {
 			return false
 		}
-		a.Close()
+		c.Close()
 		return true
 	}, 10*time.Second, 10*time.Millisecond, "daemon up; log:\n%s", &logs)
 

@@ -166,11 +166,13 @@ func (tp *topo) startDaemon(t testing.TB, ns, name, ifname string, workers int, 
 	args = append(args, extra...)
 	d := &daemon{name: name, sock: device.SocketPath(tp.dir, name), ifname: ifname}
 	d.proc = start(t, "vrnicd "+name, exec.Command("ip", args...))
+	// The stats socket is the last thing the daemon creates (the control
+	// socket comes before the link).
+	stats := strings.TrimSuffix(d.sock, device.SocketSuffix) + ".stats"
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		a, err := device.DialAdmin(d.sock)
-		if err == nil {
-			a.Close()
+		if c, err := net.Dial("unix", stats); err == nil {
+			c.Close()
 			break
 		}
 		select {
