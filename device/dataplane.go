@@ -240,7 +240,10 @@ func (dp *DataPlane) Engine() *engine.Engine { return dp.eng }
 // PollerStats returns the doorbell poller's counters.
 func (dp *DataPlane) PollerStats() doorbell.PollerStats { return dp.poller.Stats() }
 
-var _ Engine = (*DataPlane)(nil)
+var (
+	_ Engine        = (*DataPlane)(nil)
+	_ ModifyChecker = (*DataPlane)(nil)
+)
 
 // CreateQP implements Engine: it builds the adapters of an RC QP and
 // creates it on the engine (RESET).

@@ -3,12 +3,12 @@ package device_test
 import (
 	"context"
 	"errors"
+	"golang.org/x/sys/unix"
 	"log/slog"
 	"net/netip"
 	"path/filepath"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -85,7 +85,7 @@ func newResolveNode(t *testing.T, addr string, resolve func(context.Context, net
 
 // TestDataPlaneResolveOnRTR: the peer is resolved when an RC QP goes from
 // INIT to RTR, and a QP whose peer cannot be resolved never reaches the
-// engine as RTR: it ends in ERR instead of hanging.
+// engine as RTR: MODIFY_QP fails with EHOSTUNREACH instead of hanging.
 func TestDataPlaneResolveOnRTR(t *testing.T) {
 	good, bad := netip.MustParseAddr("10.77.0.2"), netip.MustParseAddr("10.77.0.9")
 	rl := &resolveLog{unreachable: bad}
@@ -115,15 +115,11 @@ func TestDataPlaneResolveOnRTR(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, qp2.ToInit(abi.AccessAll, 0))
 	err = qp2.ToRTR(rtr(bad))
-	if err != nil {
-		// The device consults CheckModifyQP: the MODIFY_QP fails.
-		assert.ErrorContains(t, err, bad.String())
-		return
-	}
-	// Otherwise the data plane moves the QP to ERR.
-	require.Eventually(t, func() bool {
-		r, err := qp2.Query()
-		return err == nil && r.Attr.QPState == abi.QPSErr
-	}, 5*time.Second, time.Millisecond, "a QP with an unreachable peer goes to ERR")
+	require.Error(t, err, "the device consults CheckModifyQP: the MODIFY_QP fails")
+	assert.ErrorIs(t, err, unix.EHOSTUNREACH)
+	assert.ErrorContains(t, err, bad.String())
+	r2, err := qp2.Query()
+	require.NoError(t, err)
+	assert.Equal(t, abi.QPSInit, r2.Attr.QPState, "the refused change is not applied")
 	assert.Contains(t, rl.snapshot(), bad)
 }

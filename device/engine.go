@@ -1,5 +1,7 @@
 package device
 
+import "github.com/vrnic/vrnic/abi"
+
 // Engine is the seam between the control path and the transport engine
 // (package device/engine). The device owns QP objects and their state
 // machine; it tells the engine about every QP it creates, every accepted
@@ -22,6 +24,14 @@ type Engine interface {
 	DestroyQP(qp *QP)
 	// Counters returns the QP's traffic counters for QUERY_QP and vrnicctl.
 	Counters(qp *QP) QPCounters
+}
+
+// ModifyChecker is implemented by an Engine that can refuse a validated
+// MODIFY_QP before it is applied, e.g. because the peer of an RC QP going
+// to RTR cannot be reached (EHOSTUNREACH). It is called under the device
+// lock, so it must be bounded in time.
+type ModifyChecker interface {
+	CheckModifyQP(q *QP, cur, next QPState, mask AttrMask, a *abi.QPAttr) error
 }
 
 // QPCounters are per-QP traffic counters kept by the engine.

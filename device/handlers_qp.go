@@ -197,6 +197,11 @@ func (d *Device) modifyQPLocked(q *QP, mask AttrMask, a *abi.QPAttr) error {
 	if err := d.checkAttrValues(q, cur, mask, a); err != nil {
 		return err
 	}
+	if c, ok := d.engine.(ModifyChecker); ok {
+		if err := c.CheckModifyQP(q, cur, next, mask, a); err != nil {
+			return err
+		}
+	}
 	applyAttr(q, next, mask, a)
 	d.engine.ModifyQP(q, cur, mask)
 	return nil
