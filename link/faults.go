@@ -125,12 +125,10 @@ func (f *faultState) hit(prob float64) bool { return prob > 0 && f.rng.Float64()
 
 // take gets an empty buffer from the pool, or nil.
 func (p *Port) take() []byte {
-	select {
-	case b := <-p.net.free:
+	if b := p.net.pool.pop(); b != nil {
 		return b[:cap(b)]
-	default:
-		return nil
 	}
+	return nil
 }
 
 // sendFaulty sends *slot through the faults. false: backpressure (the
@@ -162,7 +160,7 @@ func (p *Port) sendFaulty(dst *Port, slot *[]byte) bool {
 			if dst.deliver(dup) {
 				p.Counters.Duplicated.Add(1)
 			} else {
-				p.net.free <- dup[:cap(dup)]
+				p.net.pool.push(dup[:cap(dup)])
 			}
 		}
 	}
@@ -182,7 +180,7 @@ func (p *Port) sendFaulty(dst *Port, slot *[]byte) bool {
 	default:
 		if !dst.deliver(fr) {
 			// Receiver full: a lossy link loses the frame.
-			p.net.free <- fr[:cap(fr)]
+			p.net.pool.push(fr[:cap(fr)])
 			p.Counters.Dropped.Add(1)
 		}
 	}
@@ -207,7 +205,7 @@ func (p *Port) releaseHeld(force bool) {
 			continue
 		}
 		if !h.dst.deliver(h.frame) {
-			p.net.free <- h.frame[:cap(h.frame)]
+			p.net.pool.push(h.frame[:cap(h.frame)])
 			p.Counters.Dropped.Add(1)
 		}
 	}

@@ -32,7 +32,7 @@ type Config struct {
 // Network is an in-memory Ethernet segment for RoCE v2 frames.
 type Network struct {
 	cfg    Config
-	free   chan []byte
+	pool   *frameQueue // empty buffers
 	mu     sync.Mutex // serialises Attach
 	routes atomic.Pointer[map[netip.Addr][]*Port]
 }
@@ -51,9 +51,9 @@ func NewNetwork(cfg Config) (*Network, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	n := &Network{cfg: cfg, free: make(chan []byte, cfg.Buffers)}
+	n := &Network{cfg: cfg, pool: newFrameQueue(cfg.Buffers)}
 	for range cfg.Buffers {
-		n.free <- make([]byte, cfg.FrameCap)
+		n.pool.push(make([]byte, cfg.FrameCap))
 	}
 	m := map[netip.Addr][]*Port{}
 	n.routes.Store(&m)
@@ -80,9 +80,16 @@ type Port struct {
 	net   *Network
 	addr  netip.Addr
 	index int
-	q     chan []byte
+	q     *frameQueue // received frames
 	ready chan struct{}
 	f     *faultState
+	spare [][]byte // owner's scratch: buffers moving to or from the pool
+
+	// Owner's cache of the last route (a QP's frames all go one way):
+	// valid while the routing table is the one it was read from.
+	lastTable *map[netip.Addr][]*Port
+	lastDst   netip.Addr
+	lastPorts []*Port
 
 	Counters PortCounters
 }
@@ -103,7 +110,7 @@ func (n *Network) Attach(addr netip.Addr, workers int, faults *Faults) ([]*Port,
 	}
 	ports := make([]*Port, workers)
 	for i := range ports {
-		p := &Port{net: n, addr: addr, index: i, q: make(chan []byte, n.cfg.QueueLen), ready: make(chan struct{}, 1)}
+		p := &Port{net: n, addr: addr, index: i, q: newFrameQueue(n.cfg.QueueLen), ready: make(chan struct{}, 1)}
 		if faults != nil {
 			p.f = newFaultState(*faults, i, n.cfg.Logger, addr)
 		}
@@ -156,7 +163,7 @@ func (p *Port) route(frame []byte) (*Port, bool) {
 		p.Counters.Malformed.Add(1)
 		return nil, false
 	}
-	ports := (*p.net.routes.Load())[dst]
+	ports := p.lookup(dst)
 	if ports == nil {
 		p.Counters.NoRoute.Add(1)
 		return nil, false
@@ -165,78 +172,126 @@ func (p *Port) route(frame []byte) (*Port, bool) {
 	return ports[roce.SteerQueue(bth.DestQP(), len(ports))], true
 }
 
+// lookup returns the ports of the device at dst, nil if none.
+func (p *Port) lookup(dst netip.Addr) []*Port {
+	t := p.net.routes.Load()
+	if t == p.lastTable && dst == p.lastDst {
+		return p.lastPorts
+	}
+	ports := (*t)[dst]
+	p.lastTable, p.lastDst, p.lastPorts = t, dst, ports
+	return ports
+}
+
 // deliver moves frame (owned by the link from now on) to dst's queue.
 func (dst *Port) deliver(frame []byte) bool {
-	select {
-	case dst.q <- frame:
-	default:
+	if !dst.q.push(frame) {
 		return false
 	}
+	dst.signal()
+	return true
+}
+
+func (dst *Port) signal() {
 	select {
 	case dst.ready <- struct{}{}:
 	default:
 	}
-	return true
 }
 
-// SendBatch implements the engine's Link.
+// scratch returns the owner's scratch slice with n slots.
+func (p *Port) scratch(n int) [][]byte {
+	if cap(p.spare) < n {
+		p.spare = make([][]byte, n)
+	}
+	return p.spare[:n]
+}
+
+// SendBatch implements the engine's Link. A perfect port moves the batch
+// with one pool lock and one lock per run of frames to the same receiver.
 func (p *Port) SendBatch(frames [][]byte) (int, error) {
 	if p.f != nil {
 		p.releaseHeld(false)
-	}
-	for i, fr := range frames {
-		dst, ok := p.route(fr)
-		if !ok {
-			p.Counters.Sent.Add(1)
-			continue // dropped; the sender keeps its buffer
-		}
-		if p.f != nil {
+		for i, fr := range frames {
+			dst, ok := p.route(fr)
+			if !ok {
+				p.Counters.Sent.Add(1)
+				continue // dropped; the sender keeps its buffer
+			}
 			if !p.sendFaulty(dst, &frames[i]) {
 				return i, nil
 			}
 			p.Counters.Sent.Add(1)
-			continue
 		}
-		var empty []byte
-		select {
-		case empty = <-p.net.free:
-		default:
-			return i, nil // pool empty: backpressure
+		return len(frames), nil
+	}
+	spare := p.scratch(len(frames))
+	have := p.net.pool.popInto(spare)
+	used := 0
+	var cur *Port // receiver whose queue lock is held
+	pushed := false
+	i := 0
+	for ; i < len(frames); i++ {
+		dst, ok := p.route(frames[i])
+		if !ok {
+			p.Counters.Sent.Add(1)
+			continue // dropped; the sender keeps its buffer
 		}
-		if !dst.deliver(fr) {
-			p.net.free <- empty
-			return i, nil // receiver full: backpressure
+		if dst != cur {
+			if cur != nil {
+				cur.q.mu.Unlock()
+				if pushed {
+					cur.signal()
+				}
+			}
+			cur, pushed = dst, false
+			cur.q.mu.Lock()
 		}
-		frames[i] = empty[:cap(empty)]
+		if used == have || !cur.q.pushLocked(frames[i]) {
+			break // pool empty or receiver full: backpressure
+		}
+		pushed = true
+		frames[i] = spare[used][:cap(spare[used])]
+		used++
 		p.Counters.Sent.Add(1)
 	}
-	return len(frames), nil
+	if cur != nil {
+		cur.q.mu.Unlock()
+		if pushed {
+			cur.signal()
+		}
+	}
+	if used < have {
+		p.net.pool.pushAll(spare[used:have])
+	}
+	clear(spare)
+	return i, nil
 }
 
-// RecvBatch implements the engine's Link.
+// RecvBatch implements the engine's Link: one lock of the receive queue
+// and one of the pool per batch.
 func (p *Port) RecvBatch(frames [][]byte) (int, error) {
 	if p.f != nil {
 		p.releaseHeld(false)
 	}
-	for i := range frames {
-		select {
-		case fr := <-p.q:
-			empty := frames[i]
-			frames[i] = fr
-			p.net.free <- empty[:cap(empty)]
-			p.Counters.Received.Add(1)
-		default:
-			return i, nil
+	empties := p.scratch(len(frames))
+	k := p.q.exchange(frames, empties)
+	if k > 0 {
+		for i := range k {
+			empties[i] = empties[i][:cap(empties[i])]
 		}
+		p.net.pool.pushAll(empties[:k])
+		p.Counters.Received.Add(uint64(k))
 	}
-	return len(frames), nil
+	clear(empties)
+	return k, nil
 }
 
 // FreeBuffers returns the number of empty buffers in the pool.
-func (n *Network) FreeBuffers() int { return len(n.free) }
+func (n *Network) FreeBuffers() int { return n.pool.length() }
 
 // Queued returns the number of frames waiting in the port's receive queue.
-func (p *Port) Queued() int { return len(p.q) }
+func (p *Port) Queued() int { return p.q.length() }
 
 // Held returns the number of frames a lossy port holds back.
 func (p *Port) Held() int {

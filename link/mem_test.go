@@ -111,6 +111,50 @@ func TestBackpressure(t *testing.T) {
 	assert.Equal(t, byte(5), pkt.Payload[0], "order kept across the retry")
 }
 
+// TestPoolBackpressure: a batch stops where the buffer pool runs dry, in
+// order, with every buffer accounted for; frames for two receivers in one
+// batch each land in their own queue.
+func TestPoolBackpressure(t *testing.T) {
+	n := newNet(t, 4, 16)
+	a, err := n.Attach(netip.MustParseAddr("10.0.0.1"), 1, nil)
+	require.NoError(t, err)
+	b, err := n.Attach(netip.MustParseAddr("10.0.0.2"), 1, nil)
+	require.NoError(t, err)
+	c, err := n.Attach(netip.MustParseAddr("10.0.0.3"), 1, nil)
+	require.NoError(t, err)
+	var frames [][]byte
+	for i := range 6 {
+		dst := "10.0.0.2"
+		if i%2 == 1 {
+			dst = "10.0.0.3"
+		}
+		frames = append(frames, frame(t, "10.0.0.1", dst, 5, byte(i)))
+	}
+	sent, err := a[0].SendBatch(frames)
+	require.NoError(t, err)
+	assert.Equal(t, 4, sent, "the pool holds 4 empty buffers")
+	assert.Zero(t, n.FreeBuffers())
+	assert.Equal(t, 2, b[0].Queued())
+	assert.Equal(t, 2, c[0].Queued())
+	tags := func(fs [][]byte) []byte {
+		var out []byte
+		for _, f := range fs {
+			var pkt roce.Packet
+			require.NoError(t, roce.Parse(f, &pkt))
+			out = append(out, pkt.Payload[0])
+		}
+		return out
+	}
+	assert.Equal(t, []byte{0, 2}, tags(recvAll(t, b[0])))
+	assert.Equal(t, []byte{1, 3}, tags(recvAll(t, c[0])))
+	assert.Equal(t, 4, n.FreeBuffers(), "the receivers' empty buffers went back to the pool")
+	sent, err = a[0].SendBatch(frames[4:])
+	require.NoError(t, err)
+	assert.Equal(t, 2, sent)
+	assert.Equal(t, []byte{4}, tags(recvAll(t, b[0])))
+	assert.Equal(t, []byte{5}, tags(recvAll(t, c[0])))
+}
+
 // TestFaultsReplay: the same seed makes the same decisions for the same
 // frames; the counters add up and no buffer is lost.
 func TestFaultsReplay(t *testing.T) {

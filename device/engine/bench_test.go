@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"fmt"
 	"hash/crc32"
 	"testing"
 	"time"
@@ -97,36 +98,53 @@ func TestZeroAllocSend(t *testing.T) {
 // copy each MTU into a frame, CRC it (ICRC), CRC it again (check), copy it
 // out.
 func BenchmarkWrite1MiB(b *testing.B) {
+	for _, depth := range []int{1, 4} {
+		b.Run(fmt.Sprintf("depth=%d", depth), func(b *testing.B) { benchWrite1MiB(b, depth) })
+	}
+}
+
+// benchWrite1MiB keeps depth 1 MiB WRITEs in flight (each signaled, one
+// posted as one completes, as perftest's write_bw with tx-depth depth).
+func benchWrite1MiB(b *testing.B, depth int) {
 	const size = 1 << 20
 	a, r := steady(b)
 	src := a.n.buffer(size, 0x1000, accessAll, 1)
 	dst := r.n.buffer(size, 0x1000, accessAll, 2)
 	sges := []abi.SGE{src.sge(0, size)}
 	wr := abi.SendWQE{Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: dst.va, RKey: dst.key}
-	var n int64
-	one := func() {
-		n++
-		wr.WrID = uint64(n)
+	var posted, done int64
+	post := func() {
+		posted++
+		wr.WrID = uint64(posted)
 		if err := a.sq.post(wr, sges, nil); err != nil {
 			panic(err)
 		}
 		a.n.eng.Kick(a.qpn)
-		a.scq.spin(n)
-		if n%4096 == 0 {
+	}
+	// run posts n WRs keeping depth in flight and waits for all of them.
+	run := func(n int) {
+		end := posted + int64(n)
+		for posted < end && posted-done < int64(depth) {
+			post()
+		}
+		for done < end {
+			done++
+			a.scq.spin(done)
+			if posted < end {
+				post()
+			}
+		}
+		if done >= 4096 {
 			a.scq.reset()
-			n = 0
+			posted, done = 0, 0
 		}
 	}
-	for range 4 {
-		one()
-	}
+	run(4)
 	b.SetBytes(size)
 	b.ReportAllocs()
 	b.ResetTimer()
 	start := time.Now()
-	for range b.N {
-		one()
-	}
+	run(b.N)
 	engine := time.Since(start)
 	b.StopTimer()
 	base := baselineCopyCRC(src.b, dst.b, b.N)

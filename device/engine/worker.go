@@ -305,8 +305,6 @@ func (w *worker) apply(m ctlMsg) {
 // timers, output; busy-poll while there is work, then sleep until a kick,
 // a frame, a control message or the next timer.
 func (w *worker) run(stop <-chan struct{}) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
 	sleepTimer := time.NewTimer(time.Hour)
 	sleepTimer.Stop()
 	lastWork := w.clk.now()
@@ -330,10 +328,11 @@ func (w *worker) run(stop <-chan struct{}) {
 			continue
 		}
 		// Poll a little longer before sleeping (a sleep and wake-up cost
-		// a futex round trip each). A worker is locked to its thread, so
-		// yielding (Gosched) would cost a thread hand-off; plain
-		// re-polling is cheaper than that.
+		// a futex round trip each), yielding between passes so that the
+		// goroutines feeding this worker (doorbell poller, link readers,
+		// clients in the same process) run on this P meanwhile.
 		if w.now-lastWork < spinNanos {
+			runtime.Gosched()
 			continue
 		}
 		var tc <-chan time.Time
