@@ -33,7 +33,7 @@ type Config struct {
 type Network struct {
 	cfg    Config
 	pool   *frameQueue // empty buffers
-	mu     sync.Mutex // serialises Attach
+	mu     sync.Mutex  // serialises Attach
 	routes atomic.Pointer[map[netip.Addr][]*Port]
 }
 
