@@ -64,6 +64,8 @@ func goldenCases(v6 bool) []goldenCase {
 	for i, op := range allOpcodes() {
 		info := op.Info()
 		qpn := uint32(0x11 + i)
+		// The RETH's R_Key, DMA Length and two VA halves all differ, so
+		// a field written in another's place shows.
 		h := Headers{
 			BTH: BTHFields{
 				Opcode: op, PKey: DefaultPKey, DestQP: qpn,
@@ -72,7 +74,7 @@ func goldenCases(v6 bool) []goldenCase {
 				SE:     info.Is(OpSend) && info.Flags&(OpLast|OpOnly) != 0 && i%3 == 0,
 			},
 			DETH:         DETHFields{QKey: 0x11111111, SrcQP: 0x13},
-			RETH:         RETHFields{VA: 0x00007f5500001000 + uint64(i)<<12, RKey: 0x1000 + uint32(i), DMALength: 4096 + uint32(i)},
+			RETH:         RETHFields{VA: 0x00007f559c3a0000 + uint64(i)<<12, RKey: 0x5e7a0100 + uint32(i), DMALength: 8192 + 97*uint32(i)},
 			AtomicETH:    AtomicETHFields{VA: 0x00007f5500002000 + uint64(i)<<3, RKey: 0x2000 + uint32(i), SwapAdd: 0x0102030405060708 + uint64(i), Compare: 0x1112131415161718},
 			AETH:         AETHFields{Syndrome: goldenSyndromes[i%len(goldenSyndromes)], MSN: 0x10 + uint32(i)},
 			AtomicAckETH: AtomicAckETHFields{OrigRemoteData: 0xa0a0a0a000000000 + uint64(i)},
@@ -120,7 +122,64 @@ func goldenCases(v6 bool) []goldenCase {
 	emptyRead.name += "/empty"
 	emptyRead.payload = nil
 	_ = first
-	return append(cs, vlan, csum, dscp, empty, emptyRead)
+	cs = append(cs, vlan, csum, dscp, empty, emptyRead)
+	// An ACKNOWLEDGE for every RNR NAK and NAK syndrome.
+	for k, s := range goldenSyndromes {
+		if s.Kind() == SyndromeACK {
+			continue
+		}
+		nak := cs[OpRCAck]
+		nak.name += "/" + syndromeSlug(s)
+		nak.h.BTH.PSN = PSNAdd(nak.h.BTH.PSN, uint32(0x100+k))
+		nak.h.AETH = AETHFields{Syndrome: s, MSN: 0x200 + uint32(k)}
+		cs = append(cs, nak)
+	}
+	return cs
+}
+
+// syndromeSlug names a syndrome in a golden case name: rnr-nak,
+// nak-psn-sequence-error, ...
+func syndromeSlug(s Syndrome) string {
+	switch s.Kind() {
+	case SyndromeRNRNAK:
+		return "rnr-nak"
+	case SyndromeNAK:
+		return "nak-" + strings.ReplaceAll(strings.ToLower(s.NAK().String()), "_", "-")
+	}
+	return strings.ToLower(s.Kind().String())
+}
+
+// TestGoldenCasesDistinct checks that the golden cases keep the fields a
+// decoder could swap apart, and carry every AETH syndrome kind and NAK
+// code.
+func TestGoldenCasesDistinct(t *testing.T) {
+	for _, v6 := range []bool{false, true} {
+		kinds := map[SyndromeKind]bool{}
+		naks := map[NAKCode]bool{}
+		for _, c := range goldenCases(v6) {
+			info := c.h.BTH.Opcode.Info()
+			if info.Has(HdrRETH) {
+				r := c.h.RETH
+				vals := []uint32{uint32(r.VA >> 32), uint32(r.VA), r.RKey, r.DMALength}
+				for a := range vals {
+					for b := a + 1; b < len(vals); b++ {
+						assert.NotEqual(t, vals[a], vals[b], "%s: RETH VA high, VA low, R_Key, DMA Length must differ", c.name)
+					}
+				}
+			}
+			if info.Has(HdrAETH) {
+				s := c.h.AETH.Syndrome
+				kinds[s.Kind()] = true
+				if s.Kind() == SyndromeNAK {
+					naks[s.NAK()] = true
+				}
+			}
+		}
+		assert.Equal(t, map[SyndromeKind]bool{SyndromeACK: true, SyndromeRNRNAK: true, SyndromeNAK: true}, kinds, "v6=%v", v6)
+		for c := NAKCode(0); c < nakCodeCount; c++ {
+			assert.True(t, naks[c], "v6=%v: no golden frame carries %v", v6, c)
+		}
+	}
 }
 
 // buildCase builds c in a fresh buffer with exactly the headroom needed.
@@ -245,7 +304,9 @@ func TestGoldenTshark(t *testing.T) {
 		"infiniband.bth.opcode", "infiniband.bth.destqp", "infiniband.bth.psn", "infiniband.bth.a",
 		"infiniband.bth.se", "infiniband.bth.padcnt", "infiniband.bth.p_key",
 		"infiniband.reth.va", "infiniband.reth.r_key", "infiniband.reth.dmalen",
-		"infiniband.aeth.syndrome", "infiniband.aeth.msn", "infiniband.immdt", "infiniband.ieth",
+		"infiniband.aeth.syndrome", "infiniband.aeth.syndrome.opcode", "infiniband.aeth.syndrome.credit_count",
+		"infiniband.aeth.syndrome.timer", "infiniband.aeth.syndrome.error_code",
+		"infiniband.aeth.msn", "infiniband.immdt", "infiniband.ieth",
 		"infiniband.deth.q_key", "infiniband.deth.srcqp",
 		"infiniband.atomiceth.swapdt", "infiniband.atomiceth.cmpdt", "infiniband.atomicacketh.origremdt",
 		"infiniband.invariant.crc", "udp.dstport", "vlan.id",
@@ -313,6 +374,22 @@ func TestGoldenTshark(t *testing.T) {
 				if info.Has(HdrAETH) {
 					assert.Equal(t, strconv.Itoa(int(pkt.AETH.Syndrome())), get("infiniband.aeth.syndrome"), c.name)
 					assert.Equal(t, strconv.Itoa(int(h.AETH.Syndrome)), get("infiniband.aeth.syndrome"), c.name)
+					// Wireshark's own reading of the syndrome: op field and
+					// credit count, RNR timer or NAK code.
+					s := h.AETH.Syndrome
+					assert.Equal(t, strconv.Itoa(int(s.Kind())), get("infiniband.aeth.syndrome.opcode"), c.name)
+					credits, timer, nak := "", "", ""
+					switch s.Kind() {
+					case SyndromeACK:
+						credits = strconv.Itoa(int(s.Credits()))
+					case SyndromeRNRNAK:
+						timer = strconv.Itoa(int(s.Timer()))
+					case SyndromeNAK:
+						nak = strconv.Itoa(int(s.NAK()))
+					}
+					assert.Equal(t, credits, get("infiniband.aeth.syndrome.credit_count"), c.name)
+					assert.Equal(t, timer, get("infiniband.aeth.syndrome.timer"), c.name)
+					assert.Equal(t, nak, get("infiniband.aeth.syndrome.error_code"), c.name)
 					assert.Equal(t, strconv.Itoa(int(h.AETH.MSN)), get("infiniband.aeth.msn"), c.name)
 				} else {
 					assert.Empty(t, get("infiniband.aeth.syndrome"), c.name)
