@@ -16,6 +16,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/vrnic/vrnic/internal/testenv"
 )
 
 // cStructs lists every struct of vrnic_abi.h with its Go mirror. The test
@@ -307,10 +309,7 @@ var macroInline = []uint32{0, 1, 63, 64, 65, 127, 128, 129, 256, 511, 512}
 // against the header and compares every size, offset, constant and macro
 // result with the Go mirror.
 func TestLayoutAgainstC(t *testing.T) {
-	gcc, err := exec.LookPath("gcc")
-	if err != nil {
-		t.Skip("gcc not installed: cannot compile the C side of the ABI check (install gcc)")
-	}
+	gcc := testenv.NeedTool(t, "gcc")
 	hdr, err := filepath.Abs(headerFile)
 	require.NoError(t, err)
 

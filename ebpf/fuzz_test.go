@@ -2,12 +2,12 @@ package ebpf
 
 import (
 	"encoding/binary"
-	"os"
 	"sync"
 	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/stretchr/testify/require"
+	"github.com/vrnic/vrnic/internal/testenv"
 	"github.com/vrnic/vrnic/roce"
 	"golang.org/x/sys/unix"
 )
@@ -58,9 +58,7 @@ var (
 // FuzzSteerMatchesModel runs the steering program on arbitrary frames
 // and compares its choice with steerModel.
 func FuzzSteerMatchesModel(f *testing.F) {
-	if os.Geteuid() != 0 {
-		f.Skip("needs root (CAP_BPF) to run BPF_PROG_TEST_RUN")
-	}
+	testenv.NeedRoot(f, "needs root (CAP_BPF) to run BPF_PROG_TEST_RUN")
 	for _, rf := range []roceFrame{
 		{src: src4, dst: dst4, qpn: 0x123456},
 		{src: src4, dst: dst4, qpn: 9, ipOptions: 8},

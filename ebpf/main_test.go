@@ -1,10 +1,11 @@
 package ebpf
 
 import (
-	"os"
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/vrnic/vrnic/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
@@ -14,9 +15,7 @@ func TestMain(m *testing.M) {
 // loadOrSkip loads the programs or skips the test when BPF is not allowed.
 func loadOrSkip(t testing.TB, queues int) *Programs {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (CAP_BPF, CAP_NET_ADMIN) to load BPF programs and run BPF_PROG_TEST_RUN")
-	}
+	testenv.NeedRoot(t, "needs root (CAP_BPF, CAP_NET_ADMIN) to load BPF programs and run BPF_PROG_TEST_RUN")
 	p, err := Load(queues)
 	if err != nil {
 		t.Fatalf("load programs: %v", err)

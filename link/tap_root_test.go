@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netns"
 
+	"github.com/vrnic/vrnic/internal/testenv"
 	"github.com/vrnic/vrnic/tap"
 )
 
@@ -19,12 +20,8 @@ import (
 // multi-queue TAP devices on it, each behind a TAP link (root only).
 func newRootTAPPair(t *testing.T, queues int) (*TAPLink, *TAPLink) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("TAP link test needs root (network namespace, TAP devices)")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("TAP link test needs iproute2 (ip)")
-	}
+	testenv.NeedRoot(t, "TAP link test needs root (network namespace, TAP devices)")
+	testenv.NeedTool(t, "ip")
 	ns := fmt.Sprintf("vrlink%d", os.Getpid()%100000)
 	ip := func(args ...string) {
 		out, err := exec.Command("ip", args...).CombinedOutput()

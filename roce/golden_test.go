@@ -16,6 +16,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/vrnic/vrnic/internal/testenv"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files under testdata/")
@@ -297,9 +299,7 @@ func nilIfEmpty(b []byte) []byte {
 // TestGoldenTshark has Wireshark's dissector, an independent decoder,
 // read the golden pcaps and checks what it reports for every frame.
 func TestGoldenTshark(t *testing.T) {
-	if _, err := exec.LookPath("tshark"); err != nil {
-		t.Skip("tshark not installed: skipping the independent decoder check")
-	}
+	testenv.NeedTool(t, "tshark")
 	fields := []string{
 		"infiniband.bth.opcode", "infiniband.bth.destqp", "infiniband.bth.psn", "infiniband.bth.a",
 		"infiniband.bth.se", "infiniband.bth.padcnt", "infiniband.bth.p_key",

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests use. Safe to run again: it only
 # installs what is missing. Needs root (CI runs as root); without root it
-# says what is missing and exits 0, and the tests that need those tools skip.
+# says what is missing and exits 0, and the tests that need those tools skip
+# (under CI=true they fail instead: see internal/testenv). As root, a failed
+# installation, or a package still missing afterwards, exits non-zero.
 set -euo pipefail
 
 pkgs=(
@@ -12,17 +14,39 @@ pkgs=(
 	iproute2    # ip netns / bridge / tuntap for the TAP integration tests
 )
 
+installed() {
+	dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "ok installed"
+}
+
 missing=()
 for p in "${pkgs[@]}"; do
-	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+	installed "$p" || missing+=("$p")
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then
-	echo "install-deps: not root; missing packages: ${missing[*]} (tests that need them will skip)" >&2
+	if [ "${CI:-}" = "true" ]; then
+		echo "install-deps: not root; missing packages: ${missing[*]} (CI=true: the tests that need them will fail)" >&2
+	else
+		echo "install-deps: not root; missing packages: ${missing[*]} (tests that need them will skip)" >&2
+	fi
 	exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if ! apt-get update -qq; then
+	echo "install-deps: apt-get update failed" >&2
+	exit 1
+fi
+if ! apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; then
+	echo "install-deps: apt-get install ${missing[*]} failed" >&2
+	exit 1
+fi
+still=()
+for p in "${missing[@]}"; do
+	installed "$p" || still+=("$p")
+done
+if [ ${#still[@]} -ne 0 ]; then
+	echo "install-deps: still missing after apt-get install: ${still[*]}" >&2
+	exit 1
+fi
 echo "install-deps: installed ${missing[*]}"

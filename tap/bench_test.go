@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vrnic/vrnic/internal/testenv"
 	"github.com/vrnic/vrnic/tap"
 )
 
@@ -17,9 +18,7 @@ import (
 // under the same machine load; ratio_vs_raw_write ≈ 1 means the batched,
 // poller-integrated path adds nothing to the system calls themselves.
 func BenchmarkQueueWriteBatch(b *testing.B) {
-	if !isRoot() {
-		b.Skip("needs root (CAP_NET_ADMIN) for a TAP device and a network namespace")
-	}
+	testenv.NeedRoot(b, "needs root (CAP_NET_ADMIN) for a TAP device and a network namespace")
 	_, ns := newNetNS(b)
 	dev, err := tap.Create(tap.Config{Queues: 1, MAC: nicMAC, Addrs: []netip.Addr{nic4}, NetNS: ns})
 	if err != nil {

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vrnic/vrnic/ebpf"
+	"github.com/vrnic/vrnic/internal/testenv"
 	"github.com/vrnic/vrnic/roce"
 	"github.com/vrnic/vrnic/tap"
 )
@@ -43,16 +44,10 @@ var (
 	nicMAC = tap.MAC{0x02, 0x76, 0x72, 0, 0, 0x02}
 )
 
-func isRoot() bool { return os.Geteuid() == 0 }
-
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if !isRoot() {
-		t.Skip("needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN for network namespaces, CAP_BPF)")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs the ip command (iproute2) to create network namespaces")
-	}
+	testenv.NeedRoot(t, "needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN for network namespaces, CAP_BPF)")
+	testenv.NeedTool(t, "ip")
 }
 
 var nsCounter atomic.Int32

@@ -18,6 +18,7 @@ import (
 
 	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/internal/testenv"
 	"github.com/vrnic/vrnic/verbs"
 )
 
@@ -68,12 +69,8 @@ func TestParseConfigTAPErrors(t *testing.T) {
 // worker, the GID table holds the addresses, the stats socket serves the
 // steering and filter counters, and everything is gone after the stop.
 func TestRunTAP(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("TAP link test needs root (CAP_NET_ADMIN, CAP_BPF)")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("TAP link test needs iproute2 (ip)")
-	}
+	testenv.NeedRoot(t, "TAP link test needs root (CAP_NET_ADMIN, CAP_BPF)")
+	testenv.NeedTool(t, "ip")
 	ns := fmt.Sprintf("vrnicd-t%d", os.Getpid())
 	require.NoError(t, exec.Command("ip", "netns", "add", ns).Run())
 	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })

@@ -13,16 +13,14 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/internal/testenv"
 )
 
 // TestCClient builds a client in C from abi/vrnic_abi.h and libc only,
 // runs it against vrnicd, checks with vrnicctl that its QP reached RTS
 // with the PSN it set, then kills it and checks the daemon is clean.
 func TestCClient(t *testing.T) {
-	gcc, err := exec.LookPath("gcc")
-	if err != nil {
-		t.Skip("gcc not installed: the C client cannot be built")
-	}
+	gcc := testenv.NeedTool(t, "gcc")
 	bin := filepath.Join(t.TempDir(), "cclient")
 	out, err := exec.Command(gcc, "-std=c11", "-Wall", "-Werror", "-O1", "-I", "../../abi", "-I", "../testdata", "-o", bin, "testdata/cclient.c").CombinedOutput()
 	require.NoError(t, err, "gcc: %s", out)

@@ -11,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/vrnic/vrnic/internal/testenv"
 )
 
 // TestUnprivilegedDaemon runs vrnicd and vrnicctl as an unprivileged user
@@ -18,9 +20,7 @@ import (
 // (mode 0700), vrnicctl finds it there by the same rule, a client of the
 // same user is served, and SIGINT removes the socket.
 func TestUnprivilegedDaemon(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to switch to the unprivileged user nobody")
-	}
+	testenv.NeedRoot(t, "needs root to switch to the unprivileged user nobody")
 	const uid, gid = 65534, 65534
 	vrnicd, vrnicctl := tools(t)
 	require.NoError(t, os.Chmod(filepath.Dir(vrnicd), 0o755))

@@ -12,6 +12,7 @@ import (
 
 	"github.com/vrnic/vrnic/device"
 	"github.com/vrnic/vrnic/internal/launch"
+	"github.com/vrnic/vrnic/internal/testenv"
 )
 
 // daemon is a vrnicd process started by a test.
@@ -54,10 +55,7 @@ func (d *daemon) stop(t *testing.T) {
 // and over the UDP link (the QPs' frames go out of the daemon's socket
 // and come back to it).
 func TestCClientDataPath(t *testing.T) {
-	gcc, err := exec.LookPath("gcc")
-	if err != nil {
-		t.Skip("gcc not installed: the C client cannot be built")
-	}
+	gcc := testenv.NeedTool(t, "gcc")
 	cl := filepath.Join(t.TempDir(), "cloop")
 	out, err := exec.Command(gcc, "-std=c11", "-Wall", "-Werror", "-O1", "-I", "../../abi", "-I", "../testdata", "-o", cl, "testdata/cloop.c").CombinedOutput()
 	require.NoError(t, err, "gcc: %s", out)

@@ -6,6 +6,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/vrnic/vrnic/internal/testenv"
 )
 
 // bin holds the binaries built by TestMain (empty without root).
@@ -20,7 +22,7 @@ func TestMain(m *testing.M) {
 	}
 	os.Exit(func() int {
 		switch {
-		case os.Geteuid() != 0:
+		case !testenv.IsRoot():
 			skipReason = "TAP end-to-end tests need root (network namespaces, TAP devices, eBPF)"
 		default:
 			for _, tool := range []string{"ip", "tshark"} {
@@ -53,7 +55,5 @@ func TestMain(m *testing.M) {
 
 func requireRoot(t testing.TB) {
 	t.Helper()
-	if skipReason != "" {
-		t.Skip(skipReason)
-	}
+	testenv.Need(t, skipReason == "", skipReason)
 }
