@@ -57,6 +57,9 @@ type AdminInfo struct {
 	Limits      Limits           `json:"limits"`
 	Counters    map[string]int64 `json:"counters"`
 	Connections int64            `json:"connections"`
+	// DataPath sums the engine's per-QP counters over every QP, live or
+	// destroyed, since the device started.
+	DataPath QPCounters `json:"data_path"`
 }
 
 // ContextInfo describes one client context.
@@ -230,6 +233,7 @@ func (d *Device) infoLocked() AdminInfo {
 			"contexts_closed": int64(c.ContextsClosed.Load()),
 		},
 		Connections: c.ConnectionsOpen.Load(),
+		DataPath:    d.dataPathTotalsLocked(),
 	}
 }
 
@@ -316,7 +320,7 @@ func (d *Device) listQPs() []any {
 				PD: q.pd.handle, SendCQ: q.sendCQ.handle, RecvCQ: q.recvCQ.handle,
 				SQPSN: q.attr.SQPSN, RQPSN: q.attr.RQPSN, DestQPN: q.attr.DestQPNum,
 				PathMTU: q.attr.PathMTU.Bytes(), SendWR: q.cap.MaxSendWR, RecvWR: q.cap.MaxRecvWR,
-				Counters: d.engine.Counters(q)}
+				Counters: d.qpCounters(q)}
 			if q.srq != nil {
 				h := q.srq.handle
 				qi.SRQ = &h

@@ -41,7 +41,9 @@ type ResourceCounts struct {
 type Limits struct {
 	PerClient ResourceCounts `json:"per_client"`
 	PerDevice ResourceCounts `json:"per_device"`
-	// MaxMRPages bounds the page list of one REG_MR (the daemon copies it).
+	// MaxMRPages bounds the page list of one REG_MR (the daemon copies
+	// it): a larger registration fails with EINVAL, as any MR beyond the
+	// device's attributes does.
 	MaxMRPages uint32 `json:"max_mr_pages"`
 }
 
@@ -113,9 +115,12 @@ type Device struct {
 	qps      map[uint32]*QP // by QPN, device-wide
 	nextQPN  uint32
 	totals   ResourceCounts
-	closed   bool
-	lns      map[*net.UnixListener]struct{}
-	conns    map[*net.UnixConn]struct{}
+	// dpRetired sums the engine counters of the QPs destroyed so far
+	// (counters.go).
+	dpRetired QPCounters
+	closed    bool
+	lns       map[*net.UnixListener]struct{}
+	conns     map[*net.UnixConn]struct{}
 
 	wg sync.WaitGroup
 }

@@ -33,7 +33,13 @@
 // page), dma.ReleaseOwner catches the rest, and the client's fds held by
 // the daemon (memfd duplicates, completion eventfds) are closed.
 //
-// Limits: per client (EAGAIN) and per device (ENOMEM), see Limits.
+// Limits: per client (EAGAIN) and per device (ENOMEM), see Limits; a
+// REG_MR longer than Limits.MaxMRPages pages is refused with EINVAL.
+//
+// Counters: the control path's own (DeviceCounters) and, in AdminInfo,
+// the data-path totals: the engine's per-QP counters summed over the live
+// QPs when an operator asks, plus those of every QP destroyed so far
+// (counters.go); nothing is added on the data path for them.
 //
 // # Locking
 //

@@ -23,6 +23,9 @@ type Engine interface {
 	// returns the engine must not touch the QP's memory.
 	DestroyQP(qp *QP)
 	// Counters returns the QP's traffic counters for QUERY_QP and vrnicctl.
+	// (The device reads the DataPlane's straight from the engine's
+	// atomics, all of them, and keeps a destroyed QP's in its totals: see
+	// counters.go.)
 	Counters(qp *QP) QPCounters
 }
 
@@ -34,12 +37,23 @@ type ModifyChecker interface {
 	CheckModifyQP(q *QP, cur, next QPState, mask AttrMask, a *abi.QPAttr) error
 }
 
-// QPCounters are per-QP traffic counters kept by the engine.
+// QPCounters are per-QP traffic counters kept by the engine (the fields
+// of engine.QPCounters); AdminInfo.DataPath holds their device-wide sums.
+// QUERY_QP carries the first four it declares (abi.RespQueryQP); the
+// operator listings carry all.
 type QPCounters struct {
 	PacketsSent     uint64 `json:"packets_sent"`
 	PacketsReceived uint64 `json:"packets_received"`
-	Retransmits     uint64 `json:"retransmits"`
-	RNRNaksReceived uint64 `json:"rnr_naks_received"`
+	Retransmits     uint64 `json:"retransmits"`       // go-back-N restarts
+	RNRNaksReceived uint64 `json:"rnr_naks_received"` // in QUERY_QP
+	Timeouts        uint64 `json:"timeouts"`          // local ACK timeouts
+	RNRNaksSent     uint64 `json:"rnr_naks_sent"`
+	SeqNaksReceived uint64 `json:"seq_naks_received"`
+	SeqNaksSent     uint64 `json:"seq_naks_sent"`
+	Duplicates      uint64 `json:"duplicates"` // duplicate requests received
+	Dropped         uint64 `json:"dropped"`    // packets dropped by a check
+	SendCQEs        uint64 `json:"send_cqes"`
+	RecvCQEs        uint64 `json:"recv_cqes"`
 }
 
 // NopEngine is the engine of a device without a data path: it accepts

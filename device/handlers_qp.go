@@ -212,7 +212,7 @@ func (cn *conn) queryQP(r *request) (reply, error) {
 	if err != nil {
 		return reply{}, err
 	}
-	ctr := cn.d.engine.Counters(q)
+	ctr := cn.d.qpCounters(q)
 	resp := &abi.RespQueryQP{
 		Attr:            q.attr,
 		QPType:          q.typ,
@@ -247,7 +247,9 @@ func (cn *conn) destroyQP(r *request) (reply, error) {
 }
 
 func (d *Device) freeQP(cx *Context, q *QP) {
+	final := d.retireQPCounters(q)
 	d.engine.DestroyQP(q)
+	d.dpRetired.add(final())
 	d.unpinQP(q)
 	cx.db.Free(q.dbIndex)
 	delete(d.qps, q.qpn)

@@ -1,7 +1,11 @@
 // Command vrnicctl is the operator CLI of vrnic: it lists the devices
 // (control sockets) in the runtime directory and shows a device's
 // contexts, resources, QPs (state, PSNs, counters) and counters over the
-// control socket's operator commands.
+// control socket's operator commands. info and counters include the
+// device's data-path totals (data_path: packets sent and received,
+// retransmissions, ACK timeouts, RNR and sequence NAKs, duplicates, drops,
+// completions), the engine's per-QP counters summed over every QP the
+// device has had.
 //
 //	vrnicctl [flags] devices
 //	vrnicctl [flags] info | counters | contexts | pds | mrs | cqs | qps | srqs | ahs | hostmem
@@ -213,6 +217,9 @@ func show(path, what string, asJSON bool, w io.Writer) error {
 				"cq": r.CQ, "qp": r.QP, "srq": r.SRQ, "ah": r.AH} {
 				c["resources."+k] = int64(v)
 			}
+			for _, kv := range dataPathFields(info.DataPath) {
+				c["data_path."+kv.name] = int64(kv.value)
+			}
 			if asJSON {
 				return writeJSON(w, c)
 			}
@@ -262,6 +269,11 @@ func printInfo(w io.Writer, i device.AdminInfo) error {
 	r := i.Resources
 	fmt.Fprintf(tw, "resources\tcontexts=%d hostmem=%d pd=%d mr=%d cq=%d qp=%d srq=%d ah=%d\n",
 		r.Contexts, r.HostMem, r.PD, r.MR, r.CQ, r.QP, r.SRQ, r.AH)
+	var dp []string
+	for _, kv := range dataPathFields(i.DataPath) {
+		dp = append(dp, fmt.Sprintf("%s=%d", kv.name, kv.value))
+	}
+	fmt.Fprintf(tw, "data_path\t%s\n", strings.Join(dp, " "))
 	keys := make([]string, 0, len(i.Counters))
 	for k := range i.Counters {
 		keys = append(keys, k)
@@ -271,6 +283,29 @@ func printInfo(w io.Writer, i device.AdminInfo) error {
 		fmt.Fprintf(tw, "%s\t%d\n", k, i.Counters[k])
 	}
 	return tw.Flush()
+}
+
+type counterField struct {
+	name  string
+	value uint64
+}
+
+// dataPathFields returns the device's data-path totals by their JSON
+// names, in declaration order (the names -json uses).
+func dataPathFields(c device.QPCounters) []counterField {
+	raw, err := json.Marshal(c)
+	if err != nil {
+		return nil
+	}
+	var m map[string]uint64
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil
+	}
+	var out []counterField
+	for _, k := range jsonKeys(raw) {
+		out = append(out, counterField{k, m[k]})
+	}
+	return out
 }
 
 // printTable prints list items as a table whose columns are the JSON

@@ -136,6 +136,23 @@ func loopbackTraffic(t *testing.T, extra []string) {
 	q, err := a.qp.Query()
 	require.NoError(t, err)
 	assert.NotZero(t, q.PacketsSent)
+	// The daemon's data-path totals count both QPs' traffic, and keep
+	// a destroyed QP's.
+	adm, err := device.DialAdmin(sock)
+	require.NoError(t, err)
+	defer adm.Close()
+	info, err := adm.Info()
+	require.NoError(t, err)
+	tot := info.DataPath
+	assert.GreaterOrEqual(t, tot.PacketsSent, q.PacketsSent+1, "a's SEND and b's WRITE")
+	assert.NotZero(t, tot.PacketsReceived)
+	assert.Equal(t, uint64(2), tot.SendCQEs)
+	assert.Equal(t, uint64(1), tot.RecvCQEs)
+	require.NoError(t, a.qp.Destroy())
+	info, err = adm.Info()
+	require.NoError(t, err)
+	assert.Equal(t, uint64(2), info.DataPath.SendCQEs)
+	assert.GreaterOrEqual(t, info.DataPath.PacketsSent, tot.PacketsSent)
 	stop()
 	assert.Contains(t, logs.String(), "data_path=true")
 	assert.Contains(t, logs.String(), "engine stopped")
