@@ -6,7 +6,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -53,13 +55,86 @@ func SocketPath(dir, name string) string {
 // can reach sockets whose own mode (0660) and group allow them; otherwise
 // 0700.
 func EnsureRuntimeDir(dir string) error {
+	_, err := CreateRuntimeDir(dir)
+	return err
+}
+
+// CreateRuntimeDir is EnsureRuntimeDir that also returns the directories
+// it created itself (dir and the missing parents, outermost first; none
+// if dir existed), for RemoveCreatedDirs at exit. A directory another
+// process creates at the same moment is not counted.
+func CreateRuntimeDir(dir string) (created []string, err error) {
 	mode := os.FileMode(0o700)
 	if os.Geteuid() == 0 {
 		mode = 0o755
 	}
-	if err := os.MkdirAll(dir, mode); err != nil {
-		return fmt.Errorf("runtime dir %s: %w", dir, err)
+	if created, err = mkdirAllTracked(dir, mode); err != nil {
+		return created, fmt.Errorf("runtime dir %s: %w", dir, err)
 	}
+	return created, checkRuntimeDir(dir)
+}
+
+// mkdirAllTracked is os.MkdirAll that reports the directories it made:
+// each missing one is made with Mkdir, and only those whose Mkdir
+// succeeded are reported (EEXIST: someone else made it meanwhile).
+func mkdirAllTracked(dir string, mode os.FileMode) ([]string, error) {
+	var missing []string
+	for p := filepath.Clean(dir); ; {
+		if _, err := os.Lstat(p); err == nil {
+			break
+		} else if !errors.Is(err, os.ErrNotExist) {
+			return nil, err
+		}
+		missing = append(missing, p)
+		parent := filepath.Dir(p)
+		if parent == p {
+			break
+		}
+		p = parent
+	}
+	var created []string
+	for i := len(missing) - 1; i >= 0; i-- {
+		err := os.Mkdir(missing[i], mode)
+		switch {
+		case err == nil:
+			created = append(created, missing[i])
+		case errors.Is(err, os.ErrExist):
+		default:
+			return created, err
+		}
+	}
+	return created, nil
+}
+
+// RemoveCreatedDirs removes, innermost first, the directories of created
+// (from CreateRuntimeDir) that are empty: rmdir never removes a directory
+// that still holds something, such as another daemon's socket or lock
+// file. It stops at the first one it cannot remove (its parents are not
+// empty either) and returns the directories it removed.
+func RemoveCreatedDirs(created []string) (removed []string) {
+	dirs := slices.Clone(created)
+	// Innermost first: a directory's path is longer than its parent's.
+	slices.SortFunc(dirs, func(a, b string) int {
+		if c := len(b) - len(a); c != 0 {
+			return c
+		}
+		return strings.Compare(a, b)
+	})
+	dirs = slices.Compact(dirs)
+	for _, d := range dirs {
+		err := syscall.Rmdir(d)
+		switch {
+		case err == nil:
+			removed = append(removed, d)
+		case errors.Is(err, os.ErrNotExist):
+		default:
+			return removed
+		}
+	}
+	return removed
+}
+
+func checkRuntimeDir(dir string) error {
 	fi, err := os.Lstat(dir)
 	if err != nil {
 		return fmt.Errorf("runtime dir %s: %w", dir, err)

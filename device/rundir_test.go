@@ -60,3 +60,34 @@ func TestRuntimeDir(t *testing.T) {
 	assert.Error(t, EnsureRuntimeDir(f))
 	assert.Equal(t, "/r/vr0.sock", SocketPath("/r", "vr0"))
 }
+
+// TestCreateRuntimeDirTracked: CreateRuntimeDir reports the directories it
+// made, and RemoveCreatedDirs removes those, innermost first, only while
+// they are empty; a directory that existed is never reported.
+func TestCreateRuntimeDirTracked(t *testing.T) {
+	base := t.TempDir()
+	dir := filepath.Join(base, "a", "b", "rt")
+	created, err := CreateRuntimeDir(dir)
+	require.NoError(t, err)
+	assert.Equal(t, []string{filepath.Join(base, "a"), filepath.Join(base, "a", "b"), dir}, created)
+	again, err := CreateRuntimeDir(dir)
+	require.NoError(t, err)
+	assert.Empty(t, again, "it exists now")
+
+	// Something in the runtime dir keeps all of them.
+	sock := filepath.Join(dir, "other.sock")
+	require.NoError(t, os.WriteFile(sock, nil, 0o600))
+	assert.Empty(t, RemoveCreatedDirs(created))
+	assert.DirExists(t, dir)
+	// Something beside it keeps the parents only.
+	require.NoError(t, os.Remove(sock))
+	require.NoError(t, os.WriteFile(filepath.Join(base, "a", "keep"), nil, 0o600))
+	assert.Equal(t, []string{dir, filepath.Join(base, "a", "b")}, RemoveCreatedDirs(append(created, dir)))
+	assert.NoDirExists(t, filepath.Join(base, "a", "b"))
+	assert.FileExists(t, filepath.Join(base, "a", "keep"))
+
+	// A file put where a directory was is not removed.
+	require.NoError(t, os.WriteFile(filepath.Join(base, "a", "b"), nil, 0o600))
+	assert.Empty(t, RemoveCreatedDirs([]string{filepath.Join(base, "a", "b")}))
+	assert.FileExists(t, filepath.Join(base, "a", "b"))
+}

@@ -116,4 +116,75 @@ func TestRunLifecycle(t *testing.T) {
 	require.NoError(t, <-done)
 	assert.NoFileExists(t, sock)
 	assert.NoFileExists(t, filepath.Join(dir, "r0.lock"))
+	assert.DirExists(t, dir, "the runtime dir existed before the daemon: it stays")
+}
+
+// startRun runs the daemon in-process with the in-memory link until the
+// returned function stops it (idempotent; it also runs at cleanup).
+func startRun(t *testing.T, dir, name string) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var logs strings.Builder
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-name", name, "-runtime-dir", dir, "-link", "mem", "-workers", "1"}, &syncWriter{w: &logs})
+	}()
+	stopped := false
+	stop = func() {
+		if !stopped {
+			stopped = true
+			cancel()
+			assert.NoError(t, <-done, "%s", &logs)
+		}
+	}
+	t.Cleanup(stop)
+	require.Eventually(t, func() bool {
+		a, err := device.DialAdmin(device.SocketPath(dir, name))
+		if err != nil {
+			return false
+		}
+		defer a.Close()
+		info, err := a.Info()
+		return err == nil && info.Device == name
+	}, 5*time.Second, 10*time.Millisecond, "%s", &logs)
+	return stop
+}
+
+// TestRunRemovesRuntimeDirItCreated: a daemon that created its runtime
+// dir (and missing parents) removes them at exit when they are empty;
+// while another daemon's socket and lock file are there the directory
+// stays, and that other daemon, which did not create it, leaves it too.
+func TestRunRemovesRuntimeDirItCreated(t *testing.T) {
+	base := t.TempDir()
+	parent := filepath.Join(base, "new")
+	dir := filepath.Join(parent, "rt")
+
+	stop1 := startRun(t, dir, "c1") // creates new/ and new/rt/
+	stop2 := startRun(t, dir, "c2") // finds them
+	stop1()
+	assert.NoFileExists(t, device.SocketPath(dir, "c1"))
+	assert.FileExists(t, device.SocketPath(dir, "c2"), "the other daemon's socket")
+	assert.DirExists(t, dir, "holds another daemon's socket and lock file")
+	a, err := device.DialAdmin(device.SocketPath(dir, "c2"))
+	require.NoError(t, err, "the other daemon still serves")
+	a.Close()
+	stop2()
+	assert.DirExists(t, dir, "c2 did not create it")
+	ents, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Empty(t, ents, "both daemons removed their files")
+
+	// A daemon alone in the directories it made removes them all.
+	require.NoError(t, os.RemoveAll(parent))
+	stop3 := startRun(t, dir, "c3")
+	assert.DirExists(t, dir)
+	stop3()
+	assert.NoDirExists(t, parent, "created by c3 and empty at its exit")
+	assert.DirExists(t, base, "existed before")
+
+	// A file left in it by someone else keeps it.
+	stop4 := startRun(t, dir, "c4")
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "note"), nil, 0o600))
+	stop4()
+	assert.FileExists(t, filepath.Join(dir, "note"))
 }

@@ -6,6 +6,10 @@
 //	<runtime-dir>/<name>.sock   the control socket (mode 0660)
 //	<runtime-dir>/<name>.lock   lock file holding the daemon's pid (flock)
 //
+// The runtime dir itself (and any parent) is removed at exit too when this
+// daemon created it and it is empty by then; a directory that existed
+// before, or that still holds another daemon's files, stays.
+//
 // The runtime dir is /run/vrnic as root, $XDG_RUNTIME_DIR/vrnic for other
 // users, or $TMPDIR/vrnic-<uid> (mode 0700, owner checked) when
 // XDG_RUNTIME_DIR is unset; -runtime-dir or -socket choose another place.
@@ -35,6 +39,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -99,13 +104,28 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if sock == "" {
 		sock = device.SocketPath(dir, cfg.Name)
 	}
-	if err := device.EnsureRuntimeDir(filepath.Dir(sock)); err != nil {
-		return err
-	}
 	lockPath := strings.TrimSuffix(sock, device.SocketSuffix) + ".lock"
-	unlock, err := lockFile(lockPath)
-	if err != nil {
-		return err
+	var created []string // directories this daemon made, removed at exit if empty
+	defer func() {
+		if removed := device.RemoveCreatedDirs(created); len(removed) > 0 {
+			log.Debug("runtime dir removed", "dirs", removed)
+		}
+	}()
+	var unlock func()
+	for attempt := 1; ; attempt++ {
+		made, err := device.CreateRuntimeDir(filepath.Dir(sock))
+		created = append(created, made...)
+		if err != nil {
+			return err
+		}
+		if unlock, err = lockFile(lockPath); err == nil {
+			break
+		}
+		// ENOENT: a daemon that made the directory removed it (empty)
+		// between our check and our lock file; make it again.
+		if !errors.Is(err, fs.ErrNotExist) || attempt == 3 {
+			return err
+		}
 	}
 	defer unlock()
 
