@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -32,7 +33,16 @@ func TestVrnicctl(t *testing.T) {
 	defer c.Close()
 	pd, err := c.AllocPD()
 	require.NoError(t, err)
+	ch, err := verbs.NewCompChannel()
+	require.NoError(t, err)
+	defer ch.Close()
 	cq, err := c.CreateCQ(8, nil)
+	require.NoError(t, err)
+	cq2, err := c.CreateCQ(64, ch)
+	require.NoError(t, err)
+	buf, err := c.Alloc(3*4096, 4096)
+	require.NoError(t, err)
+	mr, err := pd.RegMR(buf, abi.AccessLocalWrite|abi.AccessRemoteRead)
 	require.NoError(t, err)
 	qp, err := pd.CreateQP(verbs.QPInitAttr{Type: abi.QPTRC, SendCQ: cq, RecvCQ: cq, Cap: abi.QPCap{MaxSendWR: 4, MaxRecvWR: 4}})
 	require.NoError(t, err)
@@ -63,16 +73,75 @@ func TestVrnicctl(t *testing.T) {
 	require.Equal(t, 0, rc)
 	assert.Contains(t, out, "resources")
 	assert.Contains(t, out, "qp=1")
+	assert.Regexp(t, `data_path\s+packets_sent=0 packets_received=0 retransmits=0 .*recv_cqes=0\n`, out)
 	rc, out, _ = ctl("-s", s.SocketPath, "counters")
 	require.Equal(t, 0, rc)
 	assert.Regexp(t, `resources\.qp\s+1\n`, out)
 	assert.Regexp(t, `commands\s+\d+`, out)
+	assert.Regexp(t, `data_path\.packets_sent\s+0\n`, out)
+	assert.Regexp(t, `data_path\.retransmits\s+0\n`, out)
 	rc, out, _ = ctl("-s", s.SocketPath, "--json", "counters")
 	require.Equal(t, 0, rc)
 	var counters map[string]int64
 	require.NoError(t, json.Unmarshal([]byte(out), &counters))
-	assert.Equal(t, int64(1), counters["resources.cq"])
+	assert.Equal(t, int64(2), counters["resources.cq"])
 	assert.Positive(t, counters["contexts_opened"])
+	// The data-path totals (this device has no data path: all zero).
+	for _, k := range []string{"packets_sent", "packets_received", "retransmits", "timeouts", "rnr_naks_received",
+		"rnr_naks_sent", "seq_naks_received", "seq_naks_sent", "duplicates", "dropped", "send_cqes", "recv_cqes"} {
+		v, ok := counters["data_path."+k]
+		assert.True(t, ok, "data_path.%s", k)
+		assert.Zero(t, v)
+	}
+	// PDs, MRs and CQs, as tables and as JSON.
+	rc, out, _ = ctl("-s", s.SocketPath, "pds")
+	require.Equal(t, 0, rc)
+	assert.Regexp(t, `CTX\s+HANDLE\s+USERS\n`, out)
+	assert.Regexp(t, fmt.Sprintf(`\n\d+\s+%d\s+2\n`, pd.Handle), out, "the PD has the MR and the QP")
+	rc, out, _ = ctl("-s", s.SocketPath, "-json", "pds")
+	require.Equal(t, 0, rc)
+	var pds []device.PDInfo
+	require.NoError(t, json.Unmarshal([]byte(out), &pds))
+	require.Len(t, pds, 1)
+	assert.Equal(t, device.PDInfo{Ctx: c.Handle(), Handle: pd.Handle, Users: 2}, pds[0])
+
+	rc, out, _ = ctl("-s", s.SocketPath, "mrs")
+	require.Equal(t, 0, rc)
+	assert.Regexp(t, `CTX\s+HANDLE\s+PD\s+IOVA\s+LENGTH\s+ACCESS\s+LKEY\s+RKEY\s+PAGES\s+PAGE_SHIFT\n`, out)
+	assert.Regexp(t, fmt.Sprintf(`\n\d+\s+%d\s+%d\s+%d\s+12288\s+%d\s+%d\s+%d\s+3\s+12\n`,
+		mr.Handle, pd.Handle, mr.Addr, abi.AccessLocalWrite|abi.AccessRemoteRead, mr.LKey, mr.RKey), out)
+	rc, out, _ = ctl("-s", s.SocketPath, "-json", "mrs")
+	require.Equal(t, 0, rc)
+	var mrs []device.MRInfoJSON
+	require.NoError(t, json.Unmarshal([]byte(out), &mrs))
+	require.Len(t, mrs, 1)
+	assert.Equal(t, device.MRInfoJSON{Ctx: c.Handle(), Handle: mr.Handle, PD: pd.Handle, IOVA: mr.Addr, Length: 3 * 4096,
+		Access: abi.AccessLocalWrite | abi.AccessRemoteRead, LKey: mr.LKey, RKey: mr.RKey, Pages: 3, PageShift: 12}, mrs[0])
+
+	rc, out, _ = ctl("-s", s.SocketPath, "cqs")
+	require.Equal(t, 0, rc)
+	assert.Regexp(t, `CTX\s+HANDLE\s+CQES\s+RING_PA\s+DB_INDEX\s+CHANNEL\s+USERS\n`, out)
+	assert.Regexp(t, fmt.Sprintf(`\n\d+\s+%d\s+8\s+\d+\s+\d+\s+false\s+2\n`, cq.Handle), out, "send and receive CQ of the QP")
+	assert.Regexp(t, fmt.Sprintf(`\n\d+\s+%d\s+64\s+\d+\s+\d+\s+true\s+0\n`, cq2.Handle), out)
+	rc, out, _ = ctl("-s", s.SocketPath, "-json", "cqs")
+	require.Equal(t, 0, rc)
+	var cqs []device.CQInfo
+	require.NoError(t, json.Unmarshal([]byte(out), &cqs))
+	require.Len(t, cqs, 2)
+	byHandle := map[uint32]device.CQInfo{}
+	for _, q := range cqs {
+		assert.Equal(t, c.Handle(), q.Ctx)
+		assert.NotZero(t, q.RingPA)
+		byHandle[q.Handle] = q
+	}
+	assert.Equal(t, uint32(8), byHandle[cq.Handle].CQEs)
+	assert.False(t, byHandle[cq.Handle].Channel)
+	assert.Equal(t, 2, byHandle[cq.Handle].Users)
+	assert.Equal(t, uint32(64), byHandle[cq2.Handle].CQEs)
+	assert.True(t, byHandle[cq2.Handle].Channel)
+	assert.Zero(t, byHandle[cq2.Handle].Users)
+	assert.NotEqual(t, byHandle[cq.Handle].DBIndex, byHandle[cq2.Handle].DBIndex)
+
 	rc, out, _ = ctl("-s", s.SocketPath, "srqs")
 	require.Equal(t, 0, rc)
 	assert.Equal(t, "no srqs\n", out)
