@@ -35,7 +35,15 @@ func TestMain(m *testing.M) {
 
 // clientMain opens a context, creates host memory, PDs, MRs, CQs, QPs
 // (moved to RTS), an SRQ and an AH, posts work, prints "READY <qpns>" and
-// then, in mode "hold", waits to be killed; in mode "exit" it returns.
+// then, in modes "hold" and "idle", waits to be killed; in mode "exit" it
+// returns.
+//
+// The QPs' peer (127.0.0.9) does not exist. In modes "hold" and "exit"
+// each QP posts a SEND, which the engine retransmits until the retry
+// count runs out and the QP goes to ERR (about 0.6 s with timeout 14,
+// retry_cnt 7). In mode "idle" the QPs post receives only: no request
+// goes out, no retransmission timer runs, and the QPs stay in RTS for as
+// long as the client lives.
 func clientMain(mode, sock string) int {
 	fail := func(err error) int {
 		fmt.Println("ERROR", err)
@@ -99,8 +107,16 @@ func clientMain(mode, sock string) int {
 		if err := qp.ToRTS(verbs.RTSAttr{SQPSN: 2000 + uint32(i), Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 1}); err != nil {
 			return fail(err)
 		}
-		sge := []abi.SGE{mr.SGE(0, 64)}
-		if err := qp.PostSend(&verbs.SendWR{WrID: 1, Opcode: abi.WRSend, Flags: abi.SendSignaled, SGL: sge}); err != nil {
+		sge := []abi.SGE{mr.SGE(uint32(64*i), 64)}
+		switch {
+		case mode != "idle":
+			err = qp.PostSend(&verbs.SendWR{WrID: 1, Opcode: abi.WRSend, Flags: abi.SendSignaled, SGL: sge})
+		case a.SRQ != nil:
+			err = srq.PostRecv(&verbs.RecvWR{WrID: 2, SGL: sge})
+		default:
+			err = qp.PostRecv(&verbs.RecvWR{WrID: 2, SGL: sge})
+		}
+		if err != nil {
 			return fail(err)
 		}
 		qpns = append(qpns, strconv.Itoa(int(qp.QPN)))
@@ -109,7 +125,7 @@ func clientMain(mode, sock string) int {
 		return fail(err)
 	}
 	fmt.Println("READY", strings.Join(qpns, ","))
-	if mode == "hold" {
+	if mode == "hold" || mode == "idle" {
 		select {} // until killed
 	}
 	return 0
@@ -309,7 +325,9 @@ func TestClientSIGKILLReleasesEverything(t *testing.T) {
 
 // TestTwoDaemonsSeveralClients runs two vrnicd processes on one host with
 // clients on each, and checks vrnicctl shows both devices and the QPs of
-// each client in their states with their PSNs.
+// each client in their states with their PSNs. The clients' QPs point at
+// a peer that does not exist and post receives only ("idle"), so they
+// stay in RTS however long the listing takes.
 func TestTwoDaemonsSeveralClients(t *testing.T) {
 	_, vrnicctl := tools(t)
 	dir := runtimeDir(t)
@@ -323,9 +341,9 @@ func TestTwoDaemonsSeveralClients(t *testing.T) {
 
 	var clients []*client
 	for i := range 3 {
-		clients = append(clients, startClient(t, d1.socket, "hold"))
+		clients = append(clients, startClient(t, d1.socket, "idle"))
 		if i < 2 {
-			clients = append(clients, startClient(t, d2.socket, "hold"))
+			clients = append(clients, startClient(t, d2.socket, "idle"))
 		}
 	}
 	ctl := func(args ...string) []byte {
@@ -354,23 +372,35 @@ func TestTwoDaemonsSeveralClients(t *testing.T) {
 	assert.Regexp(t, `vr1\s+up\s+udp\s+3\s+12`, text)
 	assert.Regexp(t, `vr2\s+up\s+udp\s+2\s+8`, text)
 
-	var qps []device.QPInfo
-	require.NoError(t, json.Unmarshal(ctl("-d", "vr1", "-json", "qps"), &qps))
-	require.Len(t, qps, 12)
 	want := map[uint32]bool{}
 	for _, c := range clients {
 		for _, q := range c.qpns {
 			want[q] = true
 		}
 	}
-	for _, q := range qps {
-		assert.Equal(t, "RTS", q.State)
-		assert.Equal(t, "RC", q.Type)
-		assert.Equal(t, uint32(1000), q.RQPSN)
-		assert.GreaterOrEqual(t, q.SQPSN, uint32(2000))
-		assert.Equal(t, 1024, q.PathMTU)
-		assert.True(t, want[q.QPN], "QPN %d belongs to a client", q.QPN)
+	checkQPs := func() {
+		t.Helper()
+		var qps []device.QPInfo
+		require.NoError(t, json.Unmarshal(ctl("-d", "vr1", "-json", "qps"), &qps))
+		require.Len(t, qps, 12)
+		seen := map[uint32]bool{}
+		for _, q := range qps {
+			assert.Equal(t, "RTS", q.State)
+			assert.Equal(t, "RC", q.Type)
+			assert.Equal(t, uint32(1000), q.RQPSN)
+			assert.Equal(t, uint32(2000), q.SQPSN-q.DestQPN+100, "SQ PSN 2000+i for destination QPN 100+i")
+			assert.Equal(t, 1024, q.PathMTU)
+			assert.Zero(t, q.Counters.PacketsSent, "nothing sent to the absent peer")
+			assert.True(t, want[q.QPN], "QPN %d belongs to a client", q.QPN)
+			seen[q.QPN] = true
+		}
+		assert.Len(t, seen, 12, "distinct QPNs")
 	}
+	checkQPs()
+	// Longer than the retries of a QP that had sent would take to run
+	// out: these stay in RTS.
+	time.Sleep(time.Second)
+	checkQPs()
 	var ctxs []device.ContextInfo
 	require.NoError(t, json.Unmarshal(ctl("-d", "vr2", "-json", "contexts"), &ctxs))
 	require.Len(t, ctxs, 2)
@@ -382,6 +412,13 @@ func TestTwoDaemonsSeveralClients(t *testing.T) {
 	assert.Contains(t, qtext, "STATE")
 	assert.Contains(t, qtext, "RTS")
 	assert.Contains(t, string(ctl("-s", d1.socket, "info")), "contexts=3")
+	// The data-path totals are there, and nothing was sent.
+	assert.Regexp(t, `(?m)^data_path\.packets_sent\s+0$`, string(ctl("-d", "vr1", "counters")))
+	var counters map[string]int64
+	require.NoError(t, json.Unmarshal(ctl("-d", "vr2", "-json", "counters"), &counters))
+	assert.Contains(t, counters, "data_path.retransmits")
+	assert.Zero(t, counters["data_path.packets_sent"])
+	assert.Equal(t, int64(8), counters["resources.qp"])
 	// Clear errors.
 	cmd := exec.Command(vrnicctl, "-runtime-dir", dir, "qps")
 	out, err = cmd.CombinedOutput()
