@@ -17,9 +17,10 @@ import (
 var ErrTAPClosed = errors.New("link: TAP link closed")
 
 // tapQueue is what a TAP port needs from its queue (tap.Queue): batched
-// reads that wait for the first frame and batched writes.
+// reads that never wait, a wait for the next frame, batched writes.
 type tapQueue interface {
-	ReadBatch(bufs [][]byte, sizes []int, offset int) (int, error)
+	TryReadBatch(bufs [][]byte, sizes []int, offset int) (int, error)
+	WaitReadable() error
 	WriteBatch(bufs [][]byte, offset int) (int, error)
 }
 
@@ -35,11 +36,8 @@ type TAPConfig struct {
 	// engine's and be at least the device's MaxFrameSize (longer frames
 	// would be truncated by the kernel and fail their ICRC).
 	FrameCap int
-	// Batch is the most frames one read of a queue returns. Default 64.
+	// Batch is the most frames one RecvBatch reads. Default 64.
 	Batch int
-	// Buffers is the number of receive buffers per queue (at least
-	// 2*Batch). Default 4*Batch.
-	Buffers int
 	// Logger gets lifecycle messages. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -55,7 +53,7 @@ type TAPCounters struct {
 	TxFrames    atomic.Uint64 // frames written
 	TxBytes     atomic.Uint64 // their bytes
 	TxErrors    atomic.Uint64 // frames the kernel refused (dropped)
-	Wakeups     atomic.Uint64 // Ready signals
+	Wakeups     atomic.Uint64 // Ready signals (a sleeping worker woken by a frame)
 }
 
 // TAPQueueStats is a snapshot of one port's counters.
@@ -89,23 +87,24 @@ type TAPLink struct {
 
 // TAPPort is one worker's queue; it implements the engine's Link.
 // SendBatch and RecvBatch must be called by one goroutine at a time (the
-// owning worker); Ready and Counters from any.
+// owning worker); Ready, ArmReady and Counters from any.
 //
-// Receive path: a reader goroutine per port waits in the queue's
-// ReadBatch (on the Go netpoller) with up to Batch empty buffers of the
-// port's pool, classifies what it read and moves each RoCE v2 frame to the
-// full channel, then signals Ready. RecvBatch exchanges: it takes filled
-// buffers from the full channel and puts the caller's empty buffers in
-// their place into the free channel, from which the reader takes the
-// buffers of its next read. The number of buffers of the port is
-// constant (Buffers), both channels can hold all of them, so no send
-// ever blocks and nothing is allocated. When the worker does not keep up,
-// the free channel runs dry, the reader stops reading and frames wait in
-// the kernel's queue (which drops beyond its length, like a NIC ring).
+// Receive path: RecvBatch reads the queue itself, non-blocking, straight
+// into the worker's buffers (one read(2) per frame, none of them waits),
+// classifies what it read, hands ARP/ND to the neighbour engine and
+// returns the RoCE v2 frames. No goroutine sits between the queue and the
+// worker while it is busy, so a frame costs no goroutine hand-off, and
+// nothing is copied or exchanged. When the worker runs out of work it
+// calls ArmReady before it sleeps on Ready: the port's waiter goroutine
+// then waits for the queue to become readable (Queue.WaitReadable, on the
+// Go poller) and signals Ready once. When the worker does not keep up,
+// frames wait in the kernel's queue (which drops beyond its length, like
+// a NIC ring).
 //
-// No lost wake-ups: the reader signals Ready after it made frames
-// visible; a worker that found the full channel empty and then sleeps on
-// Ready finds the signal of any frame queued since.
+// No lost wake-ups: a frame queued before the waiter's wait begins is
+// found by the wait's first check (poll(2)); one queued later raises the
+// edge the wait is parked on. Either way Ready is signalled after the
+// frame was queued, and the worker re-reads before it sleeps again.
 type TAPPort struct {
 	link  *TAPLink
 	index int
@@ -114,11 +113,9 @@ type TAPPort struct {
 	neigh neighborHandler
 	fcap  int
 	ready chan struct{}
-	full  chan []byte
-	free  chan []byte
+	arm   chan struct{}
 
-	// Reader-private.
-	rbufs [][]byte
+	// Owner-private.
 	sizes []int
 
 	Counters TAPCounters
@@ -161,12 +158,6 @@ func newTAPLink(qs []tapQueue, neigh neighborHandler, cfg TAPConfig, closeQueues
 	if cfg.Batch <= 0 {
 		cfg.Batch = 64
 	}
-	if cfg.Buffers <= 0 {
-		cfg.Buffers = 4 * cfg.Batch
-	}
-	if cfg.Buffers < 2*cfg.Batch {
-		return nil, fmt.Errorf("%w: %d buffers for batches of %d (want at least %d)", ErrInvalid, cfg.Buffers, cfg.Batch, 2*cfg.Batch)
-	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -175,19 +166,14 @@ func newTAPLink(qs []tapQueue, neigh neighborHandler, cfg TAPConfig, closeQueues
 		p := &TAPPort{
 			link: l, index: i, nq: len(qs), q: q, neigh: neigh, fcap: cfg.FrameCap,
 			ready: make(chan struct{}, 1),
-			full:  make(chan []byte, cfg.Buffers),
-			free:  make(chan []byte, cfg.Buffers),
-			rbufs: make([][]byte, 0, cfg.Batch),
+			arm:   make(chan struct{}, 1),
 			sizes: make([]int, cfg.Batch),
-		}
-		for range cfg.Buffers {
-			p.free <- make([]byte, cfg.FrameCap)
 		}
 		l.ports = append(l.ports, p)
 	}
 	for _, p := range l.ports {
 		l.wg.Add(1)
-		go p.reader()
+		go p.waiter()
 	}
 	return l, nil
 }
@@ -239,31 +225,29 @@ func (p *TAPPort) signal() {
 	}
 }
 
-// reader is the port's receive goroutine (see TAPPort).
-func (p *TAPPort) reader() {
+// ArmReady asks for a Ready signal when a frame is queued: the worker
+// calls it when it is about to sleep on Ready, after a RecvBatch that
+// found nothing. Without it Ready is not signalled (a busy worker reads
+// the queue anyway, and a waiter woken by every frame would cost a
+// goroutine hand-off per frame).
+func (p *TAPPort) ArmReady() {
+	select {
+	case p.arm <- struct{}{}:
+	default:
+	}
+}
+
+// waiter is the port's wake-up goroutine (see TAPPort).
+func (p *TAPPort) waiter() {
 	defer p.link.wg.Done()
 	done := p.link.done
 	for {
-		// Hold up to Batch empty buffers; wait for the first one.
-		if len(p.rbufs) == 0 {
-			select {
-			case b := <-p.free:
-				p.rbufs = append(p.rbufs, b[:cap(b)])
-			case <-done:
-				return
-			}
+		select {
+		case <-p.arm:
+		case <-done:
+			return
 		}
-	fill:
-		for len(p.rbufs) < cap(p.rbufs) {
-			select {
-			case b := <-p.free:
-				p.rbufs = append(p.rbufs, b[:cap(b)])
-			default:
-				break fill
-			}
-		}
-		n, err := p.q.ReadBatch(p.rbufs, p.sizes, 0)
-		if err != nil {
+		if err := p.q.WaitReadable(); err != nil {
 			select {
 			case <-done:
 				return
@@ -274,32 +258,9 @@ func (p *TAPPort) reader() {
 			}
 			p.Counters.ReadErrors.Add(1)
 			time.Sleep(time.Millisecond) // a failing queue must not spin
-			continue
 		}
-		if p.deliver(n) > 0 {
-			p.signal()
-		}
+		p.signal()
 	}
-}
-
-// deliver classifies the n frames just read into p.rbufs: RoCE v2 frames
-// move to the full channel (their buffers leave p.rbufs), the others are
-// handled or counted and their buffers kept for the next read. It returns
-// the number of frames delivered.
-func (p *TAPPort) deliver(n int) int {
-	keep, out := 0, 0
-	for i, b := range p.rbufs {
-		if i < n && p.accept(b[:p.sizes[i]]) {
-			p.full <- b[:p.sizes[i]] // never blocks: it can hold every buffer
-			out++
-			continue
-		}
-		p.rbufs[keep] = b
-		keep++
-	}
-	clear(p.rbufs[keep:])
-	p.rbufs = p.rbufs[:keep]
-	return out
 }
 
 // accept tells whether frame is RoCE v2 for a QP of this queue; it hands
@@ -360,24 +321,42 @@ func roceDestQP(frame []byte) (uint32, bool) {
 	return roce.BTH(ip[ihl+roce.UDPHeaderLen:]).DestQP(), true
 }
 
-// RecvBatch implements the engine's Link by exchange: slot i gets a
-// received frame (in a buffer of the port's pool) and its previous buffer
-// (empty, capacity FrameCap) goes to the pool. It never blocks.
+// RecvBatch implements the engine's Link: it reads up to len(frames)
+// queued frames (at most Batch) into the slots' own buffers and returns
+// the RoCE v2 frames of this queue's QPs in frames[:n], in arrival order;
+// the other slots keep their buffers at full length. It never blocks.
 func (p *TAPPort) RecvBatch(frames [][]byte) (int, error) {
-	for n := range frames {
-		if cap(frames[n]) < p.fcap {
-			return n, fmt.Errorf("%w: receive buffer of capacity %d, want %d", ErrInvalid, cap(frames[n]), p.fcap)
+	want := min(len(frames), len(p.sizes))
+	for i := range want {
+		if cap(frames[i]) < p.fcap {
+			return 0, fmt.Errorf("%w: receive buffer of capacity %d, want %d", ErrInvalid, cap(frames[i]), p.fcap)
 		}
-		select {
-		case f := <-p.full:
-			old := frames[n]
-			frames[n] = f
-			p.free <- old[:cap(old)] // never blocks: it can hold every buffer
-		default:
-			return n, nil
-		}
+		frames[i] = frames[i][:cap(frames[i])]
 	}
-	return len(frames), nil
+	n, err := p.q.TryReadBatch(frames[:want], p.sizes, 0)
+	if err != nil {
+		if errors.Is(err, os.ErrClosed) {
+			return 0, nil // closed: nothing more to receive
+		}
+		p.Counters.ReadErrors.Add(1)
+	}
+	k := 0
+	for i := range n {
+		f := frames[i][:p.sizes[i]]
+		if !p.accept(f) {
+			continue // the slot keeps its buffer (restored below)
+		}
+		frames[i] = frames[k]
+		frames[k] = f
+		k++
+	}
+	for i := k; i < n; i++ {
+		frames[i] = frames[i][:cap(frames[i])]
+	}
+	if err != nil && !errors.Is(err, os.ErrClosed) {
+		return k, err
+	}
+	return k, nil
 }
 
 // SendBatch implements the engine's Link: it writes every frame to the

@@ -20,14 +20,19 @@ import (
 
 var _ linkIface = (*TAPPort)(nil)
 
-// fakeTAPQueue is a channel-backed TAP queue for unit tests of the port
-// logic: frames sent on in are returned by ReadBatch (which waits for
-// the first, like tap.Queue), written frames are copied to out (or
-// refused when refuse says so).
+// fakeTAPQueue is a TAP queue for unit tests of the port logic: frames
+// sent on in are queued (by a feeder goroutine, as the kernel queues
+// them) and returned by TryReadBatch; WaitReadable waits until one is
+// queued; written frames are copied to out (or refused when refuse says
+// so).
 type fakeTAPQueue struct {
 	in     chan []byte
 	closed chan struct{}
 	once   sync.Once
+
+	qmu    sync.Mutex
+	queued [][]byte
+	notify chan struct{}
 
 	mu     sync.Mutex
 	out    [][]byte
@@ -35,27 +40,59 @@ type fakeTAPQueue struct {
 }
 
 func newFakeTAPQueue() *fakeTAPQueue {
-	return &fakeTAPQueue{in: make(chan []byte, 1024), closed: make(chan struct{})}
+	q := &fakeTAPQueue{in: make(chan []byte, 1024), closed: make(chan struct{}), notify: make(chan struct{}, 1)}
+	go q.feed()
+	return q
 }
 
-func (q *fakeTAPQueue) ReadBatch(bufs [][]byte, sizes []int, offset int) (int, error) {
-	select {
-	case f := <-q.in:
-		sizes[0] = copy(bufs[0][offset:], f)
-	case <-q.closed:
-		return 0, fmt.Errorf("fake queue: %w", os.ErrClosed)
-	}
-	n := 1
-	for n < len(bufs) {
+func (q *fakeTAPQueue) feed() {
+	for {
 		select {
 		case f := <-q.in:
-			sizes[n] = copy(bufs[n][offset:], f)
-			n++
-		default:
-			return n, nil
+			q.qmu.Lock()
+			q.queued = append(q.queued, f)
+			q.qmu.Unlock()
+			select {
+			case q.notify <- struct{}{}:
+			default:
+			}
+		case <-q.closed:
+			return
 		}
 	}
+}
+
+func (q *fakeTAPQueue) TryReadBatch(bufs [][]byte, sizes []int, offset int) (int, error) {
+	select {
+	case <-q.closed:
+		return 0, fmt.Errorf("fake queue: %w", os.ErrClosed)
+	default:
+	}
+	q.qmu.Lock()
+	defer q.qmu.Unlock()
+	n := 0
+	for n < len(bufs) && len(q.queued) > 0 {
+		sizes[n] = copy(bufs[n][offset:], q.queued[0])
+		q.queued = q.queued[1:]
+		n++
+	}
 	return n, nil
+}
+
+func (q *fakeTAPQueue) WaitReadable() error {
+	for {
+		q.qmu.Lock()
+		n := len(q.queued)
+		q.qmu.Unlock()
+		if n > 0 {
+			return nil
+		}
+		select {
+		case <-q.notify:
+		case <-q.closed:
+			return fmt.Errorf("fake queue: %w", os.ErrClosed)
+		}
+	}
 }
 
 func (q *fakeTAPQueue) WriteBatch(bufs [][]byte, offset int) (int, error) {
@@ -170,6 +207,7 @@ func recvTAP(t testing.TB, p *TAPPort, n int) [][]byte {
 		if k > 0 {
 			continue
 		}
+		p.ArmReady()
 		select {
 		case <-p.Ready():
 		case <-deadline.C:
@@ -179,13 +217,13 @@ func recvTAP(t testing.TB, p *TAPPort, n int) [][]byte {
 	return out
 }
 
-func TestTAPReceiveByExchange(t *testing.T) {
+func TestTAPReceive(t *testing.T) {
 	for _, v6 := range []bool{false, true} {
 		t.Run(fmt.Sprintf("ipv6=%v", v6), func(t *testing.T) {
-			l, fqs, _ := newFakeTAPLink(t, 4, TAPConfig{Batch: 4, Buffers: 8})
+			l, fqs, _ := newFakeTAPLink(t, 4, TAPConfig{Batch: 4})
 			p := l.Ports()[2]
 			var want [][]byte
-			for i := range 50 { // more than the pool: buffers must circulate
+			for i := range 50 { // more than a batch
 				f := roceFrameFor(t, qpnOnQueue(2, 4, i%3), uint32(i), i*37, v6)
 				want = append(want, f)
 				fqs[2].in <- f
@@ -201,35 +239,49 @@ func TestTAPReceiveByExchange(t *testing.T) {
 	}
 }
 
-func TestTAPReceiveKeepsPoolSize(t *testing.T) {
-	l, fqs, _ := newFakeTAPLink(t, 1, TAPConfig{Batch: 2, Buffers: 4})
+// TestTAPReceiveInPlace: frames land in the caller's own buffers (no
+// exchange, no copy after the read); slots of frames that were not RoCE
+// keep their buffers at full length; a batch stops at Batch frames.
+func TestTAPReceiveInPlace(t *testing.T) {
+	l, fqs, neigh := newFakeTAPLink(t, 1, TAPConfig{Batch: 3})
 	p := l.Ports()[0]
-	mine := make([][]byte, 3)
-	for i := range mine {
-		mine[i] = make([]byte, testFrameCap)
-	}
+	mine := newBufs(4)
 	ours := map[*byte]bool{}
 	for _, b := range mine {
 		ours[&b[:1][0]] = true
 	}
-	for i := range 3 {
-		fqs[0].in <- roceFrameFor(t, qpnOnQueue(0, 1, 0), uint32(i), 10, false)
+	arp := make([]byte, 42)
+	copy(arp, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 2, 9, 9, 9, 9, 9, 0x08, 0x06})
+	f0 := roceFrameFor(t, qpnOnQueue(0, 1, 0), 0, 10, false)
+	f1 := roceFrameFor(t, qpnOnQueue(0, 1, 0), 1, 20, false)
+	f2 := roceFrameFor(t, qpnOnQueue(0, 1, 0), 2, 30, false)
+	for _, f := range [][]byte{f0, arp, f1, f2} {
+		fqs[0].in <- f
 	}
-	got := 0
-	deadline := time.Now().Add(recvTimeout)
-	for got < 3 && time.Now().Before(deadline) {
-		k, err := p.RecvBatch(mine[got:])
-		require.NoError(t, err)
-		got += k
-		if k == 0 {
-			time.Sleep(time.Millisecond)
+	require.Eventually(t, func() bool {
+		fqs[0].qmu.Lock()
+		defer fqs[0].qmu.Unlock()
+		return len(fqs[0].queued) == 4
+	}, recvTimeout, time.Millisecond)
+	k, err := p.RecvBatch(mine)
+	require.NoError(t, err)
+	require.Equal(t, 2, k, "three frames read (the batch), one of them ARP")
+	assert.Equal(t, f0, mine[0])
+	assert.Equal(t, f1, mine[1])
+	assert.Equal(t, 1, neigh.count())
+	for i, b := range mine {
+		assert.True(t, ours[&b[:1][0]], "slot %d holds one of the caller's buffers", i)
+		if i >= k {
+			assert.Equal(t, testFrameCap, len(b), "slot %d back at full length", i)
 		}
 	}
-	require.Equal(t, 3, got)
-	for _, b := range mine {
-		assert.False(t, ours[&b[:1][0]], "slots hold the link's buffers after the exchange")
-		assert.Equal(t, testFrameCap, cap(b))
+	for i := range mine {
+		mine[i] = mine[i][:cap(mine[i])]
 	}
+	k, err = p.RecvBatch(mine)
+	require.NoError(t, err)
+	require.Equal(t, 1, k)
+	assert.Equal(t, f2, mine[0])
 }
 
 func TestTAPReceiveClassifies(t *testing.T) {
@@ -286,7 +338,7 @@ func TestTAPReceiveClassifies(t *testing.T) {
 // RecvBatch finds nothing gets every frame of a producer that sends at
 // arbitrary moments.
 func TestTAPReadyNoLostWakeup(t *testing.T) {
-	l, fqs, _ := newFakeTAPLink(t, 1, TAPConfig{Batch: 4, Buffers: 8})
+	l, fqs, _ := newFakeTAPLink(t, 1, TAPConfig{Batch: 4})
 	p := l.Ports()[0]
 	const n = 2000
 	go func() {
@@ -338,7 +390,6 @@ func TestTAPConfigErrors(t *testing.T) {
 	}{
 		{"no-queues", nil, TAPConfig{FrameCap: testFrameCap}},
 		{"small-frames", q, TAPConfig{FrameCap: 64}},
-		{"few-buffers", q, TAPConfig{FrameCap: testFrameCap, Batch: 8, Buffers: 15}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -351,7 +402,7 @@ func TestTAPConfigErrors(t *testing.T) {
 
 	l, _, _ := newFakeTAPLink(t, 1, TAPConfig{})
 	_, err = l.Ports()[0].RecvBatch([][]byte{make([]byte, 10)})
-	assert.ErrorIs(t, err, ErrInvalid, "a receive buffer smaller than the pool's")
+	assert.ErrorIs(t, err, ErrInvalid, "a receive buffer smaller than the frame capacity")
 }
 
 func TestTAPCloseStopsReaders(t *testing.T) {
@@ -368,29 +419,33 @@ func TestTAPCloseStopsReaders(t *testing.T) {
 	assert.Len(t, l.Stats(), 3)
 }
 
-// allocQueue hands out one prepared frame per tick without allocating.
+// allocQueue queues one prepared frame per tick without allocating.
 type allocQueue struct {
 	frame []byte
 	tick  chan struct{}
 	done  chan struct{}
 }
 
-func (q *allocQueue) ReadBatch(bufs [][]byte, sizes []int, offset int) (int, error) {
+func (q *allocQueue) TryReadBatch(bufs [][]byte, sizes []int, offset int) (int, error) {
 	select {
 	case <-q.tick:
 		sizes[0] = copy(bufs[0][offset:], q.frame)
 		return 1, nil
-	case <-q.done:
-		return 0, os.ErrClosed
+	default:
+		return 0, nil
 	}
+}
+
+func (q *allocQueue) WaitReadable() error {
+	<-q.done
+	return os.ErrClosed
 }
 
 func (q *allocQueue) WriteBatch(bufs [][]byte, offset int) (int, error) { return len(bufs), nil }
 
-// TestTAPNoAllocation: a steady-state receive (reader, exchange) and send
-// allocate nothing.
+// TestTAPNoAllocation: a steady-state receive and send allocate nothing.
 func TestTAPNoAllocation(t *testing.T) {
-	q := &allocQueue{frame: roceFrameFor(t, 0x100, 1, 1024, false), tick: make(chan struct{}), done: make(chan struct{})}
+	q := &allocQueue{frame: roceFrameFor(t, 0x100, 1, 1024, false), tick: make(chan struct{}, 1), done: make(chan struct{})}
 	l, err := newTAPLink([]tapQueue{q}, nil, TAPConfig{FrameCap: testFrameCap, Logger: slog.New(slog.DiscardHandler)}, func() error {
 		close(q.done)
 		return nil
@@ -401,12 +456,9 @@ func TestTAPNoAllocation(t *testing.T) {
 	bufs := newBufs(4)
 	round := func() {
 		q.tick <- struct{}{}
-		for {
-			k, _ := p.RecvBatch(bufs[:1])
-			if k == 1 {
-				break
-			}
-			<-p.Ready()
+		k, _ := p.RecvBatch(bufs[:1])
+		if k != 1 {
+			panic("no frame")
 		}
 		bufs[0] = bufs[0][:cap(bufs[0])]
 		p.SendBatch(bufs[1:])

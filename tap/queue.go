@@ -31,6 +31,12 @@ type Queue struct {
 	rn     int
 	rerr   error
 	readFn func(fd uintptr) bool
+	tryFn  func(fd uintptr)
+
+	// Wait state, used by waitFn (WaitReadable).
+	wfirst bool
+	wfds   [1]unix.PollFd
+	waitFn func(fd uintptr) bool
 
 	// Write state, used by writeFn.
 	wbufs   [][]byte
@@ -47,6 +53,8 @@ func newQueue(index int, f *os.File) (*Queue, error) {
 	}
 	q := &Queue{index: index, file: f, rc: rc}
 	q.readFn = q.read
+	q.tryFn = func(fd uintptr) { q.read(fd) }
+	q.waitFn = q.waitCheck
 	q.writeFn = q.write
 	return q, nil
 }
@@ -83,6 +91,74 @@ func (q *Queue) ReadBatch(bufs [][]byte, sizes []int, offset int) (int, error) {
 		return 0, q.wrapErr("read", rerr)
 	}
 	return n, nil
+}
+
+// TryReadBatch reads up to len(bufs) frames that are queued now, like
+// ReadBatch, but never waits: it returns 0 and no error when the queue is
+// empty. It bypasses the Go poller (the read runs under RawConn.Control),
+// so a worker can drain its queue on its own thread between other work
+// and sleep on WaitReadable only when it has nothing to do.
+func (q *Queue) TryReadBatch(bufs [][]byte, sizes []int, offset int) (int, error) {
+	if len(sizes) < len(bufs) {
+		return 0, fmt.Errorf("%w: %d sizes for %d buffers", ErrConfig, len(sizes), len(bufs))
+	}
+	for _, b := range bufs {
+		if offset < 0 || offset >= len(b) {
+			return 0, fmt.Errorf("%w: offset %d in a %d-byte buffer", ErrConfig, offset, len(b))
+		}
+	}
+	if len(bufs) == 0 {
+		return 0, nil
+	}
+	q.rbufs, q.rsizes, q.roff, q.rn, q.rerr = bufs, sizes, offset, 0, nil
+	err := q.rc.Control(q.tryFn)
+	n, rerr := q.rn, q.rerr
+	q.rbufs, q.rsizes = nil, nil
+	if err != nil {
+		return n, q.wrapErr("read", err)
+	}
+	if rerr != nil && n == 0 {
+		return 0, q.wrapErr("read", rerr)
+	}
+	return n, nil
+}
+
+// WaitReadable blocks until a frame is queued (it reads nothing; the
+// frame is left for TryReadBatch or ReadBatch). It may also return when a
+// frame that was queued has been read meanwhile, so callers re-check. It
+// must not run concurrently with itself or with ReadBatch; TryReadBatch
+// and the writes may run meanwhile. After Close it returns an error
+// matching os.ErrClosed.
+//
+// No wake-up is lost: the Go poller watches the fd edge-triggered and
+// forgets an edge when a wait starts, so the first check, made after
+// the wait was prepared, asks the kernel (poll(2), no timeout) whether a
+// frame is queued already; a frame queued after that check raises an
+// edge the wait sees.
+func (q *Queue) WaitReadable() error {
+	q.wfirst = true
+	if err := q.rc.Read(q.waitFn); err != nil {
+		return q.wrapErr("wait", err)
+	}
+	return nil
+}
+
+// waitCheck is WaitReadable's callback: on the first call, ready when
+// poll(2) says so; on a later call (after the poller saw an edge), ready.
+func (q *Queue) waitCheck(fd uintptr) bool {
+	if !q.wfirst {
+		return true
+	}
+	q.wfirst = false
+	q.wfds[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
+	for {
+		n, err := unix.Poll(q.wfds[:], 0)
+		if err == unix.EINTR {
+			continue
+		}
+		// An error: let the caller's next read report it.
+		return err != nil || n > 0
+	}
 }
 
 // read runs under the poller: it drains up to len(rbufs) frames and asks

@@ -3,6 +3,7 @@ package tap
 import (
 	"errors"
 	"os"
+	"runtime"
 	"testing"
 	"time"
 
@@ -114,4 +115,138 @@ func TestBatchArgumentErrors(t *testing.T) {
 	n, err := q.ReadBatch(nil, nil, 0)
 	assert.NoError(t, err)
 	assert.Zero(t, n)
+}
+
+func TestTryReadBatchNeverWaits(t *testing.T) {
+	q, peer := seqpacketQueue(t)
+	bufs := [][]byte{make([]byte, 64), make([]byte, 64)}
+	sizes := make([]int, 2)
+	n, err := q.TryReadBatch(bufs, sizes, 0)
+	require.NoError(t, err)
+	assert.Zero(t, n, "empty queue: nothing, at once")
+	for _, m := range []string{"one", "three", "five!"} {
+		_, err := unix.Write(peer, []byte(m))
+		require.NoError(t, err)
+	}
+	n, err = q.TryReadBatch(bufs, sizes, 0)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	assert.Equal(t, "one", string(bufs[0][:sizes[0]]))
+	assert.Equal(t, "three", string(bufs[1][:sizes[1]]))
+	n, err = q.TryReadBatch(bufs, sizes, 0)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	assert.Equal(t, "five!", string(bufs[0][:sizes[0]]))
+	_, err = q.TryReadBatch(bufs, sizes[:1], 0)
+	assert.ErrorIs(t, err, ErrConfig)
+	require.NoError(t, q.close())
+	_, err = q.TryReadBatch(bufs, sizes, 0)
+	assert.ErrorIs(t, err, os.ErrClosed)
+}
+
+// TestWaitReadable: the wait returns at once for a frame queued before it
+// began (the poller's forgotten edge), waits for a later one, reads
+// nothing, and ends with os.ErrClosed at Close.
+func TestWaitReadable(t *testing.T) {
+	q, peer := seqpacketQueue(t)
+	_, err := unix.Write(peer, []byte("early"))
+	require.NoError(t, err)
+	// Let the poller see (and keep) the edge, then wait: it must not
+	// block even though the edge came before the wait was prepared.
+	time.Sleep(10 * time.Millisecond)
+	waitWithin(t, q, "a frame queued before the wait")
+	waitWithin(t, q, "a frame still queued")
+	bufs := [][]byte{make([]byte, 64)}
+	sizes := []int{0}
+	n, err := q.TryReadBatch(bufs, sizes, 0)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "the wait left the frame queued")
+
+	done := make(chan error, 1)
+	go func() { done <- q.WaitReadable() }()
+	select {
+	case err := <-done:
+		t.Fatalf("returned with nothing queued: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	_, err = unix.Write(peer, []byte("late"))
+	require.NoError(t, err)
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("a frame queued during the wait did not end it")
+	}
+	n, err = q.TryReadBatch(bufs, sizes, 0)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+
+	go func() { done <- q.WaitReadable() }()
+	time.Sleep(20 * time.Millisecond)
+	require.NoError(t, q.close())
+	assert.ErrorIs(t, <-done, os.ErrClosed)
+}
+
+// TestWaitReadableNoLostWakeup: a consumer that drains with TryReadBatch
+// and then waits, against a producer writing at arbitrary moments, gets
+// every frame and never hangs.
+func TestWaitReadableNoLostWakeup(t *testing.T) {
+	q, peer := seqpacketQueue(t)
+	const total = 20000
+	go func() {
+		for i := range total {
+			for {
+				_, err := unix.Write(peer, []byte{byte(i), byte(i >> 8)})
+				if err != unix.EAGAIN {
+					break
+				}
+				time.Sleep(10 * time.Microsecond)
+			}
+			if i%5 == 0 {
+				for range i % 200 { // a short, varying pause
+					runtimeYield()
+				}
+			}
+		}
+	}()
+	bufs := make([][]byte, 8)
+	for i := range bufs {
+		bufs[i] = make([]byte, 16)
+	}
+	sizes := make([]int, 8)
+	got := 0
+	for got < total {
+		n, err := q.TryReadBatch(bufs, sizes, 0)
+		require.NoError(t, err)
+		for i := range n {
+			require.Equal(t, []byte{byte(got), byte(got >> 8)}, bufs[i][:sizes[i]], "frame %d in order", got)
+			got++
+		}
+		if n > 0 {
+			continue
+		}
+		done := make(chan error, 1)
+		go func() { done <- q.WaitReadable() }()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("lost wake-up after %d of %d frames", got, total)
+		}
+	}
+}
+
+func runtimeYield() { runtime.Gosched() }
+
+// waitWithin fails unless q.WaitReadable returns without error soon.
+func waitWithin(t *testing.T, q *Queue, what string) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- q.WaitReadable() }()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(2 * time.Second):
+		t.Fatalf("WaitReadable blocked on %s", what)
+	}
 }

@@ -104,3 +104,13 @@ type Link interface {
 	RecvBatch(frames [][]byte) (int, error)
 	Ready() <-chan struct{}
 }
+
+// ReadyArmer is implemented by a link whose Ready must be armed: the
+// worker calls ArmReady right before it sleeps on Ready (after a round in
+// which RecvBatch found nothing), and the link then signals Ready when a
+// frame arrives after its last RecvBatch. A link that reads in the
+// worker's own RecvBatch (the TAP link) uses it to watch the kernel only
+// while the worker sleeps.
+type ReadyArmer interface {
+	ArmReady()
+}

@@ -61,6 +61,7 @@ type worker struct {
 	id     int
 	e      *Engine
 	link   Link
+	arm    func() // the link's ArmReady, or nil
 	qps    map[uint32]*QP
 	list   []*QP
 	timers timerHeap
@@ -97,6 +98,9 @@ func newWorker(e *Engine, id int, l Link) *worker {
 		kick:   make(chan struct{}, 1),
 		rx:     make([][]byte, e.cfg.Batch),
 		tx:     make([][]byte, e.cfg.Batch),
+	}
+	if a, ok := l.(ReadyArmer); ok {
+		w.arm = a.ArmReady
 	}
 	for i := range w.rx {
 		w.rx[i] = make([]byte, e.cfg.FrameCap)
@@ -355,6 +359,9 @@ func (w *worker) run(stop <-chan struct{}) {
 			tc = sleepTimer.C
 		}
 		w.Counters.Sleeps.Add(1)
+		if w.arm != nil {
+			w.arm()
+		}
 		select {
 		case <-stop:
 			sleepTimer.Stop()
