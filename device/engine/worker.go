@@ -55,8 +55,9 @@ type ctlReply struct {
 	qp  *QP
 }
 
-// worker runs the QPs steered to it: one goroutine locked to an OS thread;
-// it alone touches its QPs, timers and buffers.
+// worker runs the QPs steered to it: one goroutine (not locked to a
+// thread: see the package doc); it alone touches its QPs, timers and
+// buffers.
 type worker struct {
 	id     int
 	e      *Engine
