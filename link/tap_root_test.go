@@ -100,6 +100,7 @@ func TestTAPRealDevices(t *testing.T) {
 			if k, _ := pb.RecvBatch(bufs); k == 1 {
 				return
 			}
+			pb.ArmReady()
 			<-pb.Ready()
 		}
 	}
