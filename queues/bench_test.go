@@ -62,9 +62,11 @@ func inprocBaseline(tb testing.TB, n uint64, slots uint32) time.Duration {
 
 // BenchmarkTwoProcess measures the cross-process post+consume rate through
 // a 64-slot ring (b.N WQEs from a client process), busy-polling and with
-// eventfd wake-ups. It reports WQE/s, the client's kicks and write(2) calls
-// per WQE (from /proc/PID/io), and the ratio of the cost per WQE to an
-// in-process baseline measured in the same run.
+// eventfd wake-ups. It reports WQE/s, the client's kicks per WQE, the
+// system calls per WQE of the client's posting thread (exact, from a perf
+// event; else the write(2) calls of /proc/PID/io), and the ratio of the
+// cost per WQE to an in-process baseline measured in the same run. The
+// system calls are checked as in TestTwoProcess.
 func BenchmarkTwoProcess(b *testing.B) {
 	for _, mode := range []xprocMode{modeBusy, modeSleep} {
 		b.Run(mode.name, func(b *testing.B) {
@@ -77,9 +79,13 @@ func BenchmarkTwoProcess(b *testing.B) {
 			b.ReportMetric(float64(n)/res.elapsed.Seconds(), "WQE/s")
 			b.ReportMetric(perOp, "ns/WQE") // ns/op also counts the client's start-up
 			b.ReportMetric(float64(res.kicks)/float64(n), "kicks/op")
-			if res.syscwKnown {
+			if res.sys.Exact {
+				b.ReportMetric(float64(res.sys.Count)/float64(n), "client-syscalls/op")
+			} else if res.syscwErr == nil {
 				b.ReportMetric(float64(res.syscw)/float64(n), "client-writes/op")
 			}
+			b.Logf("N=%d: client posting-thread system calls %v", n, res.sys)
+			checkClientSyscalls(b, res)
 			b.ReportMetric(perOp/(float64(base.Nanoseconds())/float64(n)), "x-inproc")
 			b.ReportMetric(float64(res.stats.Sleeps)/float64(n), "sleeps/op")
 		})
