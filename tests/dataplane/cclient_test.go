@@ -1,9 +1,12 @@
 package dataplane
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -48,27 +51,68 @@ func (d *daemon) stop(t *testing.T) {
 	assert.NoError(t, err, "vrnicd exit; log:\n%s", d.logs.String())
 }
 
-// TestCClientDataPath: a client written in C from vrnic_abi.h and libc
-// alone connects two RC QPs of its context through a real vrnicd (2
-// workers) and moves data with SEND/RECV and RDMA WRITE, checking
-// completions by their owner bit and every byte: over the in-memory link,
-// and over the UDP link (the QPs' frames go out of the daemon's socket
-// and come back to it).
+// TestCClientDataPath builds examples/rc_ops.c, a client written in C
+// from abi/vrnic_abi.h and libc alone, and runs it: it opens a context on
+// each of two devices, connects an RC QP of one to an RC QP of the other,
+// and does an RDMA WRITE, a SEND into a posted RECV, an RDMA READ, a
+// FETCH_AND_ADD and a CMP_AND_SWP, checking every completion field by
+// field and every byte. Over the UDP link between two vrnicd daemons (the
+// README's set-up), and with both contexts on one daemon over its UDP
+// link (the frames leave through its socket and come back) and over its
+// in-memory link.
 func TestCClientDataPath(t *testing.T) {
 	gcc := testenv.NeedTool(t, "gcc")
-	cl := filepath.Join(t.TempDir(), "cloop")
-	out, err := exec.Command(gcc, "-std=c11", "-Wall", "-Werror", "-O1", "-I", "../../abi", "-I", "../testdata", "-o", cl, "testdata/cloop.c").CombinedOutput()
+	cl := filepath.Join(t.TempDir(), "rc_ops")
+	out, err := exec.Command(gcc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-I", "../../abi", "-o", cl, "../../examples/rc_ops.c").CombinedOutput()
 	require.NoError(t, err, "gcc: %s", out)
-	for _, link := range []string{"mem", "udp"} {
-		t.Run(link, func(t *testing.T) {
-			args := []string{"-link", link, "-workers", "2"}
-			if link == "udp" {
-				args = append(args, "-local", freeLoopback(t).String()+":4791")
+	const want = "OK write 5000 send 3000 read 6000 fetch_add 1000->1023 cmp_swap 1023->77\n"
+	udp := func(t *testing.T) []string {
+		return []string{"-link", "udp", "-workers", "2", "-local", freeLoopback(t).String() + ":4791"}
+	}
+	for _, tc := range []struct {
+		name  string
+		links []func(t *testing.T) []string
+	}{
+		{"udp_two_daemons", []func(t *testing.T) []string{udp, udp}},
+		{"udp_one_daemon", []func(t *testing.T) []string{udp}},
+		{"mem_one_daemon", []func(t *testing.T) []string{func(*testing.T) []string { return []string{"-link", "mem", "-workers", "2"} }}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var socks, logs []string
+			var ds []*daemon
+			for i, args := range tc.links {
+				d := startDaemon(t, fmt.Sprintf("c%d", i), args(t)...)
+				ds = append(ds, d)
+				socks = append(socks, d.socket)
 			}
-			d := startDaemon(t, "c0", args...)
-			out, err := exec.Command(cl, d.socket).CombinedOutput()
-			require.NoError(t, err, "C client: %s\nvrnicd log:\n%s", out, d.logs.String())
-			assert.Equal(t, "OK 3000 5000\n", string(out))
+			cmd := exec.Command(cl, socks...)
+			var stdout, stderr bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			err := cmd.Run()
+			for _, d := range ds {
+				logs = append(logs, d.logs.String())
+			}
+			require.NoError(t, err, "rc_ops: %s%s\nvrnicd logs:\n%s", stdout.String(), stderr.String(), strings.Join(logs, "\n"))
+			assert.Equal(t, want, stdout.String())
+			assert.Empty(t, stderr.String())
 		})
 	}
+}
+
+// TestCClientUsage: rc_ops without a socket says how to run it (status 2);
+// with a socket nobody listens on it fails with status 1 and an ERROR line.
+func TestCClientUsage(t *testing.T) {
+	gcc := testenv.NeedTool(t, "gcc")
+	cl := filepath.Join(t.TempDir(), "rc_ops")
+	out, err := exec.Command(gcc, "-std=c11", "-O1", "-I", "../../abi", "-o", cl, "../../examples/rc_ops.c").CombinedOutput()
+	require.NoError(t, err, "gcc: %s", out)
+	var ee *exec.ExitError
+	out, err = exec.Command(cl).CombinedOutput()
+	require.ErrorAs(t, err, &ee)
+	assert.Equal(t, 2, ee.ExitCode())
+	assert.Contains(t, string(out), "usage:")
+	out, err = exec.Command(cl, filepath.Join(t.TempDir(), "none.sock")).CombinedOutput()
+	require.ErrorAs(t, err, &ee)
+	assert.Equal(t, 1, ee.ExitCode())
+	assert.Regexp(t, `^ERROR connect: `, string(out))
 }

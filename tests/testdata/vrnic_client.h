@@ -1,8 +1,9 @@
-/* vrnic_client.h: the control-path plumbing of the C test clients
- * (tests/controlpath/testdata/cclient.c, tests/dataplane/testdata/cloop.c),
- * written from abi/vrnic_abi.h and libc alone, as any unmodified client
- * would be. One client is one C file that includes this header once; the
- * state below is the process's single context:
+/* vrnic_client.h: the control-path plumbing of the C test client
+ * tests/controlpath/testdata/cclient.c, written from abi/vrnic_abi.h and
+ * libc alone, as any unmodified client would be (examples/rc_ops.c is a
+ * complete client in one file that does not need this header). One
+ * client is one C file that includes this header once; the state below is
+ * the process's single context:
  *
  *   sock  the device's SOCK_SEQPACKET control socket
  *   seq   the sequence number of the last command
