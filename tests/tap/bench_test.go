@@ -281,14 +281,20 @@ func (e *benchEnv) reportRetrans(b *testing.B) {
 	b.ReportMetric(float64(r.Retransmits), "retrans")
 	// Frames the responder sent (ACKs) per frame the requester sent,
 	// over the whole run.
-	var ta, tb uint64
+	var ta, tb, wa, wb uint64
 	for _, q := range linkStats(b, e.da).Queues {
 		ta += q.TxFrames
+		wa += q.Wakeups
 	}
 	for _, q := range linkStats(b, e.db).Queues {
 		tb += q.TxFrames
+		wb += q.Wakeups
 	}
 	if ta > 0 {
 		b.ReportMetric(float64(tb)/float64(ta), "acks/frame")
+		// Times a sleeping worker was woken by a frame, per request
+		// frame: how often the requester (a) and responder (b) slept.
+		b.ReportMetric(float64(wa)/float64(ta), "a-wakeups/frame")
+		b.ReportMetric(float64(wb)/float64(ta), "b-wakeups/frame")
 	}
 }

@@ -210,6 +210,7 @@ type linkJSON struct {
 		RxOther     uint64 `json:"rx_other"`
 		TxErrors    uint64 `json:"tx_errors"`
 		TxFrames    uint64 `json:"tx_frames"`
+		Wakeups     uint64 `json:"wakeups"`
 	} `json:"queues"`
 	SteerNonRoCE  uint64            `json:"steer_non_roce"`
 	Filter        map[string]uint64 `json:"filter"`
