@@ -285,15 +285,13 @@ type qpSink struct {
 
 var _ engine.CompletionSink = (*qpSink)(nil)
 
-// PushCQE implements engine.CompletionSink. Solicited-only arming: an
-// error completion always satisfies it; a send-side success never does
-// (IBTA 11.4.2.2: solicited events come from receive completions of
-// messages with the SE bit). The engine does not pass the SE bit of a
-// received message yet, so every successful receive completion is taken
-// as solicited: a solicited-only waiter may wake for an unsolicited
-// message, but never misses a solicited one.
-func (s *qpSink) PushCQE(c *abi.CQE) error {
-	solicited := c.Status != abi.WCSuccess || s.recv
+// PushCQE implements engine.CompletionSink. Solicited-only arming (IBTA
+// 11.4.2.2; ibv_req_notify_cq): a completion is solicited when it is the
+// receive completion of a message whose last packet had the Solicited
+// Event bit (se, from the engine), or when its status is an error; a
+// successful send-side completion never is.
+func (s *qpSink) PushCQE(c *abi.CQE, se bool) error {
+	solicited := c.Status != abi.WCSuccess || s.recv && se
 	err := s.cq.push(c, solicited)
 	if c.Status != abi.WCSuccess || err != nil {
 		// An RC error completion means the QP is in ERR (IBTA 10.8.3.3);

@@ -311,22 +311,56 @@ func TestQPSinkReportsErrors(t *testing.T) {
 	wake := make(chan struct{}, 1)
 	x := &dpQP{wake: wake}
 	sink := &qpSink{qp: x, cq: s}
-	require.NoError(t, sink.PushCQE(&abi.CQE{WrID: 1}))
+	require.NoError(t, sink.PushCQE(&abi.CQE{WrID: 1}, false))
 	assert.Zero(t, x.errReq.Load(), "success: nothing to report")
-	require.NoError(t, sink.PushCQE(&abi.CQE{WrID: 2, Status: abi.WCRemAccessErr}))
+	require.NoError(t, sink.PushCQE(&abi.CQE{WrID: 2, Status: abi.WCRemAccessErr}, false))
 	assert.Equal(t, uint64(1), x.errReq.Load())
 	assert.Len(t, wake, 1)
 	<-wake
 	// After a RESET (generation 1) an overflow is reported anew.
 	x.gen.Add(1)
-	assert.ErrorIs(t, sink.PushCQE(&abi.CQE{WrID: 3}), queues.ErrCQFull)
+	assert.ErrorIs(t, sink.PushCQE(&abi.CQE{WrID: 3}, false), queues.ErrCQFull)
 	assert.Equal(t, uint64(2), x.errReq.Load())
 	assert.Len(t, wake, 1)
 	assert.Zero(t, testing.AllocsPerRun(100, func() {
-		if err := sink.PushCQE(&abi.CQE{WrID: 4}); !errors.Is(err, queues.ErrCQFull) {
+		if err := sink.PushCQE(&abi.CQE{WrID: 4}, false); !errors.Is(err, queues.ErrCQFull) {
 			panic(err)
 		}
 	}))
+}
+
+// TestQPSinkSolicited: under a solicited-only arm, a receive completion
+// fires the completion eventfd only when the engine says the message had
+// the Solicited Event bit; an error completion always does; a successful
+// send completion never does, SE or not.
+func TestQPSinkSolicited(t *testing.T) {
+	ev, err := doorbell.NewEventFD()
+	require.NoError(t, err)
+	s, rec, _ := newTestCQ(t, 16, ev)
+	defer s.close()
+	x := &dpQP{wake: make(chan struct{}, 1)}
+	recv, send := &qpSink{qp: x, cq: s, recv: true}, &qpSink{qp: x, cq: s}
+	sn := uint32(0)
+	for _, c := range []struct {
+		sink  *qpSink
+		cqe   abi.CQE
+		se    bool
+		fires bool
+	}{
+		{recv, abi.CQE{WrID: 1, Opcode: abi.WCRecv}, false, false},
+		{send, abi.CQE{WrID: 2, Opcode: abi.WCSend}, true, false},
+		{recv, abi.CQE{WrID: 3, Opcode: abi.WCRecv}, true, true},
+		{recv, abi.CQE{WrID: 4, Opcode: abi.WCRecvRDMAWithImm, WCFlags: abi.WCWithImm}, true, true},
+		{recv, abi.CQE{WrID: 5, Opcode: abi.WCRecv, Status: abi.WCWRFlushErr}, false, true},
+		{send, abi.CQE{WrID: 6, Opcode: abi.WCSend, Status: abi.WCRetryExcErr}, false, true},
+	} {
+		sn++
+		rec.Arm.Store(abi.ArmWord(sn, true))
+		require.NoError(t, c.sink.PushCQE(&c.cqe, c.se))
+		n, _ := ev.Drain()
+		assert.Equal(t, c.fires, n == 1, "wr %d (se %v): event", c.cqe.WrID, c.se)
+		rec.CI.Store(rec.PI.Load())
+	}
 }
 
 func TestCQSinkNoAlloc(t *testing.T) {

@@ -380,6 +380,47 @@ func TestDataPlaneCompletionEvent(t *testing.T) {
 	noMore(t, a.scq) // unsignaled send: no completion
 }
 
+// TestDataPlaneSolicitedEvent: a CQ armed for solicited completions only
+// (ibv_req_notify_cq(cq, 1)) gets no event for a message sent without
+// IBV_SEND_SOLICITED, and one for the next message sent with it (the SE
+// bit travels in the BTH of its last packet); RDMA WRITE with immediate
+// too.
+func TestDataPlaneSolicitedEvent(t *testing.T) {
+	nw := newDPNetwork(t)
+	na := newDPNode(t, nw, "10.0.1.1", 1, nil)
+	nb := newDPNode(t, nw, "10.0.1.2", 1, nil)
+	a := newDPClient(t, na, 16)
+	b := newDPClient(t, nb, 16)
+	connectRC(t, a, b, abi.MTU1024)
+	wait := func(d time.Duration) (uint64, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		defer cancel()
+		return b.ch.Wait(ctx)
+	}
+	for i, wr := range []verbs.SendWR{
+		{Opcode: abi.WRSend, SGL: []abi.SGE{a.mr.SGE(0, 3000)}},
+		{Opcode: abi.WRRDMAWriteWithImm, ImmData: 9, SGL: []abi.SGE{a.mr.SGE(0, 100)}, RemoteAddr: b.mr.Addr + 8192, RKey: b.mr.RKey},
+	} {
+		require.NoError(t, b.rcq.ReqNotify(true))
+		require.NoError(t, b.qp.PostRecv(&verbs.RecvWR{WrID: uint64(10 * i), SGL: []abi.SGE{b.mr.SGE(0, 4096)}}))
+		require.NoError(t, b.qp.PostRecv(&verbs.RecvWR{WrID: uint64(10*i + 1), SGL: []abi.SGE{b.mr.SGE(0, 4096)}}))
+		unsolicited := wr
+		unsolicited.WrID = uint64(10 * i)
+		require.NoError(t, a.qp.PostSend(&unsolicited))
+		assert.Equal(t, uint64(10*i), pollN(t, b.rcq, 1)[0].WrID)
+		_, err := wait(100 * time.Millisecond)
+		require.ErrorIs(t, err, verbs.ErrTimeout, "%v without SOLICITED: no event under a solicited-only arm", wr.Opcode)
+		solicited := wr
+		solicited.WrID, solicited.Flags = uint64(10*i+1), abi.SendSolicited
+		require.NoError(t, a.qp.PostSend(&solicited))
+		n, err := wait(20 * time.Second)
+		require.NoError(t, err, "%v with SOLICITED: an event", wr.Opcode)
+		assert.Equal(t, uint64(1), n)
+		assert.Equal(t, uint64(10*i+1), pollN(t, b.rcq, 1)[0].WrID)
+	}
+	noMore(t, a.scq, b.scq, b.rcq)
+}
+
 // TestDataPlaneRemoteAccessError: a WRITE to an rkey the peer never
 // granted completes with REM_ACCESS_ERR, both QPs end in ERR (device
 // state included, as QUERY_QP shows), and later WRs are flushed.

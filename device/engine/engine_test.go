@@ -32,8 +32,15 @@ func sizesFor(mtu int) []int {
 	return []int{0, 1, mtu - 1, mtu, mtu + 1, 1 << 20, 8 << 20}
 }
 
-// TestDataPaths moves every size over SEND, RDMA WRITE and RDMA READ at
-// three path MTUs and checks data and completions.
+// dataOps are the operations that move a message of any size.
+var dataOps = []abi.WROpcode{abi.WRSend, abi.WRSendWithImm, abi.WRSendWithInv, abi.WRRDMAWrite, abi.WRRDMAWriteWithImm, abi.WRRDMARead}
+
+// TestDataPaths is the operation matrix: every operation that moves a
+// message (SEND, SEND_WITH_IMM, SEND_WITH_INV, RDMA_WRITE,
+// RDMA_WRITE_WITH_IMM, RDMA_READ) at every size of {0, 1, MTU-1, MTU,
+// MTU+1, 1 MiB, 8 MiB}, both atomics and LOCAL_INV, at path MTUs 256,
+// 1024 and 4096; data checked by CRC-32, every completion field by field
+// on both sides, and after each run the CQs hold nothing more.
 func TestDataPaths(t *testing.T) {
 	for _, mtu := range []roce.MTU{roce.MTU256, roce.MTU1024, roce.MTU4096} {
 		o := defaultOpts()
@@ -43,12 +50,14 @@ func TestDataPaths(t *testing.T) {
 			if size == 8<<20 && (testing.Short() || mtu == roce.MTU256 && raceEnabled) {
 				continue
 			}
-			for _, op := range []abi.WROpcode{abi.WRSend, abi.WRRDMAWrite, abi.WRRDMARead} {
+			for _, op := range dataOps {
 				t.Run(fmt.Sprintf("mtu%d/%d/%v", mtu.Bytes(), size, op), func(t *testing.T) {
 					runDataPath(t, a, b, op, size)
 				})
 			}
 		}
+		t.Run(fmt.Sprintf("mtu%d/atomics", mtu.Bytes()), func(t *testing.T) { runAtomics(t, a, b) })
+		t.Run(fmt.Sprintf("mtu%d/LOCAL_INV", mtu.Bytes()), func(t *testing.T) { runLocalInv(t, a) })
 	}
 }
 
@@ -58,38 +67,104 @@ func runDataPath(t *testing.T, a, b *tqp, op abi.WROpcode, size int) {
 	wrSeq++
 	src := a.n.buffer(size, 0x10000000+wrSeq<<32, accessAll, wrSeq)
 	dst := b.n.buffer(size, 0x20000000+wrSeq<<32, accessAll, wrSeq+1000)
+	t.Cleanup(func() { a.n.mem.unreg(src.key); b.n.mem.unreg(dst.key) })
 	a.scq.reset()
+	a.rcq.reset()
+	b.scq.reset()
 	b.rcq.reset()
-	wr := abi.SendWQE{WrID: wrSeq, Opcode: op, Flags: abi.SendSignaled}
+	wr := abi.SendWQE{WrID: wrSeq, Opcode: op, Flags: abi.SendSignaled, ImmData: uint32(wrSeq) ^ 0xa5a5a5a5}
 	var local, remote *buffer = src, dst
+	// The receive completion b must see (none for RDMA WRITE and READ).
+	recv := &abi.CQE{WrID: wrSeq + 7, Status: abi.WCSuccess, Opcode: abi.WCRecv, QPNum: b.qpn, ByteLen: uint32(size)}
 	switch op {
-	case abi.WRSend:
+	case abi.WRSend, abi.WRSendWithImm, abi.WRSendWithInv:
 		b.recv(t, wrSeq+7, dst.sge(0, size))
+		switch op {
+		case abi.WRSendWithImm:
+			recv.WCFlags, recv.ImmOrInv = abi.WCWithImm, wr.ImmData
+		case abi.WRSendWithInv:
+			victim := b.n.buffer(64, 0x30000000+wrSeq<<32, accessAll, wrSeq+2000)
+			require.True(t, b.n.mem.valid(victim.key))
+			t.Cleanup(func() { assert.False(t, b.n.mem.valid(victim.key), "the rkey SEND_WITH_INV names is invalidated") })
+			wr.InvalidateRKey = victim.key
+			recv.WCFlags, recv.ImmOrInv = abi.WCWithInv, victim.key
+		}
 	case abi.WRRDMAWrite:
 		wr.RemoteAddr, wr.RKey = dst.va, dst.key
+		recv = nil
+	case abi.WRRDMAWriteWithImm:
+		wr.RemoteAddr, wr.RKey = dst.va, dst.key
+		b.recv(t, wrSeq+7) // consumed without an SGE: the data goes to the RDMA address
+		recv.Opcode, recv.WCFlags, recv.ImmOrInv = abi.WCRecvRDMAWithImm, abi.WCWithImm, wr.ImmData
 	case abi.WRRDMARead:
 		// READ pulls b's buffer into a's.
 		wr.RemoteAddr, wr.RKey = dst.va, dst.key
 		local, remote = dst, src
+		recv = nil
 	}
 	want := sum(local.b)
 	a.send(t, wr, src.sge(0, size))
 	require.True(t, a.scq.wait(1, waitFor), "send completion")
 	cq := a.scq.all()
 	require.Len(t, cq, 1)
-	wantOp := wcOpcode(op)
 	var byteLen uint32
 	if op == abi.WRRDMARead {
 		byteLen = uint32(size)
 	}
-	wantCQE(t, cq[0], abi.CQE{WrID: wrSeq, Status: abi.WCSuccess, Opcode: wantOp, QPNum: a.qpn, ByteLen: byteLen})
-	if op == abi.WRSend {
+	wantCQE(t, cq[0], abi.CQE{WrID: wrSeq, Status: abi.WCSuccess, Opcode: wcOpcode(op), QPNum: a.qpn, ByteLen: byteLen})
+	if recv != nil {
 		require.True(t, b.rcq.wait(1, waitFor), "recv completion")
 		rc := b.rcq.all()
 		require.Len(t, rc, 1)
-		wantCQE(t, rc[0], abi.CQE{WrID: wrSeq + 7, Status: abi.WCSuccess, Opcode: abi.WCRecv, QPNum: b.qpn, ByteLen: uint32(size)})
+		wantCQE(t, rc[0], *recv)
 	}
 	assert.Equal(t, want, sum(remote.b), "data")
+	assert.Len(t, a.scq.all(), 1, "one completion on a's send CQ")
+	assert.Empty(t, a.rcq.all(), "nothing on a's receive CQ")
+	assert.Empty(t, b.scq.all(), "nothing on b's send CQ")
+	if recv == nil {
+		assert.Empty(t, b.rcq.all(), "%v consumes no RECV", op)
+	}
+}
+
+// runAtomics runs FETCH_AND_ADD and CMP_AND_SWP (a matching and a
+// failing compare) on a word of b and checks completions, the original
+// values returned and b's memory.
+func runAtomics(t *testing.T, a, b *tqp) {
+	wrSeq++
+	word := b.n.buffer(16, 0x40000000+wrSeq<<32, accessAll, 0)
+	res := a.n.buffer(24, 0x50000000+wrSeq<<32, accessAll, 0)
+	binary.LittleEndian.PutUint64(word.b[0:], 0x1111)
+	binary.LittleEndian.PutUint64(word.b[8:], 0xfffffffffffffff0)
+	a.scq.reset()
+	b.rcq.reset()
+	id := wrSeq << 8
+	a.send(t, abi.SendWQE{WrID: id, Opcode: abi.WRAtomicFetchAdd, Flags: abi.SendSignaled, RemoteAddr: word.va + 8, RKey: word.key, CompareAdd: 0x20}, res.sge(0, 8))
+	a.send(t, abi.SendWQE{WrID: id + 1, Opcode: abi.WRAtomicCmpAndSwp, Flags: abi.SendSignaled, RemoteAddr: word.va + 8, RKey: word.key, CompareAdd: 0x10, Swap: 0x1234}, res.sge(8, 8))
+	a.send(t, abi.SendWQE{WrID: id + 2, Opcode: abi.WRAtomicCmpAndSwp, Flags: abi.SendSignaled, RemoteAddr: word.va + 8, RKey: word.key, CompareAdd: 0x10, Swap: 0x5678}, res.sge(16, 8))
+	require.True(t, a.scq.wait(3, waitFor))
+	cq := a.scq.all()
+	require.Len(t, cq, 3)
+	wantCQE(t, cq[0], abi.CQE{WrID: id, Opcode: abi.WCFetchAdd, QPNum: a.qpn})
+	wantCQE(t, cq[1], abi.CQE{WrID: id + 1, Opcode: abi.WCCompSwap, QPNum: a.qpn})
+	wantCQE(t, cq[2], abi.CQE{WrID: id + 2, Opcode: abi.WCCompSwap, QPNum: a.qpn})
+	assert.Equal(t, uint64(0xfffffffffffffff0), binary.LittleEndian.Uint64(res.b[0:]), "FETCH_AND_ADD returns the original")
+	assert.Equal(t, uint64(0x10), binary.LittleEndian.Uint64(res.b[8:]), "the add wrapped around 2^64")
+	assert.Equal(t, uint64(0x1234), binary.LittleEndian.Uint64(res.b[16:]), "the failed compare returns the current value")
+	assert.Equal(t, uint64(0x1234), binary.LittleEndian.Uint64(word.b[8:]), "only the matching compare swapped")
+	assert.Equal(t, uint64(0x1111), binary.LittleEndian.Uint64(word.b[0:]), "the word before is untouched")
+	assert.Empty(t, b.rcq.all(), "atomics consume no RECV")
+}
+
+// runLocalInv invalidates an MR of a with LOCAL_INV.
+func runLocalInv(t *testing.T, a *tqp) {
+	wrSeq++
+	mr := a.n.buffer(64, 0x60000000+wrSeq<<32, accessAll, wrSeq)
+	a.scq.reset()
+	a.send(t, abi.SendWQE{WrID: wrSeq, Opcode: abi.WRLocalInv, Flags: abi.SendSignaled, InvalidateRKey: mr.key})
+	require.True(t, a.scq.wait(1, waitFor))
+	wantCQE(t, a.scq.all()[0], abi.CQE{WrID: wrSeq, Opcode: abi.WCLocalInv, QPNum: a.qpn})
+	assert.False(t, a.n.mem.valid(mr.key))
 }
 
 // TestOps covers the remaining operations and variants.
@@ -205,6 +280,31 @@ func TestOps(t *testing.T) {
 		wantCQE(t, a.scq.all()[0], abi.CQE{WrID: 110, Opcode: abi.WCSend, QPNum: a.qpn})
 		wantCQE(t, b.rcq.all()[0], abi.CQE{WrID: 111, Opcode: abi.WCRecv, QPNum: b.qpn, ByteLen: uint32(len(payload))})
 		assert.Equal(t, payload, dst.b[:len(payload)])
+	})
+	t.Run("solicited", func(t *testing.T) {
+		// The Solicited Event bit of the message's last packet reaches
+		// the receive completion (for a CQ armed for solicited events
+		// only); without VRNIC_SEND_SOLICITED it is clear, and send
+		// completions never carry it.
+		src := na.buffer(5000, 0x10000, accessAll, 18)
+		dst := nb.buffer(5000, 0x10000, accessAll, 19)
+		a.scq.reset()
+		b.rcq.reset()
+		for i := range 4 {
+			b.recv(t, uint64(130+i), dst.sge(0, 5000))
+		}
+		a.send(t, abi.SendWQE{WrID: 130, Opcode: abi.WRSend, Flags: abi.SendSignaled | abi.SendSolicited}, src.sge(0, 3000)) // 3 packets
+		a.send(t, abi.SendWQE{WrID: 131, Opcode: abi.WRSend, Flags: abi.SendSignaled}, src.sge(0, 3000))
+		a.send(t, abi.SendWQE{WrID: 132, Opcode: abi.WRRDMAWriteWithImm, Flags: abi.SendSignaled | abi.SendSolicited, RemoteAddr: dst.va, RKey: dst.key}, src.sge(0, 5000))
+		a.send(t, abi.SendWQE{WrID: 133, Opcode: abi.WRSendWithImm, Flags: abi.SendSignaled | abi.SendSolicited}, src.sge(0, 10))
+		require.True(t, b.rcq.wait(4, waitFor))
+		require.True(t, a.scq.wait(4, waitFor))
+		for i, c := range b.rcq.all() {
+			assert.Equal(t, uint64(130+i), c.WrID)
+			assert.Equal(t, abi.WCSuccess, c.Status)
+		}
+		assert.Equal(t, []bool{true, false, true, true}, b.rcq.solicited())
+		assert.Equal(t, []bool{false, false, false, false}, a.scq.solicited())
 	})
 	t.Run("unsignaled", func(t *testing.T) {
 		src := na.buffer(64, 0xf000, accessAll, 16)

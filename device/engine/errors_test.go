@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"encoding/binary"
 	"fmt"
 	"strings"
 	"sync"
@@ -16,6 +17,9 @@ import (
 
 func TestRNR(t *testing.T) {
 	t.Run("recv_posted_late", func(t *testing.T) {
+		// rnr_retry 7 means retry forever (IBTA 9.7.5.2.8): far more
+		// than 7 RNR NAKs, and the SEND still completes once a RECV is
+		// posted.
 		o := defaultOpts()
 		o.rnrRetry = 7 // infinite
 		o.minRNR = 1   // 10 us
@@ -26,10 +30,10 @@ func TestRNR(t *testing.T) {
 		ca, err := a.n.eng.Counters(a.qpn)
 		require.NoError(t, err)
 		deadline := time.Now().Add(waitFor)
-		for ca.RNRNAKsReceived.Load() < 3 && time.Now().Before(deadline) {
+		for ca.RNRNAKsReceived.Load() < 20 && time.Now().Before(deadline) {
 			time.Sleep(time.Millisecond)
 		}
-		require.GreaterOrEqual(t, ca.RNRNAKsReceived.Load(), uint64(3), "RNR NAKs while no RECV is posted")
+		require.GreaterOrEqual(t, ca.RNRNAKsReceived.Load(), uint64(20), "RNR NAKs while no RECV is posted")
 		assert.Zero(t, a.scq.count.Load(), "the SEND waits for a RECV")
 		b.recv(t, 2, dst.sge(0, 3000))
 		require.True(t, a.scq.wait(1, waitFor))
@@ -39,13 +43,19 @@ func TestRNR(t *testing.T) {
 		assert.Equal(t, sum(src.b), sum(dst.b))
 	})
 	t.Run("rnr_retry_exhausted", func(t *testing.T) {
+		// The requester waits the RNR timer the responder's NAK carries
+		// (the responder's min_rnr_timer, 1.28 ms here; its own is 10
+		// us) before each of its rnr_retry retries.
 		o := defaultOpts()
 		o.rnrRetry = 2
 		o.minRNR = 1
 		a, b := pair(t, 1, nil, nil, o)
+		require.NoError(t, b.n.eng.ModifyQP(b.qpn, QPAttr{Mask: abi.QPAttrMinRNRTimer, MinRNRTimer: 14}))
 		src := a.n.buffer(100, 0x1000, accessAll, 1)
+		start := time.Now()
 		a.send(t, abi.SendWQE{WrID: 1, Opcode: abi.WRSend, Flags: abi.SendSignaled}, src.sge(0, 100))
 		require.True(t, a.scq.wait(1, waitFor))
+		assert.GreaterOrEqual(t, time.Since(start), 2*roce.RNRTimer(14).Duration(), "two RNR waits of the peer's timer")
 		wantCQE(t, a.scq.all()[0], abi.CQE{WrID: 1, Status: abi.WCRNRRetryExcErr, Opcode: abi.WCSend, QPNum: a.qpn})
 		ca, err := a.n.eng.Counters(a.qpn)
 		require.NoError(t, err)
@@ -61,29 +71,46 @@ func TestRNR(t *testing.T) {
 	})
 }
 
+// TestDeadPeer: a peer that never answers. Each local ACK timeout (4.096
+// us * 2^timeout) costs a retry; after retry_cnt retries the oldest WR
+// completes with RETRY_EXC_ERR, the QP goes to ERR and everything else,
+// posted before or after, completes with WR_FLUSH_ERR. retry_cnt 7 is a
+// count of 7 like any other (IBTA 9.7.6.1.3: a 3-bit count; Linux rxe
+// makes 7 infinite, the IBTA does so only for rnr_retry).
 func TestDeadPeer(t *testing.T) {
-	o := defaultOpts()
-	o.timeout = 4 // 65 us
-	o.retry = 3
-	a, b := pair(t, 1, nil, nil, o)
-	require.NoError(t, b.n.eng.DestroyQP(b.qpn)) // frames to it are dropped
-	src := a.n.buffer(5000, 0x1000, accessAll, 1)
-	a.recv(t, 9, src.sge(0, 10))
-	a.send(t, abi.SendWQE{WrID: 1, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: 0x1000, RKey: 0x200}, src.sge(0, 5000))
-	a.send(t, abi.SendWQE{WrID: 2, Opcode: abi.WRSend}, src.sge(0, 10))
-	require.True(t, a.scq.wait(2, waitFor))
-	cq := a.scq.all()
-	wantCQE(t, cq[0], abi.CQE{WrID: 1, Status: abi.WCRetryExcErr, Opcode: abi.WCRDMAWrite, QPNum: a.qpn})
-	wantCQE(t, cq[1], abi.CQE{WrID: 2, Status: abi.WCWRFlushErr, Opcode: abi.WCSend, QPNum: a.qpn})
-	ca, err := a.n.eng.Counters(a.qpn)
-	require.NoError(t, err)
-	assert.Equal(t, uint64(4), ca.Timeouts.Load(), "retry_cnt 3: three retries, the fourth timeout fails")
-	require.True(t, a.rcq.wait(1, waitFor))
-	wantCQE(t, a.rcq.all()[0], abi.CQE{WrID: 9, Status: abi.WCWRFlushErr, Opcode: abi.WCRecv, QPNum: a.qpn})
-	// Later posts complete too.
-	a.send(t, abi.SendWQE{WrID: 3, Opcode: abi.WRSend}, src.sge(0, 10))
-	require.True(t, a.scq.wait(3, waitFor))
-	wantCQE(t, a.scq.all()[2], abi.CQE{WrID: 3, Status: abi.WCWRFlushErr, Opcode: abi.WCSend, QPNum: a.qpn})
+	for _, retry := range []uint8{3, 7} {
+		t.Run(fmt.Sprintf("retry_cnt=%d", retry), func(t *testing.T) {
+			o := defaultOpts()
+			o.timeout = 4 // 65.5 us
+			o.retry = retry
+			a, b := pair(t, 1, nil, nil, o)
+			require.NoError(t, b.n.eng.DestroyQP(b.qpn)) // frames to it are dropped
+			src := a.n.buffer(5000, 0x1000, accessAll, 1)
+			a.recv(t, 9, src.sge(0, 10))
+			start := time.Now()
+			a.send(t, abi.SendWQE{WrID: 1, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: 0x1000, RKey: 0x200}, src.sge(0, 5000))
+			a.send(t, abi.SendWQE{WrID: 2, Opcode: abi.WRSend}, src.sge(0, 10))
+			require.True(t, a.scq.wait(2, waitFor))
+			elapsed := time.Since(start)
+			cq := a.scq.all()
+			wantCQE(t, cq[0], abi.CQE{WrID: 1, Status: abi.WCRetryExcErr, Opcode: abi.WCRDMAWrite, QPNum: a.qpn})
+			wantCQE(t, cq[1], abi.CQE{WrID: 2, Status: abi.WCWRFlushErr, Opcode: abi.WCSend, QPNum: a.qpn})
+			ca, err := a.n.eng.Counters(a.qpn)
+			require.NoError(t, err)
+			assert.Equal(t, uint64(retry)+1, ca.Timeouts.Load(), "retry_cnt %d: %d retries, the next timeout fails", retry, retry)
+			assert.Equal(t, uint64(retry), ca.Retransmits.Load(), "one go-back-N restart per retry")
+			assert.GreaterOrEqual(t, elapsed, time.Duration(retry+1)*time.Duration(ackTimeout(o.timeout)), "%d timeouts of 4.096 us * 2^%d", retry+1, o.timeout)
+			require.True(t, a.rcq.wait(1, waitFor))
+			wantCQE(t, a.rcq.all()[0], abi.CQE{WrID: 9, Status: abi.WCWRFlushErr, Opcode: abi.WCRecv, QPNum: a.qpn})
+			// Later posts complete too.
+			a.send(t, abi.SendWQE{WrID: 3, Opcode: abi.WRSend}, src.sge(0, 10))
+			a.recv(t, 10, src.sge(0, 10))
+			require.True(t, a.scq.wait(3, waitFor))
+			require.True(t, a.rcq.wait(2, waitFor))
+			wantCQE(t, a.scq.all()[2], abi.CQE{WrID: 3, Status: abi.WCWRFlushErr, Opcode: abi.WCSend, QPNum: a.qpn})
+			wantCQE(t, a.rcq.all()[1], abi.CQE{WrID: 10, Status: abi.WCWRFlushErr, Opcode: abi.WCRecv, QPNum: a.qpn})
+		})
+	}
 }
 
 func TestRemoteErrors(t *testing.T) {
@@ -185,6 +212,77 @@ func TestFence(t *testing.T) {
 			} else {
 				assert.Equal(t, []string{"send RC_RDMA_WRITE_ONLY", "rx RC_RDMA_READ_RESPONSE_LAST"}, events)
 			}
+		})
+	}
+}
+
+// TestReadAtomicCredits: a requester never has more READ and atomic
+// requests outstanding than max_rd_atomic (IBTA 9.7.7.2.? / o9-?: the
+// responder's resources agreed at connection time): with a queue of
+// READs and FETCH_AND_ADDs posted at once, the number sent but not yet
+// answered (the last READ response or the atomic acknowledgement
+// received) reaches max_rd_atomic and never exceeds it, and everything
+// completes with the right data.
+func TestReadAtomicCredits(t *testing.T) {
+	for _, credits := range []uint8{1, 3} {
+		t.Run(fmt.Sprintf("max_rd_atomic=%d", credits), func(t *testing.T) {
+			o := defaultOpts()
+			o.rdAtomic = credits
+			a, b := pair(t, 1, nil, nil, o)
+			var mu sync.Mutex
+			outstanding, most := 0, 0
+			var hook traceFunc = func(qp *QP, format string, args ...any) {
+				if qp.qpn != a.qpn || len(args) == 0 {
+					return
+				}
+				op, ok := args[0].(roce.Opcode)
+				if !ok {
+					return
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				switch ev := strings.Fields(format)[0]; {
+				case ev == "send" && (op == roce.OpRCReadRequest || op == roce.OpRCFetchAdd):
+					outstanding++
+					most = max(most, outstanding)
+				case ev == "rx" && (op == roce.OpRCReadResponseLast || op == roce.OpRCAtomicAck):
+					outstanding--
+				}
+			}
+			traceHook.Store(&hook)
+			t.Cleanup(func() { traceHook.Store(nil) })
+			const n = 12
+			src := b.n.buffer(n*8192, 0x100000, accessAll, 1)
+			counter := b.n.buffer(8, 0x900000, accessAll, 0)
+			binary.LittleEndian.PutUint64(counter.b, 0)
+			dst := a.n.buffer(n*8192, 0x100000, accessAll, 2)
+			res := a.n.buffer(n*8, 0x900000, accessAll, 3)
+			for i := range n {
+				if i%3 == 2 {
+					require.NoError(t, a.sq.post(abi.SendWQE{WrID: uint64(i), Opcode: abi.WRAtomicFetchAdd, Flags: abi.SendSignaled,
+						RemoteAddr: counter.va, RKey: counter.key, CompareAdd: 1}, []abi.SGE{res.sge(8*i, 8)}, nil))
+					continue
+				}
+				require.NoError(t, a.sq.post(abi.SendWQE{WrID: uint64(i), Opcode: abi.WRRDMARead, Flags: abi.SendSignaled,
+					RemoteAddr: src.va + uint64(8192*i), RKey: src.key}, []abi.SGE{dst.sge(8192*i, 8192)}, nil))
+			}
+			a.n.eng.Kick(a.qpn)
+			require.True(t, a.scq.wait(n, waitFor))
+			for i, c := range a.scq.all() {
+				want := abi.CQE{WrID: uint64(i), Opcode: abi.WCRDMARead, QPNum: a.qpn, ByteLen: 8192}
+				if i%3 == 2 {
+					want = abi.CQE{WrID: uint64(i), Opcode: abi.WCFetchAdd, QPNum: a.qpn}
+				}
+				wantCQE(t, c, want)
+				if i%3 != 2 {
+					assert.Equal(t, sum(src.b[8192*i:8192*(i+1)]), sum(dst.b[8192*i:8192*(i+1)]), "READ %d data", i)
+				}
+			}
+			assert.Equal(t, uint64(n/3), binary.LittleEndian.Uint64(counter.b))
+			mu.Lock()
+			defer mu.Unlock()
+			assert.Equal(t, int(credits), most, "READ/atomic requests outstanding at most")
+			assert.Zero(t, outstanding)
 		})
 	}
 }

@@ -37,6 +37,13 @@ func (m *fakeMem) reg(buf []byte, va uint64, access uint32) uint32 {
 	return m.next
 }
 
+// unreg forgets the MR of key (its memory can be collected).
+func (m *fakeMem) unreg(key uint32) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.mrs, key)
+}
+
 func (m *fakeMem) valid(key uint32) bool {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
@@ -253,21 +260,24 @@ func (q *fakeRQ) PollRecv(r *RecvWork) (bool, error) {
 	return true, nil
 }
 
-// fakeCQ collects completions.
+// fakeCQ collects completions and, for each, the solicited event flag
+// the engine passed with it.
 type fakeCQ struct {
 	mu    sync.Mutex
 	cqes  []abi.CQE
+	se    []bool
 	count atomic.Int64
 	ch    chan struct{}
 }
 
 func newFakeCQ(capacity int) *fakeCQ {
-	return &fakeCQ{cqes: make([]abi.CQE, 0, capacity), ch: make(chan struct{}, 1)}
+	return &fakeCQ{cqes: make([]abi.CQE, 0, capacity), se: make([]bool, 0, capacity), ch: make(chan struct{}, 1)}
 }
 
-func (c *fakeCQ) PushCQE(e *abi.CQE) error {
+func (c *fakeCQ) PushCQE(e *abi.CQE, se bool) error {
 	c.mu.Lock()
 	c.cqes = append(c.cqes, *e)
+	c.se = append(c.se, se)
 	c.mu.Unlock()
 	c.count.Add(1)
 	select {
@@ -307,9 +317,17 @@ func (c *fakeCQ) all() []abi.CQE {
 	return append([]abi.CQE(nil), c.cqes...)
 }
 
+// solicited returns the solicited event flags of the completions.
+func (c *fakeCQ) solicited() []bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]bool(nil), c.se...)
+}
+
 func (c *fakeCQ) reset() {
 	c.mu.Lock()
 	c.cqes = c.cqes[:0]
+	c.se = c.se[:0]
 	c.mu.Unlock()
 	c.count.Store(0)
 }

@@ -81,8 +81,14 @@ type RecvSource interface {
 
 // CompletionSink receives completions (a CQ).
 type CompletionSink interface {
-	// PushCQE writes one completion. An error means the CQ overflowed.
-	PushCQE(c *abi.CQE) error
+	// PushCQE writes one completion. se is set on the successful receive
+	// completion of a message whose last packet carried the Solicited
+	// Event bit (a SEND or RDMA WRITE with immediate posted with
+	// VRNIC_SEND_SOLICITED; IBTA 9.2.3, 10.8.6 / 11.4.2.2), for a CQ armed
+	// for solicited completions only; whether an error completion
+	// satisfies such an arm is the sink's decision (it does). An error
+	// means the CQ overflowed.
+	PushCQE(c *abi.CQE, se bool) error
 }
 
 // Link is the engine's network attachment for one worker (a TAP queue, a

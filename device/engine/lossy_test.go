@@ -166,8 +166,14 @@ func runMix(t *testing.T, a, b *tqp, n int, seed uint64) {
 		assert.Equal(t, sum(ck.from.b), sum(ck.to.b), "wr %d (%v) data", c.WrID, ck.op)
 	}
 	assert.Len(t, seen, n)
+	recvd := map[uint64]bool{}
 	for _, c := range b.rcq.all() {
-		assert.Equal(t, abi.WCSuccess, c.Status)
+		require.Equal(t, abi.WCSuccess, c.Status, "recv %d: %v", c.WrID, c.Status)
+		require.False(t, recvd[c.WrID], "recv %d completed twice", c.WrID)
+		recvd[c.WrID] = true
+		ck, ok := checks[c.WrID]
+		require.True(t, ok && ck.op == abi.WRSend, "recv %d matches no SEND", c.WrID)
+		wantCQE(t, c, abi.CQE{WrID: c.WrID, Opcode: abi.WCRecv, QPNum: b.qpn, ByteLen: uint32(len(ck.to.b))})
 	}
 	assert.Len(t, b.rcq.all(), sends, "every receive completes once")
 	assert.Equal(t, uint64(faa), binary.LittleEndian.Uint64(counter.b), "atomics applied exactly once")

@@ -308,7 +308,7 @@ func (qp *QP) flush() {
 	// Receive side: the RQE in progress, then every posted RQE.
 	if qp.resp.rqeValid {
 		qp.resp.rqeValid = false
-		qp.completeRecv(&qp.resp.rqe, abi.WCWRFlushErr, abi.WCRecv, 0, 0, 0)
+		qp.completeRecv(&qp.resp.rqe, abi.WCWRFlushErr, abi.WCRecv, 0, 0, 0, false)
 	}
 	for range len(qp.sq) + 1024 {
 		r := &qp.resp.flushRQE
@@ -317,7 +317,7 @@ func (qp *QP) flush() {
 		if !ok && err == nil {
 			break
 		}
-		qp.completeRecv(r, abi.WCWRFlushErr, abi.WCRecv, 0, 0, 0)
+		qp.completeRecv(r, abi.WCWRFlushErr, abi.WCRecv, 0, 0, 0, false)
 	}
 }
 
@@ -359,17 +359,18 @@ func (qp *QP) completeSend(e *swqe) {
 		c.VendorErr = 1
 	}
 	qp.Counters.SendCQEs.Add(1)
-	if err := qp.cfg.SendCQ.PushCQE(c); err != nil {
+	if err := qp.cfg.SendCQ.PushCQE(c, false); err != nil {
 		qp.w.Counters.CQOverflows.Add(1)
 	}
 }
 
-// completeRecv writes a receive completion.
-func (qp *QP) completeRecv(r *RecvWork, st abi.WCStatus, op abi.WCOpcode, n uint32, flags abi.WCFlags, immInv uint32) {
+// completeRecv writes a receive completion; se: the message's last
+// packet carried the Solicited Event bit.
+func (qp *QP) completeRecv(r *RecvWork, st abi.WCStatus, op abi.WCOpcode, n uint32, flags abi.WCFlags, immInv uint32, se bool) {
 	c := &qp.w.cqe
 	*c = abi.CQE{WrID: r.WrID, Status: st, Opcode: op, QPNum: qp.qpn, ByteLen: n, WCFlags: flags, ImmOrInv: immInv}
 	qp.Counters.RecvCQEs.Add(1)
-	if err := qp.cfg.RecvCQ.PushCQE(c); err != nil {
+	if err := qp.cfg.RecvCQ.PushCQE(c, se); err != nil {
 		qp.w.Counters.CQOverflows.Add(1)
 	}
 }

@@ -401,7 +401,7 @@ func (qp *QP) respExecute(p *packet) respState {
 					st, c = abi.WCLocLenErr, roce.NAKInvalidRequest
 				}
 				r.rqeValid = false
-				qp.completeRecv(&r.rqe, st, abi.WCRecv, 0, 0, 0)
+				qp.completeRecv(&r.rqe, st, abi.WCRecv, 0, 0, 0, false)
 				return qp.fatalNAK(c, p)
 			}
 		}
@@ -416,13 +416,13 @@ func (qp *QP) respExecute(p *packet) respState {
 			case info.Is(roce.OpInvalidate):
 				if err := mem.Invalidate(p.invRKey); err != nil {
 					r.rqeValid = false
-					qp.completeRecv(&r.rqe, abi.WCLocProtErr, abi.WCRecv, 0, 0, 0)
+					qp.completeRecv(&r.rqe, abi.WCLocProtErr, abi.WCRecv, 0, 0, 0, false)
 					return qp.fatalNAK(roce.NAKInvalidRequest, p)
 				}
 				flags, immInv = abi.WCWithInv, p.invRKey
 			}
 			r.rqeValid = false
-			qp.completeRecv(&r.rqe, abi.WCSuccess, abi.WCRecv, uint32(r.off), flags, immInv)
+			qp.completeRecv(&r.rqe, abi.WCSuccess, abi.WCRecv, uint32(r.off), flags, immInv, p.se)
 			r.inSend, r.off = false, 0
 			r.msn = roce.PSNAdd(r.msn, 1)
 		}
@@ -440,7 +440,7 @@ func (qp *QP) respExecute(p *packet) respState {
 		if info.Is(roce.OpLast) || info.Is(roce.OpOnly) {
 			if info.Is(roce.OpImm) {
 				r.rqeValid = false
-				qp.completeRecv(&r.rqe, abi.WCSuccess, abi.WCRecvRDMAWithImm, r.wLen, abi.WCWithImm, p.imm)
+				qp.completeRecv(&r.rqe, abi.WCSuccess, abi.WCRecvRDMAWithImm, r.wLen, abi.WCWithImm, p.imm, p.se)
 			}
 			r.inWrite, r.off = false, 0
 			r.msn = roce.PSNAdd(r.msn, 1)

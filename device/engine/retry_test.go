@@ -112,3 +112,15 @@ func TestBackpressureDoesNotWaitForTimer(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, ca.Timeouts.Load(), "no ACK timeout for frames held back by the link")
 }
+
+// TestAckTimeout: the local ACK timeout of a timeout code is 4.096 us *
+// 2^code (IBTA 9.7.6.1.3), code 0 meaning none (no timer).
+func TestAckTimeout(t *testing.T) {
+	assert.Zero(t, ackTimeout(0))
+	for code := uint8(1); code < 32; code++ {
+		want := time.Duration(4096 * float64(uint64(1)<<code))
+		assert.Equal(t, int64(want), ackTimeout(code), "code %d", code)
+	}
+	assert.Equal(t, 67108864*time.Nanosecond, time.Duration(ackTimeout(14)), "14: 67.1 ms")
+	assert.Equal(t, ackTimeout(31), ackTimeout(31+32), "5 bits")
+}
