@@ -119,10 +119,23 @@ func (r *demoRun) assertCleanedUp(t *testing.T, wantPIDs int) {
 }
 
 var (
-	allRe      = regexp.MustCompile(`^\s+all\s+(\d+)\s+(\d+)\s+([\d.]+)\s`)
+	progressRe = regexp.MustCompile(`^\s+\[\s*[\d.]+s\]\s+(\d+) ops\s+(\d+) bytes\s+([\d.]+) MB/s$`)
+	rowRe      = regexp.MustCompile(`^\s+(SEND|RDMA_WRITE|RDMA_READ|FETCH_AND_ADD|CMP_AND_SWP|all)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+(\S+)\s+(\S+)\s+(\S+)$`)
 	verifiedRe = regexp.MustCompile(`verified: (\d+) SENDs \((\d+) bytes\).*FETCH_AND_ADD word (\d+) \(want (\d+)\), CMP_AND_SWP word (\d+) \(want (\d+)\)`)
 	retransRe  = regexp.MustCompile(`QP ([ab]): (\d+) packets sent, (\d+) received, (\d+) retransmissions`)
 )
+
+func atof(t *testing.T, s string) float64 {
+	v, err := strconv.ParseFloat(s, 64)
+	require.NoError(t, err)
+	return v
+}
+
+func dur(t *testing.T, s string) time.Duration {
+	d, err := time.ParseDuration(s)
+	require.NoError(t, err)
+	return d
+}
 
 func atoi(t *testing.T, s string) uint64 {
 	v, err := strconv.ParseUint(s, 10, 64)
@@ -130,12 +143,47 @@ func atoi(t *testing.T, s string) uint64 {
 	return v
 }
 
-// checkSummary checks the figures of a successful run.
+// checkSummary checks the progress and the figures of a successful run
+// (longer than a second): a progress line with operations, bytes and
+// bandwidth; then the summary: a row per operation (SEND, RDMA_WRITE,
+// RDMA_READ, FETCH_AND_ADD, CMP_AND_SWP) and one for all of them with
+// operations, bytes, MB/s and latency percentiles p50 <= p99 <= p99.9,
+// each QP's packets and retransmissions, and what the responder verified.
 func checkSummary(t *testing.T, r *demoRun, size uint64) {
 	t.Helper()
+	p := r.next(t, progressRe)
+	assert.NotZero(t, atoi(t, p[1]), "progress: operations")
+	assert.NotZero(t, atoi(t, p[2]), "progress: bytes")
+	assert.Positive(t, atof(t, p[3]), "progress: MB/s")
 	r.next(t, regexp.MustCompile(`^summary`))
-	all := r.next(t, allRe)
-	ops, bytes := atoi(t, all[1]), atoi(t, all[2])
+	r.next(t, regexp.MustCompile(`^\s+operation\s+ops\s+bytes\s+MB/s\s+p50\s+p99\s+p99\.9$`))
+	var sum uint64
+	for _, name := range []string{"SEND", "RDMA_WRITE", "RDMA_READ", "FETCH_AND_ADD", "CMP_AND_SWP", "all"} {
+		row := r.next(t, rowRe)
+		require.Equal(t, name, row[1], "summary rows in order")
+		n, b := atoi(t, row[2]), atoi(t, row[3])
+		assert.NotZero(t, n, "%s: operations", name)
+		if mbps := atof(t, row[4]); strings.HasSuffix(name, "_SWP") || strings.HasSuffix(name, "_ADD") {
+			assert.GreaterOrEqual(t, mbps, 0.0, "%s: MB/s (8 bytes each: may round to 0.0)", name)
+		} else {
+			assert.Positive(t, mbps, "%s: MB/s", name)
+		}
+		p50, p99, p999 := dur(t, row[5]), dur(t, row[6]), dur(t, row[7])
+		assert.Positive(t, p50, "%s: p50", name)
+		assert.LessOrEqual(t, p50, p99, "%s: p50 <= p99", name)
+		assert.LessOrEqual(t, p99, p999, "%s: p99 <= p99.9", name)
+		switch name {
+		case "SEND", "RDMA_WRITE", "RDMA_READ":
+			assert.Equal(t, n*size, b, "%s: bytes", name)
+		case "FETCH_AND_ADD", "CMP_AND_SWP":
+			assert.Equal(t, n*8, b, "%s: bytes", name)
+		case "all":
+			assert.Equal(t, sum, n, "all: the sum of the rows")
+		}
+		sum += n
+	}
+	all := rowRe.FindStringSubmatch(r.stdout[len(r.stdout)-1])
+	ops, bytes := atoi(t, all[2]), atoi(t, all[3])
 	assert.Greater(t, ops, uint64(10), "operations completed")
 	assert.Greater(t, bytes, 3*size, "bytes moved")
 	for range 2 {
