@@ -75,7 +75,7 @@ type daemon struct {
 
 // startDaemon starts vrnicd with a private runtime directory and stops it
 // by its PID when the test ends.
-func startDaemon(t *testing.T, name string, args ...string) *daemon {
+func startDaemon(t testing.TB, name string, args ...string) *daemon {
 	t.Helper()
 	dir := t.TempDir()
 	log := &launch.Buffer{}
@@ -94,7 +94,7 @@ func startDaemon(t *testing.T, name string, args ...string) *daemon {
 
 // perf runs vrnic-perf in this process and returns its exit status and
 // output.
-func perf(t *testing.T, args ...string) (int, string, string) {
+func perf(t testing.TB, args ...string) (int, string, string) {
 	t.Helper()
 	var out, errOut bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -105,7 +105,7 @@ func perf(t *testing.T, args ...string) (int, string, string) {
 
 // perfJSON runs vrnic-perf run --json on the given devices and returns
 // the parsed results.
-func perfJSON(t *testing.T, devA, devB string, args ...string) []result {
+func perfJSON(t testing.TB, devA, devB string, args ...string) []result {
 	t.Helper()
 	code, out, errOut := perf(t, append([]string{"run", "-dev-a", devA, "-dev-b", devB, "-json"}, args...)...)
 	require.Equal(t, 0, code, "exit status; stderr:\n%s\nstdout:\n%s", errOut, out)
