@@ -306,6 +306,75 @@ func TestOps(t *testing.T) {
 		assert.Equal(t, []bool{true, false, true, true}, b.rcq.solicited())
 		assert.Equal(t, []bool{false, false, false, false}, a.scq.solicited())
 	})
+	t.Run("max_sge", func(t *testing.T) {
+		// The device limit of SGEs (32) on a SEND into a RECV of 32,
+		// an RDMA WRITE and an RDMA READ, at odd lengths.
+		const n = abi.MaxSGE
+		src := na.buffer(n*1000, 0x200000, accessAll, 20)
+		dst := nb.buffer(n*1000, 0x200000, accessAll, 21)
+		back := na.buffer(n*1000, 0x300000, accessAll, 22)
+		sges := func(b *buffer, shift int) []abi.SGE {
+			var s []abi.SGE
+			off := 0
+			for i := range n {
+				l := 1000 + (i%3-1)*shift
+				if i == n-1 {
+					l = n*1000 - off
+				}
+				s = append(s, b.sge(off, l))
+				off += l
+			}
+			return s
+		}
+		a.scq.reset()
+		b.rcq.reset()
+		b.recv(t, 141, sges(dst, 7)...)
+		a.send(t, abi.SendWQE{WrID: 140, Opcode: abi.WRSend, Flags: abi.SendSignaled}, sges(src, 13)...)
+		require.True(t, b.rcq.wait(1, waitFor))
+		require.True(t, a.scq.wait(1, waitFor))
+		wantCQE(t, b.rcq.all()[0], abi.CQE{WrID: 141, Opcode: abi.WCRecv, QPNum: b.qpn, ByteLen: n * 1000})
+		assert.Equal(t, sum(src.b), sum(dst.b), "SEND data")
+		clear(dst.b)
+		a.scq.reset()
+		a.send(t, abi.SendWQE{WrID: 142, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: dst.va, RKey: dst.key}, sges(src, 29)...)
+		a.send(t, abi.SendWQE{WrID: 143, Opcode: abi.WRRDMARead, Flags: abi.SendSignaled, RemoteAddr: dst.va, RKey: dst.key}, sges(back, 31)...)
+		require.True(t, a.scq.wait(2, waitFor))
+		wantCQE(t, a.scq.all()[0], abi.CQE{WrID: 142, Opcode: abi.WCRDMAWrite, QPNum: a.qpn})
+		wantCQE(t, a.scq.all()[1], abi.CQE{WrID: 143, Opcode: abi.WCRDMARead, QPNum: a.qpn, ByteLen: n * 1000})
+		assert.Equal(t, sum(src.b), sum(dst.b), "WRITE data")
+		assert.Equal(t, sum(src.b), sum(back.b), "READ data")
+	})
+	t.Run("ack_coalescing", func(t *testing.T) {
+		// A 1 MiB WRITE is 1024 packets at MTU 1024; the requester asks
+		// for an ACK every 32 packets and on the last, and the responder
+		// answers only those: about 33 ACKs, not 1024.
+		src := na.buffer(1<<20, 0x400000, accessAll, 23)
+		dst := nb.buffer(1<<20, 0x400000, accessAll, 24)
+		cb, err := nb.eng.Counters(b.qpn)
+		require.NoError(t, err)
+		sentBefore := cb.PacketsSent.Load()
+		a.scq.reset()
+		a.send(t, abi.SendWQE{WrID: 150, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: dst.va, RKey: dst.key}, src.sge(0, 1<<20))
+		require.True(t, a.scq.wait(1, waitFor))
+		wantCQE(t, a.scq.all()[0], abi.CQE{WrID: 150, Opcode: abi.WCRDMAWrite, QPNum: a.qpn})
+		assert.Equal(t, sum(src.b), sum(dst.b))
+		acks := cb.PacketsSent.Load() - sentBefore
+		assert.GreaterOrEqual(t, acks, uint64(1))
+		assert.LessOrEqual(t, acks, uint64(1024/ackReqEvery+2), "ACKs for 1024 request packets")
+	})
+	t.Run("sig_all", func(t *testing.T) {
+		// sq_sig_all: every WR completes, signaled or not.
+		o := defaultOpts()
+		o.sigAll = true
+		a, b := pair(t, 1, nil, nil, o)
+		src := a.n.buffer(64, 0xf000, accessAll, 25)
+		dst := b.n.buffer(64, 0xf000, accessAll, 26)
+		a.send(t, abi.SendWQE{WrID: 160, Opcode: abi.WRRDMAWrite, RemoteAddr: dst.va, RKey: dst.key}, src.sge(0, 64))
+		a.send(t, abi.SendWQE{WrID: 161, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: dst.va, RKey: dst.key}, src.sge(0, 64))
+		require.True(t, a.scq.wait(2, waitFor))
+		wantCQE(t, a.scq.all()[0], abi.CQE{WrID: 160, Opcode: abi.WCRDMAWrite, QPNum: a.qpn})
+		wantCQE(t, a.scq.all()[1], abi.CQE{WrID: 161, Opcode: abi.WCRDMAWrite, QPNum: a.qpn})
+	})
 	t.Run("unsignaled", func(t *testing.T) {
 		src := na.buffer(64, 0xf000, accessAll, 16)
 		dst := nb.buffer(64, 0xf000, accessAll, 17)

@@ -158,6 +158,24 @@ func TestRemoteErrors(t *testing.T) {
 		wantCQE(t, a.scq.all()[0], abi.CQE{WrID: 1, Status: abi.WCRemInvReqErr, Opcode: abi.WCSend, QPNum: a.qpn})
 		wantCQE(t, b.rcq.all()[0], abi.CQE{WrID: 7, Status: abi.WCLocLenErr, Opcode: abi.WCRecv, QPNum: b.qpn})
 	})
+	t.Run("remote_operational", func(t *testing.T) {
+		// The responder cannot write the RECV's buffer (its lkey is
+		// unknown): its receive completes with LOC_PROT_ERR, it answers
+		// NAK remote operational error, the SEND completes with
+		// REM_OP_ERR, and both QPs go to ERR.
+		a, b := pair(t, 1, nil, nil, defaultOpts())
+		src := a.n.buffer(100, 0x1000, accessAll, 1)
+		b.recv(t, 7, abi.SGE{Addr: 0x1000, Length: 100, LKey: 0xbad00})
+		b.recv(t, 8, abi.SGE{Addr: 0x1000, Length: 100, LKey: 0xbad00})
+		a.send(t, abi.SendWQE{WrID: 1, Opcode: abi.WRSend, Flags: abi.SendSignaled}, src.sge(0, 100))
+		a.send(t, abi.SendWQE{WrID: 2, Opcode: abi.WRSend, Flags: abi.SendSignaled}, src.sge(0, 100))
+		require.True(t, a.scq.wait(2, waitFor))
+		require.True(t, b.rcq.wait(2, waitFor))
+		wantCQE(t, a.scq.all()[0], abi.CQE{WrID: 1, Status: abi.WCRemOpErr, Opcode: abi.WCSend, QPNum: a.qpn})
+		wantCQE(t, a.scq.all()[1], abi.CQE{WrID: 2, Status: abi.WCWRFlushErr, Opcode: abi.WCSend, QPNum: a.qpn})
+		wantCQE(t, b.rcq.all()[0], abi.CQE{WrID: 7, Status: abi.WCLocProtErr, Opcode: abi.WCRecv, QPNum: b.qpn})
+		wantCQE(t, b.rcq.all()[1], abi.CQE{WrID: 8, Status: abi.WCWRFlushErr, Opcode: abi.WCRecv, QPNum: b.qpn})
+	})
 	t.Run("local_protection", func(t *testing.T) {
 		a, b := pair(t, 1, nil, nil, defaultOpts())
 		dst := b.n.buffer(100, 0x1000, accessAll, 2)
