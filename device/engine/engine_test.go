@@ -3,6 +3,8 @@ package engine
 import (
 	"encoding/binary"
 	"fmt"
+	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -40,7 +42,9 @@ var dataOps = []abi.WROpcode{abi.WRSend, abi.WRSendWithImm, abi.WRSendWithInv, a
 // RDMA_WRITE_WITH_IMM, RDMA_READ) at every size of {0, 1, MTU-1, MTU,
 // MTU+1, 1 MiB, 8 MiB}, both atomics and LOCAL_INV, at path MTUs 256,
 // 1024 and 4096; data checked by CRC-32, every completion field by field
-// on both sides, and after each run the CQs hold nothing more.
+// on both sides, and after each run the CQs hold nothing more. The
+// packets are the message's FIRST, MIDDLE..., LAST or its ONLY (with the
+// IMM or INV variants), READ responses likewise.
 func TestDataPaths(t *testing.T) {
 	for _, mtu := range []roce.MTU{roce.MTU256, roce.MTU1024, roce.MTU4096} {
 		o := defaultOpts()
@@ -52,7 +56,7 @@ func TestDataPaths(t *testing.T) {
 			}
 			for _, op := range dataOps {
 				t.Run(fmt.Sprintf("mtu%d/%d/%v", mtu.Bytes(), size, op), func(t *testing.T) {
-					runDataPath(t, a, b, op, size)
+					runDataPath(t, a, b, op, size, mtu.Bytes())
 				})
 			}
 		}
@@ -63,7 +67,7 @@ func TestDataPaths(t *testing.T) {
 
 var wrSeq uint64
 
-func runDataPath(t *testing.T, a, b *tqp, op abi.WROpcode, size int) {
+func runDataPath(t *testing.T, a, b *tqp, op abi.WROpcode, size, mtu int) {
 	wrSeq++
 	src := a.n.buffer(size, 0x10000000+wrSeq<<32, accessAll, wrSeq)
 	dst := b.n.buffer(size, 0x20000000+wrSeq<<32, accessAll, wrSeq+1000)
@@ -103,6 +107,27 @@ func runDataPath(t *testing.T, a, b *tqp, op abi.WROpcode, size int) {
 		recv = nil
 	}
 	want := sum(local.b)
+	var mu sync.Mutex
+	var sent, resp []roce.Opcode
+	var hook traceFunc = func(qp *QP, format string, args ...any) {
+		if qp.qpn != a.qpn || len(args) == 0 {
+			return
+		}
+		o, ok := args[0].(roce.Opcode)
+		if !ok {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case strings.HasPrefix(format, "send "):
+			sent = append(sent, o)
+		case strings.HasPrefix(format, "rx ") && o.Info().Is(roce.OpRead):
+			resp = append(resp, o)
+		}
+	}
+	traceHook.Store(&hook)
+	t.Cleanup(func() { traceHook.Store(nil) })
 	a.send(t, wr, src.sge(0, size))
 	require.True(t, a.scq.wait(1, waitFor), "send completion")
 	cq := a.scq.all()
@@ -119,12 +144,52 @@ func runDataPath(t *testing.T, a, b *tqp, op abi.WROpcode, size int) {
 		wantCQE(t, rc[0], *recv)
 	}
 	assert.Equal(t, want, sum(remote.b), "data")
+	traceHook.Store(nil)
+	mu.Lock()
+	wantSent, wantResp := segments(op, size, mtu)
+	assert.Equal(t, wantSent, sent, "request packets")
+	assert.Equal(t, wantResp, resp, "READ responses")
+	mu.Unlock()
 	assert.Len(t, a.scq.all(), 1, "one completion on a's send CQ")
 	assert.Empty(t, a.rcq.all(), "nothing on a's receive CQ")
 	assert.Empty(t, b.scq.all(), "nothing on b's send CQ")
 	if recv == nil {
 		assert.Empty(t, b.rcq.all(), "%v consumes no RECV", op)
 	}
+}
+
+// segments returns the request packets' opcodes of a message of op and
+// size at path MTU mtu (IBTA 9.2: FIRST, MIDDLE..., LAST, or ONLY; the
+// immediate and invalidate variants on the LAST or ONLY), and for a READ
+// its responses'.
+func segments(op abi.WROpcode, size, mtu int) (req, resp []roce.Opcode) {
+	n := max(1, (size+mtu-1)/mtu)
+	seq := func(first, middle, last, only roce.Opcode) []roce.Opcode {
+		if n == 1 {
+			return []roce.Opcode{only}
+		}
+		s := []roce.Opcode{first}
+		for range n - 2 {
+			s = append(s, middle)
+		}
+		return append(s, last)
+	}
+	switch op {
+	case abi.WRSend:
+		return seq(roce.OpRCSendFirst, roce.OpRCSendMiddle, roce.OpRCSendLast, roce.OpRCSendOnly), nil
+	case abi.WRSendWithImm:
+		return seq(roce.OpRCSendFirst, roce.OpRCSendMiddle, roce.OpRCSendLastImm, roce.OpRCSendOnlyImm), nil
+	case abi.WRSendWithInv:
+		return seq(roce.OpRCSendFirst, roce.OpRCSendMiddle, roce.OpRCSendLastInv, roce.OpRCSendOnlyInv), nil
+	case abi.WRRDMAWrite:
+		return seq(roce.OpRCWriteFirst, roce.OpRCWriteMiddle, roce.OpRCWriteLast, roce.OpRCWriteOnly), nil
+	case abi.WRRDMAWriteWithImm:
+		return seq(roce.OpRCWriteFirst, roce.OpRCWriteMiddle, roce.OpRCWriteLastImm, roce.OpRCWriteOnlyImm), nil
+	case abi.WRRDMARead:
+		return []roce.Opcode{roce.OpRCReadRequest},
+			seq(roce.OpRCReadResponseFirst, roce.OpRCReadResponseMiddle, roce.OpRCReadResponseLast, roce.OpRCReadResponseOnly)
+	}
+	return nil, nil
 }
 
 // runAtomics runs FETCH_AND_ADD and CMP_AND_SWP (a matching and a
