@@ -38,6 +38,10 @@ type Config struct {
 	// CPUProfile, when set (flag only), is a file the daemon writes a CPU
 	// profile of its whole run to.
 	CPUProfile string `json:"-"`
+	// Trace, when set (flag only), is a file the daemon writes a Go
+	// execution trace of the run to (go tool trace): scheduling and
+	// wake-up latencies of the workers, pollers and waiters.
+	Trace string `json:"-"`
 }
 
 // LinkConfig selects the link and its addresses.
@@ -120,6 +124,7 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 		tapVer  = fs.Bool("tap-verify-steering", false, "TAP link: check the eBPF steering program against the engine's QP owners at start")
 		tapAddr stringList
 		cpuProf = fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
+		traceTo = fs.String("trace", "", "write a Go execution trace of the run to this file")
 	)
 	fs.Var(&tapAddr, "tap-addr", "TAP link: the NIC's address/prefix, e.g. 10.77.0.1/24 (repeatable; the first is GID 0)")
 	fs.StringVar(local, "local", "127.0.0.1:4791", "same as -udp-local")
@@ -189,6 +194,7 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 		c.RuntimeDir, c.Socket, c.Link.Peers = *rundir, *socket, peers
 	}
 	c.CPUProfile = *cpuProf
+	c.Trace = *traceTo
 	return c, c.validate()
 }
 
