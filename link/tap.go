@@ -122,7 +122,7 @@ type TAPPort struct {
 }
 
 // NewTAP attaches the engine's workers to the queues of dev, one port per
-// queue, and starts one reader goroutine per queue. It takes ownership of
+// queue, and starts one waiter goroutine per queue. It takes ownership of
 // dev: Close closes it. Frames of other kinds than RoCE v2 and ARP/ND are
 // counted and dropped; ARP/ND go to dev.Neighbors().
 func NewTAP(dev *tap.Device, cfg TAPConfig) (*TAPLink, error) {
@@ -198,7 +198,7 @@ func (l *TAPLink) Stats() []TAPQueueStats {
 	return out
 }
 
-// Close stops the readers and closes the device (its queues). Call it
+// Close stops the waiters and closes the device (its queues). Call it
 // after the engine stopped: a SendBatch or RecvBatch after Close fails
 // with ErrTAPClosed or returns nothing.
 func (l *TAPLink) Close() error {

@@ -14,14 +14,15 @@
 // engine builds and parses them: the kernel side of the TAP is a bridge
 // port or a host interface, and nothing is synthesized.
 //
-// Receive: a reader goroutine per queue waits in tap.Queue.ReadBatch
-// with up to Batch buffers of the port's pool, classifies what it read
-// and hands RoCE frames to RecvBatch by buffer exchange (see TAPPort).
+// Receive: RecvBatch reads the queue itself, non-blocking, into the
+// worker's own buffers (tap.Queue.TryReadBatch), classifies what it read
+// and returns the RoCE frames; a waiter goroutine per queue watches the
+// queue only while the worker sleeps (ArmReady, see TAPPort).
 // Send: SendBatch writes the caller's frames (the kernel copies, one
 // write per frame: a TAP without a virtio-net header has no batched
 // write); a frame the kernel refuses is counted and dropped so that it
 // cannot stall the worker. Neither path allocates.
 //
-// The link owns the device: Close stops the readers and closes the
+// The link owns the device: Close stops the waiters and closes the
 // device, which removes the interface (and the programs attached to it).
 package link
