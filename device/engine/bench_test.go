@@ -18,7 +18,7 @@ import (
 func steady(t testing.TB) (*tqp, *tqp) {
 	o := defaultOpts()
 	o.mtu = roce.MTU4096
-	return pairOn(t, newNetworkSized(t, 256, 128), 1, nil, nil, o)
+	return pairOn(t, newNetworkSized(t, 128, 64), 1, nil, nil, o)
 }
 
 // TestZeroAllocWrite: the steady-state RDMA WRITE path (post, segment,

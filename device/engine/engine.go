@@ -31,7 +31,10 @@ type Config struct {
 	// FrameCap is the size of every frame buffer; it must equal the
 	// link's. Default DefaultFrameCap.
 	FrameCap int
-	// Batch is the number of frames per receive or send batch. Default 64.
+	// Batch is the number of frames per receive or send batch. Default 32
+	// (64 gave no gain and, with the link pools, a working set of frame
+	// buffers beyond the L2 cache: 1 MiB WRITE over the in-memory link
+	// 0.43 -> 0.7 of the per-byte baseline at one WR in flight).
 	Batch int
 	// Window is the most PSNs a QP has unacknowledged. Default 512.
 	Window int
@@ -76,7 +79,7 @@ func New(cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("%w: frame capacity %d too small", ErrInvalid, cfg.FrameCap)
 	}
 	if cfg.Batch <= 0 {
-		cfg.Batch = 64
+		cfg.Batch = 32
 	}
 	if cfg.Window <= 0 {
 		cfg.Window = 512
