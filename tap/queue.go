@@ -69,28 +69,7 @@ func (q *Queue) Index() int { return q.index }
 // Device.MaxFrameSize. It returns the number of frames read; after Close
 // it returns an error matching os.ErrClosed.
 func (q *Queue) ReadBatch(bufs [][]byte, sizes []int, offset int) (int, error) {
-	if len(sizes) < len(bufs) {
-		return 0, fmt.Errorf("%w: %d sizes for %d buffers", ErrConfig, len(sizes), len(bufs))
-	}
-	for _, b := range bufs {
-		if offset < 0 || offset >= len(b) {
-			return 0, fmt.Errorf("%w: offset %d in a %d-byte buffer", ErrConfig, offset, len(b))
-		}
-	}
-	if len(bufs) == 0 {
-		return 0, nil
-	}
-	q.rbufs, q.rsizes, q.roff, q.rn, q.rerr = bufs, sizes, offset, 0, nil
-	err := q.rc.Read(q.readFn)
-	n, rerr := q.rn, q.rerr
-	q.rbufs, q.rsizes = nil, nil
-	if err != nil {
-		return n, q.wrapErr("read", err)
-	}
-	if rerr != nil && n == 0 {
-		return 0, q.wrapErr("read", rerr)
-	}
-	return n, nil
+	return q.readBatch(bufs, sizes, offset, true)
 }
 
 // TryReadBatch reads up to len(bufs) frames that are queued now, like
@@ -99,6 +78,11 @@ func (q *Queue) ReadBatch(bufs [][]byte, sizes []int, offset int) (int, error) {
 // so a worker can drain its queue on its own thread between other work
 // and sleep on WaitReadable only when it has nothing to do.
 func (q *Queue) TryReadBatch(bufs [][]byte, sizes []int, offset int) (int, error) {
+	return q.readBatch(bufs, sizes, offset, false)
+}
+
+// readBatch is ReadBatch (wait: through the poller) and TryReadBatch.
+func (q *Queue) readBatch(bufs [][]byte, sizes []int, offset int, wait bool) (int, error) {
 	if len(sizes) < len(bufs) {
 		return 0, fmt.Errorf("%w: %d sizes for %d buffers", ErrConfig, len(sizes), len(bufs))
 	}
@@ -111,7 +95,12 @@ func (q *Queue) TryReadBatch(bufs [][]byte, sizes []int, offset int) (int, error
 		return 0, nil
 	}
 	q.rbufs, q.rsizes, q.roff, q.rn, q.rerr = bufs, sizes, offset, 0, nil
-	err := q.rc.Control(q.tryFn)
+	var err error
+	if wait {
+		err = q.rc.Read(q.readFn)
+	} else {
+		err = q.rc.Control(q.tryFn)
+	}
 	n, rerr := q.rn, q.rerr
 	q.rbufs, q.rsizes = nil, nil
 	if err != nil {
