@@ -60,13 +60,9 @@ func (dp *DataPlane) engineCounters(qpn uint32) *engine.QPCounters {
 	return nil
 }
 
-// qpCounters returns every traffic counter of q: with the DataPlane, read
-// from the engine's atomics; with another engine, its Engine.Counters.
-// Called with d.mu held.
+// qpCounters returns every traffic counter of q (Engine.Counters). Called
+// with d.mu held.
 func (d *Device) qpCounters(q *QP) QPCounters {
-	if dp, ok := d.engine.(*DataPlane); ok {
-		return countersOf(dp.engineCounters(q.qpn))
-	}
 	return d.engine.Counters(q)
 }
 

@@ -500,19 +500,7 @@ func (dp *DataPlane) DestroyQP(q *QP) {
 
 // Counters implements Engine.
 func (dp *DataPlane) Counters(q *QP) QPCounters {
-	dp.mu.Lock()
-	x := dp.qps[q.qpn]
-	dp.mu.Unlock()
-	if x == nil || x.ctrs == nil {
-		return QPCounters{}
-	}
-	c := x.ctrs
-	return QPCounters{
-		PacketsSent:     c.PacketsSent.Load(),
-		PacketsReceived: c.PacketsReceived.Load(),
-		Retransmits:     c.Retransmits.Load(),
-		RNRNaksReceived: c.RNRNAKsReceived.Load(),
-	}
+	return countersOf(dp.engineCounters(q.qpn))
 }
 
 // pollDoorbells is the doorbell poller's pass (see the type's doc). It
