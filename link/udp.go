@@ -119,12 +119,13 @@ func newUDPBatch(n int) udpBatch {
 // owning worker); Ready and Counters from any.
 //
 // Wake-ups: a goroutine per port waits on the Go netpoller for the socket
-// to become readable and then signals Ready. It re-arms only after
-// RecvBatch found the socket empty (EAGAIN), and re-checks readability
-// (poll with timeout 0) after resetting the netpoller's readiness and
-// before sleeping, so a datagram that arrives between RecvBatch returning
-// and the waiter sleeping still signals Ready; while frames are waiting
-// unread it does not spin.
+// to become readable and then signals Ready, once per arm. The worker arms
+// it (ArmReady, engine.ReadyArmer) only when it is about to sleep, so a
+// busy worker, which reads the socket itself every round, costs no
+// waiter wake-up per datagram. The waiter re-checks readability (poll
+// with timeout 0) after resetting the netpoller's readiness and before
+// sleeping, so a datagram that arrives between the worker's last
+// RecvBatch and the waiter sleeping still signals Ready.
 type UDPPort struct {
 	link  *UDPLink
 	index int
@@ -379,6 +380,15 @@ func (p *UDPPort) signal() {
 	}
 }
 
+// ArmReady asks for one Ready signal when a datagram is queued (see
+// UDPPort): the worker calls it right before it sleeps on Ready.
+func (p *UDPPort) ArmReady() {
+	select {
+	case p.arm <- struct{}{}:
+	default:
+	}
+}
+
 // waiter signals Ready when the socket becomes readable, once per arm.
 func (p *UDPPort) waiter(done <-chan struct{}) {
 	defer p.link.wg.Done()
@@ -597,11 +607,8 @@ func (p *UDPPort) recv(fd uintptr) {
 	switch {
 	case short:
 	case drained:
-		// The socket was empty: let the waiter sleep on the poller.
-		select {
-		case p.arm <- struct{}{}:
-		default:
-		}
+		// The socket was empty; the worker arms the waiter (ArmReady)
+		// if it goes to sleep.
 	default:
 		// A full batch: more may be waiting.
 		p.signal()

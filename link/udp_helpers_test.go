@@ -121,6 +121,7 @@ func recvN(t testing.TB, p *UDPPort, n int) [][]byte {
 			out = append(out, bytes.Clone(bufs[i]))
 		}
 		if k == 0 {
+			p.ArmReady()
 			select {
 			case <-p.Ready():
 			case <-timeout.C:

@@ -415,6 +415,7 @@ func TestUDPReadyNoLostWakeup(t *testing.T) {
 				acks <- total
 				continue
 			}
+			b.ArmReady()
 			select {
 			case <-b.Ready():
 			case <-timeout.C:
