@@ -23,7 +23,7 @@ func TestLossy(t *testing.T) {
 	for _, tc := range []struct {
 		loss float64
 		wrs  int
-	}{{0.01, 200}, {0.10, 120}, {0.30, 60}} {
+	}{{0.01, 200}, {0.10, 120}, {0.30, 40}} {
 		t.Run(fmt.Sprintf("loss%.0f%%", tc.loss*100), func(t *testing.T) {
 			seed := uint64(0x5eed0000) + uint64(tc.loss*1000)
 			t.Logf("fault seed %#x (port i uses seed+i; node B seed+100)", seed)
@@ -36,7 +36,11 @@ func TestLossy(t *testing.T) {
 				// READ recovery is the weak spot at 30% loss: each lost
 				// response costs a restart that needs the request and
 				// the first response through (p = 0.49). Fewer, larger
-				// packets keep seven timeouts in a row improbable.
+				// packets keep seven timeouts in a row improbable. So
+				// do fewer WRs: retry_cnt 7 is finite (IBTA), and with
+				// 60 WRs about one run in 20-30 exhausted it on some
+				// READ or atomic stuck behind a lost response, which is
+				// the protocol working as specified, not a bug.
 				o.mtu = roce.MTU4096
 			}
 			// 16.8 ms: on a loaded shared machine a worker can miss tens
