@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -17,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/internal/launch"
 	"github.com/vrnic/vrnic/verbs"
 )
 
@@ -162,6 +165,11 @@ func startDaemon(t *testing.T, dir, name string, extra ...string) *daemon {
 	t.Helper()
 	vrnicd, _ := tools(t)
 	args := append([]string{"-name", name, "-runtime-dir", dir, "-log-level", "debug"}, extra...)
+	if !slices.ContainsFunc(extra, func(a string) bool { return a == "-config" || a == "-local" || a == "-udp-local" }) {
+		// Not the default 127.0.0.1:4791: the packages' tests run in
+		// parallel, and another one's daemon may hold it.
+		args = append(args, "-local", freeLoopback(t).String()+":4791")
+	}
 	cmd := exec.Command(vrnicd, args...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
@@ -177,6 +185,14 @@ func startDaemon(t *testing.T, dir, name string, extra ...string) *daemon {
 		return true
 	}, 10*time.Second, 10*time.Millisecond, "vrnicd %s did not come up: %s", name, &stderr)
 	return d
+}
+
+// freeLoopback returns a 127.0.0.0/8 address whose UDP port 4791 is free.
+func freeLoopback(t *testing.T) netip.Addr {
+	t.Helper()
+	a, err := launch.FreeLoopback()
+	require.NoError(t, err)
+	return a
 }
 
 // stop sends SIGTERM and waits; idempotent.
@@ -331,8 +347,9 @@ func TestClientSIGKILLReleasesEverything(t *testing.T) {
 func TestTwoDaemonsSeveralClients(t *testing.T) {
 	_, vrnicctl := tools(t)
 	dir := runtimeDir(t)
-	d1 := startDaemon(t, dir, "vr1", "-udp-local", "127.0.0.1:47911", "-udp-peer", "127.0.0.1:47912")
-	d2 := startDaemon(t, dir, "vr2", "-udp-local", "127.0.0.1:47912", "-udp-peer", "127.0.0.1:47911")
+	a1, a2 := freeLoopback(t).String()+":4791", freeLoopback(t).String()+":4791"
+	d1 := startDaemon(t, dir, "vr1", "-udp-local", a1, "-udp-peer", a2)
+	d2 := startDaemon(t, dir, "vr2", "-udp-local", a2, "-udp-peer", a1)
 	// A third daemon with a taken name is refused.
 	vrnicd, _ := tools(t)
 	out, err := exec.Command(vrnicd, "-name", "vr1", "-runtime-dir", dir).CombinedOutput()

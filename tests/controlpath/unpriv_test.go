@@ -34,7 +34,7 @@ func TestUnprivilegedDaemon(t *testing.T) {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: gid}}
 		return cmd
 	}
-	d := asNobody(exec.Command(vrnicd, "-name", "u0"))
+	d := asNobody(exec.Command(vrnicd, "-name", "u0", "-local", freeLoopback(t).String()+":4791"))
 	var stderr strings.Builder
 	d.Stderr = &stderr
 	require.NoError(t, d.Start())
