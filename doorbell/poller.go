@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -50,6 +52,16 @@ type Poller struct {
 	epfd int
 	wake *EventFD // interrupts epoll_wait (Remove, Run's context)
 
+	// The epoll fd as a file on the Go poller (an epoll fd is itself
+	// pollable): Run sleeps there, not in a blocking epoll_wait (see
+	// wait). Run-private wait state, used by waitFn.
+	file    *os.File
+	rc      syscall.RawConn
+	wevents []unix.EpollEvent
+	wn      int
+	werr    error
+	waitFn  func(fd uintptr) bool
+
 	mu      sync.Mutex // serialises Add/Remove
 	set     atomic.Pointer[pageSet]
 	seen    atomic.Uint64 // generation of the set Run last loaded
@@ -78,7 +90,20 @@ func NewPoller(cfg PollerConfig) (*Poller, error) {
 		unix.Close(epfd)
 		return nil, err
 	}
-	p := &Poller{cfg: cfg, epfd: epfd, wake: wake}
+	if err := unix.SetNonblock(epfd, true); err != nil {
+		unix.Close(epfd)
+		wake.Close()
+		return nil, fmt.Errorf("doorbell: epoll fd: %w", err)
+	}
+	file := os.NewFile(uintptr(epfd), "doorbell-epoll")
+	rc, err := file.SyscallConn()
+	if err != nil {
+		file.Close()
+		wake.Close()
+		return nil, fmt.Errorf("doorbell: epoll fd: %w", err)
+	}
+	p := &Poller{cfg: cfg, epfd: epfd, wake: wake, file: file, rc: rc}
+	p.waitFn = p.waitCheck
 	if err := p.ctl(unix.EPOLL_CTL_ADD, wake.Fd()); err != nil {
 		p.Close()
 		return nil, err
@@ -207,7 +232,7 @@ func (p *Poller) Run(ctx context.Context) error {
 			break
 		}
 		p.sleeps.Add(1)
-		n, err := unix.EpollWait(p.epfd, events[:], -1)
+		n, err := p.wait(events[:])
 		for _, s := range pages {
 			s.kickNeeded.Store(0)
 		}
@@ -238,13 +263,44 @@ func (p *Poller) Run(ctx context.Context) error {
 	return nil
 }
 
+// wait blocks until the epoll set has events and returns them. It parks
+// the goroutine on the Go poller, which watches the epoll fd, instead of
+// blocking the thread in epoll_wait: a goroutine in a blocking system
+// call keeps its P until the runtime's monitor takes it back (up to
+// 10 ms when the monitor is idle), and with GOMAXPROCS sized to the
+// workers (vrnicd) that stalled the worker behind a sleeping poller. The
+// first check, made after the wait was prepared, asks the kernel
+// (epoll_wait with timeout 0); an event after it raises the edge the
+// wait sees, so none is lost.
+func (p *Poller) wait(events []unix.EpollEvent) (int, error) {
+	p.wevents, p.wn, p.werr = events, 0, nil
+	err := p.rc.Read(p.waitFn)
+	p.wevents = nil
+	if err != nil {
+		return 0, err
+	}
+	return p.wn, p.werr
+}
+
+// waitCheck is wait's callback: ready when epoll_wait finds events.
+func (p *Poller) waitCheck(fd uintptr) bool {
+	for {
+		n, err := unix.EpollWait(int(fd), p.wevents, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		p.wn, p.werr = n, err
+		return err != nil || n > 0
+	}
+}
+
 // Wake interrupts a sleeping Run (for example after Add, so the new page's
 // records are polled at once).
 func (p *Poller) Wake() error { return p.wake.Signal() }
 
 // Close releases the poller's descriptors; Run must have returned.
 func (p *Poller) Close() error {
-	err := unix.Close(p.epfd)
+	err := p.file.Close()
 	p.wake.Close()
 	return err
 }
