@@ -318,4 +318,3 @@ func setProcs(workers int, log *slog.Logger) {
 		log.Info("scheduler sized to the workers", "gomaxprocs", n, "workers", workers)
 	}
 }
-
