@@ -106,6 +106,24 @@ func TestQueryDeviceReportsABILimits(t *testing.T) {
 }
 
 // limitsSGL returns abi.MaxSGE distinct SGEs of mr for WQE i.
+// checkRecvRing consumes the n receive WQEs posted with WrIDs base+i and
+// the SGE lists of limitsSGL, and checks each as the daemon decodes it.
+func checkRecvRing(t *testing.T, q *queues.RecvQueue, n int, base uint64, mr *verbs.MR) {
+	t.Helper()
+	got, err := q.Poll()
+	require.NoError(t, err)
+	require.Equal(t, uint32(n), got)
+	var wr queues.RecvWR
+	for i := range uint32(n) {
+		ok, err := q.Next(&wr)
+		require.True(t, ok)
+		require.NoError(t, err, "WQE %d", i)
+		require.Equal(t, uint64(i)+base, wr.WrID)
+		require.Equal(t, limitsSGL(mr, i), wr.SGEs(), "WQE %d: all %d SGEs", i, abi.MaxSGE)
+	}
+	q.Publish()
+}
+
 func limitsSGL(mr *verbs.MR, i uint32) []abi.SGE {
 	sgl := make([]abi.SGE, abi.MaxSGE)
 	for j := range sgl {
@@ -223,18 +241,7 @@ func TestCreateAndPostAtABILimits(t *testing.T) {
 		assert.ErrorIs(t, qp.PostRecv(&verbs.RecvWR{}), verbs.ErrQueueFull)
 		rq, err := queues.NewRQ(v.rq, queues.RecvConfig{Slots: v.cap.MaxRecvWR, MaxSGE: v.cap.MaxRecvSGE}, rec.RQPI, rec.RQCI)
 		require.NoError(t, err)
-		n, err := rq.Poll()
-		require.NoError(t, err)
-		require.Equal(t, uint32(abi.MaxQPWR), n)
-		var wr queues.RecvWR
-		for i := range uint32(abi.MaxQPWR) {
-			ok, err := rq.Next(&wr)
-			require.True(t, ok)
-			require.NoError(t, err, "WQE %d", i)
-			require.Equal(t, uint64(i)+100, wr.WrID)
-			require.Equal(t, limitsSGL(mr, i), wr.SGEs(), "WQE %d: all %d SGEs", i, abi.MaxSGE)
-		}
-		rq.Publish()
+		checkRecvRing(t, rq, abi.MaxQPWR, 100, mr)
 	})
 
 	t.Run("CQ", func(t *testing.T) {
@@ -287,17 +294,6 @@ func TestCreateAndPostAtABILimits(t *testing.T) {
 		require.NoError(t, err)
 		q, err := queues.NewSRQ(v2.srq, queues.RecvConfig{Slots: v2.srqN, MaxSGE: abi.MaxSGE}, srec.PI, srec.CI)
 		require.NoError(t, err)
-		n, err := q.Poll()
-		require.NoError(t, err)
-		require.Equal(t, uint32(abi.MaxSRQWR), n)
-		var wr queues.RecvWR
-		for i := range uint32(abi.MaxSRQWR) {
-			ok, err := q.Next(&wr)
-			require.True(t, ok)
-			require.NoError(t, err, "WQE %d", i)
-			require.Equal(t, uint64(i)+7, wr.WrID)
-			require.Equal(t, limitsSGL(mr, i), wr.SGEs(), "WQE %d: all %d SGEs", i, abi.MaxSGE)
-		}
-		q.Publish()
+		checkRecvRing(t, q, abi.MaxSRQWR, 7, mr)
 	})
 }
