@@ -457,6 +457,8 @@ func (qp *QP) startRetry(timeout bool) {
 		}
 		qp.comp.retryLeft--
 	}
+	qp.req.dup = timeout && qp.comp.retryLeft < redundantRetries
+	qp.req.dupPSN = qp.comp.psn
 	qp.comp.inRetry = !timeout
 	if h := traceHook.Load(); h != nil {
 		(*h)(qp, "retry timeout=%v from %d left %d", timeout, qp.comp.psn, qp.comp.retryLeft)

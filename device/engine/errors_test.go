@@ -113,6 +113,30 @@ func TestDeadPeer(t *testing.T) {
 	}
 }
 
+// TestRedundantRetries: the restarts after an ACK timeout with fewer than
+// redundantRetries retries left put their first packet on the wire twice;
+// the others once.
+func TestRedundantRetries(t *testing.T) {
+	for _, retry := range []uint8{2, 7} {
+		t.Run(fmt.Sprintf("retry_cnt=%d", retry), func(t *testing.T) {
+			o := defaultOpts()
+			o.timeout = 4 // 65.5 us
+			o.retry = retry
+			a, b := pair(t, 1, nil, nil, o)
+			require.NoError(t, b.n.eng.DestroyQP(b.qpn)) // frames to it are dropped
+			src := a.n.buffer(100, 0x1000, accessAll, 1)
+			a.send(t, abi.SendWQE{WrID: 1, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: 0x1000, RKey: 0x200}, src.sge(0, 100))
+			require.True(t, a.scq.wait(1, waitFor))
+			wantCQE(t, a.scq.all()[0], abi.CQE{WrID: 1, Status: abi.WCRetryExcErr, Opcode: abi.WCRDMAWrite, QPNum: a.qpn})
+			ca, err := a.n.eng.Counters(a.qpn)
+			require.NoError(t, err)
+			dups := min(int(retry), redundantRetries)
+			assert.Equal(t, uint64(1+int(retry)+dups), ca.PacketsSent.Load(),
+				"the WRITE, %d retries, %d of them with the packet twice", retry, dups)
+		})
+	}
+}
+
 func TestRemoteErrors(t *testing.T) {
 	t.Run("remote_access", func(t *testing.T) {
 		a, b := pair(t, 2, nil, nil, defaultOpts())

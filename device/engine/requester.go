@@ -47,7 +47,24 @@ type requester struct {
 	// (PSNs before this one) asks for an ACK, so that one surviving
 	// packet is enough to learn what the responder has.
 	ackAllUntil uint32
+	// dupPSN, when dup is set, is a packet to put on the wire twice: the
+	// first one of a restart after an ACK timeout when few retries are
+	// left (see redundantRetries).
+	dupPSN uint32
+	dup    bool
 }
+
+// redundantRetries: when an ACK timeout leaves fewer than this many
+// retries, the first packet of the go-back-N restart is sent twice. After
+// a timeout nothing else is in flight to provoke a NAK, so each retry is
+// one round trip that must survive the link both ways; under heavy loss
+// (the 30 % fault suite: about 0.55 per attempt) seven of them in a row
+// fail often enough to exhaust retry_cnt on the last packets of a burst.
+// A duplicate is harmless to the responder (it acknowledges a duplicate
+// SEND or WRITE again, executes a duplicate READ again, replays an
+// atomic's result; nothing is applied twice), and only a path that keeps
+// losing packets pays the extra frame.
+const redundantRetries = 5
 
 // ackReqEvery: the requester asks for an ACK at least every this many
 // packets inside a long message (IBTA 9.7.5.1.2 leaves the rate to the
@@ -297,6 +314,10 @@ func (qp *QP) reqSend() reqState {
 	}
 	if !qp.w.txQueue(qp, buf, o, n) {
 		return reqExit
+	}
+	if qp.req.dup && o.psn == qp.req.dupPSN {
+		qp.req.dup = false
+		qp.w.txRepeat(qp)
 	}
 	if h := traceHook.Load(); h != nil {
 		(*h)(qp, "send %v psn %d", o.opcode, o.psn)

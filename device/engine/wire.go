@@ -133,3 +133,19 @@ func (w *worker) txQueue(qp *QP, buf []byte, o *outPkt, n int) bool {
 	qp.Counters.PacketsSent.Add(1)
 	return true
 }
+
+// txRepeat queues a copy of the frame txQueue queued last, if the batch
+// has room for it without a flush (a flush may hand the frame's buffer to
+// the link). The copy is the only one the data path makes of a frame; it
+// happens only for redundant retries.
+func (w *worker) txRepeat(qp *QP) {
+	if w.txN == 0 || w.txN == len(w.tx) {
+		return
+	}
+	f := w.tx[w.txN-1]
+	b := w.tx[w.txN]
+	b = b[:cap(b)]
+	w.tx[w.txN] = b[:copy(b, f)]
+	w.txN++
+	qp.Counters.PacketsSent.Add(1)
+}
