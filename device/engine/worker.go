@@ -2,10 +2,11 @@ package engine
 
 import (
 	"errors"
-	"golang.org/x/sys/unix"
 	"runtime"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/roce"
@@ -343,7 +344,7 @@ func (w *worker) run(stop <-chan struct{}) {
 		}
 		// Poll a little longer before sleeping (a sleep and wake-up cost
 		// a futex round trip each), yielding between passes so that the
-		// goroutines feeding this worker (doorbell poller, link readers,
+		// goroutines feeding this worker (doorbell poller, link waiters,
 		// clients in the same process) run on this P meanwhile.
 		if w.now-lastWork < spinNanos {
 			runtime.Gosched()
