@@ -320,7 +320,7 @@ func (d *Device) listQPs() []any {
 				PD: q.pd.handle, SendCQ: q.sendCQ.handle, RecvCQ: q.recvCQ.handle,
 				SQPSN: q.attr.SQPSN, RQPSN: q.attr.RQPSN, DestQPN: q.attr.DestQPNum,
 				PathMTU: q.attr.PathMTU.Bytes(), SendWR: q.cap.MaxSendWR, RecvWR: q.cap.MaxRecvWR,
-				Counters: d.qpCounters(q)}
+				Counters: d.engine.Counters(q)}
 			if q.srq != nil {
 				h := q.srq.handle
 				qi.SRQ = &h

@@ -60,12 +60,6 @@ func (dp *DataPlane) engineCounters(qpn uint32) *engine.QPCounters {
 	return nil
 }
 
-// qpCounters returns every traffic counter of q (Engine.Counters). Called
-// with d.mu held.
-func (d *Device) qpCounters(q *QP) QPCounters {
-	return d.engine.Counters(q)
-}
-
 // retireQPCounters returns the function that, once the engine has
 // destroyed q, gives q's final counters: with the DataPlane the engine's
 // atomics, read after DestroyQP so that nothing counted in between is
@@ -84,7 +78,7 @@ func (d *Device) retireQPCounters(q *QP) func() QPCounters {
 func (d *Device) dataPathTotalsLocked() QPCounters {
 	t := d.dpRetired
 	for _, q := range d.qps {
-		t.add(d.qpCounters(q))
+		t.add(d.engine.Counters(q))
 	}
 	return t
 }

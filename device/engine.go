@@ -22,10 +22,8 @@ type Engine interface {
 	// DestroyQP is called before the QP's rings are unpinned; after it
 	// returns the engine must not touch the QP's memory.
 	DestroyQP(qp *QP)
-	// Counters returns the QP's traffic counters for QUERY_QP and vrnicctl.
-	// (The device reads the DataPlane's straight from the engine's
-	// atomics, all of them, and keeps a destroyed QP's in its totals: see
-	// counters.go.)
+	// Counters returns the QP's traffic counters for QUERY_QP and vrnicctl
+	// (a destroyed QP's stay in the device's totals: see counters.go).
 	Counters(qp *QP) QPCounters
 }
 

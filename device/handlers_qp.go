@@ -212,7 +212,7 @@ func (cn *conn) queryQP(r *request) (reply, error) {
 	if err != nil {
 		return reply{}, err
 	}
-	ctr := cn.d.qpCounters(q)
+	ctr := cn.d.engine.Counters(q)
 	resp := &abi.RespQueryQP{
 		Attr:            q.attr,
 		QPType:          q.typ,
