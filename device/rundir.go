@@ -24,7 +24,7 @@ const SocketSuffix = ".sock"
 //   - others, XDG_RUNTIME_DIR set: $XDG_RUNTIME_DIR/vrnic
 //   - others, XDG_RUNTIME_DIR unset: $TMPDIR/vrnic-<uid> (os.TempDir), a
 //     directory private to the user (mode 0700, ownership checked by
-//     EnsureRuntimeDir).
+//     CreateRuntimeDir).
 //
 // vrnicd and vrnicctl use the same rule, so vrnicctl finds the sockets of
 // the daemons of the same user without flags.
@@ -47,22 +47,16 @@ func SocketPath(dir, name string) string {
 	return filepath.Join(dir, name+SocketSuffix)
 }
 
-// EnsureRuntimeDir creates dir (mode 0700) if needed and checks that it is a
-// directory owned by the current user and not writable by others, so another
-// user cannot plant sockets in it.
+// CreateRuntimeDir creates dir (mode 0700) if needed and checks that it is
+// a directory owned by the current user and not writable by others, so
+// another user cannot plant sockets in it. It returns the directories it
+// created itself (dir and the missing parents, outermost first; none if
+// dir existed), for RemoveCreatedDirs at exit; a directory another process
+// creates at the same moment is not counted.
 //
 // As root the directory is created 0755 so that clients of other users
 // can reach sockets whose own mode (0660) and group allow them; otherwise
 // 0700.
-func EnsureRuntimeDir(dir string) error {
-	_, err := CreateRuntimeDir(dir)
-	return err
-}
-
-// CreateRuntimeDir is EnsureRuntimeDir that also returns the directories
-// it created itself (dir and the missing parents, outermost first; none
-// if dir existed), for RemoveCreatedDirs at exit. A directory another
-// process creates at the same moment is not counted.
 func CreateRuntimeDir(dir string) (created []string, err error) {
 	mode := os.FileMode(0o700)
 	if os.Geteuid() == 0 {
