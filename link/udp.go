@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/vrnic/vrnic/internal/fdwait"
 	"github.com/vrnic/vrnic/roce"
 	"golang.org/x/sys/unix"
 )
@@ -139,8 +140,7 @@ type UDPPort struct {
 
 	// Method values made once, so the hot path does not allocate.
 	sendFn, recvFn func(uintptr)
-	waitFn         func(uintptr) bool
-	pfd            []unix.PollFd // waiter only
+	wait           *fdwait.Waiter // waiter only
 
 	// Arguments and results of sendFn and recvFn (owner goroutine).
 	tx, rx   udpBatch
@@ -236,8 +236,7 @@ func NewUDP(cfg UDPConfig) (*UDPLink, error) {
 		p := &UDPPort{
 			link: l, index: i, loc: loc, hl: hl, fcap: cfg.FrameCap,
 			ready: make(chan struct{}, 1), arm: make(chan struct{}, 1),
-			pfd: make([]unix.PollFd, 1),
-			tx:  newUDPBatch(cfg.Batch), rx: newUDPBatch(cfg.Batch),
+			tx: newUDPBatch(cfg.Batch), rx: newUDPBatch(cfg.Batch),
 		}
 		p.file = os.NewFile(uintptr(fd), fmt.Sprintf("udp:%v#%d", local, i))
 		rc, err := p.file.SyscallConn()
@@ -252,7 +251,7 @@ func NewUDP(cfg UDPConfig) (*UDPLink, error) {
 			return nil, fmt.Errorf("link: %v: %w", local, err)
 		}
 		p.rc = rc
-		p.sendFn, p.recvFn, p.waitFn = p.send, p.recv, p.readable
+		p.sendFn, p.recvFn, p.wait = p.send, p.recv, fdwait.New(rc)
 		p.arm <- struct{}{}
 		l.ports = append(l.ports, p)
 	}
@@ -398,25 +397,11 @@ func (p *UDPPort) waiter(done <-chan struct{}) {
 		case <-done:
 			return
 		}
-		if err := p.rc.Read(p.waitFn); err != nil {
+		if err := p.wait.Wait(); err != nil {
 			return // closed
 		}
 		p.Counters.Wakeups.Add(1)
 		p.signal()
-	}
-}
-
-// readable reports whether a datagram is queued on fd. RawConn.Read calls
-// it after resetting the poller's readiness: false makes it sleep until
-// the next arrival.
-func (p *UDPPort) readable(fd uintptr) bool {
-	p.pfd[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
-	for {
-		n, err := unix.Poll(p.pfd, 0)
-		if err == unix.EINTR {
-			continue
-		}
-		return err != nil || n > 0
 	}
 }
 

@@ -8,6 +8,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vrnic/vrnic/internal/fdwait"
 )
 
 // Queue is one queue of a multi-queue TAP device: a non-blocking fd
@@ -33,10 +35,7 @@ type Queue struct {
 	readFn func(fd uintptr) bool
 	tryFn  func(fd uintptr)
 
-	// Wait state, used by waitFn (WaitReadable).
-	wfirst bool
-	wfds   [1]unix.PollFd
-	waitFn func(fd uintptr) bool
+	wait *fdwait.Waiter // WaitReadable
 
 	// Write state, used by writeFn.
 	wbufs   [][]byte
@@ -54,7 +53,7 @@ func newQueue(index int, f *os.File) (*Queue, error) {
 	q := &Queue{index: index, file: f, rc: rc}
 	q.readFn = q.read
 	q.tryFn = func(fd uintptr) { q.read(fd) }
-	q.waitFn = q.waitCheck
+	q.wait = fdwait.New(rc)
 	q.writeFn = q.write
 	return q, nil
 }
@@ -117,37 +116,12 @@ func (q *Queue) readBatch(bufs [][]byte, sizes []int, offset int, wait bool) (in
 // frame that was queued has been read meanwhile, so callers re-check. It
 // must not run concurrently with itself or with ReadBatch; TryReadBatch
 // and the writes may run meanwhile. After Close it returns an error
-// matching os.ErrClosed.
-//
-// No wake-up is lost: the Go poller watches the fd edge-triggered and
-// forgets an edge when a wait starts, so the first check, made after
-// the wait was prepared, asks the kernel (poll(2), no timeout) whether a
-// frame is queued already; a frame queued after that check raises an
-// edge the wait sees.
+// matching os.ErrClosed. No wake-up is lost (package fdwait).
 func (q *Queue) WaitReadable() error {
-	q.wfirst = true
-	if err := q.rc.Read(q.waitFn); err != nil {
+	if err := q.wait.Wait(); err != nil {
 		return q.wrapErr("wait", err)
 	}
 	return nil
-}
-
-// waitCheck is WaitReadable's callback: on the first call, ready when
-// poll(2) says so; on a later call (after the poller saw an edge), ready.
-func (q *Queue) waitCheck(fd uintptr) bool {
-	if !q.wfirst {
-		return true
-	}
-	q.wfirst = false
-	q.wfds[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
-	for {
-		n, err := unix.Poll(q.wfds[:], 0)
-		if err == unix.EINTR {
-			continue
-		}
-		// An error: let the caller's next read report it.
-		return err != nil || n > 0
-	}
 }
 
 // read runs under the poller: it drains up to len(rbufs) frames and asks
