@@ -71,6 +71,17 @@ func TestRNR(t *testing.T) {
 	})
 }
 
+// deadPeer returns a QP (ACK timeout 65.5 us, retry_cnt retry) connected
+// to a peer QP that was then destroyed: frames to it are dropped.
+func deadPeer(t *testing.T, retry uint8) (*tqp, qpOpts) {
+	o := defaultOpts()
+	o.timeout = 4 // 65.5 us
+	o.retry = retry
+	a, b := pair(t, 1, nil, nil, o)
+	require.NoError(t, b.n.eng.DestroyQP(b.qpn))
+	return a, o
+}
+
 // TestDeadPeer: a peer that never answers. Each local ACK timeout (4.096
 // us * 2^timeout) costs a retry; after retry_cnt retries the oldest WR
 // completes with RETRY_EXC_ERR, the QP goes to ERR and everything else,
@@ -80,11 +91,7 @@ func TestRNR(t *testing.T) {
 func TestDeadPeer(t *testing.T) {
 	for _, retry := range []uint8{3, 7} {
 		t.Run(fmt.Sprintf("retry_cnt=%d", retry), func(t *testing.T) {
-			o := defaultOpts()
-			o.timeout = 4 // 65.5 us
-			o.retry = retry
-			a, b := pair(t, 1, nil, nil, o)
-			require.NoError(t, b.n.eng.DestroyQP(b.qpn)) // frames to it are dropped
+			a, o := deadPeer(t, retry)
 			src := a.n.buffer(5000, 0x1000, accessAll, 1)
 			a.recv(t, 9, src.sge(0, 10))
 			start := time.Now()
@@ -119,11 +126,7 @@ func TestDeadPeer(t *testing.T) {
 func TestRedundantRetries(t *testing.T) {
 	for _, retry := range []uint8{2, 7} {
 		t.Run(fmt.Sprintf("retry_cnt=%d", retry), func(t *testing.T) {
-			o := defaultOpts()
-			o.timeout = 4 // 65.5 us
-			o.retry = retry
-			a, b := pair(t, 1, nil, nil, o)
-			require.NoError(t, b.n.eng.DestroyQP(b.qpn)) // frames to it are dropped
+			a, _ := deadPeer(t, retry)
 			src := a.n.buffer(100, 0x1000, accessAll, 1)
 			a.send(t, abi.SendWQE{WrID: 1, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: 0x1000, RKey: 0x200}, src.sge(0, 100))
 			require.True(t, a.scq.wait(1, waitFor))
