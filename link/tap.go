@@ -353,10 +353,7 @@ func (p *TAPPort) RecvBatch(frames [][]byte) (int, error) {
 	for i := k; i < n; i++ {
 		frames[i] = frames[i][:cap(frames[i])]
 	}
-	if err != nil && !errors.Is(err, os.ErrClosed) {
-		return k, err
-	}
-	return k, nil
+	return k, err // not os.ErrClosed: returned above
 }
 
 // SendBatch implements the engine's Link: it writes every frame to the
