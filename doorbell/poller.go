@@ -7,10 +7,11 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vrnic/vrnic/internal/fdwait"
 )
 
 // PollerConfig configures a Poller.
@@ -54,13 +55,9 @@ type Poller struct {
 
 	// The epoll fd as a file on the Go poller (an epoll fd is itself
 	// pollable): Run sleeps there, not in a blocking epoll_wait (see
-	// wait). Run-private wait state, used by waitFn.
-	file    *os.File
-	rc      syscall.RawConn
-	wevents []unix.EpollEvent
-	wn      int
-	werr    error
-	waitFn  func(fd uintptr) bool
+	// sleep).
+	file  *os.File
+	ready *fdwait.Waiter
 
 	mu      sync.Mutex // serialises Add/Remove
 	set     atomic.Pointer[pageSet]
@@ -102,8 +99,7 @@ func NewPoller(cfg PollerConfig) (*Poller, error) {
 		wake.Close()
 		return nil, fmt.Errorf("doorbell: epoll fd: %w", err)
 	}
-	p := &Poller{cfg: cfg, epfd: epfd, wake: wake, file: file, rc: rc}
-	p.waitFn = p.waitCheck
+	p := &Poller{cfg: cfg, epfd: epfd, wake: wake, file: file, ready: fdwait.New(rc)}
 	if err := p.ctl(unix.EPOLL_CTL_ADD, wake.Fd()); err != nil {
 		p.Close()
 		return nil, err
@@ -232,7 +228,7 @@ func (p *Poller) Run(ctx context.Context) error {
 			break
 		}
 		p.sleeps.Add(1)
-		n, err := p.wait(events[:])
+		n, err := p.sleep(events[:])
 		for _, s := range pages {
 			s.kickNeeded.Store(0)
 		}
@@ -263,34 +259,23 @@ func (p *Poller) Run(ctx context.Context) error {
 	return nil
 }
 
-// wait blocks until the epoll set has events and returns them. It parks
-// the goroutine on the Go poller, which watches the epoll fd, instead of
-// blocking the thread in epoll_wait: a goroutine in a blocking system
-// call keeps its P until the runtime's monitor takes it back (up to
-// 10 ms when the monitor is idle), and with GOMAXPROCS sized to the
-// workers (vrnicd) that stalled the worker behind a sleeping poller. The
-// first check, made after the wait was prepared, asks the kernel
-// (epoll_wait with timeout 0); an event after it raises the edge the
-// wait sees, so none is lost.
-func (p *Poller) wait(events []unix.EpollEvent) (int, error) {
-	p.wevents, p.wn, p.werr = events, 0, nil
-	err := p.rc.Read(p.waitFn)
-	p.wevents = nil
-	if err != nil {
-		return 0, err
-	}
-	return p.wn, p.werr
-}
-
-// waitCheck is wait's callback: ready when epoll_wait finds events.
-func (p *Poller) waitCheck(fd uintptr) bool {
+// sleep blocks until the epoll set has events and returns them. It parks
+// the goroutine on the Go poller, which watches the epoll fd (package
+// fdwait: no wake-up is lost), instead of blocking the thread in
+// epoll_wait: a goroutine in a blocking system call keeps its P until the
+// runtime's monitor takes it back (up to 10 ms when the monitor is idle),
+// and with GOMAXPROCS sized to the workers (vrnicd) that stalled the
+// worker behind a sleeping poller.
+func (p *Poller) sleep(events []unix.EpollEvent) (int, error) {
 	for {
-		n, err := unix.EpollWait(int(fd), p.wevents, 0)
-		if err == unix.EINTR {
-			continue
+		if err := p.ready.Wait(); err != nil {
+			return 0, err
 		}
-		p.wn, p.werr = n, err
-		return err != nil || n > 0
+		n, err := unix.EpollWait(p.epfd, events, 0)
+		if err == unix.EINTR || err == nil && n == 0 {
+			continue // events taken meanwhile: wait again
+		}
+		return n, err
 	}
 }
 
