@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/dma"
+	"github.com/vrnic/vrnic/roce"
 )
 
 // LinkInfo describes the device's port as QUERY_PORT and QUERY_GID report
@@ -23,29 +25,14 @@ type LinkInfo struct {
 	SpeedMbps uint64
 }
 
-// ResourceCounts counts the objects of one kind each; used for limits and
-// for the operator's resource report.
-type ResourceCounts struct {
-	Contexts int `json:"contexts"`
-	HostMem  int `json:"host_mem"`
-	PD       int `json:"pd"`
-	MR       int `json:"mr"`
-	CQ       int `json:"cq"`
-	QP       int `json:"qp"`
-	SRQ      int `json:"srq"`
-	AH       int `json:"ah"`
-}
-
-// Limits bound what clients may create. PerClient limits failing give
-// EAGAIN, PerDevice limits ENOMEM. Contexts is only meaningful per device.
-type Limits struct {
-	PerClient ResourceCounts `json:"per_client"`
-	PerDevice ResourceCounts `json:"per_device"`
-	// MaxMRPages bounds the page list of one REG_MR (the daemon copies
-	// it): a larger registration fails with EINVAL, as any MR beyond the
-	// device's attributes does.
-	MaxMRPages uint32 `json:"max_mr_pages"`
-}
+// ResourceCounts, Limits and QPCounters are the operator's types (package
+// admin), so that what the device enforces and counts is what vrnicctl
+// reads.
+type (
+	ResourceCounts = admin.ResourceCounts
+	Limits         = admin.Limits
+	QPCounters     = admin.QPCounters
+)
 
 // DefaultLimits are the limits used for zero fields of Config.Limits.
 var DefaultLimits = Limits{
@@ -76,10 +63,9 @@ type Config struct {
 	NumWorkers int
 	Link       LinkInfo
 	Limits     Limits
-	Space      *dma.Space      // required: the device's physical address space
-	Doorbells  DoorbellFactory // required
-	Engine     Engine          // nil: NopEngine (no data path)
-	Logger     *slog.Logger    // nil: slog.Default()
+	Space      *dma.Space   // required: the device's physical address space
+	DataPlane  DataPlane    // nil: no data path (QPs move through their states, no data moves)
+	Logger     *slog.Logger // nil: slog.Default()
 }
 
 // DeviceCounters are the device's control-path counters.
@@ -98,14 +84,13 @@ type DeviceCounters struct {
 //
 // Locking: mu guards every resource table of every context and the
 // device-wide tables; each control command runs entirely under it (the
-// control path is not hot). The engine is called with mu held.
+// control path is not hot). The data plane is called with mu held.
 type Device struct {
-	cfg    Config
-	log    *slog.Logger
-	mem    MemorySpace
-	newDB  DoorbellFactory
-	engine Engine
-	start  time.Time
+	cfg   Config
+	log   *slog.Logger
+	mem   memory
+	dp    DataPlane
+	start time.Time
 
 	counters DeviceCounters
 
@@ -133,8 +118,8 @@ func New(cfg Config) (*Device, error) {
 	if cfg.Name == "" {
 		return nil, errors.New("device: empty name")
 	}
-	if cfg.Space == nil || cfg.Doorbells == nil {
-		return nil, errors.New("device: Space and Doorbells are required")
+	if cfg.Space == nil {
+		return nil, errors.New("device: Space is required")
 	}
 	if cfg.NumWorkers <= 0 {
 		cfg.NumWorkers = 1
@@ -150,14 +135,14 @@ func New(cfg Config) (*Device, error) {
 	}
 	fillCounts(&cfg.Limits.PerClient, DefaultLimits.PerClient)
 	fillCounts(&cfg.Limits.PerDevice, DefaultLimits.PerDevice)
-	if cfg.Limits.PerDevice.QP > qpnMask-firstQPN {
-		return nil, fmt.Errorf("device: at most %d QPs fit the 24-bit QPN space", qpnMask-firstQPN)
+	if cfg.Limits.PerDevice.QP > roce.QPNMask-firstQPN {
+		return nil, fmt.Errorf("device: at most %d QPs fit the 24-bit QPN space", roce.QPNMask-firstQPN)
 	}
 	if cfg.Limits.MaxMRPages == 0 {
 		cfg.Limits.MaxMRPages = DefaultLimits.MaxMRPages
 	}
-	if cfg.Engine == nil {
-		cfg.Engine = NopEngine{}
+	if cfg.DataPlane == nil {
+		cfg.DataPlane = noDataPlane{}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -165,21 +150,14 @@ func New(cfg Config) (*Device, error) {
 	d := &Device{
 		cfg:      cfg,
 		log:      cfg.Logger.With("device", cfg.Name),
-		mem:      dmaSpace{cfg.Space},
-		newDB:    cfg.Doorbells,
-		engine:   cfg.Engine,
+		mem:      memory{cfg.Space},
+		dp:       cfg.DataPlane,
 		start:    time.Now(),
 		contexts: make(map[uint32]*Context),
 		qps:      make(map[uint32]*QP),
 		nextQPN:  firstQPN,
 		lns:      make(map[*net.UnixListener]struct{}),
 		conns:    make(map[*net.UnixConn]struct{}),
-	}
-	if dp, ok := cfg.Engine.(*DataPlane); ok {
-		if dp.dev != nil {
-			return nil, errors.New("device: the DataPlane already serves another device")
-		}
-		dp.dev = d
 	}
 	return d, nil
 }
@@ -262,26 +240,3 @@ func (d *Device) Counts() ResourceCounts {
 
 // Counters returns the device's control-path counters.
 func (d *Device) Counters() *DeviceCounters { return &d.counters }
-
-// QPTransportError moves a QP to an error state on behalf of the transport
-// engine (IBTA 10.3.1): a UD QP in RTS whose send queue hit an error goes
-// to SQE when sqe is set; any other case goes to ERR. The engine calls it
-// from its own goroutines, never from inside an Engine callback (it takes
-// the device lock). It returns the new state, or an error for an unknown
-// QPN.
-func (d *Device) QPTransportError(qpn uint32, sqe bool) (QPState, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	q, ok := d.qps[qpn]
-	if !ok {
-		return 0, errorf(errNoEnt, "QP %d not found", qpn)
-	}
-	next := StateErr
-	if sqe && q.typ == QPTypeUD && q.state == StateRTS {
-		next = StateSQE
-	}
-	q.state = next
-	q.attr.QPState = next
-	q.attr.CurQPState = next
-	return next, nil
-}

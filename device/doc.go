@@ -1,11 +1,17 @@
-// Package device is the emulated RNIC of vrnic: the control server that
-// clients reach over a SOCK_SEQPACKET socket, the resources they create,
-// their lifecycles, and the QP state machine. The transport engine
-// (package device/engine) plugs in through the Engine interface;
-// DataPlane (dataplane*.go) is the Engine that runs it: adapters from the
-// client's rings, doorbell records, CQs and memory regions to the
-// engine's interfaces, the doorbell poller that wakes the engine's
-// workers, and the path by which transport errors reach the QP state.
+// Package device is the control plane of a vrnic device: the control
+// server that clients reach over a SOCK_SEQPACKET socket (server.go,
+// msgio.go, handlers*.go, errors.go), the resources they create and their
+// lifecycles (device.go, resources.go, memory.go), the QP state machine
+// (qpstate.go, qpattr.go) and the operator commands (operator.go).
+//
+// The data plane plugs in through the DataPlane interface (seam.go),
+// declared here and implemented by package device/dataplane, which runs
+// the transport engine (package device/engine) over the clients' rings,
+// doorbell records, CQs and memory. This package imports neither: its
+// imports are abi, admin (the operator's JSON types), dma (host memory
+// and MRs), doorbell (the context's doorbell page) and roce (QPN rules).
+// What the transport changes on its own, a QP entering ERR, reaches the
+// control plane through the QP's StateWord, not through a call.
 //
 // # Control protocol
 //
@@ -18,7 +24,8 @@
 // control message is SCM_RIGHTS. MSG_TRUNC and MSG_CTRUNC are detected.
 // A defect gets an error reply (errno in status, NUL-terminated message);
 // fds not taken by a handler are closed; the connection continues.
-// Operator commands (0x100..) carry JSON (see admin.go).
+// Operator commands (0x100..) carry JSON (operator.go; the types are
+// package admin's).
 //
 // # Ownership
 //
@@ -36,20 +43,21 @@
 // Limits: per client (EAGAIN) and per device (ENOMEM), see Limits; a
 // REG_MR longer than Limits.MaxMRPages pages is refused with EINVAL.
 //
-// Counters: the control path's own (DeviceCounters) and, in AdminInfo,
-// the data-path totals: the engine's per-QP counters summed over the live
-// QPs when an operator asks, plus those of every QP destroyed so far
-// (counters.go); nothing is added on the data path for them.
+// Counters: the control path's own (DeviceCounters) and, in admin.Info,
+// the data-path totals: the per-QP counters summed over the live QPs when
+// an operator asks, plus those of every QP destroyed so far (counters.go);
+// nothing is added on the data path for them.
 //
 // # Locking
 //
 // One mutex (Device.mu) guards all resource tables; every command runs
 // entirely under it. The control path is not hot; the data path never
-// takes it.
+// takes it (a QP's state is a StateWord, which the transport writes
+// without the lock).
 //
 // # QP state machine
 //
-// See qpstate.go: the states, a name table, and the transition table of
-// required and optional attributes per QP type (IBTA 10.3, the
-// qp_state_table of libibverbs).
+// See qpstate.go: the states and the transition table of required and
+// optional attributes per QP type (IBTA 10.3, the qp_state_table of
+// libibverbs); StateWord (seam.go) says who writes the state.
 package device

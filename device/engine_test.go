@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/device"
 	"github.com/vrnic/vrnic/device/devicetest"
 	"github.com/vrnic/vrnic/doorbell"
@@ -18,6 +19,7 @@ import (
 
 // recEngine records the engine calls (a fake for testing the seam only).
 type recEngine struct {
+	devicetest.NopDataPlane
 	mu      sync.Mutex
 	calls   []string
 	failNew bool
@@ -46,7 +48,10 @@ func (e *recEngine) ModifyQP(q *device.QP, prev device.QPState, mask device.Attr
 	e.add(fmt.Sprintf("modify %d %v->%v %v", q.QPN(), prev, q.State(), mask))
 }
 
-func (e *recEngine) DestroyQP(q *device.QP) { e.add(fmt.Sprintf("destroy %d", q.QPN())) }
+func (e *recEngine) DestroyQP(q *device.QP) device.QPCounters {
+	e.add(fmt.Sprintf("destroy %d", q.QPN()))
+	return e.Counters(q)
+}
 
 func (e *recEngine) Counters(q *device.QP) device.QPCounters {
 	return device.QPCounters{PacketsSent: uint64(q.QPN()), Retransmits: 3}
@@ -60,7 +65,7 @@ func (e *recEngine) snapshot() []string {
 
 func TestEngineSeam(t *testing.T) {
 	eng := &recEngine{}
-	s, err := devicetest.Start(devicetest.Options{Engine: eng})
+	s, err := devicetest.Start(devicetest.Options{DataPlane: eng})
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	c := open(t, s)
@@ -71,7 +76,7 @@ func TestEngineSeam(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, uint64(qp.QPN), q.PacketsSent, "counters come from the engine")
 	assert.Equal(t, uint64(3), q.Retransmits)
-	qps := adminList[device.QPInfo](t, s.SocketPath, device.AdminQPsCmd)
+	qps := adminList[admin.QPInfo](t, s.SocketPath, admin.QPsCmd)
 	require.Len(t, qps, 1)
 	assert.Equal(t, uint64(3), qps[0].Counters.Retransmits)
 	require.NoError(t, modify(qp, abi.QPSErr, 0))
@@ -106,7 +111,7 @@ func TestEngineSeam(t *testing.T) {
 // engine reaches from the QP.
 func TestDoorbellsSharedWithClient(t *testing.T) {
 	eng := &pageEngine{}
-	s, err := devicetest.Start(devicetest.Options{Engine: eng})
+	s, err := devicetest.Start(devicetest.Options{DataPlane: eng})
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	c := open(t, s)
@@ -146,7 +151,7 @@ func TestDoorbellsSharedWithClient(t *testing.T) {
 
 // pageEngine remembers the doorbell page and records of the last QP.
 type pageEngine struct {
-	device.NopEngine
+	devicetest.NopDataPlane
 	mu    sync.Mutex
 	page  *doorbell.Page
 	qpRec uint32
@@ -156,7 +161,7 @@ type pageEngine struct {
 func (e *pageEngine) CreateQP(q *device.QP) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.page = q.Doorbells().(*doorbell.Page)
+	e.page = q.Doorbells()
 	e.qpRec = q.DBIndex()
 	e.cqRec = q.SendCQ().DBIndex()
 	return nil

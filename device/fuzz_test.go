@@ -6,7 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/vrnic/vrnic/abi"
-	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/device/devicetest"
 	"golang.org/x/sys/unix"
 )
@@ -41,8 +41,8 @@ func FuzzControlMessage(f *testing.F) {
 		msg(abi.CmdCreateSRQ, 1, enc(&abi.CmdCreateSRQReq{RingPA: 1 << 30, PDHandle: 1, MaxWR: 4, MaxSGE: 1})),
 		msg(abi.CmdModifySRQ, 1, enc(&abi.CmdModifySRQReq{SRQHandle: 1, SRQLimit: 1})),
 		msg(abi.CmdCreateAH, 1, enc(&abi.CmdCreateAHReq{PDHandle: 1, Attr: testAV()})),
-		msg(device.AdminQPsCmd, 1, []byte(`{"start":1}`)),
-		msg(device.AdminInfoCmd, 1, nil),
+		msg(admin.QPsCmd, 1, []byte(`{"start":1}`)),
+		msg(admin.InfoCmd, 1, nil),
 		{},
 		{1, 0},
 		msg(0xffff, 0xffffffff, []byte{1, 2, 3}),

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/doorbell"
 )
 
 // Handlers run with Device.mu held and cn.ctx set (except openContext).
@@ -48,7 +49,7 @@ func (cn *conn) openContext(r *request) (reply, error) {
 	if len(d.contexts) >= d.cfg.Limits.PerDevice.Contexts {
 		return reply{}, errorf(errNoMem, "device limit of %d contexts reached", d.cfg.Limits.PerDevice.Contexts)
 	}
-	db, err := d.newDB()
+	db, err := doorbell.New()
 	if err != nil {
 		return reply{}, errorf(errNoMem, "doorbell page: %v", err)
 	}
@@ -208,18 +209,18 @@ func (cn *conn) addHostMem(r *request) (reply, error) {
 	}
 	// The space keeps its own duplicate; the received fd is closed with
 	// the message.
-	reg, err := d.mem.AddRegion(cx.owner, r.msg.fds[0], c.Length)
+	reg, err := d.mem.addRegion(cx.owner, r.msg.fds[0], c.Length)
 	if err != nil {
 		return reply{}, err
 	}
-	cx.hostMem[reg.Handle] = &hostMem{handle: reg.Handle, pa: reg.PABase, length: reg.Length, locked: reg.Locked}
+	cx.hostMem[reg.Handle] = &hostMem{handle: reg.Handle, pa: reg.PA, length: reg.Length, locked: reg.Locked}
 	cx.counts.HostMem++
 	d.totals.HostMem++
 	locked := uint32(0)
 	if reg.Locked {
 		locked = 1
 	}
-	return reply{body: &abi.RespAddHostMem{PABase: reg.PABase, Handle: reg.Handle, Locked: locked}}, nil
+	return reply{body: &abi.RespAddHostMem{PABase: reg.PA, Handle: reg.Handle, Locked: locked}}, nil
 }
 
 func handleArg(r *request) (uint32, error) {
@@ -242,7 +243,7 @@ func (cn *conn) removeHostMem(r *request) (reply, error) {
 	if _, ok := cx.hostMem[h]; !ok {
 		return reply{}, errorf(errNoEnt, "host memory handle %d not found", h)
 	}
-	if err := d.mem.RemoveRegion(cx.owner, h); err != nil {
+	if err := d.mem.removeRegion(cx.owner, h); err != nil {
 		return reply{}, err
 	}
 	delete(cx.hostMem, h)
@@ -354,18 +355,18 @@ func (cn *conn) regMR(r *request) (reply, error) {
 		}
 		// Copied once from client memory into daemon memory.
 		var err error
-		if pages, err = d.mem.ReadPageList(cx.owner, c.PBLPA, c.NPages); err != nil {
+		if pages, err = d.mem.readPageList(cx.owner, c.PBLPA, c.NPages); err != nil {
 			return reply{}, fmt.Errorf("pbl_pa %#x (%d pages): %w", c.PBLPA, c.NPages, err)
 		}
 	}
 	if err := d.limit(cx, "MRs", cx.counts.MR, d.totals.MR, d.cfg.Limits.PerClient.MR, d.cfg.Limits.PerDevice.MR); err != nil {
 		return reply{}, err
 	}
-	info, err := d.mem.RegisterMR(cx.owner, c.PDHandle, c.IOVA, c.Length, c.Access, c.PageShift, pages)
+	info, err := d.mem.registerMR(cx.owner, c.PDHandle, c.IOVA, c.Length, c.Access, c.PageShift, pages)
 	if err != nil {
 		return reply{}, err
 	}
-	m := &mr{handle: info.Handle, pd: p, iova: c.IOVA, length: c.Length, access: c.Access,
+	m := &mr{handle: info.LKey, pd: p, iova: c.IOVA, length: c.Length, access: c.Access,
 		lkey: info.LKey, rkey: info.RKey, npages: c.NPages, shift: c.PageShift}
 	cx.mrs[m.handle] = m
 	p.users++
@@ -390,7 +391,7 @@ func (cn *conn) deregMR(r *request) (reply, error) {
 	if !ok {
 		return reply{}, errorf(errNoEnt, "MR %d not found", h)
 	}
-	if err := d.mem.DeregisterMR(cx.owner, h); err != nil {
+	if err := d.mem.deregisterMR(cx.owner, h); err != nil {
 		return reply{}, err
 	}
 	delete(cx.mrs, h)
@@ -401,11 +402,11 @@ func (cn *conn) deregMR(r *request) (reply, error) {
 }
 
 // pinRing pins a ring of size bytes at pa after checking its alignment.
-func (d *Device) pinRing(cx *Context, what string, pa, size uint64) (Pin, error) {
+func (d *Device) pinRing(cx *Context, what string, pa, size uint64) (*pin, error) {
 	if pa%64 != 0 {
 		return nil, errorf(errInval, "%s ring at PA %#x is not 64-byte aligned", what, pa)
 	}
-	pin, err := d.mem.PinRange(cx.owner, pa, size)
+	pin, err := d.mem.pinRange(cx.owner, pa, size)
 	if err != nil {
 		// Keeps the dma errno: EFAULT outside host memory, EACCES in
 		// another client's memory.
@@ -441,7 +442,7 @@ func (cn *conn) createCQ(r *request) (reply, error) {
 	}
 	idx, err := cx.db.Alloc()
 	if err != nil {
-		pin.Release()
+		pin.release()
 		return reply{}, errorf(errNoMem, "doorbell records exhausted: %v", err)
 	}
 	if len(r.msg.fds) == 1 {
@@ -475,10 +476,8 @@ func (cn *conn) destroyCQ(r *request) (reply, error) {
 }
 
 func (d *Device) freeCQ(cx *Context, q *CQ) {
-	if dp, ok := d.engine.(*DataPlane); ok {
-		dp.releaseCQ(q)
-	}
-	q.ring.Release()
+	d.dp.ReleaseCQ(q)
+	q.ring.release()
 	cx.db.Free(q.dbIndex)
 	closeFd(q.eventfd)
 	q.eventfd = -1

@@ -1,8 +1,10 @@
 package device
 
 import (
-	"github.com/vrnic/vrnic/abi"
 	"golang.org/x/sys/unix"
+
+	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/roce"
 )
 
 func closeFd(fd int) {
@@ -81,7 +83,8 @@ func (cn *conn) createQP(r *request) (reply, error) {
 		return reply{}, err
 	}
 	q := &QP{ctx: cx, typ: c.QPType, pd: p, sendCQ: scq, recvCQ: rcq, srq: s, sigAll: c.SQSigAll == 1,
-		cap: cp, sqPA: c.SQPA, rqPA: c.RQPA, state: StateReset}
+		cap: cp, sqPA: c.SQPA, rqPA: c.RQPA}
+	q.state.store(StateReset)
 	q.sqBlocks = abi.SQWQEBlocks(cp.MaxSendSGE, cp.MaxInlineData)
 	if s == nil {
 		q.rqSize = abi.RQWQESize(cp.MaxRecvSGE)
@@ -91,7 +94,7 @@ func (cn *conn) createQP(r *request) (reply, error) {
 	}
 	if s == nil {
 		if q.rqRing, err = d.pinRing(cx, "RQ", c.RQPA, uint64(cp.MaxRecvWR)*uint64(q.rqSize)); err != nil {
-			q.sqRing.Release()
+			q.sqRing.release()
 			return reply{}, err
 		}
 	}
@@ -102,10 +105,10 @@ func (cn *conn) createQP(r *request) (reply, error) {
 	q.qpn = d.allocQPN()
 	q.attr.PortNum = 1
 	q.attr.Cap = cp
-	if err := d.engine.CreateQP(q); err != nil {
+	if err := d.dp.CreateQP(q); err != nil {
 		cx.db.Free(q.dbIndex)
 		d.unpinQP(q)
-		return reply{}, errorf(errNoMem, "engine: %v", err)
+		return reply{}, errorf(errNoMem, "data plane: %v", err)
 	}
 	d.qps[q.qpn] = q
 	cx.qps[q.qpn] = q
@@ -125,7 +128,7 @@ func (cn *conn) createQP(r *request) (reply, error) {
 // packet for the old QP then finds no QP rather than the new one).
 func (d *Device) allocQPN() uint32 {
 	for {
-		n := d.nextQPN & qpnMask
+		n := d.nextQPN & roce.QPNMask
 		d.nextQPN = n + 1
 		if n < firstQPN {
 			continue
@@ -138,10 +141,10 @@ func (d *Device) allocQPN() uint32 {
 
 func (d *Device) unpinQP(q *QP) {
 	if q.sqRing != nil {
-		q.sqRing.Release()
+		q.sqRing.release()
 	}
 	if q.rqRing != nil {
-		q.rqRing.Release()
+		q.rqRing.release()
 	}
 }
 
@@ -181,9 +184,12 @@ func (cn *conn) modifyQP(r *request) (reply, error) {
 	return reply{}, nil
 }
 
-// modifyQPLocked validates and applies one MODIFY_QP.
+// modifyQPLocked validates and applies one MODIFY_QP. The transport may
+// move the QP to ERR at any moment (StateWord); a transition validated
+// against a state the QP left meanwhile fails, and the client can query
+// the QP and try again from ERR.
 func (d *Device) modifyQPLocked(q *QP, mask AttrMask, a *abi.QPAttr) error {
-	cur := q.state
+	cur := q.state.Load()
 	next := cur
 	if mask&AttrState != 0 {
 		if !validState(a.QPState) {
@@ -197,13 +203,14 @@ func (d *Device) modifyQPLocked(q *QP, mask AttrMask, a *abi.QPAttr) error {
 	if err := d.checkAttrValues(q, cur, mask, a); err != nil {
 		return err
 	}
-	if c, ok := d.engine.(ModifyChecker); ok {
-		if err := c.CheckModifyQP(q, cur, next, mask, a); err != nil {
-			return err
-		}
+	if err := d.dp.CheckModifyQP(q, cur, next, mask, a); err != nil {
+		return err
 	}
-	applyAttr(q, next, mask, a)
-	d.engine.ModifyQP(q, cur, mask)
+	if !q.state.CompareAndSwap(cur, next) {
+		return errorf(errInval, "QP %d left %v during MODIFY_QP (now %v: a transport error)", q.qpn, cur, q.state.Load())
+	}
+	d.applyAttr(q, next, mask, a)
+	d.dp.ModifyQP(q, cur, mask)
 	return nil
 }
 
@@ -212,7 +219,7 @@ func (cn *conn) queryQP(r *request) (reply, error) {
 	if err != nil {
 		return reply{}, err
 	}
-	ctr := cn.d.engine.Counters(q)
+	ctr := cn.d.dp.Counters(q)
 	resp := &abi.RespQueryQP{
 		Attr:            q.attr,
 		QPType:          q.typ,
@@ -223,10 +230,11 @@ func (cn *conn) queryQP(r *request) (reply, error) {
 		PacketsSent:     ctr.PacketsSent,
 		PacketsReceived: ctr.PacketsReceived,
 		Retransmits:     ctr.Retransmits,
-		RNRNaksReceived: ctr.RNRNaksReceived,
+		RNRNaksReceived: ctr.RNRNAKsReceived,
 	}
-	resp.Attr.QPState = q.state
-	resp.Attr.CurQPState = q.state
+	st := q.state.Load()
+	resp.Attr.QPState = st
+	resp.Attr.CurQPState = st
 	resp.Attr.Cap = q.cap
 	if q.sigAll {
 		resp.SQSigAll = 1
@@ -247,9 +255,7 @@ func (cn *conn) destroyQP(r *request) (reply, error) {
 }
 
 func (d *Device) freeQP(cx *Context, q *QP) {
-	final := d.retireQPCounters(q)
-	d.engine.DestroyQP(q)
-	d.dpRetired.add(final())
+	d.dpRetired.Add(d.dp.DestroyQP(q))
 	d.unpinQP(q)
 	cx.db.Free(q.dbIndex)
 	delete(d.qps, q.qpn)
@@ -293,7 +299,7 @@ func (cn *conn) createSRQ(r *request) (reply, error) {
 	}
 	idx, err := cx.db.Alloc()
 	if err != nil {
-		pin.Release()
+		pin.release()
 		return reply{}, errorf(errNoMem, "doorbell records exhausted: %v", err)
 	}
 	s := &SRQ{handle: cx.newHandle(), pd: p, ringPA: c.RingPA, maxWR: c.MaxWR, maxSGE: c.MaxSGE,
@@ -342,10 +348,8 @@ func (cn *conn) destroySRQ(r *request) (reply, error) {
 }
 
 func (d *Device) freeSRQ(cx *Context, s *SRQ) {
-	if dp, ok := d.engine.(*DataPlane); ok {
-		dp.releaseSRQ(s)
-	}
-	s.ring.Release()
+	d.dp.ReleaseSRQ(s)
+	s.ring.release()
 	cx.db.Free(s.dbIndex)
 	s.pd.users--
 	delete(cx.srqs, s.handle)
@@ -413,7 +417,7 @@ func (d *Device) releaseContextLocked(cx *Context, why string) {
 		d.freeCQ(cx, q)
 	}
 	for h, m := range cx.mrs {
-		if err := d.mem.DeregisterMR(cx.owner, h); err != nil {
+		if err := d.mem.deregisterMR(cx.owner, h); err != nil {
 			d.log.Warn("release MR", "ctx", cx.handle, "mr", h, "err", err)
 		}
 		m.pd.users--
@@ -427,7 +431,7 @@ func (d *Device) releaseContextLocked(cx *Context, why string) {
 		d.totals.PD--
 	}
 	for h := range cx.hostMem {
-		if err := d.mem.RemoveRegion(cx.owner, h); err != nil {
+		if err := d.mem.removeRegion(cx.owner, h); err != nil {
 			d.log.Warn("release host memory", "ctx", cx.handle, "region", h, "err", err)
 		}
 		delete(cx.hostMem, h)
@@ -435,7 +439,7 @@ func (d *Device) releaseContextLocked(cx *Context, why string) {
 		d.totals.HostMem--
 	}
 	// Backstop: whatever the space still holds for this owner goes too.
-	d.mem.ReleaseOwner(cx.owner)
+	d.mem.releaseOwner(cx.owner)
 	if err := cx.db.Close(); err != nil {
 		d.log.Warn("close doorbell page", "ctx", cx.handle, "err", err)
 	}

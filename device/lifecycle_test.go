@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/device"
 	"github.com/vrnic/vrnic/device/devicetest"
 	"github.com/vrnic/vrnic/verbs"
@@ -79,7 +80,7 @@ func TestRingPinsHostMemory(t *testing.T) {
 
 func onlyHostMem(t *testing.T, s *devicetest.Server) uint32 {
 	t.Helper()
-	items := adminList[device.HostMemInfo](t, s.SocketPath, device.AdminHostMemCmd)
+	items := adminList[admin.HostMemInfo](t, s.SocketPath, admin.HostMemCmd)
 	require.Len(t, items, 1)
 	return items[0].Handle
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/device"
 	"github.com/vrnic/vrnic/verbs"
 )
@@ -205,7 +206,7 @@ func TestMaxMRPages(t *testing.T) {
 			require.NoError(t, err)
 			mr, err := pd.RegMR(at, abi.AccessLocalWrite)
 			require.NoError(t, err, "an MR of exactly MaxMRPages pages")
-			mrs := adminList[device.MRInfoJSON](t, s.SocketPath, device.AdminMRsCmd)
+			mrs := adminList[admin.MRInfo](t, s.SocketPath, admin.MRsCmd)
 			require.Len(t, mrs, 1)
 			assert.Equal(t, uint32(pages), mrs[0].Pages)
 			require.NoError(t, mr.Dereg())

@@ -41,7 +41,7 @@ type limitsView struct {
 
 // limitsEngine records the daemon's view of every QP created.
 type limitsEngine struct {
-	device.NopEngine
+	devicetest.NopDataPlane
 	mu    sync.Mutex
 	views map[uint32]limitsView
 }
@@ -50,7 +50,7 @@ func (e *limitsEngine) CreateQP(q *device.QP) error {
 	v := limitsView{cap: q.Cap(), rec: q.DBIndex()}
 	v.sq, v.sqBlocks = q.SQ()
 	v.rq, v.rqSize = q.RQ()
-	v.page = q.Doorbells().(*doorbell.Page)
+	v.page = q.Doorbells()
 	v.cq, v.cqN = q.SendCQ().Ring()
 	v.cqRec = q.SendCQ().DBIndex()
 	if s := q.SRQ(); s != nil {
@@ -76,7 +76,7 @@ func (e *limitsEngine) view(t *testing.T, qpn uint32) limitsView {
 func startLimitsDevice(t *testing.T) (*limitsEngine, *verbs.Context) {
 	t.Helper()
 	eng := &limitsEngine{views: map[uint32]limitsView{}}
-	s, err := devicetest.Start(devicetest.Options{Engine: eng})
+	s, err := devicetest.Start(devicetest.Options{DataPlane: eng})
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, s.Close()) })
 	c, err := verbs.Open(s.SocketPath, verbs.WithClientName(t.Name()))

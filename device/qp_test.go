@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/device"
 	"github.com/vrnic/vrnic/verbs"
 )
@@ -145,9 +146,7 @@ func TestQPTransitionsThroughServer(t *testing.T) {
 						require.NoError(t, modify(qp, st.to, st.mask), "path step to %v", st.to)
 					}
 					if cur == abi.QPSSQE {
-						st, err := s.Device.QPTransportError(qp.QPN, true)
-						require.NoError(t, err)
-						require.Equal(t, abi.QPSSQE, st)
+						require.True(t, s.Device.StoreQPState(qp.QPN, abi.QPSSQE))
 					}
 					if !legal {
 						err := modify(qp, next, 0)
@@ -354,6 +353,9 @@ func TestSRQAndAH(t *testing.T) {
 	assert.Equal(t, syscall.ENOENT, errno(t, ah.Destroy()))
 }
 
+// TestQPTransportError: the transport moves a QP to ERR by storing into
+// its state word; QUERY_QP and the operator listing say ERR at once, a
+// transition from the old state is refused, and RESET leaves ERR.
 func TestQPTransportError(t *testing.T) {
 	s := startServer(t, device.Limits{})
 	c := open(t, s)
@@ -362,16 +364,18 @@ func TestQPTransportError(t *testing.T) {
 	for _, st := range []step{{abi.QPSInit, rcInit}, {abi.QPSRTR, rcRTR}, {abi.QPSRTS, rcRTS}} {
 		require.NoError(t, modify(rc, st.to, st.mask))
 	}
-	st, err := s.Device.QPTransportError(rc.QPN, true)
-	require.NoError(t, err)
-	assert.Equal(t, abi.QPSErr, st, "an RC QP never enters SQE")
+	require.True(t, s.Device.StoreQPState(rc.QPN, abi.QPSErr))
 	q, err := rc.Query()
 	require.NoError(t, err)
 	assert.Equal(t, abi.QPSErr, q.Attr.QPState)
-	ud := e.qp(t, abi.QPTUD)
-	st, err = s.Device.QPTransportError(ud.QPN, true)
+	assert.Equal(t, abi.QPSErr, q.Attr.CurQPState)
+	qps := adminList[admin.QPInfo](t, s.SocketPath, admin.QPsCmd)
+	require.Len(t, qps, 1)
+	assert.Equal(t, "ERR", qps[0].State)
+	assert.Equal(t, syscall.EINVAL, errno(t, modify(rc, abi.QPSSQD, 0)), "RTS -> SQD from ERR")
+	require.NoError(t, modify(rc, abi.QPSReset, 0))
+	q, err = rc.Query()
 	require.NoError(t, err)
-	assert.Equal(t, abi.QPSErr, st, "SQE only from RTS")
-	_, err = s.Device.QPTransportError(1<<23, false)
-	assert.Error(t, err)
+	assert.Equal(t, abi.QPSReset, q.Attr.QPState)
+	assert.False(t, s.Device.StoreQPState(1<<23, abi.QPSErr), "no such QP")
 }

@@ -1,6 +1,8 @@
 package device
 
 import (
+	"net/netip"
+
 	"github.com/vrnic/vrnic/abi"
 )
 
@@ -87,14 +89,15 @@ func (d *Device) checkAttrValues(q *QP, cur QPState, mask AttrMask, a *abi.QPAtt
 	return nil
 }
 
-// applyAttr stores the attributes of mask and moves the QP to next.
-func applyAttr(q *QP, next QPState, mask AttrMask, a *abi.QPAttr) {
+// applyAttr stores the attributes of mask (the state word already holds
+// next) and, with an address vector, the QP's path addresses.
+func (d *Device) applyAttr(q *QP, next QPState, mask AttrMask, a *abi.QPAttr) {
 	t := &q.attr
 	if next == StateReset {
 		// RESET returns the QP to its state after creation (IBTA 10.3.1:
 		// the QP's attributes are reset to their initial values).
 		*t = abi.QPAttr{PortNum: devicePort, Cap: q.cap}
-		q.state = StateReset
+		q.local, q.remote = netip.Addr{}, netip.Addr{}
 		return
 	}
 	if mask&AttrAccessFlags != 0 {
@@ -111,6 +114,9 @@ func applyAttr(q *QP, next QPState, mask AttrMask, a *abi.QPAttr) {
 	}
 	if mask&AttrAV != 0 {
 		t.AHAttr = a.AHAttr
+		// checkAH made sure the source GID index is in the table.
+		q.local = netip.AddrFrom16(d.cfg.Link.GIDs[a.AHAttr.SGIDIndex]).Unmap()
+		q.remote = netip.AddrFrom16(a.AHAttr.DGID).Unmap()
 	}
 	if mask&AttrPathMTU != 0 {
 		t.PathMTU = a.PathMTU
@@ -148,7 +154,6 @@ func applyAttr(q *QP, next QPState, mask AttrMask, a *abi.QPAttr) {
 	// Without a data path there is nothing to drain: SQD is reached with
 	// the send queue already drained (sq_draining 0).
 	t.SQDraining = 0
-	q.state = next
 	t.QPState = next
 	t.CurQPState = next
 }

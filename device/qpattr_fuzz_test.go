@@ -1,6 +1,7 @@
 package device
 
 import (
+	"net/netip"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -17,7 +18,7 @@ func FuzzModifyQP(f *testing.F) {
 	sp, err := dma.NewSpace(dma.Config{NoMlock: true})
 	require.NoError(f, err)
 	f.Cleanup(sp.Close)
-	d, err := New(Config{Name: "fz", Space: sp, Doorbells: NewDoorbellPage,
+	d, err := New(Config{Name: "fz", Space: sp,
 		Link: LinkInfo{GIDs: [][16]byte{{15: 1}}, MaxMTU: abi.MTU4096}})
 	require.NoError(f, err)
 	seed := func(typ QPType, cur QPState, mask AttrMask, a abi.QPAttr) {
@@ -39,17 +40,24 @@ func FuzzModifyQP(f *testing.F) {
 			return
 		}
 		abi.Unmarshal(attr, &a)
-		q := &QP{typ: QPType(typ), state: QPState(cur % numStates), cap: abi.QPCap{MaxSendWR: 1}}
-		before := *q
+		q := &QP{typ: QPType(typ), cap: abi.QPCap{MaxSendWR: 1}}
+		q.state.store(QPState(cur % numStates))
+		type snapshot struct {
+			state         QPState
+			attr          abi.QPAttr
+			local, remote netip.Addr
+		}
+		snap := func() snapshot { return snapshot{q.state.Load(), q.attr, q.local, q.remote} }
+		before := snap()
 		err := d.modifyQPLocked(q, AttrMask(mask), &a)
 		if err != nil {
-			require.Equal(t, before, *q, "a refused modify changes nothing")
+			require.Equal(t, before, snap(), "a refused modify changes nothing")
 			require.NotEmpty(t, err.Error())
 			return
 		}
 		col, ok := qpTypeIndex(q.typ)
 		require.True(t, ok, "only RC and UD QPs are accepted")
-		tr := qpTransitions[before.state][q.state]
+		tr := qpTransitions[before.state][q.state.Load()]
 		require.True(t, tr.valid)
 		require.Zero(t, tr.required[col]&^AttrMask(mask), "required attributes present")
 		require.LessOrEqual(t, q.attr.SQPSN, uint32(maxPSN))
@@ -58,7 +66,7 @@ func FuzzModifyQP(f *testing.F) {
 		require.LessOrEqual(t, q.attr.Timeout, uint8(maxTimer5))
 		require.LessOrEqual(t, q.attr.RetryCnt, uint8(maxRetry3))
 		require.LessOrEqual(t, q.attr.MaxRdAtomic, uint8(abi.MaxRdAtomic))
-		if q.state != StateReset && q.state != StateErr && AttrMask(mask)&AttrPathMTU != 0 {
+		if st := q.state.Load(); st != StateReset && st != StateErr && AttrMask(mask)&AttrPathMTU != 0 {
 			require.GreaterOrEqual(t, q.attr.PathMTU, abi.MTU256)
 		}
 	})

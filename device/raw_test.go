@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/device"
 	"github.com/vrnic/vrnic/device/devicetest"
 	"golang.org/x/sys/unix"
@@ -244,8 +245,8 @@ func TestMalformedMessages(t *testing.T) {
 		{"unknown PD", msg(abi.CmdDeallocPD, 4, encode(t, &abi.CmdHandleReq{Handle: 99})), nil, syscall.ENOENT, "PD 99 not found"},
 		{"REG_MR short", msg(abi.CmdRegMR, 4, make([]byte, 39)), nil, syscall.EMSGSIZE, "at least 40"},
 		{"REG_MR pages missing", msg(abi.CmdRegMR, 4, encode(t, &abi.CmdRegMRReq{Length: 4096, NPages: 1, PageShift: 12})), nil, syscall.ENOENT, "PD 0"},
-		{"admin garbage", msg(device.AdminQPsCmd, 4, []byte("{nope")), nil, syscall.EINVAL, "operator request"},
-		{"admin unknown field", msg(device.AdminQPsCmd, 4, []byte(`{"x":1}`)), nil, syscall.EINVAL, "unknown field"},
+		{"admin garbage", msg(admin.QPsCmd, 4, []byte("{nope")), nil, syscall.EINVAL, "operator request"},
+		{"admin unknown field", msg(admin.QPsCmd, 4, []byte(`{"x":1}`)), nil, syscall.EINVAL, "unknown field"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

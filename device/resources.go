@@ -1,17 +1,16 @@
 package device
 
 import (
+	"net/netip"
 	"time"
 
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/doorbell"
 )
 
 // firstQPN is the first QPN handed out: 0 and 1 are the special QPs of
 // InfiniBand (SMI, GSI) and are never used.
 const firstQPN = 2
-
-// qpnMask keeps QPNs in the 24 bits of the BTH destination QP field.
-const qpnMask = 1<<24 - 1
 
 // Context is one client connection after OPEN_CONTEXT: the client's
 // doorbell page and every object it created. All fields are guarded by
@@ -23,7 +22,7 @@ type Context struct {
 	pid    int32
 	uid    uint32
 	opened time.Time
-	db     DoorbellPage
+	db     *doorbell.Page
 
 	nextHandle uint32
 	counts     ResourceCounts
@@ -94,15 +93,15 @@ type mr struct {
 	shift  uint32
 }
 
-// CQ is a completion queue. The engine reads it through the accessors,
-// with the device lock held (Engine callbacks) or on values copied then.
+// CQ is a completion queue. The data plane reads it through the accessors,
+// with the device lock held (DataPlane calls) or on values copied then.
 type CQ struct {
 	handle   uint32
 	ringPA   uint64
 	cqeCount uint32
 	dbIndex  uint32
 	eventfd  int // -1: none; owned by the CQ
-	ring     Pin
+	ring     *pin
 	users    int // QPs using it as send or receive CQ
 }
 
@@ -116,7 +115,7 @@ type SRQ struct {
 	limit   uint32
 	wqeSize uint32
 	dbIndex uint32
-	ring    Pin
+	ring    *pin
 	users   int // QPs attached
 }
 
@@ -126,10 +125,10 @@ type ah struct {
 	attr   abi.AHAttr
 }
 
-// QP is a queue pair owned by the device. The engine reads its
+// QP is a queue pair owned by the device. The data plane reads its
 // configuration through the accessor methods; they must be called with the
-// device lock held (i.e. from Engine callbacks) or on values the engine
-// copied then.
+// device lock held (i.e. from DataPlane calls) or on values copied then,
+// except StateWord, which is shared with the transport (see StateWord).
 type QP struct {
 	qpn      uint32
 	ctx      *Context
@@ -144,11 +143,16 @@ type QP struct {
 	rqPA     uint64
 	sqBlocks uint32
 	rqSize   uint32
-	sqRing   Pin
-	rqRing   Pin // nil with an SRQ
+	sqRing   *pin
+	rqRing   *pin // nil with an SRQ
 	dbIndex  uint32
-	state    QPState
-	attr     abi.QPAttr // the attributes as last set (state fields kept in sync)
+	state    StateWord
+	attr     abi.QPAttr // the attributes as last set (QUERY_QP takes the state from state)
+	// local and remote are the path's addresses, from the address vector
+	// (the source GID looked up in the device's GID table, the destination
+	// GID), as IPv4 when they are IPv4-mapped (RoCE v2 GIDs); invalid
+	// until an AV is set.
+	local, remote netip.Addr
 }
 
 // QPN returns the QP number.
@@ -158,7 +162,15 @@ func (q *QP) QPN() uint32 { return q.qpn }
 func (q *QP) Type() QPType { return q.typ }
 
 // State returns the current state.
-func (q *QP) State() QPState { return q.state }
+func (q *QP) State() QPState { return q.state.Load() }
+
+// StateWord returns the QP's state word, which the transport updates when
+// it moves the QP to ERR on its own.
+func (q *QP) StateWord() *StateWord { return &q.state }
+
+// Path returns the addresses of the QP's path (see QP.local); both are
+// invalid before an address vector was set.
+func (q *QP) Path() (local, remote netip.Addr) { return q.local, q.remote }
 
 // Attr returns the attributes as last set by MODIFY_QP.
 func (q *QP) Attr() abi.QPAttr { return q.attr }
@@ -168,7 +180,7 @@ func (q *QP) Cap() abi.QPCap { return q.cap }
 
 // SQ returns the send ring bytes (pinned while the QP exists) and the
 // slot size in 64-byte blocks.
-func (q *QP) SQ() ([]byte, uint32) { return q.sqRing.Bytes(), q.sqBlocks }
+func (q *QP) SQ() ([]byte, uint32) { return q.sqRing.bytes(), q.sqBlocks }
 
 // RQ returns the receive ring bytes and the slot size in bytes; nil with
 // an SRQ.
@@ -176,7 +188,7 @@ func (q *QP) RQ() ([]byte, uint32) {
 	if q.rqRing == nil {
 		return nil, q.rqSize
 	}
-	return q.rqRing.Bytes(), q.rqSize
+	return q.rqRing.bytes(), q.rqSize
 }
 
 // DBIndex returns the QP's record index in its context's doorbell page.
@@ -197,7 +209,7 @@ func (c *CQ) Handle() uint32 { return c.handle }
 
 // Ring returns the CQE ring (pinned while the CQ exists) and its entry
 // count (a power of two).
-func (c *CQ) Ring() ([]byte, uint32) { return c.ring.Bytes(), c.cqeCount }
+func (c *CQ) Ring() ([]byte, uint32) { return c.ring.bytes(), c.cqeCount }
 
 // DBIndex returns the CQ's record index in its context's doorbell page.
 func (c *CQ) DBIndex() uint32 { return c.dbIndex }
@@ -209,7 +221,7 @@ func (c *CQ) EventFd() int { return c.eventfd }
 func (s *SRQ) Handle() uint32 { return s.handle }
 
 // Ring returns the receive ring, its slot count and slot size in bytes.
-func (s *SRQ) Ring() ([]byte, uint32, uint32) { return s.ring.Bytes(), s.maxWR, s.wqeSize }
+func (s *SRQ) Ring() ([]byte, uint32, uint32) { return s.ring.bytes(), s.maxWR, s.wqeSize }
 
 // DBIndex returns the SRQ's record index in the doorbell page.
 func (s *SRQ) DBIndex() uint32 { return s.dbIndex }
@@ -228,4 +240,7 @@ func (q *QP) SRQ() *SRQ { return q.srq }
 
 // Doorbells returns the doorbell page of the QP's context (QP, CQ and SRQ
 // records live there).
-func (q *QP) Doorbells() DoorbellPage { return q.ctx.db }
+func (q *QP) Doorbells() *doorbell.Page { return q.ctx.db }
+
+// MaxSGE returns the SGEs a receive WQE of the SRQ may have.
+func (s *SRQ) MaxSGE() uint32 { return s.maxSGE }

@@ -6,7 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/vrnic/vrnic/abi"
-	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/admin"
 )
 
 const (
@@ -16,10 +16,10 @@ const (
 
 func adminList[T any](t *testing.T, path string, op abi.Cmd) []T {
 	t.Helper()
-	a, err := device.DialAdmin(path)
+	a, err := admin.Dial(path)
 	require.NoError(t, err)
 	defer a.Close()
-	items, err := device.ListAs[T](a, op)
+	items, err := admin.ListAs[T](a, op)
 	require.NoError(t, err)
 	return items
 }

@@ -40,7 +40,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/internal/launch"
 	"github.com/vrnic/vrnic/internal/rcpair"
 )
@@ -216,7 +216,7 @@ func (d *demo) run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		sock := device.SocketPath(d.dir, s.name)
+		sock := admin.SocketPath(d.dir, s.name)
 		if err := launch.WaitReady(ctx, p, sock, 15*time.Second); err != nil {
 			return err
 		}

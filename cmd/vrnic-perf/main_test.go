@@ -18,7 +18,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/internal/launch"
 )
 
@@ -87,7 +87,7 @@ func startDaemon(t testing.TB, name string, args ...string) *daemon {
 		p.Stop(0, 10*time.Second)
 		assert.ErrorIs(t, syscall.Kill(p.Pid(), 0), syscall.ESRCH, "vrnicd still running")
 	})
-	d := &daemon{sock: device.SocketPath(dir, name), pid: p.Pid()}
+	d := &daemon{sock: admin.SocketPath(dir, name), pid: p.Pid()}
 	require.NoError(t, launch.WaitReady(context.Background(), p, d.sock, 20*time.Second), "%s", log.String())
 	return d
 }

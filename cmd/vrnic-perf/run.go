@@ -15,7 +15,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/internal/launch"
 )
 
@@ -224,7 +224,7 @@ func (l *launcher) startDaemons(ctx context.Context, c *runConfig, stderr io.Wri
 		if err != nil {
 			return "", "", err
 		}
-		sock := device.SocketPath(l.Dir, name)
+		sock := admin.SocketPath(l.Dir, name)
 		if err := launch.WaitReady(ctx, p, sock, 20*time.Second); err != nil {
 			return "", "", err
 		}

@@ -11,44 +11,12 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/admin"
 )
-
-// statsSuffix names a daemon's link statistics socket (vrnicd).
-const statsSuffix = ".stats"
-
-// LinkStats is the JSON a daemon serves on its stats socket (the TAP
-// link); fields unknown to this version are kept in the JSON output.
-type LinkStats struct {
-	Link          string            `json:"link"`
-	Interface     string            `json:"interface"`
-	MAC           string            `json:"mac"`
-	Queues        []QueueStats      `json:"queues"`
-	SteerNonRoCE  uint64            `json:"steer_non_roce"`
-	Filter        map[string]uint64 `json:"filter"`
-	FilterDropped uint64            `json:"filter_dropped"`
-	Neighbors     map[string]uint64 `json:"neighbors"`
-}
-
-// QueueStats is one TAP queue's counters.
-type QueueStats struct {
-	Queue       int    `json:"queue"`
-	Steered     uint64 `json:"steered"`
-	RxFrames    uint64 `json:"rx_frames"`
-	RxBytes     uint64 `json:"rx_bytes"`
-	RxNeighbor  uint64 `json:"rx_neighbor"`
-	RxOther     uint64 `json:"rx_other"`
-	RxMisqueued uint64 `json:"rx_misqueued"`
-	ReadErrors  uint64 `json:"read_errors"`
-	TxFrames    uint64 `json:"tx_frames"`
-	TxBytes     uint64 `json:"tx_bytes"`
-	TxErrors    uint64 `json:"tx_errors"`
-	Wakeups     uint64 `json:"wakeups"`
-}
 
 // statsPath is the stats socket beside control socket sock.
 func statsPath(sock string) string {
-	return strings.TrimSuffix(sock, device.SocketSuffix) + statsSuffix
+	return strings.TrimSuffix(sock, admin.SocketSuffix) + admin.StatsSuffix
 }
 
 // fetchLink reads one JSON document from the stats socket of the daemon
@@ -87,7 +55,7 @@ func showLink(sock string, asJSON bool, w io.Writer) error {
 		}
 		return writeJSON(w, v)
 	}
-	var st LinkStats
+	var st admin.LinkStats
 	if err := json.Unmarshal(raw, &st); err != nil {
 		return err
 	}
@@ -97,7 +65,7 @@ func showLink(sock string, asJSON bool, w io.Writer) error {
 	return printLink(w, &st)
 }
 
-func printLink(w io.Writer, st *LinkStats) error {
+func printLink(w io.Writer, st *admin.LinkStats) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "link\t%s\ninterface\t%s\nmac\t%s\n\n", st.Link, st.Interface, st.MAC)
 	fmt.Fprintln(tw, "QUEUE\tSTEERED\tRX_FRAMES\tRX_BYTES\tRX_NEIGHBOR\tRX_OTHER\tRX_MISQUEUED\tTX_FRAMES\tTX_BYTES\tTX_ERRORS\tREAD_ERRORS")

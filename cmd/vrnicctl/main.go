@@ -35,7 +35,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/vrnic/vrnic/abi"
-	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/admin"
 )
 
 func main() {
@@ -43,20 +43,20 @@ func main() {
 }
 
 var lists = map[string]abi.Cmd{
-	"contexts": device.AdminContextsCmd,
-	"pds":      device.AdminPDsCmd,
-	"mrs":      device.AdminMRsCmd,
-	"cqs":      device.AdminCQsCmd,
-	"qps":      device.AdminQPsCmd,
-	"srqs":     device.AdminSRQsCmd,
-	"ahs":      device.AdminAHsCmd,
-	"hostmem":  device.AdminHostMemCmd,
+	"contexts": admin.ContextsCmd,
+	"pds":      admin.PDsCmd,
+	"mrs":      admin.MRsCmd,
+	"cqs":      admin.CQsCmd,
+	"qps":      admin.QPsCmd,
+	"srqs":     admin.SRQsCmd,
+	"ahs":      admin.AHsCmd,
+	"hostmem":  admin.HostMemCmd,
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("vrnicctl", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	dir := fs.String("runtime-dir", device.RuntimeDir(), "runtime directory holding the device sockets")
+	dir := fs.String("runtime-dir", admin.RuntimeDir(), "runtime directory holding the device sockets")
 	name := fs.String("d", "", "device name (socket <name>.sock in the runtime dir)")
 	sock := fs.String("s", "", "control socket path")
 	asJSON := fs.Bool("json", false, "JSON output")
@@ -109,10 +109,10 @@ func sockets(dir string) (map[string]string, error) {
 	}
 	out := map[string]string{}
 	for _, e := range ents {
-		if e.Type()&os.ModeSocket == 0 || !strings.HasSuffix(e.Name(), device.SocketSuffix) {
+		if e.Type()&os.ModeSocket == 0 || !strings.HasSuffix(e.Name(), admin.SocketSuffix) {
 			continue
 		}
-		out[strings.TrimSuffix(e.Name(), device.SocketSuffix)] = filepath.Join(dir, e.Name())
+		out[strings.TrimSuffix(e.Name(), admin.SocketSuffix)] = filepath.Join(dir, e.Name())
 	}
 	return out, nil
 }
@@ -122,7 +122,7 @@ func pickSocket(dir, name, sock string) (string, error) {
 		return sock, nil
 	}
 	if name != "" {
-		return device.SocketPath(dir, name), nil
+		return admin.SocketPath(dir, name), nil
 	}
 	all, err := sockets(dir)
 	if err != nil {
@@ -146,10 +146,10 @@ func pickSocket(dir, name, sock string) (string, error) {
 
 // DeviceEntry is one line of "vrnicctl devices".
 type DeviceEntry struct {
-	Name   string            `json:"name"`
-	Socket string            `json:"socket"`
-	Status string            `json:"status"` // "up" or the connection error
-	Info   *device.AdminInfo `json:"info,omitempty"`
+	Name   string      `json:"name"`
+	Socket string      `json:"socket"`
+	Status string      `json:"status"` // "up" or the connection error
+	Info   *admin.Info `json:"info,omitempty"`
 }
 
 func devices(dir string, asJSON bool, w io.Writer) error {
@@ -187,17 +187,17 @@ func devices(dir string, asJSON bool, w io.Writer) error {
 	return tw.Flush()
 }
 
-func fetchInfo(path string) (device.AdminInfo, error) {
-	a, err := device.DialAdmin(path)
+func fetchInfo(path string) (admin.Info, error) {
+	a, err := admin.Dial(path)
 	if err != nil {
-		return device.AdminInfo{}, err
+		return admin.Info{}, err
 	}
 	defer a.Close()
 	return a.Info()
 }
 
 func show(path, what string, asJSON bool, w io.Writer) error {
-	a, err := device.DialAdmin(path)
+	a, err := admin.Dial(path)
 	if err != nil {
 		return fmt.Errorf("connect %s: %w", path, err)
 	}
@@ -258,7 +258,7 @@ func writeJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-func printInfo(w io.Writer, i device.AdminInfo) error {
+func printInfo(w io.Writer, i admin.Info) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "device\t%s\n", i.Device)
 	fmt.Fprintf(tw, "abi\t%s\n", i.ABIVersion)
@@ -292,7 +292,7 @@ type counterField struct {
 
 // dataPathFields returns the device's data-path totals by their JSON
 // names, in declaration order (the names -json uses).
-func dataPathFields(c device.QPCounters) []counterField {
+func dataPathFields(c admin.QPCounters) []counterField {
 	raw, err := json.Marshal(c)
 	if err != nil {
 		return nil

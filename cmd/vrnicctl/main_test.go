@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vrnic/vrnic/abi"
-	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/device/devicetest"
 	"github.com/vrnic/vrnic/verbs"
 )
@@ -60,7 +60,7 @@ func TestVrnicctl(t *testing.T) {
 
 	rc, out, _ = ctl("-s", s.SocketPath, "-json", "qps")
 	require.Equal(t, 0, rc)
-	var qps []device.QPInfo
+	var qps []admin.QPInfo
 	require.NoError(t, json.Unmarshal([]byte(out), &qps))
 	require.Len(t, qps, 1)
 	assert.Equal(t, qp.QPN, qps[0].QPN)
@@ -100,10 +100,10 @@ func TestVrnicctl(t *testing.T) {
 	assert.Regexp(t, fmt.Sprintf(`\n\d+\s+%d\s+2\n`, pd.Handle), out, "the PD has the MR and the QP")
 	rc, out, _ = ctl("-s", s.SocketPath, "-json", "pds")
 	require.Equal(t, 0, rc)
-	var pds []device.PDInfo
+	var pds []admin.PDInfo
 	require.NoError(t, json.Unmarshal([]byte(out), &pds))
 	require.Len(t, pds, 1)
-	assert.Equal(t, device.PDInfo{Ctx: c.Handle(), Handle: pd.Handle, Users: 2}, pds[0])
+	assert.Equal(t, admin.PDInfo{Ctx: c.Handle(), Handle: pd.Handle, Users: 2}, pds[0])
 
 	rc, out, _ = ctl("-s", s.SocketPath, "mrs")
 	require.Equal(t, 0, rc)
@@ -112,10 +112,10 @@ func TestVrnicctl(t *testing.T) {
 		mr.Handle, pd.Handle, mr.Addr, abi.AccessLocalWrite|abi.AccessRemoteRead, mr.LKey, mr.RKey), out)
 	rc, out, _ = ctl("-s", s.SocketPath, "-json", "mrs")
 	require.Equal(t, 0, rc)
-	var mrs []device.MRInfoJSON
+	var mrs []admin.MRInfo
 	require.NoError(t, json.Unmarshal([]byte(out), &mrs))
 	require.Len(t, mrs, 1)
-	assert.Equal(t, device.MRInfoJSON{Ctx: c.Handle(), Handle: mr.Handle, PD: pd.Handle, IOVA: mr.Addr, Length: 3 * 4096,
+	assert.Equal(t, admin.MRInfo{Ctx: c.Handle(), Handle: mr.Handle, PD: pd.Handle, IOVA: mr.Addr, Length: 3 * 4096,
 		Access: abi.AccessLocalWrite | abi.AccessRemoteRead, LKey: mr.LKey, RKey: mr.RKey, Pages: 3, PageShift: 12}, mrs[0])
 
 	rc, out, _ = ctl("-s", s.SocketPath, "cqs")
@@ -125,10 +125,10 @@ func TestVrnicctl(t *testing.T) {
 	assert.Regexp(t, fmt.Sprintf(`\n\d+\s+%d\s+64\s+\d+\s+\d+\s+true\s+0\n`, cq2.Handle), out)
 	rc, out, _ = ctl("-s", s.SocketPath, "-json", "cqs")
 	require.Equal(t, 0, rc)
-	var cqs []device.CQInfo
+	var cqs []admin.CQInfo
 	require.NoError(t, json.Unmarshal([]byte(out), &cqs))
 	require.Len(t, cqs, 2)
-	byHandle := map[uint32]device.CQInfo{}
+	byHandle := map[uint32]admin.CQInfo{}
 	for _, q := range cqs {
 		assert.Equal(t, c.Handle(), q.Ctx)
 		assert.NotZero(t, q.RingPA)

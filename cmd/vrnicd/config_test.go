@@ -11,7 +11,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/admin"
 )
 
 func writeFile(t *testing.T, body string) string {
@@ -101,9 +101,9 @@ func TestRunLifecycle(t *testing.T) {
 	go func() {
 		done <- run(ctx, []string{"-name", "r0", "-runtime-dir", dir, "-local", local.String()}, &syncWriter{w: &logs})
 	}()
-	sock := device.SocketPath(dir, "r0")
+	sock := admin.SocketPath(dir, "r0")
 	require.Eventually(t, func() bool {
-		a, err := device.DialAdmin(sock)
+		a, err := admin.Dial(sock)
 		if err != nil {
 			return false
 		}
@@ -139,7 +139,7 @@ func startRun(t *testing.T, dir, name string) (stop func()) {
 	}
 	t.Cleanup(stop)
 	require.Eventually(t, func() bool {
-		a, err := device.DialAdmin(device.SocketPath(dir, name))
+		a, err := admin.Dial(admin.SocketPath(dir, name))
 		if err != nil {
 			return false
 		}
@@ -162,10 +162,10 @@ func TestRunRemovesRuntimeDirItCreated(t *testing.T) {
 	stop1 := startRun(t, dir, "c1") // creates new/ and new/rt/
 	stop2 := startRun(t, dir, "c2") // finds them
 	stop1()
-	assert.NoFileExists(t, device.SocketPath(dir, "c1"))
-	assert.FileExists(t, device.SocketPath(dir, "c2"), "the other daemon's socket")
+	assert.NoFileExists(t, admin.SocketPath(dir, "c1"))
+	assert.FileExists(t, admin.SocketPath(dir, "c2"), "the other daemon's socket")
 	assert.DirExists(t, dir, "holds another daemon's socket and lock file")
-	a, err := device.DialAdmin(device.SocketPath(dir, "c2"))
+	a, err := admin.Dial(admin.SocketPath(dir, "c2"))
 	require.NoError(t, err, "the other daemon still serves")
 	a.Close()
 	stop2()

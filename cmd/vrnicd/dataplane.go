@@ -8,6 +8,7 @@ import (
 	"net/netip"
 
 	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/device/dataplane"
 	"github.com/vrnic/vrnic/device/engine"
 	"github.com/vrnic/vrnic/dma"
 	"github.com/vrnic/vrnic/link"
@@ -15,9 +16,9 @@ import (
 )
 
 // dataPlane is the daemon's transport: the links, the engine over them and
-// the device's DataPlane. stop releases everything in order.
+// the device's data plane. stop releases everything in order.
 type dataPlane struct {
-	dp    *device.DataPlane
+	dp    *dataplane.DataPlane
 	close func() error // the links
 	// stats reads the link's counters for the stats socket (nil: the link
 	// has none to serve).
@@ -102,7 +103,7 @@ func newDataPlane(cfg *Config, li device.LinkInfo, space *dma.Space, workers int
 		close()
 		return nil, err
 	}
-	dp, err := device.NewDataPlane(device.DataPlaneConfig{Engine: eng, Space: space, Resolve: resolve, Logger: log})
+	dp, err := dataplane.New(dataplane.Config{Engine: eng, Space: space, Resolve: resolve, Logger: log})
 	if err != nil {
 		eng.Close()
 		close()

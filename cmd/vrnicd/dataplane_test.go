@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vrnic/vrnic/abi"
-	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/verbs"
 )
 
@@ -63,9 +63,9 @@ func loopbackTraffic(t *testing.T, extra []string) {
 		}
 	}
 	defer stop()
-	sock := device.SocketPath(dir, "m0")
+	sock := admin.SocketPath(dir, "m0")
 	require.Eventually(t, func() bool {
-		a, err := device.DialAdmin(sock)
+		a, err := admin.Dial(sock)
 		if err != nil {
 			return false
 		}
@@ -138,7 +138,7 @@ func loopbackTraffic(t *testing.T, extra []string) {
 	assert.NotZero(t, q.PacketsSent)
 	// The daemon's data-path totals count both QPs' traffic, and keep
 	// a destroyed QP's.
-	adm, err := device.DialAdmin(sock)
+	adm, err := admin.Dial(sock)
 	require.NoError(t, err)
 	defer adm.Close()
 	info, err := adm.Info()
@@ -186,9 +186,9 @@ func TestRunUDPLink(t *testing.T) {
 	go func() {
 		done <- run(ctx, []string{"-name", "u0", "-runtime-dir", dir, "-link", "udp", "-local", local.String(), "-workers", "2"}, &syncWriter{w: &logs})
 	}()
-	sock := device.SocketPath(dir, "u0")
+	sock := admin.SocketPath(dir, "u0")
 	require.Eventually(t, func() bool {
-		a, err := device.DialAdmin(sock)
+		a, err := admin.Dial(sock)
 		if err != nil {
 			return false
 		}
@@ -202,7 +202,7 @@ func TestRunUDPLink(t *testing.T) {
 	var logs2 strings.Builder
 	err = run(context.Background(), []string{"-name", "u1", "-runtime-dir", dir, "-link", "udp", "-local", local.String()}, &syncWriter{w: &logs2})
 	assert.ErrorContains(t, err, "in use")
-	assert.NoFileExists(t, device.SocketPath(dir, "u1"))
+	assert.NoFileExists(t, admin.SocketPath(dir, "u1"))
 
 	cancel()
 	require.NoError(t, <-done)

@@ -53,6 +53,7 @@ import (
 	"syscall"
 
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/device"
 	"github.com/vrnic/vrnic/dma"
 	"golang.org/x/sys/unix"
@@ -114,22 +115,22 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 
 	dir := cfg.RuntimeDir
 	if dir == "" {
-		dir = device.RuntimeDir()
+		dir = admin.RuntimeDir()
 	}
 	sock := cfg.Socket
 	if sock == "" {
-		sock = device.SocketPath(dir, cfg.Name)
+		sock = admin.SocketPath(dir, cfg.Name)
 	}
-	lockPath := strings.TrimSuffix(sock, device.SocketSuffix) + ".lock"
+	lockPath := strings.TrimSuffix(sock, admin.SocketSuffix) + ".lock"
 	var created []string // directories this daemon made, removed at exit if empty
 	defer func() {
-		if removed := device.RemoveCreatedDirs(created); len(removed) > 0 {
+		if removed := admin.RemoveCreatedDirs(created); len(removed) > 0 {
 			log.Debug("runtime dir removed", "dirs", removed)
 		}
 	}()
 	var unlock func()
 	for attempt := 1; ; attempt++ {
-		made, err := device.CreateRuntimeDir(filepath.Dir(sock))
+		made, err := admin.CreateRuntimeDir(filepath.Dir(sock))
 		created = append(created, made...)
 		if err != nil {
 			return err
@@ -161,7 +162,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	defer space.Close()
 	// The control socket first: a name clash is reported before the link
 	// is touched.
-	l, err := device.Listen(sock)
+	l, err := admin.Listen(sock)
 	if err != nil {
 		return err
 	}
@@ -181,8 +182,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		Link:       li,
 		Limits:     cfg.Limits,
 		Space:      space,
-		Doorbells:  device.NewDoorbellPage,
-		Engine:     plane.dp,
+		DataPlane:  plane.dp,
 		Logger:     log,
 	})
 	if err != nil {
@@ -191,7 +191,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	plane.dp.Start()
 	if plane.stats != nil {
-		statsPath := strings.TrimSuffix(sock, device.SocketSuffix) + statsSuffix
+		statsPath := strings.TrimSuffix(sock, admin.SocketSuffix) + admin.StatsSuffix
 		stopStats, err := serveStats(statsPath, plane.stats, log)
 		if err != nil {
 			dev.Close()
@@ -289,7 +289,7 @@ func lockFile(path string) (func(), error) {
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		b, _ := os.ReadFile(path)
 		f.Close()
-		return nil, fmt.Errorf("device already running (lock %s held by pid %s): %w", path, strings.TrimSpace(string(b)), device.ErrSocketInUse)
+		return nil, fmt.Errorf("device already running (lock %s held by pid %s): %w", path, strings.TrimSpace(string(b)), admin.ErrSocketInUse)
 	}
 	f.Truncate(0)
 	f.WriteString(strconv.Itoa(os.Getpid()) + "\n")

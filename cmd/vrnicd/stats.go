@@ -10,9 +10,6 @@ import (
 	"time"
 )
 
-// statsSuffix names the link statistics socket beside the control socket.
-const statsSuffix = ".stats"
-
 // serveStats listens on the unix stream socket path and writes, to every
 // connection, one JSON document from read, then closes it. The returned
 // function stops the listener, waits for it and removes the socket.

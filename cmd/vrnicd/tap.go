@@ -7,11 +7,13 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"reflect"
 	"strings"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
+	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/device/engine"
 	"github.com/vrnic/vrnic/ebpf"
 	"github.com/vrnic/vrnic/link"
@@ -252,34 +254,10 @@ func (t *tapLink) close() error {
 	return errors.Join(t.link.Close(), t.progs.Close())
 }
 
-// LinkStats is the JSON the stats socket serves for a TAP link.
-type LinkStats struct {
-	Link      string `json:"link"`
-	Interface string `json:"interface"`
-	MAC       string `json:"mac"`
-	// Queues: per queue, the frames the steering program put there and
-	// what the link did with them.
-	Queues []QueueStats `json:"queues"`
-	// SteerNonRoCE counts frames the steering program saw that were not
-	// RoCE v2 (queue 0).
-	SteerNonRoCE uint64 `json:"steer_non_roce"`
-	// Filter counts the filter program's verdicts by reason;
-	// FilterDropped sums the dropping ones.
-	Filter        map[string]uint64 `json:"filter"`
-	FilterDropped uint64            `json:"filter_dropped"`
-	Neighbors     tap.NeighborStats `json:"neighbors"`
-}
-
-// QueueStats is one queue's line of LinkStats.
-type QueueStats struct {
-	Steered uint64 `json:"steered"`
-	link.TAPQueueStats
-}
-
 // stats reads the counters (steering counters net of the start-up
 // verification runs).
 func (t *tapLink) stats() (any, error) {
-	st := LinkStats{Link: "tap", Interface: t.dev.Name(), MAC: t.dev.MAC().String(), Filter: map[string]uint64{}, Neighbors: t.dev.Neighbors().Stats()}
+	st := admin.LinkStats{Link: "tap", Interface: t.dev.Name(), MAC: t.dev.MAC().String(), Filter: map[string]uint64{}, Neighbors: counterMap(t.dev.Neighbors().Stats())}
 	ss, err := t.progs.SteerStats()
 	if err != nil {
 		return nil, err
@@ -293,7 +271,7 @@ func (t *tapLink) stats() (any, error) {
 		if i < len(t.steerBase.Steered) {
 			s -= t.steerBase.Steered[i]
 		}
-		st.Queues = append(st.Queues, QueueStats{Steered: s, TAPQueueStats: q})
+		st.Queues = append(st.Queues, admin.QueueStats{Steered: s, TAPQueueStats: admin.TAPQueueStats(q)})
 	}
 	st.SteerNonRoCE = ss.NonRoCE - t.steerBase.NonRoCE
 	for r, c := range fs {
@@ -301,4 +279,17 @@ func (t *tapLink) stats() (any, error) {
 	}
 	st.FilterDropped = fs.Dropped()
 	return st, nil
+}
+
+// counterMap returns the uint64 fields of the struct v by field name (the
+// neighbour counters as the stats JSON names them).
+func counterMap(v any) map[string]uint64 {
+	rv := reflect.ValueOf(v)
+	m := make(map[string]uint64, rv.NumField())
+	for i := range rv.NumField() {
+		if f := rv.Field(i); f.Kind() == reflect.Uint64 {
+			m[rv.Type().Field(i).Name] = f.Uint()
+		}
+	}
+	return m
 }

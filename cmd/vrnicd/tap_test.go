@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vrnic/vrnic/abi"
-	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/internal/testenv"
 	"github.com/vrnic/vrnic/verbs"
 )
@@ -90,10 +90,10 @@ func TestRunTAP(t *testing.T) {
 			<-done
 		}
 	}()
-	sock := device.SocketPath(dir, "tp0")
+	sock := admin.SocketPath(dir, "tp0")
 	// The stats socket comes last (the control socket before the link).
 	require.Eventually(t, func() bool {
-		c, err := net.Dial("unix", strings.TrimSuffix(sock, device.SocketSuffix)+statsSuffix)
+		c, err := net.Dial("unix", strings.TrimSuffix(sock, admin.SocketSuffix)+admin.StatsSuffix)
 		if err != nil {
 			return false
 		}
@@ -117,9 +117,9 @@ func TestRunTAP(t *testing.T) {
 	assert.Equal(t, netip.MustParseAddr("fd00:77::1").As16(), g1.GID)
 	vc.Close()
 
-	c, err := net.Dial("unix", strings.TrimSuffix(sock, device.SocketSuffix)+statsSuffix)
+	c, err := net.Dial("unix", strings.TrimSuffix(sock, admin.SocketSuffix)+admin.StatsSuffix)
 	require.NoError(t, err)
-	var st LinkStats
+	var st admin.LinkStats
 	require.NoError(t, json.NewDecoder(c).Decode(&st))
 	c.Close()
 	assert.Equal(t, "tap", st.Link)
@@ -135,6 +135,6 @@ func TestRunTAP(t *testing.T) {
 	stopped = true
 	out, _ = exec.Command("ip", "-n", ns, "link", "show", "tp0").CombinedOutput()
 	assert.Contains(t, string(out), "does not exist", "the interface goes with the daemon")
-	_, err = os.Stat(strings.TrimSuffix(sock, device.SocketSuffix) + statsSuffix)
+	_, err = os.Stat(strings.TrimSuffix(sock, admin.SocketSuffix) + admin.StatsSuffix)
 	assert.ErrorIs(t, err, os.ErrNotExist, "stats socket removed")
 }

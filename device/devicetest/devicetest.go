@@ -3,8 +3,9 @@
 // it exactly as they would to vrnicd (SOCK_SEQPACKET, SCM_RIGHTS, shared
 // memory), only the daemon shares the test's process.
 //
-// The device has no transport engine: QPs move through their states and
-// clients can post work, but no data moves and no completion is produced.
+// By default the device has no data plane: QPs move through their states
+// and clients can post work, but no data moves and no completion is
+// produced (Options.DataPlane plugs one in).
 package devicetest
 
 import (
@@ -15,6 +16,7 @@ import (
 	"path/filepath"
 
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/device"
 	"github.com/vrnic/vrnic/dma"
 )
@@ -34,7 +36,9 @@ type Options struct {
 	Name   string
 	Limits device.Limits
 	Logger *slog.Logger
-	Engine device.Engine // nil: no data path
+	// DataPlane: nil for none (QPs move through their states, no data
+	// moves, no completion is produced).
+	DataPlane device.DataPlane
 }
 
 // Start creates a device listening on a socket in a new temporary
@@ -61,8 +65,7 @@ func Start(o Options) (*Server, error) {
 		Link:      device.LinkInfo{Type: abi.LinkMem, MaxMTU: abi.MTU4096, GIDs: [][16]byte{gid}, SpeedMbps: 10000},
 		Limits:    o.Limits,
 		Space:     space,
-		Doorbells: device.NewDoorbellPage,
-		Engine:    o.Engine,
+		DataPlane: o.DataPlane,
 		Logger:    o.Logger,
 	})
 	if err != nil {
@@ -70,8 +73,8 @@ func Start(o Options) (*Server, error) {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	path := filepath.Join(dir, o.Name+device.SocketSuffix)
-	l, err := device.Listen(path)
+	path := filepath.Join(dir, o.Name+admin.SocketSuffix)
+	l, err := admin.Listen(path)
 	if err != nil {
 		space.Close()
 		os.RemoveAll(dir)
@@ -95,3 +98,19 @@ func (s *Server) Close() error {
 	}
 	return err
 }
+
+// NopDataPlane is a device.DataPlane that moves nothing: fakes of the data
+// plane embed it and override what they observe.
+type NopDataPlane struct{}
+
+func (NopDataPlane) CreateQP(*device.QP) error { return nil }
+func (NopDataPlane) CheckModifyQP(*device.QP, device.QPState, device.QPState, device.AttrMask, *abi.QPAttr) error {
+	return nil
+}
+func (NopDataPlane) ModifyQP(*device.QP, device.QPState, device.AttrMask) {}
+func (NopDataPlane) DestroyQP(*device.QP) device.QPCounters               { return device.QPCounters{} }
+func (NopDataPlane) Counters(*device.QP) device.QPCounters                { return device.QPCounters{} }
+func (NopDataPlane) ReleaseCQ(*device.CQ)                                 {}
+func (NopDataPlane) ReleaseSRQ(*device.SRQ)                               {}
+
+var _ device.DataPlane = NopDataPlane{}

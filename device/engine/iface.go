@@ -91,6 +91,16 @@ type CompletionSink interface {
 	PushCQE(c *abi.CQE, se bool) error
 }
 
+// StateObserver is told the state the engine moved a QP to on its own:
+// ERR, after an error completion, a broken ring or a completion refused by
+// an overflowed CQ (IBTA 10.3.1: the transport places the QP in the Error
+// state). The control plane keeps its copy of the state there (QUERY_QP,
+// the transition rules): one call, on the QP's owning worker, at the
+// moment the engine changes state. It must not block or allocate.
+type StateObserver interface {
+	TransportState(abi.QPState)
+}
+
 // Link is the engine's network attachment for one worker (a TAP queue, a
 // UDP socket, an in-memory port). Buffers move by exchange so a link may
 // pass them without copying:

@@ -31,6 +31,9 @@ type QPConfig struct {
 	MaxInline  int
 	// SigAll: every send WR completes signaled (sq_sig_all).
 	SigAll bool
+	// State, if set, is told when the engine moves the QP to ERR on its
+	// own (see StateObserver).
+	State StateObserver
 }
 
 // QPAttr are the attributes ModifyQP may change (a subset of struct
@@ -54,16 +57,17 @@ type QPAttr struct {
 }
 
 // QPCounters are per-QP data path counters (atomics: read from any
-// goroutine while the owning worker updates them).
+// goroutine while the owning worker updates them). The operator's
+// admin.QPCounters lists the same counters in the same order.
 type QPCounters struct {
 	PacketsSent     atomic.Uint64
 	PacketsReceived atomic.Uint64
 	Retransmits     atomic.Uint64 // go-back-N restarts
-	Timeouts        atomic.Uint64 // local ACK timeouts
 	RNRNAKsReceived atomic.Uint64
+	Timeouts        atomic.Uint64 // local ACK timeouts
 	RNRNAKsSent     atomic.Uint64
-	SeqNAKsSent     atomic.Uint64
 	SeqNAKsReceived atomic.Uint64
+	SeqNAKsSent     atomic.Uint64
 	Duplicates      atomic.Uint64 // duplicate requests received
 	Dropped         atomic.Uint64 // packets dropped by a check
 	SendCQEs        atomic.Uint64
@@ -273,6 +277,9 @@ func (qp *QP) enterError() {
 		return
 	}
 	qp.state = abi.QPSErr
+	if qp.cfg.State != nil {
+		qp.cfg.State.TransportState(abi.QPSErr)
+	}
 	qp.w.timers.stop(&qp.retryTimer)
 	qp.w.timers.stop(&qp.rnrTimer)
 	qp.w.activate(qp)
@@ -360,7 +367,7 @@ func (qp *QP) completeSend(e *swqe) {
 	}
 	qp.Counters.SendCQEs.Add(1)
 	if err := qp.cfg.SendCQ.PushCQE(c, false); err != nil {
-		qp.w.Counters.CQOverflows.Add(1)
+		qp.cqOverflow()
 	}
 }
 
@@ -371,6 +378,15 @@ func (qp *QP) completeRecv(r *RecvWork, st abi.WCStatus, op abi.WCOpcode, n uint
 	*c = abi.CQE{WrID: r.WrID, Status: st, Opcode: op, QPNum: qp.qpn, ByteLen: n, WCFlags: flags, ImmOrInv: immInv}
 	qp.Counters.RecvCQEs.Add(1)
 	if err := qp.cfg.RecvCQ.PushCQE(c, se); err != nil {
-		qp.w.Counters.CQOverflows.Add(1)
+		qp.cqOverflow()
 	}
+}
+
+// cqOverflow handles a completion the CQ refused: an overrun CQ is in
+// error and the QPs that complete into it go to ERR (IBTA 11.4.2.1; the
+// CQ's sink keeps refusing, so every later completion is lost and
+// counted).
+func (qp *QP) cqOverflow() {
+	qp.w.Counters.CQOverflows.Add(1)
+	qp.enterError()
 }

@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/admin"
 )
 
 // helperEnv makes the test binary a parent that starts `sleep 60` with
@@ -209,7 +209,7 @@ func TestVrnicd(t *testing.T) {
 	p, err := Start(Spec{Name: "vrnicd", Bin: bin, Args: []string{"-name", "l0", "-runtime-dir", dir, "-link", "mem", "-workers", "1"}, Dir: dir})
 	require.NoError(t, err)
 	t.Cleanup(func() { p.Stop(0, time.Second) })
-	require.NoError(t, WaitReady(context.Background(), p, device.SocketPath(dir, "l0"), 20*time.Second), "log:\n%s", p.Tail(20))
+	require.NoError(t, WaitReady(context.Background(), p, admin.SocketPath(dir, "l0"), 20*time.Second), "log:\n%s", p.Tail(20))
 	assert.NoError(t, p.Stop(0, 10*time.Second), "log:\n%s", p.Tail(20))
 	assert.False(t, p.Killed())
 }

@@ -10,7 +10,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/admin"
 )
 
 // VrnicdPackage is the import path of the daemon.
@@ -62,7 +62,7 @@ var ErrExited = errors.New("exited during start-up")
 func WaitReady(ctx context.Context, p *Proc, sock string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		if a, err := device.DialAdmin(sock); err == nil {
+		if a, err := admin.Dial(sock); err == nil {
 			_, err = a.Info()
 			a.Close()
 			if err == nil {

@@ -12,7 +12,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/internal/testenv"
 )
 
@@ -46,24 +46,24 @@ func TestCClient(t *testing.T) {
 
 	out, err = exec.Command(vrnicctl, "-runtime-dir", dir, "-json", "qps").CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	var qps []device.QPInfo
+	var qps []admin.QPInfo
 	require.NoError(t, json.Unmarshal(out, &qps))
 	require.Len(t, qps, 1)
 	assert.Equal(t, f[1], strings.TrimSpace(string(mustJSON(t, qps[0].QPN))))
 	assert.Equal(t, "RTS", qps[0].State)
 	assert.Equal(t, uint32(0x1234), qps[0].SQPSN)
 	assert.Equal(t, uint32(7), qps[0].RQPSN)
-	var ctxs []device.ContextInfo
+	var ctxs []admin.ContextInfo
 	out, err = exec.Command(vrnicctl, "-runtime-dir", dir, "-json", "contexts").CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	require.NoError(t, json.Unmarshal(out, &ctxs))
 	require.Len(t, ctxs, 1)
 	assert.Equal(t, "c-client", ctxs[0].Client)
-	assert.Equal(t, device.ResourceCounts{HostMem: 1, PD: 1, MR: 1, CQ: 1, QP: 1}, ctxs[0].Resources)
+	assert.Equal(t, admin.ResourceCounts{HostMem: 1, PD: 1, MR: 1, CQ: 1, QP: 1}, ctxs[0].Resources)
 
 	stdin.Close() // the client exits; the daemon cleans up
 	require.NoError(t, cmd.Wait())
-	require.Eventually(t, func() bool { return d.info(t).Resources == device.ResourceCounts{} }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return d.info(t).Resources == admin.ResourceCounts{} }, 10*time.Second, 10*time.Millisecond)
 }
 
 func mustJSON(t *testing.T, v any) []byte {

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/device"
 	"github.com/vrnic/vrnic/internal/launch"
 	"github.com/vrnic/vrnic/verbs"
@@ -174,10 +175,10 @@ func startDaemon(t *testing.T, dir, name string, extra ...string) *daemon {
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	require.NoError(t, cmd.Start())
-	d := &daemon{cmd: cmd, name: name, socket: device.SocketPath(dir, name), stderr: &stderr}
+	d := &daemon{cmd: cmd, name: name, socket: admin.SocketPath(dir, name), stderr: &stderr}
 	t.Cleanup(func() { d.stop(t) })
 	require.Eventually(t, func() bool {
-		a, err := device.DialAdmin(d.socket)
+		a, err := admin.Dial(d.socket)
 		if err != nil {
 			return false
 		}
@@ -214,9 +215,9 @@ func (d *daemon) stop(t *testing.T) {
 }
 
 // info returns the daemon's summary.
-func (d *daemon) info(t *testing.T) device.AdminInfo {
+func (d *daemon) info(t *testing.T) admin.Info {
 	t.Helper()
-	a, err := device.DialAdmin(d.socket)
+	a, err := admin.Dial(d.socket)
 	require.NoError(t, err)
 	defer a.Close()
 	info, err := a.Info()
@@ -299,12 +300,12 @@ func TestClientSIGKILLReleasesEverything(t *testing.T) {
 	// quiescent when it is the only connection and nothing is allocated.
 	// The fd baseline is taken in that state, so it counts exactly one
 	// control connection.
-	adm, err := device.DialAdmin(d.socket)
+	adm, err := admin.Dial(d.socket)
 	require.NoError(t, err)
 	defer adm.Close()
 	quiescent := func() bool {
 		i, err := adm.Info()
-		return err == nil && i.Connections == 1 && i.Resources == device.ResourceCounts{}
+		return err == nil && i.Connections == 1 && i.Resources == admin.ResourceCounts{}
 	}
 	require.Eventually(t, quiescent, 10*time.Second, 10*time.Millisecond)
 	baseAll, baseFiles := fdCount(t, pid)
@@ -333,7 +334,7 @@ func TestClientSIGKILLReleasesEverything(t *testing.T) {
 	c := startClient(t, d.socket, "exit")
 	require.NoError(t, c.cmd.Wait())
 	assert.Len(t, c.qpns, 4)
-	require.Eventually(t, func() bool { return d.info(t).Resources == device.ResourceCounts{} }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return d.info(t).Resources == admin.ResourceCounts{} }, 10*time.Second, 10*time.Millisecond)
 	d.stop(t)
 	assert.NoFileExists(t, d.socket)
 	assert.NoFileExists(t, filepath.Join(dir, "kill0.lock"))
@@ -370,9 +371,9 @@ func TestTwoDaemonsSeveralClients(t *testing.T) {
 		return out
 	}
 	var devs []struct {
-		Name   string            `json:"name"`
-		Status string            `json:"status"`
-		Info   *device.AdminInfo `json:"info"`
+		Name   string      `json:"name"`
+		Status string      `json:"status"`
+		Info   *admin.Info `json:"info"`
 	}
 	require.NoError(t, json.Unmarshal(ctl("-json", "devices"), &devs))
 	require.Len(t, devs, 2)
@@ -397,7 +398,7 @@ func TestTwoDaemonsSeveralClients(t *testing.T) {
 	}
 	checkQPs := func() {
 		t.Helper()
-		var qps []device.QPInfo
+		var qps []admin.QPInfo
 		require.NoError(t, json.Unmarshal(ctl("-d", "vr1", "-json", "qps"), &qps))
 		require.Len(t, qps, 12)
 		seen := map[uint32]bool{}
@@ -418,7 +419,7 @@ func TestTwoDaemonsSeveralClients(t *testing.T) {
 	// out: these stay in RTS.
 	time.Sleep(time.Second)
 	checkQPs()
-	var ctxs []device.ContextInfo
+	var ctxs []admin.ContextInfo
 	require.NoError(t, json.Unmarshal(ctl("-d", "vr2", "-json", "contexts"), &ctxs))
 	require.Len(t, ctxs, 2)
 	for _, cx := range ctxs {
@@ -451,8 +452,8 @@ func TestTwoDaemonsSeveralClients(t *testing.T) {
 		c.cmd.Process.Kill()
 		c.cmd.Wait()
 	}
-	require.Eventually(t, func() bool { return d1.info(t).Resources == device.ResourceCounts{} }, 10*time.Second, 10*time.Millisecond)
-	require.Eventually(t, func() bool { return d2.info(t).Resources == device.ResourceCounts{} }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return d1.info(t).Resources == admin.ResourceCounts{} }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return d2.info(t).Resources == admin.ResourceCounts{} }, 10*time.Second, 10*time.Millisecond)
 	d1.stop(t)
 	d2.stop(t)
 	text = string(ctl("devices"))

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/internal/launch"
 	"github.com/vrnic/vrnic/internal/testenv"
 )
@@ -30,7 +30,7 @@ type daemon struct {
 func startDaemon(t *testing.T, name string, args ...string) *daemon {
 	t.Helper()
 	dir := t.TempDir()
-	d := &daemon{socket: device.SocketPath(dir, name), logs: &launch.Buffer{}}
+	d := &daemon{socket: admin.SocketPath(dir, name), logs: &launch.Buffer{}}
 	var err error
 	d.proc, err = launch.Start(launch.Spec{Name: "vrnicd " + name, Bin: filepath.Join(bin, "vrnicd"),
 		Args: append([]string{"-name", name, "-runtime-dir", dir}, args...), Stderr: d.logs})

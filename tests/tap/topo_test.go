@@ -18,7 +18,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/admin"
 )
 
 // syncBuf is a bytes.Buffer safe for a process's output goroutine and
@@ -164,11 +164,11 @@ func (tp *topo) startDaemon(t testing.TB, ns, name, ifname string, workers int, 
 		args = append(args, "-tap-addr", a)
 	}
 	args = append(args, extra...)
-	d := &daemon{name: name, sock: device.SocketPath(tp.dir, name), ifname: ifname}
+	d := &daemon{name: name, sock: admin.SocketPath(tp.dir, name), ifname: ifname}
 	d.proc = start(t, "vrnicd "+name, exec.Command("ip", args...))
 	// The stats socket is the last thing the daemon creates (the control
 	// socket comes before the link).
-	stats := strings.TrimSuffix(d.sock, device.SocketSuffix) + ".stats"
+	stats := strings.TrimSuffix(d.sock, admin.SocketSuffix) + ".stats"
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		if c, err := net.Dial("unix", stats); err == nil {

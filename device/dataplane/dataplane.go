@@ -1,4 +1,17 @@
-package device
+// Package dataplane is the data plane of a vrnic device: it runs the
+// transport engine (package device/engine) over what clients share with
+// the daemon. DataPlane implements device.DataPlane, the seam the control
+// plane (package device) declares: it gives every RC QP the engine's
+// adapters over the client's shared memory (rings, doorbell records,
+// CQs, memory regions: queues.go, mem.go), translates MODIFY_QP
+// attributes, watches the doorbells, and resolves peers before RTR
+// (resolve.go).
+//
+// It imports the control plane only for the objects it serves (device.QP,
+// CQ, SRQ and their accessors) and the engine, dma, doorbell, queues and
+// roce packages; the control plane never imports it (cmd/vrnicd wires the
+// two together).
+package dataplane
 
 import (
 	"context"
@@ -14,17 +27,15 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/device"
 	"github.com/vrnic/vrnic/device/engine"
 	"github.com/vrnic/vrnic/dma"
 	"github.com/vrnic/vrnic/doorbell"
 	"github.com/vrnic/vrnic/roce"
 )
 
-// DataPlane is the device's Engine backed by the RC transport engine
-// (package device/engine): it gives every RC QP the engine's adapters over
-// the client's shared memory (rings, doorbell records, memory regions),
-// translates MODIFY_QP attributes, watches the doorbells, and reports the
-// QP errors the engine produces back to the control path.
+// DataPlane is the device.DataPlane backed by the RC transport engine
+// (package device/engine).
 //
 // # Doorbells
 //
@@ -48,48 +59,46 @@ import (
 //     doc), and a kick reaching a busy worker stays in its channel, so the
 //     worker's next attempt to sleep returns at once.
 //
-// # Errors reported by the engine
+// # QP errors
 //
-// An RC error completion (any status but SUCCESS) means the engine moved
-// the QP to ERR; a completion refused by an overflowed CQ means it must go
-// there. The QP's completion sink notes it (one atomic store) and wakes the
-// data plane's error goroutine, which moves the device's QP to ERR under
-// the device lock (and the engine's, for the overflow), unless the QP was
-// reset since (generation check), so QUERY_QP and the transition rules see
-// the state the transport is in.
+// The engine moves a QP to ERR on its own (an error completion, a broken
+// ring, a completion refused by an overflowed CQ) and stores ERR into the
+// device's state word of the QP (device.StateWord, the engine's
+// StateObserver) on the worker, in the same step: QUERY_QP and the
+// transition rules see the state the transport is in, with no goroutine
+// or lock in between. A change the engine refuses, or an RTR whose peer
+// cannot be resolved, moves the engine's QP to ERR the same way.
 //
 // # Scope
 //
 // RC QPs get a data path. UD QPs are accepted by the device and move
 // through their states, but the engine carries no UD traffic yet.
 type DataPlane struct {
-	cfg    DataPlaneConfig
+	cfg    Config
 	eng    *engine.Engine
 	space  *dma.Space
 	log    *slog.Logger
-	dev    *Device // set by New (the device this data plane serves)
 	poller *doorbell.Poller
 
-	mu    sync.Mutex // guards qps, pages, cqs, srqs; taken under Device.mu
+	mu    sync.Mutex // guards qps, pages, cqs, srqs; taken under the device lock
 	qps   map[uint32]*dpQP
 	pages map[*doorbell.Page]int // QPs per served page
-	cqs   map[*CQ]*cqSink
-	srqs  map[*SRQ]*recvSource
+	cqs   map[*device.CQ]*cqSink
+	srqs  map[*device.SRQ]*recvSource
 	watch atomic.Pointer[[]*dpQP] // immutable snapshot for the poller
 
-	errWake chan struct{}
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 	started bool
 	closed  bool
 }
 
-// DataPlaneConfig configures a DataPlane.
-type DataPlaneConfig struct {
+// Config configures a DataPlane.
+type Config struct {
 	// Engine is the transport engine over the device's links; the data
 	// plane starts it (Start) and closes it (Close).
 	Engine *engine.Engine
-	// Space is the device's dma space (the same as Config.Space).
+	// Space is the device's dma space (the same as device.Config.Space).
 	Space *dma.Space
 	// SpinBudget is the number of empty doorbell passes before the poller
 	// sleeps. Default 512.
@@ -108,7 +117,6 @@ type DataPlaneConfig struct {
 // dpQP is the data plane's state of one RC QP.
 type dpQP struct {
 	qpn   uint32
-	dq    *QP // the device's QP (fields read under Device.mu only)
 	page  *doorbell.Page
 	rec   doorbell.QPRecord
 	mem   *qpMemory
@@ -118,38 +126,15 @@ type dpQP struct {
 	ctrs  *engine.QPCounters
 	sinks [2]qpSink // send, receive
 
-	// gen counts RESETs; errReq is gen+1 of the last error noted by a
-	// completion sink (0: none). Written by the owning worker (errReq)
-	// and the control path (gen).
-	gen    atomic.Uint64
-	errReq atomic.Uint64
-	wake   chan struct{} // the data plane's errWake
-
 	// Poller-private: the producer indices seen by the last pass.
 	lastSQ, lastRQ, lastSRQ uint32
-	// Error goroutine-private: the last errReq handled.
-	errDone uint64
 }
 
-// noteError records that the QP is (or must go) in ERR and wakes the
-// error goroutine. Called by the owning worker; no allocation, no lock.
-func (q *dpQP) noteError() {
-	r := q.gen.Load() + 1
-	if q.errReq.Load() == r {
-		return
-	}
-	q.errReq.Store(r)
-	select {
-	case q.wake <- struct{}{}:
-	default:
-	}
-}
-
-// NewDataPlane creates a data plane; pass it as Config.Engine of exactly
+// New creates a data plane; pass it as device.Config.DataPlane of exactly
 // one device, then Start it.
-func NewDataPlane(cfg DataPlaneConfig) (*DataPlane, error) {
+func New(cfg Config) (*DataPlane, error) {
 	if cfg.Engine == nil || cfg.Space == nil {
-		return nil, errors.New("device: DataPlane needs an engine and a dma space")
+		return nil, errors.New("dataplane: an engine and a dma space are required")
 	}
 	if cfg.SpinBudget <= 0 {
 		cfg.SpinBudget = 512
@@ -163,8 +148,7 @@ func NewDataPlane(cfg DataPlaneConfig) (*DataPlane, error) {
 	dp := &DataPlane{
 		cfg: cfg, eng: cfg.Engine, space: cfg.Space, log: cfg.Logger,
 		qps: map[uint32]*dpQP{}, pages: map[*doorbell.Page]int{},
-		cqs: map[*CQ]*cqSink{}, srqs: map[*SRQ]*recvSource{},
-		errWake: make(chan struct{}, 1),
+		cqs: map[*device.CQ]*cqSink{}, srqs: map[*device.SRQ]*recvSource{},
 	}
 	dp.watch.Store(&[]*dpQP{})
 	p, err := doorbell.NewPoller(doorbell.PollerConfig{Poll: dp.pollDoorbells, SpinBudget: cfg.SpinBudget})
@@ -175,7 +159,7 @@ func NewDataPlane(cfg DataPlaneConfig) (*DataPlane, error) {
 	return dp, nil
 }
 
-// Start starts the engine, the doorbell poller and the error goroutine.
+// Start starts the engine and the doorbell poller.
 func (dp *DataPlane) Start() {
 	dp.mu.Lock()
 	defer dp.mu.Unlock()
@@ -186,20 +170,16 @@ func (dp *DataPlane) Start() {
 	ctx, cancel := context.WithCancel(context.Background())
 	dp.cancel = cancel
 	dp.eng.Start()
-	dp.wg.Add(2)
+	dp.wg.Add(1)
 	go func() {
 		defer dp.wg.Done()
 		// Not locked to an OS thread: an empty pass yields (Gosched),
 		// which on a locked thread is a hand-off of the P to another
 		// thread and two futex calls per pass, the largest CPU cost of a
-		// daemon under small-message load (BENCHMARKS.md).
+		// daemon under small-message load.
 		if err := dp.poller.Run(ctx); err != nil {
 			dp.log.Error("doorbell poller stopped", "err", err)
 		}
-	}()
-	go func() {
-		defer dp.wg.Done()
-		dp.errorLoop(ctx)
 	}()
 	dp.log.Info("data plane started", "workers", dp.eng.Workers())
 }
@@ -240,75 +220,70 @@ func (dp *DataPlane) Engine() *engine.Engine { return dp.eng }
 // PollerStats returns the doorbell poller's counters.
 func (dp *DataPlane) PollerStats() doorbell.PollerStats { return dp.poller.Stats() }
 
-var (
-	_ Engine        = (*DataPlane)(nil)
-	_ ModifyChecker = (*DataPlane)(nil)
-)
+var _ device.DataPlane = (*DataPlane)(nil)
 
-// CreateQP implements Engine: it builds the adapters of an RC QP and
-// creates it on the engine (RESET).
-func (dp *DataPlane) CreateQP(q *QP) error {
-	if q.typ != QPTypeRC {
+// CreateQP implements device.DataPlane: it builds the adapters of an RC QP
+// and creates it on the engine (RESET).
+func (dp *DataPlane) CreateQP(q *device.QP) error {
+	if q.Type() != abi.QPTRC {
 		return nil // UD: no data path yet (see the type's doc)
 	}
-	page, ok := q.Doorbells().(*doorbell.Page)
-	if !ok {
-		return fmt.Errorf("device: data plane needs doorbell pages of package doorbell, got %T", q.Doorbells())
-	}
-	rec, err := page.QP(q.dbIndex)
+	page := q.Doorbells()
+	rec, err := page.QP(q.DBIndex())
 	if err != nil {
 		return err
 	}
 	dp.mu.Lock()
 	defer dp.mu.Unlock()
 	if dp.closed {
-		return errors.New("device: data plane closed")
+		return errors.New("dataplane: closed")
 	}
-	x := &dpQP{qpn: q.qpn, dq: q, page: page, rec: rec, wake: dp.errWake}
+	qpn, cp := q.QPN(), q.Cap()
+	x := &dpQP{qpn: qpn, page: page, rec: rec}
 	sqRing, _ := q.SQ()
-	if x.sq, err = newSQSource(sqRing, q.cap, rec); err != nil {
+	if x.sq, err = newSQSource(sqRing, cp, rec); err != nil {
 		return err
 	}
-	maxRecvSGE := q.cap.MaxRecvSGE
-	if s := q.srq; s != nil {
-		maxRecvSGE = s.maxSGE
+	maxRecvSGE := cp.MaxRecvSGE
+	if s := q.SRQ(); s != nil {
+		maxRecvSGE = s.MaxSGE()
 		if x.rq, err = dp.srqSourceLocked(s, page); err != nil {
 			return err
 		}
-		r, _ := page.SRQ(s.dbIndex)
+		r, _ := page.SRQ(s.DBIndex())
 		x.srq = &r
 	} else {
 		rqRing, _ := q.RQ()
-		if x.rq, err = newRQSource(rqRing, q.cap.MaxRecvWR, q.cap.MaxRecvSGE, rec); err != nil {
+		if x.rq, err = newRQSource(rqRing, cp.MaxRecvWR, cp.MaxRecvSGE, rec); err != nil {
 			return err
 		}
 	}
-	scq, err := dp.cqSinkLocked(q.sendCQ, page)
+	scq, err := dp.cqSinkLocked(q.SendCQ(), page)
 	if err != nil {
 		return err
 	}
-	rcq, err := dp.cqSinkLocked(q.recvCQ, page)
+	rcq, err := dp.cqSinkLocked(q.RecvCQ(), page)
 	if err != nil {
 		return err
 	}
-	x.sinks = [2]qpSink{{qp: x, cq: scq}, {qp: x, cq: rcq, recv: true}}
-	x.mem = &qpMemory{acc: dp.space.NewAccessor(), pd: dma.PD{Owner: q.ctx.owner, Handle: q.pd.handle}, mem: dp.space}
+	x.sinks = [2]qpSink{{cq: scq}, {cq: rcq, recv: true}}
+	x.mem = &qpMemory{acc: dp.space.NewAccessor(), pd: dma.PD{Owner: q.Owner(), Handle: q.PDHandle()}, mem: dp.space}
 	err = dp.eng.CreateQP(engine.QPConfig{
-		QPN: q.qpn, SQ: x.sq, RQ: x.rq, SendCQ: &x.sinks[0], RecvCQ: &x.sinks[1], Mem: x.mem,
-		SQDepth: int(q.cap.MaxSendWR), MaxSendSGE: int(q.cap.MaxSendSGE), MaxRecvSGE: int(maxRecvSGE),
-		MaxInline: int(q.cap.MaxInlineData), SigAll: q.sigAll,
+		QPN: qpn, SQ: x.sq, RQ: x.rq, SendCQ: &x.sinks[0], RecvCQ: &x.sinks[1], Mem: x.mem,
+		SQDepth: int(cp.MaxSendWR), MaxSendSGE: int(cp.MaxSendSGE), MaxRecvSGE: int(maxRecvSGE),
+		MaxInline: int(cp.MaxInlineData), SigAll: q.SigAll(), State: q.StateWord(),
 	})
 	if err == nil {
-		x.ctrs, err = dp.eng.Counters(q.qpn)
+		x.ctrs, err = dp.eng.Counters(qpn)
 		if err != nil {
-			_ = dp.eng.DestroyQP(q.qpn)
+			_ = dp.eng.DestroyQP(qpn)
 		}
 	}
 	if err != nil {
 		x.mem.acc.Close()
 		return err
 	}
-	dp.qps[q.qpn] = x
+	dp.qps[qpn] = x
 	dp.publishWatchLocked()
 	if dp.pages[page]++; dp.pages[page] == 1 {
 		if err := dp.poller.Add(page); err != nil {
@@ -318,20 +293,20 @@ func (dp *DataPlane) CreateQP(q *QP) error {
 	return nil
 }
 
-func (dp *DataPlane) cqSinkLocked(c *CQ, page *doorbell.Page) (*cqSink, error) {
+func (dp *DataPlane) cqSinkLocked(c *device.CQ, page *doorbell.Page) (*cqSink, error) {
 	if s := dp.cqs[c]; s != nil {
 		return s, nil
 	}
-	rec, err := page.CQ(c.dbIndex)
+	rec, err := page.CQ(c.DBIndex())
 	if err != nil {
 		return nil, err
 	}
 	var comp *doorbell.EventFD
-	if c.eventfd >= 0 {
+	if efd := c.EventFd(); efd >= 0 {
 		// The CQ owns its eventfd; the notifier owns a duplicate.
-		fd, err := unix.FcntlInt(uintptr(c.eventfd), unix.F_DUPFD_CLOEXEC, 0)
+		fd, err := unix.FcntlInt(uintptr(efd), unix.F_DUPFD_CLOEXEC, 0)
 		if err != nil {
-			return nil, fmt.Errorf("device: dup completion eventfd: %w", err)
+			return nil, fmt.Errorf("dataplane: dup completion eventfd: %w", err)
 		}
 		if comp, err = doorbell.EventFDFrom(fd); err != nil {
 			unix.Close(fd)
@@ -350,16 +325,16 @@ func (dp *DataPlane) cqSinkLocked(c *CQ, page *doorbell.Page) (*cqSink, error) {
 	return s, nil
 }
 
-func (dp *DataPlane) srqSourceLocked(s *SRQ, page *doorbell.Page) (*recvSource, error) {
+func (dp *DataPlane) srqSourceLocked(s *device.SRQ, page *doorbell.Page) (*recvSource, error) {
 	if r := dp.srqs[s]; r != nil {
 		return r, nil
 	}
-	rec, err := page.SRQ(s.dbIndex)
+	rec, err := page.SRQ(s.DBIndex())
 	if err != nil {
 		return nil, err
 	}
 	ring, slots, _ := s.Ring()
-	r, err := newSRQSource(ring, slots, s.maxSGE, rec)
+	r, err := newSRQSource(ring, slots, s.MaxSGE(), rec)
 	if err != nil {
 		return nil, err
 	}
@@ -367,9 +342,9 @@ func (dp *DataPlane) srqSourceLocked(s *SRQ, page *doorbell.Page) (*recvSource, 
 	return r, nil
 }
 
-// releaseCQ is called by the device when a CQ is destroyed (no QP uses
-// it any more): its sink and completion eventfd duplicate go.
-func (dp *DataPlane) releaseCQ(c *CQ) {
+// ReleaseCQ implements device.DataPlane: the CQ's sink and completion
+// eventfd duplicate go.
+func (dp *DataPlane) ReleaseCQ(c *device.CQ) {
 	dp.mu.Lock()
 	defer dp.mu.Unlock()
 	if s := dp.cqs[c]; s != nil {
@@ -378,8 +353,8 @@ func (dp *DataPlane) releaseCQ(c *CQ) {
 	}
 }
 
-// releaseSRQ is called by the device when an SRQ is destroyed.
-func (dp *DataPlane) releaseSRQ(s *SRQ) {
+// ReleaseSRQ implements device.DataPlane.
+func (dp *DataPlane) ReleaseSRQ(s *device.SRQ) {
 	dp.mu.Lock()
 	defer dp.mu.Unlock()
 	delete(dp.srqs, s)
@@ -393,18 +368,18 @@ func (dp *DataPlane) publishWatchLocked() {
 	dp.watch.Store(&l)
 }
 
-// ModifyQP implements Engine: it hands the attributes of mask, as the
-// device stored them, to the engine.
-func (dp *DataPlane) ModifyQP(q *QP, prev QPState, mask AttrMask) {
+// ModifyQP implements device.DataPlane: it hands the attributes of mask,
+// as the device stored them, to the engine.
+func (dp *DataPlane) ModifyQP(q *device.QP, prev device.QPState, mask device.AttrMask) {
 	dp.mu.Lock()
-	x := dp.qps[q.qpn]
+	x := dp.qps[q.QPN()]
 	dp.mu.Unlock()
 	if x == nil {
 		return
 	}
-	if mask&AttrState != 0 && q.state == StateReset {
-		// Discard what was posted before the RESET (see dataplane_queues.go).
-		x.gen.Add(1)
+	state := q.State()
+	if mask&device.AttrState != 0 && state == device.StateReset {
+		// Discard what was posted before the RESET (see queues.go).
 		x.sq.reset.request(x.rec.SQPI.Load())
 		if x.srq == nil {
 			x.rq.reset.request(x.rec.RQPI.Load())
@@ -412,10 +387,10 @@ func (dp *DataPlane) ModifyQP(q *QP, prev QPState, mask AttrMask) {
 		dp.modifyEngine(x, engine.QPAttr{Mask: abi.QPAttrState, State: abi.QPSReset})
 		return
 	}
-	a := &q.attr
+	a := q.Attr()
 	ea := engine.QPAttr{
 		Mask:            uint32(mask),
-		State:           q.state,
+		State:           state,
 		PathMTU:         roce.MTU(a.PathMTU),
 		DestQPN:         a.DestQPNum,
 		RQPSN:           a.RQPSN,
@@ -428,56 +403,55 @@ func (dp *DataPlane) ModifyQP(q *QP, prev QPState, mask AttrMask) {
 		MaxRdAtomic:     a.MaxRdAtomic,
 		MaxDestRdAtomic: a.MaxDestRdAtomic,
 	}
-	if mask&AttrAV != 0 {
-		ea.LocalAddr, ea.RemoteAddr = dp.avAddrs(&a.AHAttr)
+	if mask&device.AttrAV != 0 {
+		ea.LocalAddr, ea.RemoteAddr = q.Path()
 	}
-	if prev == StateInit && q.state == StateRTR {
-		if err := dp.resolvePeer(q.qpn, &a.AHAttr); err != nil {
+	if prev == device.StateInit && state == device.StateRTR {
+		if err := dp.resolvePeer(x.qpn, &a.AHAttr); err != nil {
 			// Normally CheckModifyQP refused the change already; this is
 			// the last line: the engine never gets an RTR QP it cannot
 			// address, the QP goes to ERR (its WRs complete flushed).
-			dp.log.Error("QP to RTR with an unreachable peer; moving the QP to ERR", "qpn", q.qpn, "err", err)
-			x.noteError()
+			dp.log.Error("QP to RTR with an unreachable peer; moving the QP to ERR", "qpn", x.qpn, "err", err)
+			dp.toError(x)
 			return
 		}
 	}
 	dp.modifyEngine(x, ea)
 }
 
-// avAddrs maps an address vector to the QP's addresses: the source GID
-// (the device's GID table entry sgid_index) and the destination GID, as
-// IPv4 when they are IPv4-mapped (RoCE v2 GIDs).
-func (dp *DataPlane) avAddrs(av *abi.AHAttr) (local, remote netip.Addr) {
-	gids := dp.dev.cfg.Link.GIDs
-	if int(av.SGIDIndex) < len(gids) {
-		local = netip.AddrFrom16(gids[av.SGIDIndex]).Unmap()
-	}
-	return local, netip.AddrFrom16(av.DGID).Unmap()
-}
-
+// modifyEngine applies a on the engine; a change the engine refuses (an
+// address vector it cannot use, for instance) moves the QP to ERR, as any
+// transport error does.
 func (dp *DataPlane) modifyEngine(x *dpQP, a engine.QPAttr) {
 	if err := dp.eng.ModifyQP(x.qpn, a); err != nil {
 		if errors.Is(err, engine.ErrClosed) {
 			return
 		}
-		// The device accepted the change but the transport cannot apply
-		// it (an address vector it cannot use, for instance): the QP goes
-		// to ERR, as for any transport error.
 		dp.log.Warn("engine refused a QP change; moving the QP to ERR", "qpn", x.qpn, "err", err)
-		x.noteError()
+		dp.toError(x)
 	}
 }
 
-// DestroyQP implements Engine. When it returns the engine no longer
-// touches the QP's rings or memory.
-func (dp *DataPlane) DestroyQP(q *QP) {
+// toError moves the engine's QP to ERR; the engine stores ERR into the
+// device's state word of the QP.
+func (dp *DataPlane) toError(x *dpQP) {
+	if err := dp.eng.ModifyQP(x.qpn, engine.QPAttr{Mask: abi.QPAttrState, State: abi.QPSErr}); err != nil && !errors.Is(err, engine.ErrClosed) {
+		dp.log.Error("engine: QP to ERR", "qpn", x.qpn, "err", err)
+	}
+}
+
+// DestroyQP implements device.DataPlane. When it returns the engine no
+// longer touches the QP's rings or memory; the counters it returns are
+// read after the engine destroyed the QP, so nothing counted in between is
+// lost.
+func (dp *DataPlane) DestroyQP(q *device.QP) device.QPCounters {
 	dp.mu.Lock()
-	x := dp.qps[q.qpn]
+	x := dp.qps[q.QPN()]
 	if x == nil {
 		dp.mu.Unlock()
-		return
+		return device.QPCounters{}
 	}
-	delete(dp.qps, q.qpn)
+	delete(dp.qps, q.QPN())
 	dp.publishWatchLocked()
 	lastOfPage := false
 	if dp.pages[x.page]--; dp.pages[x.page] == 0 {
@@ -485,8 +459,8 @@ func (dp *DataPlane) DestroyQP(q *QP) {
 		lastOfPage = true
 	}
 	dp.mu.Unlock()
-	if err := dp.eng.DestroyQP(q.qpn); err != nil && !errors.Is(err, engine.ErrClosed) {
-		dp.log.Warn("engine: destroy QP", "qpn", q.qpn, "err", err)
+	if err := dp.eng.DestroyQP(x.qpn); err != nil && !errors.Is(err, engine.ErrClosed) {
+		dp.log.Warn("engine: destroy QP", "qpn", x.qpn, "err", err)
 	}
 	x.mem.acc.Close()
 	if lastOfPage {
@@ -496,11 +470,17 @@ func (dp *DataPlane) DestroyQP(q *QP) {
 			dp.log.Warn("doorbell poller: remove page", "err", err)
 		}
 	}
+	return countersOf(x.ctrs)
 }
 
-// Counters implements Engine.
-func (dp *DataPlane) Counters(q *QP) QPCounters {
-	return countersOf(dp.engineCounters(q.qpn))
+// Counters implements device.DataPlane.
+func (dp *DataPlane) Counters(q *device.QP) device.QPCounters {
+	dp.mu.Lock()
+	defer dp.mu.Unlock()
+	if x := dp.qps[q.QPN()]; x != nil {
+		return countersOf(x.ctrs)
+	}
+	return device.QPCounters{} // a UD QP: no data path yet
 }
 
 // pollDoorbells is the doorbell poller's pass (see the type's doc). It
@@ -523,48 +503,4 @@ func (dp *DataPlane) pollDoorbells() bool {
 		runtime.Gosched() // let the workers and clients run on busy cores
 	}
 	return found
-}
-
-// errorLoop moves QPs whose completions reported an error to ERR in the
-// device (and in the engine, which already is there unless the CQ
-// overflowed).
-func (dp *DataPlane) errorLoop(ctx context.Context) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-dp.errWake:
-		}
-		for _, x := range *dp.watch.Load() {
-			r := x.errReq.Load()
-			if r == 0 || r == x.errDone {
-				continue
-			}
-			x.errDone = r
-			dp.dev.qpAsyncError(x.qpn, func(q *QP) bool {
-				if q != x.dq || x.gen.Load()+1 != r || q.state == StateErr || q.state == StateReset {
-					return false
-				}
-				dp.modifyEngine(x, engine.QPAttr{Mask: abi.QPAttrState, State: abi.QPSErr})
-				return true
-			})
-		}
-	}
-}
-
-// qpAsyncError moves QP qpn to ERR for the data plane if cond, evaluated
-// under the device lock, holds (the QP may have been reset or destroyed
-// since the error was noted). Like QPTransportError, it must not be called
-// from inside an Engine callback.
-func (d *Device) qpAsyncError(qpn uint32, cond func(*QP) bool) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	q, ok := d.qps[qpn]
-	if !ok || !cond(q) {
-		return false
-	}
-	q.state = StateErr
-	q.attr.QPState = StateErr
-	q.attr.CurQPState = StateErr
-	return true
 }

@@ -1,4 +1,4 @@
-package device
+package dataplane
 
 import (
 	"errors"
@@ -23,8 +23,8 @@ import (
 //     worker owns them: a mutex serialises its consumers.
 //   - A cqSink is shared by every QP using the CQ (as send or receive CQ),
 //     on any worker: a mutex serialises its producers. The engine reaches it
-//     through a per-QP qpSink, which knows the QP and reports error
-//     completions (the QP is then in ERR) to the data plane.
+//     through a per-QP qpSink, which knows whether it is the QP's send or
+//     receive side (solicited events).
 //
 // Resetting a QP (MODIFY_QP to RESET) discards the WQEs posted so far
 // without completions (IBTA 10.3.1). The client's producer indices are not
@@ -36,7 +36,7 @@ import (
 
 // errRingBroken is reported once for a ring whose client-written producer
 // index was impossible (queues.ErrIndex): the engine moves the QP to ERR.
-var errRingBroken = errors.New("device: work queue index out of range")
+var errRingBroken = errors.New("dataplane: work queue index out of range")
 
 // resetReq is the hand-over of a RESET to the worker: generation in the
 // high half (0: none yet), the producer index to discard up to in the low.
@@ -119,7 +119,7 @@ func (s *sqSource) PollSend(w *engine.SendWork) (bool, error) {
 	return true, nil
 }
 
-var errWorkTooBig = errors.New("device: WQE larger than the engine's private copy")
+var errWorkTooBig = errors.New("dataplane: WQE larger than the engine's private copy")
 
 // discardTo consumes the ring up to producer index target (the RESET
 // hand-over) and publishes the consumer index. A target the client's
@@ -224,7 +224,8 @@ func (s *recvSource) PollRecv(r *engine.RecvWork) (bool, error) {
 // Overflow (the client did not consume): the CQE is not written, the
 // record's overflow word is set (queues), and the CQ stays in error: every
 // later completion fails too (IBTA 11.4.2.1: a CQ overrun is a CQ error;
-// its QPs go to ERR). The QP of each failed completion is moved to ERR.
+// its QPs go to ERR). The engine moves the QP of each failed completion
+// to ERR.
 type cqSink struct {
 	mu       sync.Mutex
 	cq       *queues.CQ
@@ -243,7 +244,7 @@ func newCQSink(ring []byte, count uint32, rec doorbell.CQRecord, comp *doorbell.
 }
 
 // errCQOverflow is returned for every completion of an overflowed CQ.
-var errCQOverflow = fmt.Errorf("device: %w (CQ in error)", queues.ErrCQFull)
+var errCQOverflow = fmt.Errorf("dataplane: %w (CQ in error)", queues.ErrCQFull)
 
 // push writes c, publishes cq_pi and, if the CQ is armed for it, writes
 // the completion eventfd (solicited: the CQE satisfies a solicited-only
@@ -278,7 +279,6 @@ func (s *cqSink) close() error {
 
 // qpSink is one QP's use of a CQ: the engine's CompletionSink.
 type qpSink struct {
-	qp   *dpQP
 	cq   *cqSink
 	recv bool
 }
@@ -289,14 +289,8 @@ var _ engine.CompletionSink = (*qpSink)(nil)
 // 11.4.2.2; ibv_req_notify_cq): a completion is solicited when it is the
 // receive completion of a message whose last packet had the Solicited
 // Event bit (se, from the engine), or when its status is an error; a
-// successful send-side completion never is.
+// successful send-side completion never is. An error (the CQ overflowed)
+// makes the engine move the QP to ERR.
 func (s *qpSink) PushCQE(c *abi.CQE, se bool) error {
-	solicited := c.Status != abi.WCSuccess || s.recv && se
-	err := s.cq.push(c, solicited)
-	if c.Status != abi.WCSuccess || err != nil {
-		// An RC error completion means the QP is in ERR (IBTA 10.8.3.3);
-		// an overflowed CQ moves it there.
-		s.qp.noteError()
-	}
-	return err
+	return s.cq.push(c, c.Status != abi.WCSuccess || s.recv && se)
 }

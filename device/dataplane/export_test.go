@@ -1,7 +1,10 @@
-package device
+package dataplane
 
 // MemErrOf exposes the dma → engine error mapping to the external tests.
 var MemErrOf = memErrOf
+
+// CountersOf exposes the engine → operator counter copy.
+var CountersOf = countersOf
 
 // DrainKicks drains the kick eventfd of every doorbell page the data plane
 // serves and returns the sum of the counts (what clients wrote since the

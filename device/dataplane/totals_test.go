@@ -1,4 +1,4 @@
-package device_test
+package dataplane_test
 
 import (
 	"testing"
@@ -8,8 +8,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/device"
-	"github.com/vrnic/vrnic/device/engine"
+	"github.com/vrnic/vrnic/device/dataplane"
 	"github.com/vrnic/vrnic/link"
 	"github.com/vrnic/vrnic/verbs"
 )
@@ -18,37 +19,14 @@ import (
 func sumCounters(cs ...device.QPCounters) device.QPCounters {
 	var t device.QPCounters
 	for _, c := range cs {
-		t.PacketsSent += c.PacketsSent
-		t.PacketsReceived += c.PacketsReceived
-		t.Retransmits += c.Retransmits
-		t.Timeouts += c.Timeouts
-		t.RNRNaksReceived += c.RNRNaksReceived
-		t.RNRNaksSent += c.RNRNaksSent
-		t.SeqNaksReceived += c.SeqNaksReceived
-		t.SeqNaksSent += c.SeqNaksSent
-		t.Duplicates += c.Duplicates
-		t.Dropped += c.Dropped
-		t.SendCQEs += c.SendCQEs
-		t.RecvCQEs += c.RecvCQEs
+		t.Add(c)
 	}
 	return t
 }
 
-// fromEngine reads the engine's own counters of a QP.
-func fromEngine(c *engine.QPCounters) device.QPCounters {
-	return device.QPCounters{
-		PacketsSent: c.PacketsSent.Load(), PacketsReceived: c.PacketsReceived.Load(),
-		Retransmits: c.Retransmits.Load(), Timeouts: c.Timeouts.Load(),
-		RNRNaksReceived: c.RNRNAKsReceived.Load(), RNRNaksSent: c.RNRNAKsSent.Load(),
-		SeqNaksReceived: c.SeqNAKsReceived.Load(), SeqNaksSent: c.SeqNAKsSent.Load(),
-		Duplicates: c.Duplicates.Load(), Dropped: c.Dropped.Load(),
-		SendCQEs: c.SendCQEs.Load(), RecvCQEs: c.RecvCQEs.Load(),
-	}
-}
-
-func adminInfo(t *testing.T, path string) device.AdminInfo {
+func adminInfo(t *testing.T, path string) admin.Info {
 	t.Helper()
-	a, err := device.DialAdmin(path)
+	a, err := admin.Dial(path)
 	require.NoError(t, err)
 	defer a.Close()
 	info, err := a.Info()
@@ -60,13 +38,13 @@ func adminInfo(t *testing.T, path string) device.AdminInfo {
 // QPs counted) plus the sum of the live QPs' counters, both as listed and
 // as the engine keeps them (frames still in flight move them between the
 // reads), and returns the totals and the listing.
-func settled(t *testing.T, n *dpNode, retired device.QPCounters) (device.QPCounters, []device.QPInfo) {
+func settled(t *testing.T, n *dpNode, retired device.QPCounters) (device.QPCounters, []admin.QPInfo) {
 	t.Helper()
 	var tot device.QPCounters
-	var qps []device.QPInfo
+	var qps []admin.QPInfo
 	require.Eventually(t, func() bool {
 		tot = adminInfo(t, n.sock).DataPath
-		qps = adminList[device.QPInfo](t, n.sock, device.AdminQPsCmd)
+		qps = listQPs(t, n.sock)
 		listed := []device.QPCounters{retired}
 		eng := []device.QPCounters{retired}
 		for _, q := range qps {
@@ -75,10 +53,10 @@ func settled(t *testing.T, n *dpNode, retired device.QPCounters) (device.QPCount
 			if err != nil {
 				return false
 			}
-			eng = append(eng, fromEngine(c))
+			eng = append(eng, dataplane.CountersOf(c))
 		}
 		return sumCounters(listed...) == tot && sumCounters(eng...) == tot && n.dev.DataPathTotals() == tot
-	}, timeout, 10*time.Millisecond, "device totals never matched the per-QP counters")
+	}, 10*time.Second, 10*time.Millisecond, "device totals never matched the per-QP counters")
 	return tot, qps
 }
 
@@ -143,7 +121,7 @@ func TestDataPathTotals(t *testing.T) {
 	// The link lost frames both ways: the senders went back and the
 	// receivers saw repeated requests.
 	assert.NotZero(t, ta.Retransmits, "retransmissions after losses")
-	assert.NotZero(t, tb.Duplicates+tb.Dropped+tb.SeqNaksSent, "repeated or out-of-order requests at the receiver")
+	assert.NotZero(t, tb.Duplicates+tb.Dropped+tb.SeqNAKsSent, "repeated or out-of-order requests at the receiver")
 
 	// Destroying a QP keeps its share in the totals; so does closing a
 	// client, which destroys its QPs.
@@ -164,4 +142,14 @@ func TestDataPathTotals(t *testing.T) {
 	final, _ := settled(t, na, after)
 	assert.Equal(t, after.SendCQEs+1, final.SendCQEs)
 	assert.Greater(t, final.PacketsSent, after.PacketsSent)
+}
+
+func listQPs(t *testing.T, path string) []admin.QPInfo {
+	t.Helper()
+	a, err := admin.Dial(path)
+	require.NoError(t, err)
+	defer a.Close()
+	items, err := admin.ListAs[admin.QPInfo](a, admin.QPsCmd)
+	require.NoError(t, err)
+	return items
 }

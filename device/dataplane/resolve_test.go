@@ -1,4 +1,4 @@
-package device_test
+package dataplane_test
 
 import (
 	"context"
@@ -14,7 +14,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/device/dataplane"
 	"github.com/vrnic/vrnic/device/engine"
 	"github.com/vrnic/vrnic/dma"
 	"github.com/vrnic/vrnic/roce"
@@ -56,21 +58,20 @@ func newResolveNode(t *testing.T, addr string, resolve func(context.Context, net
 	require.NoError(t, err)
 	space, err := dma.NewSpace(dma.Config{Logger: log})
 	require.NoError(t, err)
-	dp, err := device.NewDataPlane(device.DataPlaneConfig{Engine: eng, Space: space, Logger: log, Resolve: resolve})
+	dp, err := dataplane.New(dataplane.Config{Engine: eng, Space: space, Logger: log, Resolve: resolve})
 	require.NoError(t, err)
 	n := &dpNode{addr: a, gid: a.As16(), dp: dp}
 	n.dev, err = device.New(device.Config{
 		Name:      "resolve",
 		Link:      device.LinkInfo{Type: abi.LinkTAP, MaxMTU: abi.MTU4096, GIDs: [][16]byte{n.gid}, SpeedMbps: 10000},
 		Space:     space,
-		Doorbells: device.NewDoorbellPage,
-		Engine:    dp,
+		DataPlane: dp,
 		Logger:    log,
 	})
 	require.NoError(t, err)
 	dp.Start()
-	n.sock = filepath.Join(t.TempDir(), "dev"+device.SocketSuffix)
-	l, err := device.Listen(n.sock)
+	n.sock = filepath.Join(t.TempDir(), "dev"+admin.SocketSuffix)
+	l, err := admin.Listen(n.sock)
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- n.dev.Serve(l) }()

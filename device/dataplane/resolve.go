@@ -1,12 +1,14 @@
-package device
+package dataplane
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/device"
 )
 
 // Peer resolution on INIT → RTR.
@@ -17,7 +19,7 @@ import (
 // the link's neighbour cache that never waits (PathFixup). Resolution
 // itself, which sends ARP requests or neighbour solicitations and waits
 // for the answer, is done here, on the control path, by
-// DataPlaneConfig.Resolve, so that
+// Config.Resolve, so that
 //
 //   - CheckModifyQP (called before the device applies a MODIFY_QP) fails
 //     the INIT → RTR transition of a QP whose peer does not answer with
@@ -30,19 +32,26 @@ import (
 // Both run under the device lock: a peer that does not answer holds the
 // device's control path for at most ResolveTimeout.
 
+// unreachableError is an unresolved peer: its message names the QP and the
+// peer, and it wraps EHOSTUNREACH, the errno the client gets.
+type unreachableError struct{ msg string }
+
+func (e *unreachableError) Error() string { return e.msg }
+func (e *unreachableError) Unwrap() error { return unix.EHOSTUNREACH }
+
 // CheckModifyQP checks a MODIFY_QP before the device applies it: for an
 // RC QP going from INIT (cur) to RTR (next) it resolves the peer address
 // of the address vector (a's when mask has AttrAV, else the QP's) with
-// DataPlaneConfig.Resolve. The error wraps unix.EHOSTUNREACH.
-func (dp *DataPlane) CheckModifyQP(q *QP, cur, next QPState, mask AttrMask, a *abi.QPAttr) error {
-	if dp.cfg.Resolve == nil || q.typ != QPTypeRC || cur != StateInit || next != StateRTR {
+// Config.Resolve. The error wraps unix.EHOSTUNREACH.
+func (dp *DataPlane) CheckModifyQP(q *device.QP, cur, next device.QPState, mask device.AttrMask, a *abi.QPAttr) error {
+	if dp.cfg.Resolve == nil || q.Type() != abi.QPTRC || cur != device.StateInit || next != device.StateRTR {
 		return nil
 	}
-	av := &q.attr.AHAttr
-	if mask&AttrAV != 0 {
-		av = &a.AHAttr
+	av := q.Attr().AHAttr
+	if mask&device.AttrAV != 0 {
+		av = a.AHAttr
 	}
-	return dp.resolvePeer(q.qpn, av)
+	return dp.resolvePeer(q.QPN(), &av)
 }
 
 // resolvePeer runs Resolve for the destination GID of av.
@@ -54,7 +63,7 @@ func (dp *DataPlane) resolvePeer(qpn uint32, av *abi.AHAttr) error {
 	ctx, cancel := context.WithTimeout(context.Background(), dp.cfg.ResolveTimeout)
 	defer cancel()
 	if err := dp.cfg.Resolve(ctx, peer); err != nil {
-		return errorf(unix.EHOSTUNREACH, "QP %d: peer %v is unreachable (no ARP/neighbour reply): %v", qpn, peer, err)
+		return &unreachableError{fmt.Sprintf("QP %d: peer %v is unreachable (no ARP/neighbour reply): %v", qpn, peer, err)}
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package device
+package admin
 
 import (
 	"encoding/json"
@@ -10,29 +10,29 @@ import (
 	"github.com/vrnic/vrnic/abi"
 )
 
-// AdminClient is an operator connection to a device's control socket
-// (used by vrnicctl and tests). It opens no context.
-type AdminClient struct {
+// Client is an operator connection to a device's control socket (used by
+// vrnicctl, the launchers and tests). It opens no context.
+type Client struct {
 	c   *net.UnixConn
 	seq uint32
 	buf []byte
 }
 
-// DialAdmin connects to the control socket at path.
-func DialAdmin(path string) (*AdminClient, error) {
+// Dial connects to the control socket at path.
+func Dial(path string) (*Client, error) {
 	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
 	if err != nil {
 		return nil, err
 	}
-	return &AdminClient{c: c, buf: make([]byte, abi.MaxMsgSize+1)}, nil
+	return &Client{c: c, buf: make([]byte, abi.MaxMsgSize+1)}, nil
 }
 
 // Close closes the connection.
-func (a *AdminClient) Close() error { return a.c.Close() }
+func (a *Client) Close() error { return a.c.Close() }
 
 // Call sends an operator command with a JSON request (nil for none) and
 // returns the JSON reply payload.
-func (a *AdminClient) Call(op abi.Cmd, req any) ([]byte, error) {
+func (a *Client) Call(op abi.Cmd, req any) ([]byte, error) {
 	var payload []byte
 	if req != nil {
 		var err error
@@ -74,9 +74,9 @@ func (a *AdminClient) Call(op abi.Cmd, req any) ([]byte, error) {
 }
 
 // Info returns the device summary.
-func (a *AdminClient) Info() (AdminInfo, error) {
-	var info AdminInfo
-	b, err := a.Call(AdminInfoCmd, nil)
+func (a *Client) Info() (Info, error) {
+	var info Info
+	b, err := a.Call(InfoCmd, nil)
 	if err != nil {
 		return info, err
 	}
@@ -85,15 +85,15 @@ func (a *AdminClient) Info() (AdminInfo, error) {
 
 // List fetches every page of an operator list command and returns the raw
 // JSON items.
-func (a *AdminClient) List(op abi.Cmd) ([]json.RawMessage, error) {
+func (a *Client) List(op abi.Cmd) ([]json.RawMessage, error) {
 	var all []json.RawMessage
-	req := AdminRequest{}
+	req := Request{}
 	for {
 		b, err := a.Call(op, &req)
 		if err != nil {
 			return nil, err
 		}
-		var l AdminList
+		var l ListReply
 		if err := json.Unmarshal(b, &l); err != nil {
 			return nil, err
 		}
@@ -106,7 +106,7 @@ func (a *AdminClient) List(op abi.Cmd) ([]json.RawMessage, error) {
 }
 
 // ListAs fetches a list and decodes its items as T.
-func ListAs[T any](a *AdminClient, op abi.Cmd) ([]T, error) {
+func ListAs[T any](a *Client, op abi.Cmd) ([]T, error) {
 	raw, err := a.List(op)
 	if err != nil {
 		return nil, err

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/device"
 )
 
@@ -16,30 +17,30 @@ func TestAdminListings(t *testing.T) {
 	defer c.Close()
 	path := s.SocketPath
 
-	ctxs := adminList[device.ContextInfo](t, path, device.AdminContextsCmd)
+	ctxs := adminList[admin.ContextInfo](t, path, admin.ContextsCmd)
 	require.Len(t, ctxs, 1)
 	assert.NotZero(t, ctxs[0].PID, "SO_PEERCRED")
 	assert.Equal(t, 2, ctxs[0].Resources.QP)
-	assert.Len(t, adminList[device.PDInfo](t, path, device.AdminPDsCmd), 1)
-	mrs := adminList[device.MRInfoJSON](t, path, device.AdminMRsCmd)
+	assert.Len(t, adminList[admin.PDInfo](t, path, admin.PDsCmd), 1)
+	mrs := adminList[admin.MRInfo](t, path, admin.MRsCmd)
 	require.Len(t, mrs, 1)
 	assert.Equal(t, uint64(1<<20), mrs[0].Length)
 	assert.Equal(t, uint32(256), mrs[0].Pages)
-	cqs := adminList[device.CQInfo](t, path, device.AdminCQsCmd)
+	cqs := adminList[admin.CQInfo](t, path, admin.CQsCmd)
 	require.Len(t, cqs, 1)
 	assert.True(t, cqs[0].Channel)
 	assert.Equal(t, 4, cqs[0].Users, "two QPs, each as send and receive CQ")
-	qps := adminList[device.QPInfo](t, path, device.AdminQPsCmd)
+	qps := adminList[admin.QPInfo](t, path, admin.QPsCmd)
 	require.Len(t, qps, 2)
 	assert.Equal(t, "INIT", qps[0].State)
 	assert.Equal(t, "RESET", qps[1].State)
 	assert.Equal(t, "UD", qps[1].Type)
 	require.NotNil(t, qps[1].SRQ)
-	assert.Len(t, adminList[device.SRQInfo](t, path, device.AdminSRQsCmd), 1)
-	assert.Len(t, adminList[device.AHInfo](t, path, device.AdminAHsCmd), 1)
-	assert.Len(t, adminList[device.HostMemInfo](t, path, device.AdminHostMemCmd), 1)
+	assert.Len(t, adminList[admin.SRQInfo](t, path, admin.SRQsCmd), 1)
+	assert.Len(t, adminList[admin.AHInfo](t, path, admin.AHsCmd), 1)
+	assert.Len(t, adminList[admin.HostMemInfo](t, path, admin.HostMemCmd), 1)
 
-	a, err := device.DialAdmin(path)
+	a, err := admin.Dial(path)
 	require.NoError(t, err)
 	defer a.Close()
 	info, err := a.Info()
@@ -68,17 +69,17 @@ func TestAdminPaging(t *testing.T) {
 		_, err := pd.CreateAH(testAV())
 		require.NoError(t, err)
 	}
-	a, err := device.DialAdmin(s.SocketPath)
+	a, err := admin.Dial(s.SocketPath)
 	require.NoError(t, err)
 	defer a.Close()
-	b, err := a.Call(device.AdminAHsCmd, &device.AdminRequest{})
+	b, err := a.Call(admin.AHsCmd, &admin.Request{})
 	require.NoError(t, err)
-	var first device.AdminList
+	var first admin.ListReply
 	require.NoError(t, json.Unmarshal(b, &first))
 	assert.Equal(t, n, first.Total)
 	require.NotZero(t, first.Next, "one page cannot hold %d AHs", n)
 	assert.Less(t, len(b), abi.MaxMsgSize)
-	all := adminList[device.AHInfo](t, s.SocketPath, device.AdminAHsCmd)
+	all := adminList[admin.AHInfo](t, s.SocketPath, admin.AHsCmd)
 	require.Len(t, all, n)
 	seen := map[uint32]bool{}
 	for _, ah := range all {

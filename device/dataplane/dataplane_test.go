@@ -1,4 +1,4 @@
-package device_test
+package dataplane_test
 
 import (
 	"context"
@@ -15,7 +15,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/device/dataplane"
 	"github.com/vrnic/vrnic/device/engine"
 	"github.com/vrnic/vrnic/dma"
 	"github.com/vrnic/vrnic/link"
@@ -29,7 +31,7 @@ type dpNode struct {
 	addr netip.Addr
 	gid  [16]byte
 	dev  *device.Device
-	dp   *device.DataPlane
+	dp   *dataplane.DataPlane
 	sock string
 }
 
@@ -60,22 +62,21 @@ func newDPNodeSpin(t testing.TB, nw *link.Network, addr string, workers int, fau
 	require.NoError(t, err)
 	space, err := dma.NewSpace(dma.Config{Logger: log})
 	require.NoError(t, err)
-	dp, err := device.NewDataPlane(device.DataPlaneConfig{Engine: eng, Space: space, SpinBudget: spin, Logger: log})
+	dp, err := dataplane.New(dataplane.Config{Engine: eng, Space: space, SpinBudget: spin, Logger: log})
 	require.NoError(t, err)
 	n := &dpNode{addr: a, gid: a.As16(), dp: dp} // IPv4: the IPv4-mapped GID
 	n.dev, err = device.New(device.Config{
 		Name:      "dp-" + addr,
 		Link:      device.LinkInfo{Type: abi.LinkMem, MaxMTU: abi.MTU4096, GIDs: [][16]byte{n.gid}, SpeedMbps: 10000},
 		Space:     space,
-		Doorbells: device.NewDoorbellPage,
-		Engine:    dp,
+		DataPlane: dp,
 		Logger:    log,
 	})
 	require.NoError(t, err)
 	dp.Start()
 	dir := t.TempDir()
-	n.sock = filepath.Join(dir, "dev"+device.SocketSuffix)
-	l, err := device.Listen(n.sock)
+	n.sock = filepath.Join(dir, "dev"+admin.SocketSuffix)
+	l, err := admin.Listen(n.sock)
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- n.dev.Serve(l) }()
@@ -488,7 +489,7 @@ func TestDataPlaneMemErrors(t *testing.T) {
 		{dma.ErrSegments, engine.ErrMemProtection},
 	} {
 		t.Run(c.in.Error(), func(t *testing.T) {
-			err := device.MemErrOf(c.in)
+			err := dataplane.MemErrOf(c.in)
 			assert.ErrorIs(t, err, c.want)
 			assert.ErrorIs(t, err, c.in)
 			for _, other := range []error{engine.ErrMemProtection, engine.ErrMemLength, engine.ErrMemBounds} {
@@ -498,8 +499,8 @@ func TestDataPlaneMemErrors(t *testing.T) {
 			}
 		})
 	}
-	assert.NoError(t, device.MemErrOf(nil))
-	assert.Zero(t, testing.AllocsPerRun(100, func() { _ = device.MemErrOf(dma.ErrBounds) }))
+	assert.NoError(t, dataplane.MemErrOf(nil))
+	assert.Zero(t, testing.AllocsPerRun(100, func() { _ = dataplane.MemErrOf(dma.ErrBounds) }))
 }
 
 // TestDataPlaneBadWQE: a WQE the daemon cannot accept (an opcode the

@@ -1,0 +1,50 @@
+package admin
+
+// StatsSuffix names a daemon's link statistics socket, beside its control
+// socket: device "vr0" serves them on "vr0.stats" (a unix stream socket
+// that writes one JSON LinkStats document per connection, then closes).
+const StatsSuffix = ".stats"
+
+// LinkStats is the JSON a daemon serves on its stats socket (the TAP
+// link). A reader keeps fields unknown to its version in raw JSON output.
+type LinkStats struct {
+	Link      string `json:"link"`
+	Interface string `json:"interface"`
+	MAC       string `json:"mac"`
+	// Queues: per queue, the frames the steering program put there and
+	// what the link did with them.
+	Queues []QueueStats `json:"queues"`
+	// SteerNonRoCE counts frames the steering program saw that were not
+	// RoCE v2 (they go to queue 0).
+	SteerNonRoCE uint64 `json:"steer_non_roce"`
+	// Filter counts the filter program's verdicts by reason;
+	// FilterDropped sums the dropping ones.
+	Filter        map[string]uint64 `json:"filter"`
+	FilterDropped uint64            `json:"filter_dropped"`
+	// Neighbors counts the NIC's ARP and neighbour discovery activity by
+	// counter name.
+	Neighbors map[string]uint64 `json:"neighbors"`
+}
+
+// QueueStats is one queue's line of LinkStats: what the steering program
+// put on the queue, then the link's own counters of the queue.
+type QueueStats struct {
+	Steered uint64 `json:"steered"`
+	TAPQueueStats
+}
+
+// TAPQueueStats is a snapshot of one TAP queue's counters as the link keeps
+// them (package link's TAPQueueStats is this type).
+type TAPQueueStats struct {
+	Queue       int    `json:"queue"`
+	RxFrames    uint64 `json:"rx_frames"`
+	RxBytes     uint64 `json:"rx_bytes"`
+	RxNeighbor  uint64 `json:"rx_neighbor"`
+	RxOther     uint64 `json:"rx_other"`
+	RxMisqueued uint64 `json:"rx_misqueued"`
+	ReadErrors  uint64 `json:"read_errors"`
+	TxFrames    uint64 `json:"tx_frames"`
+	TxBytes     uint64 `json:"tx_bytes"`
+	TxErrors    uint64 `json:"tx_errors"`
+	Wakeups     uint64 `json:"wakeups"`
+}

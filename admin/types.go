@@ -1,0 +1,198 @@
+package admin
+
+import (
+	"encoding/json"
+	"reflect"
+
+	"github.com/vrnic/vrnic/abi"
+)
+
+// The operator commands. JSON instead of C structs: this is the operator
+// path, not a hot one, it changes with the features, and keeping it out of
+// vrnic_abi.h leaves the client ABI small. A connection needs no
+// OPEN_CONTEXT to use them.
+//
+// Request payload: empty, or a JSON Request. Reply payload: a JSON Info
+// (InfoCmd) or a ListReply whose Items are of the listed kind. Lists are paged so a reply always fits one datagram: a reply with
+// Next != 0 is continued by a request with Start = Next.
+const (
+	InfoCmd     = abi.CmdAdminBase + 0 // Info
+	ContextsCmd = abi.CmdAdminBase + 1 // []ContextInfo
+	PDsCmd      = abi.CmdAdminBase + 2 // []PDInfo
+	MRsCmd      = abi.CmdAdminBase + 3 // []MRInfo
+	CQsCmd      = abi.CmdAdminBase + 4 // []CQInfo
+	QPsCmd      = abi.CmdAdminBase + 5 // []QPInfo
+	SRQsCmd     = abi.CmdAdminBase + 6 // []SRQInfo
+	AHsCmd      = abi.CmdAdminBase + 7 // []AHInfo
+	HostMemCmd  = abi.CmdAdminBase + 8 // []HostMemInfo
+)
+
+// Request is the JSON payload of an operator list command.
+type Request struct {
+	Start int `json:"start,omitempty"`
+}
+
+// ListReply is the JSON reply of an operator list command.
+type ListReply struct {
+	Total int               `json:"total"`
+	Next  int               `json:"next,omitempty"`
+	Items []json.RawMessage `json:"items"`
+}
+
+// Info is the JSON reply of InfoCmd.
+type Info struct {
+	Device      string           `json:"device"`
+	ABIVersion  string           `json:"abi_version"`
+	LinkType    string           `json:"link_type"`
+	Workers     int              `json:"workers"`
+	UptimeSec   float64          `json:"uptime_sec"`
+	Resources   ResourceCounts   `json:"resources"`
+	Limits      Limits           `json:"limits"`
+	Counters    map[string]int64 `json:"counters"`
+	Connections int64            `json:"connections"`
+	// DataPath sums the engine's per-QP counters over every QP, live or
+	// destroyed, since the device started.
+	DataPath QPCounters `json:"data_path"`
+}
+
+// ContextInfo describes one client context.
+type ContextInfo struct {
+	Ctx       uint32         `json:"ctx"`
+	Client    string         `json:"client"`
+	PID       int32          `json:"pid"`
+	UID       uint32         `json:"uid"`
+	OpenedSec float64        `json:"opened_sec_ago"`
+	Resources ResourceCounts `json:"resources"`
+}
+
+// PDInfo describes a PD.
+type PDInfo struct {
+	Ctx    uint32 `json:"ctx"`
+	Handle uint32 `json:"handle"`
+	Users  int    `json:"users"`
+}
+
+// MRInfo describes an MR.
+type MRInfo struct {
+	Ctx       uint32 `json:"ctx"`
+	Handle    uint32 `json:"handle"`
+	PD        uint32 `json:"pd"`
+	IOVA      uint64 `json:"iova"`
+	Length    uint64 `json:"length"`
+	Access    uint32 `json:"access"`
+	LKey      uint32 `json:"lkey"`
+	RKey      uint32 `json:"rkey"`
+	Pages     uint32 `json:"pages"`
+	PageShift uint32 `json:"page_shift"`
+}
+
+// CQInfo describes a CQ.
+type CQInfo struct {
+	Ctx     uint32 `json:"ctx"`
+	Handle  uint32 `json:"handle"`
+	CQEs    uint32 `json:"cqes"`
+	RingPA  uint64 `json:"ring_pa"`
+	DBIndex uint32 `json:"db_index"`
+	Channel bool   `json:"channel"`
+	Users   int    `json:"users"`
+}
+
+// QPInfo describes a QP.
+type QPInfo struct {
+	Ctx      uint32     `json:"ctx"`
+	QPN      uint32     `json:"qpn"`
+	Type     string     `json:"type"`
+	State    string     `json:"state"`
+	PD       uint32     `json:"pd"`
+	SendCQ   uint32     `json:"send_cq"`
+	RecvCQ   uint32     `json:"recv_cq"`
+	SRQ      *uint32    `json:"srq,omitempty"`
+	SQPSN    uint32     `json:"sq_psn"`
+	RQPSN    uint32     `json:"rq_psn"`
+	DestQPN  uint32     `json:"dest_qpn"`
+	PathMTU  int        `json:"path_mtu"`
+	SendWR   uint32     `json:"max_send_wr"`
+	RecvWR   uint32     `json:"max_recv_wr"`
+	Counters QPCounters `json:"counters"`
+}
+
+// SRQInfo describes an SRQ.
+type SRQInfo struct {
+	Ctx    uint32 `json:"ctx"`
+	Handle uint32 `json:"handle"`
+	PD     uint32 `json:"pd"`
+	MaxWR  uint32 `json:"max_wr"`
+	MaxSGE uint32 `json:"max_sge"`
+	Limit  uint32 `json:"limit"`
+	Users  int    `json:"users"`
+}
+
+// AHInfo describes an AH.
+type AHInfo struct {
+	Ctx    uint32 `json:"ctx"`
+	Handle uint32 `json:"handle"`
+	PD     uint32 `json:"pd"`
+	DGID   string `json:"dgid"`
+}
+
+// HostMemInfo describes a host memory region.
+type HostMemInfo struct {
+	Ctx    uint32 `json:"ctx"`
+	Handle uint32 `json:"handle"`
+	PABase uint64 `json:"pa_base"`
+	Length uint64 `json:"length"`
+	Locked bool   `json:"locked"`
+}
+
+// ResourceCounts counts the objects of one kind each; used for limits and
+// for the operator's resource report.
+type ResourceCounts struct {
+	Contexts int `json:"contexts"`
+	HostMem  int `json:"host_mem"`
+	PD       int `json:"pd"`
+	MR       int `json:"mr"`
+	CQ       int `json:"cq"`
+	QP       int `json:"qp"`
+	SRQ      int `json:"srq"`
+	AH       int `json:"ah"`
+}
+
+// Limits bound what clients may create. PerClient limits failing give
+// EAGAIN, PerDevice limits ENOMEM. Contexts is only meaningful per device.
+type Limits struct {
+	PerClient ResourceCounts `json:"per_client"`
+	PerDevice ResourceCounts `json:"per_device"`
+	// MaxMRPages bounds the page list of one REG_MR (the daemon copies
+	// it): a larger registration fails with EINVAL, as any MR beyond the
+	// device's attributes does.
+	MaxMRPages uint32 `json:"max_mr_pages"`
+}
+
+// QPCounters are one QP's data-path counters as the operator sees them
+// (the engine keeps them as atomics of the same names, in the same order:
+// package device/dataplane copies one into the other and a test checks
+// the two agree); Info.DataPath holds their device-wide sums. QUERY_QP
+// carries the first four it declares (abi.RespQueryQP).
+type QPCounters struct {
+	PacketsSent     uint64 `json:"packets_sent"`
+	PacketsReceived uint64 `json:"packets_received"`
+	Retransmits     uint64 `json:"retransmits"`       // go-back-N restarts
+	RNRNAKsReceived uint64 `json:"rnr_naks_received"` // in QUERY_QP
+	Timeouts        uint64 `json:"timeouts"`          // local ACK timeouts
+	RNRNAKsSent     uint64 `json:"rnr_naks_sent"`
+	SeqNAKsReceived uint64 `json:"seq_naks_received"`
+	SeqNAKsSent     uint64 `json:"seq_naks_sent"`
+	Duplicates      uint64 `json:"duplicates"` // duplicate requests received
+	Dropped         uint64 `json:"dropped"`    // packets dropped by a check
+	SendCQEs        uint64 `json:"send_cqes"`
+	RecvCQEs        uint64 `json:"recv_cqes"`
+}
+
+// Add adds every counter of o to c.
+func (c *QPCounters) Add(o QPCounters) {
+	dst, src := reflect.ValueOf(c).Elem(), reflect.ValueOf(o)
+	for i := range dst.NumField() {
+		f := dst.Field(i)
+		f.SetUint(f.Uint() + src.Field(i).Uint())
+	}
+}

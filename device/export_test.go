@@ -1,0 +1,14 @@
+package device
+
+// StoreQPState stores s into QP qpn's state word, as the transport does
+// when it moves a QP to ERR on its own (and as only a test does for other
+// states, to reach SQE without a UD data path).
+func (d *Device) StoreQPState(qpn uint32, s QPState) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	q, ok := d.qps[qpn]
+	if ok {
+		q.StateWord().TransportState(s)
+	}
+	return ok
+}

@@ -1,0 +1,226 @@
+package device
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/admin"
+)
+
+// adminTable maps each operator command to the function listing its items
+// (nil for admin.InfoCmd). Called with Device.mu held.
+var adminTable = map[abi.Cmd]func(d *Device) []any{
+	admin.InfoCmd:     nil,
+	admin.ContextsCmd: (*Device).listContexts,
+	admin.PDsCmd:      (*Device).listPDs,
+	admin.MRsCmd:      (*Device).listMRs,
+	admin.CQsCmd:      (*Device).listCQs,
+	admin.QPsCmd:      (*Device).listQPs,
+	admin.SRQsCmd:     (*Device).listSRQs,
+	admin.AHsCmd:      (*Device).listAHs,
+	admin.HostMemCmd:  (*Device).listHostMem,
+}
+
+// adminReplyBudget keeps a list reply inside one datagram.
+const adminReplyBudget = abi.MaxMsgSize - abi.SizeofMsgHdr - 1024
+
+func (cn *conn) admin(r *request) (reply, error) {
+	d := cn.d
+	var req admin.Request
+	if len(r.payload) > 0 {
+		dec := json.NewDecoder(bytes.NewReader(r.payload))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil {
+			return reply{}, errorf(errInval, "operator request: %v", err)
+		}
+		if dec.More() {
+			return reply{}, errorf(errInval, "operator request: trailing data")
+		}
+		if req.Start < 0 {
+			return reply{}, errorf(errInval, "operator request: negative start")
+		}
+	}
+	list := adminTable[r.hdr.Opcode]
+	if list == nil {
+		b, err := json.Marshal(d.infoLocked())
+		if err != nil {
+			return reply{}, err
+		}
+		return reply{raw: b}, nil
+	}
+	items := list(d)
+	out := admin.ListReply{Total: len(items), Items: []json.RawMessage{}}
+	size := 64
+	for i := req.Start; i < len(items); i++ {
+		b, err := json.Marshal(items[i])
+		if err != nil {
+			return reply{}, err
+		}
+		if size+len(b)+1 > adminReplyBudget && len(out.Items) > 0 {
+			out.Next = i
+			break
+		}
+		size += len(b) + 1
+		out.Items = append(out.Items, b)
+	}
+	b, err := json.Marshal(out)
+	if err != nil {
+		return reply{}, err
+	}
+	return reply{raw: b}, nil
+}
+
+func (d *Device) infoLocked() admin.Info {
+	c := &d.counters
+	return admin.Info{
+		Device:     d.cfg.Name,
+		ABIVersion: fmt.Sprintf("%d.%d", abi.VersionMajor, abi.VersionMinor),
+		LinkType:   linkTypeName(d.cfg.Link.Type),
+		Workers:    d.cfg.NumWorkers,
+		UptimeSec:  time.Since(d.start).Seconds(),
+		Resources:  d.totals,
+		Limits:     d.cfg.Limits,
+		Counters: map[string]int64{
+			"commands":        int64(c.Commands.Load()),
+			"command_errors":  int64(c.CommandErrors.Load()),
+			"bad_messages":    int64(c.BadMessages.Load()),
+			"fds_closed":      int64(c.FdsClosed.Load()),
+			"contexts_opened": int64(c.ContextsOpened.Load()),
+			"contexts_closed": int64(c.ContextsClosed.Load()),
+		},
+		Connections: c.ConnectionsOpen.Load(),
+		DataPath:    d.dataPathTotalsLocked(),
+	}
+}
+
+func linkTypeName(t abi.LinkType) string {
+	switch t {
+	case abi.LinkMem:
+		return "mem"
+	case abi.LinkUDP:
+		return "udp"
+	case abi.LinkTAP:
+		return "tap"
+	}
+	return fmt.Sprintf("link%d", t)
+}
+
+// sortedContexts returns the contexts by handle.
+func (d *Device) sortedContexts() []*Context {
+	out := make([]*Context, 0, len(d.contexts))
+	for _, cx := range d.contexts {
+		out = append(out, cx)
+	}
+	slices.SortFunc(out, func(a, b *Context) int { return int(a.handle) - int(b.handle) })
+	return out
+}
+
+func sortedKeys[V any](m map[uint32]V) []uint32 {
+	k := make([]uint32, 0, len(m))
+	for h := range m {
+		k = append(k, h)
+	}
+	slices.Sort(k)
+	return k
+}
+
+func (d *Device) listContexts() []any {
+	var out []any
+	for _, cx := range d.sortedContexts() {
+		out = append(out, admin.ContextInfo{Ctx: cx.handle, Client: cx.name, PID: cx.pid, UID: cx.uid,
+			OpenedSec: time.Since(cx.opened).Seconds(), Resources: cx.counts})
+	}
+	return out
+}
+
+func (d *Device) listPDs() []any {
+	var out []any
+	for _, cx := range d.sortedContexts() {
+		for _, h := range sortedKeys(cx.pds) {
+			out = append(out, admin.PDInfo{Ctx: cx.handle, Handle: h, Users: cx.pds[h].users})
+		}
+	}
+	return out
+}
+
+func (d *Device) listMRs() []any {
+	var out []any
+	for _, cx := range d.sortedContexts() {
+		for _, h := range sortedKeys(cx.mrs) {
+			m := cx.mrs[h]
+			out = append(out, admin.MRInfo{Ctx: cx.handle, Handle: h, PD: m.pd.handle, IOVA: m.iova, Length: m.length,
+				Access: m.access, LKey: m.lkey, RKey: m.rkey, Pages: m.npages, PageShift: m.shift})
+		}
+	}
+	return out
+}
+
+func (d *Device) listCQs() []any {
+	var out []any
+	for _, cx := range d.sortedContexts() {
+		for _, h := range sortedKeys(cx.cqs) {
+			q := cx.cqs[h]
+			out = append(out, admin.CQInfo{Ctx: cx.handle, Handle: h, CQEs: q.cqeCount, RingPA: q.ringPA,
+				DBIndex: q.dbIndex, Channel: q.eventfd >= 0, Users: q.users})
+		}
+	}
+	return out
+}
+
+func (d *Device) listQPs() []any {
+	var out []any
+	for _, cx := range d.sortedContexts() {
+		for _, n := range sortedKeys(cx.qps) {
+			q := cx.qps[n]
+			qi := admin.QPInfo{Ctx: cx.handle, QPN: n, Type: qpTypeName(q.typ), State: q.state.Load().String(),
+				PD: q.pd.handle, SendCQ: q.sendCQ.handle, RecvCQ: q.recvCQ.handle,
+				SQPSN: q.attr.SQPSN, RQPSN: q.attr.RQPSN, DestQPN: q.attr.DestQPNum,
+				PathMTU: q.attr.PathMTU.Bytes(), SendWR: q.cap.MaxSendWR, RecvWR: q.cap.MaxRecvWR,
+				Counters: d.dp.Counters(q)}
+			if q.srq != nil {
+				h := q.srq.handle
+				qi.SRQ = &h
+			}
+			out = append(out, qi)
+		}
+	}
+	return out
+}
+
+func (d *Device) listSRQs() []any {
+	var out []any
+	for _, cx := range d.sortedContexts() {
+		for _, h := range sortedKeys(cx.srqs) {
+			s := cx.srqs[h]
+			out = append(out, admin.SRQInfo{Ctx: cx.handle, Handle: h, PD: s.pd.handle, MaxWR: s.maxWR,
+				MaxSGE: s.maxSGE, Limit: s.limit, Users: s.users})
+		}
+	}
+	return out
+}
+
+func (d *Device) listAHs() []any {
+	var out []any
+	for _, cx := range d.sortedContexts() {
+		for _, h := range sortedKeys(cx.ahs) {
+			a := cx.ahs[h]
+			out = append(out, admin.AHInfo{Ctx: cx.handle, Handle: h, PD: a.pd.handle, DGID: fmt.Sprintf("%x", a.attr.DGID)})
+		}
+	}
+	return out
+}
+
+func (d *Device) listHostMem() []any {
+	var out []any
+	for _, cx := range d.sortedContexts() {
+		for _, h := range sortedKeys(cx.hostMem) {
+			m := cx.hostMem[h]
+			out = append(out, admin.HostMemInfo{Ctx: cx.handle, Handle: h, PABase: m.pa, Length: m.length, Locked: m.locked})
+		}
+	}
+	return out
+}
