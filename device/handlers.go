@@ -120,7 +120,7 @@ func (cn *conn) queryDevice(r *request) (reply, error) {
 		AtomicCap:       1,
 		PhysPortCnt:     1,
 	}
-	copy(a.FWVer[:], "vrnic "+itoaU(abi.VersionMajor)+"."+itoaU(abi.VersionMinor))
+	copy(a.FWVer[:], fmt.Sprintf("vrnic %d.%d", abi.VersionMajor, abi.VersionMinor))
 	return reply{body: a}, nil
 }
 
@@ -132,19 +132,6 @@ func nodeGUID(name string) uint64 {
 		h *= 1099511628211
 	}
 	return h
-}
-
-func itoaU(v uint64) string {
-	var b [20]byte
-	i := len(b)
-	for {
-		i--
-		b[i] = byte('0' + v%10)
-		v /= 10
-		if v == 0 {
-			return string(b[i:])
-		}
-	}
 }
 
 func (cn *conn) queryPort(r *request) (reply, error) {

@@ -79,10 +79,10 @@ var _ DataPlane = noDataPlane{}
 //	    ▲                                  (UD: RTS ◄──► SQE)
 //	    └──────────── any state (MODIFY_QP) ◄────────── ERR
 //
-// The worker only ever stores ERR, and only while the engine's own copy
-// of the state is not ERR or RESET, so a RESET the control path applied is
-// never undone by a late error: the engine applies the RESET on the same
-// worker, after any error it reported.
+// The worker only ever stores ERR, at the moment its own copy of the
+// state becomes ERR, and the engine applies every MODIFY_QP on that same
+// worker: a RESET the control path applied after an error is never undone
+// by a late report of it.
 type StateWord struct{ v atomic.Uint32 }
 
 // Load returns the state.

@@ -52,13 +52,85 @@ func (r *resetReq) request(pi uint32) {
 	}
 }
 
-// sqSource is a QP's send queue as the engine's SendSource.
-type sqSource struct {
-	q      *queues.SQ
-	wr     queues.SendWR
+// ring is what both work sources need of their ring view (queues.SQ,
+// queues.RecvQueue): W is the view's private WQE copy.
+type ring[W any] interface {
+	Pending() uint32
+	Publish()
+	Poll() (uint32, error)
+	Head() uint32
+	Next(w *W) (bool, error)
+}
+
+// consumer is the worker-side state of one ring: the RESET hand-over and
+// whether the ring's breakage was reported.
+type consumer struct {
 	reset  resetReq
 	seen   uint32 // reset generation applied (worker only)
 	broken bool   // errRingBroken reported (worker only)
+}
+
+// take makes the next posted WQE of q current in w. It applies a pending
+// RESET first (resettable: an RQ or SQ, not a shared SRQ), reads the
+// client's producer index when nothing read earlier is left, and publishes
+// the consumer index as soon as the WQE is copied, so the client's flow
+// control sees the slot free (one store to the daemon's line). It returns
+// false when nothing is posted; true with errRingBroken, once, for an
+// impossible producer index (w is not filled); true with the view's error
+// for a malformed WQE (consumed, its wr_id in w).
+func take[W any, Q ring[W]](c *consumer, q Q, w *W, resettable bool) (bool, error) {
+	if resettable {
+		if v := c.reset.v.Load(); uint32(v>>32) != c.seen {
+			c.seen = uint32(v >> 32)
+			discardTo(q, uint32(v), w)
+		}
+	}
+	if q.Pending() == 0 {
+		q.Publish()
+		n, err := q.Poll()
+		if err != nil {
+			if c.broken {
+				return false, nil
+			}
+			c.broken = true
+			return true, fmt.Errorf("%w: %w", errRingBroken, err)
+		}
+		if n == 0 {
+			return false, nil
+		}
+	}
+	ok, err := q.Next(w)
+	if !ok {
+		return false, nil
+	}
+	q.Publish()
+	return true, err
+}
+
+// discardTo consumes the ring up to producer index target (the RESET
+// hand-over) and publishes the consumer index. A target the client's
+// producer index never reached, or an impossible index, stops early: the
+// ring then starts from where it is.
+func discardTo[W any, Q ring[W]](q Q, target uint32, w *W) {
+	for q.Head() != target {
+		n, err := q.Poll()
+		if err != nil || n == 0 {
+			break
+		}
+		for q.Head() != target {
+			if ok, _ := q.Next(w); !ok {
+				break
+			}
+		}
+	}
+	q.Publish()
+}
+
+// sqSource is a QP's send queue as the engine's SendSource.
+type sqSource struct {
+	q  *queues.SQ
+	wr queues.SendWR
+	consumer
 }
 
 var _ engine.SendSource = (*sqSource)(nil)
@@ -74,41 +146,21 @@ func newSQSource(ring []byte, c abi.QPCap, rec doorbell.QPRecord) (*sqSource, er
 // PollSend implements engine.SendSource. The WQE is read once from the
 // ring into private memory and validated by package queues, then copied
 // into w (whose SGE and inline storage the engine sized from the same
-// capacities). The consumer index is published after every WQE taken:
-// the slot may be reused by the client from then on.
+// capacities).
 func (s *sqSource) PollSend(w *engine.SendWork) (bool, error) {
-	if v := s.reset.v.Load(); uint32(v>>32) != s.seen {
-		s.seen = uint32(v >> 32)
-		discardTo(s.q, uint32(v), func() (bool, error) { return s.q.Next(&s.wr) })
-	}
-	if s.q.Pending() == 0 {
-		s.q.Publish()
-		n, err := s.q.Poll()
-		if err != nil {
-			if s.broken {
-				return false, nil
-			}
-			s.broken = true
-			w.SendWQE = abi.SendWQE{}
-			w.SGEs, w.Inline = w.SGEs[:0], w.Inline[:0]
-			return true, fmt.Errorf("%w: %w", errRingBroken, err)
-		}
-		if n == 0 {
-			return false, nil
-		}
-	}
-	ok, err := s.q.Next(&s.wr)
+	ok, err := take(&s.consumer, s.q, &s.wr, true)
 	if !ok {
 		return false, nil
 	}
-	// The slot is free as soon as the WQE is copied: publish at once, so
-	// the client's flow control sees it (one store to the daemon's line).
-	s.q.Publish()
-	w.SendWQE = s.wr.SendWQE
 	w.SGEs, w.Inline = w.SGEs[:0], w.Inline[:0]
 	if err != nil {
-		return true, err // *queues.WQEError: consumed, wr_id kept
+		w.SendWQE = abi.SendWQE{}
+		if !errors.Is(err, errRingBroken) {
+			w.SendWQE = s.wr.SendWQE // *queues.WQEError: consumed, wr_id kept
+		}
+		return true, err
 	}
+	w.SendWQE = s.wr.SendWQE
 	sges := s.wr.SGEs()
 	if len(sges) > cap(w.SGEs) || len(s.wr.Inline) > cap(w.Inline) {
 		// Cannot happen: both were sized from the QP's capabilities.
@@ -121,37 +173,12 @@ func (s *sqSource) PollSend(w *engine.SendWork) (bool, error) {
 
 var errWorkTooBig = errors.New("dataplane: WQE larger than the engine's private copy")
 
-// discardTo consumes the ring up to producer index target (the RESET
-// hand-over) and publishes the consumer index. A target the client's
-// producer index never reached, or an impossible index, stops early: the
-// ring then starts from where it is.
-func discardTo(q interface {
-	Poll() (uint32, error)
-	Head() uint32
-	Publish()
-}, target uint32, next func() (bool, error)) {
-	for q.Head() != target {
-		n, err := q.Poll()
-		if err != nil || n == 0 {
-			break
-		}
-		for q.Head() != target {
-			if ok, _ := next(); !ok {
-				break
-			}
-		}
-	}
-	q.Publish()
-}
-
 // recvSource is an RQ or SRQ as the engine's RecvSource.
 type recvSource struct {
-	mu     *sync.Mutex // non-nil for an SRQ (shared by workers)
-	q      *queues.RecvQueue
-	wr     queues.RecvWR
-	reset  resetReq // RQ only
-	seen   uint32
-	broken bool
+	mu *sync.Mutex // non-nil for an SRQ (shared by workers)
+	q  *queues.RecvQueue
+	wr queues.RecvWR
+	consumer
 }
 
 var _ engine.RecvSource = (*recvSource)(nil)
@@ -172,39 +199,22 @@ func newSRQSource(ring []byte, slots, maxSGE uint32, rec doorbell.SRQRecord) (*r
 	return &recvSource{q: q, mu: new(sync.Mutex)}, nil
 }
 
-// PollRecv implements engine.RecvSource.
+// PollRecv implements engine.RecvSource. An SRQ is not reset with a QP
+// (it is shared); its consumers are serialised by its mutex.
 func (s *recvSource) PollRecv(r *engine.RecvWork) (bool, error) {
 	if s.mu != nil {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-	} else if v := s.reset.v.Load(); uint32(v>>32) != s.seen {
-		s.seen = uint32(v >> 32)
-		discardTo(s.q, uint32(v), func() (bool, error) { return s.q.Next(&s.wr) })
 	}
-	if s.q.Pending() == 0 {
-		s.q.Publish()
-		n, err := s.q.Poll()
-		if err != nil {
-			if s.broken {
-				return false, nil
-			}
-			s.broken = true
-			r.WrID, r.SGEs = 0, r.SGEs[:0]
-			return true, fmt.Errorf("%w: %w", errRingBroken, err)
-		}
-		if n == 0 {
-			return false, nil
-		}
-	}
-	ok, err := s.q.Next(&s.wr)
+	ok, err := take(&s.consumer, s.q, &s.wr, s.mu == nil)
 	if !ok {
 		return false, nil
 	}
-	// The slot is free as soon as the WQE is copied: publish at once, so
-	// the client's flow control sees it (one store to the daemon's line).
-	s.q.Publish()
 	r.WrID, r.SGEs = s.wr.WrID, r.SGEs[:0]
 	if err != nil {
+		if errors.Is(err, errRingBroken) {
+			r.WrID = 0
+		}
 		return true, err
 	}
 	sges := s.wr.SGEs()
