@@ -305,9 +305,8 @@ func lockFile(path string) (func(), error) {
 // than workers only spread the doorbell poller, the link waiters and the
 // control server over more threads, and on a small machine shared with
 // the clients (and a second daemon) every extra thread is a hand-off and
-// a thread waiting for a core. Measured on 2 cores with one worker per
-// daemon (BENCHMARKS.md): 1 MiB WRITE over TAP 0.5 -> 0.8 of raw TAP
-// forwarding, send_lat over UDP p50 80-110 -> about 20 us.
+// a thread waiting for a core (BENCHMARKS.md has what this changed in the
+// TAP and UDP figures).
 func setProcs(workers int, log *slog.Logger) {
 	if os.Getenv("GOMAXPROCS") != "" {
 		return
