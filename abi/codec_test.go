@@ -77,6 +77,15 @@ func TestCQETailWord(t *testing.T) {
 	c.Put(b)
 	assert.Equal(t, []byte{0x34, 0x12, 0x56, 0x01}, b[OffCQETail:])
 	assert.Equal(t, uint8(1), b[OffCQEOwner])
+	assert.Equal(t, uint32(0xfe561234), c.TailWordWith(0xfe), "the owner byte replaced, the rest kept")
+	var back CQE
+	back.Decode(b)
+	assert.Equal(t, c, back)
+	// Entry 5 of a ring of 4 is on the second pass: valid with owner bit 0.
+	assert.True(t, CQEReady(c.TailWordWith(0), 5, 4))
+	assert.False(t, CQEReady(c.TailWordWith(1), 5, 4))
+	assert.True(t, CQEReady(c.TailWordWith(1), 1, 4))
+	assert.True(t, CQEReady(c.TailWordWith(0xff), 1, 4), "only bit 0 of owner is the phase")
 }
 
 func TestCQEPhase(t *testing.T) {

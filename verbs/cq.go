@@ -136,8 +136,7 @@ func (cq *CQ) Poll(wc []abi.CQE) int {
 	for n < len(wc) {
 		slot := cq.ring.Bytes[(cq.ci&cq.mask)*abi.SizeofCQE:][:abi.SizeofCQE]
 		// Acquire: the owner byte is in the tail word, written last.
-		tail := load32(slot[abi.OffCQETail:])
-		if uint8(tail>>24)&1 != abi.CQEPhase(cq.ci, cq.n) {
+		if !abi.CQEReady(load32(slot[abi.OffCQETail:]), cq.ci, cq.n) {
 			break
 		}
 		wc[n].Decode(slot)
