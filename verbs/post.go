@@ -42,8 +42,8 @@ type RecvWR struct {
 // PostSend writes wr into the next send ring slot, publishes the new
 // producer index in the QP's doorbell record and kicks the daemon only if
 // it sleeps (kick_needed). No round trip to the daemon, no allocation.
-// The daemon validates the WQE when it consumes it; until the transport
-// engine is wired into the daemon nothing consumes it.
+// The daemon validates the WQE when it consumes it: a malformed one
+// completes with an error status and moves the QP to ERROR.
 func (qp *QP) PostSend(wr *SendWR) error {
 	n := qp.sqMask + 1
 	// Flow control: the daemon publishes how far it consumed the ring.
