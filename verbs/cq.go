@@ -108,10 +108,8 @@ func (c *Context) CreateCQ(cqe int, ch *CompChannel) (*CQ, error) {
 		ring.Free()
 		return nil, err
 	}
-	rec, err := c.record(r.DBIndex)
+	rec, err := c.createdRecord(r.DBIndex, abi.CmdDestroyCQ, r.CQHandle, ring)
 	if err != nil {
-		c.destroy(abi.CmdDestroyCQ, r.CQHandle)
-		ring.Free()
 		return nil, err
 	}
 	return &CQ{ctx: c, Handle: r.CQHandle, ring: ring, n: n, mask: n - 1, rec: rec, ch: ch}, nil
