@@ -167,8 +167,9 @@ func (p *Poller) Stats() PollerStats {
 	return PollerStats{Passes: p.passes.Load(), Sleeps: p.sleeps.Load(), Rechecks: p.rechecks.Load(), Kicks: p.kicks.Load()}
 }
 
-// Run polls until ctx is done. It should run on a goroutine of its own
-// (locked to an OS thread by a worker that wants one).
+// Run polls until ctx is done. It should run on a goroutine of its own;
+// it sleeps on the Go poller, so that goroutine need not be locked to an OS
+// thread (vrnicd's is not).
 func (p *Poller) Run(ctx context.Context) error {
 	var stop atomic.Bool
 	fired := make(chan struct{})
