@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"reflect"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -77,6 +78,15 @@ func TestCQETailWord(t *testing.T) {
 	c.Put(b)
 	assert.Equal(t, []byte{0x34, 0x12, 0x56, 0x01}, b[OffCQETail:])
 	assert.Equal(t, uint8(1), b[OffCQEOwner])
+	assert.Equal(t, uint32(0xfe561234), c.TailWordWith(0xfe), "the owner byte replaced, the rest kept")
+	var back CQE
+	back.Decode(b)
+	assert.Equal(t, c, back)
+	// Entry 5 of a ring of 4 is on the second pass: valid with owner bit 0.
+	assert.True(t, CQEReady(c.TailWordWith(0), 5, 4))
+	assert.False(t, CQEReady(c.TailWordWith(1), 5, 4))
+	assert.True(t, CQEReady(c.TailWordWith(1), 1, 4))
+	assert.True(t, CQEReady(c.TailWordWith(0xff), 1, 4), "only bit 0 of owner is the phase")
 }
 
 func TestCQEPhase(t *testing.T) {
@@ -169,16 +179,43 @@ func TestNames(t *testing.T) {
 	assert.Equal(t, "SUCCESS", WCSuccess.String())
 	assert.Equal(t, "LOC_QP_OP_ERR", WCLocQPOpErr.String())
 	assert.Equal(t, "GENERAL_ERR", WCGeneralErr.String())
-	assert.Equal(t, "WC_STATUS_99", WCStatus(99).String())
-	for s := WCSuccess; s <= WCGeneralErr; s++ {
-		assert.NotEmpty(t, wcStatusNames[s], "status %d has no name", s)
-	}
+	assert.Equal(t, "WCStatus(99)", WCStatus(99).String())
 	assert.Equal(t, "SEND_WITH_INV", WRSendWithInv.String())
-	assert.Equal(t, "WR_OPCODE_8", WROpcode(8).String())
+	assert.Equal(t, "WROpcode(8)", WROpcode(8).String())
 	assert.Equal(t, "RECV", WCRecv.String())
 	assert.Equal(t, "RTS", QPSRTS.String())
 	assert.Equal(t, "CREATE_QP", CmdCreateQP.String())
 	assert.Equal(t, "CMD_256", CmdAdminBase.String())
+	assert.Equal(t, "QPS_7", QPState(7).String())
+	// Each name is the header's, less the prefix.
+	named := map[string]uint64{}
+	for s := range WCStatus(255) {
+		named["VRNIC_WC_"+s.String()] = uint64(s)
+	}
+	for o := range WCOpcode(255) {
+		named["VRNIC_WC_"+o.String()] = uint64(o)
+	}
+	for o := range WROpcode(255) {
+		named["VRNIC_WR_"+o.String()] = uint64(o)
+	}
+	for s := range QPState(255) {
+		named["VRNIC_QPS_"+s.String()] = uint64(s)
+	}
+	for c := range Cmd(CmdAdminBase) {
+		named["VRNIC_CMD_"+c.String()] = uint64(c)
+	}
+	wcFlags := map[string]bool{"VRNIC_WC_GRH": true, "VRNIC_WC_WITH_IMM": true, "VRNIC_WC_IP_CSUM_OK": true, "VRNIC_WC_WITH_INV": true}
+	for _, prefix := range []string{"VRNIC_WC_", "VRNIC_WR_", "VRNIC_QPS_", "VRNIC_CMD_"} {
+		for name, v := range cConsts {
+			if !strings.HasPrefix(name, prefix) || strings.HasSuffix(name, "_BASE") || wcFlags[name] {
+				continue
+			}
+			got, ok := named[name]
+			if assert.True(t, ok, "no value is named %s", name) {
+				assert.Equal(t, v, got, name)
+			}
+		}
+	}
 	for o := range WROpcode(12) {
 		assert.Equal(t, o <= 7 || o == 9, o.Valid(), "opcode %d", o)
 	}

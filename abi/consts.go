@@ -1,5 +1,9 @@
 package abi
 
+import "strconv"
+
+//go:generate go tool stringer -type=WROpcode,WCOpcode,WCStatus -linecomment -output=consts_string.go
+
 // ABI version (VRNIC_ABI_VERSION_*).
 const (
 	VersionMajor = 1
@@ -181,20 +185,22 @@ const (
 	QPAttrAll              uint32 = 1<<21 - 1
 )
 
-// WROpcode is a send opcode (enum vrnic_wr_opcode, IBV_WR_*).
+// WROpcode is a send opcode (enum vrnic_wr_opcode, IBV_WR_*). Its String
+// method (generated) returns the name without the VRNIC_WR_ prefix, from
+// the line comments below.
 type WROpcode uint8
 
 // Send opcodes. 8 (IBV_WR_BIND_MW) is not supported.
 const (
-	WRRDMAWrite        WROpcode = 0
-	WRRDMAWriteWithImm WROpcode = 1
-	WRSend             WROpcode = 2
-	WRSendWithImm      WROpcode = 3
-	WRRDMARead         WROpcode = 4
-	WRAtomicCmpAndSwp  WROpcode = 5
-	WRAtomicFetchAdd   WROpcode = 6
-	WRLocalInv         WROpcode = 7
-	WRSendWithInv      WROpcode = 9
+	WRRDMAWrite        WROpcode = 0 // RDMA_WRITE
+	WRRDMAWriteWithImm WROpcode = 1 // RDMA_WRITE_WITH_IMM
+	WRSend             WROpcode = 2 // SEND
+	WRSendWithImm      WROpcode = 3 // SEND_WITH_IMM
+	WRRDMARead         WROpcode = 4 // RDMA_READ
+	WRAtomicCmpAndSwp  WROpcode = 5 // ATOMIC_CMP_AND_SWP
+	WRAtomicFetchAdd   WROpcode = 6 // ATOMIC_FETCH_AND_ADD
+	WRLocalInv         WROpcode = 7 // LOCAL_INV
+	WRSendWithInv      WROpcode = 9 // SEND_WITH_INV
 )
 
 // Valid reports whether o is a defined send opcode.
@@ -213,20 +219,21 @@ const (
 	SendFlagsAll = SendFence | SendSignaled | SendSolicited | SendInline
 )
 
-// WCOpcode is a completion opcode (enum vrnic_wc_opcode, IBV_WC_*).
+// WCOpcode is a completion opcode (enum vrnic_wc_opcode, IBV_WC_*). Its
+// String method (generated) returns the name without the VRNIC_WC_ prefix.
 type WCOpcode uint8
 
 // Completion opcodes.
 const (
-	WCSend            WCOpcode = 0
-	WCRDMAWrite       WCOpcode = 1
-	WCRDMARead        WCOpcode = 2
-	WCCompSwap        WCOpcode = 3
-	WCFetchAdd        WCOpcode = 4
-	WCBindMW          WCOpcode = 5
-	WCLocalInv        WCOpcode = 6
-	WCRecv            WCOpcode = 128
-	WCRecvRDMAWithImm WCOpcode = 129
+	WCSend            WCOpcode = 0   // SEND
+	WCRDMAWrite       WCOpcode = 1   // RDMA_WRITE
+	WCRDMARead        WCOpcode = 2   // RDMA_READ
+	WCCompSwap        WCOpcode = 3   // COMP_SWAP
+	WCFetchAdd        WCOpcode = 4   // FETCH_ADD
+	WCBindMW          WCOpcode = 5   // BIND_MW
+	WCLocalInv        WCOpcode = 6   // LOCAL_INV
+	WCRecv            WCOpcode = 128 // RECV
+	WCRecvRDMAWithImm WCOpcode = 129 // RECV_RDMA_WITH_IMM
 )
 
 // WCFlags is enum vrnic_wc_flags (IBV_WC_*).
@@ -241,114 +248,42 @@ const (
 )
 
 // WCStatus is a completion status (enum vrnic_wc_status, the numbering of
-// enum ibv_wc_status).
+// enum ibv_wc_status). Its String method (generated) returns the name
+// without the VRNIC_WC_ prefix, as ibv_wc_status_str would name it
+// ("SUCCESS", "LOC_LEN_ERR", ...).
 type WCStatus uint8
 
 // Completion statuses.
 const (
-	WCSuccess        WCStatus = 0
-	WCLocLenErr      WCStatus = 1
-	WCLocQPOpErr     WCStatus = 2
-	WCLocEECOpErr    WCStatus = 3
-	WCLocProtErr     WCStatus = 4
-	WCWRFlushErr     WCStatus = 5
-	WCMWBindErr      WCStatus = 6
-	WCBadRespErr     WCStatus = 7
-	WCLocAccessErr   WCStatus = 8
-	WCRemInvReqErr   WCStatus = 9
-	WCRemAccessErr   WCStatus = 10
-	WCRemOpErr       WCStatus = 11
-	WCRetryExcErr    WCStatus = 12
-	WCRNRRetryExcErr WCStatus = 13
-	WCLocRDDViolErr  WCStatus = 14
-	WCRemInvRdReqErr WCStatus = 15
-	WCRemAbortErr    WCStatus = 16
-	WCInvEECNErr     WCStatus = 17
-	WCInvEECStateErr WCStatus = 18
-	WCFatalErr       WCStatus = 19
-	WCRespTimeoutErr WCStatus = 20
-	WCGeneralErr     WCStatus = 21
+	WCSuccess        WCStatus = 0  // SUCCESS
+	WCLocLenErr      WCStatus = 1  // LOC_LEN_ERR
+	WCLocQPOpErr     WCStatus = 2  // LOC_QP_OP_ERR
+	WCLocEECOpErr    WCStatus = 3  // LOC_EEC_OP_ERR
+	WCLocProtErr     WCStatus = 4  // LOC_PROT_ERR
+	WCWRFlushErr     WCStatus = 5  // WR_FLUSH_ERR
+	WCMWBindErr      WCStatus = 6  // MW_BIND_ERR
+	WCBadRespErr     WCStatus = 7  // BAD_RESP_ERR
+	WCLocAccessErr   WCStatus = 8  // LOC_ACCESS_ERR
+	WCRemInvReqErr   WCStatus = 9  // REM_INV_REQ_ERR
+	WCRemAccessErr   WCStatus = 10 // REM_ACCESS_ERR
+	WCRemOpErr       WCStatus = 11 // REM_OP_ERR
+	WCRetryExcErr    WCStatus = 12 // RETRY_EXC_ERR
+	WCRNRRetryExcErr WCStatus = 13 // RNR_RETRY_EXC_ERR
+	WCLocRDDViolErr  WCStatus = 14 // LOC_RDD_VIOL_ERR
+	WCRemInvRdReqErr WCStatus = 15 // REM_INV_RD_REQ_ERR
+	WCRemAbortErr    WCStatus = 16 // REM_ABORT_ERR
+	WCInvEECNErr     WCStatus = 17 // INV_EECN_ERR
+	WCInvEECStateErr WCStatus = 18 // INV_EEC_STATE_ERR
+	WCFatalErr       WCStatus = 19 // FATAL_ERR
+	WCRespTimeoutErr WCStatus = 20 // RESP_TIMEOUT_ERR
+	WCGeneralErr     WCStatus = 21 // GENERAL_ERR
 )
 
-var wcStatusNames = [...]string{
-	WCSuccess:        "SUCCESS",
-	WCLocLenErr:      "LOC_LEN_ERR",
-	WCLocQPOpErr:     "LOC_QP_OP_ERR",
-	WCLocEECOpErr:    "LOC_EEC_OP_ERR",
-	WCLocProtErr:     "LOC_PROT_ERR",
-	WCWRFlushErr:     "WR_FLUSH_ERR",
-	WCMWBindErr:      "MW_BIND_ERR",
-	WCBadRespErr:     "BAD_RESP_ERR",
-	WCLocAccessErr:   "LOC_ACCESS_ERR",
-	WCRemInvReqErr:   "REM_INV_REQ_ERR",
-	WCRemAccessErr:   "REM_ACCESS_ERR",
-	WCRemOpErr:       "REM_OP_ERR",
-	WCRetryExcErr:    "RETRY_EXC_ERR",
-	WCRNRRetryExcErr: "RNR_RETRY_EXC_ERR",
-	WCLocRDDViolErr:  "LOC_RDD_VIOL_ERR",
-	WCRemInvRdReqErr: "REM_INV_RD_REQ_ERR",
-	WCRemAbortErr:    "REM_ABORT_ERR",
-	WCInvEECNErr:     "INV_EECN_ERR",
-	WCInvEECStateErr: "INV_EEC_STATE_ERR",
-	WCFatalErr:       "FATAL_ERR",
-	WCRespTimeoutErr: "RESP_TIMEOUT_ERR",
-	WCGeneralErr:     "GENERAL_ERR",
-}
-
-// String returns the status name without the VRNIC_WC_ prefix, as
-// ibv_wc_status_str would name it ("SUCCESS", "LOC_LEN_ERR", ...).
-func (s WCStatus) String() string {
-	if int(s) < len(wcStatusNames) {
-		return wcStatusNames[s]
-	}
-	return "WC_STATUS_" + itoa(uint64(s))
-}
-
-var wrOpcodeNames = [...]string{
-	WRRDMAWrite:        "RDMA_WRITE",
-	WRRDMAWriteWithImm: "RDMA_WRITE_WITH_IMM",
-	WRSend:             "SEND",
-	WRSendWithImm:      "SEND_WITH_IMM",
-	WRRDMARead:         "RDMA_READ",
-	WRAtomicCmpAndSwp:  "ATOMIC_CMP_AND_SWP",
-	WRAtomicFetchAdd:   "ATOMIC_FETCH_AND_ADD",
-	WRLocalInv:         "LOCAL_INV",
-	8:                  "",
-	WRSendWithInv:      "SEND_WITH_INV",
-}
-
-// String returns the opcode name without the VRNIC_WR_ prefix.
-func (o WROpcode) String() string {
-	if int(o) < len(wrOpcodeNames) && wrOpcodeNames[o] != "" {
-		return wrOpcodeNames[o]
-	}
-	return "WR_OPCODE_" + itoa(uint64(o))
-}
-
-// String returns the opcode name without the VRNIC_WC_ prefix.
-func (o WCOpcode) String() string {
-	switch o {
-	case WCSend:
-		return "SEND"
-	case WCRDMAWrite:
-		return "RDMA_WRITE"
-	case WCRDMARead:
-		return "RDMA_READ"
-	case WCCompSwap:
-		return "COMP_SWAP"
-	case WCFetchAdd:
-		return "FETCH_ADD"
-	case WCBindMW:
-		return "BIND_MW"
-	case WCLocalInv:
-		return "LOCAL_INV"
-	case WCRecv:
-		return "RECV"
-	case WCRecvRDMAWithImm:
-		return "RECV_RDMA_WITH_IMM"
-	}
-	return "WC_OPCODE_" + itoa(uint64(o))
-}
+// The names of QPState and Cmd stay hand-written: for a value outside the
+// enum they print "QPS_<n>" and "CMD_<n>", which reach clients in the
+// daemon's error replies (a MODIFY_QP to an undefined state, an operator or
+// fault command of 0x100 and up); a generated String would print
+// "QPState(<n>)" and name CmdAdminBase and CmdFaultBase.
 
 var qpStateNames = [...]string{"RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"}
 
@@ -357,7 +292,7 @@ func (s QPState) String() string {
 	if int(s) < len(qpStateNames) {
 		return qpStateNames[s]
 	}
-	return "QPS_" + itoa(uint64(s))
+	return "QPS_" + strconv.FormatUint(uint64(s), 10)
 }
 
 var cmdNames = [...]string{
@@ -375,18 +310,5 @@ func (c Cmd) String() string {
 	if int(c) < len(cmdNames) && cmdNames[c] != "" {
 		return cmdNames[c]
 	}
-	return "CMD_" + itoa(uint64(c))
-}
-
-func itoa(v uint64) string {
-	var b [20]byte
-	i := len(b)
-	for {
-		i--
-		b[i] = byte('0' + v%10)
-		v /= 10
-		if v == 0 {
-			return string(b[i:])
-		}
-	}
+	return "CMD_" + strconv.FormatUint(uint64(c), 10)
 }

@@ -327,14 +327,23 @@ func Unmarshal(b []byte, v any) (int, error) {
 // Sizeof returns the encoded size of control struct v, or -1.
 func Sizeof(v any) int { return binary.Size(v) }
 
+// Byte offsets in struct vrnic_msg_hdr.
+const (
+	offHdrOpcode = 0  // opcode, u16
+	offHdrFlags  = 2  // flags, u16
+	offHdrLength = 4  // length, u32
+	offHdrSeq    = 8  // seq, u32
+	offHdrStatus = 12 // status, u32
+)
+
 // Put encodes h into b[:16]; b must be at least SizeofMsgHdr bytes.
 func (h *MsgHdr) Put(b []byte) {
-	_ = b[15]
-	binary.LittleEndian.PutUint16(b[0:], uint16(h.Opcode))
-	binary.LittleEndian.PutUint16(b[2:], h.Flags)
-	binary.LittleEndian.PutUint32(b[4:], h.Length)
-	binary.LittleEndian.PutUint32(b[8:], h.Seq)
-	binary.LittleEndian.PutUint32(b[12:], h.Status)
+	_ = b[SizeofMsgHdr-1]
+	binary.LittleEndian.PutUint16(b[offHdrOpcode:], uint16(h.Opcode))
+	binary.LittleEndian.PutUint16(b[offHdrFlags:], h.Flags)
+	binary.LittleEndian.PutUint32(b[offHdrLength:], h.Length)
+	binary.LittleEndian.PutUint32(b[offHdrSeq:], h.Seq)
+	binary.LittleEndian.PutUint32(b[offHdrStatus:], h.Status)
 }
 
 // Decode reads h from b, which must hold at least SizeofMsgHdr bytes.
@@ -342,10 +351,10 @@ func (h *MsgHdr) Decode(b []byte) error {
 	if len(b) < SizeofMsgHdr {
 		return fmt.Errorf("%w: message header needs %d bytes, have %d", ErrShort, SizeofMsgHdr, len(b))
 	}
-	h.Opcode = Cmd(binary.LittleEndian.Uint16(b[0:]))
-	h.Flags = binary.LittleEndian.Uint16(b[2:])
-	h.Length = binary.LittleEndian.Uint32(b[4:])
-	h.Seq = binary.LittleEndian.Uint32(b[8:])
-	h.Status = binary.LittleEndian.Uint32(b[12:])
+	h.Opcode = Cmd(binary.LittleEndian.Uint16(b[offHdrOpcode:]))
+	h.Flags = binary.LittleEndian.Uint16(b[offHdrFlags:])
+	h.Length = binary.LittleEndian.Uint32(b[offHdrLength:])
+	h.Seq = binary.LittleEndian.Uint32(b[offHdrSeq:])
+	h.Status = binary.LittleEndian.Uint32(b[offHdrStatus:])
 	return nil
 }

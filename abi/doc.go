@@ -18,6 +18,10 @@
 //	                   bytes 64..127 daemon-written
 //
 // Hot-path structs (SendWQE, SGE, RecvWQE, CQE, MsgHdr) have hand-written
-// Put/Decode methods that neither reflect nor allocate. Control-path structs
-// use Marshal/Unmarshal (encoding/binary).
+// Put/Decode methods that neither reflect nor allocate; each field's byte
+// offset is one constant both use, compared with offsetof by the same
+// test. Control-path structs use Marshal/Unmarshal (encoding/binary).
+//
+// The package imports only the standard library; every other vrnic
+// package, and a client, may import it.
 package abi

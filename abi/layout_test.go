@@ -4,6 +4,9 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -150,6 +153,74 @@ var cConsts = map[string]uint64{
 	"VRNIC_DB_RECORD_SIZE": DBRecordSize, "VRNIC_DB_PAGE_SIZE": DBPageSize, "VRNIC_DB_MAGIC": DBMagic,
 	"VRNIC_CQ_ARM_ARMED": CQArmArmed, "VRNIC_CQ_ARM_SOLICITED": CQArmSolicited,
 	"VRNIC_CQ_ARM_SN_SHIFT": CQArmSNShift,
+}
+
+// cOffsets maps every byte-offset constant of the package (and the tail
+// word's bit shifts, as the byte they select) to the C member it locates;
+// TestLayoutAgainstC compares each with offsetof, and
+// TestOffsetConstantsListed fails on an offset constant missing here.
+var cOffsets = []struct {
+	name   string // the Go constant
+	off    uintptr
+	member string // struct.member in vrnic_abi.h
+}{
+	{"offHdrOpcode", offHdrOpcode, "vrnic_msg_hdr.opcode"},
+	{"offHdrFlags", offHdrFlags, "vrnic_msg_hdr.flags"},
+	{"offHdrLength", offHdrLength, "vrnic_msg_hdr.length"},
+	{"offHdrSeq", offHdrSeq, "vrnic_msg_hdr.seq"},
+	{"offHdrStatus", offHdrStatus, "vrnic_msg_hdr.status"},
+
+	{"offSGEAddr", offSGEAddr, "vrnic_sge.addr"},
+	{"offSGELength", offSGELength, "vrnic_sge.length"},
+	{"offSGELKey", offSGELKey, "vrnic_sge.lkey"},
+
+	{"offSendWrID", offSendWrID, "vrnic_send_wqe.wr_id"},
+	{"offSendOpcode", offSendOpcode, "vrnic_send_wqe.opcode"},
+	{"offSendFlags", offSendFlags, "vrnic_send_wqe.flags"},
+	{"offSendNumSGE", offSendNumSGE, "vrnic_send_wqe.num_sge"},
+	{"offSendReserved0", offSendReserved0, "vrnic_send_wqe.reserved0"},
+	{"offSendImmData", offSendImmData, "vrnic_send_wqe.imm_data"},
+	{"offSendInvRKey", offSendInvRKey, "vrnic_send_wqe.invalidate_rkey"},
+	{"offSendInlineLen", offSendInlineLen, "vrnic_send_wqe.inline_len"},
+	{"offSendRemoteAddr", offSendRemoteAddr, "vrnic_send_wqe.remote_addr"},
+	{"offSendRKey", offSendRKey, "vrnic_send_wqe.rkey"},
+	{"offSendRemoteQPN", offSendRemoteQPN, "vrnic_send_wqe.remote_qpn"},
+	{"offSendRemoteQKey", offSendRemoteQKey, "vrnic_send_wqe.remote_qkey"},
+	{"offSendAHHandle", offSendAHHandle, "vrnic_send_wqe.ah_handle"},
+	{"offSendCompareAdd", offSendCompareAdd, "vrnic_send_wqe.compare_add"},
+	{"offSendSwap", offSendSwap, "vrnic_send_wqe.swap"},
+
+	{"offRecvWrID", offRecvWrID, "vrnic_recv_wqe.wr_id"},
+	{"offRecvNumSGE", offRecvNumSGE, "vrnic_recv_wqe.num_sge"},
+	{"offRecvReserved", offRecvReserved, "vrnic_recv_wqe.reserved"},
+
+	{"offCQEWrID", offCQEWrID, "vrnic_cqe.wr_id"},
+	{"offCQEByteLen", offCQEByteLen, "vrnic_cqe.byte_len"},
+	{"offCQEImmOrInv", offCQEImmOrInv, "vrnic_cqe.imm_or_inv"},
+	{"offCQEQPNum", offCQEQPNum, "vrnic_cqe.qp_num"},
+	{"offCQESrcQP", offCQESrcQP, "vrnic_cqe.src_qp"},
+	{"offCQEStatus", offCQEStatus, "vrnic_cqe.status"},
+	{"offCQEOpcode", offCQEOpcode, "vrnic_cqe.opcode"},
+	{"offCQEWCFlags", offCQEWCFlags, "vrnic_cqe.wc_flags"},
+	{"offCQEVendorErr", offCQEVendorErr, "vrnic_cqe.vendor_err"},
+	{"OffCQETail", OffCQETail, "vrnic_cqe.pkey_index"},
+	{"tailSLShift", OffCQETail + tailSLShift/8, "vrnic_cqe.sl"},
+	{"OffCQEOwner", OffCQEOwner, "vrnic_cqe.owner"},
+
+	{"OffDBMagic", OffDBMagic, "vrnic_db_header.magic"},
+	{"OffDBABIVersion", OffDBABIVersion, "vrnic_db_header.abi_version"},
+	{"OffDBKickNeeded", OffDBKickNeeded, "vrnic_db_header.kick_needed"},
+	{"OffDBSQPI", OffDBSQPI, "vrnic_db_qp.sq_pi"},
+	{"OffDBRQPI", OffDBRQPI, "vrnic_db_qp.rq_pi"},
+	{"OffDBSQCI", OffDBSQCI, "vrnic_db_qp.sq_ci"},
+	{"OffDBRQCI", OffDBRQCI, "vrnic_db_qp.rq_ci"},
+	{"OffDBCQCI", OffDBCQCI, "vrnic_db_cq.cq_ci"},
+	{"OffDBCQArm", OffDBCQArm, "vrnic_db_cq.arm"},
+	{"OffDBCQPI", OffDBCQPI, "vrnic_db_cq.cq_pi"},
+	{"OffDBArmSNDone", OffDBArmSNDone, "vrnic_db_cq.arm_sn_done"},
+	{"OffDBOverflow", OffDBOverflow, "vrnic_db_cq.overflow"},
+	{"OffDBSRQPI", OffDBSRQPI, "vrnic_db_srq.srq_pi"},
+	{"OffDBSRQCI", OffDBSRQCI, "vrnic_db_srq.srq_ci"},
 }
 
 // cFuncMacros are the function-like macros; they are checked on a grid of
@@ -331,6 +402,11 @@ func TestLayoutAgainstC(t *testing.T) {
 			}
 		}
 	}
+	for _, o := range cOffsets {
+		s, m, _ := strings.Cut(o.member, ".")
+		fmt.Fprintf(&src, "\tprintf(\"goff %s %%zu\\n\", offsetof(struct %s, %s));\n", o.name, s, m)
+		want["goff "+o.name] = uint64(o.off)
+	}
 	for name, v := range cConsts {
 		fmt.Fprintf(&src, "\tprintf(\"const %s %%llu\\n\", (unsigned long long)(%s));\n", name, name)
 		want["const "+name] = v
@@ -392,12 +468,7 @@ func TestStructsCoverTheirSize(t *testing.T) {
 	}
 }
 
-func TestSizeAndOffsetConstants(t *testing.T) {
-	off := func(v any, field string) uintptr {
-		f, ok := reflect.TypeOf(v).FieldByName(field)
-		require.True(t, ok, field)
-		return f.Offset
-	}
+func TestSizeConstants(t *testing.T) {
 	cases := []struct {
 		name string
 		got  uintptr
@@ -412,22 +483,6 @@ func TestSizeAndOffsetConstants(t *testing.T) {
 		{"DBRecordSize/qp", DBRecordSize, reflect.TypeOf(DBQP{}).Size()},
 		{"DBRecordSize/cq", DBRecordSize, reflect.TypeOf(DBCQ{}).Size()},
 		{"DBRecordSize/srq", DBRecordSize, reflect.TypeOf(DBSRQ{}).Size()},
-		{"OffCQETail", OffCQETail, off(CQE{}, "PKeyIndex")},
-		{"OffCQEOwner", OffCQEOwner, off(CQE{}, "Owner")},
-		{"OffDBMagic", OffDBMagic, off(DBHeader{}, "Magic")},
-		{"OffDBABIVersion", OffDBABIVersion, off(DBHeader{}, "ABIVersion")},
-		{"OffDBKickNeeded", OffDBKickNeeded, off(DBHeader{}, "KickNeeded")},
-		{"OffDBSQPI", OffDBSQPI, off(DBQP{}, "SQPI")},
-		{"OffDBRQPI", OffDBRQPI, off(DBQP{}, "RQPI")},
-		{"OffDBSQCI", OffDBSQCI, off(DBQP{}, "SQCI")},
-		{"OffDBRQCI", OffDBRQCI, off(DBQP{}, "RQCI")},
-		{"OffDBCQCI", OffDBCQCI, off(DBCQ{}, "CQCI")},
-		{"OffDBCQArm", OffDBCQArm, off(DBCQ{}, "Arm")},
-		{"OffDBCQPI", OffDBCQPI, off(DBCQ{}, "CQPI")},
-		{"OffDBArmSNDone", OffDBArmSNDone, off(DBCQ{}, "ArmSNDone")},
-		{"OffDBOverflow", OffDBOverflow, off(DBCQ{}, "Overflow")},
-		{"OffDBSRQPI", OffDBSRQPI, off(DBSRQ{}, "SRQPI")},
-		{"OffDBSRQCI", OffDBSRQCI, off(DBSRQ{}, "SRQCI")},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { assert.Equal(t, c.want, c.got) })
@@ -440,3 +495,44 @@ func TestSizeAndOffsetConstants(t *testing.T) {
 		assert.GreaterOrEqual(t, o, uintptr(64))
 	}
 }
+
+// TestOffsetConstantsListed checks that every byte-offset constant the
+// package declares (off*, Off*) is in cOffsets, so each is compared with
+// the C header.
+func TestOffsetConstantsListed(t *testing.T) {
+	files, err := filepath.Glob("*.go")
+	require.NoError(t, err)
+	var declared []string
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), name, nil, 0)
+		require.NoError(t, err)
+		for _, d := range f.Decls {
+			g, ok := d.(*ast.GenDecl)
+			if !ok || g.Tok != token.CONST {
+				continue
+			}
+			for _, spec := range g.Specs {
+				for _, id := range spec.(*ast.ValueSpec).Names {
+					if reOffsetConst.MatchString(id.Name) {
+						declared = append(declared, id.Name)
+					}
+				}
+			}
+		}
+	}
+	var listed []string
+	for _, o := range cOffsets {
+		if reOffsetConst.MatchString(o.name) {
+			listed = append(listed, o.name)
+		}
+	}
+	sort.Strings(declared)
+	sort.Strings(listed)
+	require.NotEmpty(t, declared)
+	assert.Equal(t, declared, listed)
+}
+
+var reOffsetConst = regexp.MustCompile(`^[oO]ff[A-Z]`)

@@ -94,7 +94,13 @@ func BenchmarkTranslate(b *testing.B) {
 // BenchmarkGather and BenchmarkScatter compare a copy through the MR
 // (reverse-ordered pages, the message split over 2 SGEs) with a plain
 // copy() of the same number of bytes from/to the same mapping.
-func BenchmarkGather(b *testing.B) {
+func BenchmarkGather(b *testing.B) { benchSGECopy(b, false) }
+
+func BenchmarkScatter(b *testing.B) { benchSGECopy(b, true) }
+
+// benchSGECopy runs BenchmarkGather (from the MR into a local buffer) or,
+// with scatter, BenchmarkScatter (from a local buffer into the MR).
+func benchSGECopy(b *testing.B, scatter bool) {
 	for _, bc := range copyCases {
 		b.Run(bc.name, func(b *testing.B) {
 			size := bc.size
@@ -102,14 +108,23 @@ func BenchmarkGather(b *testing.B) {
 			acc := s.NewAccessor()
 			defer acc.Close()
 			pd := PD{1, 1}
-			dst := make([]byte, size)
 			half := uint32(size / 2)
 			// Start mid-page so every SGE straddles pages.
 			sges := []SGE{{Addr: 0x10000 + 2048, Length: half, LKey: mr.LKey}, {Addr: 0x10000 + 2048 + uint64(half), Length: half, LKey: mr.LKey}}
-			src := h.client[2048 : 2048+size]
+			client := h.client[2048 : 2048+size]
+			local := make([]byte, size)
+			fill(local, 9)
 			b.SetBytes(int64(size))
-			withBaseline(b, func() { bc.copy(dst, src) }, func() {
-				if _, err := acc.GatherAt(pd, sges, 0, dst); err != nil {
+			if scatter {
+				withBaseline(b, func() { bc.copy(client, local) }, func() {
+					if _, err := acc.ScatterAt(pd, sges, 0, local); err != nil {
+						b.Fatal(err)
+					}
+				})
+				return
+			}
+			withBaseline(b, func() { bc.copy(local, client) }, func() {
+				if _, err := acc.GatherAt(pd, sges, 0, local); err != nil {
 					b.Fatal(err)
 				}
 			})
@@ -136,29 +151,6 @@ func plainCopy(dst, src []byte) { copy(dst, src) }
 func pieceCopy(dst, src []byte) {
 	for o := 0; o < len(src); o += 4 * kib {
 		copy(dst[o:o+4*kib], src[o:o+4*kib])
-	}
-}
-
-func BenchmarkScatter(b *testing.B) {
-	for _, bc := range copyCases {
-		b.Run(bc.name, func(b *testing.B) {
-			size := bc.size
-			s, h, mr := benchMR(b, 2*size)
-			acc := s.NewAccessor()
-			defer acc.Close()
-			pd := PD{1, 1}
-			src := make([]byte, size)
-			fill(src, 9)
-			half := uint32(size / 2)
-			sges := []SGE{{Addr: 0x10000 + 2048, Length: half, LKey: mr.LKey}, {Addr: 0x10000 + 2048 + uint64(half), Length: half, LKey: mr.LKey}}
-			dst := h.client[2048 : 2048+size]
-			b.SetBytes(int64(size))
-			withBaseline(b, func() { bc.copy(dst, src) }, func() {
-				if _, err := acc.ScatterAt(pd, sges, 0, src); err != nil {
-					b.Fatal(err)
-				}
-			})
-		})
 	}
 }
 

@@ -1,5 +1,7 @@
 // Package doorbell implements the doorbell page, the eventfd kicks, CQ
-// arming and the daemon's polling loop of vrnic.
+// arming and the daemon's polling loop of vrnic. Of vrnic's packages it
+// imports only abi (the record layout) and internal/fdwait (the poller's
+// wait).
 //
 // The doorbell page (abi.DBPageSize bytes, a memfd the daemon creates per
 // context and the client maps shared, read/write) is an array of 128-byte
@@ -24,12 +26,19 @@
 //
 // Going to sleep (daemon, Poller): after SpinBudget empty passes the poller
 // stores kick_needed = 1 in every page it serves, re-checks every record,
-// and only if that finds nothing sleeps in epoll_wait on the kick eventfds.
+// and only if that finds nothing sleeps until a kick eventfd is readable.
 // Because both sides store first and load second with sequentially
 // consistent operations, at least one of them sees the other's store: the
 // re-check sees the post, or the client sees kick_needed and kicks. No
 // wake-up is lost. On waking the poller clears kick_needed and drains the
 // eventfd.
+//
+// The kick eventfds are in an epoll set, and the poller sleeps on the Go
+// poller, not in a blocking epoll_wait: it waits until the epoll fd itself
+// is readable (package internal/fdwait: a poll(2) check with a zero
+// timeout, then park), then collects the events with a zero-timeout
+// epoll_wait. A thread blocked in a system call keeps its P until the
+// runtime takes it back, which would stall a worker sharing the P.
 //
 // One page is served by one Poller (kick_needed is a single word).
 //

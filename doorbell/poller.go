@@ -28,7 +28,7 @@ type PollerConfig struct {
 // PollerStats counts what a poller did.
 type PollerStats struct {
 	Passes   uint64 // calls to Poll
-	Sleeps   uint64 // epoll_wait calls that blocked
+	Sleeps   uint64 // times the poller went to sleep (the re-check found nothing)
 	Rechecks uint64 // re-checks after kick_needed that found work (sleep avoided)
 	Kicks    uint64 // kick eventfd reads that returned a non-zero count
 }
@@ -46,12 +46,13 @@ type pageSet struct {
 
 // Poller is a daemon polling loop over the doorbell pages of several
 // contexts: it busy-polls while work arrives, then advertises kick_needed,
-// re-checks, and sleeps on the kick eventfds (epoll). Add and Remove may be
+// re-checks, and sleeps until a kick eventfd (in its epoll set) is
+// readable. Add and Remove may be
 // called from any goroutine; Run from one.
 type Poller struct {
 	cfg  PollerConfig
 	epfd int
-	wake *EventFD // interrupts epoll_wait (Remove, Run's context)
+	wake *EventFD // ends a sleep (Add, Remove, Run's context, Wake)
 
 	// The epoll fd as a file on the Go poller (an epoll fd is itself
 	// pollable): Run sleeps there, not in a blocking epoll_wait (see
@@ -166,8 +167,9 @@ func (p *Poller) Stats() PollerStats {
 	return PollerStats{Passes: p.passes.Load(), Sleeps: p.sleeps.Load(), Rechecks: p.rechecks.Load(), Kicks: p.kicks.Load()}
 }
 
-// Run polls until ctx is done. It should run on a goroutine of its own
-// (locked to an OS thread by a worker that wants one).
+// Run polls until ctx is done. It should run on a goroutine of its own;
+// it sleeps on the Go poller, so that goroutine need not be locked to an OS
+// thread (vrnicd's is not).
 func (p *Poller) Run(ctx context.Context) error {
 	var stop atomic.Bool
 	fired := make(chan struct{})
@@ -236,7 +238,7 @@ func (p *Poller) Run(ctx context.Context) error {
 			if err == unix.EINTR {
 				continue
 			}
-			return fmt.Errorf("doorbell: epoll_wait: %w", err)
+			return fmt.Errorf("doorbell: sleep: %w", err)
 		}
 		for i := range n {
 			fd := int(events[i].Fd)

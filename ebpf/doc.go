@@ -1,5 +1,7 @@
 // Package ebpf holds the BPF programs vrnic attaches to its multi-queue TAP
-// devices and their Go loader.
+// devices and their Go loader. Of vrnic's packages it imports only roce
+// (SteerQueue, which the steering program must agree with); the loader is
+// built on github.com/cilium/ebpf.
 //
 // Two BPF_PROG_TYPE_SOCKET_FILTER programs run in the tun driver on every
 // frame the kernel sends to the device (frames the emulated NIC receives):
@@ -28,5 +30,6 @@
 //
 // The objects are built by bpf2go from the C sources and committed
 // (steer_bpfel.o, filter_bpfel.o and their Go wrappers); regenerate with
-// `go generate ./ebpf` and check with scripts/check-bpf.sh.
+// `go generate ./ebpf` (which also regenerates FilterReason's String,
+// stats_string.go) and check with scripts/check-bpf.sh.
 package ebpf

@@ -180,5 +180,5 @@ func TestFilterReasonNames(t *testing.T) {
 		seen[name] = true
 		assert.Equal(t, r <= int(FilterPassRoCEv6), FilterReason(r).Pass())
 	}
-	assert.Equal(t, "filter_reason(99)", FilterReason(99).String())
+	assert.Equal(t, "FilterReason(99)", FilterReason(99).String())
 }

@@ -1,5 +1,7 @@
 package ebpf
 
+//go:generate go tool stringer -type=FilterReason -linecomment -output=stats_string.go
+
 import (
 	"fmt"
 
@@ -15,58 +17,33 @@ type SteerStats struct {
 }
 
 // FilterReason is the verdict reason of the filter program; the values are
-// the C enum filter_reason (vrnic_bpf.h).
+// the C enum filter_reason (vrnic_bpf.h). Its String method is generated
+// from the line comments of the constants: the counter names the daemon
+// reports (vrnicctl link).
 type FilterReason uint32
 
 // Filter verdict reasons; the first four pass the frame, the others drop it.
 const (
-	FilterPassARP          = FilterReason(filterFilterReasonFILTER_PASS_ARP)
-	FilterPassND           = FilterReason(filterFilterReasonFILTER_PASS_ND)
-	FilterPassRoCEv4       = FilterReason(filterFilterReasonFILTER_PASS_ROCE_V4)
-	FilterPassRoCEv6       = FilterReason(filterFilterReasonFILTER_PASS_ROCE_V6)
-	FilterDropTruncated    = FilterReason(filterFilterReasonFILTER_DROP_TRUNCATED)
-	FilterDropEtherType    = FilterReason(filterFilterReasonFILTER_DROP_ETHERTYPE)
-	FilterDropARPMalformed = FilterReason(filterFilterReasonFILTER_DROP_ARP_MALFORMED)
-	FilterDropARPNotOurs   = FilterReason(filterFilterReasonFILTER_DROP_ARP_NOT_OURS)
-	FilterDropIPMalformed  = FilterReason(filterFilterReasonFILTER_DROP_IP_MALFORMED)
-	FilterDropIPFragment   = FilterReason(filterFilterReasonFILTER_DROP_IP_FRAGMENT)
-	FilterDropL4Proto      = FilterReason(filterFilterReasonFILTER_DROP_L4PROTO)
-	FilterDropUDPPort      = FilterReason(filterFilterReasonFILTER_DROP_UDP_PORT)
-	FilterDropAddrNotOurs  = FilterReason(filterFilterReasonFILTER_DROP_ADDR_NOT_OURS)
-	FilterDropNDNotOurs    = FilterReason(filterFilterReasonFILTER_DROP_ND_NOT_OURS)
-	FilterDropNDMalformed  = FilterReason(filterFilterReasonFILTER_DROP_ND_MALFORMED)
-	FilterDropICMPv6Other  = FilterReason(filterFilterReasonFILTER_DROP_ICMPV6OTHER)
+	FilterPassARP          = FilterReason(filterFilterReasonFILTER_PASS_ARP)           // pass_arp
+	FilterPassND           = FilterReason(filterFilterReasonFILTER_PASS_ND)            // pass_nd
+	FilterPassRoCEv4       = FilterReason(filterFilterReasonFILTER_PASS_ROCE_V4)       // pass_roce_v4
+	FilterPassRoCEv6       = FilterReason(filterFilterReasonFILTER_PASS_ROCE_V6)       // pass_roce_v6
+	FilterDropTruncated    = FilterReason(filterFilterReasonFILTER_DROP_TRUNCATED)     // drop_truncated
+	FilterDropEtherType    = FilterReason(filterFilterReasonFILTER_DROP_ETHERTYPE)     // drop_ethertype
+	FilterDropARPMalformed = FilterReason(filterFilterReasonFILTER_DROP_ARP_MALFORMED) // drop_arp_malformed
+	FilterDropARPNotOurs   = FilterReason(filterFilterReasonFILTER_DROP_ARP_NOT_OURS)  // drop_arp_not_ours
+	FilterDropIPMalformed  = FilterReason(filterFilterReasonFILTER_DROP_IP_MALFORMED)  // drop_ip_malformed
+	FilterDropIPFragment   = FilterReason(filterFilterReasonFILTER_DROP_IP_FRAGMENT)   // drop_ip_fragment
+	FilterDropL4Proto      = FilterReason(filterFilterReasonFILTER_DROP_L4PROTO)       // drop_l4_proto
+	FilterDropUDPPort      = FilterReason(filterFilterReasonFILTER_DROP_UDP_PORT)      // drop_udp_port
+	FilterDropAddrNotOurs  = FilterReason(filterFilterReasonFILTER_DROP_ADDR_NOT_OURS) // drop_addr_not_ours
+	FilterDropNDNotOurs    = FilterReason(filterFilterReasonFILTER_DROP_ND_NOT_OURS)   // drop_nd_not_ours
+	FilterDropNDMalformed  = FilterReason(filterFilterReasonFILTER_DROP_ND_MALFORMED)  // drop_nd_malformed
+	FilterDropICMPv6Other  = FilterReason(filterFilterReasonFILTER_DROP_ICMPV6OTHER)   // drop_icmpv6_other
 
 	// NumFilterReasons is the number of reasons (size of FilterStats).
 	NumFilterReasons = int(filterFilterReasonFILTER_REASON_MAX)
 )
-
-var filterReasonNames = [NumFilterReasons]string{
-	FilterPassARP:          "pass_arp",
-	FilterPassND:           "pass_nd",
-	FilterPassRoCEv4:       "pass_roce_v4",
-	FilterPassRoCEv6:       "pass_roce_v6",
-	FilterDropTruncated:    "drop_truncated",
-	FilterDropEtherType:    "drop_ethertype",
-	FilterDropARPMalformed: "drop_arp_malformed",
-	FilterDropARPNotOurs:   "drop_arp_not_ours",
-	FilterDropIPMalformed:  "drop_ip_malformed",
-	FilterDropIPFragment:   "drop_ip_fragment",
-	FilterDropL4Proto:      "drop_l4_proto",
-	FilterDropUDPPort:      "drop_udp_port",
-	FilterDropAddrNotOurs:  "drop_addr_not_ours",
-	FilterDropNDNotOurs:    "drop_nd_not_ours",
-	FilterDropNDMalformed:  "drop_nd_malformed",
-	FilterDropICMPv6Other:  "drop_icmpv6_other",
-}
-
-// String returns the counter name of r.
-func (r FilterReason) String() string {
-	if int(r) < len(filterReasonNames) {
-		return filterReasonNames[r]
-	}
-	return fmt.Sprintf("filter_reason(%d)", uint32(r))
-}
 
 // Pass tells whether frames with this reason are kept.
 func (r FilterReason) Pass() bool { return r <= FilterPassRoCEv6 }

@@ -24,20 +24,13 @@ func inprocBaseline(tb testing.TB, n uint64, slots uint32) time.Duration {
 		tb.Fatal(err)
 	}
 	stride, mask := cfg.Stride(), slots-1
-	var w abi.SendWQE
 	var wr queues.SendWR
 	var scratch [bodyLen]byte
 	post, next := uint32(0), uint64(1)
 	start := time.Now()
 	for seq := uint64(1); seq <= n; {
 		for ; seq <= n && post-ci.Load() < slots; seq++ {
-			slot := ring[(post&mask)*stride : (post&mask+1)*stride]
-			inline := slot[abi.SizeofSendWQE : abi.SizeofSendWQE+bodyLen]
-			body(seq, inline)
-			w = abi.SendWQE{WrID: seq, Opcode: abi.WRSendWithImm, Flags: abi.SendInline | abi.SendSignaled,
-				InlineLen: bodyLen, RemoteAddr: seq * 8}
-			w.ImmData = checksum(seq, w.RemoteAddr, inline)
-			w.Put(slot)
+			putWQE(ring[(post&mask)*stride:(post&mask+1)*stride], seq)
 			post++
 			pi.Store(post)
 		}

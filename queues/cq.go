@@ -74,8 +74,7 @@ func (c *CQ) Push(e *abi.CQE) error {
 	off := int(c.pi&c.mask) * abi.SizeofCQE
 	slot := c.ring[off : off+abi.SizeofCQE]
 	e.PutBody(slot)
-	tail := e.TailWord()&0x00ffffff | uint32(abi.CQEPhase(c.pi, c.count))<<24
-	storeU32(slot, abi.OffCQETail, tail)
+	storeU32(slot, abi.OffCQETail, e.TailWordWith(abi.CQEPhase(c.pi, c.count)))
 	c.pi++
 	return nil
 }
@@ -104,8 +103,7 @@ func (c *CQ) Err() error { return c.broken }
 func ReadCQE(ring []byte, count, index uint32, e *abi.CQE) bool {
 	off := int(index&(count-1)) * abi.SizeofCQE
 	slot := ring[off : off+abi.SizeofCQE]
-	tail := loadU32(slot, abi.OffCQETail)
-	if uint8(tail>>24)&1 != abi.CQEPhase(index, count) {
+	if !abi.CQEReady(loadU32(slot, abi.OffCQETail), index, count) {
 		return false
 	}
 	e.Decode(slot)

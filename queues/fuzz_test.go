@@ -44,38 +44,16 @@ func FuzzSQ(f *testing.F) {
 		var pi, ci atomic.Uint32
 		q, err := NewSQ(ring, cfg, &pi, &ci)
 		require.NoError(t, err)
-		var wr SendWR
-		for _, v := range u32s(indices) {
-			head := q.Head()
-			pi.Store(v)
-			n, err := q.Poll()
-			if v-head > cfg.Slots || q.Err() != nil {
-				require.ErrorIs(t, err, ErrIndex)
+		fuzzIndices(t, q, &pi, &ci, cfg.Slots, u32s(indices), func(wr *SendWR, err error) {
+			if err != nil {
+				require.Zero(t, wr.NumSGE)
 				return
 			}
-			require.NoError(t, err)
-			require.Equal(t, v-head, n)
-			for {
-				got, err := q.Next(&wr)
-				if !got {
-					require.NoError(t, err)
-					break
-				}
-				if err != nil {
-					var we *WQEError
-					require.True(t, errors.As(err, &we))
-					require.NotEqual(t, abi.WCSuccess, we.Status())
-					require.Zero(t, wr.NumSGE)
-					continue
-				}
-				require.True(t, wr.Opcode.Valid())
-				require.LessOrEqual(t, uint32(wr.NumSGE), cfg.MaxSGE)
-				require.LessOrEqual(t, len(wr.Inline), int(cfg.MaxInline))
-				require.LessOrEqual(t, wr.Length, uint64(abi.MaxMsgBytes))
-			}
-			q.Publish()
-			require.Equal(t, v, ci.Load())
-		}
+			require.True(t, wr.Opcode.Valid())
+			require.LessOrEqual(t, uint32(wr.NumSGE), cfg.MaxSGE)
+			require.LessOrEqual(t, len(wr.Inline), int(cfg.MaxInline))
+			require.LessOrEqual(t, wr.Length, uint64(abi.MaxMsgBytes))
+		})
 	})
 }
 
@@ -92,31 +70,57 @@ func FuzzRecvQueue(f *testing.F) {
 		var pi, ci atomic.Uint32
 		q, err := NewSRQ(ring, cfg, &pi, &ci)
 		require.NoError(t, err)
-		var wr RecvWR
-		for _, v := range u32s(indices) {
-			head := q.Head()
-			pi.Store(v)
-			_, err := q.Poll()
-			if v-head > cfg.Slots || q.Err() != nil {
-				require.ErrorIs(t, err, ErrIndex)
-				return
-			}
-			require.NoError(t, err)
-			for {
-				got, err := q.Next(&wr)
-				if !got {
-					break
-				}
-				if err != nil {
-					require.ErrorIs(t, err, ErrMalformedWQE)
-					require.NotEqual(t, abi.WCSuccess, StatusOf(err))
-					continue
-				}
+		fuzzIndices(t, q, &pi, &ci, cfg.Slots, u32s(indices), func(wr *RecvWR, err error) {
+			if err == nil {
 				require.LessOrEqual(t, wr.NumSGE, cfg.MaxSGE)
 			}
-			q.Publish()
-		}
+		})
 	})
+}
+
+// workQueue is a daemon-side work queue: SQ or RecvQueue.
+type workQueue[W any] interface {
+	Head() uint32
+	Poll() (uint32, error)
+	Err() error
+	Next(wr *W) (bool, error)
+	Publish()
+}
+
+// fuzzIndices stores each of indices as the producer index pi of q (slots
+// slots) and consumes what it accepts. Poll must report ErrIndex exactly
+// when pi - head > slots, and otherwise the number of new WQEs; each WQE
+// Next returns is passed to check with its error, which is nil or a
+// *WQEError with an error status; Publish must store the index in ci.
+func fuzzIndices[W any](t *testing.T, q workQueue[W], pi, ci *atomic.Uint32, slots uint32, indices []uint32, check func(wr *W, err error)) {
+	var wr W
+	for _, v := range indices {
+		head := q.Head()
+		pi.Store(v)
+		n, err := q.Poll()
+		if v-head > slots || q.Err() != nil {
+			require.ErrorIs(t, err, ErrIndex)
+			return
+		}
+		require.NoError(t, err)
+		require.Equal(t, v-head, n)
+		for {
+			got, err := q.Next(&wr)
+			if !got {
+				require.NoError(t, err)
+				break
+			}
+			if err != nil {
+				var we *WQEError
+				require.True(t, errors.As(err, &we))
+				require.ErrorIs(t, err, ErrMalformedWQE)
+				require.NotEqual(t, abi.WCSuccess, StatusOf(err))
+			}
+			check(&wr, err)
+		}
+		q.Publish()
+		require.Equal(t, v, ci.Load())
+	}
 }
 
 // FuzzCQ lets a hostile client choose every consumer index value. Push

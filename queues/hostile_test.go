@@ -29,13 +29,7 @@ func TestHostileConcurrentWriter(t *testing.T) {
 	ring, err := unix.Mmap(-1, 0, int(cfg.RingBytes()), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_ANONYMOUS)
 	require.NoError(t, err)
 	defer unix.Munmap(ring)
-	page, err := doorbell.New()
-	require.NoError(t, err)
-	defer page.Close()
-	idx, err := page.Alloc()
-	require.NoError(t, err)
-	rec, err := page.QP(idx)
-	require.NoError(t, err)
+	_, _, rec := newQPRecord(t)
 	pi := rec.SQPI
 	sq, err := queues.NewSQ(ring, cfg, pi, rec.SQCI)
 	require.NoError(t, err)
@@ -102,4 +96,19 @@ func TestHostileConcurrentWriter(t *testing.T) {
 	wg.Wait()
 	t.Logf("accepted %d, rejected %d, ring broken by an impossible index: %v", accepted, rejected, broken > 0)
 	assert.Positive(t, accepted+rejected+broken)
+}
+
+// newQPRecord returns a new doorbell page (closed when the test ends), the
+// index of a QP record allocated in it and that record's words: where a
+// client and the daemon share a queue's indices.
+func newQPRecord(t testing.TB) (*doorbell.Page, uint32, doorbell.QPRecord) {
+	t.Helper()
+	page, err := doorbell.New()
+	require.NoError(t, err)
+	t.Cleanup(func() { page.Close() })
+	idx, err := page.Alloc()
+	require.NoError(t, err)
+	rec, err := page.QP(idx)
+	require.NoError(t, err)
+	return page, idx, rec
 }

@@ -2,6 +2,9 @@ package roce
 
 import "strconv"
 
+//go:generate go tool stringer -type=Service -trimprefix=Service
+//go:generate go tool stringer -type=Header -trimprefix=Hdr
+
 // Opcode is the BTH OpCode (IBTA vol. 1, 9.2.1, table 38): bits 7..5 are
 // the transport service (RC 000, UC 001, RD 010, UD 011, CNP 100), bits
 // 4..0 the operation.
@@ -54,6 +57,7 @@ const (
 )
 
 // Service is a transport service type, the top three bits of an opcode.
+// Its String method is generated: the constant name less "Service".
 type Service uint8
 
 // Transport services.
@@ -65,17 +69,9 @@ const (
 	ServiceCNP Service = 4 // RoCE v2 congestion notification
 )
 
-var serviceNames = [...]string{"RC", "UC", "RD", "UD", "CNP"}
-
-func (s Service) String() string {
-	if int(s) < len(serviceNames) {
-		return serviceNames[s]
-	}
-	return "Service(" + strconv.Itoa(int(s)) + ")"
-}
-
 // Header names an extension header (or the CNP reserved block) that an
 // opcode may carry after the BTH. They appear on the wire in this order.
+// Its String method is generated: the constant name less "Hdr".
 type Header uint8
 
 // Extension headers in wire order.
@@ -88,7 +84,7 @@ const (
 	HdrImmDt
 	HdrIETH
 	HdrCNPReserved
-	numHeaders
+	numHeaders = iota // untyped, so that the generated String does not name it
 )
 
 var headerLens = [numHeaders]int{
@@ -102,21 +98,12 @@ var headerLens = [numHeaders]int{
 	HdrCNPReserved:  CNPReservedLen,
 }
 
-var headerNames = [numHeaders]string{"DETH", "RETH", "AtomicETH", "AETH", "AtomicAckETH", "ImmDt", "IETH", "CNPReserved"}
-
 // Len is the header's length in bytes.
 func (h Header) Len() int {
 	if h < numHeaders {
 		return headerLens[h]
 	}
 	return 0
-}
-
-func (h Header) String() string {
-	if h < numHeaders {
-		return headerNames[h]
-	}
-	return "Header(" + strconv.Itoa(int(h)) + ")"
 }
 
 // HeaderMask is a set of Headers (bit 1<<h).

@@ -1,6 +1,7 @@
 package roce
 
 import (
+	"fmt"
 	"math/bits"
 	"strings"
 	"testing"
@@ -161,5 +162,28 @@ func TestOpcodeTableSpotChecks(t *testing.T) {
 			}
 			assert.Equal(t, m, info.Headers)
 		})
+	}
+}
+
+// TestEnumNames pins the names of the small enums (their String methods
+// are generated), undefined values included.
+func TestEnumNames(t *testing.T) {
+	cases := []struct {
+		v    fmt.Stringer
+		want string
+	}{
+		{ServiceRC, "RC"}, {ServiceUC, "UC"}, {ServiceRD, "RD"}, {ServiceUD, "UD"}, {ServiceCNP, "CNP"},
+		{Service(5), "Service(5)"},
+		{HdrDETH, "DETH"}, {HdrRETH, "RETH"}, {HdrAtomicETH, "AtomicETH"}, {HdrAETH, "AETH"},
+		{HdrAtomicAckETH, "AtomicAckETH"}, {HdrImmDt, "ImmDt"}, {HdrIETH, "IETH"},
+		{HdrCNPReserved, "CNPReserved"}, {Header(numHeaders), "Header(8)"},
+		{SyndromeACK, "ACK"}, {SyndromeRNRNAK, "RNR_NAK"}, {SyndromeReserved, "RESERVED"}, {SyndromeNAK, "NAK"},
+		{SyndromeKind(4), "SyndromeKind(4)"},
+		{NAKPSNSequenceError, "PSN_SEQUENCE_ERROR"}, {NAKInvalidRequest, "INVALID_REQUEST"},
+		{NAKRemoteAccessError, "REMOTE_ACCESS_ERROR"}, {NAKRemoteOperationalErr, "REMOTE_OPERATIONAL_ERROR"},
+		{NAKInvalidRDRequest, "INVALID_RD_REQUEST"}, {NAKCode(nakCodeCount), "NAKCode(5)"},
+	}
+	for _, c := range cases {
+		assert.Equal(t, c.want, c.v.String())
 	}
 }

@@ -1,5 +1,7 @@
 package roce
 
+//go:generate go tool stringer -type=SyndromeKind,NAKCode -linecomment -output=syndrome_string.go
+
 import (
 	"strconv"
 	"time"
@@ -18,36 +20,28 @@ import (
 //	op 11: NAK,      value = NAK code (NAKCode)
 type Syndrome uint8
 
-// SyndromeKind is the op field of a Syndrome.
+// SyndromeKind is the op field of a Syndrome. Its String method is
+// generated from the line comments of the constants, as is NAKCode's.
 type SyndromeKind uint8
 
 // Syndrome kinds.
 const (
-	SyndromeACK      SyndromeKind = 0
-	SyndromeRNRNAK   SyndromeKind = 1
-	SyndromeReserved SyndromeKind = 2
-	SyndromeNAK      SyndromeKind = 3
+	SyndromeACK      SyndromeKind = 0 // ACK
+	SyndromeRNRNAK   SyndromeKind = 1 // RNR_NAK
+	SyndromeReserved SyndromeKind = 2 // RESERVED
+	SyndromeNAK      SyndromeKind = 3 // NAK
 )
-
-var syndromeKindNames = [...]string{"ACK", "RNR_NAK", "RESERVED", "NAK"}
-
-func (k SyndromeKind) String() string {
-	if int(k) < len(syndromeKindNames) {
-		return syndromeKindNames[k]
-	}
-	return "SyndromeKind(" + strconv.Itoa(int(k)) + ")"
-}
 
 // NAKCode is the value of a NAK syndrome.
 type NAKCode uint8
 
 // NAK codes (IBTA table 43).
 const (
-	NAKPSNSequenceError     NAKCode = 0
-	NAKInvalidRequest       NAKCode = 1
-	NAKRemoteAccessError    NAKCode = 2
-	NAKRemoteOperationalErr NAKCode = 3
-	NAKInvalidRDRequest     NAKCode = 4
+	NAKPSNSequenceError     NAKCode = 0 // PSN_SEQUENCE_ERROR
+	NAKInvalidRequest       NAKCode = 1 // INVALID_REQUEST
+	NAKRemoteAccessError    NAKCode = 2 // REMOTE_ACCESS_ERROR
+	NAKRemoteOperationalErr NAKCode = 3 // REMOTE_OPERATIONAL_ERROR
+	NAKInvalidRDRequest     NAKCode = 4 // INVALID_RD_REQUEST
 )
 
 // CreditsInvalid is the ACK credit count code meaning "no end-to-end flow
@@ -64,15 +58,6 @@ const (
 	syndromeKindMask    = 3
 	syndromeReservedBit = 0x80
 )
-
-var nakNames = [...]string{"PSN_SEQUENCE_ERROR", "INVALID_REQUEST", "REMOTE_ACCESS_ERROR", "REMOTE_OPERATIONAL_ERROR", "INVALID_RD_REQUEST"}
-
-func (c NAKCode) String() string {
-	if int(c) < len(nakNames) {
-		return nakNames[c]
-	}
-	return "NAKCode(" + strconv.Itoa(int(c)) + ")"
-}
 
 // ACKSyndrome returns the syndrome of an ACK with the 5-bit credit count
 // code credits (CreditsInvalid when the responder does no flow control,

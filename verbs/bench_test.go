@@ -27,14 +27,14 @@ func BenchmarkPostSend(b *testing.B) {
 	f := newFixture(b, abi.QPTRC)
 	qp := f.qp
 	wr := SendWR{WrID: 1, Opcode: abi.WRSend, Flags: abi.SendSignaled, SGL: []abi.SGE{f.mr.SGE(0, 64), f.mr.SGE(64, 64)}}
-	base := baselineNs(qp.sq.Bytes, int(qp.sqStride), 96, max(b.N, 1000), qp.rec[abi.OffDBSQPI+8:])
+	base := baselineNs(qp.sq.ring.Bytes, int(qp.sq.stride), 96, max(b.N, 1000), qp.rec[abi.OffDBSQPI+8:])
 	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
 		if err := qp.PostSend(&wr); err != nil {
 			b.Fatal(err)
 		}
-		store32(qp.rec[abi.OffDBSQCI:], qp.sqPI)
+		store32(qp.rec[abi.OffDBSQCI:], qp.sq.pi)
 	}
 	b.StopTimer()
 	ns := float64(b.Elapsed().Nanoseconds()) / float64(b.N)

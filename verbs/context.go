@@ -127,6 +127,27 @@ func (c *Context) record(idx uint32) ([]byte, error) {
 	return c.dbPage[off : off+abi.DBRecordSize : off+abi.DBRecordSize], nil
 }
 
+// createdRecord returns the doorbell record idx of an object the daemon
+// has just created (handle h, destroyed by op). If idx is out of range it
+// destroys the object and frees rings, the object's host memory.
+func (c *Context) createdRecord(idx uint32, op abi.Cmd, h uint32, rings ...*Buffer) ([]byte, error) {
+	rec, err := c.record(idx)
+	if err != nil {
+		c.destroy(op, h)
+		freeBuffers(rings...)
+	}
+	return rec, err
+}
+
+// freeBuffers frees every non-nil buffer of bufs.
+func freeBuffers(bufs ...*Buffer) {
+	for _, b := range bufs {
+		if b != nil {
+			b.Free()
+		}
+	}
+}
+
 // kick wakes the daemon if it asked for it (kick_needed set). Called after
 // the producer index store; both are sequentially consistent.
 func (c *Context) kick() {

@@ -108,10 +108,8 @@ func (c *Context) CreateCQ(cqe int, ch *CompChannel) (*CQ, error) {
 		ring.Free()
 		return nil, err
 	}
-	rec, err := c.record(r.DBIndex)
+	rec, err := c.createdRecord(r.DBIndex, abi.CmdDestroyCQ, r.CQHandle, ring)
 	if err != nil {
-		c.destroy(abi.CmdDestroyCQ, r.CQHandle)
-		ring.Free()
 		return nil, err
 	}
 	return &CQ{ctx: c, Handle: r.CQHandle, ring: ring, n: n, mask: n - 1, rec: rec, ch: ch}, nil
@@ -136,8 +134,7 @@ func (cq *CQ) Poll(wc []abi.CQE) int {
 	for n < len(wc) {
 		slot := cq.ring.Bytes[(cq.ci&cq.mask)*abi.SizeofCQE:][:abi.SizeofCQE]
 		// Acquire: the owner byte is in the tail word, written last.
-		tail := load32(slot[abi.OffCQETail:])
-		if uint8(tail>>24)&1 != abi.CQEPhase(cq.ci, cq.n) {
+		if !abi.CQEReady(load32(slot[abi.OffCQETail:]), cq.ci, cq.n) {
 			break
 		}
 		wc[n].Decode(slot)

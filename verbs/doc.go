@@ -46,11 +46,16 @@
 // list from the buffer's PA: inline in the command up to 64 pages,
 // otherwise in a temporary buffer in host memory named by pbl_pa.
 //
-// # Without the transport engine
+// # Who consumes the work
 //
-// Until the daemon's transport engine is wired in, posted work is written
-// to the rings but nothing consumes it: no data moves and no completion
-// arrives. Nothing in this package fakes completions.
+// vrnicd runs the RC transport (package device/engine) over its link:
+// work posted to an RC QP is read from the ring by the daemon, validated
+// (a malformed WQE completes with an error status and moves the QP to
+// ERROR), carried to the peer, and completed in the QP's CQs. UD QPs can
+// be created and moved through their states, but the daemon carries no UD
+// traffic yet: work posted to a UD QP stays in its ring. A device served
+// without a data path (device/devicetest by default) consumes nothing, and
+// nothing in this package fakes completions.
 //
 // # Concurrency
 //

@@ -39,16 +39,69 @@ type RecvWR struct {
 	SGL  []abi.SGE
 }
 
+// workQueue is the posting side of one work ring (the SQ or RQ of a QP,
+// an SRQ): its slots in host memory, the free-running producer index, and
+// two words of the object's doorbell record, the producer index this side
+// stores and the consumer index the daemon publishes.
+type workQueue struct {
+	ring   *Buffer // nil: no ring (the RQ of a QP with an SRQ)
+	stride uint32  // bytes per slot
+	mask   uint32  // slots - 1
+	pi     uint32  // next slot to fill
+	piWord []byte  // doorbell record word of pi
+	ciWord []byte  // doorbell record word of the daemon's consumer index
+}
+
+func newWorkQueue(ring *Buffer, slots, stride uint32, rec []byte, piOff, ciOff int) workQueue {
+	return workQueue{ring: ring, stride: stride, mask: slots - 1, piWord: rec[piOff:], ciWord: rec[ciOff:]}
+}
+
+// slot returns the next slot to fill, or ErrQueueFull while the daemon has
+// not consumed the WQE it would overwrite (flow control: the daemon
+// publishes how far it consumed the ring).
+func (q *workQueue) slot() ([]byte, error) {
+	if q.pi-load32(q.ciWord) > q.mask {
+		return nil, ErrQueueFull
+	}
+	return q.ring.Bytes[(q.pi&q.mask)*q.stride:][:q.stride], nil
+}
+
+// publish hands the slot returned by slot to the daemon: it stores the new
+// producer index and kicks the daemon only if it sleeps (kick_needed).
+func (q *workQueue) publish(c *Context) {
+	q.pi++
+	store32(q.piWord, q.pi)
+	c.kick()
+}
+
+// postRecv writes wr into the next slot of a receive ring (RQ or SRQ)
+// whose WQEs hold up to maxSGE SGEs, and publishes it.
+func (q *workQueue) postRecv(c *Context, wr *RecvWR, maxSGE uint32) error {
+	slot, err := q.slot()
+	if err != nil {
+		return err
+	}
+	if uint32(len(wr.SGL)) > maxSGE {
+		return ErrTooMany
+	}
+	h := abi.RecvWQE{WrID: wr.WrID, NumSGE: uint32(len(wr.SGL))}
+	h.Put(slot)
+	for i := range wr.SGL {
+		wr.SGL[i].Put(slot[abi.SizeofRecvWQE+i*abi.SizeofSGE:])
+	}
+	q.publish(c)
+	return nil
+}
+
 // PostSend writes wr into the next send ring slot, publishes the new
 // producer index in the QP's doorbell record and kicks the daemon only if
 // it sleeps (kick_needed). No round trip to the daemon, no allocation.
-// The daemon validates the WQE when it consumes it; until the transport
-// engine is wired into the daemon nothing consumes it.
+// The daemon validates the WQE when it consumes it: a malformed one
+// completes with an error status and moves the QP to ERROR.
 func (qp *QP) PostSend(wr *SendWR) error {
-	n := qp.sqMask + 1
-	// Flow control: the daemon publishes how far it consumed the ring.
-	if qp.sqPI-load32(qp.rec[abi.OffDBSQCI:]) >= n {
-		return ErrQueueFull
+	slot, err := qp.sq.slot()
+	if err != nil {
+		return err
 	}
 	inline := wr.Flags&abi.SendInline != 0
 	if inline {
@@ -58,7 +111,6 @@ func (qp *QP) PostSend(wr *SendWR) error {
 	} else if uint32(len(wr.SGL)) > qp.Cap.MaxSendSGE {
 		return ErrTooMany
 	}
-	slot := qp.sq.Bytes[(qp.sqPI&qp.sqMask)*qp.sqStride:][:qp.sqStride]
 	w := abi.SendWQE{WrID: wr.WrID, Opcode: wr.Opcode, Flags: wr.Flags, ImmData: wr.ImmData,
 		InvalidateRKey: wr.InvRKey, RemoteAddr: wr.RemoteAddr, RKey: wr.RKey, RemoteQPN: wr.RemoteQPN,
 		RemoteQKey: wr.RemoteQKey, CompareAdd: wr.CompareAdd, Swap: wr.Swap}
@@ -75,50 +127,18 @@ func (qp *QP) PostSend(wr *SendWR) error {
 		}
 	}
 	w.Put(slot)
-	qp.sqPI++
-	store32(qp.rec[abi.OffDBSQPI:], qp.sqPI)
-	qp.ctx.kick()
+	qp.sq.publish(qp.ctx)
 	return nil
 }
 
 // PostRecv writes wr into the next receive ring slot and publishes the
 // producer index.
 func (qp *QP) PostRecv(wr *RecvWR) error {
-	if qp.srq {
+	if qp.rq.ring == nil {
 		return ErrNoRQ
 	}
-	if qp.rqPI-load32(qp.rec[abi.OffDBRQCI:]) >= qp.rqMask+1 {
-		return ErrQueueFull
-	}
-	if uint32(len(wr.SGL)) > qp.Cap.MaxRecvSGE {
-		return ErrTooMany
-	}
-	putRecv(qp.rq.Bytes[(qp.rqPI&qp.rqMask)*qp.rqStride:][:qp.rqStride], wr)
-	qp.rqPI++
-	store32(qp.rec[abi.OffDBRQPI:], qp.rqPI)
-	qp.ctx.kick()
-	return nil
+	return qp.rq.postRecv(qp.ctx, wr, qp.Cap.MaxRecvSGE)
 }
 
 // PostRecv posts a receive WQE to the SRQ.
-func (s *SRQ) PostRecv(wr *RecvWR) error {
-	if s.pi-load32(s.rec[abi.OffDBSRQCI:]) >= s.mask+1 {
-		return ErrQueueFull
-	}
-	if uint32(len(wr.SGL)) > s.maxSGE {
-		return ErrTooMany
-	}
-	putRecv(s.ring.Bytes[(s.pi&s.mask)*s.stride:][:s.stride], wr)
-	s.pi++
-	store32(s.rec[abi.OffDBSRQPI:], s.pi)
-	s.ctx.kick()
-	return nil
-}
-
-func putRecv(slot []byte, wr *RecvWR) {
-	h := abi.RecvWQE{WrID: wr.WrID, NumSGE: uint32(len(wr.SGL))}
-	h.Put(slot)
-	for i := range wr.SGL {
-		wr.SGL[i].Put(slot[abi.SizeofRecvWQE+i*abi.SizeofSGE:])
-	}
-}
+func (s *SRQ) PostRecv(wr *RecvWR) error { return s.rq.postRecv(s.ctx, wr, s.maxSGE) }

@@ -21,20 +21,12 @@ type QPInitAttr struct {
 // library allocates; PostSend and PostRecv write WQEs there and publish
 // the producer index in the QP's doorbell record.
 type QP struct {
-	ctx      *Context
-	QPN      uint32
-	Type     abi.QPType
-	Cap      abi.QPCap // as granted
-	sq, rq   *Buffer
-	sqBlocks uint32
-	sqStride uint32 // bytes per SQ slot
-	rqStride uint32
-	sqMask   uint32
-	rqMask   uint32
-	rec      []byte
-	sqPI     uint32
-	rqPI     uint32
-	srq      bool
+	ctx    *Context
+	QPN    uint32
+	Type   abi.QPType
+	Cap    abi.QPCap // as granted
+	sq, rq workQueue // rq has no ring with an SRQ
+	rec    []byte    // the QP's doorbell record
 }
 
 func roundPow2(v uint32) uint32 {
@@ -79,24 +71,17 @@ func (pd *PD) CreateQP(a QPInitAttr) (*QP, error) {
 	req.Cap = cp
 	var r abi.RespCreateQP
 	if _, _, err := c.k.call(abi.CmdCreateQP, &req, nil, nil, &r); err != nil {
-		sq.Free()
-		if rq != nil {
-			rq.Free()
-		}
+		freeBuffers(sq, rq)
 		return nil, err
 	}
-	rec, err := c.record(r.DBIndex)
+	rec, err := c.createdRecord(r.DBIndex, abi.CmdDestroyQP, r.QPN, sq, rq)
 	if err != nil {
-		c.destroy(abi.CmdDestroyQP, r.QPN)
-		sq.Free()
-		if rq != nil {
-			rq.Free()
-		}
 		return nil, err
 	}
-	return &QP{ctx: c, QPN: r.QPN, Type: a.Type, Cap: r.Cap, sq: sq, rq: rq, sqBlocks: r.SQWQEBlocks,
-		sqStride: r.SQWQEBlocks * abi.WQEBlock, rqStride: r.RQWQESize, sqMask: r.Cap.MaxSendWR - 1,
-		rqMask: r.Cap.MaxRecvWR - 1, rec: rec, srq: a.SRQ != nil}, nil
+	return &QP{ctx: c, QPN: r.QPN, Type: a.Type, Cap: r.Cap,
+		sq:  newWorkQueue(sq, r.Cap.MaxSendWR, r.SQWQEBlocks*abi.WQEBlock, rec, abi.OffDBSQPI, abi.OffDBSQCI),
+		rq:  newWorkQueue(rq, r.Cap.MaxRecvWR, r.RQWQESize, rec, abi.OffDBRQPI, abi.OffDBRQCI),
+		rec: rec}, nil
 }
 
 // Destroy destroys the QP and frees its rings.
@@ -104,10 +89,7 @@ func (qp *QP) Destroy() error {
 	if err := qp.ctx.destroy(abi.CmdDestroyQP, qp.QPN); err != nil {
 		return err
 	}
-	qp.sq.Free()
-	if qp.rq != nil {
-		qp.rq.Free()
-	}
+	freeBuffers(qp.sq.ring, qp.rq.ring)
 	return nil
 }
 
@@ -187,12 +169,9 @@ func (qp *QP) ToRTS(r RTSAttr) error {
 type SRQ struct {
 	ctx    *Context
 	Handle uint32
-	ring   *Buffer
-	stride uint32
-	mask   uint32
+	rq     workQueue
 	maxSGE uint32
-	rec    []byte
-	pi     uint32
+	rec    []byte // the SRQ's doorbell record
 }
 
 // CreateSRQ creates an SRQ of maxWR (rounded up to a power of two) WQEs
@@ -211,13 +190,12 @@ func (pd *PD) CreateSRQ(maxWR, maxSGE, limit uint32) (*SRQ, error) {
 		ring.Free()
 		return nil, err
 	}
-	rec, err := c.record(r.DBIndex)
+	rec, err := c.createdRecord(r.DBIndex, abi.CmdDestroySRQ, r.SRQHandle, ring)
 	if err != nil {
-		c.destroy(abi.CmdDestroySRQ, r.SRQHandle)
-		ring.Free()
 		return nil, err
 	}
-	return &SRQ{ctx: c, Handle: r.SRQHandle, ring: ring, stride: r.RQWQESize, mask: maxWR - 1, maxSGE: maxSGE, rec: rec}, nil
+	return &SRQ{ctx: c, Handle: r.SRQHandle, maxSGE: maxSGE, rec: rec,
+		rq: newWorkQueue(ring, maxWR, r.RQWQESize, rec, abi.OffDBSRQPI, abi.OffDBSRQCI)}, nil
 }
 
 // Modify sets the SRQ limit.
@@ -238,6 +216,6 @@ func (s *SRQ) Destroy() error {
 	if err := s.ctx.destroy(abi.CmdDestroySRQ, s.Handle); err != nil {
 		return err
 	}
-	s.ring.Free()
+	s.rq.ring.Free()
 	return nil
 }

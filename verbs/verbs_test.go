@@ -66,12 +66,11 @@ func newFixture(t testing.TB, typ abi.QPType) *fixture {
 func TestCreateQPGeometry(t *testing.T) {
 	f := newFixture(t, abi.QPTRC)
 	// 5 SGEs need 2 blocks, 100 inline bytes 2 blocks: 1+2 blocks per slot.
-	assert.Equal(t, uint32(3), f.qp.sqBlocks)
-	assert.Equal(t, uint32(3*64), f.qp.sqStride)
-	assert.Equal(t, abi.RQWQESize(3), f.qp.rqStride)
+	assert.Equal(t, uint32(3*64), f.qp.sq.stride)
+	assert.Equal(t, abi.RQWQESize(3), f.qp.rq.stride)
 	assert.Equal(t, uint32(4), f.qp.Cap.MaxSendWR)
-	assert.Len(t, f.qp.sq.Bytes, 4*3*64)
-	assert.Zero(t, f.qp.sq.PA%64)
+	assert.Len(t, f.qp.sq.ring.Bytes, 4*3*64)
+	assert.Zero(t, f.qp.sq.ring.PA%64)
 }
 
 func TestPostSendWritesWQEAndDoorbell(t *testing.T) {
@@ -81,7 +80,7 @@ func TestPostSendWritesWQEAndDoorbell(t *testing.T) {
 	wr := SendWR{WrID: 0xabc, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, SGL: sgl, RemoteAddr: 0x1000, RKey: 0x55}
 	require.NoError(t, qp.PostSend(&wr))
 	var w abi.SendWQE
-	w.Decode(qp.sq.Bytes[:64])
+	w.Decode(qp.sq.ring.Bytes[:64])
 	assert.Equal(t, uint64(0xabc), w.WrID)
 	assert.Equal(t, abi.WRRDMAWrite, w.Opcode)
 	assert.Equal(t, abi.SendSignaled, w.Flags)
@@ -90,7 +89,7 @@ func TestPostSendWritesWQEAndDoorbell(t *testing.T) {
 	assert.Equal(t, uint32(0x55), w.RKey)
 	for i, want := range sgl {
 		var g abi.SGE
-		g.Decode(qp.sq.Bytes[64+16*i:])
+		g.Decode(qp.sq.ring.Bytes[64+16*i:])
 		assert.Equal(t, want, g)
 	}
 	assert.Equal(t, uint32(1), binary.LittleEndian.Uint32(qp.rec[abi.OffDBSQPI:]))
@@ -98,7 +97,7 @@ func TestPostSendWritesWQEAndDoorbell(t *testing.T) {
 	// Inline data lands after the control block.
 	msg := []byte("inline payload")
 	require.NoError(t, qp.PostSend(&SendWR{WrID: 2, Opcode: abi.WRSend, Flags: abi.SendInline, Inline: msg}))
-	slot := qp.sq.Bytes[qp.sqStride:]
+	slot := qp.sq.ring.Bytes[qp.sq.stride:]
 	w.Decode(slot)
 	assert.Equal(t, uint32(len(msg)), w.InlineLen)
 	assert.Zero(t, w.NumSGE)
@@ -117,7 +116,7 @@ func TestPostSendWritesWQEAndDoorbell(t *testing.T) {
 	binary.LittleEndian.PutUint32(qp.rec[abi.OffDBSQCI:], 1) // as the daemon would
 	require.NoError(t, qp.PostSend(&wr))
 	var w5 abi.SendWQE
-	w5.Decode(qp.sq.Bytes[:64]) // slot 4 & 3 == 0: wrapped
+	w5.Decode(qp.sq.ring.Bytes[:64]) // slot 4 & 3 == 0: wrapped
 	assert.Equal(t, uint64(0xabc), w5.WrID)
 	assert.Equal(t, uint32(5), binary.LittleEndian.Uint32(qp.rec[abi.OffDBSQPI:]))
 }
@@ -149,11 +148,11 @@ func TestPostRecv(t *testing.T) {
 	sgl := []abi.SGE{f.mr.SGE(0, 10), f.mr.SGE(64, 20), f.mr.SGE(128, 30)}
 	require.NoError(t, f.qp.PostRecv(&RecvWR{WrID: 77, SGL: sgl}))
 	var r abi.RecvWQE
-	r.Decode(f.qp.rq.Bytes)
+	r.Decode(f.qp.rq.ring.Bytes)
 	assert.Equal(t, abi.RecvWQE{WrID: 77, NumSGE: 3}, r)
 	for i, want := range sgl {
 		var g abi.SGE
-		g.Decode(f.qp.rq.Bytes[16+16*i:])
+		g.Decode(f.qp.rq.ring.Bytes[16+16*i:])
 		assert.Equal(t, want, g)
 	}
 	assert.Equal(t, uint32(1), binary.LittleEndian.Uint32(f.qp.rec[abi.OffDBRQPI:]))
@@ -165,6 +164,10 @@ func TestPostRecv(t *testing.T) {
 	require.NoError(t, srq.PostRecv(&RecvWR{WrID: 6}))
 	assert.ErrorIs(t, srq.PostRecv(&RecvWR{WrID: 7}), ErrQueueFull)
 	assert.Equal(t, uint32(2), binary.LittleEndian.Uint32(srq.rec[abi.OffDBSRQPI:]))
+
+	qp, err := f.pd.CreateQP(QPInitAttr{Type: abi.QPTRC, SendCQ: f.cq, RecvCQ: f.cq, SRQ: srq, Cap: abi.QPCap{MaxSendWR: 1}})
+	require.NoError(t, err)
+	assert.ErrorIs(t, qp.PostRecv(&RecvWR{WrID: 8}), ErrNoRQ)
 }
 
 // produce writes CQE index i into the ring as the daemon does: body
@@ -244,7 +247,7 @@ func TestPostAndPollAllocateNothing(t *testing.T) {
 		if err := qp.PostSend(&wr); err != nil {
 			panic(err)
 		}
-		store32(qp.rec[abi.OffDBSQCI:], qp.sqPI) // consume, as the daemon would
+		store32(qp.rec[abi.OffDBSQCI:], qp.sq.pi) // consume, as the daemon would
 	})
 	assert.Zero(t, allocs, "PostSend allocates")
 	kickCount(t, f.c)
@@ -253,9 +256,18 @@ func TestPostAndPollAllocateNothing(t *testing.T) {
 		if err := qp.PostRecv(&rwr); err != nil {
 			panic(err)
 		}
-		store32(qp.rec[abi.OffDBRQCI:], qp.rqPI)
+		store32(qp.rec[abi.OffDBRQCI:], qp.rq.pi)
 	})
 	assert.Zero(t, allocs, "PostRecv allocates")
+	srq, err := f.pd.CreateSRQ(4, 2, 0)
+	require.NoError(t, err)
+	allocs = testing.AllocsPerRun(1000, func() {
+		if err := srq.PostRecv(&rwr); err != nil {
+			panic(err)
+		}
+		store32(srq.rec[abi.OffDBSRQCI:], srq.rq.pi)
+	})
+	assert.Zero(t, allocs, "SRQ.PostRecv allocates")
 	wc := make([]abi.CQE, 4)
 	i := uint32(0)
 	allocs = testing.AllocsPerRun(1000, func() {
