@@ -18,6 +18,10 @@
 // answering); a socket left by a crashed daemon (connect gives
 // ECONNREFUSED) is replaced.
 //
+// The daemon wires the control plane (package device: the control socket,
+// the resources, the QP state machine) to the data plane (package
+// device/dataplane) through device.DataPlane.
+//
 // Data path: the RC transport engine (package device/engine) runs -workers
 // workers over the link: -link mem is an in-memory link private to the
 // daemon (QPs of its clients connected to its own GID talk to each other);
