@@ -2,7 +2,6 @@ package engine
 
 import (
 	"encoding/binary"
-	"fmt"
 	"sync/atomic"
 
 	"github.com/vrnic/vrnic/abi"
@@ -21,29 +20,32 @@ import (
 //	            │    └──► NAK error ──► error (QP to ERR)
 //	            └──► stale: drop
 
+//go:generate go tool stringer -type=compState -linecomment
+
 type compState uint8
 
+// Completer states; the line comment is the name String prints.
 const (
-	compCheckPSN compState = iota // response within the outstanding PSNs?
-	compClassify                  // which response is it
-	compAck                       // ACK: acknowledge through PSN
-	compRead                      // READ response: place data
-	compAtomic                    // atomic ACK: store original value
-	compNAKSeq                    // NAK PSN sequence error
-	compRNR                       // RNR NAK
-	compNAKErr                    // other NAKs: fatal for the WQE
-	compDrop                      // stale or unexpected: drop
-	compDone
+	// compCheckPSN: is the response within the outstanding PSNs?
+	compCheckPSN compState = iota // check_psn
+	// compClassify: which response is it.
+	compClassify // classify
+	// compAck: ACK, acknowledge through its PSN.
+	compAck // ack
+	// compRead: READ response, place its data.
+	compRead // read
+	// compAtomic: atomic ACK, store the original value.
+	compAtomic // atomic
+	// compNAKSeq: NAK PSN sequence error.
+	compNAKSeq // nak_seq
+	// compRNR: RNR NAK.
+	compRNR // rnr
+	// compNAKErr: the other NAKs, fatal for the WQE.
+	compNAKErr // nak_err
+	// compDrop: stale or unexpected, drop.
+	compDrop // drop
+	compDone // done
 )
-
-var compStateNames = [...]string{"check_psn", "classify", "ack", "read", "atomic", "nak_seq", "rnr", "nak_err", "drop", "done"}
-
-func (s compState) String() string {
-	if int(s) < len(compStateNames) {
-		return compStateNames[s]
-	}
-	return fmt.Sprintf("compState(%d)", s)
-}
 
 // completer is the per-QP completer state.
 type completer struct {

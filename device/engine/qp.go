@@ -70,24 +70,22 @@ type QPCounters struct {
 	RecvCQEs        atomic.Uint64
 }
 
-// wqeState is the life of a send WQE in the engine's private ring.
+//go:generate go tool stringer -type=wqeState -linecomment
+
+// wqeState is the life of a send WQE in the engine's private ring; the
+// line comment is the name String prints.
 type wqeState uint8
 
 const (
-	wqePosted  wqeState = iota // fetched, no packet sent
-	wqeSending                 // PSNs assigned, packets being sent
-	wqePending                 // every packet sent, waiting for responses
-	wqeDone                    // finished (status says how)
+	// wqePosted: fetched, no packet sent.
+	wqePosted wqeState = iota // posted
+	// wqeSending: PSNs assigned, packets being sent.
+	wqeSending // sending
+	// wqePending: every packet sent, waiting for responses.
+	wqePending // pending
+	// wqeDone: finished (status says how).
+	wqeDone // done
 )
-
-var wqeStateNames = [...]string{"posted", "sending", "pending", "done"}
-
-func (s wqeState) String() string {
-	if int(s) < len(wqeStateNames) {
-		return wqeStateNames[s]
-	}
-	return fmt.Sprintf("wqeState(%d)", s)
-}
 
 // swqe is a send WQE in the private ring with its transport state.
 type swqe struct {

@@ -17,26 +17,27 @@ import (
 //	  ▲                                                          │
 //	  └──────────────── next WQE (message fully sent) ◄─────────┘
 
+//go:generate go tool stringer -type=reqState -linecomment
+
 type reqState uint8
 
+// Requester states; the line comment is the name String prints.
 const (
-	reqFetch   reqState = iota // make sure the WQE at next exists
-	reqLocal                   // execute local operations (LOCAL_INV)
-	reqFence                   // FENCE waits for prior READ/atomic WRs
-	reqCredits                 // max_rd_atomic credits for READ/atomic
-	reqWindow                  // send window (unacknowledged PSNs)
-	reqSend                    // build and queue one packet
-	reqExit                    // nothing more this round
+	// reqFetch makes sure the WQE at next exists.
+	reqFetch reqState = iota // fetch
+	// reqLocal executes local operations (LOCAL_INV).
+	reqLocal // local
+	// reqFence: FENCE waits for prior READ/atomic WRs.
+	reqFence // fence
+	// reqCredits: max_rd_atomic credits for READ/atomic.
+	reqCredits // credits
+	// reqWindow: the send window (unacknowledged PSNs).
+	reqWindow // window
+	// reqSend builds and queues one packet.
+	reqSend // send
+	// reqExit: nothing more this round.
+	reqExit // exit
 )
-
-var reqStateNames = [...]string{"fetch", "local", "fence", "credits", "window", "send", "exit"}
-
-func (s reqState) String() string {
-	if int(s) < len(reqStateNames) {
-		return reqStateNames[s]
-	}
-	return fmt.Sprintf("reqState(%d)", s)
-}
 
 // requester is the per-QP requester state.
 type requester struct {

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"errors"
-	"fmt"
 
 	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/roce"
@@ -18,28 +17,22 @@ import (
 //	    │ dup ──► duplicate (re-ACK, replay atomic, re-execute READ)
 //	    └ OOS ──► one NAK-sequence error per gap
 
+//go:generate go tool stringer -type=respState -linecomment
+
 type respState uint8
 
+// Responder states; the line comment is the name String prints.
 const (
-	respCheckPSN respState = iota
-	respDuplicate
-	respCheckOpSeq
-	respCheckOpAllowed
-	respCheckResource
-	respCheckLength
-	respCheckRKey
-	respExecute
-	respDone
+	respCheckPSN       respState = iota // check_psn
+	respDuplicate                       // duplicate
+	respCheckOpSeq                      // check_op_seq
+	respCheckOpAllowed                  // check_op_allowed
+	respCheckResource                   // check_resource
+	respCheckLength                     // check_length
+	respCheckRKey                       // check_rkey
+	respExecute                         // execute
+	respDone                            // done
 )
-
-var respStateNames = [...]string{"check_psn", "duplicate", "check_op_seq", "check_op_allowed", "check_resource", "check_length", "check_rkey", "execute", "done"}
-
-func (s respState) String() string {
-	if int(s) < len(respStateNames) {
-		return respStateNames[s]
-	}
-	return fmt.Sprintf("respState(%d)", s)
-}
 
 // resKind says what a responder resource holds.
 type resKind uint8
