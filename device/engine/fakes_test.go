@@ -103,13 +103,13 @@ func (m *fakeMem) Gather(sges []abi.SGE, off uint64, dst []byte) error {
 func (m *fakeMem) Scatter(sges []abi.SGE, off uint64, src []byte) error {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	return m.sgeWalk(sges, off, len(src), accessLocalWrite, func(b []byte, i int) { copy(b, src[i:]) })
+	return m.sgeWalk(sges, off, len(src), abi.AccessLocalWrite, func(b []byte, i int) { copy(b, src[i:]) })
 }
 
 func (m *fakeMem) WriteRemote(rkey uint32, va uint64, src []byte) error {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	b, err := m.rangeOf(rkey, va, uint64(len(src)), accessRemoteWrite)
+	b, err := m.rangeOf(rkey, va, uint64(len(src)), abi.AccessRemoteWrite)
 	if err != nil {
 		return err
 	}
@@ -120,7 +120,7 @@ func (m *fakeMem) WriteRemote(rkey uint32, va uint64, src []byte) error {
 func (m *fakeMem) ReadRemote(rkey uint32, va uint64, dst []byte) error {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	b, err := m.rangeOf(rkey, va, uint64(len(dst)), accessRemoteRead)
+	b, err := m.rangeOf(rkey, va, uint64(len(dst)), abi.AccessRemoteRead)
 	if err != nil {
 		return err
 	}
@@ -141,7 +141,7 @@ func (m *fakeMem) Atomic(rkey uint32, va uint64, cas bool, compare, swap uint64)
 	if va&7 != 0 {
 		return 0, errFakeBounds
 	}
-	b, err := m.rangeOf(rkey, va, 8, accessRemoteAtomic)
+	b, err := m.rangeOf(rkey, va, 8, abi.AccessRemoteAtomic)
 	if err != nil {
 		return 0, err
 	}

@@ -255,25 +255,17 @@ func (qp *QP) respCheckOpAllowed(p *packet) respState {
 	need := uint32(0)
 	switch {
 	case info.Is(roce.OpWrite):
-		need = accessRemoteWrite
+		need = abi.AccessRemoteWrite
 	case info.Is(roce.OpRead):
-		need = accessRemoteRead
+		need = abi.AccessRemoteRead
 	case info.Is(roce.OpAtomic):
-		need = accessRemoteAtomic
+		need = abi.AccessRemoteAtomic
 	}
 	if qp.attr.AccessFlags&need != need {
 		return qp.fatalNAK(roce.NAKRemoteAccessError, p)
 	}
 	return respCheckResource
 }
-
-// Access bits (enum vrnic_access).
-const (
-	accessLocalWrite   = 1 << 0
-	accessRemoteWrite  = 1 << 1
-	accessRemoteRead   = 1 << 2
-	accessRemoteAtomic = 1 << 3
-)
 
 // respCheckResource takes the receive WQE a SEND or RDMA WRITE with
 // immediate consumes, or a responder resource for READ/atomic. Without an
@@ -350,17 +342,17 @@ func (qp *QP) respCheckRKey(p *packet) respState {
 	switch {
 	case info.Is(roce.OpWrite) && (info.Is(roce.OpFirst) || info.Is(roce.OpOnly)):
 		if p.dmaLen > 0 {
-			err = mem.CheckRemote(p.rkey, p.va, uint64(p.dmaLen), accessRemoteWrite)
+			err = mem.CheckRemote(p.rkey, p.va, uint64(p.dmaLen), abi.AccessRemoteWrite)
 		}
 	case info.Is(roce.OpRead):
 		if p.dmaLen > 0 {
-			err = mem.CheckRemote(p.rkey, p.va, uint64(p.dmaLen), accessRemoteRead)
+			err = mem.CheckRemote(p.rkey, p.va, uint64(p.dmaLen), abi.AccessRemoteRead)
 		}
 	case info.Is(roce.OpAtomic):
 		if p.va&7 != 0 {
 			return qp.fatalNAK(roce.NAKInvalidRequest, p)
 		}
-		err = mem.CheckRemote(p.rkey, p.va, 8, accessRemoteAtomic)
+		err = mem.CheckRemote(p.rkey, p.va, 8, abi.AccessRemoteAtomic)
 	}
 	if err != nil {
 		return qp.fatalNAK(remoteNAK(err), p)
