@@ -139,13 +139,14 @@ func (qp *QP) compClassify(p *packet) compState {
 	return compDrop
 }
 
-// progress records forward progress: IBTA 9.7.6.1.? the retry counters
-// restart when a response makes progress, and so does the ACK timer
-// (9.7.6.1.3). The timer restarts here, when the response is processed,
-// not later in the worker's round: the worker runs due timers right after
-// its receive batch, and an ACK timer that expired while the response
-// waited in that batch would otherwise count a timeout (and restart the
-// whole window) although the response just made progress.
+// progress records forward progress: the retry counters restart when a
+// response makes progress (as Linux rxe's reset_retry_counters), and so
+// does the ACK timer (IBTA 9.7.6.1.3 "Detecting lost acknowledge messages
+// and timeouts", C9-140). The timer restarts here, when the response is
+// processed, not later in the worker's round: the worker runs due timers
+// right after its receive batch, and an ACK timer that expired while the
+// response waited in that batch would otherwise count a timeout (and
+// restart the whole window) although the response just made progress.
 func (qp *QP) progress(psn uint32) {
 	if roce.PSNDiff(psn, qp.comp.psn) > 0 {
 		qp.comp.psn = psn
@@ -160,9 +161,11 @@ func (qp *QP) progress(psn uint32) {
 
 // ackThrough acknowledges every PSN up to and including psn: WQEs whose
 // last PSN is covered are done. It returns false when it hit a READ or
-// atomic whose responses are missing: IBTA 9.7.5.1.? (C9-?), a response
-// with a later PSN implicitly NAKs the missing responses (they were lost),
-// and the requester retries from the first missing one.
+// atomic whose responses are missing. A response acknowledges every
+// request with an earlier PSN (IBTA 9.7.5.1.2 "Coalesced acknowledge
+// messages"), so one with a later PSN while a READ's or an atomic's
+// responses are missing means those were lost: an implied NAK, and the
+// requester retries from the first missing one.
 func (qp *QP) ackThrough(psn uint32) bool {
 	for i := qp.head; i != qp.tail; i++ {
 		e := &qp.sq[i&qp.sqMask]
@@ -313,8 +316,9 @@ func (qp *QP) finishReadAtomic(e *swqe) {
 	}
 }
 
-// compNAKSeq: IBTA 9.7.5.2.2 / C9-?: a NAK-PSN sequence error acknowledges
-// every PSN before it, and the requester retransmits from that PSN.
+// compNAKSeq: IBTA 9.7.5.2.2 (NAK codes): a NAK-PSN sequence error
+// acknowledges every PSN before it, and the requester retransmits from
+// that PSN.
 func (qp *QP) compNAKSeq(p *packet) compState {
 	qp.Counters.SeqNAKsReceived.Add(1)
 	if qp.comp.rnrWait {

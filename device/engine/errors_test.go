@@ -262,8 +262,8 @@ func TestFence(t *testing.T) {
 }
 
 // TestReadAtomicCredits: a requester never has more READ and atomic
-// requests outstanding than max_rd_atomic (IBTA 9.7.7.2.? / o9-?: the
-// responder's resources agreed at connection time): with a queue of
+// requests outstanding than max_rd_atomic (the responder's resources
+// agreed at connection time): with a queue of
 // READs and FETCH_AND_ADDs posted at once, the number sent but not yet
 // answered (the last READ response or the atomic acknowledgement
 // received) reaches max_rd_atomic and never exceeds it, and everything

@@ -337,8 +337,8 @@ func wcOpcode(op abi.WROpcode) abi.WCOpcode {
 }
 
 // completeSend is the one place a send WQE's status becomes a CQE.
-// Successful unsignaled WRs produce none (IBTA 10.8.3.1 / C10-?: errors
-// always complete).
+// Successful unsignaled WRs produce none (IBTA 10.8.3.1); errors always
+// complete.
 func (qp *QP) completeSend(e *swqe) {
 	if e.status == abi.WCSuccess && !qp.cfg.SigAll && e.Flags&abi.SendSignaled == 0 {
 		return

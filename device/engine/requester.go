@@ -219,9 +219,9 @@ func (qp *QP) reqFence() reqState {
 	return reqCredits
 }
 
-// reqCredits: at most max_rd_atomic READ/atomic requests outstanding
-// (IBTA 9.7.7.2.? / o9-?: the requester must not exceed the responder's
-// resources it was told about at connection time).
+// reqCredits: at most max_rd_atomic READ/atomic requests outstanding: the
+// requester must not exceed the responder's resources (its
+// max_dest_rd_atomic) it was told about at connection time.
 func (qp *QP) reqCredits() reqState {
 	e := &qp.sq[qp.next&qp.sqMask]
 	if e.state == wqePosted && e.isReadAtomic() {

@@ -45,8 +45,8 @@ const (
 
 // rdRes is one of the max_dest_rd_atomic responder resources: a READ being
 // (or already) answered, or an executed atomic and its result, kept for
-// replay when the request is retransmitted (IBTA 9.7.5.1.4 / C9-?:
-// atomics are executed once; duplicates are answered from the result).
+// replay when the request is retransmitted (IBTA 9.7.5.1.4: atomics are
+// executed once; duplicates are answered from the result).
 type rdRes struct {
 	kind        resKind
 	active      bool   // responses still to send
@@ -158,7 +158,8 @@ func (qp *QP) fatalNAK(c roce.NAKCode, p *packet) respState {
 // respCheckPSN: IBTA 9.7.5.1.1: a request with the expected PSN is new;
 // an earlier one is a duplicate; a later one means packets were lost and
 // is answered with a single NAK-PSN sequence error until the expected PSN
-// arrives (C9-?: one NAK per sequence error).
+// arrives: one NAK per sequence error, and no other NAK before a request
+// with the expected PSN.
 func (qp *QP) respCheckPSN(p *packet) respState {
 	r := &qp.resp
 	d := roce.PSNDiff(p.psn, r.epsn)
@@ -224,7 +225,7 @@ func readPackets(n, mtu uint32) uint32 {
 	return (n + mtu - 1) / mtu
 }
 
-// respCheckOpSeq: IBTA 9.7.5.1.1 / C9-?: the opcode must continue the
+// respCheckOpSeq: IBTA 9.7.5.1.1: the opcode must continue the
 // message in progress (MIDDLE/LAST of the same operation) or start a new
 // one (FIRST/ONLY); anything else is an invalid request.
 func (qp *QP) respCheckOpSeq(p *packet) respState {
@@ -248,8 +249,8 @@ func (qp *QP) respCheckOpSeq(p *packet) respState {
 	return respCheckOpAllowed
 }
 
-// respCheckOpAllowed: the QP must allow the remote operation (IBTA
-// 10.2.4.? QP access flags); otherwise a remote access error.
+// respCheckOpAllowed: the QP must allow the remote operation (its access
+// flags, set with ModifyQP; IBTA 10.2.4); otherwise a remote access error.
 func (qp *QP) respCheckOpAllowed(p *packet) respState {
 	info := p.opcode.Info()
 	need := uint32(0)
@@ -300,9 +301,10 @@ func (qp *QP) respCheckResource(p *packet) respState {
 	return respCheckLength
 }
 
-// respCheckLength: IBTA 9.7.5.1.? / C9-?: FIRST and MIDDLE packets carry
-// exactly one path MTU, LAST and ONLY at most one; an RDMA WRITE's packets
-// add up to the DMA length of its RETH.
+// respCheckLength: IBTA C9-92 (the responder's length checks, as Linux
+// rxe's check_length cites them): FIRST and MIDDLE packets carry exactly
+// one path MTU, LAST and ONLY at most one; an RDMA WRITE's packets add up
+// to the DMA length of its RETH.
 func (qp *QP) respCheckLength(p *packet) respState {
 	r := &qp.resp
 	info := p.opcode.Info()
@@ -332,9 +334,9 @@ func (qp *QP) respCheckLength(p *packet) respState {
 }
 
 // respCheckRKey validates the remote range once, at the start of an RDMA
-// WRITE, READ or atomic (IBTA 9.7.5.1.? / C9-?: a zero-length RDMA
-// operation does not check its R_Key). Misaligned atomics are invalid
-// requests.
+// WRITE, READ or atomic (IBTA C9-88, as Linux rxe's check_rkey cites it:
+// a zero-length RDMA READ or WRITE need not carry a valid address or R_Key,
+// so it is not checked). Misaligned atomics are invalid requests.
 func (qp *QP) respCheckRKey(p *packet) respState {
 	info := p.opcode.Info()
 	mem := qp.cfg.Mem
