@@ -20,8 +20,9 @@
 // broken client; the caller moves the QP to ERROR). Next copies one slot
 // into private memory before decoding it, so the client cannot change a WQE
 // between check and use, and validates it; a malformed WQE is consumed and
-// reported as a *WQEError carrying the CQE status it maps to. Publish stores
-// the consumer index once per batch.
+// reported as a *WQEError carrying its wr_id and the Reason it was rejected
+// for (the transport maps the Reason to a completion status). Publish
+// stores the consumer index once per batch.
 //
 // Completion queue (producer side): Push writes the CQE body, then the last
 // 32-bit word (pkey_index, sl, owner) with one atomic store, so a client

@@ -64,7 +64,7 @@ func FuzzSQ(f *testing.F) {
 				if err != nil {
 					var we *WQEError
 					require.True(t, errors.As(err, &we))
-					require.NotEqual(t, abi.WCSuccess, we.Status())
+					require.NotEqual(t, ReasonNone, we.Reason)
 					require.Zero(t, wr.NumSGE)
 					continue
 				}
@@ -108,8 +108,9 @@ func FuzzRecvQueue(f *testing.F) {
 					break
 				}
 				if err != nil {
-					require.ErrorIs(t, err, ErrMalformedWQE)
-					require.NotEqual(t, abi.WCSuccess, StatusOf(err))
+					var we *WQEError
+					require.ErrorAs(t, err, &we)
+					require.NotEqual(t, ReasonNone, we.Reason)
 					continue
 				}
 				require.LessOrEqual(t, wr.NumSGE, cfg.MaxSGE)

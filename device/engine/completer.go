@@ -273,7 +273,7 @@ func (qp *QP) compRead(p *packet) compState {
 	}
 	if len(p.payload) > 0 {
 		if err := qp.cfg.Mem.Scatter(e.SGEs, off, p.payload); err != nil {
-			qp.failWQE(e, memStatus(err))
+			qp.failWQE(e, localMemStatus(err))
 			return compDone
 		}
 	}
@@ -299,7 +299,7 @@ func (qp *QP) compAtomic(p *packet) compState {
 	binary.LittleEndian.PutUint64(b[:], p.orig)
 	e.result = p.orig
 	if err := qp.cfg.Mem.Scatter(e.SGEs, 0, b[:]); err != nil {
-		qp.failWQE(e, memStatus(err))
+		qp.failWQE(e, localMemStatus(err))
 		return compDone
 	}
 	e.rcvd = 1
@@ -371,16 +371,7 @@ func (qp *QP) compNAKErr(p *packet) compState {
 	if e == nil {
 		return compDrop
 	}
-	st := abi.WCRemOpErr
-	switch p.syndrome.NAK() {
-	case roce.NAKInvalidRequest:
-		st = abi.WCRemInvReqErr
-	case roce.NAKRemoteAccessError:
-		st = abi.WCRemAccessErr
-	case roce.NAKInvalidRDRequest:
-		st = abi.WCRemInvRdReqErr
-	}
-	qp.failWQE(e, st)
+	qp.failWQE(e, nakStatus(p.syndrome.NAK()))
 	return compDone
 }
 

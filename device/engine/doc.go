@@ -58,9 +58,10 @@
 // stringer from the names in the line comments: go generate) and small step
 // functions, with the IBTA section quoted where the code is subtle.
 // Where the IBTA and rxe differ the IBTA wins and a comment says so
-// (retry_cnt 7 is a count of 7, not infinite). A WQE's error status is set
-// once on the WQE and turned into the CQE status in one place
-// (completeSend). A QP in ERR completes every outstanding and later WR on
+// (retry_cnt 7 is a count of 7, not infinite). Which completion status
+// (and which NAK code) each cause of failure means is decided in one table
+// (status.go). A WQE's error status is set once on the WQE and turned into
+// the CQE status in one place (completeSend). A QP in ERR completes every outstanding and later WR on
 // both queues with WR_FLUSH_ERR.
 //
 // What the engine needs from other layers is declared here as interfaces:

@@ -1,8 +1,6 @@
 package engine
 
 import (
-	"errors"
-
 	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/roce"
 )
@@ -280,7 +278,7 @@ func (qp *QP) respCheckResource(p *packet) respState {
 		r.rqe.SGEs = r.rqe.SGEs[:0]
 		ok, err := qp.cfg.RQ.PollRecv(&r.rqe)
 		if err != nil {
-			return qp.fatalNAK(roce.NAKRemoteOperationalErr, p)
+			return qp.fatalNAK(recvSourceNAK, p)
 		}
 		if !ok {
 			qp.Counters.RNRNAKsSent.Add(1)
@@ -357,17 +355,9 @@ func (qp *QP) respCheckRKey(p *packet) respState {
 		err = mem.CheckRemote(p.rkey, p.va, 8, abi.AccessRemoteAtomic)
 	}
 	if err != nil {
-		return qp.fatalNAK(remoteNAK(err), p)
+		return qp.fatalNAK(remoteMemNAK(err), p)
 	}
 	return respExecute
-}
-
-// remoteNAK maps a Memory error on a remote access to a NAK code.
-func remoteNAK(err error) roce.NAKCode {
-	if errors.Is(err, ErrMemProtection) || errors.Is(err, ErrMemBounds) {
-		return roce.NAKRemoteAccessError
-	}
-	return roce.NAKRemoteOperationalErr
 }
 
 // respExecute places data, consumes RQEs, executes atomics and sets up
@@ -380,13 +370,9 @@ func (qp *QP) respExecute(p *packet) respState {
 	case info.Is(roce.OpSend):
 		if len(p.payload) > 0 {
 			if err := mem.Scatter(r.rqe.SGEs, r.off, p.payload); err != nil {
-				// IBTA 9.7.5.2.?: the receive buffer is too small
-				// (local length error, NAK invalid request) or not
-				// writable (local protection, remote operational error).
-				st, c := abi.WCLocProtErr, roce.NAKRemoteOperationalErr
-				if errors.Is(err, ErrMemLength) {
-					st, c = abi.WCLocLenErr, roce.NAKInvalidRequest
-				}
+				// The receive buffer is too small or not writable
+				// (memTable: the receive status and the NAK).
+				st, c := recvMemStatus(err)
 				r.rqeValid = false
 				qp.completeRecv(&r.rqe, st, abi.WCRecv, 0, 0, 0, false)
 				return qp.fatalNAK(c, p)
@@ -403,8 +389,8 @@ func (qp *QP) respExecute(p *packet) respState {
 			case info.Is(roce.OpInvalidate):
 				if err := mem.Invalidate(p.invRKey); err != nil {
 					r.rqeValid = false
-					qp.completeRecv(&r.rqe, abi.WCLocProtErr, abi.WCRecv, 0, 0, 0, false)
-					return qp.fatalNAK(roce.NAKInvalidRequest, p)
+					qp.completeRecv(&r.rqe, invalidateRecvStatus, abi.WCRecv, 0, 0, 0, false)
+					return qp.fatalNAK(invalidateNAK, p)
 				}
 				flags, immInv = abi.WCWithInv, p.invRKey
 			}
@@ -419,7 +405,7 @@ func (qp *QP) respExecute(p *packet) respState {
 		}
 		if len(p.payload) > 0 {
 			if err := mem.WriteRemote(r.wRKey, r.wVA+r.off, p.payload); err != nil {
-				return qp.fatalNAK(remoteNAK(err), p)
+				return qp.fatalNAK(remoteMemNAK(err), p)
 			}
 		}
 		r.off += uint64(len(p.payload))
@@ -450,7 +436,7 @@ func (qp *QP) respExecute(p *packet) respState {
 		}
 		orig, err := mem.Atomic(p.rkey, p.va, cas, arg, swap)
 		if err != nil {
-			return qp.fatalNAK(remoteNAK(err), p)
+			return qp.fatalNAK(remoteMemNAK(err), p)
 		}
 		s := &r.res[r.resNext]
 		*s = rdRes{kind: resAtomic, active: true, first: p.psn, last: p.psn, cur: p.psn, orig: orig}
@@ -558,7 +544,7 @@ func (qp *QP) sendResponse(s *rdRes) bool {
 	if n > 0 {
 		if err := qp.cfg.Mem.ReadRemote(s.rkey, s.va, payload); err != nil {
 			s.active = false
-			qp.queueNAK(roce.NAKSyndrome(remoteNAK(err)), s.cur, true)
+			qp.queueNAK(roce.NAKSyndrome(remoteMemNAK(err)), s.cur, true)
 			return true
 		}
 	}
