@@ -278,6 +278,12 @@ func (qp *QP) respCheckResource(p *packet) respState {
 		r.rqe.SGEs = r.rqe.SGEs[:0]
 		ok, err := qp.cfg.RQ.PollRecv(&r.rqe)
 		if err != nil {
+			// A broken RQ/SRQ ring or a malformed receive WQE: the
+			// consumed RQE (wr_id 0 for a broken ring) completes in
+			// error on this side, the requester gets its NAK, and the
+			// QP goes to ERR once the NAK is out, which flushes the
+			// rest.
+			qp.completeRecv(&r.rqe, sourceStatus(err), abi.WCRecv, 0, 0, 0, false)
 			return qp.fatalNAK(recvSourceNAK, p)
 		}
 		if !ok {

@@ -186,3 +186,52 @@ func TestBadSendWQE(t *testing.T) {
 		})
 	}
 }
+
+// TestRecvSourceError: the responder's RecvSource fails when a SEND needs
+// a receive WQE (a broken RQ ring, or a malformed receive WQE). The
+// responder's client gets a receive completion in error (LOC_QP_OP_ERR
+// with wr_id 0 for the ring; the table's status with its wr_id for the
+// WQE), the requester gets NAK Remote Operational Error (REM_OP_ERR), and
+// both QPs go to ERR, flushing the rest.
+func TestRecvSourceError(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		reason queues.Reason // ReasonNone: broken ring
+		wrid   uint64
+		want   abi.WCStatus
+	}{
+		{"broken_ring", queues.ReasonNone, 0, abi.WCLocQPOpErr},
+		{"too_many_sge", queues.ReasonTooManySGE, 7, abi.WCLocLenErr},
+		{"reserved", queues.ReasonReserved, 7, abi.WCLocQPOpErr},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			a, b := pair(t, 1, nil, nil, defaultOpts())
+			src := a.n.buffer(100, 0x1000, abi.AccessAll, 1)
+			dst := b.n.buffer(100, 0x1000, abi.AccessAll, 2)
+			if c.reason == queues.ReasonNone {
+				b.rq.breakRing()
+			} else {
+				require.NoError(t, b.rq.postErr(7, &queues.WQEError{WrID: 7, Reason: c.reason}))
+				require.NoError(t, b.rq.post(8, dst.sge(0, 100)))
+			}
+			a.send(t, abi.SendWQE{WrID: 1, Opcode: abi.WRSend, Flags: abi.SendSignaled}, src.sge(0, 100))
+			a.send(t, abi.SendWQE{WrID: 2, Opcode: abi.WRSend, Flags: abi.SendSignaled}, src.sge(0, 100))
+			require.True(t, a.scq.wait(2, waitFor))
+			wantCQE(t, a.scq.all()[0], abi.CQE{WrID: 1, Status: abi.WCRemOpErr, Opcode: abi.WCSend, QPNum: a.qpn})
+			wantCQE(t, a.scq.all()[1], abi.CQE{WrID: 2, Status: abi.WCWRFlushErr, Opcode: abi.WCSend, QPNum: a.qpn})
+			require.True(t, b.rcq.wait(1, waitFor))
+			wantCQE(t, b.rcq.all()[0], abi.CQE{WrID: c.wrid, Status: c.want, Opcode: abi.WCRecv, QPNum: b.qpn})
+			if c.reason != queues.ReasonNone {
+				require.True(t, b.rcq.wait(2, waitFor))
+				wantCQE(t, b.rcq.all()[1], abi.CQE{WrID: 8, Status: abi.WCWRFlushErr, Opcode: abi.WCRecv, QPNum: b.qpn})
+			}
+			// The responder's QP is in ERR: its sends are flushed.
+			b.send(t, abi.SendWQE{WrID: 30, Opcode: abi.WRSend}, dst.sge(0, 10))
+			require.True(t, b.scq.wait(1, waitFor))
+			wantCQE(t, b.scq.all()[0], abi.CQE{WrID: 30, Status: abi.WCWRFlushErr, Opcode: abi.WCSend, QPNum: b.qpn})
+			cb, err := b.n.eng.Counters(b.qpn)
+			require.NoError(t, err)
+			assert.Zero(t, cb.RNRNAKsSent.Load(), "an error, not a missing receive")
+		})
+	}
+}
