@@ -15,7 +15,11 @@ import (
 // picks an error status of its own, except for causes with a single
 // obvious answer that name it at the one place they happen (a malformed
 // response: BAD_RESP_ERR; retries exhausted: RETRY_EXC_ERR and
-// RNR_RETRY_EXC_ERR; a QP in ERR: WR_FLUSH_ERR).
+// RNR_RETRY_EXC_ERR; a payload that does not fit the frame: LOC_LEN_ERR; a
+// QP in ERR: WR_FLUSH_ERR), and the responder's protocol checks, which
+// name their NAK code where the IBTA rule is quoted (opcode sequence and
+// packet length: Invalid Request; an operation the QP's access flags
+// forbid: Remote Access Error).
 //
 // The statuses are those of IBTA vol. 1, 11.6.2 "Completion Return
 // Status" (enum ibv_wc_status numbers them, abi.WCStatus copies it); for
