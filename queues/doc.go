@@ -1,6 +1,5 @@
 // Package queues implements the daemon's views of the client's work rings
-// (SQ, RQ, SRQ) and completion rings (CQ) in shared host memory. Of vrnic's
-// packages it imports only abi (the WQE and CQE layout).
+// (SQ, RQ, SRQ) and completion rings (CQ) in shared host memory.
 //
 // A ring is a []byte the daemon gets from package dma (a slice of a mapped
 // memfd) plus a slot count and stride the daemon keeps in private memory and
@@ -21,7 +20,8 @@
 // broken client; the caller moves the QP to ERROR). Next copies one slot
 // into private memory before decoding it, so the client cannot change a WQE
 // between check and use, and validates it; a malformed WQE is consumed and
-// reported as a *WQEError (its wr_id, ring index and Reason). Publish
+// reported as a *WQEError carrying its wr_id and the Reason it was rejected
+// for (the transport maps the Reason to a completion status). Publish
 // stores the consumer index once per batch.
 //
 // Completion queue (producer side): Push writes the CQE body, then the last

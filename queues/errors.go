@@ -3,8 +3,6 @@ package queues
 import (
 	"errors"
 	"fmt"
-
-	"github.com/vrnic/vrnic/abi"
 )
 
 // Sentinel errors.
@@ -59,21 +57,11 @@ func (r Reason) String() string {
 	return fmt.Sprintf("reason(%d)", uint8(r))
 }
 
-// Status is the completion status a WQE rejected for r completes with.
-func (r Reason) Status() abi.WCStatus {
-	switch r {
-	case ReasonNone:
-		return abi.WCSuccess
-	case ReasonTooManySGE, ReasonInlineTooLong, ReasonAtomicSGE, ReasonLength:
-		return abi.WCLocLenErr
-	default:
-		return abi.WCLocQPOpErr
-	}
-}
-
 // WQEError is a rejected WQE: its wr_id (so the caller can complete it with
 // an error CQE), the index it had and why it was rejected. It matches
-// ErrMalformedWQE with errors.Is.
+// ErrMalformedWQE with errors.Is. Which completion status a Reason means
+// is the transport's decision (package device/engine, status.go), not this
+// package's.
 type WQEError struct {
 	WrID   uint64
 	Index  uint32 // free-running ring index of the WQE
@@ -81,28 +69,8 @@ type WQEError struct {
 }
 
 func (e *WQEError) Error() string {
-	return fmt.Sprintf("queues: malformed WQE %d (wr_id %#x): %s (%s)", e.Index, e.WrID, e.Reason, e.Reason.Status())
+	return fmt.Sprintf("queues: malformed WQE %d (wr_id %#x): %s", e.Index, e.WrID, e.Reason)
 }
 
 // Is makes errors.Is(err, ErrMalformedWQE) true.
 func (e *WQEError) Is(target error) bool { return target == ErrMalformedWQE }
-
-// Status is the CQE status the WQE completes with.
-func (e *WQEError) Status() abi.WCStatus { return e.Reason.Status() }
-
-// StatusOf maps an error from this package to the CQE status of the WQE it
-// concerns: the WQE's status for a *WQEError, LOC_QP_OP_ERR for a broken
-// ring index, GENERAL_ERR otherwise, SUCCESS for nil.
-func StatusOf(err error) abi.WCStatus {
-	if err == nil {
-		return abi.WCSuccess
-	}
-	var we *WQEError
-	if errors.As(err, &we) {
-		return we.Status()
-	}
-	if errors.Is(err, ErrIndex) {
-		return abi.WCLocQPOpErr
-	}
-	return abi.WCGeneralErr
-}

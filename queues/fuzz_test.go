@@ -114,7 +114,7 @@ func fuzzIndices[W any](t *testing.T, q workQueue[W], pi, ci *atomic.Uint32, slo
 				var we *WQEError
 				require.True(t, errors.As(err, &we))
 				require.ErrorIs(t, err, ErrMalformedWQE)
-				require.NotEqual(t, abi.WCSuccess, StatusOf(err))
+				require.NotEqual(t, ReasonNone, we.Reason)
 			}
 			check(&wr, err)
 		}

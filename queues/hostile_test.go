@@ -78,7 +78,7 @@ func TestHostileConcurrentWriter(t *testing.T) {
 			if err != nil {
 				var we *queues.WQEError
 				require.True(t, errors.As(err, &we), "%v", err)
-				require.NotEqual(t, abi.WCSuccess, we.Status())
+				require.NotEqual(t, queues.ReasonNone, we.Reason)
 				rejected++
 				continue
 			}

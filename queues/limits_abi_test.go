@@ -111,7 +111,9 @@ func TestSQMaxSGEMaxLength(t *testing.T) {
 	assert.Len(t, wr.SGEs(), abi.MaxSGE)
 	ok, err = s.q.Next(&wr)
 	require.True(t, ok)
-	assert.Equal(t, abi.WCLocLenErr, StatusOf(err))
+	var we *WQEError
+	require.ErrorAs(t, err, &we)
+	assert.Equal(t, ReasonLength, we.Reason)
 }
 
 // TestRecvAtABILimits fills an RQ of abi.MaxQPWR slots and an SRQ of

@@ -28,8 +28,8 @@ func TestZeroAllocWrite(t *testing.T) {
 		t.Skip("the race detector allocates")
 	}
 	a, b := steady(t)
-	src := a.n.buffer(64<<10, 0x1000, accessAll, 1)
-	dst := b.n.buffer(64<<10, 0x1000, accessAll, 2)
+	src := a.n.buffer(64<<10, 0x1000, abi.AccessAll, 1)
+	dst := b.n.buffer(64<<10, 0x1000, abi.AccessAll, 2)
 	sges := []abi.SGE{src.sge(0, 64<<10)}
 	wr := abi.SendWQE{Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: dst.va, RKey: dst.key}
 	var n int64
@@ -65,8 +65,8 @@ func TestZeroAllocSend(t *testing.T) {
 		t.Skip("the race detector allocates")
 	}
 	a, b := steady(t)
-	src := a.n.buffer(10000, 0x1000, accessAll, 1)
-	dst := b.n.buffer(10000, 0x1000, accessAll, 2)
+	src := a.n.buffer(10000, 0x1000, abi.AccessAll, 1)
+	dst := b.n.buffer(10000, 0x1000, abi.AccessAll, 2)
 	sges := []abi.SGE{src.sge(0, 10000)}
 	rsge := dst.sge(0, 10000)
 	wr := abi.SendWQE{Opcode: abi.WRSend, Flags: abi.SendSignaled}
@@ -108,8 +108,8 @@ func BenchmarkWrite1MiB(b *testing.B) {
 func benchWrite1MiB(b *testing.B, depth int) {
 	const size = 1 << 20
 	a, r := steady(b)
-	src := a.n.buffer(size, 0x1000, accessAll, 1)
-	dst := r.n.buffer(size, 0x1000, accessAll, 2)
+	src := a.n.buffer(size, 0x1000, abi.AccessAll, 1)
+	dst := r.n.buffer(size, 0x1000, abi.AccessAll, 2)
 	sges := []abi.SGE{src.sge(0, size)}
 	wr := abi.SendWQE{Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: dst.va, RKey: dst.key}
 	var posted, done int64
@@ -174,8 +174,8 @@ func baselineCopyCRC(src, dst []byte, n int) time.Duration {
 // worker pair: batches of 64 WRs, the last one signaled.
 func BenchmarkWrite8B(b *testing.B) {
 	a, r := steady(b)
-	src := a.n.buffer(8, 0x1000, accessAll, 1)
-	dst := r.n.buffer(8, 0x1000, accessAll, 2)
+	src := a.n.buffer(8, 0x1000, abi.AccessAll, 1)
+	dst := r.n.buffer(8, 0x1000, abi.AccessAll, 2)
 	sges := []abi.SGE{src.sge(0, 8)}
 	wr := abi.SendWQE{Opcode: abi.WRRDMAWrite, RemoteAddr: dst.va, RKey: dst.key}
 	var sig int64

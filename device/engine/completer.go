@@ -2,7 +2,6 @@ package engine
 
 import (
 	"encoding/binary"
-	"fmt"
 	"sync/atomic"
 
 	"github.com/vrnic/vrnic/abi"
@@ -21,29 +20,32 @@ import (
 //	            │    └──► NAK error ──► error (QP to ERR)
 //	            └──► stale: drop
 
+//go:generate go tool stringer -type=compState -linecomment
+
 type compState uint8
 
+// Completer states; the line comment is the name String prints.
 const (
-	compCheckPSN compState = iota // response within the outstanding PSNs?
-	compClassify                  // which response is it
-	compAck                       // ACK: acknowledge through PSN
-	compRead                      // READ response: place data
-	compAtomic                    // atomic ACK: store original value
-	compNAKSeq                    // NAK PSN sequence error
-	compRNR                       // RNR NAK
-	compNAKErr                    // other NAKs: fatal for the WQE
-	compDrop                      // stale or unexpected: drop
-	compDone
+	// compCheckPSN: is the response within the outstanding PSNs?
+	compCheckPSN compState = iota // check_psn
+	// compClassify: which response is it.
+	compClassify // classify
+	// compAck: ACK, acknowledge through its PSN.
+	compAck // ack
+	// compRead: READ response, place its data.
+	compRead // read
+	// compAtomic: atomic ACK, store the original value.
+	compAtomic // atomic
+	// compNAKSeq: NAK PSN sequence error.
+	compNAKSeq // nak_seq
+	// compRNR: RNR NAK.
+	compRNR // rnr
+	// compNAKErr: the other NAKs, fatal for the WQE.
+	compNAKErr // nak_err
+	// compDrop: stale or unexpected, drop.
+	compDrop // drop
+	compDone // done
 )
-
-var compStateNames = [...]string{"check_psn", "classify", "ack", "read", "atomic", "nak_seq", "rnr", "nak_err", "drop", "done"}
-
-func (s compState) String() string {
-	if int(s) < len(compStateNames) {
-		return compStateNames[s]
-	}
-	return fmt.Sprintf("compState(%d)", s)
-}
 
 // completer is the per-QP completer state.
 type completer struct {
@@ -137,13 +139,14 @@ func (qp *QP) compClassify(p *packet) compState {
 	return compDrop
 }
 
-// progress records forward progress: IBTA 9.7.6.1.? the retry counters
-// restart when a response makes progress, and so does the ACK timer
-// (9.7.6.1.3). The timer restarts here, when the response is processed,
-// not later in the worker's round: the worker runs due timers right after
-// its receive batch, and an ACK timer that expired while the response
-// waited in that batch would otherwise count a timeout (and restart the
-// whole window) although the response just made progress.
+// progress records forward progress: the retry counters restart when a
+// response makes progress (as Linux rxe's reset_retry_counters), and so
+// does the ACK timer (IBTA 9.7.6.1.3 "Detecting lost acknowledge messages
+// and timeouts", C9-140). The timer restarts here, when the response is
+// processed, not later in the worker's round: the worker runs due timers
+// right after its receive batch, and an ACK timer that expired while the
+// response waited in that batch would otherwise count a timeout (and
+// restart the whole window) although the response just made progress.
 func (qp *QP) progress(psn uint32) {
 	if roce.PSNDiff(psn, qp.comp.psn) > 0 {
 		qp.comp.psn = psn
@@ -158,9 +161,11 @@ func (qp *QP) progress(psn uint32) {
 
 // ackThrough acknowledges every PSN up to and including psn: WQEs whose
 // last PSN is covered are done. It returns false when it hit a READ or
-// atomic whose responses are missing: IBTA 9.7.5.1.? (C9-?), a response
-// with a later PSN implicitly NAKs the missing responses (they were lost),
-// and the requester retries from the first missing one.
+// atomic whose responses are missing. A response acknowledges every
+// request with an earlier PSN (IBTA 9.7.5.1.2 "Coalesced acknowledge
+// messages"), so one with a later PSN while a READ's or an atomic's
+// responses are missing means those were lost: an implied NAK, and the
+// requester retries from the first missing one.
 func (qp *QP) ackThrough(psn uint32) bool {
 	for i := qp.head; i != qp.tail; i++ {
 		e := &qp.sq[i&qp.sqMask]
@@ -268,7 +273,7 @@ func (qp *QP) compRead(p *packet) compState {
 	}
 	if len(p.payload) > 0 {
 		if err := qp.cfg.Mem.Scatter(e.SGEs, off, p.payload); err != nil {
-			qp.failWQE(e, memStatus(err))
+			qp.failWQE(e, localMemStatus(err))
 			return compDone
 		}
 	}
@@ -294,7 +299,7 @@ func (qp *QP) compAtomic(p *packet) compState {
 	binary.LittleEndian.PutUint64(b[:], p.orig)
 	e.result = p.orig
 	if err := qp.cfg.Mem.Scatter(e.SGEs, 0, b[:]); err != nil {
-		qp.failWQE(e, memStatus(err))
+		qp.failWQE(e, localMemStatus(err))
 		return compDone
 	}
 	e.rcvd = 1
@@ -311,8 +316,9 @@ func (qp *QP) finishReadAtomic(e *swqe) {
 	}
 }
 
-// compNAKSeq: IBTA 9.7.5.2.2 / C9-?: a NAK-PSN sequence error acknowledges
-// every PSN before it, and the requester retransmits from that PSN.
+// compNAKSeq: IBTA 9.7.5.2.2 (NAK codes): a NAK-PSN sequence error
+// acknowledges every PSN before it, and the requester retransmits from
+// that PSN.
 func (qp *QP) compNAKSeq(p *packet) compState {
 	qp.Counters.SeqNAKsReceived.Add(1)
 	if qp.comp.rnrWait {
@@ -365,16 +371,7 @@ func (qp *QP) compNAKErr(p *packet) compState {
 	if e == nil {
 		return compDrop
 	}
-	st := abi.WCRemOpErr
-	switch p.syndrome.NAK() {
-	case roce.NAKInvalidRequest:
-		st = abi.WCRemInvReqErr
-	case roce.NAKRemoteAccessError:
-		st = abi.WCRemAccessErr
-	case roce.NAKInvalidRDRequest:
-		st = abi.WCRemInvRdReqErr
-	}
-	qp.failWQE(e, st)
+	qp.failWQE(e, nakStatus(p.syndrome.NAK()))
 	return compDone
 }
 

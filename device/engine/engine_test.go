@@ -69,8 +69,8 @@ var wrSeq uint64
 
 func runDataPath(t *testing.T, a, b *tqp, op abi.WROpcode, size, mtu int) {
 	wrSeq++
-	src := a.n.buffer(size, 0x10000000+wrSeq<<32, accessAll, wrSeq)
-	dst := b.n.buffer(size, 0x20000000+wrSeq<<32, accessAll, wrSeq+1000)
+	src := a.n.buffer(size, 0x10000000+wrSeq<<32, abi.AccessAll, wrSeq)
+	dst := b.n.buffer(size, 0x20000000+wrSeq<<32, abi.AccessAll, wrSeq+1000)
 	t.Cleanup(func() { a.n.mem.unreg(src.key); b.n.mem.unreg(dst.key) })
 	a.scq.reset()
 	a.rcq.reset()
@@ -87,7 +87,7 @@ func runDataPath(t *testing.T, a, b *tqp, op abi.WROpcode, size, mtu int) {
 		case abi.WRSendWithImm:
 			recv.WCFlags, recv.ImmOrInv = abi.WCWithImm, wr.ImmData
 		case abi.WRSendWithInv:
-			victim := b.n.buffer(64, 0x30000000+wrSeq<<32, accessAll, wrSeq+2000)
+			victim := b.n.buffer(64, 0x30000000+wrSeq<<32, abi.AccessAll, wrSeq+2000)
 			require.True(t, b.n.mem.valid(victim.key))
 			t.Cleanup(func() { assert.False(t, b.n.mem.valid(victim.key), "the rkey SEND_WITH_INV names is invalidated") })
 			wr.InvalidateRKey = victim.key
@@ -204,8 +204,8 @@ func segments(op abi.WROpcode, size, mtu int) (req, resp []roce.Opcode) {
 // values returned and b's memory.
 func runAtomics(t *testing.T, a, b *tqp) {
 	wrSeq++
-	word := b.n.buffer(16, 0x40000000+wrSeq<<32, accessAll, 0)
-	res := a.n.buffer(24, 0x50000000+wrSeq<<32, accessAll, 0)
+	word := b.n.buffer(16, 0x40000000+wrSeq<<32, abi.AccessAll, 0)
+	res := a.n.buffer(24, 0x50000000+wrSeq<<32, abi.AccessAll, 0)
 	binary.LittleEndian.PutUint64(word.b[0:], 0x1111)
 	binary.LittleEndian.PutUint64(word.b[8:], 0xfffffffffffffff0)
 	a.scq.reset()
@@ -231,7 +231,7 @@ func runAtomics(t *testing.T, a, b *tqp) {
 // runLocalInv invalidates an MR of a with LOCAL_INV.
 func runLocalInv(t *testing.T, a *tqp) {
 	wrSeq++
-	mr := a.n.buffer(64, 0x60000000+wrSeq<<32, accessAll, wrSeq)
+	mr := a.n.buffer(64, 0x60000000+wrSeq<<32, abi.AccessAll, wrSeq)
 	a.scq.reset()
 	a.send(t, abi.SendWQE{WrID: wrSeq, Opcode: abi.WRLocalInv, Flags: abi.SendSignaled, InvalidateRKey: mr.key})
 	require.True(t, a.scq.wait(1, waitFor))
@@ -246,8 +246,8 @@ func TestOps(t *testing.T) {
 	na, nb := a.n, b.n
 
 	t.Run("send_with_imm", func(t *testing.T) {
-		src := na.buffer(3000, 0x1000, accessAll, 1)
-		dst := nb.buffer(3000, 0x1000, accessAll, 2)
+		src := na.buffer(3000, 0x1000, abi.AccessAll, 1)
+		dst := nb.buffer(3000, 0x1000, abi.AccessAll, 2)
 		a.scq.reset()
 		b.rcq.reset()
 		b.recv(t, 51, dst.sge(0, 3000))
@@ -259,9 +259,9 @@ func TestOps(t *testing.T) {
 		assert.Equal(t, sum(src.b), sum(dst.b), "data")
 	})
 	t.Run("send_with_inv", func(t *testing.T) {
-		src := na.buffer(100, 0x3000, accessAll, 3)
-		dst := nb.buffer(100, 0x3000, accessAll, 4)
-		victim := nb.buffer(64, 0x9000, accessAll, 5)
+		src := na.buffer(100, 0x3000, abi.AccessAll, 3)
+		dst := nb.buffer(100, 0x3000, abi.AccessAll, 4)
+		victim := nb.buffer(64, 0x9000, abi.AccessAll, 5)
 		require.True(t, nb.mem.valid(victim.key))
 		a.scq.reset()
 		b.rcq.reset()
@@ -275,8 +275,8 @@ func TestOps(t *testing.T) {
 		assert.Equal(t, sum(src.b), sum(dst.b), "data")
 	})
 	t.Run("write_with_imm", func(t *testing.T) {
-		src := na.buffer(5000, 0x5000, accessAll, 6)
-		dst := nb.buffer(5000, 0x50000, accessAll, 7)
+		src := na.buffer(5000, 0x5000, abi.AccessAll, 6)
+		dst := nb.buffer(5000, 0x50000, abi.AccessAll, 7)
 		a.scq.reset()
 		b.rcq.reset()
 		b.recv(t, 71) // no SGE needed: the data goes to the RDMA address
@@ -288,9 +288,9 @@ func TestOps(t *testing.T) {
 		assert.Equal(t, sum(src.b), sum(dst.b), "data")
 	})
 	t.Run("atomics", func(t *testing.T) {
-		word := nb.buffer(64, 0x7000, accessAll, 8)
+		word := nb.buffer(64, 0x7000, abi.AccessAll, 8)
 		binary.LittleEndian.PutUint64(word.b[8:], 100)
-		res := na.buffer(16, 0x7000, accessAll, 9)
+		res := na.buffer(16, 0x7000, abi.AccessAll, 9)
 		a.scq.reset()
 		a.send(t, abi.SendWQE{WrID: 80, Opcode: abi.WRAtomicFetchAdd, Flags: abi.SendSignaled, RemoteAddr: word.va + 8, RKey: word.key, CompareAdd: 5}, res.sge(0, 8))
 		a.send(t, abi.SendWQE{WrID: 81, Opcode: abi.WRAtomicCmpAndSwp, Flags: abi.SendSignaled, RemoteAddr: word.va + 8, RKey: word.key, CompareAdd: 105, Swap: 7}, res.sge(8, 8))
@@ -310,7 +310,7 @@ func TestOps(t *testing.T) {
 		assert.Equal(t, uint64(7), binary.LittleEndian.Uint64(word.b[8:]))
 	})
 	t.Run("local_inv", func(t *testing.T) {
-		mr := na.buffer(64, 0xa000, accessAll, 10)
+		mr := na.buffer(64, 0xa000, abi.AccessAll, 10)
 		a.scq.reset()
 		a.send(t, abi.SendWQE{WrID: 90, Opcode: abi.WRLocalInv, Flags: abi.SendSignaled, InvalidateRKey: mr.key})
 		require.True(t, a.scq.wait(1, waitFor))
@@ -318,8 +318,8 @@ func TestOps(t *testing.T) {
 		assert.False(t, na.mem.valid(mr.key))
 	})
 	t.Run("multi_sge", func(t *testing.T) {
-		src := na.buffer(10000, 0xb0000, accessAll, 11)
-		dst := nb.buffer(10000, 0xb0000, accessAll, 12)
+		src := na.buffer(10000, 0xb0000, abi.AccessAll, 11)
+		dst := nb.buffer(10000, 0xb0000, abi.AccessAll, 12)
 		a.scq.reset()
 		b.rcq.reset()
 		// 3 SGEs on the send side, 4 on the receive side, odd sizes.
@@ -330,17 +330,17 @@ func TestOps(t *testing.T) {
 		wantCQE(t, b.rcq.all()[0], abi.CQE{WrID: 101, Opcode: abi.WCRecv, QPNum: b.qpn, ByteLen: 10000})
 		assert.Equal(t, sum(src.b), sum(dst.b), "data")
 		// WRITE and READ with several SGEs too.
-		dst2 := nb.buffer(10000, 0xc0000, accessAll, 13)
+		dst2 := nb.buffer(10000, 0xc0000, abi.AccessAll, 13)
 		a.scq.reset()
 		a.send(t, abi.SendWQE{WrID: 102, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: dst2.va, RKey: dst2.key}, src.sge(0, 3), src.sge(3, 9997))
-		back := na.buffer(10000, 0xd0000, accessAll, 14)
+		back := na.buffer(10000, 0xd0000, abi.AccessAll, 14)
 		a.send(t, abi.SendWQE{WrID: 103, Opcode: abi.WRRDMARead, Flags: abi.SendSignaled, RemoteAddr: dst2.va, RKey: dst2.key}, back.sge(0, 5000), back.sge(5000, 5000))
 		require.True(t, a.scq.wait(2, waitFor))
 		assert.Equal(t, sum(src.b), sum(dst2.b))
 		assert.Equal(t, sum(src.b), sum(back.b), "%v", a.scq.all())
 	})
 	t.Run("inline", func(t *testing.T) {
-		dst := nb.buffer(200, 0xe000, accessAll, 15)
+		dst := nb.buffer(200, 0xe000, abi.AccessAll, 15)
 		a.scq.reset()
 		b.rcq.reset()
 		b.recv(t, 111, dst.sge(0, 200))
@@ -358,8 +358,8 @@ func TestOps(t *testing.T) {
 		// the receive completion (for a CQ armed for solicited events
 		// only); without VRNIC_SEND_SOLICITED it is clear, and send
 		// completions never carry it.
-		src := na.buffer(5000, 0x10000, accessAll, 18)
-		dst := nb.buffer(5000, 0x10000, accessAll, 19)
+		src := na.buffer(5000, 0x10000, abi.AccessAll, 18)
+		dst := nb.buffer(5000, 0x10000, abi.AccessAll, 19)
 		a.scq.reset()
 		b.rcq.reset()
 		for i := range 4 {
@@ -382,9 +382,9 @@ func TestOps(t *testing.T) {
 		// The device limit of SGEs (32) on a SEND into a RECV of 32,
 		// an RDMA WRITE and an RDMA READ, at odd lengths.
 		const n = abi.MaxSGE
-		src := na.buffer(n*1000, 0x200000, accessAll, 20)
-		dst := nb.buffer(n*1000, 0x200000, accessAll, 21)
-		back := na.buffer(n*1000, 0x300000, accessAll, 22)
+		src := na.buffer(n*1000, 0x200000, abi.AccessAll, 20)
+		dst := nb.buffer(n*1000, 0x200000, abi.AccessAll, 21)
+		back := na.buffer(n*1000, 0x300000, abi.AccessAll, 22)
 		sges := func(b *buffer, shift int) []abi.SGE {
 			var s []abi.SGE
 			off := 0
@@ -420,8 +420,8 @@ func TestOps(t *testing.T) {
 		// A 1 MiB WRITE is 1024 packets at MTU 1024; the requester asks
 		// for an ACK every 32 packets and on the last, and the responder
 		// answers only those: about 33 ACKs, not 1024.
-		src := na.buffer(1<<20, 0x400000, accessAll, 23)
-		dst := nb.buffer(1<<20, 0x400000, accessAll, 24)
+		src := na.buffer(1<<20, 0x400000, abi.AccessAll, 23)
+		dst := nb.buffer(1<<20, 0x400000, abi.AccessAll, 24)
 		cb, err := nb.eng.Counters(b.qpn)
 		require.NoError(t, err)
 		sentBefore := cb.PacketsSent.Load()
@@ -439,8 +439,8 @@ func TestOps(t *testing.T) {
 		o := defaultOpts()
 		o.sigAll = true
 		a, b := pair(t, 1, nil, nil, o)
-		src := a.n.buffer(64, 0xf000, accessAll, 25)
-		dst := b.n.buffer(64, 0xf000, accessAll, 26)
+		src := a.n.buffer(64, 0xf000, abi.AccessAll, 25)
+		dst := b.n.buffer(64, 0xf000, abi.AccessAll, 26)
 		a.send(t, abi.SendWQE{WrID: 160, Opcode: abi.WRRDMAWrite, RemoteAddr: dst.va, RKey: dst.key}, src.sge(0, 64))
 		a.send(t, abi.SendWQE{WrID: 161, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: dst.va, RKey: dst.key}, src.sge(0, 64))
 		require.True(t, a.scq.wait(2, waitFor))
@@ -448,8 +448,8 @@ func TestOps(t *testing.T) {
 		wantCQE(t, a.scq.all()[1], abi.CQE{WrID: 161, Opcode: abi.WCRDMAWrite, QPNum: a.qpn})
 	})
 	t.Run("unsignaled", func(t *testing.T) {
-		src := na.buffer(64, 0xf000, accessAll, 16)
-		dst := nb.buffer(64, 0xf000, accessAll, 17)
+		src := na.buffer(64, 0xf000, abi.AccessAll, 16)
+		dst := nb.buffer(64, 0xf000, abi.AccessAll, 17)
 		a.scq.reset()
 		a.send(t, abi.SendWQE{WrID: 120, Opcode: abi.WRRDMAWrite, RemoteAddr: dst.va, RKey: dst.key}, src.sge(0, 64))
 		a.send(t, abi.SendWQE{WrID: 121, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: dst.va, RKey: dst.key}, src.sge(0, 64))

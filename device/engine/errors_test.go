@@ -24,8 +24,8 @@ func TestRNR(t *testing.T) {
 		o.rnrRetry = 7 // infinite
 		o.minRNR = 1   // 10 us
 		a, b := pair(t, 1, nil, nil, o)
-		src := a.n.buffer(3000, 0x1000, accessAll, 1)
-		dst := b.n.buffer(3000, 0x1000, accessAll, 2)
+		src := a.n.buffer(3000, 0x1000, abi.AccessAll, 1)
+		dst := b.n.buffer(3000, 0x1000, abi.AccessAll, 2)
 		a.send(t, abi.SendWQE{WrID: 1, Opcode: abi.WRSend, Flags: abi.SendSignaled}, src.sge(0, 3000))
 		ca, err := a.n.eng.Counters(a.qpn)
 		require.NoError(t, err)
@@ -51,7 +51,7 @@ func TestRNR(t *testing.T) {
 		o.minRNR = 1
 		a, b := pair(t, 1, nil, nil, o)
 		require.NoError(t, b.n.eng.ModifyQP(b.qpn, QPAttr{Mask: abi.QPAttrMinRNRTimer, MinRNRTimer: 14}))
-		src := a.n.buffer(100, 0x1000, accessAll, 1)
+		src := a.n.buffer(100, 0x1000, abi.AccessAll, 1)
 		start := time.Now()
 		a.send(t, abi.SendWQE{WrID: 1, Opcode: abi.WRSend, Flags: abi.SendSignaled}, src.sge(0, 100))
 		require.True(t, a.scq.wait(1, waitFor))
@@ -92,7 +92,7 @@ func TestDeadPeer(t *testing.T) {
 	for _, retry := range []uint8{3, 7} {
 		t.Run(fmt.Sprintf("retry_cnt=%d", retry), func(t *testing.T) {
 			a, o := deadPeer(t, retry)
-			src := a.n.buffer(5000, 0x1000, accessAll, 1)
+			src := a.n.buffer(5000, 0x1000, abi.AccessAll, 1)
 			a.recv(t, 9, src.sge(0, 10))
 			start := time.Now()
 			a.send(t, abi.SendWQE{WrID: 1, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: 0x1000, RKey: 0x200}, src.sge(0, 5000))
@@ -127,7 +127,7 @@ func TestRedundantRetries(t *testing.T) {
 	for _, retry := range []uint8{2, 7} {
 		t.Run(fmt.Sprintf("retry_cnt=%d", retry), func(t *testing.T) {
 			a, _ := deadPeer(t, retry)
-			src := a.n.buffer(100, 0x1000, accessAll, 1)
+			src := a.n.buffer(100, 0x1000, abi.AccessAll, 1)
 			a.send(t, abi.SendWQE{WrID: 1, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: 0x1000, RKey: 0x200}, src.sge(0, 100))
 			require.True(t, a.scq.wait(1, waitFor))
 			wantCQE(t, a.scq.all()[0], abi.CQE{WrID: 1, Status: abi.WCRetryExcErr, Opcode: abi.WCRDMAWrite, QPNum: a.qpn})
@@ -143,8 +143,8 @@ func TestRedundantRetries(t *testing.T) {
 func TestRemoteErrors(t *testing.T) {
 	t.Run("remote_access", func(t *testing.T) {
 		a, b := pair(t, 2, nil, nil, defaultOpts())
-		src := a.n.buffer(100, 0x1000, accessAll, 1)
-		ro := b.n.buffer(100, 0x1000, accessRemoteRead|accessLocalWrite, 2) // no remote write
+		src := a.n.buffer(100, 0x1000, abi.AccessAll, 1)
+		ro := b.n.buffer(100, 0x1000, abi.AccessRemoteRead|abi.AccessLocalWrite, 2) // no remote write
 		b.recv(t, 20, ro.sge(0, 100))
 		a.send(t, abi.SendWQE{WrID: 1, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: ro.va, RKey: ro.key}, src.sge(0, 100))
 		a.send(t, abi.SendWQE{WrID: 2, Opcode: abi.WRRDMARead, Flags: abi.SendSignaled, RemoteAddr: ro.va, RKey: ro.key}, src.sge(0, 100))
@@ -162,8 +162,8 @@ func TestRemoteErrors(t *testing.T) {
 			{WrID: 1, Opcode: abi.WRAtomicFetchAdd, Flags: abi.SendSignaled, RemoteAddr: 0x1003, RKey: 0},
 		} {
 			a, b := pair(t, 1, nil, nil, defaultOpts())
-			src := a.n.buffer(100, 0x1000, accessAll, 1)
-			word := b.n.buffer(64, 0x1000, accessAll, 2)
+			src := a.n.buffer(100, 0x1000, abi.AccessAll, 1)
+			word := b.n.buffer(64, 0x1000, abi.AccessAll, 2)
 			want := abi.WCRemAccessErr
 			if wr.Opcode == abi.WRAtomicFetchAdd {
 				wr.RKey = word.key
@@ -176,8 +176,8 @@ func TestRemoteErrors(t *testing.T) {
 	})
 	t.Run("recv_too_small", func(t *testing.T) {
 		a, b := pair(t, 1, nil, nil, defaultOpts())
-		src := a.n.buffer(100, 0x1000, accessAll, 1)
-		dst := b.n.buffer(50, 0x1000, accessAll, 2)
+		src := a.n.buffer(100, 0x1000, abi.AccessAll, 1)
+		dst := b.n.buffer(50, 0x1000, abi.AccessAll, 2)
 		b.recv(t, 7, dst.sge(0, 50))
 		a.send(t, abi.SendWQE{WrID: 1, Opcode: abi.WRSend, Flags: abi.SendSignaled}, src.sge(0, 100))
 		require.True(t, a.scq.wait(1, waitFor))
@@ -191,7 +191,7 @@ func TestRemoteErrors(t *testing.T) {
 		// NAK remote operational error, the SEND completes with
 		// REM_OP_ERR, and both QPs go to ERR.
 		a, b := pair(t, 1, nil, nil, defaultOpts())
-		src := a.n.buffer(100, 0x1000, accessAll, 1)
+		src := a.n.buffer(100, 0x1000, abi.AccessAll, 1)
 		b.recv(t, 7, abi.SGE{Addr: 0x1000, Length: 100, LKey: 0xbad00})
 		b.recv(t, 8, abi.SGE{Addr: 0x1000, Length: 100, LKey: 0xbad00})
 		a.send(t, abi.SendWQE{WrID: 1, Opcode: abi.WRSend, Flags: abi.SendSignaled}, src.sge(0, 100))
@@ -205,7 +205,7 @@ func TestRemoteErrors(t *testing.T) {
 	})
 	t.Run("local_protection", func(t *testing.T) {
 		a, b := pair(t, 1, nil, nil, defaultOpts())
-		dst := b.n.buffer(100, 0x1000, accessAll, 2)
+		dst := b.n.buffer(100, 0x1000, abi.AccessAll, 2)
 		a.send(t, abi.SendWQE{WrID: 1, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: dst.va, RKey: dst.key}, abi.SGE{Addr: 0x1000, Length: 100, LKey: 0xbad})
 		require.True(t, a.scq.wait(1, waitFor))
 		wantCQE(t, a.scq.all()[0], abi.CQE{WrID: 1, Status: abi.WCLocProtErr, Opcode: abi.WCRDMAWrite, QPNum: a.qpn})
@@ -218,9 +218,9 @@ func TestFence(t *testing.T) {
 	for _, fence := range []bool{true, false} {
 		t.Run(fmt.Sprintf("fence=%v", fence), func(t *testing.T) {
 			a, b := pair(t, 1, nil, nil, defaultOpts())
-			src := b.n.buffer(256<<10, 0x100000, accessAll, 1)
-			dst := a.n.buffer(256<<10, 0x100000, accessAll, 2)
-			wsrc := a.n.buffer(64, 0x900000, accessAll, 3)
+			src := b.n.buffer(256<<10, 0x100000, abi.AccessAll, 1)
+			dst := a.n.buffer(256<<10, 0x100000, abi.AccessAll, 2)
+			wsrc := a.n.buffer(64, 0x900000, abi.AccessAll, 3)
 			var mu sync.Mutex
 			var events []string
 			var hook traceFunc = func(qp *QP, format string, args ...any) {
@@ -262,8 +262,8 @@ func TestFence(t *testing.T) {
 }
 
 // TestReadAtomicCredits: a requester never has more READ and atomic
-// requests outstanding than max_rd_atomic (IBTA 9.7.7.2.? / o9-?: the
-// responder's resources agreed at connection time): with a queue of
+// requests outstanding than max_rd_atomic (the responder's resources
+// agreed at connection time): with a queue of
 // READs and FETCH_AND_ADDs posted at once, the number sent but not yet
 // answered (the last READ response or the atomic acknowledgement
 // received) reaches max_rd_atomic and never exceeds it, and everything
@@ -297,11 +297,11 @@ func TestReadAtomicCredits(t *testing.T) {
 			traceHook.Store(&hook)
 			t.Cleanup(func() { traceHook.Store(nil) })
 			const n = 12
-			src := b.n.buffer(n*8192, 0x100000, accessAll, 1)
-			counter := b.n.buffer(8, 0x900000, accessAll, 0)
+			src := b.n.buffer(n*8192, 0x100000, abi.AccessAll, 1)
+			counter := b.n.buffer(8, 0x900000, abi.AccessAll, 0)
 			binary.LittleEndian.PutUint64(counter.b, 0)
-			dst := a.n.buffer(n*8192, 0x100000, accessAll, 2)
-			res := a.n.buffer(n*8, 0x900000, accessAll, 3)
+			dst := a.n.buffer(n*8192, 0x100000, abi.AccessAll, 2)
+			res := a.n.buffer(n*8, 0x900000, abi.AccessAll, 3)
 			for i := range n {
 				if i%3 == 2 {
 					require.NoError(t, a.sq.post(abi.SendWQE{WrID: uint64(i), Opcode: abi.WRAtomicFetchAdd, Flags: abi.SendSignaled,

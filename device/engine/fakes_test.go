@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/queues"
 )
 
 // fakeMem is a byte-slice memory with keys: each MR is a slice at an IOVA
@@ -103,13 +104,13 @@ func (m *fakeMem) Gather(sges []abi.SGE, off uint64, dst []byte) error {
 func (m *fakeMem) Scatter(sges []abi.SGE, off uint64, src []byte) error {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	return m.sgeWalk(sges, off, len(src), accessLocalWrite, func(b []byte, i int) { copy(b, src[i:]) })
+	return m.sgeWalk(sges, off, len(src), abi.AccessLocalWrite, func(b []byte, i int) { copy(b, src[i:]) })
 }
 
 func (m *fakeMem) WriteRemote(rkey uint32, va uint64, src []byte) error {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	b, err := m.rangeOf(rkey, va, uint64(len(src)), accessRemoteWrite)
+	b, err := m.rangeOf(rkey, va, uint64(len(src)), abi.AccessRemoteWrite)
 	if err != nil {
 		return err
 	}
@@ -120,7 +121,7 @@ func (m *fakeMem) WriteRemote(rkey uint32, va uint64, src []byte) error {
 func (m *fakeMem) ReadRemote(rkey uint32, va uint64, dst []byte) error {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	b, err := m.rangeOf(rkey, va, uint64(len(dst)), accessRemoteRead)
+	b, err := m.rangeOf(rkey, va, uint64(len(dst)), abi.AccessRemoteRead)
 	if err != nil {
 		return err
 	}
@@ -141,7 +142,7 @@ func (m *fakeMem) Atomic(rkey uint32, va uint64, cas bool, compare, swap uint64)
 	if va&7 != 0 {
 		return 0, errFakeBounds
 	}
-	b, err := m.rangeOf(rkey, va, 8, accessRemoteAtomic)
+	b, err := m.rangeOf(rkey, va, 8, abi.AccessRemoteAtomic)
 	if err != nil {
 		return 0, err
 	}
@@ -168,16 +169,24 @@ func (m *fakeMem) Invalidate(key uint32) error {
 
 var _ Memory = (*fakeMem)(nil)
 
-// fakeSQ is a slice-backed send queue.
+// fakeSQ is a slice-backed send queue. Like the sources of package
+// device, it can consume a WQE with an error (postErr: a WQE the view of
+// package queues rejected) or report a broken ring once and then nothing
+// more (breakRing).
 type fakeSQ struct {
 	mu         sync.Mutex
 	ring       []SendWork
+	errs       []error // per slot: the error PollSend returns with it
 	head, tail int
-	bad        bool // next poll returns an error
+	broken     int // 1: report ringErr on the next poll; 2: reported
 }
 
+// errFakeRing is what a source reports for a client-written producer index
+// that is impossible: it wraps queues.ErrIndex, as package device does.
+var errFakeRing = fmt.Errorf("fake: work queue index out of range: %w", queues.ErrIndex)
+
 func newFakeSQ(n int) *fakeSQ {
-	q := &fakeSQ{ring: make([]SendWork, n)}
+	q := &fakeSQ{ring: make([]SendWork, n), errs: make([]error, n)}
 	for i := range q.ring {
 		q.ring[i].SGEs = make([]abi.SGE, 0, abi.MaxSGE)
 		q.ring[i].Inline = make([]byte, 0, abi.MaxInline)
@@ -186,6 +195,12 @@ func newFakeSQ(n int) *fakeSQ {
 }
 
 func (q *fakeSQ) post(w abi.SendWQE, sges []abi.SGE, inline []byte) error {
+	return q.postErr(w, sges, inline, nil)
+}
+
+// postErr posts a WQE that PollSend consumes with err (SGEs and inline
+// data dropped, wr_id kept).
+func (q *fakeSQ) postErr(w abi.SendWQE, sges []abi.SGE, inline []byte, err error) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.tail-q.head == len(q.ring) {
@@ -195,19 +210,41 @@ func (q *fakeSQ) post(w abi.SendWQE, sges []abi.SGE, inline []byte) error {
 	e.SendWQE = w
 	e.SGEs = append(e.SGEs[:0], sges...)
 	e.Inline = append(e.Inline[:0], inline...)
+	q.errs[q.tail%len(q.ring)] = err
 	q.tail++
 	return nil
+}
+
+// breakRing makes the next poll report a broken ring; nothing is taken
+// from the queue after it.
+func (q *fakeSQ) breakRing() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.broken = 1
 }
 
 func (q *fakeSQ) PollSend(w *SendWork) (bool, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	switch q.broken {
+	case 1:
+		q.broken = 2
+		w.SendWQE, w.SGEs, w.Inline = abi.SendWQE{}, w.SGEs[:0], w.Inline[:0]
+		return true, errFakeRing
+	case 2:
+		return false, nil
+	}
 	if q.head == q.tail {
 		return false, nil
 	}
 	e := &q.ring[q.head%len(q.ring)]
+	err := q.errs[q.head%len(q.ring)]
 	q.head++
 	w.SendWQE = e.SendWQE
+	if err != nil {
+		w.SGEs, w.Inline = w.SGEs[:0], w.Inline[:0]
+		return true, err
+	}
 	if len(e.SGEs) > cap(w.SGEs) || len(e.Inline) > cap(w.Inline) {
 		return false, fmt.Errorf("%w: too many SGEs or inline bytes", ErrInvalid)
 	}
@@ -216,15 +253,18 @@ func (q *fakeSQ) PollSend(w *SendWork) (bool, error) {
 	return true, nil
 }
 
-// fakeRQ is a slice-backed receive queue.
+// fakeRQ is a slice-backed receive queue; postErr and breakRing as for
+// fakeSQ.
 type fakeRQ struct {
 	mu         sync.Mutex
 	ring       []RecvWork
+	errs       []error
 	head, tail int
+	broken     int
 }
 
 func newFakeRQ(n int) *fakeRQ {
-	q := &fakeRQ{ring: make([]RecvWork, n)}
+	q := &fakeRQ{ring: make([]RecvWork, n), errs: make([]error, n)}
 	for i := range q.ring {
 		q.ring[i].SGEs = make([]abi.SGE, 0, abi.MaxSGE)
 	}
@@ -232,6 +272,11 @@ func newFakeRQ(n int) *fakeRQ {
 }
 
 func (q *fakeRQ) post(wrid uint64, sges ...abi.SGE) error {
+	return q.postErr(wrid, nil, sges...)
+}
+
+// postErr posts an RQE that PollRecv consumes with err (wr_id kept).
+func (q *fakeRQ) postErr(wrid uint64, err error, sges ...abi.SGE) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.tail-q.head == len(q.ring) {
@@ -240,19 +285,41 @@ func (q *fakeRQ) post(wrid uint64, sges ...abi.SGE) error {
 	e := &q.ring[q.tail%len(q.ring)]
 	e.WrID = wrid
 	e.SGEs = append(e.SGEs[:0], sges...)
+	q.errs[q.tail%len(q.ring)] = err
 	q.tail++
 	return nil
+}
+
+// breakRing makes the next poll report a broken ring; nothing is taken
+// from the queue after it.
+func (q *fakeRQ) breakRing() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.broken = 1
 }
 
 func (q *fakeRQ) PollRecv(r *RecvWork) (bool, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	switch q.broken {
+	case 1:
+		q.broken = 2
+		r.WrID, r.SGEs = 0, r.SGEs[:0]
+		return true, errFakeRing
+	case 2:
+		return false, nil
+	}
 	if q.head == q.tail {
 		return false, nil
 	}
 	e := &q.ring[q.head%len(q.ring)]
+	err := q.errs[q.head%len(q.ring)]
 	q.head++
 	r.WrID = e.WrID
+	if err != nil {
+		r.SGEs = r.SGEs[:0]
+		return true, err
+	}
 	if len(e.SGEs) > cap(r.SGEs) {
 		return false, fmt.Errorf("%w: too many SGEs", ErrInvalid)
 	}

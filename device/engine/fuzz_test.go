@@ -25,7 +25,7 @@ func fuzzWorker(t testing.TB) (*worker, *QP) {
 	w := e.workers[0]
 	mem := newFakeMem()
 	buf := make([]byte, 1<<16)
-	mem.reg(buf, 0x1000, accessAll) // key 0x200
+	mem.reg(buf, 0x1000, abi.AccessAll) // key 0x200
 	rq := newFakeRQ(64)
 	for i := range 32 {
 		require.NoError(t, rq.post(uint64(i), abi.SGE{Addr: 0x1000, Length: 1 << 15, LKey: 0x200}))
@@ -37,7 +37,7 @@ func fuzzWorker(t testing.TB) (*worker, *QP) {
 	require.NoError(t, r.err)
 	qp := r.qp
 	for _, a := range []QPAttr{
-		{Mask: abi.QPAttrState | abi.QPAttrAccessFlags, State: abi.QPSInit, AccessFlags: accessAll},
+		{Mask: abi.QPAttrState | abi.QPAttrAccessFlags, State: abi.QPSInit, AccessFlags: abi.AccessAll},
 		{Mask: abi.QPAttrState | abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrDestQPN | abi.QPAttrRQPSN | abi.QPAttrMaxDestRdAtomic,
 			State: abi.QPSRTR, LocalAddr: netip.MustParseAddr("10.0.0.1"), RemoteAddr: netip.MustParseAddr("10.0.0.2"),
 			PathMTU: roce.MTU256, DestQPN: 0x22, RQPSN: 100, MaxDestRdAtomic: 4},

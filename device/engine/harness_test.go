@@ -14,8 +14,6 @@ import (
 	"github.com/vrnic/vrnic/roce"
 )
 
-const accessAll = accessLocalWrite | accessRemoteWrite | accessRemoteRead | accessRemoteAtomic
-
 type node struct {
 	eng   *Engine
 	mem   *fakeMem
@@ -84,7 +82,7 @@ func (n *node) newQP(t testing.TB, qpn uint32, o qpOpts) *tqp {
 func connect(t testing.TB, a, b *tqp, o qpOpts) {
 	for _, p := range [][2]*tqp{{a, b}, {b, a}} {
 		l, r := p[0], p[1]
-		require.NoError(t, l.n.eng.ModifyQP(l.qpn, QPAttr{Mask: abi.QPAttrState | abi.QPAttrAccessFlags, State: abi.QPSInit, AccessFlags: accessAll}))
+		require.NoError(t, l.n.eng.ModifyQP(l.qpn, QPAttr{Mask: abi.QPAttrState | abi.QPAttrAccessFlags, State: abi.QPSInit, AccessFlags: abi.AccessAll}))
 		require.NoError(t, l.n.eng.ModifyQP(l.qpn, QPAttr{
 			Mask:  abi.QPAttrState | abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrDestQPN | abi.QPAttrRQPSN | abi.QPAttrMaxDestRdAtomic | abi.QPAttrMinRNRTimer,
 			State: abi.QPSRTR, LocalAddr: l.n.addr, RemoteAddr: r.n.addr, PathMTU: o.mtu, DestQPN: r.qpn,

@@ -93,7 +93,7 @@ func TestLossy(t *testing.T) {
 func runMix(t *testing.T, a, b *tqp, n int, seed uint64) {
 	r := rand.New(rand.NewPCG(seed, 7))
 	na, nb := a.n, b.n
-	counter := nb.buffer(8, 0x7fff0000, accessAll, 0)
+	counter := nb.buffer(8, 0x7fff0000, abi.AccessAll, 0)
 	binary.LittleEndian.PutUint64(counter.b, 0)
 	type check struct {
 		op       abi.WROpcode
@@ -108,24 +108,24 @@ func runMix(t *testing.T, a, b *tqp, n int, seed uint64) {
 		va := uint64(0x100000000) * uint64(i+1)
 		switch r.IntN(4) {
 		case 0:
-			src := na.buffer(size, va, accessAll, seed+uint64(i))
-			dst := nb.buffer(size, va, accessAll, seed+uint64(i)+1<<20)
+			src := na.buffer(size, va, abi.AccessAll, seed+uint64(i))
+			dst := nb.buffer(size, va, abi.AccessAll, seed+uint64(i)+1<<20)
 			b.recv(t, wrid, dst.sge(0, size))
 			a.send(t, abi.SendWQE{WrID: wrid, Opcode: abi.WRSend, Flags: abi.SendSignaled}, src.sge(0, size))
 			checks[wrid] = check{op: abi.WRSend, from: src, to: dst}
 			sends++
 		case 1:
-			src := na.buffer(size, va, accessAll, seed+uint64(i))
-			dst := nb.buffer(size, va, accessAll, seed+uint64(i)+1<<20)
+			src := na.buffer(size, va, abi.AccessAll, seed+uint64(i))
+			dst := nb.buffer(size, va, abi.AccessAll, seed+uint64(i)+1<<20)
 			a.send(t, abi.SendWQE{WrID: wrid, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: dst.va, RKey: dst.key}, src.sge(0, size))
 			checks[wrid] = check{op: abi.WRRDMAWrite, from: src, to: dst}
 		case 2:
-			src := nb.buffer(size, va, accessAll, seed+uint64(i))
-			dst := na.buffer(size, va, accessAll, seed+uint64(i)+1<<20)
+			src := nb.buffer(size, va, abi.AccessAll, seed+uint64(i))
+			dst := na.buffer(size, va, abi.AccessAll, seed+uint64(i)+1<<20)
 			a.send(t, abi.SendWQE{WrID: wrid, Opcode: abi.WRRDMARead, Flags: abi.SendSignaled, RemoteAddr: src.va, RKey: src.key}, dst.sge(0, size))
 			checks[wrid] = check{op: abi.WRRDMARead, from: src, to: dst}
 		case 3:
-			res := na.buffer(8, va, accessAll, 0)
+			res := na.buffer(8, va, abi.AccessAll, 0)
 			a.send(t, abi.SendWQE{WrID: wrid, Opcode: abi.WRAtomicFetchAdd, Flags: abi.SendSignaled, RemoteAddr: counter.va, RKey: counter.key, CompareAdd: 1}, res.sge(0, 8))
 			checks[wrid] = check{op: abi.WRAtomicFetchAdd, result: res}
 			faa++

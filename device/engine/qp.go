@@ -74,24 +74,22 @@ type QPCounters struct {
 	RecvCQEs        atomic.Uint64
 }
 
-// wqeState is the life of a send WQE in the engine's private ring.
+//go:generate go tool stringer -type=wqeState -linecomment
+
+// wqeState is the life of a send WQE in the engine's private ring; the
+// line comment is the name String prints.
 type wqeState uint8
 
 const (
-	wqePosted  wqeState = iota // fetched, no packet sent
-	wqeSending                 // PSNs assigned, packets being sent
-	wqePending                 // every packet sent, waiting for responses
-	wqeDone                    // finished (status says how)
+	// wqePosted: fetched, no packet sent.
+	wqePosted wqeState = iota // posted
+	// wqeSending: PSNs assigned, packets being sent.
+	wqeSending // sending
+	// wqePending: every packet sent, waiting for responses.
+	wqePending // pending
+	// wqeDone: finished (status says how).
+	wqeDone // done
 )
-
-var wqeStateNames = [...]string{"posted", "sending", "pending", "done"}
-
-func (s wqeState) String() string {
-	if int(s) < len(wqeStateNames) {
-		return wqeStateNames[s]
-	}
-	return fmt.Sprintf("wqeState(%d)", s)
-}
 
 // swqe is a send WQE in the private ring with its transport state.
 type swqe struct {
@@ -346,8 +344,8 @@ func wcOpcode(op abi.WROpcode) abi.WCOpcode {
 }
 
 // completeSend is the one place a send WQE's status becomes a CQE.
-// Successful unsignaled WRs produce none (IBTA 10.8.3.1 / C10-?: errors
-// always complete).
+// Successful unsignaled WRs produce none (IBTA 10.8.3.1); errors always
+// complete.
 func (qp *QP) completeSend(e *swqe) {
 	if e.status == abi.WCSuccess && !qp.cfg.SigAll && e.Flags&abi.SendSignaled == 0 {
 		return

@@ -1,9 +1,6 @@
 package engine
 
 import (
-	"errors"
-	"fmt"
-
 	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/roce"
 )
@@ -17,26 +14,27 @@ import (
 //	  ▲                                                          │
 //	  └──────────────── next WQE (message fully sent) ◄─────────┘
 
+//go:generate go tool stringer -type=reqState -linecomment
+
 type reqState uint8
 
+// Requester states; the line comment is the name String prints.
 const (
-	reqFetch   reqState = iota // make sure the WQE at next exists
-	reqLocal                   // execute local operations (LOCAL_INV)
-	reqFence                   // FENCE waits for prior READ/atomic WRs
-	reqCredits                 // max_rd_atomic credits for READ/atomic
-	reqWindow                  // send window (unacknowledged PSNs)
-	reqSend                    // build and queue one packet
-	reqExit                    // nothing more this round
+	// reqFetch makes sure the WQE at next exists.
+	reqFetch reqState = iota // fetch
+	// reqLocal executes local operations (LOCAL_INV).
+	reqLocal // local
+	// reqFence: FENCE waits for prior READ/atomic WRs.
+	reqFence // fence
+	// reqCredits: max_rd_atomic credits for READ/atomic.
+	reqCredits // credits
+	// reqWindow: the send window (unacknowledged PSNs).
+	reqWindow // window
+	// reqSend builds and queues one packet.
+	reqSend // send
+	// reqExit: nothing more this round.
+	reqExit // exit
 )
-
-var reqStateNames = [...]string{"fetch", "local", "fence", "credits", "window", "send", "exit"}
-
-func (s reqState) String() string {
-	if int(s) < len(reqStateNames) {
-		return reqStateNames[s]
-	}
-	return fmt.Sprintf("reqState(%d)", s)
-}
 
 // requester is the per-QP requester state.
 type requester struct {
@@ -116,18 +114,28 @@ func (qp *QP) reqFetch() reqState {
 	}
 	qp.tail++
 	e.state, e.status, e.rcvd, e.rdAtom, e.result = wqePosted, abi.WCSuccess, 0, false, 0
-	if err == nil {
-		err = qp.validateWQE(e)
-	}
 	if err != nil {
-		qp.failWQE(e, abi.WCLocQPOpErr)
+		// A WQE the source rejected (package queues: too many SGEs,
+		// unknown opcode, ...) or a broken ring: status from the table.
+		qp.failWQE(e, sourceStatus(err))
+		return reqExit
+	}
+	if !qp.prepareWQE(e) {
+		qp.failWQE(e, unsupportedOpStatus)
 		return reqExit
 	}
 	return reqLocal
 }
 
-// validateWQE checks a fetched WQE and computes its length and PSN count.
-func (qp *QP) validateWQE(e *swqe) error {
+// prepareWQE computes what the engine needs of a fetched WQE: its message
+// length, the opcode family of its first packet and the PSNs it uses. It
+// checks nothing the SendSource guarantees (SendSource: package queues
+// rejects unknown opcodes and flags, inline data with an opcode that
+// carries none or longer than max_inline, more SGEs than max_send_sge, a
+// message longer than abi.MaxMsgBytes, an atomic without exactly one
+// 8-byte SGE); it returns false only for an opcode the engine does not
+// execute.
+func (qp *QP) prepareWQE(e *swqe) bool {
 	var n uint64
 	if e.Flags&abi.SendInline != 0 {
 		n = uint64(len(e.Inline))
@@ -136,38 +144,30 @@ func (qp *QP) validateWQE(e *swqe) error {
 			n += uint64(s.Length)
 		}
 	}
-	if n > abi.MaxMsgBytes {
-		return fmt.Errorf("%w: message of %d bytes", ErrInvalid, n)
-	}
 	e.length = n
 	e.info = nil
+	e.npkts = 1
 	switch e.Opcode {
 	case abi.WRSend, abi.WRSendWithImm, abi.WRSendWithInv:
 		e.info = roce.OpRCSendFirst.Info()
 	case abi.WRRDMAWrite, abi.WRRDMAWriteWithImm:
 		e.info = roce.OpRCWriteFirst.Info()
 	case abi.WRRDMARead:
-		if e.Flags&abi.SendInline != 0 {
-			return fmt.Errorf("%w: inline READ", ErrInvalid)
-		}
 		e.info = roce.OpRCReadRequest.Info()
 	case abi.WRAtomicCmpAndSwp, abi.WRAtomicFetchAdd:
-		if e.Flags&abi.SendInline != 0 || n < 8 {
-			return fmt.Errorf("%w: atomic needs an 8-byte local buffer", ErrInvalid)
-		}
 		e.length = 8
 		e.info = roce.OpRCCompareSwap.Info()
+		return true
 	case abi.WRLocalInv:
 		e.npkts = 0
-		return nil
+		return true
 	default:
-		return fmt.Errorf("%w: send opcode %d", ErrInvalid, e.Opcode)
+		return false
 	}
-	e.npkts = 1
-	if e.Opcode != abi.WRAtomicCmpAndSwp && e.Opcode != abi.WRAtomicFetchAdd && n > uint64(qp.mtu) {
+	if n > uint64(qp.mtu) {
 		e.npkts = uint32((n + uint64(qp.mtu) - 1) / uint64(qp.mtu))
 	}
-	return nil
+	return true
 }
 
 // failWQE records a local error on e and moves the QP to ERR; the flush
@@ -175,16 +175,6 @@ func (qp *QP) validateWQE(e *swqe) error {
 func (qp *QP) failWQE(e *swqe, st abi.WCStatus) {
 	e.status, e.state = st, wqeDone
 	qp.enterError()
-}
-
-// memStatus maps a Memory error to the local completion status.
-func memStatus(err error) abi.WCStatus {
-	switch {
-	case errors.Is(err, ErrMemLength):
-		return abi.WCLocLenErr
-	default:
-		return abi.WCLocProtErr
-	}
 }
 
 // reqLocal executes LOCAL_INV when the requester reaches it: in order with
@@ -198,7 +188,7 @@ func (qp *QP) reqLocal() reqState {
 		return reqExit
 	}
 	if err := qp.cfg.Mem.Invalidate(e.InvalidateRKey); err != nil {
-		qp.failWQE(e, memStatus(err))
+		qp.failWQE(e, localMemStatus(err))
 		return reqExit
 	}
 	e.state = wqeDone
@@ -218,9 +208,9 @@ func (qp *QP) reqFence() reqState {
 	return reqCredits
 }
 
-// reqCredits: at most max_rd_atomic READ/atomic requests outstanding
-// (IBTA 9.7.7.2.? / o9-?: the requester must not exceed the responder's
-// resources it was told about at connection time).
+// reqCredits: at most max_rd_atomic READ/atomic requests outstanding: the
+// requester must not exceed the responder's resources (its
+// max_dest_rd_atomic) it was told about at connection time.
 func (qp *QP) reqCredits() reqState {
 	e := &qp.sq[qp.next&qp.sqMask]
 	if e.state == wqePosted && e.isReadAtomic() {
@@ -296,7 +286,7 @@ func (qp *QP) reqSend() reqState {
 		if e.Flags&abi.SendInline != 0 {
 			copy(payload, e.Inline[off:])
 		} else if err := qp.cfg.Mem.Gather(e.SGEs, off, payload); err != nil {
-			qp.failWQE(e, memStatus(err))
+			qp.failWQE(e, localMemStatus(err))
 			return reqExit
 		}
 		info := o.opcode.Info()

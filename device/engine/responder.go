@@ -1,9 +1,6 @@
 package engine
 
 import (
-	"errors"
-	"fmt"
-
 	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/roce"
 )
@@ -18,28 +15,22 @@ import (
 //	    │ dup ──► duplicate (re-ACK, replay atomic, re-execute READ)
 //	    └ OOS ──► one NAK-sequence error per gap
 
+//go:generate go tool stringer -type=respState -linecomment
+
 type respState uint8
 
+// Responder states; the line comment is the name String prints.
 const (
-	respCheckPSN respState = iota
-	respDuplicate
-	respCheckOpSeq
-	respCheckOpAllowed
-	respCheckResource
-	respCheckLength
-	respCheckRKey
-	respExecute
-	respDone
+	respCheckPSN       respState = iota // check_psn
+	respDuplicate                       // duplicate
+	respCheckOpSeq                      // check_op_seq
+	respCheckOpAllowed                  // check_op_allowed
+	respCheckResource                   // check_resource
+	respCheckLength                     // check_length
+	respCheckRKey                       // check_rkey
+	respExecute                         // execute
+	respDone                            // done
 )
-
-var respStateNames = [...]string{"check_psn", "duplicate", "check_op_seq", "check_op_allowed", "check_resource", "check_length", "check_rkey", "execute", "done"}
-
-func (s respState) String() string {
-	if int(s) < len(respStateNames) {
-		return respStateNames[s]
-	}
-	return fmt.Sprintf("respState(%d)", s)
-}
 
 // resKind says what a responder resource holds.
 type resKind uint8
@@ -52,8 +43,8 @@ const (
 
 // rdRes is one of the max_dest_rd_atomic responder resources: a READ being
 // (or already) answered, or an executed atomic and its result, kept for
-// replay when the request is retransmitted (IBTA 9.7.5.1.4 / C9-?:
-// atomics are executed once; duplicates are answered from the result).
+// replay when the request is retransmitted (IBTA 9.7.5.1.4: atomics are
+// executed once; duplicates are answered from the result).
 type rdRes struct {
 	kind        resKind
 	active      bool   // responses still to send
@@ -165,7 +156,8 @@ func (qp *QP) fatalNAK(c roce.NAKCode, p *packet) respState {
 // respCheckPSN: IBTA 9.7.5.1.1: a request with the expected PSN is new;
 // an earlier one is a duplicate; a later one means packets were lost and
 // is answered with a single NAK-PSN sequence error until the expected PSN
-// arrives (C9-?: one NAK per sequence error).
+// arrives: one NAK per sequence error, and no other NAK before a request
+// with the expected PSN.
 func (qp *QP) respCheckPSN(p *packet) respState {
 	r := &qp.resp
 	d := roce.PSNDiff(p.psn, r.epsn)
@@ -231,7 +223,7 @@ func readPackets(n, mtu uint32) uint32 {
 	return (n + mtu - 1) / mtu
 }
 
-// respCheckOpSeq: IBTA 9.7.5.1.1 / C9-?: the opcode must continue the
+// respCheckOpSeq: IBTA 9.7.5.1.1: the opcode must continue the
 // message in progress (MIDDLE/LAST of the same operation) or start a new
 // one (FIRST/ONLY); anything else is an invalid request.
 func (qp *QP) respCheckOpSeq(p *packet) respState {
@@ -255,32 +247,24 @@ func (qp *QP) respCheckOpSeq(p *packet) respState {
 	return respCheckOpAllowed
 }
 
-// respCheckOpAllowed: the QP must allow the remote operation (IBTA
-// 10.2.4.? QP access flags); otherwise a remote access error.
+// respCheckOpAllowed: the QP must allow the remote operation (its access
+// flags, set with ModifyQP; IBTA 10.2.4); otherwise a remote access error.
 func (qp *QP) respCheckOpAllowed(p *packet) respState {
 	info := p.opcode.Info()
 	need := uint32(0)
 	switch {
 	case info.Is(roce.OpWrite):
-		need = accessRemoteWrite
+		need = abi.AccessRemoteWrite
 	case info.Is(roce.OpRead):
-		need = accessRemoteRead
+		need = abi.AccessRemoteRead
 	case info.Is(roce.OpAtomic):
-		need = accessRemoteAtomic
+		need = abi.AccessRemoteAtomic
 	}
 	if qp.attr.AccessFlags&need != need {
 		return qp.fatalNAK(roce.NAKRemoteAccessError, p)
 	}
 	return respCheckResource
 }
-
-// Access bits (enum vrnic_access).
-const (
-	accessLocalWrite   = 1 << 0
-	accessRemoteWrite  = 1 << 1
-	accessRemoteRead   = 1 << 2
-	accessRemoteAtomic = 1 << 3
-)
 
 // respCheckResource takes the receive WQE a SEND or RDMA WRITE with
 // immediate consumes, or a responder resource for READ/atomic. Without an
@@ -294,7 +278,13 @@ func (qp *QP) respCheckResource(p *packet) respState {
 		r.rqe.SGEs = r.rqe.SGEs[:0]
 		ok, err := qp.cfg.RQ.PollRecv(&r.rqe)
 		if err != nil {
-			return qp.fatalNAK(roce.NAKRemoteOperationalErr, p)
+			// A broken RQ/SRQ ring or a malformed receive WQE: the
+			// consumed RQE (wr_id 0 for a broken ring) completes in
+			// error on this side, the requester gets its NAK, and the
+			// QP goes to ERR once the NAK is out, which flushes the
+			// rest.
+			qp.completeRecv(&r.rqe, sourceStatus(err), abi.WCRecv, 0, 0, 0, false)
+			return qp.fatalNAK(recvSourceNAK, p)
 		}
 		if !ok {
 			qp.Counters.RNRNAKsSent.Add(1)
@@ -315,9 +305,10 @@ func (qp *QP) respCheckResource(p *packet) respState {
 	return respCheckLength
 }
 
-// respCheckLength: IBTA 9.7.5.1.? / C9-?: FIRST and MIDDLE packets carry
-// exactly one path MTU, LAST and ONLY at most one; an RDMA WRITE's packets
-// add up to the DMA length of its RETH.
+// respCheckLength: IBTA C9-92 (the responder's length checks, as Linux
+// rxe's check_length cites them): FIRST and MIDDLE packets carry exactly
+// one path MTU, LAST and ONLY at most one; an RDMA WRITE's packets add up
+// to the DMA length of its RETH.
 func (qp *QP) respCheckLength(p *packet) respState {
 	r := &qp.resp
 	info := p.opcode.Info()
@@ -347,9 +338,9 @@ func (qp *QP) respCheckLength(p *packet) respState {
 }
 
 // respCheckRKey validates the remote range once, at the start of an RDMA
-// WRITE, READ or atomic (IBTA 9.7.5.1.? / C9-?: a zero-length RDMA
-// operation does not check its R_Key). Misaligned atomics are invalid
-// requests.
+// WRITE, READ or atomic (IBTA C9-88, as Linux rxe's check_rkey cites it:
+// a zero-length RDMA READ or WRITE need not carry a valid address or R_Key,
+// so it is not checked). Misaligned atomics are invalid requests.
 func (qp *QP) respCheckRKey(p *packet) respState {
 	info := p.opcode.Info()
 	mem := qp.cfg.Mem
@@ -357,30 +348,22 @@ func (qp *QP) respCheckRKey(p *packet) respState {
 	switch {
 	case info.Is(roce.OpWrite) && (info.Is(roce.OpFirst) || info.Is(roce.OpOnly)):
 		if p.dmaLen > 0 {
-			err = mem.CheckRemote(p.rkey, p.va, uint64(p.dmaLen), accessRemoteWrite)
+			err = mem.CheckRemote(p.rkey, p.va, uint64(p.dmaLen), abi.AccessRemoteWrite)
 		}
 	case info.Is(roce.OpRead):
 		if p.dmaLen > 0 {
-			err = mem.CheckRemote(p.rkey, p.va, uint64(p.dmaLen), accessRemoteRead)
+			err = mem.CheckRemote(p.rkey, p.va, uint64(p.dmaLen), abi.AccessRemoteRead)
 		}
 	case info.Is(roce.OpAtomic):
 		if p.va&7 != 0 {
 			return qp.fatalNAK(roce.NAKInvalidRequest, p)
 		}
-		err = mem.CheckRemote(p.rkey, p.va, 8, accessRemoteAtomic)
+		err = mem.CheckRemote(p.rkey, p.va, 8, abi.AccessRemoteAtomic)
 	}
 	if err != nil {
-		return qp.fatalNAK(remoteNAK(err), p)
+		return qp.fatalNAK(remoteMemNAK(err), p)
 	}
 	return respExecute
-}
-
-// remoteNAK maps a Memory error on a remote access to a NAK code.
-func remoteNAK(err error) roce.NAKCode {
-	if errors.Is(err, ErrMemProtection) || errors.Is(err, ErrMemBounds) {
-		return roce.NAKRemoteAccessError
-	}
-	return roce.NAKRemoteOperationalErr
 }
 
 // respExecute places data, consumes RQEs, executes atomics and sets up
@@ -393,13 +376,9 @@ func (qp *QP) respExecute(p *packet) respState {
 	case info.Is(roce.OpSend):
 		if len(p.payload) > 0 {
 			if err := mem.Scatter(r.rqe.SGEs, r.off, p.payload); err != nil {
-				// IBTA 9.7.5.2.?: the receive buffer is too small
-				// (local length error, NAK invalid request) or not
-				// writable (local protection, remote operational error).
-				st, c := abi.WCLocProtErr, roce.NAKRemoteOperationalErr
-				if errors.Is(err, ErrMemLength) {
-					st, c = abi.WCLocLenErr, roce.NAKInvalidRequest
-				}
+				// The receive buffer is too small or not writable
+				// (memTable: the receive status and the NAK).
+				st, c := recvMemStatus(err)
 				r.rqeValid = false
 				qp.completeRecv(&r.rqe, st, abi.WCRecv, 0, 0, 0, false)
 				return qp.fatalNAK(c, p)
@@ -416,8 +395,8 @@ func (qp *QP) respExecute(p *packet) respState {
 			case info.Is(roce.OpInvalidate):
 				if err := mem.Invalidate(p.invRKey); err != nil {
 					r.rqeValid = false
-					qp.completeRecv(&r.rqe, abi.WCLocProtErr, abi.WCRecv, 0, 0, 0, false)
-					return qp.fatalNAK(roce.NAKInvalidRequest, p)
+					qp.completeRecv(&r.rqe, invalidateRecvStatus, abi.WCRecv, 0, 0, 0, false)
+					return qp.fatalNAK(invalidateNAK, p)
 				}
 				flags, immInv = abi.WCWithInv, p.invRKey
 			}
@@ -432,7 +411,7 @@ func (qp *QP) respExecute(p *packet) respState {
 		}
 		if len(p.payload) > 0 {
 			if err := mem.WriteRemote(r.wRKey, r.wVA+r.off, p.payload); err != nil {
-				return qp.fatalNAK(remoteNAK(err), p)
+				return qp.fatalNAK(remoteMemNAK(err), p)
 			}
 		}
 		r.off += uint64(len(p.payload))
@@ -463,7 +442,7 @@ func (qp *QP) respExecute(p *packet) respState {
 		}
 		orig, err := mem.Atomic(p.rkey, p.va, cas, arg, swap)
 		if err != nil {
-			return qp.fatalNAK(remoteNAK(err), p)
+			return qp.fatalNAK(remoteMemNAK(err), p)
 		}
 		s := &r.res[r.resNext]
 		*s = rdRes{kind: resAtomic, active: true, first: p.psn, last: p.psn, cur: p.psn, orig: orig}
@@ -571,7 +550,7 @@ func (qp *QP) sendResponse(s *rdRes) bool {
 	if n > 0 {
 		if err := qp.cfg.Mem.ReadRemote(s.rkey, s.va, payload); err != nil {
 			s.active = false
-			qp.queueNAK(roce.NAKSyndrome(remoteNAK(err)), s.cur, true)
+			qp.queueNAK(roce.NAKSyndrome(remoteMemNAK(err)), s.cur, true)
 			return true
 		}
 	}

@@ -79,7 +79,7 @@ func newRespRig(t *testing.T) *respRig {
 	require.NoError(t, err)
 	r := &respRig{w: e.workers[0], link: l, mem: make([]byte, 1<<16), rcq: newFakeCQ(64)}
 	mem := newFakeMem()
-	require.Equal(t, uint32(0x200), mem.reg(r.mem, 0x1000, accessAll))
+	require.Equal(t, uint32(0x200), mem.reg(r.mem, 0x1000, abi.AccessAll))
 	rq := newFakeRQ(64)
 	for i := range 8 {
 		require.NoError(t, rq.post(uint64(i), abi.SGE{Addr: 0x1000 + 4096*uint64(i), Length: 4096, LKey: 0x200}))
@@ -91,7 +91,7 @@ func newRespRig(t *testing.T) *respRig {
 	require.NoError(t, rep.err)
 	r.qp = rep.qp
 	for _, a := range []QPAttr{
-		{Mask: abi.QPAttrState | abi.QPAttrAccessFlags, State: abi.QPSInit, AccessFlags: accessAll},
+		{Mask: abi.QPAttrState | abi.QPAttrAccessFlags, State: abi.QPSInit, AccessFlags: abi.AccessAll},
 		{Mask: abi.QPAttrState | abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrDestQPN | abi.QPAttrRQPSN | abi.QPAttrMaxDestRdAtomic,
 			State: abi.QPSRTR, LocalAddr: netip.MustParseAddr("10.0.0.1"), RemoteAddr: netip.MustParseAddr("10.0.0.2"),
 			PathMTU: roce.MTU256, DestQPN: 0x22, RQPSN: 100, MaxDestRdAtomic: 4},

@@ -89,8 +89,8 @@ func TestBackpressureDoesNotWaitForTimer(t *testing.T) {
 	a, b := na.newQP(t, 0x11, o), nb.newQP(t, 0x22, o)
 	connect(t, a, b, o)
 
-	src := na.buffer(2000, 0x1000, accessAll, 1)
-	dst := nb.buffer(2000, 0x1000, accessAll, 2)
+	src := na.buffer(2000, 0x1000, abi.AccessAll, 1)
+	dst := nb.buffer(2000, 0x1000, abi.AccessAll, 2)
 	a.send(t, abi.SendWQE{WrID: 1, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: dst.va, RKey: dst.key}, src.sge(0, 2000))
 	// Let the worker find the link full and go to sleep with the frames.
 	deadline := time.Now().Add(waitFor)
