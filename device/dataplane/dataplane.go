@@ -116,15 +116,16 @@ type Config struct {
 
 // dpQP is the data plane's state of one RC QP.
 type dpQP struct {
-	qpn   uint32
-	page  *doorbell.Page
-	rec   doorbell.QPRecord
-	mem   *qpMemory
-	sq    *sqSource
-	rq    *recvSource // own RQ or the shared SRQ source
-	srq   *doorbell.SRQRecord
-	ctrs  *engine.QPCounters
-	sinks [2]qpSink // send, receive
+	qpn    uint32
+	sqRing []byte // the client's send ring as the daemon maps it (QPRings in tests)
+	page   *doorbell.Page
+	rec    doorbell.QPRecord
+	mem    *qpMemory
+	sq     *sqSource
+	rq     *recvSource // own RQ or the shared SRQ source
+	srq    *doorbell.SRQRecord
+	ctrs   *engine.QPCounters
+	sinks  [2]qpSink // send, receive
 
 	// Poller-private: the producer indices seen by the last pass.
 	lastSQ, lastRQ, lastSRQ uint32
@@ -239,8 +240,8 @@ func (dp *DataPlane) CreateQP(q *device.QP) error {
 		return errors.New("dataplane: closed")
 	}
 	qpn, cp := q.QPN(), q.Cap()
-	x := &dpQP{qpn: qpn, page: page, rec: rec}
 	sqRing, _ := q.SQ()
+	x := &dpQP{qpn: qpn, page: page, rec: rec, sqRing: sqRing}
 	if x.sq, err = newSQSource(sqRing, cp, rec); err != nil {
 		return err
 	}

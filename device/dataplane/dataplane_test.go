@@ -422,6 +422,16 @@ func TestDataPlaneSolicitedEvent(t *testing.T) {
 	noMore(t, a.scq, b.scq, b.rcq)
 }
 
+// requireState checks the QP's state as QUERY_QP reports it, once: the
+// engine stores a state it enters on its own before it writes the
+// completions that follow from it, so no waiting is needed.
+func requireState(t testing.TB, qp *verbs.QP, want abi.QPState, msg string) {
+	t.Helper()
+	q, err := qp.Query()
+	require.NoError(t, err)
+	require.Equal(t, want, q.Attr.QPState, msg)
+}
+
 // TestDataPlaneRemoteAccessError: a WRITE to an rkey the peer never
 // granted completes with REM_ACCESS_ERR, both QPs end in ERR (device
 // state included, as QUERY_QP shows), and later WRs are flushed.
@@ -442,20 +452,13 @@ func TestDataPlaneRemoteAccessError(t *testing.T) {
 	sc := pollN(t, a.scq, 2)
 	assert.Equal(t, abi.CQE{WrID: 10, Status: abi.WCRemAccessErr, Opcode: abi.WCRDMAWrite, QPNum: a.qp.QPN, VendorErr: 1}, sc[0])
 	assert.Equal(t, abi.CQE{WrID: 11, Status: abi.WCWRFlushErr, Opcode: abi.WCSend, QPNum: a.qp.QPN}, sc[1])
-	require.Eventually(t, func() bool {
-		q, err := a.qp.Query()
-		return err == nil && q.Attr.QPState == abi.QPSErr
-	}, 10*time.Second, time.Millisecond, "the device learns the QP is in ERR")
+	requireState(t, a.qp, abi.QPSErr, "the QP is in ERR as soon as its error completion is visible")
 	// The responder's QP went to ERR too (class C error, IBTA 9.9.3.1.3):
-	// a receive posted now is flushed, and that completion tells the
-	// device.
+	// a receive posted now is flushed.
 	require.NoError(t, b.qp.PostRecv(&verbs.RecvWR{WrID: 20}))
 	rc := pollN(t, b.rcq, 1)
 	assert.Equal(t, abi.CQE{WrID: 20, Status: abi.WCWRFlushErr, Opcode: abi.WCRecv, QPNum: b.qp.QPN}, rc[0])
-	require.Eventually(t, func() bool {
-		q, err := b.qp.Query()
-		return err == nil && q.Attr.QPState == abi.QPSErr
-	}, 10*time.Second, time.Millisecond, "the device learns the responder's QP is in ERR")
+	requireState(t, b.qp, abi.QPSErr, "the responder's QP is in ERR")
 
 	// RESET and reconnect: the QPs work again (nothing stale is replayed).
 	for _, c := range []*dpClient{a, b} {
@@ -518,10 +521,7 @@ func TestDataPlaneBadWQE(t *testing.T) {
 	sc := pollN(t, a.scq, 2)
 	assert.Equal(t, abi.CQE{WrID: 1, Status: abi.WCLocQPOpErr, Opcode: abi.WCSend, QPNum: a.qp.QPN, VendorErr: 1}, sc[0])
 	assert.Equal(t, abi.CQE{WrID: 2, Status: abi.WCWRFlushErr, Opcode: abi.WCSend, QPNum: a.qp.QPN}, sc[1])
-	require.Eventually(t, func() bool {
-		q, err := a.qp.Query()
-		return err == nil && q.Attr.QPState == abi.QPSErr
-	}, 10*time.Second, time.Millisecond)
+	requireState(t, a.qp, abi.QPSErr, "the QP is in ERR as soon as its error completion is visible")
 }
 
 // TestDataPlaneCQOverflow: completions the client does not reap overflow
@@ -725,4 +725,55 @@ func TestDataPlaneNoSyscallWhilePolling(t *testing.T) {
 		assert.Zero(t, n.dp.DrainKicks(), "no client wrote the kick eventfd")
 		assert.NotZero(t, st.Passes)
 	}
+}
+
+// TestDataPlaneTooManySGE: a send WQE whose num_sge exceeds the QP's
+// max_send_sge (written by a client that does not check, straight into
+// its ring) completes with LOC_LEN_ERR (IBTA 10.8.3.3: a local length
+// error), the QP is in ERR at once, and the WR behind it is flushed.
+func TestDataPlaneTooManySGE(t *testing.T) {
+	nw := newDPNetwork(t)
+	na := newDPNode(t, nw, "10.0.3.3", 1, nil)
+	nb := newDPNode(t, nw, "10.0.3.4", 1, nil)
+	a := newDPClient(t, na, 16)
+	b := newDPClient(t, nb, 16)
+	connectRC(t, a, b, abi.MTU1024)
+	rec, ring, ok := na.dp.QPRings(a.qp.QPN)
+	require.True(t, ok)
+	pi := rec.SQPI.Load()
+	stride := len(ring) / int(a.qp.Cap.MaxSendWR)
+	slot := ring[(pi&(a.qp.Cap.MaxSendWR-1))*uint32(stride):][:stride]
+	w := abi.SendWQE{WrID: 1, Opcode: abi.WRSend, Flags: abi.SendSignaled, NumSGE: uint8(a.qp.Cap.MaxSendSGE + 1)}
+	w.Put(slot)
+	rec.SQPI.Store(pi + 1)
+	na.dp.KickQP(a.qp.QPN) // as a client does when the daemon sleeps
+	sc := pollN(t, a.scq, 1)
+	assert.Equal(t, abi.CQE{WrID: 1, Status: abi.WCLocLenErr, Opcode: abi.WCSend, QPNum: a.qp.QPN, VendorErr: 1}, sc[0])
+	requireState(t, a.qp, abi.QPSErr, "the QP is in ERR as soon as its error completion is visible")
+	noMore(t, b.rcq) // nothing of it went on the wire
+}
+
+// TestDataPlaneResponderRingError: the responder's client publishes an
+// impossible RQ producer index; an arriving SEND finds the ring broken.
+// The responder's client gets an error completion on its receive CQ
+// (LOC_QP_OP_ERR) and its QP is in ERR at once; the requester gets a NAK
+// (REM_OP_ERR) and its QP goes to ERR too.
+func TestDataPlaneResponderRingError(t *testing.T) {
+	nw := newDPNetwork(t)
+	na := newDPNode(t, nw, "10.0.3.5", 1, nil)
+	nb := newDPNode(t, nw, "10.0.3.6", 1, nil)
+	a := newDPClient(t, na, 16)
+	b := newDPClient(t, nb, 16)
+	connectRC(t, a, b, abi.MTU1024)
+	rec, _, ok := nb.dp.QPRings(b.qp.QPN)
+	require.True(t, ok)
+	rec.RQPI.Store(rec.RQCI.Load() + 4*b.qp.Cap.MaxRecvWR) // more posted than the ring holds
+	require.NoError(t, a.qp.PostSend(&verbs.SendWR{WrID: 1, Opcode: abi.WRSend, Flags: abi.SendSignaled, SGL: []abi.SGE{a.mr.SGE(0, 16)}}))
+	rc := pollN(t, b.rcq, 1)
+	assert.Equal(t, abi.WCLocQPOpErr, rc[0].Status, "%+v", rc[0])
+	assert.Equal(t, b.qp.QPN, rc[0].QPNum)
+	requireState(t, b.qp, abi.QPSErr, "QUERY_QP agrees with the engine")
+	sc := pollN(t, a.scq, 1)
+	assert.Equal(t, abi.WCRemOpErr, sc[0].Status)
+	requireState(t, a.qp, abi.QPSErr, "the requester's QP is in ERR")
 }

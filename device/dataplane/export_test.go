@@ -1,5 +1,7 @@
 package dataplane
 
+import "github.com/vrnic/vrnic/doorbell"
+
 // MemErrOf exposes the dma → engine error mapping to the external tests.
 var MemErrOf = memErrOf
 
@@ -32,3 +34,19 @@ func (dp *DataPlane) Armed() bool {
 	}
 	return len(dp.pages) > 0
 }
+
+// QPRings returns the doorbell record and the send ring of QP qpn as the
+// daemon maps them: the same memory the client writes, so a test can
+// write there what a broken or hostile client would.
+func (dp *DataPlane) QPRings(qpn uint32) (doorbell.QPRecord, []byte, bool) {
+	dp.mu.Lock()
+	defer dp.mu.Unlock()
+	x := dp.qps[qpn]
+	if x == nil {
+		return doorbell.QPRecord{}, nil, false
+	}
+	return x.rec, x.sqRing, true
+}
+
+// KickQP wakes the worker that owns qpn, as a client's kick does.
+func (dp *DataPlane) KickQP(qpn uint32) { dp.eng.Kick(qpn) }
