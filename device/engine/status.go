@@ -34,7 +34,7 @@ import (
 // Causes, and where they come from:
 //
 //   - A Memory error, by class (the sentinels of iface.go: ErrMemProtection,
-//     ErrMemLength, ErrMemBounds; package device classifies the dma errors
+//     ErrMemLength, ErrMemBounds; package device/dataplane classifies the dma errors
 //     into them), and by where it happened: the requester's own buffers
 //     (memTable.local), a remote range named by an R_Key at the responder
 //     (memTable.remoteNAK) or the responder's receive WQE (memTable.recv
@@ -44,7 +44,7 @@ import (
 //     error, remote operational error and invalid RD request are fatal for
 //     the WQE, and 11.6.2 names the matching remote statuses).
 //   - A bad work request a SendSource or RecvSource consumed: sourceStatus.
-//     The sources of package device are views of the client's rings
+//     The sources of package device/dataplane are views of the client's rings
 //     (package queues) and pass the errors of package queues unchanged: a
 //     *queues.WQEError, whose Reason says why the WQE was rejected
 //     (reasonTable), or an error wrapping queues.ErrIndex when the client
