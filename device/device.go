@@ -99,6 +99,10 @@ type Device struct {
 	nextCtx  uint32
 	qps      map[uint32]*QP // by QPN, device-wide
 	nextQPN  uint32
+	// peers holds, for every connected RC QP (RTR and after, until RESET
+	// or destroy), the remote end it is connected to: one remote QP is
+	// claimed by at most one local QP (connect.go).
+	peers map[peerKey]*QP
 	totals   ResourceCounts
 	// dpRetired sums the engine counters of the QPs destroyed so far
 	// (counters.go).
@@ -156,6 +160,7 @@ func New(cfg Config) (*Device, error) {
 		contexts: make(map[uint32]*Context),
 		qps:      make(map[uint32]*QP),
 		nextQPN:  firstQPN,
+		peers:    make(map[peerKey]*QP),
 		lns:      make(map[*net.UnixListener]struct{}),
 		conns:    make(map[*net.UnixConn]struct{}),
 	}

@@ -206,8 +206,17 @@ func (d *Device) modifyQPLocked(q *QP, mask AttrMask, a *abi.QPAttr) error {
 	if err := d.dp.CheckModifyQP(q, cur, next, mask, a); err != nil {
 		return err
 	}
+	if err := d.claimPeer(q, cur, next, mask, a); err != nil {
+		return err
+	}
 	if !q.state.CompareAndSwap(cur, next) {
+		if cur == StateInit {
+			d.releasePeer(q)
+		}
 		return errorf(errInval, "QP %d left %v during MODIFY_QP (now %v: a transport error)", q.qpn, cur, q.state.Load())
+	}
+	if next == StateReset {
+		d.releasePeer(q)
 	}
 	d.applyAttr(q, next, mask, a)
 	d.dp.ModifyQP(q, cur, mask)
@@ -256,6 +265,7 @@ func (cn *conn) destroyQP(r *request) (reply, error) {
 
 func (d *Device) freeQP(cx *Context, q *QP) {
 	d.dpRetired.Add(d.dp.DestroyQP(q))
+	d.releasePeer(q)
 	d.unpinQP(q)
 	cx.db.Free(q.dbIndex)
 	delete(d.qps, q.qpn)

@@ -379,3 +379,48 @@ func TestQPTransportError(t *testing.T) {
 	assert.Equal(t, abi.QPSReset, q.Attr.QPState)
 	assert.False(t, s.Device.StoreQPState(1<<23, abi.QPSErr), "no such QP")
 }
+
+// TestConnectionClaim: a remote QP (destination GID and QPN) is claimed by
+// one local RC QP from RTR until RESET or destroy; a second QP of the
+// device, of another client or the same, cannot connect to it (EADDRINUSE)
+// and so cannot inject into the first one's connection.
+func TestConnectionClaim(t *testing.T) {
+	s := startServer(t, device.Limits{})
+	victim := newQPEnv(t, open(t, s))
+	attacker := newQPEnv(t, open(t, s))
+	toRTR := func(qp *verbs.QP) error {
+		if err := modify(qp, abi.QPSInit, rcInit); err != nil {
+			return err
+		}
+		return modify(qp, abi.QPSRTR, rcRTR)
+	}
+	v := victim.qp(t, abi.QPTRC)
+	require.NoError(t, toRTR(v))
+	a := attacker.qp(t, abi.QPTRC)
+	err := toRTR(a)
+	assert.Equal(t, syscall.EADDRINUSE, errno(t, err))
+	assert.Contains(t, err.Error(), "is connected to QP")
+	q, qerr := a.Query()
+	require.NoError(t, qerr)
+	assert.Equal(t, abi.QPSInit, q.Attr.QPState, "the refused QP stays in INIT")
+	same := victim.qp(t, abi.QPTRC)
+	assert.Equal(t, syscall.EADDRINUSE, errno(t, toRTR(same)), "a second QP of the same client neither")
+
+	// Another remote QP is free.
+	other := fullAttr(abi.QPSRTR)
+	other.DestQPNum++
+	require.NoError(t, a.Modify(&other, abi.QPAttrState|rcRTR))
+	require.NoError(t, modify(a, abi.QPSReset, 0))
+
+	// The claim goes with RESET of the holder (not with ERR) and with its
+	// destruction.
+	require.NoError(t, modify(v, abi.QPSErr, 0))
+	assert.Equal(t, syscall.EADDRINUSE, errno(t, toRTR(a)), "a QP in ERR keeps its claim")
+	require.NoError(t, modify(a, abi.QPSReset, 0))
+	require.NoError(t, modify(v, abi.QPSReset, 0))
+	require.NoError(t, toRTR(a))
+	assert.Equal(t, syscall.EADDRINUSE, errno(t, toRTR(v)))
+	require.NoError(t, modify(v, abi.QPSReset, 0))
+	require.NoError(t, a.Destroy())
+	require.NoError(t, toRTR(v), "free again once the holder is destroyed")
+}

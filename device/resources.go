@@ -153,6 +153,10 @@ type QP struct {
 	// GID), as IPv4 when they are IPv4-mapped (RoCE v2 GIDs); invalid
 	// until an AV is set.
 	local, remote netip.Addr
+	// peer is the remote QP this RC QP claimed at RTR (claimed set; see
+	// connect.go).
+	peer    peerKey
+	claimed bool
 }
 
 // QPN returns the QP number.

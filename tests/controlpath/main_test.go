@@ -105,10 +105,14 @@ func clientMain(mode, sock string) int {
 			return fail(err)
 		}
 		av := abi.AHAttr{DGID: [16]byte{10: 0xff, 11: 0xff, 12: 127, 15: 9}, PortNum: 1}
-		if err := qp.ToRTR(verbs.RTRAttr{AV: av, PathMTU: abi.MTU1024, DestQPN: 100 + uint32(i), RQPSN: 1000, MaxDestRdAtomic: 1, MinRNRTimer: 1}); err != nil {
+		// Each client connects to remote QPs of its own (a remote QP is
+		// claimed by one local QP of a device): 100+i above a per-process
+		// base.
+		dest := peerQPNBase() + 100 + uint32(i)
+		if err := qp.ToRTR(verbs.RTRAttr{AV: av, PathMTU: abi.MTU1024, DestQPN: dest, RQPSN: 1000, MaxDestRdAtomic: 1, MinRNRTimer: 1}); err != nil {
 			return fail(err)
 		}
-		if err := qp.ToRTS(verbs.RTSAttr{SQPSN: 2000 + uint32(i), Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 1}); err != nil {
+		if err := qp.ToRTS(verbs.RTSAttr{SQPSN: 2000 + uint32(i) + peerQPNBase(), Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 1}); err != nil {
 			return fail(err)
 		}
 		sge := []abi.SGE{mr.SGE(uint32(64*i), 64)}
@@ -133,6 +137,12 @@ func clientMain(mode, sock string) int {
 		select {} // until killed
 	}
 	return 0
+}
+
+// peerQPNBase is the client process's share of the (fictitious) remote QP
+// numbers: a multiple of 1024 derived from its pid.
+func peerQPNBase() uint32 {
+	return uint32(os.Getpid()%8192) << 10
 }
 
 // buildTools builds vrnicd and vrnicctl once per test run.
