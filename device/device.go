@@ -102,8 +102,8 @@ type Device struct {
 	// peers holds, for every connected RC QP (RTR and after, until RESET
 	// or destroy), the remote end it is connected to: one remote QP is
 	// claimed by at most one local QP (connect.go).
-	peers map[peerKey]*QP
-	totals   ResourceCounts
+	peers  map[peerKey]*QP
+	totals ResourceCounts
 	// dpRetired sums the engine counters of the QPs destroyed so far
 	// (counters.go).
 	dpRetired QPCounters
