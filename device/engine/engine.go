@@ -132,7 +132,7 @@ func (e *Engine) Close() error {
 func (e *Engine) Workers() int { return len(e.workers) }
 
 func (e *Engine) owner(qpn uint32) *worker {
-	return e.workers[roce.SteerQueue(qpn&roce.PSNMask, len(e.workers))]
+	return e.workers[roce.SteerQueue(qpn&roce.QPNMask, len(e.workers))]
 }
 
 func (e *Engine) call(w *worker, m ctlMsg) (ctlReply, error) {
@@ -158,20 +158,20 @@ func (e *Engine) CreateQP(cfg QPConfig) error {
 
 // ModifyQP applies attributes (applied between the owner's batches).
 func (e *Engine) ModifyQP(qpn uint32, a QPAttr) error {
-	_, err := e.call(e.owner(qpn), ctlMsg{op: ctlModify, qpn: qpn & roce.PSNMask, attr: a})
+	_, err := e.call(e.owner(qpn), ctlMsg{op: ctlModify, qpn: qpn & roce.QPNMask, attr: a})
 	return err
 }
 
 // DestroyQP removes a QP; nothing more is completed for it.
 func (e *Engine) DestroyQP(qpn uint32) error {
-	_, err := e.call(e.owner(qpn), ctlMsg{op: ctlDestroy, qpn: qpn & roce.PSNMask})
+	_, err := e.call(e.owner(qpn), ctlMsg{op: ctlDestroy, qpn: qpn & roce.QPNMask})
 	return err
 }
 
 // Counters returns the live counters of a QP (atomics, safe to read from
 // any goroutine while the QP exists).
 func (e *Engine) Counters(qpn uint32) (*QPCounters, error) {
-	r, err := e.call(e.owner(qpn), ctlMsg{op: ctlQuery, qpn: qpn & roce.PSNMask})
+	r, err := e.call(e.owner(qpn), ctlMsg{op: ctlQuery, qpn: qpn & roce.QPNMask})
 	if err != nil {
 		return nil, err
 	}

@@ -138,9 +138,6 @@ type QP struct {
 	retryTimer timer
 	rnrTimer   timer
 
-	// active: linked into the worker's run list.
-	active bool
-
 	Counters QPCounters
 }
 
@@ -155,7 +152,7 @@ func newQP(cfg QPConfig, w *worker) (*QP, error) {
 		cfg.MaxInline < 0 || cfg.MaxInline > abi.MaxInline {
 		return nil, fmt.Errorf("%w: QP %#x: SGE or inline limits out of range", ErrInvalid, cfg.QPN)
 	}
-	qp := &QP{qpn: cfg.QPN & roce.PSNMask, cfg: cfg, w: w, state: abi.QPSReset}
+	qp := &QP{qpn: cfg.QPN & roce.QPNMask, cfg: cfg, w: w, state: abi.QPSReset}
 	qp.sq = make([]swqe, cfg.SQDepth)
 	qp.sqMask = uint32(cfg.SQDepth - 1)
 	sges := make([]abi.SGE, cfg.SQDepth*cfg.MaxSendSGE)
@@ -189,7 +186,7 @@ func (qp *QP) modify(a *QPAttr) error {
 		qp.mtu = uint32(a.PathMTU.Bytes())
 	}
 	if m&abi.QPAttrDestQPN != 0 {
-		qp.attr.DestQPN = a.DestQPN & roce.PSNMask
+		qp.attr.DestQPN = a.DestQPN & roce.QPNMask
 	}
 	if m&abi.QPAttrRQPSN != 0 {
 		qp.attr.RQPSN = a.RQPSN & roce.PSNMask
@@ -275,7 +272,7 @@ func (qp *QP) enterError() {
 	qp.state = abi.QPSErr
 	qp.w.timers.stop(&qp.retryTimer)
 	qp.w.timers.stop(&qp.rnrTimer)
-	qp.w.activate(qp)
+	qp.w.busy = true
 }
 
 // flush completes every WQE the QP still holds or is posted, in ERR. At

@@ -5,9 +5,12 @@ import (
 	"github.com/vrnic/vrnic/roce"
 )
 
-// packet is a received request or response as the step machines see it:
-// the header fields copied out of the roce views, the payload still a view
-// into the receive buffer (valid until the worker's next receive).
+// packet is a packet as the step machines see it: the header fields, in
+// host form. A received packet (fill) has them copied out of the roce
+// views and payload is a view into the receive buffer (valid until the
+// worker's next receive); for a packet to send (txQueue) the machines set
+// the fields and the payload is already in the transmit buffer (payload
+// unused).
 type packet struct {
 	opcode   roce.Opcode
 	psn      uint32
@@ -22,7 +25,7 @@ type packet struct {
 	msn      uint32
 	orig     uint64
 	imm      uint32
-	invRKey  uint32
+	invRKey  uint32 // IETH
 	payload  []byte
 }
 
@@ -48,24 +51,6 @@ func (p *packet) fill(pkt *roce.Packet) {
 	if pkt.IETH != nil {
 		p.invRKey = pkt.IETH.RKey()
 	}
-}
-
-// outPkt describes a packet to build; the payload is already in place.
-type outPkt struct {
-	opcode   roce.Opcode
-	psn      uint32
-	ackReq   bool
-	se       bool
-	va       uint64
-	rkey     uint32
-	dmaLen   uint32
-	swapAdd  uint64
-	compare  uint64
-	syndrome roce.Syndrome
-	msn      uint32
-	orig     uint64
-	imm      uint32
-	ieth     uint32
 }
 
 // pkeyDefault is the only P_Key vrnic uses (the default partition).
@@ -100,9 +85,9 @@ func (qp *QP) setPath() {
 	}
 }
 
-// txQueue builds o around the payload of n bytes already in buf and queues
-// the frame. false: the frame could not be queued (transmit batch full).
-func (w *worker) txQueue(qp *QP, buf []byte, o *outPkt, n int) bool {
+// txQueue builds o around the payload of n bytes already in buf (a
+// buffer txBuf returned) and queues the frame.
+func (w *worker) txQueue(qp *QP, buf []byte, o *packet, n int) {
 	h := &w.hdrs
 	*h = roce.Headers{BTH: roce.BTHFields{
 		Opcode: o.opcode, SE: o.se, PKey: pkeyDefault, DestQP: qp.attr.DestQPN, AckReq: o.ackReq, PSN: o.psn,
@@ -118,20 +103,19 @@ func (w *worker) txQueue(qp *QP, buf []byte, o *outPkt, n int) bool {
 		h.AETH = roce.AETHFields{Syndrome: o.syndrome, MSN: o.msn}
 	}
 	h.AtomicAckETH.OrigRemoteData = o.orig
-	h.Imm, h.InvRKey = o.imm, o.ieth
+	h.Imm, h.InvRKey = o.imm, o.invRKey
 	off := qp.path.Headroom(o.opcode)
 	frame, err := qp.path.Build(buf, off, n, h)
 	if err != nil || len(frame) == 0 || &frame[0] != &buf[0] {
 		// A bug, not a wire condition: count it; the packet is lost and
 		// the retry machinery reports it if it matters.
 		w.Counters.BuildErrors.Add(1)
-		return true
+		return
 	}
 	w.tx[w.txN] = buf[:len(frame)]
 	w.txN++
 	w.busy = true
 	qp.Counters.PacketsSent.Add(1)
-	return true
 }
 
 // txRepeat queues a copy of the frame txQueue queued last, if the batch

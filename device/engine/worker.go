@@ -92,7 +92,7 @@ type worker struct {
 	// scratch, reused for every packet and completion
 	pkt  roce.Packet
 	in   packet
-	out  outPkt
+	out  packet
 	hdrs roce.Headers
 	cqe  abi.CQE
 
@@ -119,13 +119,6 @@ func newWorker(e *Engine, id int, l Link) *worker {
 	}
 	return w
 }
-
-// activate notes that qp has work (the worker must not sleep this round).
-func (w *worker) activate(*QP) { w.busy = true }
-
-// markComp and markResp note completer / responder activity.
-func (w *worker) markComp(*QP) { w.busy = true }
-func (w *worker) markResp(*QP) { w.busy = true }
 
 // txBuf returns the next free transmit buffer (full capacity), flushing
 // the batch when it is full; nil when the link accepts nothing more now.
@@ -271,7 +264,7 @@ func (w *worker) apply(m ctlMsg) {
 	var r ctlReply
 	switch m.op {
 	case ctlCreate:
-		if w.qps[m.cfg.QPN&roce.PSNMask] != nil {
+		if w.qps[m.cfg.QPN&roce.QPNMask] != nil {
 			r.err = ErrExists
 			break
 		}
