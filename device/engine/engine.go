@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"sync"
 
 	"github.com/vrnic/vrnic/roce"
@@ -22,12 +23,21 @@ type Config struct {
 	// Links: one per worker (worker i reads and writes Links[i]); the
 	// number of workers is len(Links).
 	Links []Link
-	// Mode is the framing of the links. Only roce.ModeEthernet (whole
-	// Ethernet frames: TAP and the in-memory link) is implemented.
+	// Mode is the framing of the links: roce.ModeEthernet, whole Ethernet
+	// frames (the TAP link, the in-memory link), or roce.ModeUDP, UDP
+	// payloads with the peer's address and port beside each (the UDP
+	// link, the in-memory link in ModeUDP).
 	Mode roce.Mode
-	// MAC is the device's MAC address; PeerMAC the destination MAC
-	// written into frames (neighbour resolution is not done here).
-	MAC, PeerMAC [6]byte
+	// Local is the links' address and port in ModeUDP (required there,
+	// ignored in ModeEthernet; port 0 means 4791): the source of every
+	// datagram sent and the destination of every one received, so the
+	// source address and port of the pseudo header the ICRC of every sent
+	// packet covers, and the destination of every received one's.
+	// Datagrams go to the QP's destination GID, port 4791.
+	Local netip.AddrPort
+	// MAC is the device's MAC address, the source of Ethernet frames
+	// (ModeEthernet). The destination MAC is PathFixup's to write.
+	MAC [6]byte
 	// FrameCap is the size of every frame buffer; it must equal the
 	// link's. Default DefaultFrameCap.
 	FrameCap int
@@ -41,10 +51,9 @@ type Config struct {
 	// Logger gets lifecycle messages only. Default slog.Default().
 	Logger *slog.Logger
 	// PathFixup, when set, adjusts every QP's path after the engine built
-	// it from the QP attributes: a link whose framing has conventions
-	// (the UDP link fixes the source address and port and the DF flag)
-	// sets the fields it owns here, so frames are built conforming
-	// instead of being dropped by the link.
+	// it from the QP attributes (when the address vector is set): the TAP
+	// link writes the MAC addresses (its own and the peer's, from its
+	// neighbour cache) here.
 	PathFixup func(*roce.Path)
 }
 
@@ -69,8 +78,18 @@ func New(cfg Config) (*Engine, error) {
 	if len(cfg.Links) == 0 {
 		return nil, fmt.Errorf("%w: at least one link (worker) is required", ErrInvalid)
 	}
-	if cfg.Mode != roce.ModeEthernet {
-		return nil, fmt.Errorf("%w: link mode %v is not implemented", ErrInvalid, cfg.Mode)
+	switch cfg.Mode {
+	case roce.ModeEthernet:
+	case roce.ModeUDP:
+		a := cfg.Local.Addr()
+		if !a.IsValid() || a.IsUnspecified() {
+			return nil, fmt.Errorf("%w: ModeUDP needs the links' local address, not %v", ErrInvalid, cfg.Local)
+		}
+		if cfg.Local.Port() == 0 {
+			cfg.Local = netip.AddrPortFrom(a, roce.UDPPort)
+		}
+	default:
+		return nil, fmt.Errorf("%w: link mode %v", ErrInvalid, cfg.Mode)
 	}
 	if cfg.FrameCap == 0 {
 		cfg.FrameCap = DefaultFrameCap

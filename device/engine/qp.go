@@ -120,6 +120,7 @@ type QP struct {
 	mtu   uint32
 	w     *worker
 	path  roce.Path
+	peer  netip.AddrPort // the destination beside its frames (ModeUDP)
 
 	// lastCompPSN is comp.psn when the retry timer was last updated.
 	lastCompPSN uint32

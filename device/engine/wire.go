@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"net/netip"
+
 	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/roce"
 )
@@ -67,12 +69,19 @@ func (qp *QP) payload(buf []byte, op roce.Opcode, n int) []byte {
 	return buf[off : off+n]
 }
 
-// setPath builds the QP's path (the address vector in roce terms).
+// setPath builds the QP's path (the address vector in roce terms) and
+// its peer, the address beside every frame it sends.
+//
+// In ModeUDP the path's source address and port are the link's: that is
+// where the kernel sends from, so they are what the receiver puts in the
+// pseudo header it checks the ICRC with. (A QP whose source GID is not
+// the link's address receives nothing: see worker.input.) The
+// destination port is 4791.
 func (qp *QP) setPath() {
+	cfg := &qp.w.e.cfg
 	qp.path = roce.Path{
-		Mode:    qp.w.e.cfg.Mode,
-		SrcMAC:  qp.w.e.cfg.MAC,
-		DstMAC:  qp.w.e.cfg.PeerMAC,
+		Mode:    cfg.Mode,
+		SrcMAC:  cfg.MAC,
 		Src:     qp.attr.LocalAddr,
 		Dst:     qp.attr.RemoteAddr,
 		SrcPort: roce.UDPSrcPort(qp.qpn),
@@ -80,9 +89,18 @@ func (qp *QP) setPath() {
 		// DF as Linux rxe sets it: RoCE v2 packets are never fragmented.
 		DontFragment: true,
 	}
-	if f := qp.w.e.cfg.PathFixup; f != nil {
+	if cfg.Mode == roce.ModeUDP {
+		qp.path.Src, qp.path.SrcPort = cfg.Local.Addr(), cfg.Local.Port()
+		qp.path.DstPort = roce.UDPPort
+	}
+	if f := cfg.PathFixup; f != nil {
 		f(&qp.path)
 	}
+	port := qp.path.DstPort
+	if port == 0 {
+		port = roce.UDPPort
+	}
+	qp.peer = netip.AddrPortFrom(qp.path.Dst.Unmap(), port)
 }
 
 // txQueue builds o around the payload of n bytes already in buf (a
@@ -113,6 +131,7 @@ func (w *worker) txQueue(qp *QP, buf []byte, o *packet, n int) {
 		return
 	}
 	w.tx[w.txN] = buf[:len(frame)]
+	w.txTo[w.txN] = qp.peer
 	w.txN++
 	w.busy = true
 	qp.Counters.PacketsSent.Add(1)
@@ -130,6 +149,7 @@ func (w *worker) txRepeat(qp *QP) {
 	b := w.tx[w.txN]
 	b = b[:cap(b)]
 	w.tx[w.txN] = b[:copy(b, f)]
+	w.txTo[w.txN] = w.txTo[w.txN-1]
 	w.txN++
 	qp.Counters.PacketsSent.Add(1)
 }
