@@ -195,16 +195,13 @@ func (w *worker) receive() {
 func (w *worker) input(frame []byte, from netip.AddrPort) {
 	pkt := &w.pkt
 	var err error
-	var src, dst netip.Addr
 	if w.udp {
 		// The pseudo header of the datagram: from the address beside
 		// it to the link's.
 		w.ps = roce.Pseudo{Src: from.Addr(), SrcPort: from.Port(), Dst: w.local.Addr(), DstPort: w.local.Port()}
 		err = roce.ParseUDP(frame, &w.ps, pkt)
-		src, dst = from.Addr(), w.local.Addr()
 	} else {
 		err = roce.Parse(frame, pkt)
-		src, dst = pkt.Src(), pkt.Dst()
 	}
 	if err != nil {
 		if errors.Is(err, roce.ErrICRC) {
@@ -222,6 +219,10 @@ func (w *worker) input(frame []byte, from netip.AddrPort) {
 	// DESIGN 5: RC packets are accepted only from the QP's peer (source
 	// = its destination GID, destination = its source GID), in the
 	// default partition.
+	src, dst := from.Addr(), w.local.Addr()
+	if !w.udp {
+		src, dst = pkt.Src(), pkt.Dst()
+	}
 	if pkt.Info.Service != roce.ServiceRC || pkt.BTH.PKey() != pkeyDefault ||
 		src.Unmap() != qp.attr.RemoteAddr.Unmap() || dst.Unmap() != qp.attr.LocalAddr.Unmap() {
 		w.Counters.BadPeer.Add(1)
