@@ -31,8 +31,8 @@
 // it, which must have port 4791) to a device and by the BTH destination
 // QP (roce.SteerQueue) to that device's port, exactly like the eBPF
 // steering of the TAP link and the reuseport steering of the UDP link. In
-// ModeUDP the receiver gets the sender's address, port 4791 (Port.
-// LocalAddr), beside each payload, as from a UDP socket.
+// ModeUDP the receiver gets the sender's address and port 4791
+// (Port.LocalAddr) beside each payload, as from a UDP socket.
 //
 // Buffers move by exchange, never by copy: the network owns a bounded pool
 // of empty buffers, all of the same capacity as the engines' buffers.
@@ -51,13 +51,14 @@
 //
 // A port created with Faults applies seeded drop, duplicate, reorder (hold
 // a frame back until N later frames passed), delay and corrupt decisions to
-// every frame it sends. A held frame goes out with the port's next send or
-// receive once it is due (a delayed frame after DelayFor, a reordered one
-// after ReorderDepth later frames or at most 1 ms); the port signals its
-// Ready channel when the earliest held frame is due, so an owner that went
-// idle (an engine worker asleep until its next ACK timeout) is woken to
-// release it, and a delay stays a delay instead of becoming a loss. The
-// seed is logged when the port is created; with the same seed and the same
-// sequence of frames the same decisions are made, so a failing run
-// replays.
+// every frame it sends, in either mode (a held or duplicated UDP payload
+// keeps its sender beside it). A held frame goes out with the port's next
+// send or receive once it is due (a delayed frame after DelayFor, a
+// reordered one after ReorderDepth later frames or at most 1 ms); the
+// port signals its Ready channel when the earliest held frame is due, so
+// an owner that went idle (an engine worker asleep until its next ACK
+// timeout) is woken to release it, and a delay stays a delay instead of
+// becoming a loss. The seed is logged when the port is created; with the
+// same seed and the same sequence of frames the same decisions are made,
+// so a failing run replays.
 package link
