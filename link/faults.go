@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"time"
+
+	"github.com/vrnic/vrnic/roce"
 )
 
 // Faults are the probabilistic faults a lossy port applies to each frame
@@ -17,7 +19,7 @@ type Faults struct {
 	Seed      uint64
 	Drop      float64
 	Duplicate float64
-	Corrupt   float64 // flip one byte after the Ethernet header
+	Corrupt   float64 // flip one byte (after the Ethernet header, if any)
 	// Reorder holds a frame back until ReorderDepth (default 3) later
 	// frames of the port have been sent.
 	Reorder      float64
@@ -39,6 +41,7 @@ const reorderMaxAge = time.Millisecond
 
 type heldFrame struct {
 	frame []byte
+	from  netip.AddrPort // the sender beside it (ModeUDP)
 	dst   *Port
 	after uint64 // release once sent >= after (reorder)
 	until int64  // release once now >= until (delay)
@@ -131,10 +134,11 @@ func (p *Port) take() []byte {
 	return nil
 }
 
-// sendFaulty sends *slot through the faults. false: backpressure (the
-// frame was not taken and no decision was consumed... except the PRNG
-// draws, which is fine for replay as the same retry happens next time).
-func (p *Port) sendFaulty(dst *Port, slot *[]byte) bool {
+// sendFaulty sends *slot, from from, through the faults. false:
+// backpressure (the frame was not taken and no decision was consumed...
+// except the PRNG draws, which is fine for replay as the same retry
+// happens next time).
+func (p *Port) sendFaulty(dst *Port, slot *[]byte, from netip.AddrPort) bool {
 	f := p.f
 	fr := *slot
 	if f.hit(f.cfg.Drop) {
@@ -147,7 +151,11 @@ func (p *Port) sendFaulty(dst *Port, slot *[]byte) bool {
 		return false
 	}
 	if f.hit(f.cfg.Corrupt) {
-		i := 14 + f.rng.IntN(max(1, len(fr)-14))
+		lo := roce.EthernetHeaderLen
+		if p.udp {
+			lo = 0
+		}
+		i := lo + f.rng.IntN(max(1, len(fr)-lo))
 		if i < len(fr) {
 			fr[i] ^= byte(1 + f.rng.IntN(255))
 			p.Counters.Corrupted.Add(1)
@@ -157,10 +165,10 @@ func (p *Port) sendFaulty(dst *Port, slot *[]byte) bool {
 		if dup := p.take(); dup != nil {
 			dup = dup[:len(fr)]
 			copy(dup, fr)
-			if dst.deliver(dup) {
+			if dst.deliver(dup, from) {
 				p.Counters.Duplicated.Add(1)
 			} else {
-				p.net.pool.push(dup[:cap(dup)])
+				p.net.pool.push(dup[:cap(dup)], netip.AddrPort{})
 			}
 		}
 	}
@@ -169,18 +177,18 @@ func (p *Port) sendFaulty(dst *Port, slot *[]byte) bool {
 	case len(f.held) < maxHeld && f.hit(f.cfg.Reorder):
 		// The age limit keeps a frame from waiting forever behind a
 		// sender that went quiet.
-		f.held = append(f.held, heldFrame{frame: fr, dst: dst, after: f.sent + uint64(f.cfg.ReorderDepth),
+		f.held = append(f.held, heldFrame{frame: fr, from: from, dst: dst, after: f.sent + uint64(f.cfg.ReorderDepth),
 			until: int64(time.Since(f.start) + reorderMaxAge)})
 		p.Counters.Reordered.Add(1)
 		p.armWake()
 	case len(f.held) < maxHeld && f.hit(f.cfg.Delay):
-		f.held = append(f.held, heldFrame{frame: fr, dst: dst, until: int64(time.Since(f.start) + f.cfg.DelayFor)})
+		f.held = append(f.held, heldFrame{frame: fr, from: from, dst: dst, until: int64(time.Since(f.start) + f.cfg.DelayFor)})
 		p.Counters.Delayed.Add(1)
 		p.armWake()
 	default:
-		if !dst.deliver(fr) {
+		if !dst.deliver(fr, from) {
 			// Receiver full: a lossy link loses the frame.
-			p.net.pool.push(fr[:cap(fr)])
+			p.net.pool.push(fr[:cap(fr)], netip.AddrPort{})
 			p.Counters.Dropped.Add(1)
 		}
 	}
@@ -204,8 +212,8 @@ func (p *Port) releaseHeld(force bool) {
 			j++
 			continue
 		}
-		if !h.dst.deliver(h.frame) {
-			p.net.pool.push(h.frame[:cap(h.frame)])
+		if !h.dst.deliver(h.frame, h.from) {
+			p.net.pool.push(h.frame[:cap(h.frame)], netip.AddrPort{})
 			p.Counters.Dropped.Add(1)
 		}
 	}

@@ -19,6 +19,11 @@ var (
 
 // Config configures a Network.
 type Config struct {
+	// Mode is what the network carries: whole Ethernet frames
+	// (roce.ModeEthernet, the zero value) routed by their IP header, or
+	// UDP payloads (roce.ModeUDP, BTH through ICRC) routed by the
+	// destination beside each one, as the UDP link carries them.
+	Mode roce.Mode
 	// FrameCap is the capacity of every buffer (must equal the engines').
 	FrameCap int
 	// QueueLen is the receive queue length of every port. Default 1024.
@@ -29,7 +34,8 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Network is an in-memory Ethernet segment for RoCE v2 frames.
+// Network is an in-memory Ethernet segment for RoCE v2 frames, or in
+// roce.ModeUDP an in-memory stand-in for UDP between hosts.
 type Network struct {
 	cfg    Config
 	pool   *frameQueue // empty buffers
@@ -42,6 +48,9 @@ func NewNetwork(cfg Config) (*Network, error) {
 	if cfg.FrameCap < 64 {
 		return nil, fmt.Errorf("%w: frame capacity %d", ErrInvalid, cfg.FrameCap)
 	}
+	if cfg.Mode != roce.ModeEthernet && cfg.Mode != roce.ModeUDP {
+		return nil, fmt.Errorf("%w: mode %v", ErrInvalid, cfg.Mode)
+	}
 	if cfg.QueueLen <= 0 {
 		cfg.QueueLen = 1024
 	}
@@ -53,7 +62,7 @@ func NewNetwork(cfg Config) (*Network, error) {
 	}
 	n := &Network{cfg: cfg, pool: newFrameQueue(cfg.Buffers)}
 	for range cfg.Buffers {
-		n.pool.push(make([]byte, cfg.FrameCap))
+		n.pool.push(make([]byte, cfg.FrameCap), netip.AddrPort{})
 	}
 	m := map[netip.Addr][]*Port{}
 	n.routes.Store(&m)
@@ -64,8 +73,8 @@ func NewNetwork(cfg Config) (*Network, error) {
 type PortCounters struct {
 	Sent       atomic.Uint64 // frames taken by SendBatch
 	Received   atomic.Uint64 // frames returned by RecvBatch
-	NoRoute    atomic.Uint64 // no device at the destination address (dropped)
-	Malformed  atomic.Uint64 // not an IPv4/IPv6 UDP frame with a BTH (dropped)
+	NoRoute    atomic.Uint64 // no device at the destination address (and port 4791 in ModeUDP; dropped)
+	Malformed  atomic.Uint64 // not an IPv4/IPv6 UDP frame with a BTH, or in ModeUDP shorter than a BTH (dropped)
 	Dropped    atomic.Uint64 // fault: dropped
 	Duplicated atomic.Uint64 // fault: sent twice
 	Reordered  atomic.Uint64 // fault: held back behind later frames
@@ -78,7 +87,8 @@ type PortCounters struct {
 // owning worker).
 type Port struct {
 	net   *Network
-	addr  netip.Addr
+	udp   bool           // the network's mode is roce.ModeUDP
+	local netip.AddrPort // the device's address, port 4791: the sender of its UDP payloads
 	index int
 	q     *frameQueue // received frames
 	ready chan struct{}
@@ -102,6 +112,7 @@ func (n *Network) Attach(addr netip.Addr, workers int, faults *Faults) ([]*Port,
 		return nil, fmt.Errorf("%w: address %v, %d workers", ErrInvalid, addr, workers)
 	}
 	addr = addr.Unmap()
+	local := netip.AddrPortFrom(addr, roce.UDPPort)
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	old := *n.routes.Load()
@@ -110,7 +121,8 @@ func (n *Network) Attach(addr netip.Addr, workers int, faults *Faults) ([]*Port,
 	}
 	ports := make([]*Port, workers)
 	for i := range ports {
-		p := &Port{net: n, addr: addr, index: i, q: newFrameQueue(n.cfg.QueueLen), ready: make(chan struct{}, 1)}
+		p := &Port{net: n, udp: n.cfg.Mode == roce.ModeUDP, local: local, index: i,
+			q: newFrameQueue(n.cfg.QueueLen), ready: make(chan struct{}, 1)}
 		if faults != nil {
 			p.f = newFaultState(*faults, i, n.cfg.Logger, addr)
 		}
@@ -128,10 +140,19 @@ func (n *Network) Attach(addr netip.Addr, workers int, faults *Faults) ([]*Port,
 // Ready is signalled when frames were queued to the port.
 func (p *Port) Ready() <-chan struct{} { return p.ready }
 
-// route finds the destination port of frame: by destination IP, then by
-// the BTH destination QP. ok is false for frames that cannot be routed
-// (counted).
-func (p *Port) route(frame []byte) (*Port, bool) {
+// LocalAddr returns the device's address with port 4791: in ModeUDP the
+// source of everything the port sends and the destination it receives
+// on (what an engine in roce.ModeUDP takes as its local address).
+func (p *Port) LocalAddr() netip.AddrPort { return p.local }
+
+// route finds the destination port of frames[i]: by destination IP (of
+// the IP header, or in ModeUDP of peers[i]), then by the BTH destination
+// QP. ok is false for frames that cannot be routed (counted).
+func (p *Port) route(frames [][]byte, peers []netip.AddrPort, i int) (*Port, bool) {
+	if p.udp {
+		return p.routeUDP(frames[i], peers[i])
+	}
+	frame := frames[i]
 	eth := roce.Ethernet(frame)
 	if !eth.IsValid() {
 		p.Counters.Malformed.Add(1)
@@ -172,6 +193,35 @@ func (p *Port) route(frame []byte) (*Port, bool) {
 	return ports[roce.SteerQueue(bth.DestQP(), len(ports))], true
 }
 
+// routeUDP is route in ModeUDP: payload (BTH on) goes to the device at
+// to, which must be on port 4791, to the port owning its BTH destination
+// QP.
+func (p *Port) routeUDP(payload []byte, to netip.AddrPort) (*Port, bool) {
+	if len(payload) < roce.BTHLen {
+		p.Counters.Malformed.Add(1)
+		return nil, false
+	}
+	var ports []*Port
+	if to.Port() == roce.UDPPort {
+		ports = p.lookup(to.Addr().Unmap())
+	}
+	if ports == nil {
+		p.Counters.NoRoute.Add(1)
+		return nil, false
+	}
+	return ports[roce.SteerQueue(roce.BTH(payload).DestQP(), len(ports))], true
+}
+
+// from is the sender recorded beside the frames the port delivers: its
+// address and port in ModeUDP, nothing for Ethernet frames (which carry
+// it).
+func (p *Port) from() netip.AddrPort {
+	if p.udp {
+		return p.local
+	}
+	return netip.AddrPort{}
+}
+
 // lookup returns the ports of the device at dst, nil if none.
 func (p *Port) lookup(dst netip.Addr) []*Port {
 	t := p.net.routes.Load()
@@ -183,9 +233,10 @@ func (p *Port) lookup(dst netip.Addr) []*Port {
 	return ports
 }
 
-// deliver moves frame (owned by the link from now on) to dst's queue.
-func (dst *Port) deliver(frame []byte) bool {
-	if !dst.q.push(frame) {
+// deliver moves frame (owned by the link from now on), sent by from, to
+// dst's queue.
+func (dst *Port) deliver(frame []byte, from netip.AddrPort) bool {
+	if !dst.q.push(frame, from) {
 		return false
 	}
 	dst.signal()
@@ -207,18 +258,25 @@ func (p *Port) scratch(n int) [][]byte {
 	return p.spare[:n]
 }
 
-// SendBatch implements the engine's Link. A perfect port moves the batch
-// with one pool lock and one lock per run of frames to the same receiver.
-func (p *Port) SendBatch(frames [][]byte) (int, error) {
+// SendBatch implements the engine's Link: in ModeUDP frames[i] goes to
+// peers[i] (len(peers) >= len(frames)); Ethernet frames go where their IP
+// header says (peers is not read and may be nil). A perfect port moves
+// the batch with one pool lock and one lock per run of frames to the same
+// receiver.
+func (p *Port) SendBatch(frames [][]byte, peers []netip.AddrPort) (int, error) {
+	if p.udp && len(peers) < len(frames) {
+		return 0, fmt.Errorf("%w: %d frames, %d peers", ErrInvalid, len(frames), len(peers))
+	}
+	from := p.from()
 	if p.f != nil {
 		p.releaseHeld(false)
-		for i, fr := range frames {
-			dst, ok := p.route(fr)
+		for i := range frames {
+			dst, ok := p.route(frames, peers, i)
 			if !ok {
 				p.Counters.Sent.Add(1)
 				continue // dropped; the sender keeps its buffer
 			}
-			if !p.sendFaulty(dst, &frames[i]) {
+			if !p.sendFaulty(dst, &frames[i], from) {
 				return i, nil
 			}
 			p.Counters.Sent.Add(1)
@@ -232,7 +290,7 @@ func (p *Port) SendBatch(frames [][]byte) (int, error) {
 	pushed := false
 	i := 0
 	for ; i < len(frames); i++ {
-		dst, ok := p.route(frames[i])
+		dst, ok := p.route(frames, peers, i)
 		if !ok {
 			p.Counters.Sent.Add(1)
 			continue // dropped; the sender keeps its buffer
@@ -247,7 +305,7 @@ func (p *Port) SendBatch(frames [][]byte) (int, error) {
 			cur, pushed = dst, false
 			cur.q.mu.Lock()
 		}
-		if used == have || !cur.q.pushLocked(frames[i]) {
+		if used == have || !cur.q.pushLocked(frames[i], from) {
 			break // pool empty or receiver full: backpressure
 		}
 		pushed = true
@@ -269,13 +327,22 @@ func (p *Port) SendBatch(frames [][]byte) (int, error) {
 }
 
 // RecvBatch implements the engine's Link: one lock of the receive queue
-// and one of the pool per batch.
-func (p *Port) RecvBatch(frames [][]byte) (int, error) {
+// and one of the pool per batch. In ModeUDP peers[i] gets the sender of
+// frames[i] (len(peers) >= len(frames)); for Ethernet frames peers is
+// not written and may be nil.
+func (p *Port) RecvBatch(frames [][]byte, peers []netip.AddrPort) (int, error) {
 	if p.f != nil {
 		p.releaseHeld(false)
 	}
+	var froms []netip.AddrPort
+	if p.udp {
+		if len(peers) < len(frames) {
+			return 0, fmt.Errorf("%w: %d frames, %d peers", ErrInvalid, len(frames), len(peers))
+		}
+		froms = peers
+	}
 	empties := p.scratch(len(frames))
-	k := p.q.exchange(frames, empties)
+	k := p.q.exchange(frames, froms, empties)
 	if k > 0 {
 		for i := range k {
 			empties[i] = empties[i][:cap(empties[i])]
@@ -286,6 +353,9 @@ func (p *Port) RecvBatch(frames [][]byte) (int, error) {
 	clear(empties)
 	return k, nil
 }
+
+// Mode returns what the network carries (Config.Mode).
+func (n *Network) Mode() roce.Mode { return n.cfg.Mode }
 
 // FreeBuffers returns the number of empty buffers in the pool.
 func (n *Network) FreeBuffers() int { return n.pool.length() }

@@ -27,23 +27,62 @@ func frame(t testing.TB, src, dst string, qpn uint32, tag byte) []byte {
 	return buf[:len(f)]
 }
 
+// udpPayload builds the ModeUDP packet (BTH .. ICRC) of frame: from src
+// to dst, both on port 4791.
+func udpPayload(t testing.TB, src, dst string, qpn uint32, tag byte) []byte {
+	p := udpPath(src, dst)
+	buf := make([]byte, testCap)
+	off := p.Headroom(roce.OpRCSendOnly)
+	buf[off] = tag
+	f, err := p.Build(buf, off, 16, &roce.Headers{BTH: roce.BTHFields{Opcode: roce.OpRCSendOnly, PKey: 0xffff, DestQP: qpn}})
+	require.NoError(t, err)
+	require.Equal(t, &buf[0], &f[0])
+	return buf[:len(f)]
+}
+
+func udpPath(src, dst string) roce.Path {
+	return roce.Path{Mode: roce.ModeUDP, Src: netip.MustParseAddr(src), Dst: netip.MustParseAddr(dst), SrcPort: roce.UDPPort, DstPort: roce.UDPPort}
+}
+
 func newNet(t testing.TB, buffers, queue int) *Network {
-	n, err := NewNetwork(Config{FrameCap: testCap, Buffers: buffers, QueueLen: queue})
+	return newNetMode(t, roce.ModeEthernet, buffers, queue)
+}
+
+func newNetMode(t testing.TB, mode roce.Mode, buffers, queue int) *Network {
+	n, err := NewNetwork(Config{Mode: mode, FrameCap: testCap, Buffers: buffers, QueueLen: queue})
 	require.NoError(t, err)
 	return n
 }
 
 func recvAll(t testing.TB, p *Port) [][]byte {
+	out, _ := recvAllFrom(t, p)
+	return out
+}
+
+// recvAllFrom receives everything queued at p with the senders beside.
+func recvAllFrom(t testing.TB, p *Port) ([][]byte, []netip.AddrPort) {
 	var out [][]byte
+	var from []netip.AddrPort
 	for {
 		slots := [][]byte{make([]byte, testCap)}
-		n, err := p.RecvBatch(slots)
+		peers := make([]netip.AddrPort, 1)
+		n, err := p.RecvBatch(slots, peers)
 		require.NoError(t, err)
 		if n == 0 {
-			return out
+			return out, from
 		}
 		out = append(out, slots[0])
+		from = append(from, peers[0])
 	}
+}
+
+// parseAny parses a frame of either mode; ModeUDP needs its sender.
+func parseAny(f []byte, from netip.AddrPort, to netip.Addr, pkt *roce.Packet) error {
+	if !from.IsValid() {
+		return roce.Parse(f, pkt)
+	}
+	ps := roce.Pseudo{Src: from.Addr(), SrcPort: from.Port(), Dst: to, DstPort: roce.UDPPort}
+	return roce.ParseUDP(f, &ps, pkt)
 }
 
 func TestRouting(t *testing.T) {
@@ -60,7 +99,7 @@ func TestRouting(t *testing.T) {
 		frames = append(frames, frame(t, "10.0.0.1", "10.0.0.2", q, byte(q)))
 	}
 	frames = append(frames, frame(t, "10.0.0.1", "10.0.0.9", 1, 99)) // nobody there
-	sent, err := a[0].SendBatch(frames)
+	sent, err := a[0].SendBatch(frames, nil)
 	require.NoError(t, err)
 	assert.Equal(t, len(frames), sent)
 	assert.Equal(t, uint64(1), a[0].Counters.NoRoute.Load())
@@ -86,6 +125,53 @@ func TestRouting(t *testing.T) {
 	assert.Equal(t, 64, n.FreeBuffers(), "every buffer is back in the pool or with its owner")
 }
 
+// TestRoutingUDP: in ModeUDP a payload goes to the device at the
+// address beside it, port 4791, and on to the port owning its BTH
+// destination QP; the receiver gets the sender's address and port 4791
+// beside it, with which the ICRC verifies. Payloads to another port or
+// nobody, and ones shorter than a BTH, are dropped and counted.
+func TestRoutingUDP(t *testing.T) {
+	n := newNetMode(t, roce.ModeUDP, 64, 32)
+	a, err := n.Attach(netip.MustParseAddr("10.0.0.1"), 1, nil)
+	require.NoError(t, err)
+	b, err := n.Attach(netip.MustParseAddr("::ffff:10.0.0.2"), 4, nil) // unmapped like any address
+	require.NoError(t, err)
+	assert.Equal(t, netip.MustParseAddrPort("10.0.0.2:4791"), b[3].LocalAddr())
+	to := netip.MustParseAddrPort("10.0.0.2:4791")
+	var frames [][]byte
+	var peers []netip.AddrPort
+	for q := uint32(1); q <= 20; q++ {
+		frames = append(frames, udpPayload(t, "10.0.0.1", "10.0.0.2", q, byte(q)))
+		peers = append(peers, to)
+	}
+	frames = append(frames, udpPayload(t, "10.0.0.1", "10.0.0.9", 1, 99), udpPayload(t, "10.0.0.1", "10.0.0.2", 1, 98), make([]byte, roce.BTHLen-1))
+	peers = append(peers, netip.MustParseAddrPort("10.0.0.9:4791"), netip.MustParseAddrPort("10.0.0.2:4792"), to)
+	_, err = a[0].SendBatch(frames, peers[:len(peers)-1])
+	require.ErrorIs(t, err, ErrInvalid, "a peer for every frame")
+	sent, err := a[0].SendBatch(frames, peers)
+	require.NoError(t, err)
+	assert.Equal(t, len(frames), sent)
+	assert.Equal(t, uint64(2), a[0].Counters.NoRoute.Load())
+	assert.Equal(t, uint64(1), a[0].Counters.Malformed.Load())
+	got := 0
+	for i, p := range b {
+		fs, from := recvAllFrom(t, p)
+		for k, f := range fs {
+			assert.Equal(t, a[0].LocalAddr(), from[k])
+			var pkt roce.Packet
+			require.NoError(t, parseAny(f, from[k], to.Addr(), &pkt))
+			q := pkt.BTH.DestQP()
+			assert.Equal(t, i, roce.SteerQueue(q, len(b)), "QPN %d steered to port %d", q, i)
+			assert.Equal(t, byte(q), pkt.Payload[0])
+			got++
+		}
+	}
+	assert.Equal(t, 20, got)
+	_, err = b[0].RecvBatch(make([][]byte, 2), make([]netip.AddrPort, 1))
+	assert.ErrorIs(t, err, ErrInvalid, "a peer slot for every frame")
+	assert.Equal(t, 64, n.FreeBuffers(), "every buffer is back in the pool or with its owner")
+}
+
 func TestBackpressure(t *testing.T) {
 	n := newNet(t, 8, 4)
 	a, err := n.Attach(netip.MustParseAddr("10.0.0.1"), 1, nil)
@@ -96,12 +182,12 @@ func TestBackpressure(t *testing.T) {
 	for i := range 6 {
 		frames = append(frames, frame(t, "10.0.0.1", "10.0.0.2", 5, byte(i)))
 	}
-	sent, err := a[0].SendBatch(frames)
+	sent, err := a[0].SendBatch(frames, nil)
 	require.NoError(t, err)
 	assert.Equal(t, 4, sent, "the receive queue holds 4")
 	got := recvAll(t, b[0])
 	require.Len(t, got, 4)
-	sent, err = a[0].SendBatch(frames[4:])
+	sent, err = a[0].SendBatch(frames[4:], nil)
 	require.NoError(t, err)
 	assert.Equal(t, 2, sent)
 	got = recvAll(t, b[0])
@@ -130,7 +216,7 @@ func TestPoolBackpressure(t *testing.T) {
 		}
 		frames = append(frames, frame(t, "10.0.0.1", dst, 5, byte(i)))
 	}
-	sent, err := a[0].SendBatch(frames)
+	sent, err := a[0].SendBatch(frames, nil)
 	require.NoError(t, err)
 	assert.Equal(t, 4, sent, "the pool holds 4 empty buffers")
 	assert.Zero(t, n.FreeBuffers())
@@ -148,7 +234,7 @@ func TestPoolBackpressure(t *testing.T) {
 	assert.Equal(t, []byte{0, 2}, tags(recvAll(t, b[0])))
 	assert.Equal(t, []byte{1, 3}, tags(recvAll(t, c[0])))
 	assert.Equal(t, 4, n.FreeBuffers(), "the receivers' empty buffers went back to the pool")
-	sent, err = a[0].SendBatch(frames[4:])
+	sent, err = a[0].SendBatch(frames[4:], nil)
 	require.NoError(t, err)
 	assert.Equal(t, 2, sent)
 	assert.Equal(t, []byte{4}, tags(recvAll(t, b[0])))
@@ -156,25 +242,42 @@ func TestPoolBackpressure(t *testing.T) {
 }
 
 // TestFaultsReplay: the same seed makes the same decisions for the same
-// frames; the counters add up and no buffer is lost.
+// frames; the counters add up and no buffer is lost. In ModeUDP every
+// frame, held back or duplicated, arrives with its sender beside it.
 func TestFaultsReplay(t *testing.T) {
+	for _, mode := range []roce.Mode{roce.ModeEthernet, roce.ModeUDP} {
+		t.Run(mode.String(), func(t *testing.T) { testFaultsReplay(t, mode) })
+	}
+}
+
+func testFaultsReplay(t *testing.T, mode roce.Mode) {
+	dst := netip.MustParseAddrPort("10.0.0.2:4791")
 	run := func(seed uint64) (tags []byte, c *PortCounters, n *Network) {
-		n = newNet(t, 256, 256)
+		n = newNetMode(t, mode, 256, 256)
 		f := &Faults{Seed: seed, Drop: 0.2, Duplicate: 0.1, Reorder: 0.1, Corrupt: 0.05}
 		a, err := n.Attach(netip.MustParseAddr("10.0.0.1"), 1, f)
 		require.NoError(t, err)
-		b, err := n.Attach(netip.MustParseAddr("10.0.0.2"), 1, nil)
+		b, err := n.Attach(dst.Addr(), 1, nil)
 		require.NoError(t, err)
 		for i := range 100 {
 			fr := [][]byte{frame(t, "10.0.0.1", "10.0.0.2", 3, byte(i))}
-			sent, err := a[0].SendBatch(fr)
+			if mode == roce.ModeUDP {
+				fr[0] = udpPayload(t, "10.0.0.1", "10.0.0.2", 3, byte(i))
+			}
+			sent, err := a[0].SendBatch(fr, []netip.AddrPort{dst})
 			require.NoError(t, err)
 			require.Equal(t, 1, sent)
 		}
 		a[0].releaseHeld(true)
-		for _, fr := range recvAll(t, b[0]) {
+		frames, from := recvAllFrom(t, b[0])
+		for i, fr := range frames {
 			var pkt roce.Packet
-			if roce.Parse(fr, &pkt) == nil {
+			if mode == roce.ModeUDP {
+				require.Equal(t, a[0].LocalAddr(), from[i], "the sender beside frame %d", i)
+			} else {
+				require.False(t, from[i].IsValid(), "nothing beside an Ethernet frame")
+			}
+			if parseAny(fr, from[i], dst.Addr(), &pkt) == nil {
 				tags = append(tags, pkt.Payload[0])
 			} else {
 				tags = append(tags, 0xff)
@@ -197,6 +300,7 @@ func TestFaultsReplay(t *testing.T) {
 	assert.NotZero(t, c.Duplicated.Load())
 	assert.NotZero(t, c.Reordered.Load())
 	assert.NotZero(t, c.Corrupted.Load())
+	assert.Contains(t, t1, byte(0xff), "a corrupted frame fails its ICRC")
 	assert.Equal(t, 100-int(c.Dropped.Load())+int(c.Duplicated.Load()), len(t1))
 	assert.Equal(t, 256, n.FreeBuffers())
 }
@@ -222,7 +326,7 @@ func TestHeldFrameWakesOwner(t *testing.T) {
 			require.NoError(t, err)
 			b, err := n.Attach(netip.MustParseAddr("10.0.0.2"), 1, nil)
 			require.NoError(t, err)
-			sent, err := a[0].SendBatch([][]byte{frame(t, "10.0.0.1", "10.0.0.2", 3, 9)})
+			sent, err := a[0].SendBatch([][]byte{frame(t, "10.0.0.1", "10.0.0.2", 3, 9)}, nil)
 			require.NoError(t, err)
 			require.Equal(t, 1, sent)
 			require.Equal(t, 1, a[0].Held(), "the fault holds the frame back")
@@ -233,7 +337,7 @@ func TestHeldFrameWakesOwner(t *testing.T) {
 				t.Fatal("the sending port never signalled Ready for its held frame")
 			}
 			// The owner's reaction to Ready: a receive (nothing for it).
-			got, err := a[0].RecvBatch([][]byte{make([]byte, testCap)})
+			got, err := a[0].RecvBatch([][]byte{make([]byte, testCap)}, nil)
 			require.NoError(t, err)
 			assert.Zero(t, got)
 			assert.Zero(t, a[0].Held(), "released by the owner's call after the wake-up")
@@ -243,23 +347,34 @@ func TestHeldFrameWakesOwner(t *testing.T) {
 	}
 }
 
-// FuzzSendBatch: whatever bytes a sender hands the link, routing never
-// panics and buffers are conserved.
+// FuzzSendBatch: whatever bytes and destination a sender hands the link,
+// in either mode, routing never panics and buffers are conserved.
 func FuzzSendBatch(f *testing.F) {
-	f.Add(frame(f, "10.0.0.1", "10.0.0.2", 7, 1))
-	f.Add([]byte{})
-	f.Add(make([]byte, 40))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		n := newNet(t, 4, 4)
+	f.Add(frame(f, "10.0.0.1", "10.0.0.2", 7, 1), false, []byte{10, 0, 0, 2}, uint16(4791))
+	f.Add(udpPayload(f, "10.0.0.1", "10.0.0.2", 7, 1), true, []byte{10, 0, 0, 2}, uint16(4791))
+	f.Add(udpPayload(f, "10.0.0.1", "::2", 7, 1), true, netip.MustParseAddr("::2").AsSlice(), uint16(4791))
+	f.Add([]byte{}, true, []byte{}, uint16(0))
+	f.Add(make([]byte, 40), false, []byte{}, uint16(0))
+	f.Fuzz(func(t *testing.T, b []byte, udp bool, to []byte, port uint16) {
+		mode := roce.ModeEthernet
+		if udp {
+			mode = roce.ModeUDP
+		}
+		n := newNetMode(t, mode, 4, 4)
 		a, err := n.Attach(netip.MustParseAddr("10.0.0.1"), 1, nil)
 		require.NoError(t, err)
 		_, err = n.Attach(netip.MustParseAddr("::2"), 2, nil)
 		require.NoError(t, err)
 		_, err = n.Attach(netip.MustParseAddr("10.0.0.2"), 2, nil)
 		require.NoError(t, err)
+		addr, _ := netip.AddrFromSlice(to)
 		buf := make([]byte, testCap)
 		m := copy(buf, b)
-		_, err = a[0].SendBatch([][]byte{buf[:m]})
+		_, err = a[0].SendBatch([][]byte{buf[:m]}, []netip.AddrPort{netip.AddrPortFrom(addr, port)})
 		require.NoError(t, err)
+		c := &a[0].Counters
+		require.Equal(t, uint64(1), c.Sent.Load())
+		delivered := int(c.Sent.Load() - c.NoRoute.Load() - c.Malformed.Load())
+		require.Equal(t, 4, n.FreeBuffers()+delivered, "buffers conserved: a delivered frame waits in a queue")
 	})
 }

@@ -1,6 +1,9 @@
 package link
 
-import "sync"
+import (
+	"net/netip"
+	"sync"
+)
 
 // frameQueue is a bounded FIFO of frame buffers guarded by one mutex: the
 // receive queue of a port and the network's pool of empty buffers. Unlike a
@@ -11,13 +14,20 @@ import "sync"
 // contending on them).
 type frameQueue struct {
 	mu   sync.Mutex
-	ring [][]byte // len is the capacity; a power of two is not required
+	ring []queued // len is the capacity; a power of two is not required
 	head int      // index of the oldest entry
 	n    int      // entries queued
 }
 
+// queued is a buffer in a queue and, for a received UDP payload
+// (roce.ModeUDP), its sender.
+type queued struct {
+	buf  []byte
+	from netip.AddrPort
+}
+
 func newFrameQueue(capacity int) *frameQueue {
-	return &frameQueue{ring: make([][]byte, capacity)}
+	return &frameQueue{ring: make([]queued, capacity)}
 }
 
 // length returns the number of queued buffers.
@@ -27,15 +37,16 @@ func (q *frameQueue) length() int {
 	return q.n
 }
 
-// push appends b; false when the queue is full.
-func (q *frameQueue) push(b []byte) bool {
+// push appends b, received from from (zero in the pool and for Ethernet
+// frames); false when the queue is full.
+func (q *frameQueue) push(b []byte, from netip.AddrPort) bool {
 	q.mu.Lock()
-	ok := q.pushLocked(b)
+	ok := q.pushLocked(b, from)
 	q.mu.Unlock()
 	return ok
 }
 
-func (q *frameQueue) pushLocked(b []byte) bool {
+func (q *frameQueue) pushLocked(b []byte, from netip.AddrPort) bool {
 	if q.n == len(q.ring) {
 		return false
 	}
@@ -43,20 +54,20 @@ func (q *frameQueue) pushLocked(b []byte) bool {
 	if i >= len(q.ring) {
 		i -= len(q.ring)
 	}
-	q.ring[i] = b
+	q.ring[i] = queued{b, from}
 	q.n++
 	return true
 }
 
-func (q *frameQueue) popLocked() []byte {
-	b := q.ring[q.head]
-	q.ring[q.head] = nil
+func (q *frameQueue) popLocked() queued {
+	e := q.ring[q.head]
+	q.ring[q.head] = queued{}
 	q.head++
 	if q.head == len(q.ring) {
 		q.head = 0
 	}
 	q.n--
-	return b
+	return e
 }
 
 // pop removes the oldest buffer; nil when the queue is empty.
@@ -66,7 +77,7 @@ func (q *frameQueue) pop() []byte {
 	if q.n == 0 {
 		return nil
 	}
-	return q.popLocked()
+	return q.popLocked().buf
 }
 
 // pushAll appends every buffer of bs (the pool: it has room for every
@@ -74,7 +85,7 @@ func (q *frameQueue) pop() []byte {
 func (q *frameQueue) pushAll(bs [][]byte) {
 	q.mu.Lock()
 	for _, b := range bs {
-		if !q.pushLocked(b) {
+		if !q.pushLocked(b, netip.AddrPort{}) {
 			panic("link: buffer pool overflow") // buffers are conserved: a bug
 		}
 	}
@@ -87,21 +98,26 @@ func (q *frameQueue) popInto(dst [][]byte) int {
 	q.mu.Lock()
 	k := min(len(dst), q.n)
 	for i := range k {
-		dst[i] = q.popLocked()
+		dst[i] = q.popLocked().buf
 	}
 	q.mu.Unlock()
 	return k
 }
 
 // exchange is RecvBatch's step: it takes up to len(slots) frames, each
-// replacing the buffer in its slot, and moves the replaced (empty)
-// buffers to empties[:k]. It returns k.
-func (q *frameQueue) exchange(slots, empties [][]byte) int {
+// replacing the buffer in its slot, with its sender in froms[i] unless
+// froms is nil, and moves the replaced (empty) buffers to empties[:k]. It
+// returns k.
+func (q *frameQueue) exchange(slots [][]byte, froms []netip.AddrPort, empties [][]byte) int {
 	q.mu.Lock()
 	k := min(len(slots), q.n)
 	for i := range k {
 		empties[i] = slots[i]
-		slots[i] = q.popLocked()
+		e := q.popLocked()
+		slots[i] = e.buf
+		if froms != nil {
+			froms[i] = e.from
+		}
 	}
 	q.mu.Unlock()
 	return k

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -325,7 +326,8 @@ func roceDestQP(frame []byte) (uint32, bool) {
 // queued frames (at most Batch) into the slots' own buffers and returns
 // the RoCE v2 frames of this queue's QPs in frames[:n], in arrival order;
 // the other slots keep their buffers at full length. It never blocks.
-func (p *TAPPort) RecvBatch(frames [][]byte) (int, error) {
+// Frames are whole Ethernet frames: peers is not written (may be nil).
+func (p *TAPPort) RecvBatch(frames [][]byte, _ []netip.AddrPort) (int, error) {
 	want := min(len(frames), len(p.sizes))
 	for i := range want {
 		if cap(frames[i]) < p.fcap {
@@ -359,8 +361,9 @@ func (p *TAPPort) RecvBatch(frames [][]byte) (int, error) {
 // SendBatch implements the engine's Link: it writes every frame to the
 // queue (the kernel copies; the caller keeps its buffers). A frame the
 // kernel refuses is dropped and counted (TxErrors) so one bad frame cannot
-// stall the worker; after Close it fails with ErrTAPClosed.
-func (p *TAPPort) SendBatch(frames [][]byte) (int, error) {
+// stall the worker; after Close it fails with ErrTAPClosed. Frames are
+// whole Ethernet frames: peers is not read (may be nil).
+func (p *TAPPort) SendBatch(frames [][]byte, _ []netip.AddrPort) (int, error) {
 	sent := 0
 	for sent < len(frames) {
 		n, err := p.q.WriteBatch(frames[sent:], 0)

@@ -72,7 +72,7 @@ func TestTAPRealDevices(t *testing.T) {
 	back := rootFrame(t, 0x100, 0, 8)
 	copy(back[0:6], []byte{2, 0x4c, 0, 0, 0, 1})
 	copy(back[6:12], []byte{2, 0x4c, 0, 0, 0, 2})
-	_, err := b.Ports()[0].SendBatch([][]byte{back})
+	_, err := b.Ports()[0].SendBatch([][]byte{back}, nil)
 	require.NoError(t, err)
 	time.Sleep(20 * time.Millisecond)
 
@@ -81,7 +81,7 @@ func TestTAPRealDevices(t *testing.T) {
 	for i := range 20 {
 		f := rootFrame(t, 0x100+uint32(i), uint32(i), i*200)
 		want = append(want, append([]byte(nil), f...))
-		n, err := pa.SendBatch([][]byte{f})
+		n, err := pa.SendBatch([][]byte{f}, nil)
 		require.NoError(t, err)
 		require.Equal(t, 1, n)
 	}
@@ -94,10 +94,10 @@ func TestTAPRealDevices(t *testing.T) {
 	out := [][]byte{rootFrame(t, 0x200, 1, 1024)}
 	bufs := newBufs(1)
 	round := func() {
-		pa.SendBatch(out)
+		pa.SendBatch(out, nil)
 		for {
 			bufs[0] = bufs[0][:cap(bufs[0])]
-			if k, _ := pb.RecvBatch(bufs); k == 1 {
+			if k, _ := pb.RecvBatch(bufs, nil); k == 1 {
 				return
 			}
 			pb.ArmReady()

@@ -199,7 +199,7 @@ func recvTAP(t testing.TB, p *TAPPort, n int) [][]byte {
 		for i := range bufs {
 			bufs[i] = bufs[i][:cap(bufs[i])]
 		}
-		k, err := p.RecvBatch(bufs)
+		k, err := p.RecvBatch(bufs, nil)
 		require.NoError(t, err)
 		for i := range k {
 			out = append(out, bytes.Clone(bufs[i]))
@@ -263,7 +263,7 @@ func TestTAPReceiveInPlace(t *testing.T) {
 		defer fqs[0].qmu.Unlock()
 		return len(fqs[0].queued) == 4
 	}, recvTimeout, time.Millisecond)
-	k, err := p.RecvBatch(mine)
+	k, err := p.RecvBatch(mine, nil)
 	require.NoError(t, err)
 	require.Equal(t, 2, k, "three frames read (the batch), one of them ARP")
 	assert.Equal(t, f0, mine[0])
@@ -278,7 +278,7 @@ func TestTAPReceiveInPlace(t *testing.T) {
 	for i := range mine {
 		mine[i] = mine[i][:cap(mine[i])]
 	}
-	k, err = p.RecvBatch(mine)
+	k, err = p.RecvBatch(mine, nil)
 	require.NoError(t, err)
 	require.Equal(t, 1, k)
 	assert.Equal(t, f2, mine[0])
@@ -363,7 +363,7 @@ func TestTAPSend(t *testing.T) {
 	p := l.Ports()[1]
 	frames := [][]byte{{1, 1}, {2, 2, 2}, {3}, {4, 4, 4, 4}}
 	fqs[1].refuse = func(f []byte) bool { return f[0] == 3 }
-	n, err := p.SendBatch(frames)
+	n, err := p.SendBatch(frames, nil)
 	require.NoError(t, err)
 	assert.Equal(t, 4, n, "a refused frame is dropped, not retried")
 	assert.Equal(t, [][]byte{{1, 1}, {2, 2, 2}, {4, 4, 4, 4}}, fqs[1].out)
@@ -374,9 +374,9 @@ func TestTAPSend(t *testing.T) {
 	assert.Empty(t, fqs[0].out, "queue 0 untouched")
 
 	require.NoError(t, l.Close())
-	_, err = p.SendBatch(frames)
+	_, err = p.SendBatch(frames, nil)
 	assert.ErrorIs(t, err, ErrTAPClosed)
-	k, err := p.RecvBatch(newBufs(2))
+	k, err := p.RecvBatch(newBufs(2), nil)
 	assert.NoError(t, err)
 	assert.Zero(t, k)
 }
@@ -401,7 +401,7 @@ func TestTAPConfigErrors(t *testing.T) {
 	assert.ErrorIs(t, err, ErrInvalid)
 
 	l, _, _ := newFakeTAPLink(t, 1, TAPConfig{})
-	_, err = l.Ports()[0].RecvBatch([][]byte{make([]byte, 10)})
+	_, err = l.Ports()[0].RecvBatch([][]byte{make([]byte, 10)}, nil)
 	assert.ErrorIs(t, err, ErrInvalid, "a receive buffer smaller than the frame capacity")
 }
 
@@ -456,12 +456,12 @@ func TestTAPNoAllocation(t *testing.T) {
 	bufs := newBufs(4)
 	round := func() {
 		q.tick <- struct{}{}
-		k, _ := p.RecvBatch(bufs[:1])
+		k, _ := p.RecvBatch(bufs[:1], nil)
 		if k != 1 {
 			panic("no frame")
 		}
 		bufs[0] = bufs[0][:cap(bufs[0])]
-		p.SendBatch(bufs[1:])
+		p.SendBatch(bufs[1:], nil)
 	}
 	for range 10 {
 		round()

@@ -30,23 +30,20 @@ var (
 // UDPConfig configures a UDP link.
 type UDPConfig struct {
 	// Local is the address and port every socket binds to: an IPv4 or
-	// IPv6 address of this machine, not unspecified (received frames
-	// carry it as their destination) and without zone. Port 0 means 4791.
+	// IPv6 address of this machine, not unspecified (the engine takes it
+	// as the destination of every datagram received, and the source of
+	// every one sent) and without zone. Port 0 means 4791.
 	Local netip.AddrPort
 	// Workers is the number of sockets, one per engine worker. Default 1.
 	Workers int
 	// FrameCap is the capacity of every buffer (must equal the
-	// engine's); at least UDPHeadroom4 (IPv4) or UDPHeadroom6 (IPv6) plus
-	// a BTH and an ICRC. Received datagrams longer than FrameCap minus
-	// the headroom are dropped (RxTruncated).
+	// engine's); at least a BTH and an ICRC. Received datagrams longer
+	// than FrameCap are dropped (RxTruncated).
 	FrameCap int
 	// SendBuffer and RecvBuffer set SO_SNDBUF and SO_RCVBUF (bytes);
 	// 0 keeps the kernel default. The kernel caps them at
 	// net.core.wmem_max and net.core.rmem_max.
 	SendBuffer, RecvBuffer int
-	// PeerPort is a UDP destination port accepted besides 4791, for peers
-	// bound to another port (tests). 0: only 4791.
-	PeerPort uint16
 	// Batch is the largest number of datagrams per sendmmsg or recvmmsg
 	// call. Default 64.
 	Batch int
@@ -66,19 +63,13 @@ type UDPCounters struct {
 	RecvErrors   atomic.Uint64 // recvmmsg errors other than EAGAIN
 	RxTruncated  atomic.Uint64 // datagrams longer than the buffers (dropped)
 	RxForeign    atomic.Uint64 // sender address of another family (dropped)
-	Wakeups      atomic.Uint64 // Ready signals from the poller
+	// TxInvalid counts frames SendBatch dropped without sending them:
+	// shorter than a BTH and an ICRC, or a destination that is not a
+	// unicast address of the link's family (without zone) with a port.
+	TxInvalid atomic.Uint64
+	Wakeups   atomic.Uint64 // Ready signals from the poller
 	// LastSendErrno is the errno of the last send error (diagnosis).
 	LastSendErrno atomic.Uint32
-	// Drops counts frames dropped on send, by reason (UDPDrop).
-	Drops [numUDPDrops]atomic.Uint64
-}
-
-// Dropped returns the number of frames dropped on send for reason r.
-func (c *UDPCounters) Dropped(r UDPDrop) uint64 {
-	if r >= numUDPDrops {
-		return 0
-	}
-	return c.Drops[r].Load()
 }
 
 // UDPLink is a device's UDP attachment: one socket per worker, all bound
@@ -98,20 +89,20 @@ type UDPLink struct {
 // call: message i uses iovs[i] and names[i]. The Go pointers in msgs and
 // iovs are cleared after every call so no caller buffer is retained.
 type udpBatch struct {
-	msgs  []unix.Mmsghdr
-	iovs  []unix.Iovec
-	names [][sockaddrLen]byte
-	idx   []int     // tx: frame index of message i
-	drops []UDPDrop // tx: drop reason of frame i of the chunk, or numUDPDrops
+	msgs    []unix.Mmsghdr
+	iovs    []unix.Iovec
+	names   [][sockaddrLen]byte
+	idx     []int  // tx: frame index of message i
+	invalid []bool // tx: frame i of the chunk is not sent (TxInvalid)
 }
 
 func newUDPBatch(n int) udpBatch {
 	return udpBatch{
-		msgs:  make([]unix.Mmsghdr, n),
-		iovs:  make([]unix.Iovec, n),
-		names: make([][sockaddrLen]byte, n),
-		idx:   make([]int, n),
-		drops: make([]UDPDrop, n),
+		msgs:    make([]unix.Mmsghdr, n),
+		iovs:    make([]unix.Iovec, n),
+		names:   make([][sockaddrLen]byte, n),
+		idx:     make([]int, n),
+		invalid: make([]bool, n),
 	}
 }
 
@@ -132,9 +123,8 @@ type UDPPort struct {
 	index int
 	file  *os.File
 	rc    syscall.RawConn
-	loc   udpLocal
-	hl    int // receive headroom
-	fcap  int // cfg.FrameCap: the longest frame RecvBatch returns
+	v6    bool // the link's family
+	fcap  int  // cfg.FrameCap: the longest datagram RecvBatch returns
 	ready chan struct{}
 	arm   chan struct{}
 
@@ -145,7 +135,9 @@ type UDPPort struct {
 	// Arguments and results of sendFn and recvFn (owner goroutine).
 	tx, rx   udpBatch
 	txFrames [][]byte
+	txPeers  []netip.AddrPort
 	rxFrames [][]byte
+	rxPeers  []netip.AddrPort
 	txN, rxN int
 	rxErr    error
 
@@ -178,24 +170,13 @@ func NewUDP(cfg UDPConfig) (*UDPLink, error) {
 		cfg.Logger = slog.Default()
 	}
 	v6 := a.Is6()
-	hl := UDPHeadroom4
-	if v6 {
-		hl = UDPHeadroom6
-	}
-	if cfg.FrameCap < hl+udpMinPayload {
-		return nil, fmt.Errorf("%w: frame capacity %d, need at least %d", ErrInvalid, cfg.FrameCap, hl+udpMinPayload)
+	if cfg.FrameCap < udpMinPayload {
+		return nil, fmt.Errorf("%w: frame capacity %d, need at least %d", ErrInvalid, cfg.FrameCap, udpMinPayload)
 	}
 	if cfg.SendBuffer < 0 || cfg.RecvBuffer < 0 {
 		return nil, fmt.Errorf("%w: socket buffer sizes %d, %d", ErrInvalid, cfg.SendBuffer, cfg.RecvBuffer)
 	}
 	local := netip.AddrPortFrom(a, port)
-	loc := udpLocal{v6: v6, port: port, peerPort: cfg.PeerPort}
-	if v6 {
-		loc.addr = a.As16()
-	} else {
-		a4 := a.As4()
-		copy(loc.addr[:], a4[:])
-	}
 	sa := sockaddrOf(local)
 
 	// A socket of another reuseport group owner (same user) would join
@@ -234,7 +215,7 @@ func NewUDP(cfg UDPConfig) (*UDPLink, error) {
 
 	for i, fd := range fds {
 		p := &UDPPort{
-			link: l, index: i, loc: loc, hl: hl, fcap: cfg.FrameCap,
+			link: l, index: i, v6: v6, fcap: cfg.FrameCap,
 			ready: make(chan struct{}, 1), arm: make(chan struct{}, 1),
 			tx: newUDPBatch(cfg.Batch), rx: newUDPBatch(cfg.Batch),
 		}
@@ -290,8 +271,8 @@ func udpSocket(v6 bool, cfg *UDPConfig, reuse bool) (int, error) {
 			opt{unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 1, "IPV6_V6ONLY"},
 			opt{unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER, unix.IPV6_PMTUDISC_DO, "IPV6_MTU_DISCOVER"})
 	} else {
-		// DF on every datagram, never fragment locally: the frames
-		// promise DF (see UDPDropIPv4Header).
+		// DF on every datagram, never fragment locally: RoCE v2
+		// packets are never fragmented (the path MTU bounds them).
 		opts = append(opts, opt{unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO, "IP_MTU_DISCOVER"})
 	}
 	if cfg != nil && cfg.SendBuffer > 0 {
@@ -327,27 +308,11 @@ func sockaddrOf(ap netip.AddrPort) unix.Sockaddr {
 	return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: a.As16()}
 }
 
-// ConformPath sets the fields of p that the send conventions of the link
-// fix (see the package documentation, "UDP link"), so that frames built
-// on p are sent, not dropped: Ethernet mode without VLAN, the link's
-// address as source (an IPv4 link needs an IPv4 destination, an IPv6
-// link an IPv6 one), the link's port as UDP source port, DF. The MACs
-// become UDPLocalMAC (source) and UDPRemoteMAC (destination); they are
-// not carried. p.Dst and p.DstPort (0: 4791) are kept. The per-packet
-// IPv4 Identification (roce.Headers.IPID) must stay 0.
-func (l *UDPLink) ConformPath(p *roce.Path) {
-	p.Mode = roce.ModeEthernet
-	p.VLAN, p.VLANTCI = false, 0
-	p.SrcMAC, p.DstMAC = UDPLocalMAC, UDPRemoteMAC
-	p.Src = l.local.Addr()
-	p.SrcPort = l.local.Port()
-	p.DontFragment = true
-}
-
 // Ports returns the ports, port i for worker i.
 func (l *UDPLink) Ports() []*UDPPort { return l.ports }
 
-// LocalAddr returns the bound address and port.
+// LocalAddr returns the bound address and port: the source of every
+// datagram sent and the destination of every one received.
 func (l *UDPLink) LocalAddr() netip.AddrPort { return l.local }
 
 // Close stops the waiters and closes the sockets. It waits for a
@@ -405,19 +370,25 @@ func (p *UDPPort) waiter(done <-chan struct{}) {
 	}
 }
 
-// SendBatch implements the engine's Link: it sends the UDP payload of
-// every conforming frame to the destination of its IP and UDP headers and
-// drops (and counts) the others. The caller keeps its buffers (the kernel
-// copies). It returns fewer than len(frames) only on backpressure
-// (EAGAIN, ENOBUFS); a datagram the kernel refuses for another reason is
-// dropped and counted in SendErrors.
-func (p *UDPPort) SendBatch(frames [][]byte) (int, error) {
+// SendBatch implements the engine's Link: it sends every frame, a UDP
+// payload (BTH through ICRC), to peers[i] (len(peers) >= len(frames)),
+// from the link's address and port. The caller keeps its buffers (the
+// kernel copies). A frame shorter than a BTH and an ICRC, or for a
+// destination that is not a unicast address of the link's family with a
+// port, is dropped and counted (TxInvalid). It returns fewer than
+// len(frames) only on backpressure (EAGAIN, ENOBUFS); a datagram the
+// kernel refuses for another reason is dropped and counted in
+// SendErrors.
+func (p *UDPPort) SendBatch(frames [][]byte, peers []netip.AddrPort) (int, error) {
 	if len(frames) == 0 {
 		return 0, nil
 	}
-	p.txFrames, p.txN = frames, 0
+	if len(peers) < len(frames) {
+		return 0, fmt.Errorf("%w: %d frames, %d peers", ErrInvalid, len(frames), len(peers))
+	}
+	p.txFrames, p.txPeers, p.txN = frames, peers, 0
 	err := p.rc.Control(p.sendFn)
-	p.txFrames = nil
+	p.txFrames, p.txPeers = nil, nil
 	if err != nil {
 		return 0, fmt.Errorf("%w: %v", ErrUDPClosed, err)
 	}
@@ -426,7 +397,7 @@ func (p *UDPPort) SendBatch(frames [][]byte) (int, error) {
 
 // send is SendBatch on the socket fd.
 func (p *UDPPort) send(fd uintptr) {
-	frames := p.txFrames
+	frames, peers := p.txFrames, p.txPeers
 	b := &p.tx
 	c := &p.Counters
 	for i := 0; i < len(frames); {
@@ -434,12 +405,12 @@ func (p *UDPPort) send(fd uintptr) {
 		end := min(len(frames), i+len(b.msgs))
 		k := 0
 		for f := i; f < end; f++ {
-			payload, namelen, why, ok := p.loc.conform(frames[f], &b.names[k])
-			b.drops[f-i] = why
-			if !ok {
+			payload := frames[f]
+			namelen, ok := putSockaddr(&b.names[k], peers[f], p.v6)
+			b.invalid[f-i] = !ok || len(payload) < udpMinPayload
+			if b.invalid[f-i] {
 				continue
 			}
-			b.drops[f-i] = numUDPDrops
 			b.iovs[k].Base = &payload[0]
 			b.iovs[k].SetLen(len(payload))
 			m := &b.msgs[k]
@@ -472,8 +443,8 @@ func (p *UDPPort) send(fd uintptr) {
 			s++ // drop this datagram, go on with the next
 		}
 		for f := i; f < stop; f++ {
-			if why := b.drops[f-i]; why < numUDPDrops {
-				c.Drops[why].Add(1)
+			if b.invalid[f-i] {
+				c.TxInvalid.Add(1)
 			}
 		}
 		for j := range k {
@@ -489,19 +460,23 @@ func (p *UDPPort) send(fd uintptr) {
 }
 
 // RecvBatch implements the engine's Link: it fills frames with received
-// datagrams, each behind synthesized Ethernet, IP and UDP headers, in the
-// caller's buffers (frames[i] is resliced; buffers may change places when
-// a datagram is dropped). It never blocks. Frames are at most
+// datagrams (UDP payloads, BTH through ICRC, as sent) in the caller's
+// buffers and peers[i] with the sender of frames[i] (len(peers) >=
+// len(frames)); frames[i] is resliced, and buffers may change places
+// when a datagram is dropped. It never blocks. Frames are at most
 // UDPConfig.FrameCap bytes (longer datagrams are dropped, RxTruncated);
-// each buffer needs a capacity of at least the headroom plus a BTH and an
-// ICRC, and normally has FrameCap.
-func (p *UDPPort) RecvBatch(frames [][]byte) (int, error) {
+// each buffer needs a capacity of at least a BTH and an ICRC, and
+// normally has FrameCap.
+func (p *UDPPort) RecvBatch(frames [][]byte, peers []netip.AddrPort) (int, error) {
 	if len(frames) == 0 {
 		return 0, nil
 	}
-	p.rxFrames, p.rxN, p.rxErr = frames, 0, nil
+	if len(peers) < len(frames) {
+		return 0, fmt.Errorf("%w: %d frames, %d peers", ErrInvalid, len(frames), len(peers))
+	}
+	p.rxFrames, p.rxPeers, p.rxN, p.rxErr = frames, peers, 0, nil
 	err := p.rc.Control(p.recvFn)
-	p.rxFrames = nil
+	p.rxFrames, p.rxPeers = nil, nil
 	if err != nil {
 		return 0, fmt.Errorf("%w: %v", ErrUDPClosed, err)
 	}
@@ -510,25 +485,23 @@ func (p *UDPPort) RecvBatch(frames [][]byte) (int, error) {
 
 // recv is RecvBatch on the socket fd.
 func (p *UDPPort) recv(fd uintptr) {
-	frames := p.rxFrames
+	frames, peers := p.rxFrames, p.rxPeers
 	b := &p.rx
 	c := &p.Counters
-	hl := p.hl
 	total, drained, short := 0, false, false
-	var src [16]byte
 	for total < len(frames) && !drained && !short {
 		k := min(len(frames)-total, len(b.msgs))
 		for i := range k {
 			buf := frames[total+i]
 			buf = buf[:min(cap(buf), p.fcap)]
-			if len(buf) < hl+udpMinPayload {
+			if len(buf) < udpMinPayload {
 				p.rxErr = fmt.Errorf("%w: receive buffer of capacity %d", ErrInvalid, cap(buf))
 				k, short = i, true
 				break
 			}
 			frames[total+i] = buf
-			b.iovs[i].Base = &buf[hl]
-			b.iovs[i].SetLen(len(buf) - hl)
+			b.iovs[i].Base = &buf[0]
+			b.iovs[i].SetLen(len(buf))
 			m := &b.msgs[i]
 			m.Hdr = unix.Msghdr{Name: &b.names[i][0], Namelen: sockaddrLen, Iov: &b.iovs[i]}
 			m.Hdr.SetIovlen(1)
@@ -563,22 +536,17 @@ func (p *UDPPort) recv(fd uintptr) {
 				c.RxTruncated.Add(1)
 				continue
 			}
-			sport, ok := sockaddrPeer(&b.names[i], m.Hdr.Namelen, p.loc.v6, &src)
+			from, ok := sockaddrAddrPort(&b.names[i], m.Hdr.Namelen, p.v6)
 			if !ok {
 				c.RxForeign.Add(1)
 				continue
 			}
 			n := int(m.Len)
-			buf := frames[slot]
-			if p.loc.v6 {
-				synth6(buf, n, &src, sport, &p.loc.addr, p.loc.port)
-			} else {
-				synth4(buf, n, &src, sport, &p.loc.addr, p.loc.port)
-			}
-			frames[slot] = buf[:hl+n]
+			frames[slot] = frames[slot][:n]
 			if j != slot {
 				frames[j], frames[slot] = frames[slot], frames[j]
 			}
+			peers[j] = from
 			j++
 			c.RxFrames.Add(1)
 			c.RxBytes.Add(uint64(n))

@@ -16,11 +16,14 @@ import (
 const benchBatch = 16
 
 // udpPair is a sending and a receiving UDP link on loopback with a batch
-// of 4 KiB SEND ONLY frames and receive buffers.
+// of 4 KiB SEND ONLY frames, their peers, and receive buffers with room
+// for the senders.
 type udpPair struct {
 	a, b   *UDPPort
 	frames [][]byte
+	to     []netip.AddrPort
 	bufs   [][]byte
+	from   []netip.AddrPort
 }
 
 func newUDPPair(tb testing.TB) *udpPair {
@@ -30,6 +33,8 @@ func newUDPPair(tb testing.TB) *udpPair {
 		a:    newTestLink(tb, aAddr, 1, mod).Ports()[0],
 		b:    newTestLink(tb, bAddr, 1, mod).Ports()[0],
 		bufs: newBufs(benchBatch),
+		to:   peersOf(bAddr, benchBatch),
+		from: make([]netip.AddrPort, benchBatch),
 	}
 	path := pathBetween(aAddr, bAddr)
 	for i := range benchBatch {
@@ -43,20 +48,20 @@ func newUDPPair(tb testing.TB) *udpPair {
 // (fewer only if the kernel dropped some, which a receive buffer of 1 MiB
 // for 16 datagrams prevents).
 func (p *udpPair) round(tb testing.TB) int {
-	frames := p.frames
+	frames, to := p.frames, p.to
 	for len(frames) > 0 {
-		n, err := p.a.SendBatch(frames)
+		n, err := p.a.SendBatch(frames, to)
 		if err != nil {
 			tb.Fatal(err)
 		}
-		frames = frames[n:]
+		frames, to = frames[n:], to[n:]
 	}
 	got := 0
 	for got < benchBatch {
 		for i := range p.bufs {
 			p.bufs[i] = p.bufs[i][:cap(p.bufs[i])]
 		}
-		k, err := p.b.RecvBatch(p.bufs[:benchBatch-got])
+		k, err := p.b.RecvBatch(p.bufs[:benchBatch-got], p.from)
 		if err != nil {
 			tb.Fatal(err)
 		}
@@ -117,13 +122,13 @@ func TestUDPNoAllocs(t *testing.T) {
 		}
 	}), "SendBatch + RecvBatch")
 	assert.Zero(t, testing.AllocsPerRun(100, func() {
-		if _, err := p.a.SendBatch(p.frames[:1]); err != nil {
+		if _, err := p.a.SendBatch(p.frames[:1], p.to); err != nil {
 			t.Error(err)
 		}
 	}), "SendBatch")
 	recvN(t, p.b, 101) // drain
 	assert.Zero(t, testing.AllocsPerRun(100, func() {
-		if n, err := p.b.RecvBatch(p.bufs); n != 0 || err != nil {
+		if n, err := p.b.RecvBatch(p.bufs, p.from); n != 0 || err != nil {
 			t.Error(n, err)
 		}
 	}), "RecvBatch on an empty socket")

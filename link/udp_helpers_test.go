@@ -69,22 +69,15 @@ func newTestLink(t testing.TB, local netip.AddrPort, workers int, mod func(*UDPC
 	return l
 }
 
-// pathBetween is the path the engine would use from link a to b: the
-// UDP-link conventions, with masked fields (TOS, TTL, UDP checksum) set
-// to values the receiver does not reproduce.
+// pathBetween is the path the engine uses in roce.ModeUDP from link a
+// to link b: the pseudo header's addresses and ports are the two
+// sockets'.
 func pathBetween(a, b netip.AddrPort) *roce.Path {
-	p := &roce.Path{
-		Mode: roce.ModeEthernet, SrcMAC: [6]byte{2, 1, 1, 1, 1, 1}, DstMAC: [6]byte{2, 2, 2, 2, 2, 2},
-		Src: a.Addr(), Dst: b.Addr(), SrcPort: a.Port(), TTL: 9, TOS: 0x02,
-		DontFragment: true, UDPChecksum: true,
-	}
-	if b.Port() != roce.UDPPort {
-		p.DstPort = b.Port()
-	}
-	return p
+	return &roce.Path{Mode: roce.ModeUDP, Src: a.Addr(), Dst: b.Addr(), SrcPort: a.Port(), DstPort: b.Port()}
 }
 
-// buildFrame builds op with an n-byte payload (a pattern) on path p.
+// buildFrame builds op with an n-byte payload (a pattern) on path p: a
+// UDP payload, BTH through ICRC.
 func buildFrame(t testing.TB, p *roce.Path, h *roce.Headers, n int) []byte {
 	t.Helper()
 	buf := make([]byte, testFrameCap)
@@ -97,6 +90,13 @@ func buildFrame(t testing.TB, p *roce.Path, h *roce.Headers, n int) []byte {
 	return f
 }
 
+// parseFrom parses a received payload as the engine does: ICRC over the
+// pseudo header of the sender beside it and the receiving link's address.
+func parseFrom(payload []byte, from, local netip.AddrPort, pkt *roce.Packet) error {
+	ps := roce.Pseudo{Src: from.Addr(), SrcPort: from.Port(), Dst: local.Addr(), DstPort: local.Port()}
+	return roce.ParseUDP(payload, &ps, pkt)
+}
+
 // newBufs returns n empty buffers of the test capacity.
 func newBufs(n int) [][]byte {
 	b := make([][]byte, n)
@@ -106,19 +106,26 @@ func newBufs(n int) [][]byte {
 	return b
 }
 
-// recvN receives exactly n frames from p, waiting on Ready in between,
-// and returns copies.
-func recvN(t testing.TB, p *UDPPort, n int) [][]byte {
+// datagram is a received payload and its sender.
+type datagram struct {
+	b    []byte
+	from netip.AddrPort
+}
+
+// recvN receives exactly n datagrams from p, waiting on Ready in
+// between, and returns copies.
+func recvN(t testing.TB, p *UDPPort, n int) []datagram {
 	t.Helper()
 	bufs := newBufs(16)
-	var out [][]byte
+	peers := make([]netip.AddrPort, len(bufs))
+	var out []datagram
 	timeout := time.NewTimer(recvTimeout)
 	defer timeout.Stop()
 	for len(out) < n {
-		k, err := p.RecvBatch(bufs)
+		k, err := p.RecvBatch(bufs, peers)
 		require.NoError(t, err)
 		for i := range k {
-			out = append(out, bytes.Clone(bufs[i]))
+			out = append(out, datagram{bytes.Clone(bufs[i]), peers[i]})
 		}
 		if k == 0 {
 			p.ArmReady()
@@ -132,40 +139,22 @@ func recvN(t testing.TB, p *UDPPort, n int) [][]byte {
 	return out
 }
 
-// sendAll sends frames through p, retrying on backpressure.
-func sendAll(t testing.TB, p *UDPPort, frames [][]byte) {
+// peersOf returns n copies of to: the peers of a batch to one destination.
+func peersOf(to netip.AddrPort, n int) []netip.AddrPort {
+	ps := make([]netip.AddrPort, n)
+	for i := range ps {
+		ps[i] = to
+	}
+	return ps
+}
+
+// sendAll sends frames through p to to, retrying on backpressure.
+func sendAll(t testing.TB, p *UDPPort, frames [][]byte, to netip.AddrPort) {
 	t.Helper()
+	peers := peersOf(to, len(frames))
 	for len(frames) > 0 {
-		n, err := p.SendBatch(frames)
+		n, err := p.SendBatch(frames, peers)
 		require.NoError(t, err)
-		frames = frames[n:]
+		frames, peers = frames[n:], peers[n:]
 	}
-}
-
-// coveredHeaders returns the IP and UDP headers of frame with the fields
-// the ICRC masks cleared: what must be equal end to end.
-func coveredHeaders(t testing.TB, frame []byte) []byte {
-	t.Helper()
-	var pkt roce.Packet
-	require.NoError(t, roce.Parse(frame, &pkt))
-	var ip []byte
-	if pkt.IPv4 != nil {
-		ip = bytes.Clone(pkt.IPv4)
-		ip[1], ip[8], ip[10], ip[11] = 0, 0, 0, 0 // TOS, TTL, checksum
-	} else {
-		ip = bytes.Clone(pkt.IPv6)
-		ip[0] &^= 0x0f
-		ip[1], ip[2], ip[3], ip[7] = 0, 0, 0, 0 // traffic class, flow label, hop limit
-	}
-	u := bytes.Clone(pkt.UDP)
-	u[6], u[7] = 0, 0
-	return append(ip, u...)
-}
-
-// transport returns BTH .. ICRC of a whole frame.
-func transport(t testing.TB, frame []byte) []byte {
-	t.Helper()
-	var pkt roce.Packet
-	require.NoError(t, roce.Parse(frame, &pkt))
-	return frame[len(pkt.Eth)+len(pkt.IPv4)+len(pkt.IPv6)+len(pkt.UDP):]
 }

@@ -124,11 +124,10 @@ func TestUDPSteering(t *testing.T) {
 		n := tc.n
 		t.Run(fmt.Sprintf("%s/workers=%d", tc.fam, n), func(t *testing.T) {
 			var local netip.AddrPort
-			hl := UDPHeadroom4
 			if tc.fam == "ipv4" {
 				local = loopback4(t)
 			} else {
-				local, hl = loopback6(t), UDPHeadroom6
+				local = loopback6(t)
 			}
 			l := newTestLink(t, local, n, nil)
 			plain, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(local.Addr(), 0)))
@@ -156,7 +155,7 @@ func TestUDPSteering(t *testing.T) {
 				got := recvN(t, p, want[i])
 				short := 0
 				for _, f := range got {
-					payload := f[hl:]
+					payload := f.b
 					if len(payload) < roce.BTHLen {
 						short++
 						continue
@@ -169,7 +168,7 @@ func TestUDPSteering(t *testing.T) {
 				} else {
 					assert.Zero(t, short)
 				}
-				k, err := p.RecvBatch(newBufs(1))
+				k, err := p.RecvBatch(newBufs(1), make([]netip.AddrPort, 1))
 				require.NoError(t, err)
 				assert.Zero(t, k, "socket %d: more datagrams than steered to it", i)
 			}
@@ -193,13 +192,13 @@ func TestUDPSteeringBothDirections(t *testing.T) {
 		for q := uint32(1); q <= 16; q++ {
 			h := roce.Headers{BTH: roce.BTHFields{Opcode: roce.OpRCSendOnly, PKey: 0xffff, DestQP: q, PSN: q}}
 			// Sent by the worker that owns the sending QP (any worker may send).
-			sendAll(t, dir.from.Ports()[int(q)%2], [][]byte{buildFrame(t, path, &h, 8)})
+			sendAll(t, dir.from.Ports()[int(q)%2], [][]byte{buildFrame(t, path, &h, 8)}, dir.toAddr)
 			want[roce.SteerQueue(q, 2)]++
 		}
 		for i, p := range dir.to.Ports() {
 			for _, f := range recvN(t, p, want[i]) {
 				var pkt roce.Packet
-				require.NoError(t, roce.Parse(f, &pkt))
+				require.NoError(t, parseFrom(f.b, f.from, dir.toAddr, &pkt))
 				assert.Equal(t, i, roce.SteerQueue(pkt.BTH.DestQP(), 2))
 			}
 		}

@@ -186,8 +186,9 @@ func (p *Path) Build(buf []byte, off, n int, h *Headers) ([]byte, error) {
 	bth := BTH(t[:BTHLen])
 	bth.Encode(&h.BTH)
 	bth.SetPadCount(pad)
-	if info.Headers != 0 {
-		encodeExt(t, info, h)
+	for m := info.Headers; m != 0; m &= m - 1 {
+		x := m.first()
+		extCodecs[x].encode(info.ext(t, x), h)
 	}
 	clear(buf[off+n : off+n+pad])
 	body := buf[tstart : off+n+pad]
@@ -255,41 +256,4 @@ func (p *Path) Build(buf []byte, off, n int, h *Headers) ([]byte, error) {
 		}
 	}
 	return buf[start:end], nil
-}
-
-// encodeExt writes the extension headers of info into t (BTH first).
-func encodeExt(t []byte, info *OpInfo, h *Headers) {
-	m := info.Headers
-	if m.Has(HdrDETH) {
-		o := info.offsets[HdrDETH]
-		DETH(t[o : o+DETHLen]).Encode(&h.DETH)
-	}
-	if m.Has(HdrRETH) {
-		o := info.offsets[HdrRETH]
-		RETH(t[o : o+RETHLen]).Encode(&h.RETH)
-	}
-	if m.Has(HdrAtomicETH) {
-		o := info.offsets[HdrAtomicETH]
-		AtomicETH(t[o : o+AtomicETHLen]).Encode(&h.AtomicETH)
-	}
-	if m.Has(HdrAETH) {
-		o := info.offsets[HdrAETH]
-		AETH(t[o : o+AETHLen]).Encode(&h.AETH)
-	}
-	if m.Has(HdrAtomicAckETH) {
-		o := info.offsets[HdrAtomicAckETH]
-		AtomicAckETH(t[o : o+AtomicAckETHLen]).Encode(&h.AtomicAckETH)
-	}
-	if m.Has(HdrImmDt) {
-		o := info.offsets[HdrImmDt]
-		ImmDt(t[o : o+ImmDtLen]).SetImm(h.Imm)
-	}
-	if m.Has(HdrIETH) {
-		o := info.offsets[HdrIETH]
-		IETH(t[o : o+IETHLen]).SetRKey(h.InvRKey)
-	}
-	if m.Has(HdrCNPReserved) {
-		o := int(info.offsets[HdrCNPReserved])
-		clear(t[o : o+CNPReservedLen])
-	}
 }

@@ -7,20 +7,24 @@
 // A RoCE v2 packet is an InfiniBand transport packet carried in UDP
 // (destination port 4791) over IPv4 or IPv6:
 //
-//	TAP link (ModeEthernet), a whole Ethernet frame:
+//	TAP link, in-memory link (ModeEthernet), a whole Ethernet frame:
 //	+----------+--------+-----------+-----+-----+------------+---------+-----+------+
 //	| Ethernet | [VLAN] | IPv4/IPv6 | UDP | BTH | ext. hdrs  | payload | pad | ICRC |
 //	+----------+--------+-----------+-----+-----+------------+---------+-----+------+
 //	   14         4        20 / 40     8    12    0..28        0..4096   0..3   4
 //
-//	UDP link (ModeUDP), the UDP payload only; the kernel builds IP and UDP:
+//	UDP link (ModeUDP), the UDP payload only; the kernel builds IP and UDP,
+//	the link passes the peer's address and port beside the packet, and the
+//	ICRC covers the Pseudo header made of them:
 //	+-----+------------+---------+-----+------+
 //	| BTH | ext. hdrs  | payload | pad | ICRC |
 //	+-----+------------+---------+-----+------+
 //
 // The extension headers present (DETH, RETH, AtomicETH, AETH, AtomicAckETH,
 // ImmDt, IETH, in that order) are fixed by the BTH opcode; the opcode table
-// (Opcode.Info) says which, at which offsets, and whether a payload follows.
+// (Opcode.Info) says which, at which offsets, and whether a payload follows,
+// and one table of what each header is (extCodecs, exthdr.go) drives the
+// parser and the builder over it.
 // The payload is padded to a multiple of 4 bytes; BTH PadCnt holds the pad
 // length. All fields are big-endian except the ICRC, which is stored
 // little-endian (see icrc.go).

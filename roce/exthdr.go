@@ -328,3 +328,58 @@ func (b DETH) Encode(f *DETHFields) {
 
 // Fields decodes the header.
 func (b DETH) Fields() DETHFields { return DETHFields{QKey: b.QKey(), SrcQP: b.SrcQP()} }
+
+// extCodec is what the parser and the builder do with one extension
+// header (or the CNP's reserved block), given exactly its bytes: view
+// points the parsed packet's view at them (Parse, ParseUDP), encode
+// writes them from Headers (Build), decode reads them into Headers
+// (Packet.Headers). The opcode table says which headers an opcode carries
+// and at which offsets; this table says what each one is, once.
+type extCodec struct {
+	view   func(pkt *Packet, b []byte)
+	encode func(b []byte, h *Headers)
+	decode func(b []byte, h *Headers)
+}
+
+var extCodecs = [numHeaders]extCodec{
+	HdrDETH: {
+		view:   func(pkt *Packet, b []byte) { pkt.DETH = b },
+		encode: func(b []byte, h *Headers) { DETH(b).Encode(&h.DETH) },
+		decode: func(b []byte, h *Headers) { h.DETH = DETH(b).Fields() },
+	},
+	HdrRETH: {
+		view:   func(pkt *Packet, b []byte) { pkt.RETH = b },
+		encode: func(b []byte, h *Headers) { RETH(b).Encode(&h.RETH) },
+		decode: func(b []byte, h *Headers) { h.RETH = RETH(b).Fields() },
+	},
+	HdrAtomicETH: {
+		view:   func(pkt *Packet, b []byte) { pkt.AtomicETH = b },
+		encode: func(b []byte, h *Headers) { AtomicETH(b).Encode(&h.AtomicETH) },
+		decode: func(b []byte, h *Headers) { h.AtomicETH = AtomicETH(b).Fields() },
+	},
+	HdrAETH: {
+		view:   func(pkt *Packet, b []byte) { pkt.AETH = b },
+		encode: func(b []byte, h *Headers) { AETH(b).Encode(&h.AETH) },
+		decode: func(b []byte, h *Headers) { h.AETH = AETH(b).Fields() },
+	},
+	HdrAtomicAckETH: {
+		view:   func(pkt *Packet, b []byte) { pkt.AtomicAckETH = b },
+		encode: func(b []byte, h *Headers) { AtomicAckETH(b).Encode(&h.AtomicAckETH) },
+		decode: func(b []byte, h *Headers) { h.AtomicAckETH = AtomicAckETH(b).Fields() },
+	},
+	HdrImmDt: {
+		view:   func(pkt *Packet, b []byte) { pkt.ImmDt = b },
+		encode: func(b []byte, h *Headers) { ImmDt(b).SetImm(h.Imm) },
+		decode: func(b []byte, h *Headers) { h.Imm = ImmDt(b).Imm() },
+	},
+	HdrIETH: {
+		view:   func(pkt *Packet, b []byte) { pkt.IETH = b },
+		encode: func(b []byte, h *Headers) { IETH(b).SetRKey(h.InvRKey) },
+		decode: func(b []byte, h *Headers) { h.InvRKey = IETH(b).RKey() },
+	},
+	HdrCNPReserved: { // reserved: written as zeros, no view, no field
+		view:   func(*Packet, []byte) {},
+		encode: func(b []byte, _ *Headers) { clear(b) },
+		decode: func([]byte, *Headers) {},
+	},
+}

@@ -1,6 +1,9 @@
 package roce
 
-import "strconv"
+import (
+	"math/bits"
+	"strconv"
+)
 
 //go:generate go tool stringer -type=Service -trimprefix=Service
 //go:generate go tool stringer -type=Header -trimprefix=Hdr
@@ -112,6 +115,10 @@ type HeaderMask uint16
 // Has reports whether h is in the set.
 func (m HeaderMask) Has(h Header) bool { return m&(1<<h) != 0 }
 
+// first returns the header of the lowest bit of a non-empty set: the
+// first in wire order. Iterate with m &= m - 1.
+func (m HeaderMask) first() Header { return Header(bits.TrailingZeros16(uint16(m))) }
+
 // OpFlags describe what an opcode means to the transport.
 type OpFlags uint32
 
@@ -183,6 +190,13 @@ func (i *OpInfo) Offset(h Header) int {
 		return 0
 	}
 	return int(i.offsets[h])
+}
+
+// ext returns the bytes of header h (which the opcode carries) in t, a
+// transport packet from the BTH on at least HeaderLen bytes long.
+func (i *OpInfo) ext(t []byte, h Header) []byte {
+	o := int(i.offsets[h])
+	return t[o : o+headerLens[h]]
 }
 
 // Is reports whether all of flags are set.

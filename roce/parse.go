@@ -33,6 +33,10 @@ type Packet struct {
 	Payload []byte
 	// ICRC is the ICRC as read from the packet (verified by the parser).
 	ICRC uint32
+
+	// transport is the BTH and the extension headers (Info.HeaderLen
+	// bytes), for Headers.
+	transport []byte
 }
 
 // Opcode returns the BTH opcode.
@@ -64,26 +68,9 @@ func (pkt *Packet) Dst() netip.Addr {
 func (pkt *Packet) Headers() Headers {
 	var h Headers
 	h.BTH = pkt.BTH.Fields()
-	if pkt.DETH != nil {
-		h.DETH = pkt.DETH.Fields()
-	}
-	if pkt.RETH != nil {
-		h.RETH = pkt.RETH.Fields()
-	}
-	if pkt.AtomicETH != nil {
-		h.AtomicETH = pkt.AtomicETH.Fields()
-	}
-	if pkt.AETH != nil {
-		h.AETH = pkt.AETH.Fields()
-	}
-	if pkt.AtomicAckETH != nil {
-		h.AtomicAckETH = pkt.AtomicAckETH.Fields()
-	}
-	if pkt.ImmDt != nil {
-		h.Imm = pkt.ImmDt.Imm()
-	}
-	if pkt.IETH != nil {
-		h.InvRKey = pkt.IETH.RKey()
+	for m := pkt.Info.Headers; m != 0; m &= m - 1 {
+		x := m.first()
+		extCodecs[x].decode(pkt.Info.ext(pkt.transport, x), &h)
 	}
 	if pkt.IPv4 != nil {
 		h.IPID = pkt.IPv4.ID()
@@ -287,35 +274,10 @@ func parseTransport(t []byte, pkt *Packet) error {
 			return fmt.Errorf("%w: %d on %v", ErrBadPad, pad, op)
 		}
 	}
-	if m := info.Headers; m != 0 {
-		if m.Has(HdrDETH) {
-			o := info.offsets[HdrDETH]
-			pkt.DETH = DETH(t[o : o+DETHLen])
-		}
-		if m.Has(HdrRETH) {
-			o := info.offsets[HdrRETH]
-			pkt.RETH = RETH(t[o : o+RETHLen])
-		}
-		if m.Has(HdrAtomicETH) {
-			o := info.offsets[HdrAtomicETH]
-			pkt.AtomicETH = AtomicETH(t[o : o+AtomicETHLen])
-		}
-		if m.Has(HdrAETH) {
-			o := info.offsets[HdrAETH]
-			pkt.AETH = AETH(t[o : o+AETHLen])
-		}
-		if m.Has(HdrAtomicAckETH) {
-			o := info.offsets[HdrAtomicAckETH]
-			pkt.AtomicAckETH = AtomicAckETH(t[o : o+AtomicAckETHLen])
-		}
-		if m.Has(HdrImmDt) {
-			o := info.offsets[HdrImmDt]
-			pkt.ImmDt = ImmDt(t[o : o+ImmDtLen])
-		}
-		if m.Has(HdrIETH) {
-			o := info.offsets[HdrIETH]
-			pkt.IETH = IETH(t[o : o+IETHLen])
-		}
+	pkt.transport = t[:hl]
+	for m := info.Headers; m != 0; m &= m - 1 {
+		h := m.first()
+		extCodecs[h].view(pkt, info.ext(t, h))
 	}
 	pkt.Payload = t[hl : hl+data-pad]
 	pkt.ICRC = getICRC(t[len(t)-ICRCLen:])

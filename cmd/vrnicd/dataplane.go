@@ -35,10 +35,10 @@ type dataPlane struct {
 //     dropped (counted as no route). It needs nothing from the host.
 //   - udp: the UDP link (package link): one socket per worker bound to the
 //     -local address (port 4791), steered by QPN in the kernel; peers are
-//     the QPs' destination GIDs, port 4791. The link only sends frames
-//     that follow its conventions (UDP source port = its port, IPv4
-//     Identification 0 and DF): the engine builds every QP's frames that
-//     way through its PathFixup hook, set to the link's ConformPath.
+//     the QPs' destination GIDs, port 4791. The engine runs in
+//     roce.ModeUDP: it builds and parses the UDP payloads only, with the
+//     peer's address and port beside each, and the link's address as
+//     its own.
 //   - tap: a multi-queue TAP device, queue i for worker i, with the eBPF
 //     steering and filter programs attached (tap.go). PathFixup writes the
 //     NIC's MAC and the peer's, looked up in the NIC's neighbour cache; the
@@ -52,6 +52,8 @@ func newDataPlane(cfg *Config, li device.LinkInfo, space *dma.Space, workers int
 		resolve  func(context.Context, netip.Addr) error
 		stats    func() (any, error)
 		frameCap = engine.DefaultFrameCap
+		mode     = roce.ModeEthernet
+		udpLocal netip.AddrPort // the UDP link's address, in ModeUDP
 	)
 	switch cfg.Link.Type {
 	case "mem":
@@ -86,7 +88,7 @@ func newDataPlane(cfg *Config, li device.LinkInfo, space *dma.Space, workers int
 		for _, p := range ul.Ports() {
 			links = append(links, p)
 		}
-		close, fixup = ul.Close, ul.ConformPath
+		close, mode, udpLocal = ul.Close, roce.ModeUDP, ul.LocalAddr()
 	case "tap":
 		frameCap = frameCapFor()
 		tl, err := openTAP(cfg, li.MAC, workers, frameCap, log)
@@ -98,7 +100,7 @@ func newDataPlane(cfg *Config, li device.LinkInfo, space *dma.Space, workers int
 	default:
 		return nil, fmt.Errorf("link type %q has no data path", cfg.Link.Type)
 	}
-	eng, err := engine.New(engine.Config{Links: links, Mode: roce.ModeEthernet, MAC: li.MAC, FrameCap: frameCap, PathFixup: fixup, Logger: log})
+	eng, err := engine.New(engine.Config{Links: links, Mode: mode, Local: udpLocal, MAC: li.MAC, FrameCap: frameCap, PathFixup: fixup, Logger: log})
 	if err != nil {
 		close()
 		return nil, err

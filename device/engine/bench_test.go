@@ -14,20 +14,29 @@ import (
 )
 
 // steady brings a pair to steady state for allocation tests and
-// benchmarks: one worker each, MTU 4096.
-func steady(t testing.TB) (*tqp, *tqp) {
+// benchmarks: one worker each, MTU 4096, Ethernet frames.
+func steady(t testing.TB) (*tqp, *tqp) { return steadyMode(t, roce.ModeEthernet) }
+
+func steadyMode(t testing.TB, mode roce.Mode) (*tqp, *tqp) {
 	o := defaultOpts()
 	o.mtu = roce.MTU4096
-	return pairOn(t, newNetworkSized(t, 128, 64), 1, nil, nil, o)
+	return pairOn(t, newNetworkMode(t, mode, 128, 64), 1, nil, nil, o)
 }
 
 // TestZeroAllocWrite: the steady-state RDMA WRITE path (post, segment,
-// build, link, parse, place, ACK, complete) allocates nothing.
+// build, link, parse, place, ACK, complete) allocates nothing, in either
+// mode.
 func TestZeroAllocWrite(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
 	}
-	a, b := steady(t)
+	for _, mode := range modes {
+		t.Run(mode.String(), func(t *testing.T) { testZeroAllocWrite(t, mode) })
+	}
+}
+
+func testZeroAllocWrite(t *testing.T, mode roce.Mode) {
+	a, b := steadyMode(t, mode)
 	src := a.n.buffer(64<<10, 0x1000, abi.AccessAll, 1)
 	dst := b.n.buffer(64<<10, 0x1000, abi.AccessAll, 2)
 	sges := []abi.SGE{src.sge(0, 64<<10)}
@@ -64,7 +73,13 @@ func TestZeroAllocSend(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
 	}
-	a, b := steady(t)
+	for _, mode := range modes {
+		t.Run(mode.String(), func(t *testing.T) { testZeroAllocSend(t, mode) })
+	}
+}
+
+func testZeroAllocSend(t *testing.T, mode roce.Mode) {
+	a, b := steadyMode(t, mode)
 	src := a.n.buffer(10000, 0x1000, abi.AccessAll, 1)
 	dst := b.n.buffer(10000, 0x1000, abi.AccessAll, 2)
 	sges := []abi.SGE{src.sge(0, 10000)}

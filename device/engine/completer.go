@@ -98,7 +98,7 @@ func (qp *QP) compRx(p *packet) {
 			st = compDone
 		}
 	}
-	qp.w.markComp(qp)
+	qp.w.busy = true
 }
 
 // compCheckPSN: a response must name a PSN that is outstanding, in
@@ -512,7 +512,7 @@ func (qp *QP) rewind(psn uint32) {
 	}
 	qp.req.sinceAck = 0
 	qp.req.ackAllUntil = qp.req.psn
-	qp.w.activate(qp)
+	qp.w.busy = true
 }
 
 // traceFunc receives a line per transport event.

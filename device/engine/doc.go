@@ -30,14 +30,34 @@
 // in-memory link: 1 MiB WRITE 0.18 -> 0.5 of the per-byte baseline at one
 // WR in flight, 8-byte WRITEs 0.26 -> 1.9 M/s; BENCHMARKS.md.)
 //
+// # Framing
+//
+// Config.Mode says what the links carry. In roce.ModeEthernet (the TAP
+// link, the in-memory link) a frame is a whole Ethernet frame: the engine
+// builds Ethernet, IP and UDP headers from the QP's path (PathFixup lets
+// the TAP link fill in the MAC addresses) and roce.Parse reads the source
+// and destination back from them. In roce.ModeUDP (the UDP link, the
+// in-memory link in ModeUDP) a frame is the UDP payload only, BTH through
+// ICRC, and its peer travels beside it in the Link calls: the engine
+// sends to the QP's destination GID, port 4791, and takes the source of a
+// received payload from the address beside it and the destination from
+// Config.Local, the links' address. The ICRC covers the pseudo header of
+// those two addresses and ports (roce.Pseudo): the kernel writes the real
+// IP and UDP headers and nobody builds or parses them in user space.
+// Either way an RC packet reaches its QP only from the QP's peer: source
+// = its destination GID, destination = its source GID (DESIGN 5);
+// anything else is dropped and counted (WorkerCounters.BadPeer).
+//
 // # Memory layout and ownership
 //
 // Every frame buffer is a []byte of Config.FrameCap bytes; each worker
 // owns Batch receive and Batch send buffers and exchanges them with its
 // link (see Link). A frame is built in place: the payload is copied once
 // from client memory (Memory.Gather or ReadRemote) to
-// buf[Path.Headroom(op):], roce.Path.Build writes the headers in front of
-// it (so the frame starts at buf[0]) and the pad and ICRC behind it. On
+// buf[Path.Headroom(op):], roce.Path.Build writes the headers of the
+// mode in front of it (so the frame starts at buf[0]) and the pad and
+// ICRC behind it; the peer beside a frame is a netip.AddrPort in an array
+// of the worker's (txTo, rxFrom), never allocated per packet. On
 // receive the payload is copied once from the frame to client memory
 // (Scatter or WriteRemote). Per QP, send WQEs are copied once from the SQ
 // (SendSource) into a private ring of SQDepth entries whose SGE lists and
@@ -66,5 +86,6 @@
 //
 // What the engine needs from other layers is declared here as interfaces:
 // Memory (package dma), SendSource and RecvSource (package queues),
-// CompletionSink (a CQ) and Link (package link, the TAP and UDP links).
+// CompletionSink (a CQ) and Link (package link: the TAP, UDP and
+// in-memory links).
 package engine

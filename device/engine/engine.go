@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"sync"
 
 	"github.com/vrnic/vrnic/roce"
@@ -22,12 +23,21 @@ type Config struct {
 	// Links: one per worker (worker i reads and writes Links[i]); the
 	// number of workers is len(Links).
 	Links []Link
-	// Mode is the framing of the links. Only roce.ModeEthernet (whole
-	// Ethernet frames: TAP and the in-memory link) is implemented.
+	// Mode is the framing of the links: roce.ModeEthernet, whole Ethernet
+	// frames (the TAP link, the in-memory link), or roce.ModeUDP, UDP
+	// payloads with the peer's address and port beside each (the UDP
+	// link, the in-memory link in ModeUDP).
 	Mode roce.Mode
-	// MAC is the device's MAC address; PeerMAC the destination MAC
-	// written into frames (neighbour resolution is not done here).
-	MAC, PeerMAC [6]byte
+	// Local is the links' address and port in ModeUDP (required there,
+	// ignored in ModeEthernet; port 0 means 4791): the source of every
+	// datagram sent and the destination of every one received, so the
+	// source address and port of the pseudo header the ICRC of every sent
+	// packet covers, and the destination of every received one's.
+	// Datagrams go to the QP's destination GID, port 4791.
+	Local netip.AddrPort
+	// MAC is the device's MAC address, the source of Ethernet frames
+	// (ModeEthernet). The destination MAC is PathFixup's to write.
+	MAC [6]byte
 	// FrameCap is the size of every frame buffer; it must equal the
 	// link's. Default DefaultFrameCap.
 	FrameCap int
@@ -41,10 +51,9 @@ type Config struct {
 	// Logger gets lifecycle messages only. Default slog.Default().
 	Logger *slog.Logger
 	// PathFixup, when set, adjusts every QP's path after the engine built
-	// it from the QP attributes: a link whose framing has conventions
-	// (the UDP link fixes the source address and port and the DF flag)
-	// sets the fields it owns here, so frames are built conforming
-	// instead of being dropped by the link.
+	// it from the QP attributes (when the address vector is set): the TAP
+	// link writes the MAC addresses (its own and the peer's, from its
+	// neighbour cache) here.
 	PathFixup func(*roce.Path)
 }
 
@@ -69,8 +78,18 @@ func New(cfg Config) (*Engine, error) {
 	if len(cfg.Links) == 0 {
 		return nil, fmt.Errorf("%w: at least one link (worker) is required", ErrInvalid)
 	}
-	if cfg.Mode != roce.ModeEthernet {
-		return nil, fmt.Errorf("%w: link mode %v is not implemented", ErrInvalid, cfg.Mode)
+	switch cfg.Mode {
+	case roce.ModeEthernet:
+	case roce.ModeUDP:
+		a := cfg.Local.Addr()
+		if !a.IsValid() || a.IsUnspecified() {
+			return nil, fmt.Errorf("%w: ModeUDP needs the links' local address, not %v", ErrInvalid, cfg.Local)
+		}
+		if cfg.Local.Port() == 0 {
+			cfg.Local = netip.AddrPortFrom(a, roce.UDPPort)
+		}
+	default:
+		return nil, fmt.Errorf("%w: link mode %v", ErrInvalid, cfg.Mode)
 	}
 	if cfg.FrameCap == 0 {
 		cfg.FrameCap = DefaultFrameCap
@@ -132,7 +151,7 @@ func (e *Engine) Close() error {
 func (e *Engine) Workers() int { return len(e.workers) }
 
 func (e *Engine) owner(qpn uint32) *worker {
-	return e.workers[roce.SteerQueue(qpn&roce.PSNMask, len(e.workers))]
+	return e.workers[roce.SteerQueue(qpn&roce.QPNMask, len(e.workers))]
 }
 
 func (e *Engine) call(w *worker, m ctlMsg) (ctlReply, error) {
@@ -158,20 +177,20 @@ func (e *Engine) CreateQP(cfg QPConfig) error {
 
 // ModifyQP applies attributes (applied between the owner's batches).
 func (e *Engine) ModifyQP(qpn uint32, a QPAttr) error {
-	_, err := e.call(e.owner(qpn), ctlMsg{op: ctlModify, qpn: qpn & roce.PSNMask, attr: a})
+	_, err := e.call(e.owner(qpn), ctlMsg{op: ctlModify, qpn: qpn & roce.QPNMask, attr: a})
 	return err
 }
 
 // DestroyQP removes a QP; nothing more is completed for it.
 func (e *Engine) DestroyQP(qpn uint32) error {
-	_, err := e.call(e.owner(qpn), ctlMsg{op: ctlDestroy, qpn: qpn & roce.PSNMask})
+	_, err := e.call(e.owner(qpn), ctlMsg{op: ctlDestroy, qpn: qpn & roce.QPNMask})
 	return err
 }
 
 // Counters returns the live counters of a QP (atomics, safe to read from
 // any goroutine while the QP exists).
 func (e *Engine) Counters(qpn uint32) (*QPCounters, error) {
-	r, err := e.call(e.owner(qpn), ctlMsg{op: ctlQuery, qpn: qpn & roce.PSNMask})
+	r, err := e.call(e.owner(qpn), ctlMsg{op: ctlQuery, qpn: qpn & roce.QPNMask})
 	if err != nil {
 		return nil, err
 	}

@@ -41,27 +41,31 @@ var dataOps = []abi.WROpcode{abi.WRSend, abi.WRSendWithImm, abi.WRSendWithInv, a
 // message (SEND, SEND_WITH_IMM, SEND_WITH_INV, RDMA_WRITE,
 // RDMA_WRITE_WITH_IMM, RDMA_READ) at every size of {0, 1, MTU-1, MTU,
 // MTU+1, 1 MiB, 8 MiB}, both atomics and LOCAL_INV, at path MTUs 256,
-// 1024 and 4096; data checked by CRC-32, every completion field by field
-// on both sides, and after each run the CQs hold nothing more. The
-// packets are the message's FIRST, MIDDLE..., LAST or its ONLY (with the
-// IMM or INV variants), READ responses likewise.
+// 1024 and 4096, in both modes (Ethernet frames, and UDP payloads with
+// the peer beside them as over the UDP link); data checked by CRC-32,
+// every completion field by field on both sides, and after each run the
+// CQs hold nothing more. The packets are the message's FIRST, MIDDLE...,
+// LAST or its ONLY (with the IMM or INV variants), READ responses
+// likewise.
 func TestDataPaths(t *testing.T) {
-	for _, mtu := range []roce.MTU{roce.MTU256, roce.MTU1024, roce.MTU4096} {
-		o := defaultOpts()
-		o.mtu = mtu
-		a, b := pair(t, 2, nil, nil, o)
-		for _, size := range sizesFor(mtu.Bytes()) {
-			if size == 8<<20 && (testing.Short() || mtu == roce.MTU256 && raceEnabled) {
-				continue
+	for _, mode := range modes {
+		for _, mtu := range []roce.MTU{roce.MTU256, roce.MTU1024, roce.MTU4096} {
+			o := defaultOpts()
+			o.mtu = mtu
+			a, b := pairMode(t, mode, 2, nil, nil, o)
+			for _, size := range sizesFor(mtu.Bytes()) {
+				if size == 8<<20 && (testing.Short() || mtu == roce.MTU256 && raceEnabled) {
+					continue
+				}
+				for _, op := range dataOps {
+					t.Run(fmt.Sprintf("%v/mtu%d/%d/%v", mode, mtu.Bytes(), size, op), func(t *testing.T) {
+						runDataPath(t, a, b, op, size, mtu.Bytes())
+					})
+				}
 			}
-			for _, op := range dataOps {
-				t.Run(fmt.Sprintf("mtu%d/%d/%v", mtu.Bytes(), size, op), func(t *testing.T) {
-					runDataPath(t, a, b, op, size, mtu.Bytes())
-				})
-			}
+			t.Run(fmt.Sprintf("%v/mtu%d/atomics", mode, mtu.Bytes()), func(t *testing.T) { runAtomics(t, a, b) })
+			t.Run(fmt.Sprintf("%v/mtu%d/LOCAL_INV", mode, mtu.Bytes()), func(t *testing.T) { runLocalInv(t, a) })
 		}
-		t.Run(fmt.Sprintf("mtu%d/atomics", mtu.Bytes()), func(t *testing.T) { runAtomics(t, a, b) })
-		t.Run(fmt.Sprintf("mtu%d/LOCAL_INV", mtu.Bytes()), func(t *testing.T) { runLocalInv(t, a) })
 	}
 }
 
@@ -135,6 +139,9 @@ func runDataPath(t *testing.T, a, b *tqp, op abi.WROpcode, size, mtu int) {
 	}
 	traceHook.Store(&hook)
 	t.Cleanup(func() { traceHook.Store(nil) })
+	ca, err := a.n.eng.Counters(a.qpn)
+	require.NoError(t, err)
+	restarts := ca.Retransmits.Load()
 	a.send(t, wr, src.sge(0, size))
 	require.True(t, a.scq.wait(1, waitFor), "send completion")
 	cq := a.scq.all()
@@ -154,6 +161,14 @@ func runDataPath(t *testing.T, a, b *tqp, op abi.WROpcode, size, mtu int) {
 	traceHook.Store(nil)
 	mu.Lock()
 	wantSent, wantResp := segments(op, size, mtu)
+	if op == abi.WRRDMARead && ca.Retransmits.Load() != restarts {
+		// A go-back-N restart in the middle of a READ's responses
+		// (an ACK timeout of a stalled worker) asks for the rest with
+		// a new READ REQUEST at the first missing PSN: correct, and
+		// not the segmentation checked here.
+		t.Logf("READ restarted (%d go-back-N restarts): request packets %v", ca.Retransmits.Load()-restarts, sent)
+		sent = sent[:min(len(sent), 1)]
+	}
 	assert.Equal(t, wantSent, sent, "request packets")
 	assert.Equal(t, wantResp, resp, "READ responses")
 	mu.Unlock()

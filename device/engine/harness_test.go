@@ -17,7 +17,7 @@ import (
 type node struct {
 	eng   *Engine
 	mem   *fakeMem
-	addr  netip.Addr
+	addr  netip.Addr // the QPs' GID: IPv4-mapped in ModeUDP, as the daemon's
 	ports []*link.Port
 }
 
@@ -45,15 +45,23 @@ func defaultOpts() qpOpts {
 	return qpOpts{mtu: roce.MTU1024, timeout: 12, retry: 7, rnrRetry: 7, minRNR: 1, rdAtomic: 4, sqDepth: 256}
 }
 
-func newNetwork(t testing.TB) *link.Network { return newNetworkSized(t, 4096, 1024) }
+// modes are the framings the engine runs in: whole Ethernet frames (TAP)
+// and UDP payloads with the peer beside them (the UDP link); the
+// in-memory link carries either.
+var modes = []roce.Mode{roce.ModeEthernet, roce.ModeUDP}
 
-// newNetworkSized: a small pool keeps the buffers in cache (benchmarks).
-func newNetworkSized(t testing.TB, buffers, queue int) *link.Network {
-	nw, err := link.NewNetwork(link.Config{FrameCap: DefaultFrameCap, QueueLen: queue, Buffers: buffers})
+func newNetwork(t testing.TB) *link.Network { return newNetworkMode(t, roce.ModeEthernet, 4096, 1024) }
+
+// newNetworkMode: an in-memory network in mode; a small pool keeps the
+// buffers in cache (benchmarks).
+func newNetworkMode(t testing.TB, mode roce.Mode, buffers, queue int) *link.Network {
+	nw, err := link.NewNetwork(link.Config{Mode: mode, FrameCap: DefaultFrameCap, QueueLen: queue, Buffers: buffers})
 	require.NoError(t, err)
 	return nw
 }
 
+// newNode attaches an engine at addr to nw, in the network's mode (in
+// ModeUDP with the port's address as the links' local address).
 func newNode(t testing.TB, nw *link.Network, addr string, workers int, faults *link.Faults) *node {
 	a := netip.MustParseAddr(addr)
 	ports, err := nw.Attach(a, workers, faults)
@@ -62,7 +70,12 @@ func newNode(t testing.TB, nw *link.Network, addr string, workers int, faults *l
 	for i, p := range ports {
 		links[i] = p
 	}
-	eng, err := New(Config{Links: links, Mode: roce.ModeEthernet})
+	cfg := Config{Links: links, Mode: nw.Mode()}
+	if nw.Mode() == roce.ModeUDP {
+		cfg.Local = ports[0].LocalAddr()
+		a = netip.AddrFrom16(a.As16())
+	}
+	eng, err := New(cfg)
 	require.NoError(t, err)
 	eng.Start()
 	t.Cleanup(func() { _ = eng.Close() })
@@ -95,9 +108,14 @@ func connect(t testing.TB, a, b *tqp, o qpOpts) {
 	}
 }
 
-// pair builds two nodes with one connected QP each.
+// pair builds two nodes with one connected QP each (Ethernet frames).
 func pair(t testing.TB, workers int, fa, fb *link.Faults, o qpOpts) (*tqp, *tqp) {
 	return pairOn(t, newNetwork(t), workers, fa, fb, o)
+}
+
+// pairMode is pair in mode.
+func pairMode(t testing.TB, mode roce.Mode, workers int, fa, fb *link.Faults, o qpOpts) (*tqp, *tqp) {
+	return pairOn(t, newNetworkMode(t, mode, 4096, 1024), workers, fa, fb, o)
 }
 
 func pairOn(t testing.TB, nw *link.Network, workers int, fa, fb *link.Faults, o qpOpts) (*tqp, *tqp) {

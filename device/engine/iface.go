@@ -2,6 +2,7 @@ package engine
 
 import (
 	"errors"
+	"net/netip"
 
 	"github.com/vrnic/vrnic/abi"
 )
@@ -102,22 +103,34 @@ type StateObserver interface {
 }
 
 // Link is the engine's network attachment for one worker (a TAP queue, a
-// UDP socket, an in-memory port). Buffers move by exchange so a link may
-// pass them without copying:
+// UDP socket, an in-memory port). What a frame is depends on the engine's
+// Mode: a whole Ethernet frame (roce.ModeEthernet), which names its own
+// source and destination, or a UDP payload, BTH through ICRC
+// (roce.ModeUDP), whose peer travels beside it: peers[i] is the
+// destination of frames[i] on send and its source on receive, as
+// wireguard-go's bind returns each packet's endpoint beside it. The
+// engine always passes len(peers) == len(frames); a link of Ethernet
+// frames neither reads nor writes peers. Buffers move by exchange so a
+// link may pass them without copying:
 //
-//   - SendBatch transmits frames[:n] and returns n, the number accepted
-//     (fewer than len(frames) when the link is momentarily full; the caller
-//     keeps and retries the rest, in order). Slots of accepted frames may be
-//     replaced by other empty buffers of the same capacity.
-//   - RecvBatch fills up to len(frames) slots with received frames and
-//     returns how many; the caller passes empty buffers (len == cap ==
-//     the frame capacity) and gets back frames that may live in other
-//     buffers of the same capacity. It never blocks.
+//   - SendBatch transmits frames[:n] (to peers[:n]) and returns n, the
+//     number accepted (fewer than len(frames) when the link is
+//     momentarily full; the caller keeps and retries the rest, in order).
+//     Slots of accepted frames may be replaced by other empty buffers of
+//     the same capacity.
+//   - RecvBatch fills up to len(frames) slots with received frames (and
+//     the same slots of peers with their sources) and returns how many;
+//     the caller passes empty buffers (len == cap == the frame capacity)
+//     and gets back frames that may live in other buffers of the same
+//     capacity. It never blocks.
 //   - Ready is signalled (capacity 1, never closed) when frames may be
 //     waiting, so an idle worker can sleep.
+//
+// Neither call allocates: the addresses are netip.AddrPort values in
+// slices the worker owns.
 type Link interface {
-	SendBatch(frames [][]byte) (int, error)
-	RecvBatch(frames [][]byte) (int, error)
+	SendBatch(frames [][]byte, peers []netip.AddrPort) (int, error)
+	RecvBatch(frames [][]byte, peers []netip.AddrPort) (int, error)
 	Ready() <-chan struct{}
 }
 

@@ -122,6 +122,7 @@ type QP struct {
 	mtu   uint32
 	w     *worker
 	path  roce.Path
+	peer  netip.AddrPort // the destination beside its frames (ModeUDP)
 
 	// lastCompPSN is comp.psn when the retry timer was last updated.
 	lastCompPSN uint32
@@ -140,9 +141,6 @@ type QP struct {
 	retryTimer timer
 	rnrTimer   timer
 
-	// active: linked into the worker's run list.
-	active bool
-
 	Counters QPCounters
 }
 
@@ -157,7 +155,7 @@ func newQP(cfg QPConfig, w *worker) (*QP, error) {
 		cfg.MaxInline < 0 || cfg.MaxInline > abi.MaxInline {
 		return nil, fmt.Errorf("%w: QP %#x: SGE or inline limits out of range", ErrInvalid, cfg.QPN)
 	}
-	qp := &QP{qpn: cfg.QPN & roce.PSNMask, cfg: cfg, w: w, state: abi.QPSReset}
+	qp := &QP{qpn: cfg.QPN & roce.QPNMask, cfg: cfg, w: w, state: abi.QPSReset}
 	qp.sq = make([]swqe, cfg.SQDepth)
 	qp.sqMask = uint32(cfg.SQDepth - 1)
 	sges := make([]abi.SGE, cfg.SQDepth*cfg.MaxSendSGE)
@@ -191,7 +189,7 @@ func (qp *QP) modify(a *QPAttr) error {
 		qp.mtu = uint32(a.PathMTU.Bytes())
 	}
 	if m&abi.QPAttrDestQPN != 0 {
-		qp.attr.DestQPN = a.DestQPN & roce.PSNMask
+		qp.attr.DestQPN = a.DestQPN & roce.QPNMask
 	}
 	if m&abi.QPAttrRQPSN != 0 {
 		qp.attr.RQPSN = a.RQPSN & roce.PSNMask
@@ -280,7 +278,7 @@ func (qp *QP) enterError() {
 	}
 	qp.w.timers.stop(&qp.retryTimer)
 	qp.w.timers.stop(&qp.rnrTimer)
-	qp.w.activate(qp)
+	qp.w.busy = true
 }
 
 // flush completes every WQE the QP still holds or is posted, in ERR. At

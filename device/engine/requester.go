@@ -193,7 +193,7 @@ func (qp *QP) reqLocal() reqState {
 	}
 	e.state = wqeDone
 	qp.next++
-	qp.w.markComp(qp)
+	qp.w.busy = true
 	return reqFetch
 }
 
@@ -256,7 +256,7 @@ func (qp *QP) reqSend() reqState {
 	idx := uint32(roce.PSNDiff(e.sendPSN, e.first))
 	last := idx+1 == e.npkts
 	o := &qp.w.out
-	*o = outPkt{psn: e.sendPSN}
+	*o = packet{psn: e.sendPSN}
 	var n int
 	switch e.Opcode {
 	case abi.WRRDMARead:
@@ -293,7 +293,7 @@ func (qp *QP) reqSend() reqState {
 		if info.Has(roce.HdrRETH) {
 			o.va, o.rkey, o.dmaLen = e.RemoteAddr, e.RKey, uint32(e.length)
 		}
-		o.imm, o.ieth = e.ImmData, e.InvalidateRKey
+		o.imm, o.invRKey = e.ImmData, e.InvalidateRKey
 		o.se = last && e.Flags&abi.SendSolicited != 0 && e.Opcode != abi.WRRDMAWrite
 		qp.req.sinceAck++
 		o.ackReq = last || qp.req.sinceAck >= ackReqEvery || roce.PSNDiff(e.sendPSN, qp.req.ackAllUntil) < 0 ||
@@ -302,9 +302,7 @@ func (qp *QP) reqSend() reqState {
 	if o.ackReq {
 		qp.req.sinceAck = 0
 	}
-	if !qp.w.txQueue(qp, buf, o, n) {
-		return reqExit
-	}
+	qp.w.txQueue(qp, buf, o, n)
 	if qp.req.dup && o.psn == qp.req.dupPSN {
 		qp.req.dup = false
 		qp.w.txRepeat(qp)

@@ -131,7 +131,7 @@ func (qp *QP) respRx(p *packet) {
 			st = qp.respExecute(p)
 		}
 	}
-	qp.w.markResp(qp)
+	qp.w.busy = true
 }
 
 // queueNAK records a NAK to send at psn. A fatal NAK (the QP goes to ERR
@@ -491,14 +491,12 @@ func (qp *QP) respOutput() bool {
 			return false
 		}
 		o := &qp.w.out
-		*o = outPkt{opcode: roce.OpRCAck, psn: roce.PSNAdd(r.epsn, roce.PSNMask), msn: r.msn,
+		*o = packet{opcode: roce.OpRCAck, psn: roce.PSNAdd(r.epsn, roce.PSNMask), msn: r.msn,
 			syndrome: roce.ACKSyndrome(roce.CreditsInvalid)}
 		if r.nakPending {
 			o.syndrome, o.psn = r.nak, r.nakPSN
 		}
-		if !qp.w.txQueue(qp, buf, o, 0) {
-			return false
-		}
+		qp.w.txQueue(qp, buf, o, 0)
 		if h := traceHook.Load(); h != nil {
 			(*h)(qp, "B tx ack %v psn %d", o.syndrome, o.psn)
 		}
@@ -519,12 +517,10 @@ func (qp *QP) sendResponse(s *rdRes) bool {
 		return false
 	}
 	o := &qp.w.out
-	*o = outPkt{psn: s.cur, msn: r.msn, syndrome: roce.ACKSyndrome(roce.CreditsInvalid)}
+	*o = packet{psn: s.cur, msn: r.msn, syndrome: roce.ACKSyndrome(roce.CreditsInvalid)}
 	if s.kind == resAtomic {
 		o.opcode, o.orig = roce.OpRCAtomicAck, s.orig
-		if !qp.w.txQueue(qp, buf, o, 0) {
-			return false
-		}
+		qp.w.txQueue(qp, buf, o, 0)
 		s.active = false
 		return true
 	}
@@ -554,9 +550,7 @@ func (qp *QP) sendResponse(s *rdRes) bool {
 			return true
 		}
 	}
-	if !qp.w.txQueue(qp, buf, o, int(n)) {
-		return false
-	}
+	qp.w.txQueue(qp, buf, o, int(n))
 	s.va += uint64(n)
 	s.left -= n
 	s.cur = roce.PSNAdd(s.cur, 1)

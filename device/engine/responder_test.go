@@ -12,21 +12,23 @@ import (
 	"github.com/vrnic/vrnic/roce"
 )
 
-// captureLink keeps a copy of every frame the worker sends and never
-// receives.
+// captureLink keeps a copy of every frame the worker sends, and its
+// peer, and never receives.
 type captureLink struct {
 	ready  chan struct{}
 	frames [][]byte
+	peers  []netip.AddrPort
 }
 
-func (l *captureLink) SendBatch(f [][]byte) (int, error) {
-	for _, b := range f {
+func (l *captureLink) SendBatch(f [][]byte, peers []netip.AddrPort) (int, error) {
+	for i, b := range f {
 		l.frames = append(l.frames, append([]byte(nil), b...))
+		l.peers = append(l.peers, peers[i])
 	}
 	return len(f), nil
 }
-func (l *captureLink) RecvBatch([][]byte) (int, error) { return 0, nil }
-func (l *captureLink) Ready() <-chan struct{}          { return l.ready }
+func (l *captureLink) RecvBatch([][]byte, []netip.AddrPort) (int, error) { return 0, nil }
+func (l *captureLink) Ready() <-chan struct{}                            { return l.ready }
 
 // sent is one frame the responder sent, decoded.
 type sent struct {
@@ -57,7 +59,7 @@ func (l *captureLink) take(t *testing.T) []sent {
 		}
 		out = append(out, s)
 	}
-	l.frames = nil
+	l.frames, l.peers = nil, nil
 	return out
 }
 
@@ -113,7 +115,7 @@ func (r *respRig) in(t *testing.T, op roce.Opcode, psn uint32, payload []byte, h
 	h.BTH = roce.BTHFields{Opcode: op, PKey: 0xffff, DestQP: 0x11, PSN: psn, AckReq: true}
 	f, err := p.Build(buf, off, len(payload), &h)
 	require.NoError(t, err)
-	r.w.input(f)
+	r.w.input(f, netip.AddrPort{})
 	r.w.service(r.qp)
 	r.w.flush()
 	return r.link.take(t)

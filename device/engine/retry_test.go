@@ -59,12 +59,12 @@ type stallLink struct {
 	refused atomic.Uint64
 }
 
-func (l *stallLink) SendBatch(frames [][]byte) (int, error) {
+func (l *stallLink) SendBatch(frames [][]byte, peers []netip.AddrPort) (int, error) {
 	if l.blocked.Load() {
 		l.refused.Add(1)
 		return 0, nil
 	}
-	return l.Link.SendBatch(frames)
+	return l.Link.SendBatch(frames, peers)
 }
 
 // TestBackpressureDoesNotWaitForTimer: frames the link did not take are

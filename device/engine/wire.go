@@ -1,13 +1,18 @@
 package engine
 
 import (
+	"net/netip"
+
 	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/roce"
 )
 
-// packet is a received request or response as the step machines see it:
-// the header fields copied out of the roce views, the payload still a view
-// into the receive buffer (valid until the worker's next receive).
+// packet is a packet as the step machines see it: the header fields, in
+// host form. A received packet (fill) has them copied out of the roce
+// views and payload is a view into the receive buffer (valid until the
+// worker's next receive); for a packet to send (txQueue) the machines set
+// the fields and the payload is already in the transmit buffer (payload
+// unused).
 type packet struct {
 	opcode   roce.Opcode
 	psn      uint32
@@ -22,7 +27,7 @@ type packet struct {
 	msn      uint32
 	orig     uint64
 	imm      uint32
-	invRKey  uint32
+	invRKey  uint32 // IETH
 	payload  []byte
 }
 
@@ -50,24 +55,6 @@ func (p *packet) fill(pkt *roce.Packet) {
 	}
 }
 
-// outPkt describes a packet to build; the payload is already in place.
-type outPkt struct {
-	opcode   roce.Opcode
-	psn      uint32
-	ackReq   bool
-	se       bool
-	va       uint64
-	rkey     uint32
-	dmaLen   uint32
-	swapAdd  uint64
-	compare  uint64
-	syndrome roce.Syndrome
-	msn      uint32
-	orig     uint64
-	imm      uint32
-	ieth     uint32
-}
-
 // pkeyDefault is the only P_Key vrnic uses (the default partition).
 const pkeyDefault = abi.PKeyDefault
 
@@ -82,12 +69,19 @@ func (qp *QP) payload(buf []byte, op roce.Opcode, n int) []byte {
 	return buf[off : off+n]
 }
 
-// setPath builds the QP's path (the address vector in roce terms).
+// setPath builds the QP's path (the address vector in roce terms) and
+// its peer, the address beside every frame it sends.
+//
+// In ModeUDP the path's source address and port are the link's: that is
+// where the kernel sends from, so they are what the receiver puts in the
+// pseudo header it checks the ICRC with. (A QP whose source GID is not
+// the link's address receives nothing: see worker.input.) The
+// destination port is 4791.
 func (qp *QP) setPath() {
+	cfg := &qp.w.e.cfg
 	qp.path = roce.Path{
-		Mode:    qp.w.e.cfg.Mode,
-		SrcMAC:  qp.w.e.cfg.MAC,
-		DstMAC:  qp.w.e.cfg.PeerMAC,
+		Mode:    cfg.Mode,
+		SrcMAC:  cfg.MAC,
 		Src:     qp.attr.LocalAddr,
 		Dst:     qp.attr.RemoteAddr,
 		SrcPort: roce.UDPSrcPort(qp.qpn),
@@ -95,14 +89,23 @@ func (qp *QP) setPath() {
 		// DF as Linux rxe sets it: RoCE v2 packets are never fragmented.
 		DontFragment: true,
 	}
-	if f := qp.w.e.cfg.PathFixup; f != nil {
+	if cfg.Mode == roce.ModeUDP {
+		qp.path.Src, qp.path.SrcPort = cfg.Local.Addr(), cfg.Local.Port()
+		qp.path.DstPort = roce.UDPPort
+	}
+	if f := cfg.PathFixup; f != nil {
 		f(&qp.path)
 	}
+	port := qp.path.DstPort
+	if port == 0 {
+		port = roce.UDPPort
+	}
+	qp.peer = netip.AddrPortFrom(qp.path.Dst.Unmap(), port)
 }
 
-// txQueue builds o around the payload of n bytes already in buf and queues
-// the frame. false: the frame could not be queued (transmit batch full).
-func (w *worker) txQueue(qp *QP, buf []byte, o *outPkt, n int) bool {
+// txQueue builds o around the payload of n bytes already in buf (a
+// buffer txBuf returned) and queues the frame.
+func (w *worker) txQueue(qp *QP, buf []byte, o *packet, n int) {
 	h := &w.hdrs
 	*h = roce.Headers{BTH: roce.BTHFields{
 		Opcode: o.opcode, SE: o.se, PKey: pkeyDefault, DestQP: qp.attr.DestQPN, AckReq: o.ackReq, PSN: o.psn,
@@ -118,20 +121,20 @@ func (w *worker) txQueue(qp *QP, buf []byte, o *outPkt, n int) bool {
 		h.AETH = roce.AETHFields{Syndrome: o.syndrome, MSN: o.msn}
 	}
 	h.AtomicAckETH.OrigRemoteData = o.orig
-	h.Imm, h.InvRKey = o.imm, o.ieth
+	h.Imm, h.InvRKey = o.imm, o.invRKey
 	off := qp.path.Headroom(o.opcode)
 	frame, err := qp.path.Build(buf, off, n, h)
 	if err != nil || len(frame) == 0 || &frame[0] != &buf[0] {
 		// A bug, not a wire condition: count it; the packet is lost and
 		// the retry machinery reports it if it matters.
 		w.Counters.BuildErrors.Add(1)
-		return true
+		return
 	}
 	w.tx[w.txN] = buf[:len(frame)]
+	w.txTo[w.txN] = qp.peer
 	w.txN++
 	w.busy = true
 	qp.Counters.PacketsSent.Add(1)
-	return true
 }
 
 // txRepeat queues a copy of the frame txQueue queued last, if the batch
@@ -146,6 +149,7 @@ func (w *worker) txRepeat(qp *QP) {
 	b := w.tx[w.txN]
 	b = b[:cap(b)]
 	w.tx[w.txN] = b[:copy(b, f)]
+	w.txTo[w.txN] = w.txTo[w.txN-1]
 	w.txN++
 	qp.Counters.PacketsSent.Add(1)
 }

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"errors"
+	"net/netip"
 	"runtime"
 	"sync/atomic"
 	"time"
@@ -19,7 +20,7 @@ type WorkerCounters struct {
 	ParseErrors atomic.Uint64 // malformed frames
 	ICRCErrors  atomic.Uint64 // ICRC mismatches
 	UnknownQP   atomic.Uint64 // destination QPN not on this worker
-	BadPeer     atomic.Uint64 // wrong source/destination address, P_Key or service
+	BadPeer     atomic.Uint64 // not from the QP's peer (source/destination address), wrong P_Key or service
 	CQOverflows atomic.Uint64
 	BuildErrors atomic.Uint64
 	LinkErrors  atomic.Uint64
@@ -83,16 +84,26 @@ type worker struct {
 	ctl  chan ctlMsg
 	kick chan struct{}
 
+	// Frames and, beside them, their peers (ModeUDP): rxFrom[i] sent
+	// rx[i], tx[i] goes to txTo[i].
 	rx     [][]byte
+	rxFrom []netip.AddrPort
 	rxUsed int // slots RecvBatch filled last time (to restore to full length)
 	tx     [][]byte
+	txTo   []netip.AddrPort
 	txN    int
 	busy   bool
 
+	// udp: the links carry UDP payloads (roce.ModeUDP), received on
+	// local (Config.Local).
+	udp   bool
+	local netip.AddrPort
+
 	// scratch, reused for every packet and completion
 	pkt  roce.Packet
+	ps   roce.Pseudo // of the received packet (ModeUDP)
 	in   packet
-	out  outPkt
+	out  packet
 	hdrs roce.Headers
 	cqe  abi.CQE
 
@@ -108,7 +119,11 @@ func newWorker(e *Engine, id int, l Link) *worker {
 		ctl:    make(chan ctlMsg, 16),
 		kick:   make(chan struct{}, 1),
 		rx:     make([][]byte, e.cfg.Batch),
+		rxFrom: make([]netip.AddrPort, e.cfg.Batch),
 		tx:     make([][]byte, e.cfg.Batch),
+		txTo:   make([]netip.AddrPort, e.cfg.Batch),
+		udp:    e.cfg.Mode == roce.ModeUDP,
+		local:  e.cfg.Local,
 	}
 	if a, ok := l.(ReadyArmer); ok {
 		w.arm = a.ArmReady
@@ -119,13 +134,6 @@ func newWorker(e *Engine, id int, l Link) *worker {
 	}
 	return w
 }
-
-// activate notes that qp has work (the worker must not sleep this round).
-func (w *worker) activate(*QP) { w.busy = true }
-
-// markComp and markResp note completer / responder activity.
-func (w *worker) markComp(*QP) { w.busy = true }
-func (w *worker) markResp(*QP) { w.busy = true }
 
 // txBuf returns the next free transmit buffer (full capacity), flushing
 // the batch when it is full; nil when the link accepts nothing more now.
@@ -146,7 +154,7 @@ func (w *worker) flush() {
 	if w.txN == 0 {
 		return
 	}
-	n, err := w.link.SendBatch(w.tx[:w.txN])
+	n, err := w.link.SendBatch(w.tx[:w.txN], w.txTo[:w.txN])
 	if err != nil {
 		w.Counters.LinkErrors.Add(1)
 	}
@@ -156,6 +164,7 @@ func (w *worker) flush() {
 	w.Counters.TxFrames.Add(uint64(n))
 	for i := 0; i < w.txN-n; i++ {
 		w.tx[i], w.tx[n+i] = w.tx[n+i], w.tx[i]
+		w.txTo[i] = w.txTo[n+i]
 	}
 	w.txN -= n
 	w.busy = true
@@ -166,7 +175,7 @@ func (w *worker) receive() {
 	for i := range w.rxUsed {
 		w.rx[i] = w.rx[i][:cap(w.rx[i])]
 	}
-	n, err := w.link.RecvBatch(w.rx)
+	n, err := w.link.RecvBatch(w.rx, w.rxFrom)
 	w.rxUsed = max(n, 0)
 	if err != nil {
 		w.Counters.LinkErrors.Add(1)
@@ -177,14 +186,24 @@ func (w *worker) receive() {
 	w.busy = true
 	w.Counters.RxFrames.Add(uint64(n))
 	for i := range n {
-		w.input(w.rx[i])
+		w.input(w.rx[i], w.rxFrom[i])
 	}
 }
 
-// input parses one frame (ICRC verified) and dispatches it.
-func (w *worker) input(frame []byte) {
+// input parses one frame (ICRC verified) from its source from (ModeUDP;
+// an Ethernet frame names its own) and dispatches it.
+func (w *worker) input(frame []byte, from netip.AddrPort) {
 	pkt := &w.pkt
-	if err := roce.Parse(frame, pkt); err != nil {
+	var err error
+	if w.udp {
+		// The pseudo header of the datagram: from the address beside
+		// it to the link's.
+		w.ps = roce.Pseudo{Src: from.Addr(), SrcPort: from.Port(), Dst: w.local.Addr(), DstPort: w.local.Port()}
+		err = roce.ParseUDP(frame, &w.ps, pkt)
+	} else {
+		err = roce.Parse(frame, pkt)
+	}
+	if err != nil {
 		if errors.Is(err, roce.ErrICRC) {
 			w.Counters.ICRCErrors.Add(1)
 		} else {
@@ -197,10 +216,15 @@ func (w *worker) input(frame []byte) {
 		w.Counters.UnknownQP.Add(1)
 		return
 	}
-	// DESIGN 5: RC packets are accepted only from the QP's peer, in the
+	// DESIGN 5: RC packets are accepted only from the QP's peer (source
+	// = its destination GID, destination = its source GID), in the
 	// default partition.
+	src, dst := from.Addr(), w.local.Addr()
+	if !w.udp {
+		src, dst = pkt.Src(), pkt.Dst()
+	}
 	if pkt.Info.Service != roce.ServiceRC || pkt.BTH.PKey() != pkeyDefault ||
-		pkt.Src().Unmap() != qp.attr.RemoteAddr.Unmap() || pkt.Dst().Unmap() != qp.attr.LocalAddr.Unmap() {
+		src.Unmap() != qp.attr.RemoteAddr.Unmap() || dst.Unmap() != qp.attr.LocalAddr.Unmap() {
 		w.Counters.BadPeer.Add(1)
 		return
 	}
@@ -271,7 +295,7 @@ func (w *worker) apply(m ctlMsg) {
 	var r ctlReply
 	switch m.op {
 	case ctlCreate:
-		if w.qps[m.cfg.QPN&roce.PSNMask] != nil {
+		if w.qps[m.cfg.QPN&roce.QPNMask] != nil {
 			r.err = ErrExists
 			break
 		}
