@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/roce"
 	"github.com/vrnic/vrnic/tap"
 )
@@ -57,20 +58,9 @@ type TAPCounters struct {
 	Wakeups     atomic.Uint64 // Ready signals (a sleeping worker woken by a frame)
 }
 
-// TAPQueueStats is a snapshot of one port's counters.
-type TAPQueueStats struct {
-	Queue       int    `json:"queue"`
-	RxFrames    uint64 `json:"rx_frames"`
-	RxBytes     uint64 `json:"rx_bytes"`
-	RxNeighbor  uint64 `json:"rx_neighbor"`
-	RxOther     uint64 `json:"rx_other"`
-	RxMisqueued uint64 `json:"rx_misqueued"`
-	ReadErrors  uint64 `json:"read_errors"`
-	TxFrames    uint64 `json:"tx_frames"`
-	TxBytes     uint64 `json:"tx_bytes"`
-	TxErrors    uint64 `json:"tx_errors"`
-	Wakeups     uint64 `json:"wakeups"`
-}
+// TAPQueueStats is a snapshot of one port's counters: the operator's type
+// (the stats socket serves it inside admin.LinkStats).
+type TAPQueueStats = admin.TAPQueueStats
 
 // TAPLink is a device's TAP attachment: port i reads and writes queue i of
 // a multi-queue TAP device for worker i. It owns the device: Close closes

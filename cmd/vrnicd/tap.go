@@ -271,7 +271,7 @@ func (t *tapLink) stats() (any, error) {
 		if i < len(t.steerBase.Steered) {
 			s -= t.steerBase.Steered[i]
 		}
-		st.Queues = append(st.Queues, admin.QueueStats{Steered: s, TAPQueueStats: admin.TAPQueueStats(q)})
+		st.Queues = append(st.Queues, admin.QueueStats{Steered: s, TAPQueueStats: q})
 	}
 	st.SteerNonRoCE = ss.NonRoCE - t.steerBase.NonRoCE
 	for r, c := range fs {
