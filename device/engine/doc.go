@@ -26,9 +26,8 @@
 // poller, a link's waiter, a client in the same process) could run only
 // when it slept or was preempted, and a yield on a locked thread costs a
 // hand-off of the P to another thread and two futex calls. Unlocked, a
-// yield with nothing else runnable returns at once. (Measured over the
-// in-memory link: 1 MiB WRITE 0.18 -> 0.5 of the per-byte baseline at one
-// WR in flight, 8-byte WRITEs 0.26 -> 1.9 M/s; BENCHMARKS.md.)
+// yield with nothing else runnable returns at once (BENCHMARKS.md has
+// what this changed).
 //
 // # Framing
 //

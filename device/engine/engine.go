@@ -41,10 +41,9 @@ type Config struct {
 	// FrameCap is the size of every frame buffer; it must equal the
 	// link's. Default DefaultFrameCap.
 	FrameCap int
-	// Batch is the number of frames per receive or send batch. Default 32
-	// (64 gave no gain and, with the link pools, a working set of frame
-	// buffers beyond the L2 cache: 1 MiB WRITE over the in-memory link
-	// 0.43 -> 0.7 of the per-byte baseline at one WR in flight).
+	// Batch is the number of frames per receive or send batch. Default 32:
+	// 64 gave no gain and, with the link pools, a working set of frame
+	// buffers beyond the L2 cache (BENCHMARKS.md, engine section).
 	Batch int
 	// Window is the most PSNs a QP has unacknowledged. Default 512.
 	Window int

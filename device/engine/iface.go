@@ -69,7 +69,9 @@ type RecvWork struct {
 type SendSource interface {
 	// PollSend copies the next posted WQE into w and consumes it. It
 	// returns false when nothing is posted. An error means the WQE was bad
-	// (the QP goes to ERROR; the WQE completes with LOC_QP_OP_ERR).
+	// (the QP goes to ERROR; the WQE completes with the status the
+	// engine's status table gives the error, e.g. LOC_LEN_ERR for a
+	// *queues.WQEError with too many SGEs: status.go).
 	PollSend(w *SendWork) (bool, error)
 }
 
