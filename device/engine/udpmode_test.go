@@ -65,10 +65,22 @@ func TestUDPPeerCheck(t *testing.T) {
 		w, qp := fuzzWorker(t, roce.ModeUDP)
 		send(t, w, fuzzPeer, fuzzPeer, 100)
 		assert.Equal(t, uint64(1), qp.Counters.PacketsReceived.Load())
-		send(t, w, netip.AddrPortFrom(netip.MustParseAddr("::ffff:10.0.0.2"), 50000), netip.MustParseAddrPort("10.0.0.2:50000"), 101)
-		assert.Equal(t, uint64(2), qp.Counters.PacketsReceived.Load(), "any port, IPv4-mapped or not")
+		mapped := netip.AddrPortFrom(netip.MustParseAddr("::ffff:10.0.0.2"), fuzzPeer.Port())
+		send(t, w, mapped, fuzzPeer, 101)
+		assert.Equal(t, uint64(2), qp.Counters.PacketsReceived.Load(), "IPv4-mapped or not")
 		assert.Zero(t, w.Counters.BadPeer.Load())
 		assert.Equal(t, uint32(2), qp.resp.msn, "both SENDs executed")
+	})
+	t.Run("other-port", func(t *testing.T) {
+		// Another process on the peer's host: the peer's address, not
+		// the peer daemon's port.
+		w, qp := fuzzWorker(t, roce.ModeUDP)
+		other := netip.AddrPortFrom(fuzzPeer.Addr(), 50000)
+		send(t, w, other, other, 100)
+		assert.Equal(t, uint64(1), w.Counters.BadPeer.Load())
+		assert.Zero(t, w.Counters.ICRCErrors.Load())
+		assert.Zero(t, qp.Counters.PacketsReceived.Load())
+		assert.Equal(t, uint32(100), qp.resp.epsn, "not executed")
 	})
 	t.Run("stranger", func(t *testing.T) {
 		w, qp := fuzzWorker(t, roce.ModeUDP)

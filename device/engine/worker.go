@@ -218,10 +218,15 @@ func (w *worker) input(frame []byte, from netip.AddrPort) {
 	}
 	// DESIGN 5: RC packets are accepted only from the QP's peer (source
 	// = its destination GID, destination = its source GID), in the
-	// default partition.
+	// default partition. In ModeUDP the peer's port is known too: a
+	// daemon sends from the port it is reached on (its socket's), so a
+	// datagram for the QP comes from the port the QP sends to; another
+	// process on the peer host cannot pose as the peer daemon.
 	src, dst := from.Addr(), w.local.Addr()
 	if !w.udp {
 		src, dst = pkt.Src(), pkt.Dst()
+	} else if from.Port() != qp.peer.Port() {
+		src = netip.Addr{}
 	}
 	if pkt.Info.Service != roce.ServiceRC || pkt.BTH.PKey() != pkeyDefault ||
 		src.Unmap() != qp.attr.RemoteAddr.Unmap() || dst.Unmap() != qp.attr.LocalAddr.Unmap() {
