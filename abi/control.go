@@ -248,7 +248,7 @@ type RespQueryQP struct {
 	PacketsSent     uint64 `c:"packets_sent"`
 	PacketsReceived uint64 `c:"packets_received"`
 	Retransmits     uint64 `c:"retransmits"`
-	RNRNaksReceived uint64 `c:"rnr_naks_received"`
+	RNRNAKsReceived uint64 `c:"rnr_naks_received"`
 }
 
 // CmdCreateSRQReq is struct vrnic_cmd_create_srq.

@@ -239,7 +239,7 @@ func (cn *conn) queryQP(r *request) (reply, error) {
 		PacketsSent:     ctr.PacketsSent,
 		PacketsReceived: ctr.PacketsReceived,
 		Retransmits:     ctr.Retransmits,
-		RNRNaksReceived: ctr.RNRNAKsReceived,
+		RNRNAKsReceived: ctr.RNRNAKsReceived,
 	}
 	st := q.state.Load()
 	resp.Attr.QPState = st

@@ -156,7 +156,7 @@ func (c *client) run() error {
 		return err
 	}
 	r.Role = c.cfg.role
-	r.PacketsSent, r.PacketsReceived, r.Retransmits, r.RNRNaks = q.PacketsSent, q.PacketsReceived, q.Retransmits, q.RNRNaksReceived
+	r.PacketsSent, r.PacketsReceived, r.Retransmits, r.RNRNAKs = q.PacketsSent, q.PacketsReceived, q.Retransmits, q.RNRNAKsReceived
 	r.Failures = c.fails
 	return c.conn.send(message{Kind: "result", Result: r})
 }

@@ -378,8 +378,8 @@ func (d *demo) summary(ra, rb *result) {
 		row(s)
 	}
 	row(ra.All)
-	fmt.Fprintf(w, "  QP a: %d packets sent, %d received, %d retransmissions, %d RNR NAKs\n", ra.PacketsSent, ra.PacketsReceived, ra.Retransmits, ra.RNRNaks)
-	fmt.Fprintf(w, "  QP b: %d packets sent, %d received, %d retransmissions, %d RNR NAKs\n", rb.PacketsSent, rb.PacketsReceived, rb.Retransmits, rb.RNRNaks)
+	fmt.Fprintf(w, "  QP a: %d packets sent, %d received, %d retransmissions, %d RNR NAKs\n", ra.PacketsSent, ra.PacketsReceived, ra.Retransmits, ra.RNRNAKs)
+	fmt.Fprintf(w, "  QP b: %d packets sent, %d received, %d retransmissions, %d RNR NAKs\n", rb.PacketsSent, rb.PacketsReceived, rb.Retransmits, rb.RNRNAKs)
 	fmt.Fprintf(w, "  verified: %d SENDs (%d bytes) checked by b, every READ equal to the WRITE before it, FETCH_AND_ADD word %d (want %d), CMP_AND_SWP word %d (want %d)\n",
 		rb.RecvVerified, rb.RecvBytes, rb.AddWord, ra.FetchAdds, rb.SwapWord, ra.CmpSwaps)
 }

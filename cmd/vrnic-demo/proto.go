@@ -69,7 +69,7 @@ type result struct {
 	PacketsSent     uint64 `json:"packets_sent"`
 	PacketsReceived uint64 `json:"packets_received"`
 	Retransmits     uint64 `json:"retransmits"`
-	RNRNaks         uint64 `json:"rnr_naks"`
+	RNRNAKs         uint64 `json:"rnr_naks"`
 }
 
 // peerConn is one side of the message stream.

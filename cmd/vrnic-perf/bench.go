@@ -165,7 +165,7 @@ func (e *endpoint) qpStates() string {
 			continue
 		}
 		s += fmt.Sprintf("QP %#x %v: %d packets sent, %d received, %d retransmissions, %d RNR NAKs; ", q.qp.QPN,
-			r.Attr.QPState, r.PacketsSent, r.PacketsReceived, r.Retransmits, r.RNRNaksReceived)
+			r.Attr.QPState, r.PacketsSent, r.PacketsReceived, r.Retransmits, r.RNRNAKsReceived)
 	}
 	return s + fmt.Sprintf("CQ overflow %v", e.cq.Overflowed())
 }

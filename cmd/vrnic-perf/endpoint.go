@@ -245,7 +245,7 @@ func (e *endpoint) queryCounters() (counters, error) {
 		sum.PacketsSent += r.PacketsSent
 		sum.PacketsReceived += r.PacketsReceived
 		sum.Retransmits += r.Retransmits
-		sum.RNRNaks += r.RNRNaksReceived
+		sum.RNRNAKs += r.RNRNAKsReceived
 	}
 	return sum, nil
 }

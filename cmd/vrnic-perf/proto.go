@@ -48,12 +48,12 @@ type counters struct {
 	PacketsSent     uint64 `json:"packets_sent"`
 	PacketsReceived uint64 `json:"packets_received"`
 	Retransmits     uint64 `json:"retransmits"`
-	RNRNaks         uint64 `json:"rnr_naks"`
+	RNRNAKs         uint64 `json:"rnr_naks"`
 }
 
 func (c *counters) sub(o counters) counters {
 	return counters{c.PacketsSent - o.PacketsSent, c.PacketsReceived - o.PacketsReceived,
-		c.Retransmits - o.Retransmits, c.RNRNaks - o.RNRNaks}
+		c.Retransmits - o.Retransmits, c.RNRNAKs - o.RNRNAKs}
 }
 
 const maxLine = 64 << 10
