@@ -21,6 +21,7 @@ var (
 	errBadFd     = errors.New("bad file descriptor")           // EBADF
 	errMsgSize   = errors.New("bad message length")            // EMSGSIZE
 	errBadOpcode = errors.New("unknown command")               // ENOSYS
+	errPerm      = errors.New("operation not permitted")       // EPERM
 )
 
 // errnoTable is the one mapping from control-path sentinels to errno.
@@ -39,6 +40,7 @@ var errnoTable = []struct {
 	{errFdKind, unix.EBADF},
 	{errMsgSize, unix.EMSGSIZE},
 	{errBadOpcode, unix.ENOSYS},
+	{errPerm, unix.EPERM},
 }
 
 // errnoOf returns the errno a reply carries for err: the first sentinel in
