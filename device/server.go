@@ -103,7 +103,6 @@ func (d *Device) serveConn(c *net.UnixConn) {
 		forget()
 		return
 	}
-	operator := d.isOperator(p)
 	d.mu.Lock()
 	err = d.admitLocked(p)
 	d.mu.Unlock()
@@ -112,6 +111,7 @@ func (d *Device) serveConn(c *net.UnixConn) {
 		forget()
 		return
 	}
+	operator := d.isOperator(p)
 	d.counters.ConnectionsOpen.Add(1)
 	cn := &conn{
 		d:        d,
