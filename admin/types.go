@@ -13,8 +13,14 @@ import (
 // OPEN_CONTEXT to use them.
 //
 // Request payload: empty, or a JSON Request. Reply payload: a JSON Info
-// (InfoCmd) or a ListReply whose Items are of the listed kind. Lists are paged so a reply always fits one datagram: a reply with
-// Next != 0 is continued by a request with Start = Next.
+// (InfoCmd) or a ListReply whose Items are of the listed kind. Lists are
+// paged so a reply always fits one datagram: a reply with Next != 0 is
+// continued by a request with Start = Next.
+//
+// Only operators may use them: root, the daemon's own uid, or a member of
+// the daemon's operator group (vrnicd -operator-group), as the kernel
+// reports the peer with SO_PEERCRED. Anyone else gets EPERM for each of
+// them and the connection stays usable for the client commands.
 const (
 	InfoCmd     = abi.CmdAdminBase + 0 // Info
 	ContextsCmd = abi.CmdAdminBase + 1 // []ContextInfo
@@ -25,6 +31,7 @@ const (
 	SRQsCmd     = abi.CmdAdminBase + 6 // []SRQInfo
 	AHsCmd      = abi.CmdAdminBase + 7 // []AHInfo
 	HostMemCmd  = abi.CmdAdminBase + 8 // []HostMemInfo
+	AccountsCmd = abi.CmdAdminBase + 9 // []AccountInfo
 )
 
 // Request is the JSON payload of an operator list command.
@@ -144,6 +151,22 @@ type HostMemInfo struct {
 	Locked bool   `json:"locked"`
 }
 
+// AccountInfo is what the clients of one uid hold together: a client is
+// its uid (as SO_PEERCRED reports it), whatever its processes and
+// connections. Resources sums the per-context counts over the uid's
+// contexts (Resources.Contexts is the number of contexts).
+type AccountInfo struct {
+	UID          uint32         `json:"uid"`
+	Connections  int            `json:"connections"`
+	Resources    ResourceCounts `json:"resources"`
+	HostMemBytes uint64         `json:"host_mem_bytes"`
+	MRPages      uint64         `json:"mr_pages"` // page-table entries of the uid's MRs
+	// Refused counts the connections of this uid refused at the per-uid
+	// connection limit while the account was live (it ends when the
+	// uid's last connection closes).
+	Refused uint64 `json:"connections_refused"`
+}
+
 // ResourceCounts counts the objects of one kind each; used for limits and
 // for the operator's resource report.
 type ResourceCounts struct {
@@ -157,15 +180,32 @@ type ResourceCounts struct {
 	AH       int `json:"ah"`
 }
 
-// Limits bound what clients may create. PerClient limits failing give
-// EAGAIN, PerDevice limits ENOMEM. Contexts is only meaningful per device.
+// Limits bound what clients may create. PerClient limits (per context)
+// and PerUID limits failing give EAGAIN, PerDevice limits ENOMEM.
+// PerClient.Contexts is not used (a context is the client of
+// PerClient).
 type Limits struct {
 	PerClient ResourceCounts `json:"per_client"`
 	PerDevice ResourceCounts `json:"per_device"`
+	// PerUID bounds what the processes of one uid hold together, so that
+	// one user cannot take every context or connection of the device.
+	PerUID UIDLimits `json:"per_uid"`
 	// MaxMRPages bounds the page list of one REG_MR (the daemon copies
 	// it): a larger registration fails with EINVAL, as any MR beyond the
 	// device's attributes does.
 	MaxMRPages uint32 `json:"max_mr_pages"`
+}
+
+// UIDLimits bound the contexts and control connections of one uid. Zero
+// fields take defaults: Contexts a quarter of the device's contexts (at
+// least 1), Connections twice the per-uid contexts plus 16 (room for
+// operator tools beside the clients).
+type UIDLimits struct {
+	// Contexts: OPEN_CONTEXT past it fails with EAGAIN.
+	Contexts int `json:"contexts"`
+	// Connections: the first command on a connection past it is
+	// answered with EAGAIN, then the connection is closed.
+	Connections int `json:"connections"`
 }
 
 // QPCounters are one QP's data-path counters as the operator sees them

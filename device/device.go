@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,6 +32,7 @@ type LinkInfo struct {
 type (
 	ResourceCounts = admin.ResourceCounts
 	Limits         = admin.Limits
+	UIDLimits      = admin.UIDLimits
 	QPCounters     = admin.QPCounters
 )
 
@@ -66,6 +68,9 @@ type Config struct {
 	Space      *dma.Space   // required: the device's physical address space
 	DataPlane  DataPlane    // nil: no data path (QPs move through their states, no data moves)
 	Logger     *slog.Logger // nil: slog.Default()
+	// OperatorGroup, if set, is a group whose members may use the
+	// operator commands besides root and the daemon's own uid.
+	OperatorGroup *OperatorGroup
 }
 
 // DeviceCounters are the device's control-path counters.
@@ -77,6 +82,22 @@ type DeviceCounters struct {
 	ContextsOpened  atomic.Uint64
 	ContextsClosed  atomic.Uint64
 	ConnectionsOpen atomic.Int64
+	// ConnectionsRefused counts the connections refused at the per-uid
+	// connection limit.
+	ConnectionsRefused atomic.Uint64
+	// OperatorDenied counts the operator commands refused to a peer that
+	// is not an operator (EPERM).
+	OperatorDenied atomic.Uint64
+	// AcceptErrors counts the failed accept(2) calls of Serve (EMFILE and
+	// ENFILE above all), each followed by a pause.
+	AcceptErrors atomic.Uint64
+}
+
+// Listener is what Serve accepts control connections from
+// (*net.UnixListener).
+type Listener interface {
+	AcceptUnix() (*net.UnixConn, error)
+	Close() error
 }
 
 // Device is one emulated RNIC: its resources, their lifecycles and the
@@ -108,8 +129,15 @@ type Device struct {
 	// (counters.go).
 	dpRetired QPCounters
 	closed    bool
-	lns       map[*net.UnixListener]struct{}
+	lns       map[Listener]struct{}
 	conns     map[*net.UnixConn]struct{}
+	// accounts holds the connections and contexts of each uid
+	// (accounts.go).
+	accounts map[uint32]*account
+
+	euid     uint32        // the daemon's effective uid: an operator
+	done     chan struct{} // closed by Close
+	refusing atomic.Int32  // refused connections waiting for their first command
 
 	wg sync.WaitGroup
 }
@@ -142,6 +170,10 @@ func New(cfg Config) (*Device, error) {
 	if cfg.Limits.PerDevice.QP > roce.QPNMask-firstQPN {
 		return nil, fmt.Errorf("device: at most %d QPs fit the 24-bit QPN space", roce.QPNMask-firstQPN)
 	}
+	fillUIDLimits(&cfg.Limits)
+	if cfg.Limits.PerUID.Contexts < 0 || cfg.Limits.PerUID.Connections < 0 {
+		return nil, errors.New("device: per-uid limits must not be negative")
+	}
 	if cfg.Limits.MaxMRPages == 0 {
 		cfg.Limits.MaxMRPages = DefaultLimits.MaxMRPages
 	}
@@ -161,8 +193,11 @@ func New(cfg Config) (*Device, error) {
 		qps:      make(map[uint32]*QP),
 		nextQPN:  firstQPN,
 		peers:    make(map[peerKey]*QP),
-		lns:      make(map[*net.UnixListener]struct{}),
+		lns:      make(map[Listener]struct{}),
 		conns:    make(map[*net.UnixConn]struct{}),
+		accounts: make(map[uint32]*account),
+		euid:     uint32(os.Geteuid()),
+		done:     make(chan struct{}),
 	}
 	return d, nil
 }
@@ -173,9 +208,21 @@ func (d *Device) Name() string { return d.cfg.Name }
 // Limits returns the effective limits.
 func (d *Device) Limits() Limits { return d.cfg.Limits }
 
+// Accept errors do not end Serve unless the listener was closed: a flood
+// of connections exhausting the daemon's descriptors (EMFILE, ENFILE) or
+// the kernel's memory must not stop the device. Serve pauses, 5 ms at the
+// first error of a burst and twice as long at each next one up to 1 s, as
+// net/http's server does, and tries again; a burst is logged when it
+// starts and when it ends, and each error is counted (AcceptErrors).
+const (
+	acceptPauseMin = 5 * time.Millisecond
+	acceptPauseMax = time.Second
+)
+
 // Serve accepts control connections on l until Close; one goroutine serves
-// each connection. It returns ErrClosed after Close, or the accept error.
-func (d *Device) Serve(l *net.UnixListener) error {
+// each connection. It returns ErrClosed after Close, or the accept error
+// when l was closed by someone else.
+func (d *Device) Serve(l Listener) error {
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
@@ -184,22 +231,49 @@ func (d *Device) Serve(l *net.UnixListener) error {
 	d.lns[l] = struct{}{}
 	d.wg.Add(1)
 	d.mu.Unlock()
-	defer d.wg.Done()
+	defer func() {
+		d.mu.Lock()
+		delete(d.lns, l)
+		d.mu.Unlock()
+		d.wg.Done()
+	}()
+	var (
+		pause      time.Duration // 0: not in a burst of errors
+		burst      int
+		burstStart time.Time
+	)
 	for {
 		c, err := l.AcceptUnix()
 		if err != nil {
 			d.mu.Lock()
 			closed := d.closed
-			delete(d.lns, l)
 			d.mu.Unlock()
 			if closed {
 				return ErrClosed
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
+			if errors.Is(err, net.ErrClosed) {
+				return fmt.Errorf("accept: %w", err)
 			}
-			return fmt.Errorf("accept: %w", err)
+			d.counters.AcceptErrors.Add(1)
+			burst++
+			if pause == 0 {
+				pause, burstStart = acceptPauseMin, time.Now()
+				d.log.Warn("accept failed; pausing and retrying while it fails", "err", err, "first_pause", pause, "max_pause", acceptPauseMax)
+			} else {
+				pause = min(2*pause, acceptPauseMax)
+			}
+			t := time.NewTimer(pause)
+			select {
+			case <-d.done:
+				t.Stop()
+				return ErrClosed
+			case <-t.C:
+			}
+			continue
+		}
+		if pause != 0 {
+			d.log.Info("accept works again", "failed_accepts", burst, "burst", time.Since(burstStart).Round(time.Millisecond))
+			pause, burst = 0, 0
 		}
 		d.mu.Lock()
 		if d.closed {
@@ -224,6 +298,7 @@ func (d *Device) Close() error {
 		return nil
 	}
 	d.closed = true
+	close(d.done)
 	for l := range d.lns {
 		l.Close()
 	}

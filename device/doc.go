@@ -25,7 +25,12 @@
 // A defect gets an error reply (errno in status, NUL-terminated message);
 // fds not taken by a handler are closed; the connection continues.
 // Operator commands (0x100..) carry JSON (operator.go; the types are
-// package admin's).
+// package admin's) and are served to operators only: root, the daemon's
+// effective uid, or a member of Config.OperatorGroup, by the peer's
+// SO_PEERCRED credentials (and its supplementary groups from
+// /proc/<pid>/status, read when the connection is accepted; accounts.go
+// has the limits of that). Anyone else gets EPERM and the connection
+// continues: a client sees only what it created.
 //
 // # Ownership
 //
@@ -40,8 +45,18 @@
 // page), dma.ReleaseOwner catches the rest, and the client's fds held by
 // the daemon (memfd duplicates, completion eventfds) are closed.
 //
-// Limits: per client (EAGAIN) and per device (ENOMEM), see Limits; a
-// REG_MR longer than Limits.MaxMRPages pages is refused with EINVAL.
+// Limits: per context (EAGAIN), per uid (EAGAIN) and per device (ENOMEM),
+// see Limits; a REG_MR longer than Limits.MaxMRPages pages is refused with
+// EINVAL. A client is its uid (accounts.go): the device counts the
+// connections and contexts of each uid and bounds them
+// (Limits.PerUID), so that one process or one user cannot take every
+// context; a connection past the uid's limit has its first command
+// answered with EAGAIN and is closed. The operator's account listing
+// (admin.AccountsCmd) sums per uid what its contexts hold.
+//
+// Serve survives accept errors (EMFILE, ENFILE, ...): it pauses, 5 ms
+// doubling up to 1 s, and retries, until Close or until its listener is
+// closed by someone else.
 //
 // Counters: the control path's own (DeviceCounters) and, in admin.Info,
 // the data-path totals: the per-QP counters summed over the live QPs when

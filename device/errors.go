@@ -22,6 +22,7 @@ var (
 	errMsgSize   = errors.New("bad message length")            // EMSGSIZE
 	errBadOpcode = errors.New("unknown command")               // ENOSYS
 	errAddrInUse = errors.New("address in use")                // EADDRINUSE
+	errPerm      = errors.New("operation not permitted")       // EPERM
 )
 
 // errnoTable is the one mapping from control-path sentinels to errno.
@@ -41,6 +42,7 @@ var errnoTable = []struct {
 	{errMsgSize, unix.EMSGSIZE},
 	{errBadOpcode, unix.ENOSYS},
 	{errAddrInUse, unix.EADDRINUSE},
+	{errPerm, unix.EPERM},
 }
 
 // errnoOf returns the errno a reply carries for err: the first sentinel in

@@ -46,6 +46,10 @@ func (cn *conn) openContext(r *request) (reply, error) {
 	if !abi.VersionCompatible(c.ABIVersion, abi.Version) {
 		return reply{}, errorf(errProto, "client ABI %d.%d, daemon ABI %d.%d", c.ABIVersion>>16, c.ABIVersion&0xffff, abi.VersionMajor, abi.VersionMinor)
 	}
+	acct := d.accounts[cn.uid]
+	if lim := d.cfg.Limits.PerUID.Contexts; acct.contexts >= lim {
+		return reply{}, errorf(errAgain, "uid %d holds %d contexts, its limit (limits.per_uid.contexts)", cn.uid, acct.contexts)
+	}
 	if len(d.contexts) >= d.cfg.Limits.PerDevice.Contexts {
 		return reply{}, errorf(errNoMem, "device limit of %d contexts reached", d.cfg.Limits.PerDevice.Contexts)
 	}
@@ -82,8 +86,9 @@ func (cn *conn) openContext(r *request) (reply, error) {
 	}
 	d.contexts[h] = cx
 	d.totals.Contexts++
+	acct.contexts++
 	cn.ctx = cx
-	d.log.Info("context opened", "ctx", h, "client", cx.name, "pid", cx.pid)
+	d.log.Info("context opened", "ctx", h, "client", cx.name, "pid", cx.pid, "uid", cx.uid)
 	return reply{
 		body: &abi.RespOpenContext{ABIVersion: abi.Version, CtxHandle: h, DBPageSize: db.Size(), DBRecords: db.Records()},
 		fds:  []int{db.MemFd(), db.KickFd()},

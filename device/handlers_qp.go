@@ -455,6 +455,9 @@ func (d *Device) releaseContextLocked(cx *Context, why string) {
 	}
 	delete(d.contexts, cx.handle)
 	d.totals.Contexts--
+	if a := d.accounts[cx.uid]; a != nil {
+		a.contexts--
+	}
 	d.counters.ContextsClosed.Add(1)
-	d.log.Info("context closed", "ctx", cx.handle, "client", cx.name, "pid", cx.pid, "reason", why)
+	d.log.Info("context closed", "ctx", cx.handle, "client", cx.name, "pid", cx.pid, "uid", cx.uid, "reason", why)
 }

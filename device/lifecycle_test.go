@@ -89,6 +89,8 @@ func TestLimits(t *testing.T) {
 	lim := device.Limits{
 		PerClient: device.ResourceCounts{PD: 2, CQ: 2, QP: 1, MR: 1, SRQ: 1, AH: 1, HostMem: 3},
 		PerDevice: device.ResourceCounts{Contexts: 3, PD: 3},
+		// One uid (this process's) opens every context.
+		PerUID: device.UIDLimits{Contexts: 4},
 	}
 	s := startServer(t, lim)
 	c := open(t, s)

@@ -141,19 +141,23 @@ func fdIsEventfd(fd int) error {
 	return nil
 }
 
-// peerCred returns the pid, uid and gid of the process at the other end of
-// c (SO_PEERCRED), for the operator listing.
-func peerCred(c *net.UnixConn) (pid int32, uid, gid uint32) {
+// peerCred returns the credentials of the process at the other end of c
+// (SO_PEERCRED): who the client is, for the per-uid accounting, the
+// operator check and the operator listing.
+func peerCred(c *net.UnixConn) (peer, error) {
 	raw, err := c.SyscallConn()
 	if err != nil {
-		return 0, 0, 0
+		return peer{}, err
 	}
 	var cred *unix.Ucred
-	raw.Control(func(fd uintptr) {
-		cred, _ = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	})
-	if cred == nil {
-		return 0, 0, 0
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return peer{}, err
 	}
-	return cred.Pid, cred.Uid, cred.Gid
+	if cerr != nil {
+		return peer{}, cerr
+	}
+	return peer{pid: cred.Pid, uid: cred.Uid, gid: cred.Gid}, nil
 }

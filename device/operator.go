@@ -23,13 +23,20 @@ var adminTable = map[abi.Cmd]func(d *Device) []any{
 	admin.SRQsCmd:     (*Device).listSRQs,
 	admin.AHsCmd:      (*Device).listAHs,
 	admin.HostMemCmd:  (*Device).listHostMem,
+	admin.AccountsCmd: (*Device).listAccounts,
 }
 
 // adminReplyBudget keeps a list reply inside one datagram.
 const adminReplyBudget = abi.MaxMsgSize - abi.SizeofMsgHdr - 1024
 
+// admin serves an operator command to an operator (conn.operator); any
+// other peer gets EPERM, and its connection continues.
 func (cn *conn) admin(r *request) (reply, error) {
 	d := cn.d
+	if !cn.operator {
+		d.counters.OperatorDenied.Add(1)
+		return reply{}, d.operatorDenied(cn, r.hdr.Opcode)
+	}
 	var req admin.Request
 	if len(r.payload) > 0 {
 		dec := json.NewDecoder(bytes.NewReader(r.payload))
@@ -85,12 +92,15 @@ func (d *Device) infoLocked() admin.Info {
 		Resources:  d.totals,
 		Limits:     d.cfg.Limits,
 		Counters: map[string]int64{
-			"commands":        int64(c.Commands.Load()),
-			"command_errors":  int64(c.CommandErrors.Load()),
-			"bad_messages":    int64(c.BadMessages.Load()),
-			"fds_closed":      int64(c.FdsClosed.Load()),
-			"contexts_opened": int64(c.ContextsOpened.Load()),
-			"contexts_closed": int64(c.ContextsClosed.Load()),
+			"commands":            int64(c.Commands.Load()),
+			"command_errors":      int64(c.CommandErrors.Load()),
+			"bad_messages":        int64(c.BadMessages.Load()),
+			"fds_closed":          int64(c.FdsClosed.Load()),
+			"contexts_opened":     int64(c.ContextsOpened.Load()),
+			"contexts_closed":     int64(c.ContextsClosed.Load()),
+			"connections_refused": int64(c.ConnectionsRefused.Load()),
+			"operator_denied":     int64(c.OperatorDenied.Load()),
+			"accept_errors":       int64(c.AcceptErrors.Load()),
 		},
 		Connections: c.ConnectionsOpen.Load(),
 		DataPath:    d.dataPathTotalsLocked(),

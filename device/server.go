@@ -19,8 +19,11 @@ type conn struct {
 	d   *Device
 	c   *net.UnixConn
 	ctx *Context // nil until OPEN_CONTEXT
-	pid int32
-	uid uint32
+	// The peer's credentials (SO_PEERCRED) and whether it may use the
+	// operator commands, decided when the connection is accepted.
+	pid      int32
+	uid, gid uint32
+	operator bool
 
 	buf  []byte // receive buffer: MaxMsgSize+1 to detect oversize datagrams
 	oob  []byte
@@ -88,15 +91,39 @@ func init() {
 
 func (d *Device) serveConn(c *net.UnixConn) {
 	defer d.wg.Done()
+	forget := func() {
+		c.Close()
+		d.mu.Lock()
+		delete(d.conns, c)
+		d.mu.Unlock()
+	}
+	p, err := peerCred(c)
+	if err != nil {
+		d.log.Warn("control connection closed: no peer credentials", "err", err)
+		forget()
+		return
+	}
+	d.mu.Lock()
+	err = d.admitLocked(p)
+	d.mu.Unlock()
+	if err != nil {
+		d.refuse(c, err)
+		forget()
+		return
+	}
+	operator := d.isOperator(p)
 	d.counters.ConnectionsOpen.Add(1)
 	cn := &conn{
-		d:    d,
-		c:    c,
-		buf:  make([]byte, abi.MaxMsgSize+1),
-		oob:  make([]byte, unix.CmsgSpace(maxOOBFds*4)),
-		rbuf: make([]byte, abi.MaxMsgSize),
+		d:        d,
+		c:        c,
+		pid:      p.pid,
+		uid:      p.uid,
+		gid:      p.gid,
+		operator: operator,
+		buf:      make([]byte, abi.MaxMsgSize+1),
+		oob:      make([]byte, unix.CmsgSpace(maxOOBFds*4)),
+		rbuf:     make([]byte, abi.MaxMsgSize),
 	}
-	cn.pid, cn.uid, _ = peerCred(c)
 	defer func() {
 		c.Close()
 		d.mu.Lock()
@@ -105,6 +132,7 @@ func (d *Device) serveConn(c *net.UnixConn) {
 			d.releaseContextLocked(cn.ctx, "connection closed")
 			cn.ctx = nil
 		}
+		d.leaveLocked(p.uid)
 		d.mu.Unlock()
 		d.counters.ConnectionsOpen.Add(-1)
 	}()

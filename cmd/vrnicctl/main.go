@@ -9,7 +9,18 @@
 //
 //	vrnicctl [flags] devices
 //	vrnicctl [flags] info | counters | contexts | pds | mrs | cqs | qps | srqs | ahs | hostmem
+//	vrnicctl [flags] accounts
 //	vrnicctl [flags] link
+//
+// accounts shows, per uid (a client is its uid), the control connections,
+// the contexts and the resources of those contexts summed (host memory
+// regions and bytes, MRs and their page-table entries, PDs, CQs, QPs,
+// SRQs, AHs), and the connections refused at the per-uid limit.
+//
+// The operator commands behind all of these are served to root, the
+// daemon's uid and the members of its -operator-group only; anyone else
+// gets "operation not permitted" (devices shows such a device as up,
+// without its details).
 //
 // link shows the link counters a daemon serves on its stats socket
 // (<name>.stats beside <name>.sock; the TAP link): per queue, the frames
@@ -29,9 +40,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/user"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 
 	"github.com/vrnic/vrnic/abi"
@@ -51,6 +65,7 @@ var lists = map[string]abi.Cmd{
 	"srqs":     admin.SRQsCmd,
 	"ahs":      admin.AHsCmd,
 	"hostmem":  admin.HostMemCmd,
+	"accounts": admin.AccountsCmd,
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -61,7 +76,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	sock := fs.String("s", "", "control socket path")
 	asJSON := fs.Bool("json", false, "JSON output")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: vrnicctl [flags] devices|info|counters|link|contexts|pds|mrs|cqs|qps|srqs|ahs|hostmem")
+		fmt.Fprintln(stderr, "usage: vrnicctl [flags] devices|info|counters|link|contexts|pds|mrs|cqs|qps|srqs|ahs|hostmem|accounts")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -165,7 +180,9 @@ func devices(dir string, asJSON bool, w io.Writer) error {
 	out := []DeviceEntry{}
 	for _, n := range names {
 		e := DeviceEntry{Name: n, Socket: all[n], Status: "up"}
-		if info, err := fetchInfo(all[n]); err != nil {
+		if info, err := fetchInfo(all[n]); errors.Is(err, syscall.EPERM) {
+			e.Status = "up (not an operator)"
+		} else if err != nil {
 			e.Status = "down: " + err.Error()
 		} else {
 			e.Info = &info
@@ -249,7 +266,35 @@ func show(path, what string, asJSON bool, w io.Writer) error {
 		}
 		return writeJSON(w, raw)
 	}
+	if what == "accounts" {
+		return printAccounts(w, raw)
+	}
 	return printTable(w, what, raw)
+}
+
+// printAccounts prints the per-uid accounts, with the user names of the
+// uids where they resolve.
+func printAccounts(w io.Writer, raw []json.RawMessage) error {
+	if len(raw) == 0 {
+		fmt.Fprintln(w, "no accounts")
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "UID\tUSER\tCONNECTIONS\tCONTEXTS\tHOSTMEM\tHOSTMEM_BYTES\tMRS\tMR_PAGES\tPDS\tCQS\tQPS\tSRQS\tAHS\tREFUSED")
+	for _, r := range raw {
+		var a admin.AccountInfo
+		if err := json.Unmarshal(r, &a); err != nil {
+			return err
+		}
+		name := "-"
+		if u, err := user.LookupId(strconv.FormatUint(uint64(a.UID), 10)); err == nil {
+			name = u.Username
+		}
+		c := a.Resources
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", a.UID, name, a.Connections, c.Contexts,
+			c.HostMem, a.HostMemBytes, c.MR, a.MRPages, c.PD, c.CQ, c.QP, c.SRQ, c.AH, a.Refused)
+	}
+	return tw.Flush()
 }
 
 func writeJSON(w io.Writer, v any) error {

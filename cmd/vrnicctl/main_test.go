@@ -6,8 +6,12 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/user"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -175,4 +179,48 @@ func TestVrnicctl(t *testing.T) {
 	assert.NotContains(t, out, "notasocket")
 	rc, _, _ = ctl()
 	assert.Equal(t, 2, rc, "usage")
+}
+
+// TestAccounts: vrnicctl accounts shows, per uid, the connections, the
+// contexts and what they hold, as a table and as JSON.
+func TestAccounts(t *testing.T) {
+	s, err := devicetest.Start(devicetest.Options{Name: "acct0"})
+	require.NoError(t, err)
+	defer s.Close()
+	rc, out, _ := ctl("-s", s.SocketPath, "accounts")
+	require.Equal(t, 0, rc)
+	assert.Regexp(t, `UID\s+USER\s+CONNECTIONS\s+CONTEXTS\s+HOSTMEM\s+HOSTMEM_BYTES\s+MRS\s+MR_PAGES`, out)
+	for range 2 {
+		c, err := verbs.Open(s.SocketPath)
+		require.NoError(t, err)
+		defer c.Close()
+		pd, err := c.AllocPD()
+		require.NoError(t, err)
+		buf, err := c.Alloc(3*4096, 4096)
+		require.NoError(t, err)
+		_, err = pd.RegMR(buf, abi.AccessLocalWrite)
+		require.NoError(t, err)
+	}
+	uid := os.Geteuid()
+	var accts []admin.AccountInfo
+	require.Eventually(t, func() bool {
+		rc, out, _ = ctl("-s", s.SocketPath, "-json", "accounts")
+		require.Equal(t, 0, rc)
+		require.NoError(t, json.Unmarshal([]byte(out), &accts))
+		return len(accts) == 1 && accts[0].Connections == 3
+	}, 10*time.Second, 10*time.Millisecond, "two clients and vrnicctl: %s", out)
+	a := accts[0]
+	assert.Equal(t, uint32(uid), a.UID)
+	assert.Equal(t, admin.ResourceCounts{Contexts: 2, HostMem: a.Resources.HostMem, PD: 2, MR: 2}, a.Resources)
+	assert.Positive(t, a.Resources.HostMem)
+	assert.GreaterOrEqual(t, a.HostMemBytes, uint64(2*3*4096))
+	assert.Equal(t, uint64(6), a.MRPages)
+	rc, out, _ = ctl("-s", s.SocketPath, "accounts")
+	require.Equal(t, 0, rc)
+	name := "-"
+	if u, err := user.LookupId(strconv.Itoa(uid)); err == nil {
+		name = u.Username
+	}
+	assert.Regexp(t, fmt.Sprintf(`\n%d\s+%s\s+\d+\s+2\s+%d\s+%d\s+2\s+6\s+2\s+0\s+0\s+0\s+0\s+0\n`, uid, regexp.QuoteMeta(name),
+		a.Resources.HostMem, a.HostMemBytes), out)
 }

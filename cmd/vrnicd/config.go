@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"os/user"
+	"strconv"
 	"strings"
 
 	"github.com/vrnic/vrnic/device"
@@ -35,6 +37,10 @@ type Config struct {
 	LogLevel string `json:"log_level,omitempty"`
 	// Limits bounds clients and the device; zero fields take defaults.
 	Limits device.Limits `json:"limits"`
+	// OperatorGroup names a group whose members may use the operator
+	// commands (vrnicctl) besides root and the daemon's own uid; empty:
+	// none. An unknown group is an error at start.
+	OperatorGroup string `json:"operator_group,omitempty"`
 	// CPUProfile, when set (flag only), is a file the daemon writes a CPU
 	// profile of its whole run to.
 	CPUProfile string `json:"-"`
@@ -125,6 +131,7 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 		tapAddr stringList
 		cpuProf = fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
 		traceTo = fs.String("trace", "", "write a Go execution trace of the run to this file")
+		opGroup = fs.String("operator-group", "", "group whose members may use the operator commands (vrnicctl) besides root and the daemon's uid")
 	)
 	fs.Var(&tapAddr, "tap-addr", "TAP link: the NIC's address/prefix, e.g. 10.77.0.1/24 (repeatable; the first is GID 0)")
 	fs.StringVar(local, "local", "127.0.0.1:4791", "same as -udp-local")
@@ -136,7 +143,7 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
 	tapCfg := TAPConfig{Name: *tapName, Addrs: tapAddr, MAC: *tapMAC, NetNS: *tapNS, VerifySteering: *tapVer}
-	c := &Config{Name: *name, Link: LinkConfig{Type: *link, Local: *local, MTU: *mtu, TAP: tapCfg}, LogLevel: *level, Workers: *workers}
+	c := &Config{Name: *name, Link: LinkConfig{Type: *link, Local: *local, MTU: *mtu, TAP: tapCfg}, LogLevel: *level, Workers: *workers, OperatorGroup: *opGroup}
 	if *cfgFile != "" {
 		fileCfg := Config{}
 		if err := loadConfigFile(*cfgFile, &fileCfg); err != nil {
@@ -189,6 +196,9 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 		if set["tap-verify-steering"] {
 			merged.Link.TAP.VerifySteering = *tapVer
 		}
+		if set["operator-group"] {
+			merged.OperatorGroup = *opGroup
+		}
 		c = &merged
 	} else {
 		c.RuntimeDir, c.Socket, c.Link.Peers = *rundir, *socket, peers
@@ -233,12 +243,30 @@ func (c *Config) validate() error {
 	for _, v := range []int{c.Limits.PerClient.Contexts, c.Limits.PerClient.HostMem, c.Limits.PerClient.PD, c.Limits.PerClient.MR,
 		c.Limits.PerClient.CQ, c.Limits.PerClient.QP, c.Limits.PerClient.SRQ, c.Limits.PerClient.AH,
 		c.Limits.PerDevice.Contexts, c.Limits.PerDevice.HostMem, c.Limits.PerDevice.PD, c.Limits.PerDevice.MR,
-		c.Limits.PerDevice.CQ, c.Limits.PerDevice.QP, c.Limits.PerDevice.SRQ, c.Limits.PerDevice.AH} {
+		c.Limits.PerDevice.CQ, c.Limits.PerDevice.QP, c.Limits.PerDevice.SRQ, c.Limits.PerDevice.AH,
+		c.Limits.PerUID.Contexts, c.Limits.PerUID.Connections} {
 		if v < 0 {
 			return errors.New("limits must not be negative")
 		}
 	}
 	return nil
+}
+
+// operatorGroup resolves the configured operator group to its gid (nil
+// when none is configured).
+func (c *Config) operatorGroup() (*device.OperatorGroup, error) {
+	if c.OperatorGroup == "" {
+		return nil, nil
+	}
+	g, err := user.LookupGroup(c.OperatorGroup)
+	if err != nil {
+		return nil, fmt.Errorf("operator group %q: %w", c.OperatorGroup, err)
+	}
+	gid, err := strconv.ParseUint(g.Gid, 10, 32)
+	if err != nil {
+		return nil, fmt.Errorf("operator group %q: gid %q: %w", c.OperatorGroup, g.Gid, err)
+	}
+	return &device.OperatorGroup{Name: g.Name, GID: uint32(gid)}, nil
 }
 
 func mtuCode(bytes int) (uint32, bool) {

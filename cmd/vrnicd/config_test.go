@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vrnic/vrnic/admin"
+	"github.com/vrnic/vrnic/device"
 )
 
 func writeFile(t *testing.T, body string) string {
@@ -73,6 +74,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"level", []string{"-log-level", "loud"}, "", "log level"},
 		{"workers", []string{"-workers", "-1"}, "", "workers"},
 		{"negative limit", nil, `{"name":"x","link":{"type":"udp"},"limits":{"per_device":{"qp":-1}}}`, "negative"},
+		{"negative per-uid limit", nil, `{"name":"x","link":{"type":"udp"},"limits":{"per_uid":{"connections":-1}}}`, "negative"},
 		{"args", []string{"extra"}, "", "unexpected arguments"},
 	}
 	for _, tc := range cases {
@@ -86,6 +88,41 @@ func TestParseConfigErrors(t *testing.T) {
 			assert.Contains(t, err.Error(), tc.msg)
 		})
 	}
+}
+
+// TestOperatorGroupConfig: the operator group comes from the config file
+// or the flag (which wins), is resolved to its gid, and an unknown group
+// stops the daemon before it creates anything, naming the group.
+func TestOperatorGroupConfig(t *testing.T) {
+	p := writeFile(t, `{"name":"x","link":{"type":"mem"},"operator_group":"root","limits":{"per_uid":{"contexts":3,"connections":9}}}`)
+	c, err := parseConfig([]string{"-config", p}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, "root", c.OperatorGroup)
+	assert.Equal(t, 3, c.Limits.PerUID.Contexts)
+	assert.Equal(t, 9, c.Limits.PerUID.Connections)
+	g, err := c.operatorGroup()
+	require.NoError(t, err)
+	assert.Equal(t, &device.OperatorGroup{Name: "root", GID: 0}, g)
+
+	c, err = parseConfig([]string{"-config", p, "-operator-group", "no-such-group-x"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, "no-such-group-x", c.OperatorGroup)
+	_, err = c.operatorGroup()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `operator group "no-such-group-x"`)
+	assert.Contains(t, err.Error(), "unknown group")
+
+	c, err = parseConfig(nil, io.Discard)
+	require.NoError(t, err)
+	g, err = c.operatorGroup()
+	assert.NoError(t, err)
+	assert.Nil(t, g, "none by default")
+
+	dir := t.TempDir()
+	err = run(context.Background(), []string{"-name", "g0", "-runtime-dir", filepath.Join(dir, "rt"), "-link", "mem", "-operator-group", "no-such-group-x"}, io.Discard)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "unknown group")
+	assert.NoDirExists(t, filepath.Join(dir, "rt"), "refused before the runtime dir is made")
 }
 
 // TestRunLifecycle runs the daemon in-process: it creates socket and lock

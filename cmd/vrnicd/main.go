@@ -18,6 +18,19 @@
 // answering); a socket left by a crashed daemon (connect gives
 // ECONNREFUSED) is replaced.
 //
+// Operator commands (vrnicctl) are served to root, the daemon's own uid
+// and the members of -operator-group (config key "operator_group"; the
+// group is resolved at start, an unknown one is an error); any other peer
+// of the control socket gets EPERM for them and sees only what it created.
+// Per uid, limits.per_uid bounds the contexts (default: a quarter of
+// limits.per_device.contexts) and the control connections (default: twice
+// that plus 16); vrnicctl accounts shows what each uid holds.
+//
+// At start the daemon raises its soft limit of open files to the hard
+// limit and logs it; if it runs out of descriptors even so (a flood of
+// connections), the control server pauses and retries its accepts
+// instead of exiting.
+//
 // The daemon wires the control plane (package device: the control socket,
 // the resources, the QP state machine) to the data plane (package
 // device/dataplane) through device.DataPlane.
@@ -87,6 +100,11 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	level, _ := parseLevel(cfg.LogLevel)
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	opGroup, err := cfg.operatorGroup()
+	if err != nil {
+		return err
+	}
+	raiseFdLimit(log)
 	if cfg.CPUProfile != "" {
 		f, err := os.Create(cfg.CPUProfile)
 		if err != nil {
@@ -188,6 +206,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		Space:      space,
 		DataPlane:  plane.dp,
 		Logger:     log,
+
+		OperatorGroup: opGroup,
 	})
 	if err != nil {
 		l.Close()
@@ -203,6 +223,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			return err
 		}
 		defer stopStats()
+	}
+	if opGroup != nil {
+		log.Info("operator group", "group", opGroup.Name, "gid", opGroup.GID)
 	}
 	where := []any{"local", cfg.Link.Local, "peers", cfg.Link.Peers}
 	switch cfg.Link.Type {
@@ -301,6 +324,29 @@ func lockFile(path string) (func(), error) {
 		os.Remove(path)
 		f.Close()
 	}, nil
+}
+
+// raiseFdLimit raises the soft limit of open files to the hard limit: every
+// client connection, host memory region and completion eventfd is a
+// descriptor of the daemon. (The Go runtime does the same at start;
+// this makes it explicit and logs the limit the daemon runs with.) When
+// the daemon runs out even so, the control server pauses and retries
+// (device.Serve); it does not exit.
+func raiseFdLimit(log *slog.Logger) {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
+		log.Warn("open files limit", "err", err)
+		return
+	}
+	if rl.Cur < rl.Max {
+		raised := syscall.Rlimit{Cur: rl.Max, Max: rl.Max}
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &raised); err != nil {
+			log.Warn("raise open files limit", "soft", rl.Cur, "hard", rl.Max, "err", err)
+			return
+		}
+		rl = raised
+	}
+	log.Info("open files limit", "soft", rl.Cur, "hard", rl.Max)
 }
 
 // setProcs sizes the Go scheduler to the data plane: GOMAXPROCS =
