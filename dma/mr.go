@@ -143,14 +143,14 @@ func (s *Space) registerLocked(o Owner, pd uint32, iova, length uint64, access A
 		pd: PD{Owner: o, Handle: pd}, access: access,
 		iova: iova, length: length, base: iova &^ (ps - 1), shift: uint8(pageShift), npages: n,
 	}
-	flat, flatMM, err := allocPages(n)
+	// The table is built in the scratch first: a registration refused
+	// (bad page, over the account's limit) allocates nothing.
+	flat, err := s.scratchPages(n)
 	if err != nil {
 		return MRInfo{}, err
 	}
-	fail := func(err error) (MRInfo, error) {
-		freeStore(flatMM)
-		return MRInfo{}, err
-	}
+	defer s.releaseScratch(n)
+	fail := func(err error) (MRInfo, error) { return MRInfo{}, err }
 	var nruns uint64
 	for i := range n {
 		pa := page(i)
@@ -181,27 +181,35 @@ func (s *Space) registerLocked(o Owner, pd uint32, iova, length uint64, access A
 		}
 		flat[i] = pte
 	}
-	if nruns <= n/4 {
-		runs, runsMM, err := allocRuns(nruns)
-		if err != nil {
-			return fail(err)
-		}
-		k := 0
-		for i, pte := range flat {
-			if i == 0 || pte != flat[i-1]+ps {
-				runs[k] = pteRun{first: uint64(i), pte: pte}
-				k++
-			}
-		}
-		freeStore(flatMM)
-		m.runs, m.store, m.tableBytes = runs, runsMM, storeBytes(nruns*16, runsMM)
+	useRuns := nruns <= n/4
+	if useRuns {
+		m.tableBytes = tableCost(nruns * 16)
 	} else {
-		m.pages, m.store, m.tableBytes = flat, flatMM, storeBytes(n*8, flatMM)
+		m.tableBytes = tableCost(n * 8)
 	}
-
 	st := s.owner(o)
 	if err := s.chargeTables(st.acct, m.tableBytes); err != nil {
-		freeStore(m.store)
+		return MRInfo{}, err
+	}
+	if useRuns {
+		m.runs, m.store, err = allocRuns(nruns)
+		if err == nil {
+			k := 0
+			for i, pte := range flat {
+				if i == 0 || pte != flat[i-1]+ps {
+					m.runs[k] = pteRun{first: uint64(i), pte: pte}
+					k++
+				}
+			}
+		}
+	} else {
+		m.pages, m.store, err = allocPages(n)
+		if err == nil {
+			copy(m.pages, flat)
+		}
+	}
+	if err != nil {
+		s.refundTables(st.acct, m.tableBytes)
 		return MRInfo{}, err
 	}
 	if err := s.pinMR(st.acct, m); err != nil {

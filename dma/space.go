@@ -106,6 +106,8 @@ type Space struct {
 	lockFails   uint64
 	lockChunkFn func(b []byte) error // mlock2(MLOCK_ONFAULT); tests replace it
 
+	scratch []byte // MR tables are built here (table.go); guarded by mu
+
 	heapFreed atomic.Uint64 // page-table bytes freed to the Go heap since the last release to the OS
 	bgRunning atomic.Bool
 }
@@ -308,4 +310,8 @@ func (s *Space) Close() {
 		s.ReleaseOwner(o)
 	}
 	s.pinWG.Wait()
+	s.mu.Lock()
+	freeStore(s.scratch)
+	s.scratch = nil
+	s.mu.Unlock()
 }

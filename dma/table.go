@@ -71,19 +71,42 @@ func mapTable(size uint64) ([]byte, error) {
 	return b, nil
 }
 
+// tableCost is what a table of n bytes costs: n on the Go heap, its
+// mapping from tableMmapMin on (allocPages, allocRuns).
+func tableCost(n uint64) uint64 {
+	if n < tableMmapMin {
+		return n
+	}
+	return alignUp(n, MinPage)
+}
+
+// scratchPages returns the Space's scratch table with room for n entries,
+// mapped once, at the largest size an MR may have. Caller holds mu.
+func (s *Space) scratchPages(n uint64) ([]uint64, error) {
+	if s.scratch == nil {
+		b, err := mapTable(uint64(s.cfg.MaxPagesPerMR) * 8)
+		if err != nil {
+			return nil, err
+		}
+		s.scratch = b
+	}
+	return u64sOf(s.scratch)[:n], nil
+}
+
+// releaseScratch gives the pages of a large scratch use back to the
+// system, so the daemon keeps no more than tableMmapMin of it resident.
+// Caller holds mu.
+func (s *Space) releaseScratch(n uint64) {
+	if end := alignUp(n*8, MinPage); end > tableMmapMin {
+		_ = unix.Madvise(s.scratch[tableMmapMin:end], unix.MADV_DONTNEED)
+	}
+}
+
 // freeStore unmaps a table's mapping (nil: a heap table, left to the GC).
 func freeStore(b []byte) {
 	if b != nil {
 		_ = unix.Munmap(b)
 	}
-}
-
-// storeBytes is what a table of n bytes costs: its mapping, or n.
-func storeBytes(n uint64, mm []byte) uint64 {
-	if mm != nil {
-		return uint64(len(mm))
-	}
-	return n
 }
 
 // runAt returns the index of the run holding MR page i (runs non-empty,
