@@ -228,7 +228,7 @@ struct vrnic_cmd_add_host_mem {
 struct vrnic_resp_add_host_mem {
 	uint64_t pa_base;
 	uint32_t handle;
-	uint32_t locked;         /* 1: mlock()ed, 0: RLIMIT_MEMLOCK did not allow */
+	uint32_t locked;         /* 1: what MRs and rings pin is mlock()ed as they pin it, 0: never locked */
 };
 
 /* Commands that take one handle (REMOVE_HOST_MEM, DEALLOC_PD, DEREG_MR,

@@ -194,6 +194,15 @@ type Limits struct {
 	// it): a larger registration fails with EINVAL, as any MR beyond the
 	// device's attributes does.
 	MaxMRPages uint32 `json:"max_mr_pages"`
+	// MRTableBytesPerUID bounds the memory the daemon spends on the MR
+	// page tables of all contexts of one uid together (8 bytes a page,
+	// or 16 a run of contiguous pages); beyond it REG_MR fails with
+	// ENOMEM.
+	MRTableBytesPerUID uint64 `json:"mr_table_bytes_per_uid"`
+	// PinnedBytesPerUID bounds the host memory that the MRs and rings of
+	// all contexts of one uid pin (lock), counted in the 2 MiB chunks the
+	// daemon locks; beyond it REG_MR and ring creation fail with ENOMEM.
+	PinnedBytesPerUID uint64 `json:"pinned_bytes_per_uid"`
 }
 
 // UIDLimits bound the contexts and control connections of one uid. Zero

@@ -41,6 +41,10 @@ var DefaultLimits = Limits{
 	PerClient:  ResourceCounts{HostMem: 64, PD: 256, MR: 4096, CQ: 1024, QP: 1024, SRQ: 256, AH: 4096},
 	PerDevice:  ResourceCounts{Contexts: 256, HostMem: 4096, PD: 4096, MR: 65536, CQ: 16384, QP: 16384, SRQ: 4096, AH: 65536},
 	MaxMRPages: 1 << 20,
+	// 64 MiB of page tables: 8 MRs of 1<<20 scattered pages, or any
+	// number of MRs over contiguous memory.
+	MRTableBytesPerUID: 64 << 20,
+	PinnedBytesPerUID:  1 << 30,
 }
 
 func fillCounts(dst *ResourceCounts, def ResourceCounts) {
@@ -176,6 +180,12 @@ func New(cfg Config) (*Device, error) {
 	}
 	if cfg.Limits.MaxMRPages == 0 {
 		cfg.Limits.MaxMRPages = DefaultLimits.MaxMRPages
+	}
+	if cfg.Limits.MRTableBytesPerUID == 0 {
+		cfg.Limits.MRTableBytesPerUID = DefaultLimits.MRTableBytesPerUID
+	}
+	if cfg.Limits.PinnedBytesPerUID == 0 {
+		cfg.Limits.PinnedBytesPerUID = DefaultLimits.PinnedBytesPerUID
 	}
 	if cfg.DataPlane == nil {
 		cfg.DataPlane = noDataPlane{}

@@ -58,6 +58,14 @@
 // doubling up to 1 s, and retries, until Close or until its listener is
 // closed by someone else.
 //
+// Memory is charged per uid (the peer credentials of the connection), so
+// that a user gains nothing by opening more contexts: the host memory its
+// MRs and rings pin (Limits.PinnedBytesPerUID, counted in the 2 MiB
+// chunks the daemon locks) and the storage of its MR page tables
+// (Limits.MRTableBytesPerUID); beyond either, REG_MR or the ring's
+// creation fails with ENOMEM and a message naming the limit. ADD_HOST_MEM
+// itself pins nothing, whatever the memfd's size (package dma, "Pinning").
+//
 // Counters: the control path's own (DeviceCounters) and, in admin.Info,
 // the data-path totals: the per-QP counters summed over the live QPs when
 // an operator asks, plus those of every QP destroyed so far (counters.go);

@@ -147,6 +147,11 @@ func TestDoorbellsSharedWithClient(t *testing.T) {
 	n, err := page.Kick().Drain()
 	require.NoError(t, err)
 	assert.Equal(t, uint64(1), n)
+	// The daemon closes the page when the client goes; its DestroyQP takes
+	// eng.mu first, which orders the reads above before that.
+	eng.mu.Lock()
+	eng.page = nil
+	eng.mu.Unlock()
 }
 
 // pageEngine remembers the doorbell page and records of the last QP.
@@ -156,6 +161,13 @@ type pageEngine struct {
 	page  *doorbell.Page
 	qpRec uint32
 	cqRec uint32
+}
+
+// DestroyQP runs before the context's doorbell page is closed.
+func (e *pageEngine) DestroyQP(*device.QP) device.QPCounters {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return device.QPCounters{}
 }
 
 func (e *pageEngine) CreateQP(q *device.QP) error {

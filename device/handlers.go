@@ -1,11 +1,13 @@
 package device
 
 import (
+	"errors"
 	"fmt"
 	"math/bits"
 	"time"
 
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/dma"
 	"github.com/vrnic/vrnic/doorbell"
 )
 
@@ -83,6 +85,12 @@ func (cn *conn) openContext(r *request) (reply, error) {
 		qps:     map[uint32]*QP{},
 		srqs:    map[uint32]*SRQ{},
 		ahs:     map[uint32]*ah{},
+	}
+	// Pinned memory and page tables are charged to the uid: a user's
+	// contexts share one budget, so opening more contexts gains nothing.
+	if err := d.mem.setAccount(cx.owner, cx.uid, d.cfg.Limits); err != nil {
+		db.Close()
+		return reply{}, err
 	}
 	d.contexts[h] = cx
 	d.totals.Contexts++
@@ -323,7 +331,13 @@ func (cn *conn) regMR(r *request) (reply, error) {
 	if c.NPages > d.cfg.Limits.MaxMRPages {
 		return reply{}, errorf(errInval, "npages %d exceeds the limit of %d pages per MR", c.NPages, d.cfg.Limits.MaxMRPages)
 	}
-	var pages []uint64
+	if err := d.limit(cx, "MRs", cx.counts.MR, d.totals.MR, d.cfg.Limits.PerClient.MR, d.cfg.Limits.PerDevice.MR); err != nil {
+		return reply{}, err
+	}
+	var (
+		info dma.MRInfo
+		err  error
+	)
 	if c.NPages <= abi.InlinePages {
 		if c.PBLPA != 0 {
 			return reply{}, errorf(errInval, "pbl_pa must be 0 when npages (%d) <= %d", c.NPages, abi.InlinePages)
@@ -331,10 +345,11 @@ func (cn *conn) regMR(r *request) (reply, error) {
 		if want := fixed + 8*int(c.NPages); len(r.payload) != want {
 			return reply{}, errorf(errMsgSize, "REG_MR: payload is %d bytes, want %d for %d inline pages", len(r.payload), want, c.NPages)
 		}
-		pages = make([]uint64, c.NPages)
+		pages := make([]uint64, c.NPages)
 		for i := range pages {
 			pages[i] = leU64(r.payload[fixed+8*i:])
 		}
+		info, err = d.mem.registerMR(cx.owner, c.PDHandle, c.IOVA, c.Length, c.Access, c.PageShift, pages)
 	} else {
 		if c.PBLPA == 0 {
 			return reply{}, errorf(errInval, "npages %d > %d needs pbl_pa", c.NPages, abi.InlinePages)
@@ -345,16 +360,16 @@ func (cn *conn) regMR(r *request) (reply, error) {
 		if c.PBLPA%8 != 0 {
 			return reply{}, errorf(errInval, "pbl_pa %#x not 8-byte aligned", c.PBLPA)
 		}
-		// Copied once from client memory into daemon memory.
-		var err error
-		if pages, err = d.mem.readPageList(cx.owner, c.PBLPA, c.NPages); err != nil {
-			return reply{}, fmt.Errorf("pbl_pa %#x (%d pages): %w", c.PBLPA, c.NPages, err)
+		// Each entry is read once from client memory into the table.
+		info, err = d.mem.registerMRList(cx.owner, c.PDHandle, c.IOVA, c.Length, c.Access, c.PageShift, c.PBLPA, c.NPages)
+		if err != nil && !errors.Is(err, dma.ErrQuota) {
+			err = fmt.Errorf("pbl_pa %#x (%d pages): %w", c.PBLPA, c.NPages, err)
 		}
 	}
-	if err := d.limit(cx, "MRs", cx.counts.MR, d.totals.MR, d.cfg.Limits.PerClient.MR, d.cfg.Limits.PerDevice.MR); err != nil {
-		return reply{}, err
+	if errors.Is(err, dma.ErrQuota) {
+		return reply{}, fmt.Errorf("uid %d: %w (limits mr_table_bytes_per_uid %d, pinned_bytes_per_uid %d)",
+			cx.uid, err, d.cfg.Limits.MRTableBytesPerUID, d.cfg.Limits.PinnedBytesPerUID)
 	}
-	info, err := d.mem.registerMR(cx.owner, c.PDHandle, c.IOVA, c.Length, c.Access, c.PageShift, pages)
 	if err != nil {
 		return reply{}, err
 	}

@@ -76,10 +76,17 @@ func (m memory) deregisterMR(o Owner, handle uint32) error {
 	return wrapDMA(m.s.DeregisterMR(o, handle))
 }
 
-// readPageList copies n u64 page addresses from pa (REG_MR pbl_pa).
-func (m memory) readPageList(o Owner, pa uint64, n uint32) ([]uint64, error) {
-	p, err := m.s.ReadPageList(o, pa, n)
-	return p, wrapDMA(err)
+// registerMRList registers an MR whose page list is n u64 page addresses
+// at pa in the owner's host memory (REG_MR pbl_pa), read straight into
+// the MR's table.
+func (m memory) registerMRList(o Owner, pd uint32, iova, length uint64, access uint32, pageShift uint32, pa uint64, n uint32) (dma.MRInfo, error) {
+	info, err := m.s.RegisterMRList(o, pd, iova, length, dma.Access(access), uint(pageShift), pa, n)
+	return info, wrapDMA(err)
+}
+
+// setAccount charges owner's pinned memory and page tables to its uid.
+func (m memory) setAccount(o Owner, uid uint32, l Limits) error {
+	return wrapDMA(m.s.SetAccount(o, dma.AccountID(uid), dma.AccountLimits{PinnedBytes: l.PinnedBytesPerUID, TableBytes: l.MRTableBytesPerUID}))
 }
 
 // releaseOwner drops every MR and region of owner (client death).

@@ -92,7 +92,12 @@ func (a *Accessor) Translate(key uint32, pd PD, iova, length uint64, want Access
 	if a.depth == 0 {
 		return 0, ErrNoSection
 	}
-	m := a.s.lookup(key)
+	var m *memRegion
+	if want&AccessRemote != 0 {
+		m = a.s.lookupRemote(key)
+	} else {
+		m = a.s.lookupLocal(key)
+	}
 	if m == nil {
 		return 0, ErrBadKey
 	}

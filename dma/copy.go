@@ -49,7 +49,7 @@ func (a *Accessor) sgeRegion(pd PD, sg *SGE, off, n uint64, want Access) (*memRe
 	if sg.Addr > math.MaxUint64-uint64(sg.Length) {
 		return nil, ErrBounds
 	}
-	m := a.s.lookup(sg.LKey)
+	m := a.s.lookupLocal(sg.LKey)
 	if m == nil {
 		return nil, ErrBadKey
 	}
@@ -116,7 +116,7 @@ func (a *Accessor) copyAt(pd PD, sges []SGE, off uint64, buf []byte, toSGEs bool
 // the access bits want, without touching memory: a responder checks a
 // whole RDMA WRITE or READ request on its first packet.
 func (a *Accessor) CheckRemote(rkey uint32, pd PD, va, length uint64, want Access) error {
-	m := a.s.lookup(rkey)
+	m := a.s.lookupRemote(rkey)
 	if m == nil {
 		return ErrBadKey
 	}
@@ -144,7 +144,7 @@ func (a *Accessor) remoteAt(rkey uint32, pd PD, va uint64, buf []byte, toMR bool
 	if toMR {
 		want = AccessRemoteWrite
 	}
-	m := a.s.lookup(rkey)
+	m := a.s.lookupRemote(rkey)
 	if m == nil {
 		return ErrBadKey
 	}
@@ -187,7 +187,7 @@ func (a *Accessor) copyRemote(pd PD, sges []SGE, rkey uint32, rpd PD, va uint64,
 	if err != nil {
 		return 0, bad, err
 	}
-	rm := a.s.lookup(rkey)
+	rm := a.s.lookupRemote(rkey)
 	if rm == nil {
 		return 0, BadRemote, ErrBadKey
 	}
@@ -200,7 +200,7 @@ func (a *Accessor) copyRemote(pd PD, sges []SGE, rkey uint32, rpd PD, va uint64,
 		if sg.Length == 0 {
 			continue
 		}
-		lm := a.s.lookup(sg.LKey) // validated above; re-read is the same MR or nil
+		lm := a.s.lookupLocal(sg.LKey) // validated above; re-read is the same MR or nil
 		if lm == nil {
 			return done, i, ErrBadKey
 		}

@@ -3,6 +3,8 @@ package dma
 import (
 	"sync/atomic"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // This file holds the package's only uses of unsafe.
@@ -29,3 +31,23 @@ func addWord(b []byte, d uint64) uint64 { return atomic.AddUint64(word64(b), d) 
 // addrOf is the address of b's first byte (tests compare it with the
 // mapping's bounds).
 func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
+
+// lockOnFault is mlock2(b, MLOCK_ONFAULT): the pages of b mapped now are
+// locked, the others as they are faulted in; nothing is populated.
+func lockOnFault(b []byte) error {
+	_, _, e := unix.Syscall(unix.SYS_MLOCK2, uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)), unix.MLOCK_ONFAULT)
+	if e != 0 {
+		return e
+	}
+	return nil
+}
+
+// u64sOf views mmap'd bytes (page aligned) as []uint64.
+func u64sOf(b []byte) []uint64 {
+	return unsafe.Slice((*uint64)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/8)
+}
+
+// runsOf views mmap'd bytes (page aligned) as []pteRun.
+func runsOf(b []byte) []pteRun {
+	return unsafe.Slice((*pteRun)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/int(unsafe.Sizeof(pteRun{})))
+}

@@ -7,8 +7,9 @@
 //
 // A client hands the device memfds (ADD_HOST_MEM). AddRegion checks each
 // is a memfd sealed against shrinking and long enough, maps it MAP_SHARED
-// read/write, mlocks it when RLIMIT_MEMLOCK allows, and gives it a range of
-// the device physical address space (PA), as a VMM places guest RAM:
+// read/write (populating and locking nothing: see "Pinning") and gives it
+// a range of the device physical address space (PA), as a VMM places
+// guest RAM:
 //
 //	PA 0 ........ 1 GiB: never assigned (a zero PA always fails)
 //	[pa0, pa0+len0)     region 1 (owner A)   pa0 = 1 GiB
@@ -24,23 +25,46 @@
 //
 // # Memory registration
 //
-// RegisterMR receives what a kernel driver would build after pinning user
-// pages: IOVA, length, access flags and the PA of every page (4 KiB or
-// 2 MiB). Every page must lie wholly inside a region of the same owner.
-// The MR stores, per page, a 64-bit entry
+// RegisterMR (or RegisterMRList, reading the list from host memory)
+// receives what a kernel driver would build after pinning user pages:
+// IOVA, length, access flags and the PA of every page (4 KiB or 2 MiB).
+// Every page must lie wholly inside a region of the same owner. The MR
+// stores, per page, a 64-bit entry
 //
 //	bits 63..48: index into the MR's list of regions (each pinned once)
 //	bits 47..0 : byte offset of the page in that region's mapping
 //
-// so translation is arithmetic plus one slice expression, and a region
-// cannot be removed while an MR pins it (ErrBusy). Keys are
-// index<<8 | variant: index selects a slot in a fixed table, the 8-bit
-// variant increments each time the index is reused (indices are recycled
-// FIFO, so reuse is as late as possible), and a lookup compares the whole
-// key, so a stale key does not match the new MR. The rkey equals the lkey
-// when the MR grants remote access and is 0 otherwise; key 0 never names
-// an MR (index 0 is never used).
+// either flat (one entry a page) or as runs of pages contiguous in a
+// region (table.go): an MR over contiguous memory costs 16 bytes however
+// long it is. Translation is arithmetic plus one slice expression (and a
+// binary search over the runs in the runs form), and a region cannot be
+// removed while an MR pins it (ErrBusy).
 //
+// # Keys
+//
+// A key is index<<8 | variant: the index selects a slot in a fixed table,
+// and a lookup compares the whole key. Keys are not guessable from one
+// another (keys.go): indices are drawn at random from the free ones (not
+// from those freed most recently), the lkey and the rkey of an MR carry
+// two different random variants from a CSPRNG-seeded stream, and both
+// differ from the variants the index had at its previous registration, so
+// a stale key never matches the MR that reuses its index. Local accesses
+// match only lkeys and remote ones only rkeys. The rkey is 0 when the MR
+// grants no remote access; key 0 never names an MR (index 0 is never
+// used).
+//
+// # Pinning and accounts
+//
+// What MRs and ring views cover is pinned in 2 MiB chunks of a region,
+// with reference counts, and locked by a background pinner one chunk at a
+// time with mlock2(MLOCK_ONFAULT), populating only the pages the memfd
+// holds (pin.go); a sparse memfd is never filled in. Pinned chunks and
+// page tables are charged to the owner's account (SetAccount; the device
+// uses the client's uid) and refused with ErrQuota beyond its limits or
+// the device's MaxPinnedBytes. Page tables of 256 KiB or more have
+// mappings of their own, unmapped when the MR goes; the Go heap is
+// returned to the system after large frees of smaller ones.
+
 // # Concurrency
 //
 // Worker goroutines translate and copy while the control plane registers

@@ -35,6 +35,10 @@ var (
 	ErrBusy error = &sentinel{"dma: host memory region in use", unix.EBUSY}
 	// ErrLimit: a table is full (regions per owner, MR keys, PA space).
 	ErrLimit error = &sentinel{"dma: resource limit reached", unix.ENOSPC}
+	// ErrQuota: pinning host memory or storing an MR's page table would
+	// exceed the owner's account limit or the device's (ENOMEM, as the
+	// kernel refuses ibv_reg_mr beyond RLIMIT_MEMLOCK).
+	ErrQuota error = &sentinel{"dma: memory limit reached", unix.ENOMEM}
 	// ErrClosed: the Space was closed.
 	ErrClosed error = &sentinel{"dma: space closed", unix.ESHUTDOWN}
 

@@ -106,8 +106,8 @@ func FuzzRegisterTranslate(f *testing.F) {
 				}
 			}
 			acc.Exit()
-			if err == nil { // this MR is the only live one
-				t.Fatalf("key %#x translated; only %#x is live", mr.LKey^rawKey, mr.LKey)
+			if err == nil && (mr.LKey^rawKey != mr.RKey || Access(want)&AccessRemote == 0) { // this MR is the only live one
+				t.Fatalf("key %#x translated; only %#x (and rkey %#x) is live", mr.LKey^rawKey, mr.LKey, mr.RKey)
 			}
 		}
 		pd := PD{1, 1}
@@ -115,8 +115,14 @@ func FuzzRegisterTranslate(f *testing.F) {
 			pd = PD{2, 1}
 		}
 		w := Access(want & 0xf)
+		key := mr.LKey
+		if w&AccessRemote != 0 {
+			key = mr.RKey // remote access: only the rkey names the MR
+		}
 		var wantErr error
 		switch {
+		case key == 0:
+			wantErr = ErrBadKey
 		case otherPD:
 			wantErr = ErrWrongPD
 		case acc8&w != w:
@@ -125,7 +131,7 @@ func FuzzRegisterTranslate(f *testing.F) {
 			wantErr = ErrBounds
 		}
 		acc.Enter()
-		n, err := acc.Translate(mr.LKey, pd, tiova, tlen, w, segs)
+		n, err := acc.Translate(key, pd, tiova, tlen, w, segs)
 		if errors.Is(err, ErrSegments) && wantErr == nil {
 			acc.Exit()
 			return // model has no segment merging; 24 segments too few

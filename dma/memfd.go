@@ -54,11 +54,17 @@ func mapShared(fd int, length uint64) ([]byte, error) {
 	return mem, nil
 }
 
-// tryLock mlocks mem. Failing is not an error: RLIMIT_MEMLOCK (without
-// CAP_IPC_LOCK) may not allow it, and the memory then stays pageable; the
-// caller reports locked=false to the client.
-func tryLock(mem []byte) bool {
-	return unix.Mlock(mem) == nil
+// reopen opens the memfd fd again, read-only, through /proc/self/fd: a
+// file description of the daemon's own, whose file offset the seeks of
+// populatePresent may move without moving the client's (a descriptor
+// received by SCM_RIGHTS or duplicated shares the client's). -1 if the
+// kernel refuses.
+func reopen(fd int) int {
+	nfd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", fd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1
+	}
+	return nfd
 }
 
 // memlockLimit returns the soft RLIMIT_MEMLOCK (RLIM_INFINITY as ^0).

@@ -1,6 +1,7 @@
 package dma
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"sync/atomic"
@@ -8,8 +9,9 @@ import (
 
 // memRegion is a registered MR: the pinned page table (MTT) of
 // [iova, iova+length). Immutable once published in a key slot, except
-// invalid. Page i covers iova [base + i<<shift, base + (i+1)<<shift) and
-// its entry is regs index << pteRegShift | byte offset in that region.
+// invalid. Page i covers iova [base + i<<shift, base + (i+1)<<shift); its
+// PTE, regs index << pteRegShift | byte offset in that region, is in pages
+// or runs (table.go).
 type memRegion struct {
 	lkey, rkey uint32
 	pd         PD
@@ -18,9 +20,14 @@ type memRegion struct {
 	length     uint64
 	base       uint64 // iova rounded down to the page size
 	shift      uint8
-	pages      []uint64
+	npages     uint64
+	pages      []uint64  // flat table, or nil
+	runs       []pteRun  // runs table, or nil
 	regs       []*region // the regions the pages lie in (each pinned once)
 	invalid    atomic.Bool
+
+	store      []byte // the table's own mapping, or nil (Go heap)
+	tableBytes uint64 // charged to the owner's account
 }
 
 const (
@@ -30,10 +37,37 @@ const (
 )
 
 // MRInfo is the result of a registration. LKey doubles as the handle for
-// DeregisterMR. RKey is LKey when the MR grants any remote access, else 0
-// (no remote peer can name it), as Linux rxe does.
+// DeregisterMR. RKey is 0 when the MR grants no remote access (no remote
+// peer can name it, as Linux rxe does); otherwise it is a key of its own:
+// the same index as the lkey with another variant (see keys.go), and only
+// remote accesses match it.
 type MRInfo struct {
 	LKey, RKey uint32
+}
+
+// checkMR validates a registration's arguments and returns the number of
+// pages [iova, iova+length) touches.
+func (s *Space) checkMR(iova, length uint64, access Access, pageShift uint) (uint64, error) {
+	if err := validateAccess(access); err != nil {
+		return 0, err
+	}
+	if pageShift != PageShift4K && pageShift != PageShift2M {
+		return 0, fmt.Errorf("%w: page shift %d", ErrPageSize, pageShift)
+	}
+	if length == 0 {
+		return 0, fmt.Errorf("%w: zero-length MR", ErrInvalid)
+	}
+	if length > s.cfg.MaxMRBytes {
+		return 0, fmt.Errorf("%w: MR length %#x > %#x", ErrOverflow, length, s.cfg.MaxMRBytes)
+	}
+	if iova > math.MaxUint64-length {
+		return 0, fmt.Errorf("%w: iova %#x + length %#x wraps", ErrOverflow, iova, length)
+	}
+	want := ((iova+length-1)>>pageShift - iova>>pageShift) + 1
+	if want > uint64(s.cfg.MaxPagesPerMR) {
+		return 0, fmt.Errorf("%w: %d pages > %d per MR", ErrTooLarge, want, s.cfg.MaxPagesPerMR)
+	}
+	return want, nil
 }
 
 // RegisterMR registers [iova, iova+length) of owner in protection domain
@@ -46,52 +80,86 @@ type MRInfo struct {
 // Config.MaxPagesPerMR pages (ErrTooLarge);
 // len(pages) equal to the pages the range touches (ErrPageCount); every
 // page aligned (ErrPageAlign) and wholly inside one region (ErrPAOutside)
-// of this owner (ErrNotOwner). The page list is copied; the caller may
-// reuse it. Every region a page lies in is pinned until DeregisterMR or
-// ReleaseOwner.
+// of this owner (ErrNotOwner); the page table's storage and the chunks
+// newly pinned within the owner's account limits and the device's
+// (ErrQuota). The page list is copied; the caller may reuse it. Every
+// region a page lies in is pinned until DeregisterMR or ReleaseOwner, and
+// the chunks under the pages are locked (asynchronously: pin.go).
 func (s *Space) RegisterMR(o Owner, pd uint32, iova, length uint64, access Access, pageShift uint, pages []uint64) (MRInfo, error) {
-	if err := validateAccess(access); err != nil {
+	want, err := s.checkMR(iova, length, access, pageShift)
+	if err != nil {
 		return MRInfo{}, err
-	}
-	if pageShift != PageShift4K && pageShift != PageShift2M {
-		return MRInfo{}, fmt.Errorf("%w: page shift %d", ErrPageSize, pageShift)
-	}
-	if length == 0 {
-		return MRInfo{}, fmt.Errorf("%w: zero-length MR", ErrInvalid)
-	}
-	if length > s.cfg.MaxMRBytes {
-		return MRInfo{}, fmt.Errorf("%w: MR length %#x > %#x", ErrOverflow, length, s.cfg.MaxMRBytes)
-	}
-	if iova > math.MaxUint64-length {
-		return MRInfo{}, fmt.Errorf("%w: iova %#x + length %#x wraps", ErrOverflow, iova, length)
-	}
-	ps := uint64(1) << pageShift
-	base := iova &^ (ps - 1)
-	want := ((iova+length-1)>>pageShift - iova>>pageShift) + 1
-	if want > uint64(s.cfg.MaxPagesPerMR) {
-		return MRInfo{}, fmt.Errorf("%w: %d pages > %d per MR", ErrTooLarge, want, s.cfg.MaxPagesPerMR)
 	}
 	if uint64(len(pages)) != want {
 		return MRInfo{}, fmt.Errorf("%w: %d pages for %d", ErrPageCount, len(pages), want)
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.registerLocked(o, pd, iova, length, access, pageShift, want, func(i uint64) uint64 { return pages[i] })
+}
 
-	m := &memRegion{
-		pd: PD{Owner: o, Handle: pd}, access: access,
-		iova: iova, length: length, base: base, shift: uint8(pageShift),
-		pages: make([]uint64, len(pages)),
+// RegisterMRList is RegisterMR with the page list in owner's host memory:
+// n little-endian u64 page addresses at pa (REG_MR's pbl_pa, 8-byte
+// aligned, wholly inside one region of owner). Each entry is read once,
+// checked and stored in the table directly: no copy of the list is made,
+// and what the client writes there afterwards changes nothing.
+func (s *Space) RegisterMRList(o Owner, pd uint32, iova, length uint64, access Access, pageShift uint, pa uint64, n uint32) (MRInfo, error) {
+	want, err := s.checkMR(iova, length, access, pageShift)
+	if err != nil {
+		return MRInfo{}, err
+	}
+	if uint64(n) != want {
+		return MRInfo{}, fmt.Errorf("%w: %d pages for %d", ErrPageCount, n, want)
+	}
+	if pa%8 != 0 {
+		return MRInfo{}, fmt.Errorf("%w: page list PA %#x not 8-byte aligned", ErrInvalid, pa)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return MRInfo{}, ErrClosed
 	}
-	for i, pa := range pages {
+	r, err := s.findPA(o, pa, want*8)
+	if err != nil {
+		return MRInfo{}, fmt.Errorf("page list: %w", err)
+	}
+	b := r.mem[pa-r.pa : pa-r.pa+want*8]
+	return s.registerLocked(o, pd, iova, length, access, pageShift, want, func(i uint64) uint64 {
+		return binary.LittleEndian.Uint64(b[i*8:])
+	})
+}
+
+// registerLocked builds, charges, pins and publishes an MR of n pages,
+// page i at page(i). Caller holds mu.
+func (s *Space) registerLocked(o Owner, pd uint32, iova, length uint64, access Access, pageShift uint, n uint64, page func(uint64) uint64) (MRInfo, error) {
+	if s.closed {
+		return MRInfo{}, ErrClosed
+	}
+	if !s.keys.available() {
+		return MRInfo{}, fmt.Errorf("%w: %d MR keys in use", ErrLimit, len(s.slots)-1)
+	}
+	ps := uint64(1) << pageShift
+	m := &memRegion{
+		pd: PD{Owner: o, Handle: pd}, access: access,
+		iova: iova, length: length, base: iova &^ (ps - 1), shift: uint8(pageShift), npages: n,
+	}
+	// The table is built in the scratch first: a registration refused
+	// (bad page, over the account's limit) allocates nothing.
+	flat, err := s.scratchPages(n)
+	if err != nil {
+		return MRInfo{}, err
+	}
+	defer s.releaseScratch(n)
+	fail := func(err error) (MRInfo, error) { return MRInfo{}, err }
+	var nruns uint64
+	for i := range n {
+		pa := page(i)
 		if pa&(ps-1) != 0 {
-			return MRInfo{}, fmt.Errorf("%w: page %d at %#x", ErrPageAlign, i, pa)
+			return fail(fmt.Errorf("%w: page %d at %#x", ErrPageAlign, i, pa))
 		}
 		r, err := s.findPA(o, pa, ps)
 		if err != nil {
-			return MRInfo{}, fmt.Errorf("page %d: %w", i, err)
+			return fail(fmt.Errorf("page %d: %w", i, err))
 		}
 		ri := -1
 		for j := len(m.regs) - 1; j >= 0; j-- { // few regions per MR
@@ -102,38 +170,69 @@ func (s *Space) RegisterMR(o Owner, pd uint32, iova, length uint64, access Acces
 		}
 		if ri < 0 {
 			if len(m.regs) == maxMRRegs {
-				return MRInfo{}, fmt.Errorf("%w: MR spans more than %d regions", ErrLimit, maxMRRegs)
+				return fail(fmt.Errorf("%w: MR spans more than %d regions", ErrLimit, maxMRRegs))
 			}
 			ri = len(m.regs)
 			m.regs = append(m.regs, r)
 		}
-		m.pages[i] = uint64(ri)<<pteRegShift | (pa - r.pa)
+		pte := uint64(ri)<<pteRegShift | (pa - r.pa)
+		if i == 0 || pte != flat[i-1]+ps {
+			nruns++
+		}
+		flat[i] = pte
 	}
-	if s.freeHead == len(s.free) {
-		return MRInfo{}, fmt.Errorf("%w: %d MR keys in use", ErrLimit, len(s.slots)-1)
+	useRuns := nruns <= n/4
+	if useRuns {
+		m.tableBytes = tableCost(nruns * 16)
+	} else {
+		m.tableBytes = tableCost(n * 8)
 	}
-	idx := s.free[s.freeHead]
-	s.freeHead++
-	if s.freeHead > len(s.free)/2 && s.freeHead > 64 { // compact the FIFO
-		s.free = append(s.free[:0], s.free[s.freeHead:]...)
-		s.freeHead = 0
+	st := s.owner(o)
+	if err := s.chargeTables(st.acct, m.tableBytes); err != nil {
+		return MRInfo{}, err
 	}
-	s.variants[idx]++
-	m.lkey = idx<<8 | uint32(s.variants[idx])
+	if useRuns {
+		m.runs, m.store, err = allocRuns(nruns)
+		if err == nil {
+			k := 0
+			for i, pte := range flat {
+				if i == 0 || pte != flat[i-1]+ps {
+					m.runs[k] = pteRun{first: uint64(i), pte: pte}
+					k++
+				}
+			}
+		}
+	} else {
+		m.pages, m.store, err = allocPages(n)
+		if err == nil {
+			copy(m.pages, flat)
+		}
+	}
+	if err != nil {
+		s.refundTables(st.acct, m.tableBytes)
+		return MRInfo{}, err
+	}
+	if err := s.pinMR(st.acct, m); err != nil {
+		s.refundTables(st.acct, m.tableBytes)
+		freeStore(m.store)
+		return MRInfo{}, err
+	}
+	idx, lv, rv, _ := s.keys.alloc() // available, checked above, under mu
+	m.lkey = idx<<8 | uint32(lv)
 	if access&AccessRemote != 0 {
-		m.rkey = m.lkey
+		m.rkey = idx<<8 | uint32(rv)
 	}
 	for _, r := range m.regs {
 		r.pins++
 	}
-	s.owner(o).mrs[m.lkey] = m
+	st.mrs[m.lkey] = m
 	s.slots[idx].Store(m) // publish: after this, workers can find it
 	return MRInfo{LKey: m.lkey, RKey: m.rkey}, nil
 }
 
 // DeregisterMR removes the MR of owner whose lkey is key and releases its
-// region pins. A worker that looked the MR up before finishes its copy;
-// the regions stay mapped until it has (grace period in RemoveRegion).
+// pins. A worker that looked the MR up before finishes its copy; the
+// regions and the table stay mapped until it has (grace period).
 func (s *Space) DeregisterMR(o Owner, key uint32) error {
 	s.mu.Lock()
 	st := s.owners[o]
@@ -145,26 +244,34 @@ func (s *Space) DeregisterMR(o Owner, key uint32) error {
 		s.mu.Unlock()
 		return fmt.Errorf("%w: owner %d key %#x", ErrNoMR, o, key)
 	}
-	retire := s.dropMR(st, m, nil)
+	var rl retireList
+	s.dropMR(st, m, &rl)
 	s.mu.Unlock()
-	s.retire(retire)
+	s.retire(&rl)
 	return nil
 }
 
-// dropMR unpublishes m, frees its index and unpins its regions, appending
-// dead regions whose last pin it was to retire. Caller holds mu.
-func (s *Space) dropMR(st *ownerState, m *memRegion, retire []*region) []*region {
+// dropMR unpublishes m, frees its index, unpins its chunks and regions
+// and refunds its table, adding to rl what to free after the grace
+// period. Caller holds mu.
+func (s *Space) dropMR(st *ownerState, m *memRegion, rl *retireList) {
 	idx := m.lkey >> 8
 	s.slots[idx].Store(nil)
 	delete(st.mrs, m.lkey)
-	s.free = append(s.free, idx) // FIFO: the index is reused last
+	s.keys.free(idx)
+	s.unpinMR(m)
+	s.refundTables(st.acct, m.tableBytes)
 	for _, r := range m.regs {
 		r.pins--
 		if r.dead && r.pins == 0 {
-			retire = append(retire, r)
+			rl.regions = append(rl.regions, r)
 		}
 	}
-	return retire
+	if m.store != nil {
+		rl.tables = append(rl.tables, m.store)
+	} else {
+		rl.heapBytes += m.tableBytes
+	}
 }
 
 // Invalidate makes the MR named by key (lkey or rkey) fail every lookup
@@ -172,8 +279,8 @@ func (s *Space) dropMR(st *ownerState, m *memRegion, retire []*region) []*region
 // SEND_WITH_INV). The MR must belong to pd. Lock-free; safe from workers.
 // Copies that already passed their lookup finish.
 func (s *Space) Invalidate(key uint32, pd PD) error {
-	m := s.lookup(key)
-	if m == nil {
+	m := s.slot(key)
+	if m == nil || (m.lkey != key && m.rkey != key) || m.invalid.Load() {
 		return ErrBadKey
 	}
 	if m.pd != pd {
@@ -183,14 +290,31 @@ func (s *Space) Invalidate(key uint32, pd PD) error {
 	return nil
 }
 
-// lookup returns the live, valid MR named by key, or nil. Lock-free.
-func (s *Space) lookup(key uint32) *memRegion {
+// slot returns the MR in key's index slot, if any. Lock-free.
+func (s *Space) slot(key uint32) *memRegion {
 	idx := key >> 8
 	if idx >= uint32(len(s.slots)) {
 		return nil
 	}
-	m := s.slots[idx].Load()
+	return s.slots[idx].Load()
+}
+
+// lookupLocal returns the live, valid MR whose lkey is key, or nil.
+// Lock-free.
+func (s *Space) lookupLocal(key uint32) *memRegion {
+	m := s.slot(key)
 	if m == nil || m.lkey != key || m.invalid.Load() {
+		return nil
+	}
+	return m
+}
+
+// lookupRemote returns the live, valid MR whose rkey is key, or nil. An
+// MR without remote access has rkey 0, which no key in a slot equals
+// (index 0 is never used). Lock-free.
+func (s *Space) lookupRemote(key uint32) *memRegion {
+	m := s.slot(key)
+	if m == nil || m.rkey != key || m.invalid.Load() {
 		return nil
 	}
 	return m
@@ -217,13 +341,25 @@ func (m *memRegion) span(iova, n uint64) []byte {
 	rel := iova - m.base
 	i := rel >> m.shift
 	ps := uint64(1) << m.shift
-	pte := m.pages[i]
-	start := pte&pteOffMask + rel&(ps-1)
-	end := pte&pteOffMask + ps
-	for end-start < n && i+1 < uint64(len(m.pages)) && m.pages[i+1] == pte+ps {
-		i++
-		pte += ps
-		end += ps
+	var pte, start, end uint64
+	if m.runs == nil {
+		pte = m.pages[i]
+		start = pte&pteOffMask + rel&(ps-1)
+		end = pte&pteOffMask + ps
+		for end-start < n && i+1 < uint64(len(m.pages)) && m.pages[i+1] == pte+ps {
+			i++
+			pte += ps
+			end += ps
+		}
+	} else {
+		k := m.runAt(i)
+		next := m.npages
+		if k+1 < len(m.runs) {
+			next = m.runs[k+1].first
+		}
+		pte = m.runs[k].pte + (i-m.runs[k].first)<<m.shift
+		start = pte&pteOffMask + rel&(ps-1)
+		end = pte&pteOffMask + (next-i)<<m.shift
 	}
 	if end-start > n {
 		end = start + n

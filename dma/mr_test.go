@@ -76,7 +76,8 @@ func TestRegisterMRPinsRegions(t *testing.T) {
 	b := addHostMem(t, s, 1, 16*kib)
 	mr, err := s.RegisterMR(1, 7, 0x7000, 8192, AccessLocalWrite|AccessRemoteRead, PageShift4K, []uint64{b.pa(4096), a.pa(0)})
 	require.NoError(t, err)
-	assert.Equal(t, mr.LKey, mr.RKey, "remote access: rkey is the lkey")
+	assert.NotEqual(t, mr.LKey, mr.RKey, "remote access: an rkey of its own")
+	assert.Equal(t, mr.LKey>>8, mr.RKey>>8, "same index, another variant")
 	assert.NotZero(t, mr.LKey>>8, "index 0 is never used")
 
 	assert.ErrorIs(t, s.RemoveRegion(1, a.info.Handle), ErrBusy)
@@ -317,9 +318,11 @@ func TestTranslateErrors(t *testing.T) {
 		{"same PD handle, other owner", ro.LKey, PD{2, 1}, 0x10000, 10, 0, ErrWrongPD},
 		{"other owner's key from owner 1", other.LKey, pd, 0x10000, 10, 0, ErrWrongPD},
 		{"local write on read-only MR", ro.LKey, pd, 0x10000, 10, AccessLocalWrite, ErrAccess},
-		{"remote read without flag", ro.LKey, pd, 0x10000, 10, AccessRemoteRead, ErrAccess},
-		{"remote write without flag", rw.LKey, pd, 0x20000, 10, AccessRemoteWrite, ErrAccess},
+		{"remote read of an MR without remote access", ro.LKey, pd, 0x10000, 10, AccessRemoteRead, ErrBadKey},
+		{"remote write without flag", rw.RKey, pd, 0x20000, 10, AccessRemoteWrite, ErrAccess},
 		{"remote read ok", rw.RKey, pd, 0x20000, 10, AccessRemoteRead, nil},
+		{"lkey used as an rkey", rw.LKey, pd, 0x20000, 10, AccessRemoteRead, ErrBadKey},
+		{"rkey used as an lkey", rw.RKey, pd, 0x20000, 10, 0, ErrBadKey},
 		{"before start", ro.LKey, pd, 0xffff, 2, 0, ErrBounds},
 		{"past end", ro.LKey, pd, 0x11fff, 2, 0, ErrBounds},
 		{"starts at end", ro.LKey, pd, 0x12000, 1, 0, ErrBounds},
@@ -369,24 +372,34 @@ func TestTranslateErrors(t *testing.T) {
 }
 
 // TestStaleKeyAfterReuse: deregister and re-register until the same key
-// index comes back; the old key must never match the new MR.
+// index comes back; neither key of the previous MR may match the new one,
+// lkey and rkey always differ, and the variants are not a sequence.
 func TestStaleKeyAfterReuse(t *testing.T) {
 	s := newSpace(t, Config{MaxMRs: 2}) // one usable index: reuse every time
 	h := addHostMem(t, s, 1, 8192)
 	acc := s.NewAccessor()
 	defer acc.Close()
 	pd := PD{1, 1}
-	seen := map[uint32]bool{}
-	var prev uint32
+	variants := map[uint8]bool{}
+	steps := map[uint8]int{}
+	var prev MRInfo
 	for i := 0; i < 255; i++ {
 		mr, err := s.RegisterMR(1, 1, 0x1000, 4096, AccessLocalWrite|AccessRemoteRead, PageShift4K, []uint64{h.pa(uint64(i%2) * 4096)})
 		require.NoError(t, err)
 		require.Equal(t, uint32(1), mr.LKey>>8, "same index")
-		require.False(t, seen[mr.LKey], "variant repeats within 255 reuses")
-		seen[mr.LKey] = true
-		if prev != 0 {
-			err = acc.ReadRemote(prev, pd, 0x1000, make([]byte, 8))
-			require.ErrorIs(t, err, ErrBadKey, "stale key %#x after reuse as %#x", prev, mr.LKey)
+		require.Equal(t, uint32(1), mr.RKey>>8, "same index")
+		require.NotEqual(t, mr.LKey, mr.RKey)
+		variants[uint8(mr.LKey)] = true
+		if prev.LKey != 0 {
+			for _, old := range []uint32{prev.LKey, prev.RKey} {
+				require.NotEqual(t, old, mr.LKey)
+				require.NotEqual(t, old, mr.RKey)
+			}
+			err = acc.ReadRemote(prev.RKey, pd, 0x1000, make([]byte, 8))
+			require.ErrorIs(t, err, ErrBadKey, "stale rkey %#x after reuse as %#x", prev.RKey, mr.RKey)
+			_, err = acc.GatherAt(pd, []SGE{{Addr: 0x1000, Length: 8, LKey: prev.LKey}}, 0, make([]byte, 8))
+			require.ErrorIs(t, err, ErrBadKey, "stale lkey %#x after reuse as %#x", prev.LKey, mr.LKey)
+			steps[uint8(mr.LKey)-uint8(prev.LKey)]++
 		}
 		require.NoError(t, acc.ReadRemote(mr.RKey, pd, 0x1000, make([]byte, 8)))
 		_, err = s.RegisterMR(1, 1, 0x1000, 4096, 0, PageShift4K, []uint64{h.pa(0)})
@@ -394,7 +407,13 @@ func TestStaleKeyAfterReuse(t *testing.T) {
 		require.NoError(t, s.DeregisterMR(1, mr.LKey))
 		err = acc.ReadRemote(mr.RKey, pd, 0x1000, make([]byte, 8))
 		require.ErrorIs(t, err, ErrBadKey, "deregistered key")
-		prev = mr.LKey
+		prev = mr
+	}
+	// 255 uniform draws from 254 values cover about 160; a counter would
+	// take one step, always.
+	assert.Greater(t, len(variants), 100, "variants spread")
+	for d, n := range steps {
+		assert.Less(t, n, 20, "step %d between consecutive variants repeats %d times", d, n)
 	}
 }
 

@@ -8,34 +8,68 @@ import (
 )
 
 // region is one mapped memfd: PA [pa, pa+length) is byte pa-x of mem.
-// Immutable after AddRegion except pins and dead (guarded by Space.mu).
+// Immutable after AddRegion except the fields below (guarded by Space.mu
+// unless said otherwise).
 type region struct {
 	owner  Owner
 	handle uint32
 	pa     uint64
 	length uint64
-	mem    []byte // MAP_SHARED mapping, len == length
+	mem    []byte // MAP_SHARED mapping, len == length; nil once unmapped (under lk)
 	fd     int    // the Space's duplicate of the client's fd
-	locked bool
+	seekFd int    // the memfd reopened, for SEEK_DATA/SEEK_HOLE (-1: none)
 
-	pins int  // MRs referencing it + live ring views (Pin)
-	dead bool // unpublished: unmapped once pins reaches 0
+	acct *account // the owner's account: pins are charged to it
+	pins int      // MRs referencing it + live ring views (Pin)
+	dead bool     // unpublished: unmapped once pins reaches 0
+
+	// Chunk pinning (pin.go).
+	refs     map[uint32]uint64   // chunk -> references (absent: 0)
+	dirty    map[uint32]struct{} // chunks whose lock may not match refs
+	queued   bool                // in Space.pinq
+	locked   map[uint32]uint64   // locked chunk -> bytes present when locked
+	unmapped bool                // releaseRegion ran: the pinner records nothing more
+
+	// lk serializes the pinner's mlock/munlock of mem with the munmap.
+	lk sync.Mutex
 }
 
 func (r *region) contains(pa, n uint64) bool {
 	return pa >= r.pa && n <= r.length && pa-r.pa <= r.length-n
 }
 
-// release unmaps and closes. Only after a grace period.
-func (r *region) release() {
+// unmap unmaps and closes. Only after a grace period, or for a region
+// never published.
+func (r *region) unmap() {
+	r.lk.Lock()
+	defer r.lk.Unlock()
 	if r.mem != nil {
-		_ = unix.Munmap(r.mem) // also drops the mlock
+		_ = unix.Munmap(r.mem) // also drops the locks
 		r.mem = nil
 	}
-	if r.fd >= 0 {
-		_ = unix.Close(r.fd)
-		r.fd = -1
+	for _, fd := range []*int{&r.fd, &r.seekFd} {
+		if *fd >= 0 {
+			_ = unix.Close(*fd)
+			*fd = -1
+		}
 	}
+}
+
+// releaseRegion unmaps r and drops what its locked chunks counted. Only
+// after a grace period. Caller does not hold mu.
+func (s *Space) releaseRegion(r *region) {
+	s.mu.Lock()
+	r.unmapped = true
+	if a := r.acct; a != nil {
+		for c, present := range r.locked {
+			a.u.LockedBytes -= r.chunkBytes(c)
+			a.u.PresentBytes -= present
+		}
+		s.maybeDropAccount(a)
+	}
+	r.locked = nil
+	s.mu.Unlock()
+	r.unmap()
 }
 
 // RegionInfo describes a region added to the Space.
@@ -43,7 +77,10 @@ type RegionInfo struct {
 	Handle uint32
 	PA     uint64 // PA of byte 0 of the memfd; 2 MiB aligned
 	Length uint64
-	Locked bool // mlock succeeded
+	// Locked: the ranges MRs and rings pin will be locked (mlock) as they
+	// are pinned; false when the Space was configured with NoMlock.
+	// Adding a region locks nothing.
+	Locked bool
 }
 
 // AddRegion maps length bytes of the memfd fd into the Space for owner and
@@ -57,8 +94,9 @@ type RegionInfo struct {
 //
 // The fd must be a memfd sealed with F_SEAL_SHRINK, not write-sealed, at
 // least length bytes long; length a non-zero multiple of 4096 not above
-// Config.MaxRegionBytes. The mapping is mlocked if RLIMIT_MEMLOCK (or
-// CAP_IPC_LOCK) allows; RegionInfo.Locked says whether it was.
+// Config.MaxRegionBytes. Nothing is populated or locked here, whatever
+// the length: MRs and rings lock what they pin (pin.go), so the cost of a
+// call does not grow with the region.
 //
 // PA ranges are 2 MiB aligned, separated by a 2 MiB unmapped guard gap and
 // never reused, so a stale PA never reaches a later region.
@@ -83,8 +121,6 @@ func (s *Space) AddRegion(o Owner, fd int, length uint64) (RegionInfo, error) {
 	if err != nil {
 		return RegionInfo{}, err
 	}
-	// Map and lock without holding mu: mlock populates every page and may
-	// take long for big regions; other clients' commands go on meanwhile.
 	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		return RegionInfo{}, fmt.Errorf("dma: dup fd: %w", err)
@@ -94,16 +130,16 @@ func (s *Space) AddRegion(o Owner, fd int, length uint64) (RegionInfo, error) {
 		_ = unix.Close(dup)
 		return RegionInfo{}, err
 	}
-	locked := !s.cfg.NoMlock && tryLock(mem)
-	r := &region{owner: o, length: length, mem: mem, fd: dup, locked: locked}
+	r := &region{owner: o, length: length, mem: mem, fd: dup, seekFd: reopen(dup)}
+	locked := !s.cfg.NoMlock
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.placeLocked(o, r); err != nil {
-		r.release() // never published: no grace period needed
+		r.unmap() // never published: no grace period needed
 		return RegionInfo{}, err
 	}
-	s.log.Debug("dma: host memory added", "owner", o, "handle", r.handle, "pa", r.pa, "length", length, "locked", locked, "memlock_limit", memlockLimit())
+	s.log.Debug("dma: host memory added", "owner", o, "handle", r.handle, "pa", r.pa, "length", length, "lock_on_pin", locked, "memlock_limit", memlockLimit())
 	return RegionInfo{Handle: r.handle, PA: r.pa, Length: length, Locked: locked}, nil
 }
 
@@ -127,7 +163,7 @@ func (s *Space) placeLocked(o Owner, r *region) error {
 	}
 	s.nextPA = next
 	s.nextHandle++
-	r.handle, r.pa = s.nextHandle, pa
+	r.handle, r.pa, r.acct = s.nextHandle, pa, st.acct
 	st.regions[r.handle] = r
 	s.byPA = append(s.byPA, r) // PAs only grow: stays sorted
 	return nil
@@ -153,7 +189,7 @@ func (s *Space) RemoveRegion(o Owner, handle uint32) error {
 	}
 	s.unpublish(r)
 	s.mu.Unlock()
-	s.retire([]*region{r})
+	s.retire(&retireList{regions: []*region{r}})
 	return nil
 }
 
@@ -161,9 +197,10 @@ func (s *Space) RemoveRegion(o Owner, handle uint32) error {
 // when the ring is destroyed; the []byte from Slice must not be touched
 // after that.
 type Pin struct {
-	s    *Space
-	r    *region
-	once sync.Once
+	s      *Space
+	r      *region
+	off, n uint64 // the pinned range of r
+	once   sync.Once
 }
 
 // Release drops the pin. Safe to call more than once. Ring views are not
@@ -173,11 +210,12 @@ func (p *Pin) Release() {
 	p.once.Do(func() {
 		s := p.s
 		s.mu.Lock()
+		s.unpinRange(p.r, p.off, p.n)
 		p.r.pins--
 		last := p.r.dead && p.r.pins == 0
 		s.mu.Unlock()
 		if last {
-			s.retire([]*region{p.r})
+			s.retire(&retireList{regions: []*region{p.r}})
 		}
 	})
 }
@@ -185,7 +223,8 @@ func (p *Pin) Release() {
 // Slice returns the bytes of [pa, pa+length) for a ring of owner, which
 // must lie wholly inside one of owner's regions, and pins that region (it
 // cannot be removed, and survives ReleaseOwner, until the Pin is
-// released). The slice aliases shared memory the client writes
+// released) and the chunks of the range (locked, charged to the owner's
+// account: ErrQuota beyond its limit). The slice aliases shared memory the client writes
 // concurrently: read each index once, validate, never trust.
 func (s *Space) Slice(o Owner, pa, length uint64) ([]byte, *Pin, error) {
 	if length == 0 {
@@ -200,9 +239,12 @@ func (s *Space) Slice(o Owner, pa, length uint64) ([]byte, *Pin, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	r.pins++
 	off := pa - r.pa
-	return r.mem[off : off+length : off+length], &Pin{s: s, r: r}, nil
+	if err := s.pinRange(r, off, length); err != nil {
+		return nil, nil, fmt.Errorf("ring at PA %#x (%d bytes): %w", pa, length, err)
+	}
+	r.pins++
+	return r.mem[off : off+length : off+length], &Pin{s: s, r: r, off: off, n: length}, nil
 }
 
 // ReadPageList copies n little-endian u64 page addresses stored at pa in

@@ -40,7 +40,15 @@ type Config struct {
 	// table, 4 GiB of 4 KiB pages or 2 TiB of 2 MiB pages), so a client
 	// cannot make the daemon allocate page tables as large as its memory.
 	MaxPagesPerMR int
-	// NoMlock skips mlock; regions report locked=false.
+	// MaxPinnedBytes bounds the host memory pinned (locked) by MRs and
+	// rings of all owners together, in 2 MiB chunks (default 16 GiB).
+	// Each account has its own bound too (SetAccount). Besides RAM it
+	// bounds the daemon's mappings: every isolated locked chunk splits a
+	// region's mapping, and a process has a limited number of them
+	// (vm.max_map_count).
+	MaxPinnedBytes uint64
+	// NoMlock skips mlock: pins are accounted but nothing is locked, and
+	// regions report locked=false.
 	NoMlock bool
 	// Logger receives lifecycle messages (nil: slog.Default()).
 	Logger *slog.Logger
@@ -53,6 +61,7 @@ const (
 	defaultMaxPages   = 1 << 20
 	maxRegionBytes    = 1 << 40
 	maxMRBytes        = abi.MaxMRSize
+	defaultMaxPinned  = 16 << 30
 	// paStart is the first PA handed out (PA 0 is never valid, so a zeroed
 	// ring or page address fails cleanly); guardGap separates regions so a
 	// page or ring running off the end of one region never lands in the
@@ -85,14 +94,28 @@ type Space struct {
 	lastHit    *region   // last region found by findPA (registration cache)
 	nextHandle uint32
 	nextPA     uint64
-	variants   []uint8  // per key index: variant of the last key handed out
-	free       []uint32 // FIFO of free key indices
-	freeHead   int
+	keys       *keyAlloc
+	accounts   map[AccountID]*account
+	pinned     uint64 // bytes of chunks pinned, all accounts
+
+	// The pinner (pin.go) locks and unlocks chunks off every lock but
+	// the region's own; these are guarded by mu.
+	pinq        []*region // regions with dirty chunks
+	pinRunning  bool
+	pinWG       sync.WaitGroup
+	lockFails   uint64
+	lockChunkFn func(b []byte) error // mlock2(MLOCK_ONFAULT); tests replace it
+
+	scratch []byte // MR tables are built here (table.go); guarded by mu
+
+	heapFreed atomic.Uint64 // page-table bytes freed to the Go heap since the last release to the OS
+	bgRunning atomic.Bool
 }
 
 type ownerState struct {
 	regions map[uint32]*region
 	mrs     map[uint32]*memRegion // by lkey
+	acct    *account
 }
 
 // NewSpace returns an empty Space.
@@ -115,30 +138,34 @@ func NewSpace(cfg Config) (*Space, error) {
 	if cfg.MaxMRBytes == 0 || cfg.MaxMRBytes > maxMRBytes {
 		cfg.MaxMRBytes = maxMRBytes
 	}
+	if cfg.MaxPinnedBytes == 0 {
+		cfg.MaxPinnedBytes = defaultMaxPinned
+	}
 	s := &Space{
-		cfg:      cfg,
-		log:      cfg.Logger,
-		slots:    make([]atomic.Pointer[memRegion], cfg.MaxMRs),
-		owners:   make(map[Owner]*ownerState),
-		nextPA:   paStart,
-		variants: make([]uint8, cfg.MaxMRs),
-		free:     make([]uint32, 0, cfg.MaxMRs-1),
+		cfg:         cfg,
+		log:         cfg.Logger,
+		slots:       make([]atomic.Pointer[memRegion], cfg.MaxMRs),
+		owners:      make(map[Owner]*ownerState),
+		nextPA:      paStart,
+		keys:        newKeyAlloc(cfg.MaxMRs),
+		accounts:    make(map[AccountID]*account),
+		lockChunkFn: lockOnFault,
 	}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
 	s.epoch.Store(1)
 	s.accessors.Store(new([]*Accessor))
-	for i := 1; i < cfg.MaxMRs; i++ {
-		s.free = append(s.free, uint32(i))
-	}
 	return s, nil
 }
 
 func (s *Space) owner(o Owner) *ownerState {
 	st := s.owners[o]
 	if st == nil {
-		st = &ownerState{regions: make(map[uint32]*region), mrs: make(map[uint32]*memRegion)}
+		// Until SetAccount binds it, an owner is its own account, without
+		// limits of its own (the Space's MaxPinnedBytes still applies).
+		st = &ownerState{regions: make(map[uint32]*region), mrs: make(map[uint32]*memRegion),
+			acct: &account{id: AccountID(o), u: AccountUsage{Owners: 1}}}
 		s.owners[o] = st
 	}
 	return st
@@ -208,17 +235,31 @@ func (s *Space) synchronize() {
 	}
 }
 
-// retire unmaps regions no accessor can reach any more: unpublished, with
-// no pins, after a grace period. Caller does not hold mu.
-func (s *Space) retire(rs []*region) {
-	if len(rs) == 0 {
-		return
+// retireList is what a deregistration or removal leaves to free once no
+// accessor can reach it: regions unpublished with no pins left, and MR
+// page tables in mmap'd storage; heapBytes counts page tables left to the
+// Go heap.
+type retireList struct {
+	regions   []*region
+	tables    [][]byte
+	heapBytes uint64
+}
+
+// retire frees what rl holds after a grace period. Caller does not hold
+// mu.
+func (s *Space) retire(rl *retireList) {
+	if len(rl.regions)+len(rl.tables) > 0 {
+		s.synchronize()
 	}
-	s.synchronize()
-	for _, r := range rs {
-		r.release()
+	for _, r := range rl.regions {
+		s.releaseRegion(r)
 		s.log.Debug("dma: host memory unmapped", "owner", r.owner, "handle", r.handle, "pa", r.pa, "length", r.length)
 	}
+	for _, b := range rl.tables {
+		freeStore(b)
+	}
+	s.heapFreed.Add(rl.heapBytes)
+	s.maybeReturnHeap()
 }
 
 // ReleaseOwner drops every MR and region of owner (a client that went
@@ -232,21 +273,23 @@ func (s *Space) ReleaseOwner(o Owner) (mrs, regions int) {
 		s.mu.Unlock()
 		return 0, 0
 	}
-	var retire []*region
+	var rl retireList
 	for _, m := range st.mrs {
-		retire = s.dropMR(st, m, retire)
+		s.dropMR(st, m, &rl)
 		mrs++
 	}
 	for _, r := range st.regions {
 		s.unpublish(r)
 		if r.pins == 0 {
-			retire = append(retire, r)
+			rl.regions = append(rl.regions, r)
 		}
 		regions++
 	}
 	delete(s.owners, o)
+	st.acct.u.Owners--
+	s.maybeDropAccount(st.acct)
 	s.mu.Unlock()
-	s.retire(retire)
+	s.retire(&rl)
 	if mrs+regions > 0 {
 		s.log.Info("dma: owner released", "owner", o, "mrs", mrs, "regions", regions)
 	}
@@ -266,4 +309,9 @@ func (s *Space) Close() {
 	for _, o := range owners {
 		s.ReleaseOwner(o)
 	}
+	s.pinWG.Wait()
+	s.mu.Lock()
+	freeStore(s.scratch)
+	s.scratch = nil
+	s.mu.Unlock()
 }

@@ -86,7 +86,8 @@ func (h *HostMem) Len() int { return len(h.mem) }
 // Bytes returns the whole mapping.
 func (h *HostMem) Bytes() []byte { return h.mem }
 
-// Locked reports whether the daemon could mlock the region.
+// Locked reports whether the daemon locks (mlock) what MRs and rings pin
+// in the region, as they pin it; adding the region locks nothing.
 func (h *HostMem) Locked() bool { return h.locked }
 
 // Handle returns the daemon's handle of the region.

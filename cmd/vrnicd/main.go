@@ -177,7 +177,15 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	space, err := dma.NewSpace(dma.Config{Logger: log, MaxRegionsPerOwner: maxInt(cfg.Limits.PerClient.HostMem, device.DefaultLimits.PerClient.HostMem)})
+	// The key table holds the device's MRs and no more (index 0 is never
+	// used): a smaller table reuses indices sooner, which is safe, since
+	// a reused index never takes a variant its last MR had.
+	mrs := cfg.Limits.PerDevice.MR
+	if mrs == 0 {
+		mrs = device.DefaultLimits.PerDevice.MR
+	}
+	space, err := dma.NewSpace(dma.Config{Logger: log, MaxRegionsPerOwner: maxInt(cfg.Limits.PerClient.HostMem, device.DefaultLimits.PerClient.HostMem),
+		MaxMRs: min(mrs, 1<<24-1) + 1})
 	if err != nil {
 		return err
 	}
