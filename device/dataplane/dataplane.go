@@ -80,12 +80,15 @@ type DataPlane struct {
 	log    *slog.Logger
 	poller *doorbell.Poller
 
-	mu    sync.Mutex // guards qps, pages, cqs, srqs; taken under the device lock
-	qps   map[uint32]*dpQP
-	pages map[*doorbell.Page]int // QPs per served page
-	cqs   map[*device.CQ]*cqSink
-	srqs  map[*device.SRQ]*recvSource
-	watch atomic.Pointer[[]*dpQP] // immutable snapshot for the poller
+	mu      sync.Mutex // guards qps, pages, cqs, srqs, writers; taken under the device lock
+	qps     map[uint32]*dpQP
+	pages   map[*doorbell.Page]int // QPs per served page
+	cqs     map[*device.CQ]*cqSink
+	srqs    map[*device.SRQ]*recvSource
+	writers map[*doorbell.Page]*ctxWriter
+	watch   atomic.Pointer[[]*dpQP] // immutable snapshot for the poller
+
+	writerWG sync.WaitGroup // the writers' Run goroutines
 
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -112,6 +115,13 @@ type Config struct {
 	Resolve func(ctx context.Context, peer netip.Addr) error
 	// ResolveTimeout bounds one Resolve call. Default 3s.
 	ResolveTimeout time.Duration
+}
+
+// ctxWriter is the completion event writer of one context (doorbell
+// page) and the number of its CQ sinks with a completion channel.
+type ctxWriter struct {
+	w     *doorbell.EventWriter
+	sinks int
 }
 
 // dpQP is the data plane's state of one RC QP.
@@ -150,6 +160,7 @@ func New(cfg Config) (*DataPlane, error) {
 		cfg: cfg, eng: cfg.Engine, space: cfg.Space, log: cfg.Logger,
 		qps: map[uint32]*dpQP{}, pages: map[*doorbell.Page]int{},
 		cqs: map[*device.CQ]*cqSink{}, srqs: map[*device.SRQ]*recvSource{},
+		writers: map[*doorbell.Page]*ctxWriter{},
 	}
 	dp.watch.Store(&[]*dpQP{})
 	p, err := doorbell.NewPoller(doorbell.PollerConfig{Poll: dp.pollDoorbells, SpinBudget: cfg.SpinBudget})
@@ -208,11 +219,42 @@ func (dp *DataPlane) Close() error {
 	dp.poller.Close()
 	dp.mu.Lock()
 	for c, s := range dp.cqs {
-		s.close()
+		dp.releaseSinkLocked(s)
 		delete(dp.cqs, c)
 	}
+	for page, cw := range dp.writers { // none left once every sink is released
+		cw.w.Close()
+		delete(dp.writers, page)
+	}
 	dp.mu.Unlock()
+	// A writer still blocked in write(2) ends once its notifier's close
+	// has drained the counter; a client racing to saturate it again can
+	// keep it there, and shutdown does not wait for that.
+	if !waitTimeout(&dp.writerWG, writerWait) {
+		dp.log.Warn("completion event writers still blocked on client eventfds; not waiting for them")
+	}
 	return err
+}
+
+// writerWait bounds how long Close waits for the completion event
+// writers.
+const writerWait = 5 * time.Second
+
+// waitTimeout waits for wg up to d and reports whether it finished.
+func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 // Engine returns the transport engine (for its worker counters).
@@ -314,16 +356,70 @@ func (dp *DataPlane) cqSinkLocked(c *device.CQ, page *doorbell.Page) (*cqSink, e
 			return nil, err
 		}
 	}
+	var w *doorbell.EventWriter
+	if comp != nil {
+		w = dp.writerLocked(page)
+	}
 	ring, count := c.Ring()
-	s, err := newCQSink(ring, count, rec, comp)
+	s, err := newCQSink(ring, count, rec, comp, w)
 	if err != nil {
 		if comp != nil {
 			comp.Close()
+			dp.unrefWriterLocked(page)
 		}
 		return nil, err
 	}
+	if comp != nil {
+		s.page = page
+	}
 	dp.cqs[c] = s
 	return s, nil
+}
+
+// writerLocked returns the completion event writer of page's context,
+// starting it for the context's first CQ with a completion channel, and
+// counts one more sink on it. One writer per context: a client that makes
+// its eventfd block delays only its own events (doorbell.EventWriter).
+func (dp *DataPlane) writerLocked(page *doorbell.Page) *doorbell.EventWriter {
+	cw := dp.writers[page]
+	if cw == nil {
+		cw = &ctxWriter{w: doorbell.NewEventWriter()}
+		dp.writers[page] = cw
+		dp.writerWG.Add(1)
+		go func() {
+			defer dp.writerWG.Done()
+			cw.w.Run()
+		}()
+	}
+	cw.sinks++
+	return cw.w
+}
+
+// unrefWriterLocked drops one sink from page's writer and stops the
+// writer after its last.
+func (dp *DataPlane) unrefWriterLocked(page *doorbell.Page) {
+	cw := dp.writers[page]
+	if cw == nil {
+		return
+	}
+	if cw.sinks--; cw.sinks == 0 {
+		cw.w.Close()
+		delete(dp.writers, page)
+	}
+}
+
+// releaseSinkLocked closes s's completion eventfd (never blocking: a
+// write blocked on it is unstuck by its notifier) and drops s from its
+// context's writer.
+func (dp *DataPlane) releaseSinkLocked(s *cqSink) {
+	if s.closed {
+		return
+	}
+	s.closed = true
+	s.close()
+	if s.page != nil {
+		dp.unrefWriterLocked(s.page)
+	}
 }
 
 func (dp *DataPlane) srqSourceLocked(s *device.SRQ, page *doorbell.Page) (*recvSource, error) {
@@ -349,7 +445,7 @@ func (dp *DataPlane) ReleaseCQ(c *device.CQ) {
 	dp.mu.Lock()
 	defer dp.mu.Unlock()
 	if s := dp.cqs[c]; s != nil {
-		s.close()
+		dp.releaseSinkLocked(s)
 		delete(dp.cqs, c)
 	}
 }

@@ -231,6 +231,11 @@ func (s *recvSource) PollRecv(r *engine.RecvWork) (bool, error) {
 // released when the CQ is destroyed), so its producer index survives the
 // QPs.
 //
+// A completion event is only decided here, on the worker: the eventfd
+// write is done by the client's doorbell.EventWriter (one per context,
+// see DataPlane), so a client that makes its eventfd block (it shares the
+// descriptor's file status flags) blocks its own events, not the worker.
+//
 // Overflow (the client did not consume): the CQE is not written, the
 // record's overflow word is set (queues), and the CQ stays in error: every
 // later completion fails too (IBTA 11.4.2.1: a CQ overrun is a CQ error;
@@ -242,23 +247,29 @@ type cqSink struct {
 	notify   *doorbell.CQNotifier
 	overflow bool
 	lost     atomic.Uint64 // completions refused after the overflow
-	events   atomic.Uint64 // completion eventfd writes
+	events   atomic.Uint64 // completion events handed to the writer
+
+	page   *doorbell.Page // the context's page (its writer), with a completion channel
+	closed bool           // released (guarded by DataPlane.mu)
 }
 
-func newCQSink(ring []byte, count uint32, rec doorbell.CQRecord, comp *doorbell.EventFD) (*cqSink, error) {
+// newCQSink builds the sink; comp (the completion eventfd, owned by the
+// sink from now on) and w (the context's writer) are both nil or both
+// set.
+func newCQSink(ring []byte, count uint32, rec doorbell.CQRecord, comp *doorbell.EventFD, w *doorbell.EventWriter) (*cqSink, error) {
 	q, err := queues.NewCQ(ring, count, queues.CQWords{CI: rec.CI, PI: rec.PI, Overflow: rec.Overflow})
 	if err != nil {
 		return nil, err
 	}
-	return &cqSink{cq: q, notify: doorbell.NewCQNotifier(rec, comp)}, nil
+	return &cqSink{cq: q, notify: doorbell.NewCQNotifier(rec, comp, w)}, nil
 }
 
 // errCQOverflow is returned for every completion of an overflowed CQ.
 var errCQOverflow = fmt.Errorf("dataplane: %w (CQ in error)", queues.ErrCQFull)
 
-// push writes c, publishes cq_pi and, if the CQ is armed for it, writes
-// the completion eventfd (solicited: the CQE satisfies a solicited-only
-// arm).
+// push writes c, publishes cq_pi and, if the CQ is armed for it, hands a
+// completion event to the context's writer (solicited: the CQE satisfies
+// a solicited-only arm). It never blocks on anything the client controls.
 func (s *cqSink) push(c *abi.CQE, solicited bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -275,12 +286,14 @@ func (s *cqSink) push(c *abi.CQE, solicited bool) error {
 		return err
 	}
 	s.cq.Publish()
-	if sent, _ := s.notify.Completed(solicited); sent {
+	if s.notify.Completed(solicited) {
 		s.events.Add(1)
 	}
 	return nil
 }
 
+// close closes the completion eventfd; it never blocks (a write the
+// client made block is unstuck by the notifier).
 func (s *cqSink) close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
