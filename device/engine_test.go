@@ -44,13 +44,14 @@ func (e *recEngine) CreateQP(q *device.QP) error {
 	return nil
 }
 
-func (e *recEngine) ModifyQP(q *device.QP, prev device.QPState, mask device.AttrMask) {
+func (e *recEngine) ModifyQP(q *device.QP, prev device.QPState, mask device.AttrMask) error {
 	e.add(fmt.Sprintf("modify %d %v->%v %v", q.QPN(), prev, q.State(), mask))
+	return nil
 }
 
-func (e *recEngine) DestroyQP(q *device.QP) device.QPCounters {
+func (e *recEngine) DestroyQP(q *device.QP) (device.QPCounters, <-chan struct{}) {
 	e.add(fmt.Sprintf("destroy %d", q.QPN()))
-	return e.Counters(q)
+	return e.Counters(q), nil
 }
 
 func (e *recEngine) Counters(q *device.QP) device.QPCounters {

@@ -135,7 +135,8 @@ type dpQP struct {
 	rq     *recvSource // own RQ or the shared SRQ source
 	srq    *doorbell.SRQRecord
 	ctrs   *engine.QPCounters
-	sinks  [2]qpSink // send, receive
+	sinks  [2]qpSink         // send, receive
+	state  *device.StateWord // the device's state word of the QP
 
 	// Poller-private: the producer indices seen by the last pass.
 	lastSQ, lastRQ, lastSRQ uint32
@@ -283,7 +284,7 @@ func (dp *DataPlane) CreateQP(q *device.QP) error {
 	}
 	qpn, cp := q.QPN(), q.Cap()
 	sqRing, _ := q.SQ()
-	x := &dpQP{qpn: qpn, page: page, rec: rec, sqRing: sqRing}
+	x := &dpQP{qpn: qpn, page: page, rec: rec, sqRing: sqRing, state: q.StateWord()}
 	if x.sq, err = newSQSource(sqRing, cp, rec); err != nil {
 		return err
 	}
@@ -311,17 +312,13 @@ func (dp *DataPlane) CreateQP(q *device.QP) error {
 	}
 	x.sinks = [2]qpSink{{cq: scq}, {cq: rcq, recv: true}}
 	x.mem = &qpMemory{acc: dp.space.NewAccessor(), pd: dma.PD{Owner: q.Owner(), Handle: q.PDHandle()}, mem: dp.space}
-	err = dp.eng.CreateQP(engine.QPConfig{
+	// ErrTimeout (the worker did not take it in time): the engine did not
+	// create the QP and will not; CREATE_QP fails with ETIMEDOUT.
+	x.ctrs, err = dp.eng.CreateQP(engine.QPConfig{
 		QPN: qpn, SQ: x.sq, RQ: x.rq, SendCQ: &x.sinks[0], RecvCQ: &x.sinks[1], Mem: x.mem,
 		SQDepth: int(cp.MaxSendWR), MaxSendSGE: int(cp.MaxSendSGE), MaxRecvSGE: int(maxRecvSGE),
 		MaxInline: int(cp.MaxInlineData), SigAll: q.SigAll(), State: q.StateWord(),
 	})
-	if err == nil {
-		x.ctrs, err = dp.eng.Counters(qpn)
-		if err != nil {
-			_ = dp.eng.DestroyQP(qpn)
-		}
-	}
 	if err != nil {
 		x.mem.acc.Close()
 		return err
@@ -466,13 +463,14 @@ func (dp *DataPlane) publishWatchLocked() {
 }
 
 // ModifyQP implements device.DataPlane: it hands the attributes of mask,
-// as the device stored them, to the engine.
-func (dp *DataPlane) ModifyQP(q *device.QP, prev device.QPState, mask device.AttrMask) {
+// as the device stored them, to the engine. An error: the QP's worker did
+// not take the change in time; the QP is then in ERR (see modifyEngine).
+func (dp *DataPlane) ModifyQP(q *device.QP, prev device.QPState, mask device.AttrMask) error {
 	dp.mu.Lock()
 	x := dp.qps[q.QPN()]
 	dp.mu.Unlock()
 	if x == nil {
-		return
+		return nil
 	}
 	state := q.State()
 	if mask&device.AttrState != 0 && state == device.StateReset {
@@ -481,8 +479,7 @@ func (dp *DataPlane) ModifyQP(q *device.QP, prev device.QPState, mask device.Att
 		if x.srq == nil {
 			x.rq.reset.request(x.rec.RQPI.Load())
 		}
-		dp.modifyEngine(x, engine.QPAttr{Mask: abi.QPAttrState, State: abi.QPSReset})
-		return
+		return dp.modifyEngine(x, engine.QPAttr{Mask: abi.QPAttrState, State: abi.QPSReset})
 	}
 	a := q.Attr()
 	ea := engine.QPAttr{
@@ -509,44 +506,69 @@ func (dp *DataPlane) ModifyQP(q *device.QP, prev device.QPState, mask device.Att
 			// the last line: the engine never gets an RTR QP it cannot
 			// address, the QP goes to ERR (its WRs complete flushed).
 			dp.log.Error("QP to RTR with an unreachable peer; moving the QP to ERR", "qpn", x.qpn, "err", err)
-			dp.toError(x)
-			return
+			return dp.toError(x)
 		}
 	}
-	dp.modifyEngine(x, ea)
+	return dp.modifyEngine(x, ea)
 }
 
 // modifyEngine applies a on the engine; a change the engine refuses (an
 // address vector it cannot use, for instance) moves the QP to ERR, as any
-// transport error does.
-func (dp *DataPlane) modifyEngine(x *dpQP, a engine.QPAttr) {
-	if err := dp.eng.ModifyQP(x.qpn, a); err != nil {
-		if errors.Is(err, engine.ErrClosed) {
-			return
-		}
-		dp.log.Warn("engine refused a QP change; moving the QP to ERR", "qpn", x.qpn, "err", err)
-		dp.toError(x)
+// transport error does. A change the QP's worker did not take within the
+// engine's bound was not applied: the QP goes to ERR at once in the
+// device's state word, the engine gets the move to ERR queued behind
+// whatever it has not taken yet (so the QP never runs on in its old
+// state), and the error is returned for the client.
+func (dp *DataPlane) modifyEngine(x *dpQP, a engine.QPAttr) error {
+	err := dp.eng.ModifyQP(x.qpn, a)
+	switch {
+	case err == nil || errors.Is(err, engine.ErrClosed):
+		return nil
+	case errors.Is(err, engine.ErrTimeout):
+		dp.timedOut(x, err)
+		return err
 	}
+	dp.log.Warn("engine refused a QP change; moving the QP to ERR", "qpn", x.qpn, "err", err)
+	return dp.toError(x)
 }
 
 // toError moves the engine's QP to ERR; the engine stores ERR into the
 // device's state word of the QP.
-func (dp *DataPlane) toError(x *dpQP) {
-	if err := dp.eng.ModifyQP(x.qpn, engine.QPAttr{Mask: abi.QPAttrState, State: abi.QPSErr}); err != nil && !errors.Is(err, engine.ErrClosed) {
-		dp.log.Error("engine: QP to ERR", "qpn", x.qpn, "err", err)
+func (dp *DataPlane) toError(x *dpQP) error {
+	err := dp.eng.ModifyQP(x.qpn, engine.QPAttr{Mask: abi.QPAttrState, State: abi.QPSErr})
+	switch {
+	case err == nil || errors.Is(err, engine.ErrClosed):
+		return nil
+	case errors.Is(err, engine.ErrTimeout):
+		dp.timedOut(x, err)
+		return err
 	}
+	dp.log.Error("engine: QP to ERR", "qpn", x.qpn, "err", err)
+	return nil
 }
 
-// DestroyQP implements device.DataPlane. When it returns the engine no
-// longer touches the QP's rings or memory; the counters it returns are
+// timedOut handles a change the QP's worker did not take in time (see
+// modifyEngine).
+func (dp *DataPlane) timedOut(x *dpQP, err error) {
+	dp.log.Error("engine worker did not take a QP change in time; moving the QP to ERR", "qpn", x.qpn, "err", err)
+	x.state.TransportState(abi.QPSErr)
+	dp.eng.QueueError(x.qpn)
+}
+
+// DestroyQP implements device.DataPlane. When it returns nil the engine
+// no longer touches the QP's rings or memory; the counters it returns are
 // read after the engine destroyed the QP, so nothing counted in between is
-// lost.
-func (dp *DataPlane) DestroyQP(q *device.QP) device.QPCounters {
+// lost. If the QP's worker did not take the removal within the engine's
+// bound, the removal stays queued; the returned channel is closed once the
+// worker applied it (or the engine closed), and until then the QP's memory
+// accessor stays registered (so no MR memory it may reach is unmapped
+// under it) and the device keeps the context's rings and doorbell page.
+func (dp *DataPlane) DestroyQP(q *device.QP) (device.QPCounters, <-chan struct{}) {
 	dp.mu.Lock()
 	x := dp.qps[q.QPN()]
 	if x == nil {
 		dp.mu.Unlock()
-		return device.QPCounters{}
+		return device.QPCounters{}, nil
 	}
 	delete(dp.qps, q.QPN())
 	dp.publishWatchLocked()
@@ -556,10 +578,25 @@ func (dp *DataPlane) DestroyQP(q *device.QP) device.QPCounters {
 		lastOfPage = true
 	}
 	dp.mu.Unlock()
-	if err := dp.eng.DestroyQP(x.qpn); err != nil && !errors.Is(err, engine.ErrClosed) {
+	var later chan struct{}
+	applied, err := dp.eng.DestroyQP(x.qpn)
+	switch {
+	case err == nil || errors.Is(err, engine.ErrClosed):
+		<-applied
+		x.mem.acc.Close()
+	case errors.Is(err, engine.ErrTimeout):
+		dp.log.Error("engine worker did not take a QP removal in time; keeping its memory until it does", "qpn", x.qpn, "err", err)
+		later = make(chan struct{})
+		go func() {
+			<-applied
+			x.mem.acc.Close()
+			close(later)
+		}()
+	default:
 		dp.log.Warn("engine: destroy QP", "qpn", x.qpn, "err", err)
+		<-applied
+		x.mem.acc.Close()
 	}
-	x.mem.acc.Close()
 	if lastOfPage {
 		// Remove waits until the poller no longer reads the page, which
 		// the device unmaps when the context closes.
@@ -567,7 +604,7 @@ func (dp *DataPlane) DestroyQP(q *device.QP) device.QPCounters {
 			dp.log.Warn("doorbell poller: remove page", "err", err)
 		}
 	}
-	return countersOf(x.ctrs)
+	return countersOf(x.ctrs), later // nil: done
 }
 
 // Counters implements device.DataPlane.
