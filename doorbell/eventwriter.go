@@ -10,7 +10,9 @@ import (
 // CQNotifiers given it) on a goroutine of its own. An engine worker that
 // completes work for an armed CQ only decides that a signal is owed
 // (CQNotifier.Completed) and hands the CQ over; it never writes a
-// client's eventfd itself.
+// client's eventfd itself. It is the Signaller where the kernel cannot
+// signal eventfds for the daemon (KernelSignaller, preferred: no
+// hand-over).
 //
 // Why: the completion eventfd is the client's. The daemon's descriptor is
 // a duplicate of the client's and shares its open file description, so
@@ -35,9 +37,9 @@ import (
 // Cost on the hot path: Completed adds one atomic add, and for a CQ not
 // already queued a compare-and-swap, a push onto a lock-free list and a
 // non-blocking send on a one-slot channel; no system call and no
-// allocation on the worker. The write(2) moves to the writer's goroutine,
-// so the system call count per event is unchanged (one write); the
-// hand-over is a goroutine wake-up (measured in BENCHMARKS.md).
+// allocation on the worker. The write(2) moves to the writer's goroutine;
+// the hand-over is a goroutine wake-up, which costs the runtime a futex
+// wake when it has an idle P (measured in BENCHMARKS.md).
 type EventWriter struct {
 	head    atomic.Pointer[CQNotifier] // CQs owing a signal (a stack; Run takes it whole)
 	wake    chan struct{}              // one slot: the list may be non-empty
@@ -77,6 +79,15 @@ func (w *EventWriter) Run() {
 			w.wg.Wait()
 			return
 		}
+	}
+}
+
+// signal implements Signaller: n owes one more signal; it goes on the
+// list unless it is there already.
+func (w *EventWriter) signal(n *CQNotifier) {
+	n.owed.Add(1)
+	if n.queued.CompareAndSwap(false, true) {
+		w.enqueue(n)
 	}
 }
 

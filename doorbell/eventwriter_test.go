@@ -2,6 +2,7 @@ package doorbell
 
 import (
 	"encoding/binary"
+	"sync"
 	"testing"
 	"time"
 
@@ -33,7 +34,7 @@ type testCQ struct {
 	n      *CQNotifier
 }
 
-func newTestCQ(t *testing.T, w *EventWriter) *testCQ {
+func newTestCQ(t *testing.T, sig Signaller) *testCQ {
 	t.Helper()
 	p := newPage(t)
 	i, err := p.Alloc()
@@ -46,7 +47,7 @@ func newTestCQ(t *testing.T, w *EventWriter) *testCQ {
 	c.client, err = unix.Dup(c.comp.Fd())
 	require.NoError(t, err)
 	t.Cleanup(func() { unix.Close(c.client) })
-	c.n = NewCQNotifier(c.rec, c.comp, w)
+	c.n = NewCQNotifier(c.rec, c.comp, sig)
 	return c
 }
 
@@ -190,4 +191,60 @@ func TestEventWriterBlockedClient(t *testing.T) {
 	// The drain emptied the counter and the blocked write added its 1.
 	assert.Equal(t, uint64(1), clientCount(t, hostile.client))
 	assert.Equal(t, -1, hostile.comp.Fd(), "the daemon's descriptor is closed")
+}
+
+// TestKernelSignaller: the kernel signals the eventfd (one io_submit),
+// also when the client cleared O_NONBLOCK and saturated the counter: the
+// call returns at once (eventfd_signal saturates instead of waiting).
+// Concurrent callers are served; nothing allocates.
+func TestKernelSignaller(t *testing.T) {
+	k, err := NewKernelSignaller(2)
+	require.NoError(t, err)
+	defer k.Close()
+	c := newTestCQ(t, k)
+	defer c.n.Close()
+
+	require.True(t, c.complete(1))
+	assert.Equal(t, uint64(1), clientCount(t, c.client))
+
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			e, err := NewEventFD()
+			if !assert.NoError(t, err) {
+				return
+			}
+			defer e.Close()
+			for range 1000 {
+				assert.NoError(t, k.Raise(e.Fd()))
+			}
+			n, err := e.Drain()
+			assert.NoError(t, err)
+			assert.Equal(t, uint64(1000), n, "goroutine %d", g)
+		}()
+	}
+	wg.Wait()
+
+	sn := uint32(1)
+	assert.Zero(t, testing.AllocsPerRun(1000, func() {
+		sn++
+		if !c.complete(sn) {
+			panic("no event")
+		}
+	}))
+	clientCount(t, c.client)
+
+	saturate(t, c.client)
+	done := make(chan bool, 1)
+	go func() { done <- c.complete(sn + 1) }()
+	select {
+	case ok := <-done:
+		require.True(t, ok)
+	case <-time.After(5 * time.Second):
+		t.Fatal("signalling a saturated eventfd with O_NONBLOCK cleared blocked")
+	}
+	assert.Equal(t, uint64(0xffffffffffffffff), clientCount(t, c.client), "the kernel saturates the counter")
+	assert.Zero(t, k.Stats().Errors)
 }

@@ -12,9 +12,12 @@ import (
 // a sequence one greater than its last); after writing a CQE the daemon
 // calls Completed, which decides whether the completion eventfd is owed a
 // signal: once per arm sequence, for the first matching CQE the client has
-// not consumed yet. The signal itself is written by the EventWriter the
-// notifier belongs to, on the writer's goroutine, never by the caller of
-// Completed (an engine worker): see EventWriter for why.
+// not consumed yet. The signal is raised by the notifier's Signaller,
+// which never blocks on the client's eventfd: a KernelSignaller (the
+// kernel signals it, from the caller's thread, one system call) or the
+// client's EventWriter (a write(2) on a goroutine of the client's own);
+// never by a write(2) on the caller (an engine worker): see
+// KernelSignaller and EventWriter for why.
 //
 // Ordering: the daemon stores the CQE's owner word, then loads the arm
 // word, then the client's consumer index (cq_ci). A client consumes CQEs
@@ -28,11 +31,12 @@ import (
 //     the client already consumed must not use up the arm meant for the
 //     next one, or the client would sleep past that one.)
 //
-// The signal follows the decision through the writer (one atomic add and,
-// unless the CQ is already queued, a push onto the writer's list and a
-// non-blocking channel send); the writer adds every signal owed since its
-// last write with one write(2), so a client that re-arms faster than the
-// writer runs reads the same total as if each had been written at once.
+// Through an EventWriter, the signal follows the decision as one atomic
+// add and, unless the CQ is already queued, a push onto the writer's list
+// and a non-blocking channel send; the writer adds every signal owed since
+// its last write with one write(2), so a client that re-arms faster than
+// the writer runs reads the same total as if each had been written at
+// once.
 //
 // The last notified sequence is kept in private memory; arm_sn_done is only
 // written for the client's information. A hostile client can only suppress
@@ -45,28 +49,32 @@ type CQNotifier struct {
 	done      uint32 // last sequence notified (private to Completed's caller)
 	notified  atomic.Uint64
 
-	// Signalling through the writer (nil comp: no completion channel).
+	// Signalling (nil comp: no completion channel).
 	comp   *EventFD
-	w      *EventWriter
-	owed   atomic.Uint64 // signals decided and not written yet
+	sig    Signaller
+	w      *EventWriter  // sig, when it is an EventWriter; else nil
+	owed   atomic.Uint64 // EventWriter: signals decided and not written yet
 	queued atomic.Bool   // on w's list (or about to be)
 	next   *CQNotifier   // link in w's list while queued
 
-	// Between the writer's goroutine and Close (not the hot path).
+	// EventWriter: between the writer's goroutine and Close (not the hot
+	// path).
 	mu      sync.Mutex
 	writing bool // the writer is inside write(2) on comp
 	closed  bool // Close was called: comp is closed, or unstick closes it
 }
 
 // NewCQNotifier returns the notifier of the CQ whose record is rec. comp
-// is the client's completion eventfd and w the writer of the client's
-// completion events; both nil if the CQ has no completion channel, both
-// set otherwise. The notifier owns comp.
-func NewCQNotifier(rec CQRecord, comp *EventFD, w *EventWriter) *CQNotifier {
-	if (comp == nil) != (w == nil) {
-		panic("doorbell: NewCQNotifier needs both a completion eventfd and a writer, or neither")
+// is the client's completion eventfd and sig what raises it (a
+// KernelSignaller, or the client's EventWriter); both nil if the CQ has
+// no completion channel, both set otherwise. The notifier owns comp.
+func NewCQNotifier(rec CQRecord, comp *EventFD, sig Signaller) *CQNotifier {
+	if (comp == nil) != (sig == nil) {
+		panic("doorbell: NewCQNotifier needs both a completion eventfd and a signaller, or neither")
 	}
-	return &CQNotifier{arm: rec.Arm, ci: rec.CI, pi: rec.PI, armSNDone: rec.ArmSNDone, comp: comp, w: w}
+	n := &CQNotifier{arm: rec.Arm, ci: rec.CI, pi: rec.PI, armSNDone: rec.ArmSNDone, comp: comp, sig: sig}
+	n.w, _ = sig.(*EventWriter)
+	return n
 }
 
 // Completed is CompletedAt for the last published CQE (cq_pi - 1): call it
@@ -78,9 +86,11 @@ func (n *CQNotifier) Completed(solicited bool) bool {
 // CompletedAt is called after the CQE of free-running index was written.
 // solicited is true for a CQE of a solicited event or with an error status
 // (those also satisfy a solicited-only arm). It reports whether the CQ's
-// completion eventfd is owed a signal (handed to the writer). It makes no
-// system call, never blocks and allocates nothing; calls for one CQ must
-// be serialised by the caller.
+// completion eventfd was signalled (or, through an EventWriter, handed to
+// the writer). It never blocks on anything the client controls and
+// allocates nothing; it makes one system call (io_submit) when it signals
+// through a KernelSignaller, none through an EventWriter. Calls for one
+// CQ, and Close, must be serialised by the caller.
 func (n *CQNotifier) CompletedAt(index uint32, solicited bool) bool {
 	w := n.arm.Load()
 	if w&abi.CQArmArmed == 0 {
@@ -102,10 +112,7 @@ func (n *CQNotifier) CompletedAt(index uint32, solicited bool) bool {
 	if n.comp == nil {
 		return false
 	}
-	n.owed.Add(1)
-	if n.queued.CompareAndSwap(false, true) {
-		n.w.enqueue(n)
-	}
+	n.sig.signal(n)
 	return true
 }
 
@@ -140,12 +147,12 @@ func (n *CQNotifier) write() {
 	}
 }
 
-// Close closes the completion eventfd. It never blocks: if the writer is
-// inside a write(2) on it (a client that cleared O_NONBLOCK and saturated
-// the counter), Close leaves the descriptor to a goroutine that drains
-// the counter (a read with RWF_NOWAIT, which cannot block), which lets
-// the write complete, and closes the descriptor after it. No signal is
-// written after Close returns.
+// Close closes the completion eventfd. It never blocks: if an
+// EventWriter is inside a write(2) on it (a client that cleared
+// O_NONBLOCK and saturated the counter), Close leaves the descriptor to a
+// goroutine that drains the counter (a read with RWF_NOWAIT, which cannot
+// block), which lets the write complete, and closes the descriptor after
+// it. No signal is raised after Close returns.
 func (n *CQNotifier) Close() error {
 	if n.comp == nil {
 		return nil

@@ -88,6 +88,10 @@ type DataPlane struct {
 	writers map[*doorbell.Page]*ctxWriter
 	watch   atomic.Pointer[[]*dpQP] // immutable snapshot for the poller
 
+	// ksig raises completion eventfds from the kernel (nil: the kernel
+	// cannot, or Config.EventWriters; then each context's ctxWriter does).
+	ksig *doorbell.KernelSignaller
+
 	writerWG sync.WaitGroup // the writers' Run goroutines
 
 	cancel  context.CancelFunc
@@ -115,6 +119,11 @@ type Config struct {
 	Resolve func(ctx context.Context, peer netip.Addr) error
 	// ResolveTimeout bounds one Resolve call. Default 3s.
 	ResolveTimeout time.Duration
+	// EventWriters makes completion events go through a writer goroutine
+	// per context (doorbell.EventWriter) even where the kernel can signal
+	// the eventfds for the engine workers (doorbell.KernelSignaller, the
+	// default): for tests of that path.
+	EventWriters bool
 }
 
 // ctxWriter is the completion event writer of one context (doorbell
@@ -169,6 +178,14 @@ func New(cfg Config) (*DataPlane, error) {
 		return nil, err
 	}
 	dp.poller = p
+	if !cfg.EventWriters {
+		// One AIO context per worker: workers signal without waiting for
+		// each other.
+		if dp.ksig, err = doorbell.NewKernelSignaller(dp.eng.Workers()); err != nil {
+			dp.log.Info("completion events: a writer goroutine per context", "reason", err)
+			dp.ksig = nil
+		}
+	}
 	return dp, nil
 }
 
@@ -234,8 +251,16 @@ func (dp *DataPlane) Close() error {
 	if !waitTimeout(&dp.writerWG, writerWait) {
 		dp.log.Warn("completion event writers still blocked on client eventfds; not waiting for them")
 	}
+	if dp.ksig != nil {
+		dp.ksig.Close() // the engine is stopped: no signal in progress
+	}
 	return err
 }
+
+// KernelSignals reports whether completion eventfds are signalled by the
+// kernel for the engine workers (doorbell.KernelSignaller) rather than by
+// a writer goroutine per context.
+func (dp *DataPlane) KernelSignals() bool { return dp.ksig != nil }
 
 // writerWait bounds how long Close waits for the completion event
 // writers.
@@ -353,20 +378,26 @@ func (dp *DataPlane) cqSinkLocked(c *device.CQ, page *doorbell.Page) (*cqSink, e
 			return nil, err
 		}
 	}
-	var w *doorbell.EventWriter
-	if comp != nil {
-		w = dp.writerLocked(page)
+	var sig doorbell.Signaller
+	withWriter := comp != nil && dp.ksig == nil
+	switch {
+	case withWriter:
+		sig = dp.writerLocked(page)
+	case comp != nil:
+		sig = dp.ksig
 	}
 	ring, count := c.Ring()
-	s, err := newCQSink(ring, count, rec, comp, w)
+	s, err := newCQSink(ring, count, rec, comp, sig)
 	if err != nil {
 		if comp != nil {
 			comp.Close()
+		}
+		if withWriter {
 			dp.unrefWriterLocked(page)
 		}
 		return nil, err
 	}
-	if comp != nil {
+	if withWriter {
 		s.page = page
 	}
 	dp.cqs[c] = s
