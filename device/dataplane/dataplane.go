@@ -59,6 +59,25 @@ import (
 //     doc), and a kick reaching a busy worker stays in its channel, so the
 //     worker's next attempt to sleep returns at once.
 //
+// # Completion events
+//
+// The worker that writes a CQE decides whether an armed CQ owes its
+// client an event (doorbell.CQNotifier) and never writes the client's
+// eventfd itself: a client can make that write block (doorbell package
+// doc). The data plane's doorbell.KernelSignaller has the kernel signal
+// the eventfd (one io_submit on the worker, never blocking); where the
+// kernel cannot, each context gets a doorbell.EventWriter goroutine
+// (started with its first CQ with a completion channel, stopped after its
+// last), so a client that makes a write block delays its own events only.
+//
+// # Waiting for workers
+//
+// CreateQP, ModifyQP and DestroyQP wait for the QP's worker at most the
+// engine's CallTimeout (under the device lock: see device.DataPlane). A
+// change the worker did not take fails with an error wrapping ETIMEDOUT
+// and leaves the QP in ERR; a removal it did not take stays queued, and
+// the device keeps the context's memory until the worker applied it.
+//
 // # QP errors
 //
 // The engine moves a QP to ERR on its own (an error completion, a broken
