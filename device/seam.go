@@ -25,6 +25,10 @@ import (
 // no wait at all while that worker is known to be behind, so a teardown of
 // many QPs on a stuck worker costs one timeout). CheckModifyQP may resolve
 // the peer's link address (bounded by the data plane's ResolveTimeout).
+// DestroyQP of a context's last QP also waits for the doorbell poller to
+// finish its pass (it never blocks: it reads kick eventfds with
+// RWF_NOWAIT), and the dma space's grace periods (unmapping memory) wait
+// for the workers' copy sections, each one WQE or packet long.
 // The waits stay under the lock because a command's effects on the
 // device's tables and on the engine must be seen in one order by every
 // other command; they are bounded because a worker never blocks on
