@@ -44,13 +44,14 @@ func (e *recEngine) CreateQP(q *device.QP) error {
 	return nil
 }
 
-func (e *recEngine) ModifyQP(q *device.QP, prev device.QPState, mask device.AttrMask) {
+func (e *recEngine) ModifyQP(q *device.QP, prev device.QPState, mask device.AttrMask) error {
 	e.add(fmt.Sprintf("modify %d %v->%v %v", q.QPN(), prev, q.State(), mask))
+	return nil
 }
 
-func (e *recEngine) DestroyQP(q *device.QP) device.QPCounters {
+func (e *recEngine) DestroyQP(q *device.QP) (device.QPCounters, <-chan struct{}) {
 	e.add(fmt.Sprintf("destroy %d", q.QPN()))
-	return e.Counters(q)
+	return e.Counters(q), nil
 }
 
 func (e *recEngine) Counters(q *device.QP) device.QPCounters {
@@ -164,10 +165,10 @@ type pageEngine struct {
 }
 
 // DestroyQP runs before the context's doorbell page is closed.
-func (e *pageEngine) DestroyQP(*device.QP) device.QPCounters {
+func (e *pageEngine) DestroyQP(*device.QP) (device.QPCounters, <-chan struct{}) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return device.QPCounters{}
+	return device.QPCounters{}, nil
 }
 
 func (e *pageEngine) CreateQP(q *device.QP) error {

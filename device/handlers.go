@@ -484,8 +484,10 @@ func (cn *conn) destroyCQ(r *request) (reply, error) {
 
 func (d *Device) freeCQ(cx *Context, q *CQ) {
 	d.dp.ReleaseCQ(q)
-	q.ring.release()
-	cx.db.Free(q.dbIndex)
+	d.releaseLater(cx, func() {
+		q.ring.release()
+		cx.db.Free(q.dbIndex)
+	})
 	closeFd(q.eventfd)
 	q.eventfd = -1
 	delete(cx.cqs, q.handle)

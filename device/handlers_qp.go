@@ -1,6 +1,8 @@
 package device
 
 import (
+	"errors"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/vrnic/vrnic/abi"
@@ -108,6 +110,9 @@ func (cn *conn) createQP(r *request) (reply, error) {
 	if err := d.dp.CreateQP(q); err != nil {
 		cx.db.Free(q.dbIndex)
 		d.unpinQP(q)
+		if errors.Is(err, unix.ETIMEDOUT) {
+			return reply{}, errorf(unix.ETIMEDOUT, "data plane: %v", err)
+		}
 		return reply{}, errorf(errNoMem, "data plane: %v", err)
 	}
 	d.qps[q.qpn] = q
@@ -219,7 +224,10 @@ func (d *Device) modifyQPLocked(q *QP, mask AttrMask, a *abi.QPAttr) error {
 		d.releasePeer(q)
 	}
 	d.applyAttr(q, next, mask, a)
-	d.dp.ModifyQP(q, cur, mask)
+	if err := d.dp.ModifyQP(q, cur, mask); err != nil {
+		// The data plane moved the QP to ERR (StateWord).
+		return errorf(unix.ETIMEDOUT, "QP %d: the change was not applied by the data plane (the QP is now in ERR): %v", q.qpn, err)
+	}
 	return nil
 }
 
@@ -264,10 +272,19 @@ func (cn *conn) destroyQP(r *request) (reply, error) {
 }
 
 func (d *Device) freeQP(cx *Context, q *QP) {
-	d.dpRetired.Add(d.dp.DestroyQP(q))
+	ctr, later := d.dp.DestroyQP(q)
+	d.dpRetired.Add(ctr)
 	d.releasePeer(q)
-	d.unpinQP(q)
-	cx.db.Free(q.dbIndex)
+	if later != nil {
+		d.log.Warn("the data plane has not released a destroyed QP yet; its context's memory stays pinned until it does",
+			"ctx", cx.handle, "qpn", q.qpn)
+		cx.lingering++
+		go d.awaitRelease(cx, later)
+	}
+	d.releaseLater(cx, func() {
+		d.unpinQP(q)
+		cx.db.Free(q.dbIndex)
+	})
 	delete(d.qps, q.qpn)
 	delete(cx.qps, q.qpn)
 	q.pd.users--
@@ -359,8 +376,10 @@ func (cn *conn) destroySRQ(r *request) (reply, error) {
 
 func (d *Device) freeSRQ(cx *Context, s *SRQ) {
 	d.dp.ReleaseSRQ(s)
-	s.ring.release()
-	cx.db.Free(s.dbIndex)
+	d.releaseLater(cx, func() {
+		s.ring.release()
+		cx.db.Free(s.dbIndex)
+	})
 	s.pd.users--
 	delete(cx.srqs, s.handle)
 	cx.counts.SRQ--
@@ -448,11 +467,14 @@ func (d *Device) releaseContextLocked(cx *Context, why string) {
 		cx.counts.HostMem--
 		d.totals.HostMem--
 	}
-	// Backstop: whatever the space still holds for this owner goes too.
+	// Backstop: whatever the space still holds for this owner goes too
+	// (ring pins deferred by releaseLater keep their regions mapped).
 	d.mem.releaseOwner(cx.owner)
-	if err := cx.db.Close(); err != nil {
-		d.log.Warn("close doorbell page", "ctx", cx.handle, "err", err)
-	}
+	d.releaseLater(cx, func() {
+		if err := cx.db.Close(); err != nil {
+			d.log.Warn("close doorbell page", "ctx", cx.handle, "err", err)
+		}
+	})
 	delete(d.contexts, cx.handle)
 	d.totals.Contexts--
 	if a := d.accounts[cx.uid]; a != nil {
@@ -460,4 +482,33 @@ func (d *Device) releaseContextLocked(cx *Context, why string) {
 	}
 	d.counters.ContextsClosed.Add(1)
 	d.log.Info("context closed", "ctx", cx.handle, "client", cx.name, "pid", cx.pid, "uid", cx.uid, "reason", why)
+}
+
+// releaseLater runs f, which releases memory an engine worker may touch
+// in cx (see Context.lingering), now, or once every QP of cx whose removal
+// the data plane has not confirmed is confirmed.
+func (d *Device) releaseLater(cx *Context, f func()) {
+	if cx.lingering > 0 {
+		cx.deferred = append(cx.deferred, f)
+		return
+	}
+	f()
+}
+
+// awaitRelease waits for the data plane to confirm a QP removal of cx
+// (closed by the engine at the latest when it closes) and then runs what
+// was deferred for cx, under the device lock.
+func (d *Device) awaitRelease(cx *Context, done <-chan struct{}) {
+	<-done
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if cx.lingering--; cx.lingering > 0 {
+		return
+	}
+	fs := cx.deferred
+	cx.deferred = nil
+	for _, f := range fs {
+		f()
+	}
+	d.log.Info("the data plane released the QPs destroyed late; their context's memory is unpinned", "ctx", cx.handle)
 }

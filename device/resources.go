@@ -33,6 +33,15 @@ type Context struct {
 	qps        map[uint32]*QP
 	srqs       map[uint32]*SRQ
 	ahs        map[uint32]*ah
+
+	// lingering counts destroyed QPs whose engine worker has not
+	// confirmed the removal yet (DataPlane.DestroyQP returned a channel).
+	// While it is non-zero the release of memory a worker may touch in
+	// this context (ring pins of QPs, CQs and SRQs, doorbell records, the
+	// doorbell page) is deferred to deferred, run in order once the last
+	// such QP is confirmed (releaseLater).
+	lingering int
+	deferred  []func()
 }
 
 // newHandle returns a handle not used by any object of the context (all

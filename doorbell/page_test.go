@@ -221,34 +221,44 @@ func TestCQNotifier(t *testing.T) {
 		// the arm): the arm is kept for the next CQE.
 		{"consumed before arm", []step{{abi.ArmWord(1, false), true, false, false}, {0, false, false, true}, {0, false, false, false}}},
 	}
+	k, err := NewKernelSignaller(1)
+	require.NoError(t, err)
+	defer k.Close()
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			p := newPage(t)
-			i, err := p.Alloc()
-			require.NoError(t, err)
-			rec, err := p.CQ(i)
-			require.NoError(t, err)
-			comp, err := NewEventFD()
-			require.NoError(t, err)
-			n := NewCQNotifier(rec, comp)
-			defer n.Close()
-			for k, s := range c.steps {
-				rec.PI.Add(1) // the daemon wrote and published a CQE
-				if s.consumed {
-					rec.CI.Store(rec.PI.Load())
-				}
-				if s.arm != 0 {
-					rec.Arm.Store(s.arm)
-				}
-				got, err := n.Completed(s.solicited)
+		for _, kind := range []string{"kernel", "writer"} {
+			t.Run(c.name+"/"+kind, func(t *testing.T) {
+				p := newPage(t)
+				i, err := p.Alloc()
 				require.NoError(t, err)
-				assert.Equal(t, s.want, got, "step %d", k)
-				cnt, _ := comp.Drain()
-				assert.Equal(t, s.want, cnt == 1, "step %d eventfd", k)
-				if got {
-					assert.Equal(t, abi.ArmSN(rec.Arm.Load()), rec.ArmSNDone.Load())
+				rec, err := p.CQ(i)
+				require.NoError(t, err)
+				comp, err := NewEventFD()
+				require.NoError(t, err)
+				w := NewEventWriter() // flushed by hand below, not Run
+				var sig Signaller = k
+				if kind == "writer" {
+					sig = w
 				}
-			}
-		})
+				n := NewCQNotifier(rec, comp, sig)
+				defer n.Close()
+				for k, s := range c.steps {
+					rec.PI.Add(1) // the daemon wrote and published a CQE
+					if s.consumed {
+						rec.CI.Store(rec.PI.Load())
+					}
+					if s.arm != 0 {
+						rec.Arm.Store(s.arm)
+					}
+					got := n.Completed(s.solicited)
+					assert.Equal(t, s.want, got, "step %d", k)
+					w.flush()
+					cnt, _ := comp.Drain()
+					assert.Equal(t, s.want, cnt == 1, "step %d eventfd", k)
+					if got {
+						assert.Equal(t, abi.ArmSN(rec.Arm.Load()), rec.ArmSNDone.Load())
+					}
+				}
+			})
+		}
 	}
 }

@@ -100,7 +100,13 @@ func newDataPlane(cfg *Config, li device.LinkInfo, space *dma.Space, workers int
 	default:
 		return nil, fmt.Errorf("link type %q has no data path", cfg.Link.Type)
 	}
-	eng, err := engine.New(engine.Config{Links: links, Mode: mode, Local: udpLocal, MAC: li.MAC, FrameCap: frameCap, PathFixup: fixup, Logger: log})
+	callTimeout, err := cfg.callTimeout()
+	if err != nil {
+		close()
+		return nil, err
+	}
+	eng, err := engine.New(engine.Config{Links: links, Mode: mode, Local: udpLocal, MAC: li.MAC, FrameCap: frameCap, PathFixup: fixup, Logger: log,
+		CallTimeout: callTimeout})
 	if err != nil {
 		close()
 		return nil, err

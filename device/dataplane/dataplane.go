@@ -59,6 +59,25 @@ import (
 //     doc), and a kick reaching a busy worker stays in its channel, so the
 //     worker's next attempt to sleep returns at once.
 //
+// # Completion events
+//
+// The worker that writes a CQE decides whether an armed CQ owes its
+// client an event (doorbell.CQNotifier) and never writes the client's
+// eventfd itself: a client can make that write block (doorbell package
+// doc). The data plane's doorbell.KernelSignaller has the kernel signal
+// the eventfd (one io_submit on the worker, never blocking); where the
+// kernel cannot, each context gets a doorbell.EventWriter goroutine
+// (started with its first CQ with a completion channel, stopped after its
+// last), so a client that makes a write block delays its own events only.
+//
+// # Waiting for workers
+//
+// CreateQP, ModifyQP and DestroyQP wait for the QP's worker at most the
+// engine's CallTimeout (under the device lock: see device.DataPlane). A
+// change the worker did not take fails with an error wrapping ETIMEDOUT
+// and leaves the QP in ERR; a removal it did not take stays queued, and
+// the device keeps the context's memory until the worker applied it.
+//
 // # QP errors
 //
 // The engine moves a QP to ERR on its own (an error completion, a broken
@@ -80,12 +99,19 @@ type DataPlane struct {
 	log    *slog.Logger
 	poller *doorbell.Poller
 
-	mu    sync.Mutex // guards qps, pages, cqs, srqs; taken under the device lock
-	qps   map[uint32]*dpQP
-	pages map[*doorbell.Page]int // QPs per served page
-	cqs   map[*device.CQ]*cqSink
-	srqs  map[*device.SRQ]*recvSource
-	watch atomic.Pointer[[]*dpQP] // immutable snapshot for the poller
+	mu      sync.Mutex // guards qps, pages, cqs, srqs, writers; taken under the device lock
+	qps     map[uint32]*dpQP
+	pages   map[*doorbell.Page]int // QPs per served page
+	cqs     map[*device.CQ]*cqSink
+	srqs    map[*device.SRQ]*recvSource
+	writers map[*doorbell.Page]*ctxWriter
+	watch   atomic.Pointer[[]*dpQP] // immutable snapshot for the poller
+
+	// ksig raises completion eventfds from the kernel (nil: the kernel
+	// cannot, or Config.EventWriters; then each context's ctxWriter does).
+	ksig *doorbell.KernelSignaller
+
+	writerWG sync.WaitGroup // the writers' Run goroutines
 
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -112,6 +138,18 @@ type Config struct {
 	Resolve func(ctx context.Context, peer netip.Addr) error
 	// ResolveTimeout bounds one Resolve call. Default 3s.
 	ResolveTimeout time.Duration
+	// EventWriters makes completion events go through a writer goroutine
+	// per context (doorbell.EventWriter) even where the kernel can signal
+	// the eventfds for the engine workers (doorbell.KernelSignaller, the
+	// default): for tests of that path.
+	EventWriters bool
+}
+
+// ctxWriter is the completion event writer of one context (doorbell
+// page) and the number of its CQ sinks with a completion channel.
+type ctxWriter struct {
+	w     *doorbell.EventWriter
+	sinks int
 }
 
 // dpQP is the data plane's state of one RC QP.
@@ -125,7 +163,8 @@ type dpQP struct {
 	rq     *recvSource // own RQ or the shared SRQ source
 	srq    *doorbell.SRQRecord
 	ctrs   *engine.QPCounters
-	sinks  [2]qpSink // send, receive
+	sinks  [2]qpSink         // send, receive
+	state  *device.StateWord // the device's state word of the QP
 
 	// Poller-private: the producer indices seen by the last pass.
 	lastSQ, lastRQ, lastSRQ uint32
@@ -150,6 +189,7 @@ func New(cfg Config) (*DataPlane, error) {
 		cfg: cfg, eng: cfg.Engine, space: cfg.Space, log: cfg.Logger,
 		qps: map[uint32]*dpQP{}, pages: map[*doorbell.Page]int{},
 		cqs: map[*device.CQ]*cqSink{}, srqs: map[*device.SRQ]*recvSource{},
+		writers: map[*doorbell.Page]*ctxWriter{},
 	}
 	dp.watch.Store(&[]*dpQP{})
 	p, err := doorbell.NewPoller(doorbell.PollerConfig{Poll: dp.pollDoorbells, SpinBudget: cfg.SpinBudget})
@@ -157,6 +197,14 @@ func New(cfg Config) (*DataPlane, error) {
 		return nil, err
 	}
 	dp.poller = p
+	if !cfg.EventWriters {
+		// One AIO context per worker: workers signal without waiting for
+		// each other.
+		if dp.ksig, err = doorbell.NewKernelSignaller(dp.eng.Workers()); err != nil {
+			dp.log.Info("completion events: a writer goroutine per context", "reason", err)
+			dp.ksig = nil
+		}
+	}
 	return dp, nil
 }
 
@@ -208,11 +256,50 @@ func (dp *DataPlane) Close() error {
 	dp.poller.Close()
 	dp.mu.Lock()
 	for c, s := range dp.cqs {
-		s.close()
+		dp.releaseSinkLocked(s)
 		delete(dp.cqs, c)
 	}
+	for page, cw := range dp.writers { // none left once every sink is released
+		cw.w.Close()
+		delete(dp.writers, page)
+	}
 	dp.mu.Unlock()
+	// A writer still blocked in write(2) ends once its notifier's close
+	// has drained the counter; a client racing to saturate it again can
+	// keep it there, and shutdown does not wait for that.
+	if !waitTimeout(&dp.writerWG, writerWait) {
+		dp.log.Warn("completion event writers still blocked on client eventfds; not waiting for them")
+	}
+	if dp.ksig != nil {
+		dp.ksig.Close() // the engine is stopped: no signal in progress
+	}
 	return err
+}
+
+// KernelSignals reports whether completion eventfds are signalled by the
+// kernel for the engine workers (doorbell.KernelSignaller) rather than by
+// a writer goroutine per context.
+func (dp *DataPlane) KernelSignals() bool { return dp.ksig != nil }
+
+// writerWait bounds how long Close waits for the completion event
+// writers.
+const writerWait = 5 * time.Second
+
+// waitTimeout waits for wg up to d and reports whether it finished.
+func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 // Engine returns the transport engine (for its worker counters).
@@ -241,7 +328,7 @@ func (dp *DataPlane) CreateQP(q *device.QP) error {
 	}
 	qpn, cp := q.QPN(), q.Cap()
 	sqRing, _ := q.SQ()
-	x := &dpQP{qpn: qpn, page: page, rec: rec, sqRing: sqRing}
+	x := &dpQP{qpn: qpn, page: page, rec: rec, sqRing: sqRing, state: q.StateWord()}
 	if x.sq, err = newSQSource(sqRing, cp, rec); err != nil {
 		return err
 	}
@@ -269,17 +356,13 @@ func (dp *DataPlane) CreateQP(q *device.QP) error {
 	}
 	x.sinks = [2]qpSink{{cq: scq}, {cq: rcq, recv: true}}
 	x.mem = &qpMemory{acc: dp.space.NewAccessor(), pd: dma.PD{Owner: q.Owner(), Handle: q.PDHandle()}, mem: dp.space}
-	err = dp.eng.CreateQP(engine.QPConfig{
+	// ErrTimeout (the worker did not take it in time): the engine did not
+	// create the QP and will not; CREATE_QP fails with ETIMEDOUT.
+	x.ctrs, err = dp.eng.CreateQP(engine.QPConfig{
 		QPN: qpn, SQ: x.sq, RQ: x.rq, SendCQ: &x.sinks[0], RecvCQ: &x.sinks[1], Mem: x.mem,
 		SQDepth: int(cp.MaxSendWR), MaxSendSGE: int(cp.MaxSendSGE), MaxRecvSGE: int(maxRecvSGE),
 		MaxInline: int(cp.MaxInlineData), SigAll: q.SigAll(), State: q.StateWord(),
 	})
-	if err == nil {
-		x.ctrs, err = dp.eng.Counters(qpn)
-		if err != nil {
-			_ = dp.eng.DestroyQP(qpn)
-		}
-	}
 	if err != nil {
 		x.mem.acc.Close()
 		return err
@@ -314,16 +397,76 @@ func (dp *DataPlane) cqSinkLocked(c *device.CQ, page *doorbell.Page) (*cqSink, e
 			return nil, err
 		}
 	}
+	var sig doorbell.Signaller
+	withWriter := comp != nil && dp.ksig == nil
+	switch {
+	case withWriter:
+		sig = dp.writerLocked(page)
+	case comp != nil:
+		sig = dp.ksig
+	}
 	ring, count := c.Ring()
-	s, err := newCQSink(ring, count, rec, comp)
+	s, err := newCQSink(ring, count, rec, comp, sig)
 	if err != nil {
 		if comp != nil {
 			comp.Close()
 		}
+		if withWriter {
+			dp.unrefWriterLocked(page)
+		}
 		return nil, err
+	}
+	if withWriter {
+		s.page = page
 	}
 	dp.cqs[c] = s
 	return s, nil
+}
+
+// writerLocked returns the completion event writer of page's context,
+// starting it for the context's first CQ with a completion channel, and
+// counts one more sink on it. One writer per context: a client that makes
+// its eventfd block delays only its own events (doorbell.EventWriter).
+func (dp *DataPlane) writerLocked(page *doorbell.Page) *doorbell.EventWriter {
+	cw := dp.writers[page]
+	if cw == nil {
+		cw = &ctxWriter{w: doorbell.NewEventWriter()}
+		dp.writers[page] = cw
+		dp.writerWG.Add(1)
+		go func() {
+			defer dp.writerWG.Done()
+			cw.w.Run()
+		}()
+	}
+	cw.sinks++
+	return cw.w
+}
+
+// unrefWriterLocked drops one sink from page's writer and stops the
+// writer after its last.
+func (dp *DataPlane) unrefWriterLocked(page *doorbell.Page) {
+	cw := dp.writers[page]
+	if cw == nil {
+		return
+	}
+	if cw.sinks--; cw.sinks == 0 {
+		cw.w.Close()
+		delete(dp.writers, page)
+	}
+}
+
+// releaseSinkLocked closes s's completion eventfd (never blocking: a
+// write blocked on it is unstuck by its notifier) and drops s from its
+// context's writer.
+func (dp *DataPlane) releaseSinkLocked(s *cqSink) {
+	if s.closed {
+		return
+	}
+	s.closed = true
+	s.close()
+	if s.page != nil {
+		dp.unrefWriterLocked(s.page)
+	}
 }
 
 func (dp *DataPlane) srqSourceLocked(s *device.SRQ, page *doorbell.Page) (*recvSource, error) {
@@ -349,7 +492,7 @@ func (dp *DataPlane) ReleaseCQ(c *device.CQ) {
 	dp.mu.Lock()
 	defer dp.mu.Unlock()
 	if s := dp.cqs[c]; s != nil {
-		s.close()
+		dp.releaseSinkLocked(s)
 		delete(dp.cqs, c)
 	}
 }
@@ -370,13 +513,14 @@ func (dp *DataPlane) publishWatchLocked() {
 }
 
 // ModifyQP implements device.DataPlane: it hands the attributes of mask,
-// as the device stored them, to the engine.
-func (dp *DataPlane) ModifyQP(q *device.QP, prev device.QPState, mask device.AttrMask) {
+// as the device stored them, to the engine. An error: the QP's worker did
+// not take the change in time; the QP is then in ERR (see modifyEngine).
+func (dp *DataPlane) ModifyQP(q *device.QP, prev device.QPState, mask device.AttrMask) error {
 	dp.mu.Lock()
 	x := dp.qps[q.QPN()]
 	dp.mu.Unlock()
 	if x == nil {
-		return
+		return nil
 	}
 	state := q.State()
 	if mask&device.AttrState != 0 && state == device.StateReset {
@@ -385,8 +529,7 @@ func (dp *DataPlane) ModifyQP(q *device.QP, prev device.QPState, mask device.Att
 		if x.srq == nil {
 			x.rq.reset.request(x.rec.RQPI.Load())
 		}
-		dp.modifyEngine(x, engine.QPAttr{Mask: abi.QPAttrState, State: abi.QPSReset})
-		return
+		return dp.modifyEngine(x, engine.QPAttr{Mask: abi.QPAttrState, State: abi.QPSReset})
 	}
 	a := q.Attr()
 	ea := engine.QPAttr{
@@ -413,44 +556,69 @@ func (dp *DataPlane) ModifyQP(q *device.QP, prev device.QPState, mask device.Att
 			// the last line: the engine never gets an RTR QP it cannot
 			// address, the QP goes to ERR (its WRs complete flushed).
 			dp.log.Error("QP to RTR with an unreachable peer; moving the QP to ERR", "qpn", x.qpn, "err", err)
-			dp.toError(x)
-			return
+			return dp.toError(x)
 		}
 	}
-	dp.modifyEngine(x, ea)
+	return dp.modifyEngine(x, ea)
 }
 
 // modifyEngine applies a on the engine; a change the engine refuses (an
 // address vector it cannot use, for instance) moves the QP to ERR, as any
-// transport error does.
-func (dp *DataPlane) modifyEngine(x *dpQP, a engine.QPAttr) {
-	if err := dp.eng.ModifyQP(x.qpn, a); err != nil {
-		if errors.Is(err, engine.ErrClosed) {
-			return
-		}
-		dp.log.Warn("engine refused a QP change; moving the QP to ERR", "qpn", x.qpn, "err", err)
-		dp.toError(x)
+// transport error does. A change the QP's worker did not take within the
+// engine's bound was not applied: the QP goes to ERR at once in the
+// device's state word, the engine gets the move to ERR queued behind
+// whatever it has not taken yet (so the QP never runs on in its old
+// state), and the error is returned for the client.
+func (dp *DataPlane) modifyEngine(x *dpQP, a engine.QPAttr) error {
+	err := dp.eng.ModifyQP(x.qpn, a)
+	switch {
+	case err == nil || errors.Is(err, engine.ErrClosed):
+		return nil
+	case errors.Is(err, engine.ErrTimeout):
+		dp.timedOut(x, err)
+		return err
 	}
+	dp.log.Warn("engine refused a QP change; moving the QP to ERR", "qpn", x.qpn, "err", err)
+	return dp.toError(x)
 }
 
 // toError moves the engine's QP to ERR; the engine stores ERR into the
 // device's state word of the QP.
-func (dp *DataPlane) toError(x *dpQP) {
-	if err := dp.eng.ModifyQP(x.qpn, engine.QPAttr{Mask: abi.QPAttrState, State: abi.QPSErr}); err != nil && !errors.Is(err, engine.ErrClosed) {
-		dp.log.Error("engine: QP to ERR", "qpn", x.qpn, "err", err)
+func (dp *DataPlane) toError(x *dpQP) error {
+	err := dp.eng.ModifyQP(x.qpn, engine.QPAttr{Mask: abi.QPAttrState, State: abi.QPSErr})
+	switch {
+	case err == nil || errors.Is(err, engine.ErrClosed):
+		return nil
+	case errors.Is(err, engine.ErrTimeout):
+		dp.timedOut(x, err)
+		return err
 	}
+	dp.log.Error("engine: QP to ERR", "qpn", x.qpn, "err", err)
+	return nil
 }
 
-// DestroyQP implements device.DataPlane. When it returns the engine no
-// longer touches the QP's rings or memory; the counters it returns are
+// timedOut handles a change the QP's worker did not take in time (see
+// modifyEngine).
+func (dp *DataPlane) timedOut(x *dpQP, err error) {
+	dp.log.Error("engine worker did not take a QP change in time; moving the QP to ERR", "qpn", x.qpn, "err", err)
+	x.state.TransportState(abi.QPSErr)
+	dp.eng.QueueError(x.qpn)
+}
+
+// DestroyQP implements device.DataPlane. When it returns nil the engine
+// no longer touches the QP's rings or memory; the counters it returns are
 // read after the engine destroyed the QP, so nothing counted in between is
-// lost.
-func (dp *DataPlane) DestroyQP(q *device.QP) device.QPCounters {
+// lost. If the QP's worker did not take the removal within the engine's
+// bound, the removal stays queued; the returned channel is closed once the
+// worker applied it (or the engine closed), and until then the QP's memory
+// accessor stays registered (so no MR memory it may reach is unmapped
+// under it) and the device keeps the context's rings and doorbell page.
+func (dp *DataPlane) DestroyQP(q *device.QP) (device.QPCounters, <-chan struct{}) {
 	dp.mu.Lock()
 	x := dp.qps[q.QPN()]
 	if x == nil {
 		dp.mu.Unlock()
-		return device.QPCounters{}
+		return device.QPCounters{}, nil
 	}
 	delete(dp.qps, q.QPN())
 	dp.publishWatchLocked()
@@ -460,10 +628,25 @@ func (dp *DataPlane) DestroyQP(q *device.QP) device.QPCounters {
 		lastOfPage = true
 	}
 	dp.mu.Unlock()
-	if err := dp.eng.DestroyQP(x.qpn); err != nil && !errors.Is(err, engine.ErrClosed) {
+	var later chan struct{}
+	applied, err := dp.eng.DestroyQP(x.qpn)
+	switch {
+	case err == nil || errors.Is(err, engine.ErrClosed):
+		<-applied
+		x.mem.acc.Close()
+	case errors.Is(err, engine.ErrTimeout):
+		dp.log.Error("engine worker did not take a QP removal in time; keeping its memory until it does", "qpn", x.qpn, "err", err)
+		later = make(chan struct{})
+		go func() {
+			<-applied
+			x.mem.acc.Close()
+			close(later)
+		}()
+	default:
 		dp.log.Warn("engine: destroy QP", "qpn", x.qpn, "err", err)
+		<-applied
+		x.mem.acc.Close()
 	}
-	x.mem.acc.Close()
 	if lastOfPage {
 		// Remove waits until the poller no longer reads the page, which
 		// the device unmaps when the context closes.
@@ -471,7 +654,7 @@ func (dp *DataPlane) DestroyQP(q *device.QP) device.QPCounters {
 			dp.log.Warn("doorbell poller: remove page", "err", err)
 		}
 	}
-	return countersOf(x.ctrs)
+	return countersOf(x.ctrs), later // nil: done
 }
 
 // Counters implements device.DataPlane.

@@ -231,6 +231,14 @@ func (s *recvSource) PollRecv(r *engine.RecvWork) (bool, error) {
 // released when the CQ is destroyed), so its producer index survives the
 // QPs.
 //
+// A completion event is decided here, on the worker, and raised by a
+// doorbell.Signaller that never blocks on the client's eventfd (whose
+// file status flags the client shares and may change): the kernel
+// signals it (doorbell.KernelSignaller, one io_submit on the worker), or,
+// where the kernel cannot, the client's own doorbell.EventWriter writes
+// it on a goroutine per context, so a client that makes the write block
+// delays only its own events.
+//
 // Overflow (the client did not consume): the CQE is not written, the
 // record's overflow word is set (queues), and the CQ stays in error: every
 // later completion fails too (IBTA 11.4.2.1: a CQ overrun is a CQ error;
@@ -242,23 +250,28 @@ type cqSink struct {
 	notify   *doorbell.CQNotifier
 	overflow bool
 	lost     atomic.Uint64 // completions refused after the overflow
-	events   atomic.Uint64 // completion eventfd writes
+	events   atomic.Uint64 // completion events raised (or handed to the writer)
+
+	page   *doorbell.Page // with a context's EventWriter: its page (the writer's key)
+	closed bool           // released (guarded by DataPlane.mu)
 }
 
-func newCQSink(ring []byte, count uint32, rec doorbell.CQRecord, comp *doorbell.EventFD) (*cqSink, error) {
+// newCQSink builds the sink; comp (the completion eventfd, owned by the
+// sink from now on) and sig (what raises it) are both nil or both set.
+func newCQSink(ring []byte, count uint32, rec doorbell.CQRecord, comp *doorbell.EventFD, sig doorbell.Signaller) (*cqSink, error) {
 	q, err := queues.NewCQ(ring, count, queues.CQWords{CI: rec.CI, PI: rec.PI, Overflow: rec.Overflow})
 	if err != nil {
 		return nil, err
 	}
-	return &cqSink{cq: q, notify: doorbell.NewCQNotifier(rec, comp)}, nil
+	return &cqSink{cq: q, notify: doorbell.NewCQNotifier(rec, comp, sig)}, nil
 }
 
 // errCQOverflow is returned for every completion of an overflowed CQ.
 var errCQOverflow = fmt.Errorf("dataplane: %w (CQ in error)", queues.ErrCQFull)
 
-// push writes c, publishes cq_pi and, if the CQ is armed for it, writes
-// the completion eventfd (solicited: the CQE satisfies a solicited-only
-// arm).
+// push writes c, publishes cq_pi and, if the CQ is armed for it, raises a
+// completion event (solicited: the CQE satisfies a solicited-only arm).
+// It never blocks on anything the client controls.
 func (s *cqSink) push(c *abi.CQE, solicited bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -275,12 +288,14 @@ func (s *cqSink) push(c *abi.CQE, solicited bool) error {
 		return err
 	}
 	s.cq.Publish()
-	if sent, _ := s.notify.Completed(solicited); sent {
+	if s.notify.Completed(solicited) {
 		s.events.Add(1)
 	}
 	return nil
 }
 
+// close closes the completion eventfd; it never blocks (a write the
+// client made block is unstuck by the notifier).
 func (s *cqSink) close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -78,7 +78,8 @@ func deadPeer(t *testing.T, retry uint8) (*tqp, qpOpts) {
 	o.timeout = 4 // 65.5 us
 	o.retry = retry
 	a, b := pair(t, 1, nil, nil, o)
-	require.NoError(t, b.n.eng.DestroyQP(b.qpn))
+	_, err := b.n.eng.DestroyQP(b.qpn)
+	require.NoError(t, err)
 	return a, o
 }
 

@@ -38,7 +38,7 @@ func fuzzWorker(t testing.TB, mode roce.Mode) (*worker, *QP) {
 		require.NoError(t, rq.post(uint64(i), abi.SGE{Addr: 0x1000, Length: 1 << 15, LKey: 0x200}))
 	}
 	reply := make(chan ctlReply, 1)
-	w.apply(ctlMsg{op: ctlCreate, cfg: QPConfig{QPN: 0x11, SQ: newFakeSQ(16), RQ: rq, SendCQ: newFakeCQ(1024), RecvCQ: newFakeCQ(1024),
+	w.apply(&ctlMsg{op: ctlCreate, cfg: QPConfig{QPN: 0x11, SQ: newFakeSQ(16), RQ: rq, SendCQ: newFakeCQ(1024), RecvCQ: newFakeCQ(1024),
 		Mem: mem, SQDepth: 16, MaxSendSGE: 4, MaxRecvSGE: 4}, reply: reply})
 	r := <-reply
 	require.NoError(t, r.err)

@@ -84,10 +84,11 @@ func newNode(t testing.TB, nw *link.Network, addr string, workers int, faults *l
 
 func (n *node) newQP(t testing.TB, qpn uint32, o qpOpts) *tqp {
 	q := &tqp{n: n, qpn: qpn, sq: newFakeSQ(4096), rq: newFakeRQ(4096), scq: newFakeCQ(8192), rcq: newFakeCQ(8192)}
-	require.NoError(t, n.eng.CreateQP(QPConfig{
+	_, err := n.eng.CreateQP(QPConfig{
 		QPN: qpn, SQ: q.sq, RQ: q.rq, SendCQ: q.scq, RecvCQ: q.rcq, Mem: n.mem,
 		SQDepth: o.sqDepth, MaxSendSGE: abi.MaxSGE, MaxRecvSGE: abi.MaxSGE, MaxInline: abi.MaxInline, SigAll: o.sigAll,
-	}))
+	})
+	require.NoError(t, err)
 	return q
 }
 

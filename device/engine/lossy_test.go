@@ -138,7 +138,7 @@ func runMix(t *testing.T, a, b *tqp, n int, seed uint64) {
 				t.Logf("send cqe %+v", c)
 			}
 		}
-		r, _ := b.n.eng.call(b.n.eng.owner(b.qpn), ctlMsg{op: ctlQuery, qpn: b.qpn})
+		r, _ := b.n.eng.call(b.n.eng.owner(b.qpn), &ctlMsg{op: ctlQuery, qpn: b.qpn})
 		rs := &r.qp.resp
 		t.Logf("B: epsn %d msn %d nakSent %v inSend %v inWrite %v res %+v", rs.epsn, rs.msn, rs.nakSent, rs.inSend, rs.inWrite, rs.res)
 		for _, nd := range []*node{a.n, b.n} {

@@ -87,7 +87,7 @@ func newRespRig(t *testing.T) *respRig {
 		require.NoError(t, rq.post(uint64(i), abi.SGE{Addr: 0x1000 + 4096*uint64(i), Length: 4096, LKey: 0x200}))
 	}
 	reply := make(chan ctlReply, 1)
-	r.w.apply(ctlMsg{op: ctlCreate, cfg: QPConfig{QPN: 0x11, SQ: newFakeSQ(16), RQ: rq, SendCQ: newFakeCQ(64), RecvCQ: r.rcq,
+	r.w.apply(&ctlMsg{op: ctlCreate, cfg: QPConfig{QPN: 0x11, SQ: newFakeSQ(16), RQ: rq, SendCQ: newFakeCQ(64), RecvCQ: r.rcq,
 		Mem: mem, SQDepth: 16, MaxSendSGE: 4, MaxRecvSGE: 4}, reply: reply})
 	rep := <-reply
 	require.NoError(t, rep.err)

@@ -116,7 +116,7 @@ func TestUDPPath(t *testing.T) {
 	require.NoError(t, err)
 	w := e.workers[0]
 	reply := make(chan ctlReply, 1)
-	w.apply(ctlMsg{op: ctlCreate, cfg: QPConfig{QPN: 0x11, SQ: newFakeSQ(16), RQ: newFakeRQ(16), SendCQ: newFakeCQ(16), RecvCQ: newFakeCQ(16),
+	w.apply(&ctlMsg{op: ctlCreate, cfg: QPConfig{QPN: 0x11, SQ: newFakeSQ(16), RQ: newFakeRQ(16), SendCQ: newFakeCQ(16), RecvCQ: newFakeCQ(16),
 		Mem: newFakeMem(), SQDepth: 16}, reply: reply})
 	r := <-reply
 	require.NoError(t, r.err)

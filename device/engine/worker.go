@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/netip"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -53,13 +54,28 @@ const (
 	ctlQuery
 )
 
+// ctlMsg is a control operation queued for a worker. state decides
+// between the worker taking it and its caller giving up on it (call): the
+// operation happens if and only if the worker took it.
 type ctlMsg struct {
 	op    ctlOp
 	qpn   uint32
 	cfg   QPConfig
 	attr  QPAttr
-	reply chan ctlReply
+	reply chan ctlReply // nil: nobody waits (QueueError)
+	// must: never abandoned (QueueError). applied (DestroyQP, also never
+	// abandoned) is closed once the operation was applied.
+	must    bool
+	applied chan struct{}
+	state   atomic.Uint32
 }
+
+// ctlMsg states.
+const (
+	msgQueued    = iota
+	msgTaken     // by the worker: applied, the reply follows
+	msgAbandoned // by its caller after Config.CallTimeout: skipped
+)
 
 type ctlReply struct {
 	err error
@@ -81,8 +97,17 @@ type worker struct {
 	now    int64
 	window uint32
 
-	ctl  chan ctlMsg
-	kick chan struct{}
+	// Control messages: an unbounded queue (posting never waits for the
+	// worker), its length for the loop's cheap check, and a one-slot wake
+	// channel for a sleeping worker. behind is set by a call that timed
+	// out and cleared when the worker next takes its queue.
+	ctlMu    sync.Mutex
+	ctlQ     []*ctlMsg
+	ctlSpare []*ctlMsg // worker only
+	ctlN     atomic.Int32
+	ctlWake  chan struct{}
+	behind   atomic.Bool
+	kick     chan struct{}
 
 	// Frames and, beside them, their peers (ModeUDP): rxFrom[i] sent
 	// rx[i], tx[i] goes to txTo[i].
@@ -113,17 +138,17 @@ type worker struct {
 func newWorker(e *Engine, id int, l Link) *worker {
 	w := &worker{
 		id: id, e: e, link: l,
-		qps:    make(map[uint32]*QP),
-		clk:    e.clk,
-		window: uint32(e.cfg.Window),
-		ctl:    make(chan ctlMsg, 16),
-		kick:   make(chan struct{}, 1),
-		rx:     make([][]byte, e.cfg.Batch),
-		rxFrom: make([]netip.AddrPort, e.cfg.Batch),
-		tx:     make([][]byte, e.cfg.Batch),
-		txTo:   make([]netip.AddrPort, e.cfg.Batch),
-		udp:    e.cfg.Mode == roce.ModeUDP,
-		local:  e.cfg.Local,
+		qps:     make(map[uint32]*QP),
+		clk:     e.clk,
+		window:  uint32(e.cfg.Window),
+		ctlWake: make(chan struct{}, 1),
+		kick:    make(chan struct{}, 1),
+		rx:      make([][]byte, e.cfg.Batch),
+		rxFrom:  make([]netip.AddrPort, e.cfg.Batch),
+		tx:      make([][]byte, e.cfg.Batch),
+		txTo:    make([]netip.AddrPort, e.cfg.Batch),
+		udp:     e.cfg.Mode == roce.ModeUDP,
+		local:   e.cfg.Local,
 	}
 	if a, ok := l.(ReadyArmer); ok {
 		w.arm = a.ArmReady
@@ -285,18 +310,28 @@ func (w *worker) fire() {
 	}
 }
 
-func (w *worker) drainCtl() bool {
-	for {
-		select {
-		case m := <-w.ctl:
-			w.apply(m)
-		default:
-			return true
-		}
+// drainCtl applies the queued control messages, in order.
+func (w *worker) drainCtl() {
+	if w.ctlN.Load() == 0 {
+		return
 	}
+	w.ctlMu.Lock()
+	q := w.ctlQ
+	w.ctlQ = w.ctlSpare[:0]
+	w.ctlN.Store(0)
+	w.ctlMu.Unlock()
+	for _, m := range q {
+		w.apply(m)
+	}
+	clear(q)
+	w.ctlSpare = q[:0]
+	w.behind.Store(false)
 }
 
-func (w *worker) apply(m ctlMsg) {
+func (w *worker) apply(m *ctlMsg) {
+	if !m.must && m.applied == nil && !m.state.CompareAndSwap(msgQueued, msgTaken) {
+		return // its caller gave up on it: it did not happen
+	}
 	var r ctlReply
 	switch m.op {
 	case ctlCreate:
@@ -342,7 +377,12 @@ func (w *worker) apply(m ctlMsg) {
 		}
 	}
 	w.busy = true
-	m.reply <- r
+	if m.applied != nil {
+		close(m.applied)
+	}
+	if m.reply != nil {
+		m.reply <- r // buffered: never blocks
+	}
 }
 
 // run is the worker loop: control operations between batches, receive,
@@ -407,8 +447,8 @@ func (w *worker) run(stop <-chan struct{}) {
 		case <-stop:
 			sleepTimer.Stop()
 			return
-		case m := <-w.ctl:
-			w.apply(m)
+		case <-w.ctlWake:
+			w.drainCtl()
 		case <-w.kick:
 		case <-w.link.Ready():
 		case <-tc:

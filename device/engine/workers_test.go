@@ -31,8 +31,9 @@ func TestWorkers(t *testing.T) {
 		}
 	}()
 	for qpn := uint32(1); qpn <= 64; qpn++ {
-		require.NoError(t, e.CreateQP(QPConfig{QPN: qpn * 0x1357, SQ: newFakeSQ(16), RQ: newFakeRQ(16), SendCQ: newFakeCQ(16),
-			RecvCQ: newFakeCQ(16), Mem: newFakeMem(), SQDepth: 16}))
+		_, err := e.CreateQP(QPConfig{QPN: qpn * 0x1357, SQ: newFakeSQ(16), RQ: newFakeRQ(16), SendCQ: newFakeCQ(16),
+			RecvCQ: newFakeCQ(16), Mem: newFakeMem(), SQDepth: 16})
+		require.NoError(t, err)
 	}
 	asleep := func() bool {
 		for i := range n {
