@@ -368,6 +368,7 @@ func TestUDPReadyNoLostWakeup(t *testing.T) {
 					i, sent, received, a.Counters.TxFrames.Load(), a.Counters.SendErrors.Load(), a.Counters.LastSendErrno.Load(),
 					b.Counters.RxFrames.Load(), b.Counters.Wakeups.Load())
 				require.Equal(t, rounds*2, sent)
+				done <- nil // the receiver finished first: keep its word for the wait below
 			}
 		}
 	}
