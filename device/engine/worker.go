@@ -320,12 +320,15 @@ func (w *worker) drainCtl() {
 	w.ctlQ = w.ctlSpare[:0]
 	w.ctlN.Store(0)
 	w.ctlMu.Unlock()
+	// The worker answers again: cleared before the messages are applied,
+	// so a caller that sees one of them applied (a DestroyQP's channel)
+	// also sees the worker no longer behind.
+	w.behind.Store(false)
 	for _, m := range q {
 		w.apply(m)
 	}
 	clear(q)
 	w.ctlSpare = q[:0]
-	w.behind.Store(false)
 }
 
 func (w *worker) apply(m *ctlMsg) {
