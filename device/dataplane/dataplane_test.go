@@ -50,7 +50,6 @@ func newDPNode(t testing.TB, nw *link.Network, addr string, workers int, faults 
 // newDPNodeSpin is newDPNode with the doorbell poller's spin budget.
 func newDPNodeSpin(t testing.TB, nw *link.Network, addr string, workers int, faults *link.Faults, spin int) *dpNode {
 	t.Helper()
-	log := slog.New(slog.DiscardHandler)
 	a := netip.MustParseAddr(addr)
 	ports, err := nw.Attach(a, workers, faults)
 	require.NoError(t, err)
@@ -58,29 +57,55 @@ func newDPNodeSpin(t testing.TB, nw *link.Network, addr string, workers int, fau
 	for i, p := range ports {
 		links[i] = p
 	}
-	eng, err := engine.New(engine.Config{Links: links, Mode: roce.ModeEthernet, Logger: log})
+	return startNode(t, nodeSpec{addr: a, links: links, linkType: abi.LinkMem, dp: dataplane.Config{SpinBudget: spin}})
+}
+
+// nodeSpec describes an in-process device for startNode: its address
+// (GID 0, IPv4-mapped for IPv4), one link per engine worker, the link type
+// it reports, the engine's and the data plane's settings beyond those
+// startNode fills in (links, framing, logger; engine, space, logger), and
+// what must happen at clean-up before the device closes.
+type nodeSpec struct {
+	addr     netip.Addr
+	links    []engine.Link
+	linkType abi.LinkType
+	eng      engine.Config
+	dp       dataplane.Config
+	before   func()
+}
+
+// startNode starts a device with the transport engine over s.links,
+// serving a real control socket, and stops it when the test ends.
+func startNode(t testing.TB, s nodeSpec) *dpNode {
+	t.Helper()
+	log := slog.New(slog.DiscardHandler)
+	s.eng.Links, s.eng.Mode, s.eng.Logger = s.links, roce.ModeEthernet, log
+	eng, err := engine.New(s.eng)
 	require.NoError(t, err)
 	space, err := dma.NewSpace(dma.Config{Logger: log})
 	require.NoError(t, err)
-	dp, err := dataplane.New(dataplane.Config{Engine: eng, Space: space, SpinBudget: spin, Logger: log})
+	s.dp.Engine, s.dp.Space, s.dp.Logger = eng, space, log
+	dp, err := dataplane.New(s.dp)
 	require.NoError(t, err)
-	n := &dpNode{addr: a, gid: a.As16(), dp: dp} // IPv4: the IPv4-mapped GID
+	n := &dpNode{addr: s.addr, gid: s.addr.As16(), dp: dp}
 	n.dev, err = device.New(device.Config{
-		Name:      "dp-" + addr,
-		Link:      device.LinkInfo{Type: abi.LinkMem, MaxMTU: abi.MTU4096, GIDs: [][16]byte{n.gid}, SpeedMbps: 10000},
+		Name:      "dp-" + s.addr.String(),
+		Link:      device.LinkInfo{Type: s.linkType, MaxMTU: abi.MTU4096, GIDs: [][16]byte{n.gid}, SpeedMbps: 10000},
 		Space:     space,
 		DataPlane: dp,
 		Logger:    log,
 	})
 	require.NoError(t, err)
 	dp.Start()
-	dir := t.TempDir()
-	n.sock = filepath.Join(dir, "dev"+admin.SocketSuffix)
+	n.sock = filepath.Join(t.TempDir(), "dev"+admin.SocketSuffix)
 	l, err := admin.Listen(n.sock)
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- n.dev.Serve(l) }()
 	t.Cleanup(func() {
+		if s.before != nil {
+			s.before()
+		}
 		n.dev.Close()
 		<-done
 		assert.NoError(t, dp.Close())

@@ -1,9 +1,7 @@
 package dataplane_test
 
 import (
-	"log/slog"
 	"net/netip"
-	"path/filepath"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -13,13 +11,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vrnic/vrnic/abi"
-	"github.com/vrnic/vrnic/admin"
-	"github.com/vrnic/vrnic/device"
 	"github.com/vrnic/vrnic/device/dataplane"
 	"github.com/vrnic/vrnic/device/engine"
-	"github.com/vrnic/vrnic/dma"
 	"github.com/vrnic/vrnic/link"
-	"github.com/vrnic/vrnic/roce"
 	"github.com/vrnic/vrnic/verbs"
 )
 
@@ -75,41 +69,17 @@ type testNodeOpts struct {
 // wedged until the test says so), with the options o.
 func newTestNode(t *testing.T, nw *link.Network, addr string, o testNodeOpts) (*dpNode, *wedgeLink) {
 	t.Helper()
-	log := slog.New(slog.DiscardHandler)
 	a := netip.MustParseAddr(addr)
 	ports, err := nw.Attach(a, 1, nil)
 	require.NoError(t, err)
 	wl := &wedgeLink{Link: ports[0], release: make(chan struct{})}
-	eng, err := engine.New(engine.Config{Links: []engine.Link{wl}, Mode: roce.ModeEthernet, Logger: log, CallTimeout: o.callTimeout})
-	require.NoError(t, err)
-	space, err := dma.NewSpace(dma.Config{Logger: log})
-	require.NoError(t, err)
-	dp, err := dataplane.New(dataplane.Config{Engine: eng, Space: space, Logger: log, EventWriters: o.eventWriters})
-	require.NoError(t, err)
-	n := &dpNode{addr: a, gid: a.As16(), dp: dp}
-	n.dev, err = device.New(device.Config{
-		Name:      "wedge-" + addr,
-		Link:      device.LinkInfo{Type: abi.LinkMem, MaxMTU: abi.MTU4096, GIDs: [][16]byte{n.gid}, SpeedMbps: 10000},
-		Space:     space,
-		DataPlane: dp,
-		Logger:    log,
-	})
-	require.NoError(t, err)
-	dp.Start()
-	n.sock = filepath.Join(t.TempDir(), "dev"+admin.SocketSuffix)
-	l, err := admin.Listen(n.sock)
-	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() { done <- n.dev.Serve(l) }()
-	t.Cleanup(func() {
-		if wl.wedged.CompareAndSwap(true, false) {
-			close(wl.release)
-		}
-		n.dev.Close()
-		<-done
-		assert.NoError(t, dp.Close())
-		space.Close()
-	})
+	n := startNode(t, nodeSpec{addr: a, links: []engine.Link{wl}, linkType: abi.LinkMem,
+		eng: engine.Config{CallTimeout: o.callTimeout}, dp: dataplane.Config{EventWriters: o.eventWriters},
+		before: func() {
+			if wl.wedged.CompareAndSwap(true, false) {
+				close(wl.release)
+			}
+		}})
 	return n, wl
 }
 

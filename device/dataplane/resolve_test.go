@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"golang.org/x/sys/unix"
-	"log/slog"
 	"net/netip"
-	"path/filepath"
 	"sync"
 	"testing"
 
@@ -14,12 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vrnic/vrnic/abi"
-	"github.com/vrnic/vrnic/admin"
-	"github.com/vrnic/vrnic/device"
 	"github.com/vrnic/vrnic/device/dataplane"
 	"github.com/vrnic/vrnic/device/engine"
-	"github.com/vrnic/vrnic/dma"
-	"github.com/vrnic/vrnic/roce"
 	"github.com/vrnic/vrnic/verbs"
 )
 
@@ -46,42 +40,13 @@ func (r *resolveLog) snapshot() []netip.Addr {
 	return append([]netip.Addr(nil), r.calls...)
 }
 
-// newResolveNode is newDPNode with a Resolve hook.
+// newResolveNode is newDPNode with a Resolve hook, reporting a TAP link.
 func newResolveNode(t *testing.T, addr string, resolve func(context.Context, netip.Addr) error) *dpNode {
 	t.Helper()
-	log := slog.New(slog.DiscardHandler)
-	nw := newDPNetwork(t)
 	a := netip.MustParseAddr(addr)
-	ports, err := nw.Attach(a, 1, nil)
+	ports, err := newDPNetwork(t).Attach(a, 1, nil)
 	require.NoError(t, err)
-	eng, err := engine.New(engine.Config{Links: []engine.Link{ports[0]}, Mode: roce.ModeEthernet, Logger: log})
-	require.NoError(t, err)
-	space, err := dma.NewSpace(dma.Config{Logger: log})
-	require.NoError(t, err)
-	dp, err := dataplane.New(dataplane.Config{Engine: eng, Space: space, Logger: log, Resolve: resolve})
-	require.NoError(t, err)
-	n := &dpNode{addr: a, gid: a.As16(), dp: dp}
-	n.dev, err = device.New(device.Config{
-		Name:      "resolve",
-		Link:      device.LinkInfo{Type: abi.LinkTAP, MaxMTU: abi.MTU4096, GIDs: [][16]byte{n.gid}, SpeedMbps: 10000},
-		Space:     space,
-		DataPlane: dp,
-		Logger:    log,
-	})
-	require.NoError(t, err)
-	dp.Start()
-	n.sock = filepath.Join(t.TempDir(), "dev"+admin.SocketSuffix)
-	l, err := admin.Listen(n.sock)
-	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() { done <- n.dev.Serve(l) }()
-	t.Cleanup(func() {
-		n.dev.Close()
-		<-done
-		assert.NoError(t, dp.Close())
-		space.Close()
-	})
-	return n
+	return startNode(t, nodeSpec{addr: a, links: []engine.Link{ports[0]}, linkType: abi.LinkTAP, dp: dataplane.Config{Resolve: resolve}})
 }
 
 // TestDataPlaneResolveOnRTR: the peer is resolved when an RC QP goes from
