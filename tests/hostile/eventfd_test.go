@@ -35,8 +35,8 @@ type evHelperDaemon struct {
 func evHelperStart(t *testing.T) *evHelperDaemon {
 	t.Helper()
 	dir := t.TempDir()
-	bin, err := launch.GoBuild(launch.VrnicdPackage, dir, "vrnicd", &launch.Buffer{})
-	require.NoError(t, err)
+	bin := vrnicdBinary(t)
+	var err error
 	d := &evHelperDaemon{socket: filepath.Join(dir, "ev.sock"), logs: &launch.Buffer{}}
 	d.proc, err = launch.Start(launch.Spec{Name: "vrnicd ev", Bin: bin,
 		Args:   []string{"-name", "ev", "-runtime-dir", dir, "-socket", d.socket, "-link", "mem", "-workers", "1"},

@@ -177,8 +177,7 @@ type memDaemon struct {
 // other users, for a hostile client of another uid.
 func memHelperStartDaemon(t *testing.T, cfg string) *memDaemon {
 	t.Helper()
-	bin, err := launch.GoBuild(launch.VrnicdPackage, t.TempDir(), "vrnicd", os.Stderr)
-	require.NoError(t, err)
+	bin := vrnicdBinary(t)
 	dir, err := os.MkdirTemp("", "vrnic-h-")
 	require.NoError(t, err)
 	t.Cleanup(func() { os.RemoveAll(dir) })

@@ -47,8 +47,7 @@ func opsSetup(t *testing.T) *opsEnv {
 	e := &opsEnv{dir: dir, rundir: filepath.Join(dir, "rt")}
 	require.NoError(t, os.Mkdir(e.rundir, 0o755))
 	var out strings.Builder
-	e.vrnicd, err = launch.GoBuild(launch.VrnicdPackage, dir, "vrnicd", &out)
-	require.NoError(t, err, "%s", &out)
+	e.vrnicd = vrnicdBinary(t)
 	e.vrnicctl, err = launch.GoBuild("github.com/vrnic/vrnic/cmd/vrnicctl", dir, "vrnicctl", &out)
 	require.NoError(t, err, "%s", &out)
 	b, err := os.ReadFile(os.Args[0])
