@@ -109,7 +109,8 @@ type Listener interface {
 //
 // Locking: mu guards every resource table of every context and the
 // device-wide tables; each control command runs entirely under it (the
-// control path is not hot). The data plane is called with mu held.
+// control path is not hot). The data plane is called with mu held and
+// never waits for an engine worker (see DataPlane).
 type Device struct {
 	cfg   Config
 	log   *slog.Logger

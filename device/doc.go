@@ -76,7 +76,8 @@
 // One mutex (Device.mu) guards all resource tables; every command runs
 // entirely under it. The control path is not hot; the data path never
 // takes it (a QP's state is a StateWord, which the transport writes
-// without the lock).
+// without the lock), and nothing holding it waits for an engine worker
+// (DataPlane, seam.go).
 //
 // # QP state machine
 //

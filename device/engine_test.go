@@ -44,14 +44,15 @@ func (e *recEngine) CreateQP(q *device.QP) error {
 	return nil
 }
 
-func (e *recEngine) ModifyQP(q *device.QP, prev device.QPState, mask device.AttrMask) error {
+func (e *recEngine) ModifyQP(q *device.QP, prev device.QPState, mask device.AttrMask) {
 	e.add(fmt.Sprintf("modify %d %v->%v %v", q.QPN(), prev, q.State(), mask))
-	return nil
 }
 
-func (e *recEngine) DestroyQP(q *device.QP) (device.QPCounters, <-chan struct{}) {
+func (e *recEngine) DestroyQP(q *device.QP) <-chan device.QPCounters {
 	e.add(fmt.Sprintf("destroy %d", q.QPN()))
-	return e.Counters(q), nil
+	final := make(chan device.QPCounters, 1)
+	final <- e.Counters(q)
+	return final
 }
 
 func (e *recEngine) Counters(q *device.QP) device.QPCounters {
@@ -165,10 +166,10 @@ type pageEngine struct {
 }
 
 // DestroyQP runs before the context's doorbell page is closed.
-func (e *pageEngine) DestroyQP(*device.QP) (device.QPCounters, <-chan struct{}) {
+func (e *pageEngine) DestroyQP(*device.QP) <-chan device.QPCounters {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return device.QPCounters{}, nil
+	return nil
 }
 
 func (e *pageEngine) CreateQP(q *device.QP) error {

@@ -1,7 +1,6 @@
 package device
 
 import (
-	"errors"
 
 	"golang.org/x/sys/unix"
 
@@ -110,9 +109,6 @@ func (cn *conn) createQP(r *request) (reply, error) {
 	if err := d.dp.CreateQP(q); err != nil {
 		cx.db.Free(q.dbIndex)
 		d.unpinQP(q)
-		if errors.Is(err, unix.ETIMEDOUT) {
-			return reply{}, errorf(unix.ETIMEDOUT, "data plane: %v", err)
-		}
 		return reply{}, errorf(errNoMem, "data plane: %v", err)
 	}
 	d.qps[q.qpn] = q
@@ -224,10 +220,7 @@ func (d *Device) modifyQPLocked(q *QP, mask AttrMask, a *abi.QPAttr) error {
 		d.releasePeer(q)
 	}
 	d.applyAttr(q, next, mask, a)
-	if err := d.dp.ModifyQP(q, cur, mask); err != nil {
-		// The data plane moved the QP to ERR (StateWord).
-		return errorf(unix.ETIMEDOUT, "QP %d: the change was not applied by the data plane (the QP is now in ERR): %v", q.qpn, err)
-	}
+	d.dp.ModifyQP(q, cur, mask)
 	return nil
 }
 
@@ -272,14 +265,11 @@ func (cn *conn) destroyQP(r *request) (reply, error) {
 }
 
 func (d *Device) freeQP(cx *Context, q *QP) {
-	ctr, later := d.dp.DestroyQP(q)
-	d.dpRetired.Add(ctr)
+	final := d.dp.DestroyQP(q)
 	d.releasePeer(q)
-	if later != nil {
-		d.log.Warn("the data plane has not released a destroyed QP yet; its context's memory stays pinned until it does",
-			"ctx", cx.handle, "qpn", q.qpn)
+	if final != nil {
 		cx.lingering++
-		go d.awaitRelease(cx, later)
+		go d.awaitRelease(cx, final)
 	}
 	d.releaseLater(cx, func() {
 		d.unpinQP(q)
@@ -496,12 +486,14 @@ func (d *Device) releaseLater(cx *Context, f func()) {
 }
 
 // awaitRelease waits for the data plane to confirm a QP removal of cx
-// (closed by the engine at the latest when it closes) and then runs what
-// was deferred for cx, under the device lock.
-func (d *Device) awaitRelease(cx *Context, done <-chan struct{}) {
-	<-done
+// (at the latest when the engine closes), adds the QP's final counters to
+// the device's totals and, after the last of cx's removals, runs what was
+// deferred for cx, under the device lock.
+func (d *Device) awaitRelease(cx *Context, final <-chan QPCounters) {
+	ctr := <-final
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.dpRetired.Add(ctr)
 	if cx.lingering--; cx.lingering > 0 {
 		return
 	}
@@ -510,5 +502,4 @@ func (d *Device) awaitRelease(cx *Context, done <-chan struct{}) {
 	for _, f := range fs {
 		f()
 	}
-	d.log.Info("the data plane released the QPs destroyed late; their context's memory is unpinned", "ctx", cx.handle)
 }

@@ -17,30 +17,30 @@ import (
 // The device tells the data plane about every QP it creates, every
 // MODIFY_QP it accepts and every QP it destroys, in that order, and about
 // every CQ and SRQ it destroys (after the last QP using it), all under the
-// device lock: a call is bounded in time and never calls back into Device.
+// device lock. No call waits for an engine worker: CreateQP, ModifyQP and
+// DestroyQP queue the operation for the QP's worker and return. The
+// worker applies its queue in order, and takes it before it handles the
+// frames of a receive batch and before it services its QPs, so an
+// operation is in effect for everything that happens after the command's
+// reply: a frame the peer sends once the client told it of its RTR, WQEs
+// the client posts after its RTS. A destroyed QP's memory stays pinned
+// until the worker has removed it (DestroyQP's channel); a worker that is
+// stuck (a bug: it never blocks on anything a client controls) delays
+// that memory's release and nothing else.
 //
-// Which calls wait for an engine worker under the device lock, and their
-// bounds: CreateQP, ModifyQP and DestroyQP hand the operation to the QP's
-// worker and wait for it, at most the engine's CallTimeout (default 3 s;
-// no wait at all while that worker is known to be behind, so a teardown of
-// many QPs on a stuck worker costs one timeout). CheckModifyQP may resolve
-// the peer's link address (bounded by the data plane's ResolveTimeout).
-// DestroyQP of a context's last QP also waits for the doorbell poller to
-// finish its pass (it never blocks: it reads kick eventfds with
-// RWF_NOWAIT), and the dma space's grace periods (unmapping memory) wait
-// for the workers' copy sections, each one WQE or packet long.
-// The waits stay under the lock because a command's effects on the
-// device's tables and on the engine must be seen in one order by every
-// other command; they are bounded because a worker never blocks on
-// anything a client controls (completion eventfds are written by a
-// goroutine per context, package doorbell's EventWriter), so a worker
-// takes control operations between two batches, microseconds apart.
-// Counters, ReleaseCQ and ReleaseSRQ do not wait for a worker.
+// The only waits under the lock: CheckModifyQP may resolve the peer's link
+// address (TAP: an ARP or ND exchange, bounded by the data plane's
+// ResolveTimeout); DestroyQP of a context's last QP waits for the doorbell
+// poller to finish its pass (it never blocks: it reads kick eventfds with
+// RWF_NOWAIT); the dma space's grace periods (unmapping memory) wait for
+// the workers' copy sections, each one WQE or packet long.
+// Counters, ReleaseCQ and ReleaseSRQ wait for nothing.
 //
 // Nothing flows back through a call: the transport moves a QP to ERR on
-// its own (an error completion, a broken ring, an overflowed CQ) by
-// storing the new state into the QP's StateWord, one atomic store on the
-// engine's worker, which QUERY_QP and the transition rules read.
+// its own (an error completion, a broken ring, an overflowed CQ, a change
+// it could not apply) by storing the new state into the QP's StateWord,
+// one atomic store on the engine's worker, which QUERY_QP and the
+// transition rules read.
 type DataPlane interface {
 	// CreateQP is called once the QP exists in RESET. An error fails
 	// CREATE_QP (the QP is discarded).
@@ -52,19 +52,17 @@ type DataPlane interface {
 	CheckModifyQP(q *QP, cur, next QPState, mask AttrMask, a *abi.QPAttr) error
 	// ModifyQP is called after a MODIFY_QP was applied to q (attributes,
 	// path and state); prev is the state before. The data plane starts or
-	// stops processing, flushes on ERR, resets on RESET. An error (one
-	// wrapping ETIMEDOUT: the QP's worker did not take the change in
-	// time) fails the command; the data plane has then moved the QP to
-	// ERR (StateWord), as after a transport error.
-	ModifyQP(q *QP, prev QPState, mask AttrMask) error
+	// stops processing, flushes on ERR, resets on RESET. A change the
+	// transport cannot apply moves the QP to ERR (StateWord), as a
+	// transport error does.
+	ModifyQP(q *QP, prev QPState, mask AttrMask)
 	// DestroyQP is called before the QP's rings are unpinned. It returns
-	// the QP's final counters (for the device's totals) and nil when the
-	// data plane no longer touches the QP's memory. If the QP's worker did
-	// not take the removal in time, it returns a channel closed once the
-	// worker did: until then the device keeps what the worker may touch
-	// in the QP's context (rings of QPs, CQs and SRQs, doorbell records,
-	// the doorbell page) and the counters may miss the last moments.
-	DestroyQP(q *QP) (QPCounters, <-chan struct{})
+	// nil when the data plane never touched the QP's memory, or a channel
+	// that delivers the QP's final counters (for the device's totals) once
+	// the data plane no longer touches it: until then the device keeps what
+	// the QP's worker may touch in its context (rings of QPs, CQs and
+	// SRQs, doorbell records, the doorbell page).
+	DestroyQP(q *QP) <-chan QPCounters
 	// Counters returns the QP's live counters (QUERY_QP, vrnicctl).
 	Counters(q *QP) QPCounters
 	// ReleaseCQ and ReleaseSRQ are called when a CQ or an SRQ is destroyed
@@ -82,8 +80,8 @@ type noDataPlane struct{}
 
 func (noDataPlane) CreateQP(*QP) error                                               { return nil }
 func (noDataPlane) CheckModifyQP(*QP, QPState, QPState, AttrMask, *abi.QPAttr) error { return nil }
-func (noDataPlane) ModifyQP(*QP, QPState, AttrMask) error                            { return nil }
-func (noDataPlane) DestroyQP(*QP) (QPCounters, <-chan struct{})                      { return QPCounters{}, nil }
+func (noDataPlane) ModifyQP(*QP, QPState, AttrMask)                                  {}
+func (noDataPlane) DestroyQP(*QP) <-chan QPCounters                                  { return nil }
 func (noDataPlane) Counters(*QP) QPCounters                                          { return QPCounters{} }
 func (noDataPlane) ReleaseCQ(*CQ)                                                    {}
 func (noDataPlane) ReleaseSRQ(*SRQ)                                                  {}

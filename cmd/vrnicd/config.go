@@ -13,7 +13,6 @@ import (
 	"os/user"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/vrnic/vrnic/device"
 )
@@ -42,11 +41,6 @@ type Config struct {
 	// commands (vrnicctl) besides root and the daemon's own uid; empty:
 	// none. An unknown group is an error at start.
 	OperatorGroup string `json:"operator_group,omitempty"`
-	// CallTimeout bounds how long a control command waits for the engine
-	// worker that owns a QP (a Go duration such as "3s"; default
-	// engine.DefaultCallTimeout). A command that reaches it fails with
-	// ETIMEDOUT.
-	CallTimeout string `json:"call_timeout,omitempty"`
 	// CPUProfile, when set (flag only), is a file the daemon writes a CPU
 	// profile of its whole run to.
 	CPUProfile string `json:"-"`
@@ -129,7 +123,6 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 		mtu     = fs.Int("mtu", 4096, "largest path MTU in bytes")
 		workers = fs.Int("workers", 0, "engine workers (default: number of CPUs)")
 		level   = fs.String("log-level", "info", "log level: debug, info, warn, error")
-		callTO  = fs.String("call-timeout", "", "bound on a control command's wait for a QP's engine worker, e.g. 3s (default 3s)")
 		peers   stringList
 		tapName = fs.String("tap-name", "", "TAP link: interface name (default: the device name)")
 		tapMAC  = fs.String("tap-mac", "", "TAP link: the NIC's MAC address (default: derived from the device name)")
@@ -151,7 +144,7 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 	}
 	tapCfg := TAPConfig{Name: *tapName, Addrs: tapAddr, MAC: *tapMAC, NetNS: *tapNS, VerifySteering: *tapVer}
 	c := &Config{Name: *name, Link: LinkConfig{Type: *link, Local: *local, MTU: *mtu, TAP: tapCfg}, LogLevel: *level, Workers: *workers,
-		OperatorGroup: *opGroup, CallTimeout: *callTO}
+		OperatorGroup: *opGroup}
 	if *cfgFile != "" {
 		fileCfg := Config{}
 		if err := loadConfigFile(*cfgFile, &fileCfg); err != nil {
@@ -185,9 +178,6 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 		}
 		if set["workers"] {
 			merged.Workers = *workers
-		}
-		if set["call-timeout"] {
-			merged.CallTimeout = *callTO
 		}
 		if set["udp-peer"] {
 			merged.Link.Peers = peers
@@ -251,9 +241,6 @@ func (c *Config) validate() error {
 	if _, err := parseLevel(c.LogLevel); err != nil {
 		return err
 	}
-	if _, err := c.callTimeout(); err != nil {
-		return err
-	}
 	for _, v := range []int{c.Limits.PerClient.Contexts, c.Limits.PerClient.HostMem, c.Limits.PerClient.PD, c.Limits.PerClient.MR,
 		c.Limits.PerClient.CQ, c.Limits.PerClient.QP, c.Limits.PerClient.SRQ, c.Limits.PerClient.AH,
 		c.Limits.PerDevice.Contexts, c.Limits.PerDevice.HostMem, c.Limits.PerDevice.PD, c.Limits.PerDevice.MR,
@@ -281,18 +268,6 @@ func (c *Config) operatorGroup() (*device.OperatorGroup, error) {
 		return nil, fmt.Errorf("operator group %q: gid %q: %w", c.OperatorGroup, g.Gid, err)
 	}
 	return &device.OperatorGroup{Name: g.Name, GID: uint32(gid)}, nil
-}
-
-// callTimeout is CallTimeout parsed (0: the engine's default).
-func (c *Config) callTimeout() (time.Duration, error) {
-	if c.CallTimeout == "" {
-		return 0, nil
-	}
-	d, err := time.ParseDuration(c.CallTimeout)
-	if err != nil || d <= 0 {
-		return 0, fmt.Errorf("call-timeout %q: want a positive duration such as 3s", c.CallTimeout)
-	}
-	return d, nil
 }
 
 func mtuCode(bytes int) (uint32, bool) {

@@ -36,7 +36,7 @@ func TestParseConfigFlags(t *testing.T) {
 }
 
 func TestParseConfigFile(t *testing.T) {
-	p := writeFile(t, `{"name":"fromfile","link":{"type":"mem","mtu":2048},"workers":2,"log_level":"debug","call_timeout":"750ms",
+	p := writeFile(t, `{"name":"fromfile","link":{"type":"mem","mtu":2048},"workers":2,"log_level":"debug",
 		"limits":{"per_client":{"qp":7},"max_mr_pages":100}}`)
 	c, err := parseConfig([]string{"-config", p}, io.Discard)
 	require.NoError(t, err)
@@ -45,15 +45,11 @@ func TestParseConfigFile(t *testing.T) {
 	assert.Equal(t, 2048, c.Link.MTU)
 	assert.Equal(t, 7, c.Limits.PerClient.QP)
 	assert.Equal(t, uint32(100), c.Limits.MaxMRPages)
-	d, err := c.callTimeout()
-	require.NoError(t, err)
-	assert.Equal(t, 750*time.Millisecond, d)
 	// Explicit flags win over the file; defaults do not.
-	c, err = parseConfig([]string{"-config", p, "-name", "flag", "-workers", "5", "-call-timeout", "2s"}, io.Discard)
+	c, err = parseConfig([]string{"-config", p, "-name", "flag", "-workers", "5"}, io.Discard)
 	require.NoError(t, err)
 	assert.Equal(t, "flag", c.Name)
 	assert.Equal(t, 5, c.Workers)
-	assert.Equal(t, "2s", c.CallTimeout)
 	assert.Equal(t, "mem", c.Link.Type)
 	assert.Equal(t, "debug", c.LogLevel)
 }
@@ -77,8 +73,6 @@ func TestParseConfigErrors(t *testing.T) {
 		{"name", []string{"-name", "a/b"}, "", "invalid device name"},
 		{"level", []string{"-log-level", "loud"}, "", "log level"},
 		{"workers", []string{"-workers", "-1"}, "", "workers"},
-		{"call-timeout", []string{"-call-timeout", "soon"}, "", "call-timeout"},
-		{"call-timeout zero", []string{"-call-timeout", "0s"}, "", "call-timeout"},
 		{"negative limit", nil, `{"name":"x","link":{"type":"udp"},"limits":{"per_device":{"qp":-1}}}`, "negative"},
 		{"negative per-uid limit", nil, `{"name":"x","link":{"type":"udp"},"limits":{"per_uid":{"connections":-1}}}`, "negative"},
 		{"args", []string{"extra"}, "", "unexpected arguments"},

@@ -100,13 +100,7 @@ func newDataPlane(cfg *Config, li device.LinkInfo, space *dma.Space, workers int
 	default:
 		return nil, fmt.Errorf("link type %q has no data path", cfg.Link.Type)
 	}
-	callTimeout, err := cfg.callTimeout()
-	if err != nil {
-		close()
-		return nil, err
-	}
-	eng, err := engine.New(engine.Config{Links: links, Mode: mode, Local: udpLocal, MAC: li.MAC, FrameCap: frameCap, PathFixup: fixup, Logger: log,
-		CallTimeout: callTimeout})
+	eng, err := engine.New(engine.Config{Links: links, Mode: mode, Local: udpLocal, MAC: li.MAC, FrameCap: frameCap, PathFixup: fixup, Logger: log})
 	if err != nil {
 		close()
 		return nil, err

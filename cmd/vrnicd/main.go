@@ -43,9 +43,9 @@
 // multi-queue TAP interface (-tap-name, in -tap-netns) with one queue per
 // worker and eBPF steering by destination QP, the NIC answering ARP/ND for
 // its -tap-addr addresses (its GIDs) and resolving its peers' MACs. UD QPs
-// have no data path yet. A control command that needs a QP's worker
-// (CREATE_QP, MODIFY_QP, DESTROY_QP) waits for it at most -call-timeout
-// (default 3s) and fails with ETIMEDOUT after that.
+// have no data path yet. A control command never waits for an engine
+// worker: CREATE_QP, MODIFY_QP and DESTROY_QP queue their change for the
+// QP's worker, which applies it before anything that follows the reply.
 //
 // With -link tap the daemon also serves its link counters (per-queue
 // steering and link counters, filter verdicts, ARP/ND) as one JSON

@@ -70,13 +70,13 @@ import (
 // (started with its first CQ with a completion channel, stopped after its
 // last), so a client that makes a write block delays its own events only.
 //
-// # Waiting for workers
+// # Never waiting for workers
 //
-// CreateQP, ModifyQP and DestroyQP wait for the QP's worker at most the
-// engine's CallTimeout (under the device lock: see device.DataPlane). A
-// change the worker did not take fails with an error wrapping ETIMEDOUT
-// and leaves the QP in ERR; a removal it did not take stays queued, and
-// the device keeps the context's memory until the worker applied it.
+// CreateQP, ModifyQP and DestroyQP queue the operation for the QP's worker
+// and return (see device.DataPlane): the worker applies the queue in order,
+// and before anything it receives or reads from a ring afterwards. A
+// destroyed QP's final counters arrive on a channel once the worker has
+// removed it; until then the device keeps the memory the worker may touch.
 //
 // # QP errors
 //
@@ -356,8 +356,8 @@ func (dp *DataPlane) CreateQP(q *device.QP) error {
 	}
 	x.sinks = [2]qpSink{{cq: scq}, {cq: rcq, recv: true}}
 	x.mem = &qpMemory{acc: dp.space.NewAccessor(), pd: dma.PD{Owner: q.Owner(), Handle: q.PDHandle()}, mem: dp.space}
-	// ErrTimeout (the worker did not take it in time): the engine did not
-	// create the QP and will not; CREATE_QP fails with ETIMEDOUT.
+	// Queued for the QP's worker; an error (invalid limits, a closed
+	// engine) fails CREATE_QP.
 	x.ctrs, err = dp.eng.CreateQP(engine.QPConfig{
 		QPN: qpn, SQ: x.sq, RQ: x.rq, SendCQ: &x.sinks[0], RecvCQ: &x.sinks[1], Mem: x.mem,
 		SQDepth: int(cp.MaxSendWR), MaxSendSGE: int(cp.MaxSendSGE), MaxRecvSGE: int(maxRecvSGE),
@@ -512,15 +512,14 @@ func (dp *DataPlane) publishWatchLocked() {
 	dp.watch.Store(&l)
 }
 
-// ModifyQP implements device.DataPlane: it hands the attributes of mask,
-// as the device stored them, to the engine. An error: the QP's worker did
-// not take the change in time; the QP is then in ERR (see modifyEngine).
-func (dp *DataPlane) ModifyQP(q *device.QP, prev device.QPState, mask device.AttrMask) error {
+// ModifyQP implements device.DataPlane: it queues the attributes of mask,
+// as the device stored them, for the QP's worker.
+func (dp *DataPlane) ModifyQP(q *device.QP, prev device.QPState, mask device.AttrMask) {
 	dp.mu.Lock()
 	x := dp.qps[q.QPN()]
 	dp.mu.Unlock()
 	if x == nil {
-		return nil
+		return
 	}
 	state := q.State()
 	if mask&device.AttrState != 0 && state == device.StateReset {
@@ -529,7 +528,8 @@ func (dp *DataPlane) ModifyQP(q *device.QP, prev device.QPState, mask device.Att
 		if x.srq == nil {
 			x.rq.reset.request(x.rec.RQPI.Load())
 		}
-		return dp.modifyEngine(x, engine.QPAttr{Mask: abi.QPAttrState, State: abi.QPSReset})
+		dp.modifyEngine(x, engine.QPAttr{Mask: abi.QPAttrState, State: abi.QPSReset})
+		return
 	}
 	a := q.Attr()
 	ea := engine.QPAttr{
@@ -556,69 +556,45 @@ func (dp *DataPlane) ModifyQP(q *device.QP, prev device.QPState, mask device.Att
 			// the last line: the engine never gets an RTR QP it cannot
 			// address, the QP goes to ERR (its WRs complete flushed).
 			dp.log.Error("QP to RTR with an unreachable peer; moving the QP to ERR", "qpn", x.qpn, "err", err)
-			return dp.toError(x)
+			dp.toError(x)
+			return
 		}
 	}
-	return dp.modifyEngine(x, ea)
+	dp.modifyEngine(x, ea)
 }
 
-// modifyEngine applies a on the engine; a change the engine refuses (an
+// modifyEngine queues a for the engine; a change the engine refuses (an
 // address vector it cannot use, for instance) moves the QP to ERR, as any
-// transport error does. A change the QP's worker did not take within the
-// engine's bound was not applied: the QP goes to ERR at once in the
-// device's state word, the engine gets the move to ERR queued behind
-// whatever it has not taken yet (so the QP never runs on in its old
-// state), and the error is returned for the client.
-func (dp *DataPlane) modifyEngine(x *dpQP, a engine.QPAttr) error {
+// transport error does.
+func (dp *DataPlane) modifyEngine(x *dpQP, a engine.QPAttr) {
 	err := dp.eng.ModifyQP(x.qpn, a)
-	switch {
-	case err == nil || errors.Is(err, engine.ErrClosed):
-		return nil
-	case errors.Is(err, engine.ErrTimeout):
-		dp.timedOut(x, err)
-		return err
+	if err == nil || errors.Is(err, engine.ErrClosed) {
+		return
 	}
 	dp.log.Warn("engine refused a QP change; moving the QP to ERR", "qpn", x.qpn, "err", err)
-	return dp.toError(x)
+	dp.toError(x)
 }
 
 // toError moves the engine's QP to ERR; the engine stores ERR into the
-// device's state word of the QP.
-func (dp *DataPlane) toError(x *dpQP) error {
-	err := dp.eng.ModifyQP(x.qpn, engine.QPAttr{Mask: abi.QPAttrState, State: abi.QPSErr})
-	switch {
-	case err == nil || errors.Is(err, engine.ErrClosed):
-		return nil
-	case errors.Is(err, engine.ErrTimeout):
-		dp.timedOut(x, err)
-		return err
+// device's state word of the QP when its worker applies it.
+func (dp *DataPlane) toError(x *dpQP) {
+	if err := dp.eng.ModifyQP(x.qpn, engine.QPAttr{Mask: abi.QPAttrState, State: abi.QPSErr}); err != nil &&
+		!errors.Is(err, engine.ErrClosed) {
+		dp.log.Error("engine: QP to ERR", "qpn", x.qpn, "err", err)
 	}
-	dp.log.Error("engine: QP to ERR", "qpn", x.qpn, "err", err)
-	return nil
 }
 
-// timedOut handles a change the QP's worker did not take in time (see
-// modifyEngine).
-func (dp *DataPlane) timedOut(x *dpQP, err error) {
-	dp.log.Error("engine worker did not take a QP change in time; moving the QP to ERR", "qpn", x.qpn, "err", err)
-	x.state.TransportState(abi.QPSErr)
-	dp.eng.QueueError(x.qpn)
-}
-
-// DestroyQP implements device.DataPlane. When it returns nil the engine
-// no longer touches the QP's rings or memory; the counters it returns are
-// read after the engine destroyed the QP, so nothing counted in between is
-// lost. If the QP's worker did not take the removal within the engine's
-// bound, the removal stays queued; the returned channel is closed once the
-// worker applied it (or the engine closed), and until then the QP's memory
-// accessor stays registered (so no MR memory it may reach is unmapped
-// under it) and the device keeps the context's rings and doorbell page.
-func (dp *DataPlane) DestroyQP(q *device.QP) (device.QPCounters, <-chan struct{}) {
+// DestroyQP implements device.DataPlane. It queues the QP's removal for
+// its worker and returns a channel that delivers the QP's final counters
+// once the worker removed it (or the engine closed): from then on nothing
+// touches the QP's rings or memory, and its memory accessor is closed (so
+// no MR memory it may reach is unmapped under it before).
+func (dp *DataPlane) DestroyQP(q *device.QP) <-chan device.QPCounters {
 	dp.mu.Lock()
 	x := dp.qps[q.QPN()]
 	if x == nil {
 		dp.mu.Unlock()
-		return device.QPCounters{}, nil
+		return nil
 	}
 	delete(dp.qps, q.QPN())
 	dp.publishWatchLocked()
@@ -628,33 +604,23 @@ func (dp *DataPlane) DestroyQP(q *device.QP) (device.QPCounters, <-chan struct{}
 		lastOfPage = true
 	}
 	dp.mu.Unlock()
-	var later chan struct{}
-	applied, err := dp.eng.DestroyQP(x.qpn)
-	switch {
-	case err == nil || errors.Is(err, engine.ErrClosed):
-		<-applied
-		x.mem.acc.Close()
-	case errors.Is(err, engine.ErrTimeout):
-		dp.log.Error("engine worker did not take a QP removal in time; keeping its memory until it does", "qpn", x.qpn, "err", err)
-		later = make(chan struct{})
-		go func() {
-			<-applied
-			x.mem.acc.Close()
-			close(later)
-		}()
-	default:
-		dp.log.Warn("engine: destroy QP", "qpn", x.qpn, "err", err)
-		<-applied
-		x.mem.acc.Close()
-	}
+	applied := dp.eng.DestroyQP(x.qpn)
 	if lastOfPage {
-		// Remove waits until the poller no longer reads the page, which
-		// the device unmaps when the context closes.
+		// Remove waits until the poller no longer reads the page (one
+		// pass, which never blocks), which the device unmaps when the
+		// context closes. Done here, in order with the Add of a QP
+		// created on the page later.
 		if err := dp.poller.Remove(x.page); err != nil {
 			dp.log.Warn("doorbell poller: remove page", "err", err)
 		}
 	}
-	return countersOf(x.ctrs), later // nil: done
+	final := make(chan device.QPCounters, 1)
+	go func() {
+		<-applied
+		x.mem.acc.Close()
+		final <- countersOf(x.ctrs)
+	}()
+	return final
 }
 
 // Counters implements device.DataPlane.

@@ -107,12 +107,10 @@ func (NopDataPlane) CreateQP(*device.QP) error { return nil }
 func (NopDataPlane) CheckModifyQP(*device.QP, device.QPState, device.QPState, device.AttrMask, *abi.QPAttr) error {
 	return nil
 }
-func (NopDataPlane) ModifyQP(*device.QP, device.QPState, device.AttrMask) error { return nil }
-func (NopDataPlane) DestroyQP(*device.QP) (device.QPCounters, <-chan struct{}) {
-	return device.QPCounters{}, nil
-}
-func (NopDataPlane) Counters(*device.QP) device.QPCounters { return device.QPCounters{} }
-func (NopDataPlane) ReleaseCQ(*device.CQ)                  {}
-func (NopDataPlane) ReleaseSRQ(*device.SRQ)                {}
+func (NopDataPlane) ModifyQP(*device.QP, device.QPState, device.AttrMask) {}
+func (NopDataPlane) DestroyQP(*device.QP) <-chan device.QPCounters        { return nil }
+func (NopDataPlane) Counters(*device.QP) device.QPCounters                { return device.QPCounters{} }
+func (NopDataPlane) ReleaseCQ(*device.CQ)                                 {}
+func (NopDataPlane) ReleaseSRQ(*device.SRQ)                               {}
 
 var _ device.DataPlane = NopDataPlane{}

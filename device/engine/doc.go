@@ -10,16 +10,15 @@
 // roce.SteerQueue(qpn, N) assigns to it and reads and writes Link i (TAP
 // queue i, a UDP socket, an in-memory port), so the data path has no locks
 // and per-QP ordering is free. Control operations (create, modify,
-// destroy, query) travel to the owner through an unbounded queue (posting
-// never waits) and are applied between batches; the caller waits for the
-// worker's answer at most Config.CallTimeout. An operation the worker has
-// not taken by then is abandoned (it never happens) and the caller gets
-// ErrTimeout; a removal is never abandoned but stays queued, with a
-// channel that says when it was applied (DestroyQP). A worker never
-// blocks on anything a client controls (the data plane writes completion
-// eventfds from its own goroutines), so the bound is a safety net against
-// a stuck worker, not a path clients can trigger. A worker loops: control
-// messages, one receive batch
+// destroy, query) travel to the owner through an unbounded queue; the
+// control path posts them and never waits for a worker (a removal comes
+// with a channel closed once it was applied, DestroyQP). A worker takes
+// its queue at the top of every pass, again after each receive batch
+// before handling its frames, and again before servicing its QPs: an
+// operation posted before a frame was sent or a WQE was posted (the
+// client learnt of the change from the command's reply) is in effect when
+// the worker handles them. A worker loops: control messages, one receive
+// batch
 // (every frame parsed by roce, ICRC verified, dispatched to the QP's
 // responder or completer), due timers, the output of every QP (responses,
 // then new requests), one send batch. It polls while there is work and

@@ -6,11 +6,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"sync"
-	"time"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/roce"
 )
 
@@ -20,10 +16,6 @@ var (
 	ErrExists  = errors.New("engine: QP number in use")
 	ErrNoQP    = errors.New("engine: no such QP")
 	ErrClosed  = errors.New("engine: closed")
-	// ErrTimeout: the QP's worker did not take the operation within
-	// Config.CallTimeout. It wraps ETIMEDOUT (the errno the control path
-	// reports). What it means for the operation is said per method.
-	ErrTimeout = fmt.Errorf("engine: the QP's worker did not answer in time: %w", unix.ETIMEDOUT)
 )
 
 // Config configures an Engine.
@@ -62,20 +54,7 @@ type Config struct {
 	// link writes the MAC addresses (its own and the peer's, from its
 	// neighbour cache) here.
 	PathFixup func(*roce.Path)
-	// CallTimeout bounds how long a control operation (CreateQP,
-	// ModifyQP, DestroyQP, Counters) waits for the QP's worker to take
-	// it. Default DefaultCallTimeout. A worker takes control operations
-	// between batches and never blocks on anything a client controls, so
-	// the bound is only reached by a worker that is stuck (a bug) or
-	// starved of CPU for that long. Once a call to a worker timed out,
-	// later calls to it do not wait at all until it has taken its queue
-	// again: a context teardown of many QPs on a stuck worker costs one
-	// timeout, not one per QP.
-	CallTimeout time.Duration
 }
-
-// DefaultCallTimeout is the default Config.CallTimeout.
-const DefaultCallTimeout = 3 * time.Second
 
 // DefaultFrameCap fits a 4096-byte payload with any headers.
 const DefaultFrameCap = 4096 + roce.MaxHeadroom + roce.MaxTailroom
@@ -129,9 +108,6 @@ func New(cfg Config) (*Engine, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
-	}
-	if cfg.CallTimeout <= 0 {
-		cfg.CallTimeout = DefaultCallTimeout
 	}
 	e := &Engine{cfg: cfg, clk: newClock(), stop: make(chan struct{}), exited: make(chan struct{}), log: cfg.Logger}
 	for i, l := range cfg.Links {
@@ -209,103 +185,80 @@ func (e *Engine) post(w *worker, m *ctlMsg) bool {
 	return true
 }
 
-// call hands m to worker w and waits for its reply, at most
-// Config.CallTimeout (no wait at all while w is known to be behind, see
-// Config.CallTimeout). On timeout a message the worker has not taken yet
-// is abandoned (the worker skips it: the operation did not happen) and
-// call returns ErrTimeout; a message it has taken is being applied, and
-// call waits for its reply (applying never blocks). A message with an
-// applied channel (DestroyQP) is never abandoned: it stays queued and the
-// channel tells when it was applied.
-func (e *Engine) call(w *worker, m *ctlMsg) (ctlReply, error) {
-	m.reply = make(chan ctlReply, 1)
-	if !e.post(w, m) {
-		return ctlReply{}, ErrClosed
-	}
-	var timeout <-chan time.Time
-	if !w.behind.Load() {
-		t := time.NewTimer(e.cfg.CallTimeout)
-		defer t.Stop()
-		timeout = t.C
-	} else {
-		closed := make(chan time.Time)
-		close(closed)
-		timeout = closed
-	}
-	select {
-	case r := <-m.reply:
-		return r, r.err
-	case <-e.stop:
-		return ctlReply{}, ErrClosed
-	case <-timeout:
-	}
-	select { // it may have answered just now
-	case r := <-m.reply:
-		return r, r.err
-	default:
-	}
-	w.behind.Store(true)
-	if m.applied != nil || m.state.CompareAndSwap(msgQueued, msgAbandoned) {
-		return ctlReply{}, ErrTimeout
-	}
-	select { // taken: being applied now
-	case r := <-m.reply:
-		return r, r.err
-	case <-e.stop:
-		return ctlReply{}, ErrClosed
-	}
-}
-
-// CreateQP creates a QP (state RESET) on its owning worker and returns
-// its live counters (atomics, safe to read from any goroutine while the
-// QP exists). ErrTimeout: the QP was not created (and will not be).
+// CreateQP builds a QP (state RESET) and queues it for its owning worker;
+// it returns the QP's live counters (atomics, safe to read from any
+// goroutine). It never waits for the worker: the QP exists for every
+// control operation queued after it (the queue is in order) and for every
+// frame and doorbell the worker reads after this returns (a worker takes
+// its queue before it handles what it received and before it services its
+// QPs). An error: the configuration is invalid (ErrInvalid) or the engine
+// is closed; nothing was queued.
 func (e *Engine) CreateQP(cfg QPConfig) (*QPCounters, error) {
-	r, err := e.call(e.owner(cfg.QPN), &ctlMsg{op: ctlCreate, cfg: cfg})
+	w := e.owner(cfg.QPN)
+	qp, err := newQP(cfg, w)
 	if err != nil {
 		return nil, err
 	}
-	return &r.qp.Counters, nil
-}
-
-// ModifyQP applies attributes (applied between the owner's batches).
-// ErrTimeout: the change was not applied (and will not be).
-func (e *Engine) ModifyQP(qpn uint32, a QPAttr) error {
-	_, err := e.call(e.owner(qpn), &ctlMsg{op: ctlModify, qpn: qpn & roce.QPNMask, attr: a})
-	return err
-}
-
-// QueueError moves a QP to ERR (flushing its work requests) whenever its
-// worker next takes control messages, after every operation queued
-// before; it does not wait. For a caller that gave up on a ModifyQP
-// (ErrTimeout) and must not leave the QP running in its old state.
-func (e *Engine) QueueError(qpn uint32) {
-	e.post(e.owner(qpn), &ctlMsg{op: ctlModify, qpn: qpn & roce.QPNMask, must: true,
-		attr: QPAttr{Mask: abi.QPAttrState, State: abi.QPSErr}})
-}
-
-// DestroyQP removes a QP; nothing more is completed for it, and its
-// worker no longer touches its sources, sinks or memory once the removal
-// is applied. applied is closed then. With a nil error, applied is
-// already closed. With ErrTimeout the removal stays queued (it is never
-// abandoned) and applied is closed when the worker gets to it, or when the
-// engine closes: keep everything the QP's worker may touch until then.
-func (e *Engine) DestroyQP(qpn uint32) (applied <-chan struct{}, err error) {
-	done := make(chan struct{})
-	_, err = e.call(e.owner(qpn), &ctlMsg{op: ctlDestroy, qpn: qpn & roce.QPNMask, applied: done})
-	if errors.Is(err, ErrClosed) {
-		return e.exited, err // no worker runs once Close has waited for them
+	if !e.post(w, &ctlMsg{op: ctlCreate, qp: qp}) {
+		return nil, ErrClosed
 	}
-	return done, err
+	return &qp.Counters, nil
+}
+
+// ModifyQP queues attributes for the QP's worker, which applies them in
+// order with the QP's other control operations and before it handles any
+// frame or doorbell it reads after this returns; it never waits. What can
+// be checked without the QP's state is checked here (ErrInvalid: nothing
+// queued); a change the worker then cannot apply (a move out of ERR other
+// than to RESET, which the device's state rules never ask for) moves the
+// QP to ERR, as a transport error does.
+func (e *Engine) ModifyQP(qpn uint32, a QPAttr) error {
+	if err := a.check(); err != nil {
+		return err
+	}
+	if !e.post(e.owner(qpn), &ctlMsg{op: ctlModify, qpn: qpn & roce.QPNMask, attr: a}) {
+		return ErrClosed
+	}
+	return nil
+}
+
+// DestroyQP queues the removal of a QP and returns at once; applied is
+// closed once the worker removed it (or the engine closed): from then on
+// nothing more is completed for the QP and the worker no longer touches
+// its sources, sinks or memory, so keep everything it may touch until
+// then. Its counters are final then too.
+func (e *Engine) DestroyQP(qpn uint32) (applied <-chan struct{}) {
+	done := make(chan struct{})
+	if !e.post(e.owner(qpn), &ctlMsg{op: ctlDestroy, qpn: qpn & roce.QPNMask, applied: done}) {
+		return e.exited // no worker runs once Close has waited for them
+	}
+	return done
 }
 
 // Counters returns the live counters of a QP (atomics, safe to read from
 // any goroutine while the QP exists).
+// It asks the QP's worker and waits for its answer: for tests and tools,
+// not for the control path (which keeps the pointer CreateQP returned).
 func (e *Engine) Counters(qpn uint32) (*QPCounters, error) {
-	r, err := e.call(e.owner(qpn), &ctlMsg{op: ctlQuery, qpn: qpn & roce.QPNMask})
+	qp, err := e.query(qpn)
 	if err != nil {
 		return nil, err
 	}
-	return &r.qp.Counters, nil
+	return &qp.Counters, nil
+}
+
+// query asks the QP's worker for the QP and waits for its answer.
+func (e *Engine) query(qpn uint32) (*QP, error) {
+	m := &ctlMsg{op: ctlQuery, qpn: qpn & roce.QPNMask, reply: make(chan ctlReply, 1)}
+	if !e.post(e.owner(qpn), m) {
+		return nil, ErrClosed
+	}
+	select {
+	case r := <-m.reply:
+		return r.qp, r.err
+	case <-e.stop:
+		return nil, ErrClosed
+	}
 }
 
 // WorkerCounters returns worker i's counters.

@@ -37,12 +37,8 @@ func fuzzWorker(t testing.TB, mode roce.Mode) (*worker, *QP) {
 	for i := range 32 {
 		require.NoError(t, rq.post(uint64(i), abi.SGE{Addr: 0x1000, Length: 1 << 15, LKey: 0x200}))
 	}
-	reply := make(chan ctlReply, 1)
-	w.apply(&ctlMsg{op: ctlCreate, cfg: QPConfig{QPN: 0x11, SQ: newFakeSQ(16), RQ: rq, SendCQ: newFakeCQ(1024), RecvCQ: newFakeCQ(1024),
-		Mem: mem, SQDepth: 16, MaxSendSGE: 4, MaxRecvSGE: 4}, reply: reply})
-	r := <-reply
-	require.NoError(t, r.err)
-	qp := r.qp
+	qp := createOn(t, w, QPConfig{QPN: 0x11, SQ: newFakeSQ(16), RQ: rq, SendCQ: newFakeCQ(1024), RecvCQ: newFakeCQ(1024),
+		Mem: mem, SQDepth: 16, MaxSendSGE: 4, MaxRecvSGE: 4})
 	for _, a := range []QPAttr{
 		{Mask: abi.QPAttrState | abi.QPAttrAccessFlags, State: abi.QPSInit, AccessFlags: abi.AccessAll},
 		{Mask: abi.QPAttrState | abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrDestQPN | abi.QPAttrRQPSN | abi.QPAttrMaxDestRdAtomic,
@@ -53,6 +49,16 @@ func fuzzWorker(t testing.TB, mode roce.Mode) (*worker, *QP) {
 		require.NoError(t, qp.modify(&a))
 	}
 	return w, qp
+}
+
+// createOn creates a QP on w, an engine's worker the test drives itself
+// (the engine is not started).
+func createOn(t testing.TB, w *worker, cfg QPConfig) *QP {
+	qp, err := newQP(cfg, w)
+	require.NoError(t, err)
+	w.apply(&ctlMsg{op: ctlCreate, qp: qp})
+	require.Same(t, qp, w.qps[qp.qpn])
+	return qp
 }
 
 // seedFrame builds a valid frame from 10.0.0.2 to QP 0x11: an Ethernet

@@ -63,12 +63,20 @@ func newNetworkMode(t testing.TB, mode roce.Mode, buffers, queue int) *link.Netw
 // newNode attaches an engine at addr to nw, in the network's mode (in
 // ModeUDP with the port's address as the links' local address).
 func newNode(t testing.TB, nw *link.Network, addr string, workers int, faults *link.Faults) *node {
+	return newNodeWrap(t, nw, addr, workers, faults, nil)
+}
+
+// newNodeWrap is newNode with every link wrapped by wrap (if not nil).
+func newNodeWrap(t testing.TB, nw *link.Network, addr string, workers int, faults *link.Faults, wrap func(Link) Link) *node {
 	a := netip.MustParseAddr(addr)
 	ports, err := nw.Attach(a, workers, faults)
 	require.NoError(t, err)
 	links := make([]Link, len(ports))
 	for i, p := range ports {
 		links[i] = p
+		if wrap != nil {
+			links[i] = wrap(p)
+		}
 	}
 	cfg := Config{Links: links, Mode: nw.Mode()}
 	if nw.Mode() == roce.ModeUDP {
@@ -94,18 +102,33 @@ func (n *node) newQP(t testing.TB, qpn uint32, o qpOpts) *tqp {
 
 // connect brings a and b to RTS, connected to each other.
 func connect(t testing.TB, a, b *tqp, o qpOpts) {
-	for _, p := range [][2]*tqp{{a, b}, {b, a}} {
-		l, r := p[0], p[1]
-		require.NoError(t, l.n.eng.ModifyQP(l.qpn, QPAttr{Mask: abi.QPAttrState | abi.QPAttrAccessFlags, State: abi.QPSInit, AccessFlags: abi.AccessAll}))
-		require.NoError(t, l.n.eng.ModifyQP(l.qpn, QPAttr{
-			Mask:  abi.QPAttrState | abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrDestQPN | abi.QPAttrRQPSN | abi.QPAttrMaxDestRdAtomic | abi.QPAttrMinRNRTimer,
-			State: abi.QPSRTR, LocalAddr: l.n.addr, RemoteAddr: r.n.addr, PathMTU: o.mtu, DestQPN: r.qpn,
-			RQPSN: r.qpn * 1000 & 0xffffff, MaxDestRdAtomic: o.rdAtomic, MinRNRTimer: o.minRNR,
-		}))
-		require.NoError(t, l.n.eng.ModifyQP(l.qpn, QPAttr{
-			Mask:  abi.QPAttrState | abi.QPAttrSQPSN | abi.QPAttrTimeout | abi.QPAttrRetryCnt | abi.QPAttrRNRRetry | abi.QPAttrMaxQPRdAtomic,
-			State: abi.QPSRTS, SQPSN: l.qpn * 1000 & 0xffffff, Timeout: o.timeout, RetryCnt: o.retry, RNRRetry: o.rnrRetry, MaxRdAtomic: o.rdAtomic,
-		}))
+	bringUp(t, a, b, o, abi.QPSRTS)
+	bringUp(t, b, a, o, abi.QPSRTS)
+}
+
+// bringUp moves l through INIT, RTR (connected to r) and RTS, stopping at
+// upTo.
+func bringUp(t testing.TB, l, r *tqp, o qpOpts, upTo abi.QPState) {
+	require.NoError(t, l.n.eng.ModifyQP(l.qpn, QPAttr{Mask: abi.QPAttrState | abi.QPAttrAccessFlags, State: abi.QPSInit, AccessFlags: abi.AccessAll}))
+	if upTo == abi.QPSInit {
+		return
+	}
+	require.NoError(t, l.n.eng.ModifyQP(l.qpn, rtrAttr(l, r, o)))
+	if upTo == abi.QPSRTR {
+		return
+	}
+	require.NoError(t, l.n.eng.ModifyQP(l.qpn, QPAttr{
+		Mask:  abi.QPAttrState | abi.QPAttrSQPSN | abi.QPAttrTimeout | abi.QPAttrRetryCnt | abi.QPAttrRNRRetry | abi.QPAttrMaxQPRdAtomic,
+		State: abi.QPSRTS, SQPSN: l.qpn * 1000 & 0xffffff, Timeout: o.timeout, RetryCnt: o.retry, RNRRetry: o.rnrRetry, MaxRdAtomic: o.rdAtomic,
+	}))
+}
+
+// rtrAttr moves l from INIT to RTR, connected to r.
+func rtrAttr(l, r *tqp, o qpOpts) QPAttr {
+	return QPAttr{
+		Mask:  abi.QPAttrState | abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrDestQPN | abi.QPAttrRQPSN | abi.QPAttrMaxDestRdAtomic | abi.QPAttrMinRNRTimer,
+		State: abi.QPSRTR, LocalAddr: l.n.addr, RemoteAddr: r.n.addr, PathMTU: o.mtu, DestQPN: r.qpn,
+		RQPSN: r.qpn * 1000 & 0xffffff, MaxDestRdAtomic: o.rdAtomic, MinRNRTimer: o.minRNR,
 	}
 }
 

@@ -138,8 +138,9 @@ func runMix(t *testing.T, a, b *tqp, n int, seed uint64) {
 				t.Logf("send cqe %+v", c)
 			}
 		}
-		r, _ := b.n.eng.call(b.n.eng.owner(b.qpn), &ctlMsg{op: ctlQuery, qpn: b.qpn})
-		rs := &r.qp.resp
+		qp, err := b.n.eng.query(b.qpn)
+		require.NoError(t, err)
+		rs := &qp.resp
 		t.Logf("B: epsn %d msn %d nakSent %v inSend %v inWrite %v res %+v", rs.epsn, rs.msn, rs.nakSent, rs.inSend, rs.inWrite, rs.res)
 		for _, nd := range []*node{a.n, b.n} {
 			for i, p := range nd.ports {

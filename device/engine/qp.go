@@ -180,11 +180,11 @@ func newQP(cfg QPConfig, w *worker) (*QP, error) {
 // transitions against the IBTA state table; the engine checks only what it
 // needs to run safely.
 func (qp *QP) modify(a *QPAttr) error {
+	if err := a.check(); err != nil {
+		return err
+	}
 	m := a.Mask
 	if m&abi.QPAttrPathMTU != 0 {
-		if !a.PathMTU.Valid() {
-			return fmt.Errorf("%w: path MTU %d", ErrInvalid, a.PathMTU)
-		}
 		qp.attr.PathMTU = a.PathMTU
 		qp.mtu = uint32(a.PathMTU.Bytes())
 	}
@@ -226,9 +226,6 @@ func (qp *QP) modify(a *QPAttr) error {
 		qp.resp.setResources(int(qp.attr.MaxDestRdAtomic))
 	}
 	if m&abi.QPAttrAV != 0 {
-		if !a.LocalAddr.IsValid() || !a.RemoteAddr.IsValid() || a.LocalAddr.Is4() != a.RemoteAddr.Is4() {
-			return fmt.Errorf("%w: address vector %v -> %v", ErrInvalid, a.LocalAddr, a.RemoteAddr)
-		}
 		qp.attr.LocalAddr, qp.attr.RemoteAddr = a.LocalAddr, a.RemoteAddr
 		qp.setPath()
 	}
@@ -246,6 +243,23 @@ func (qp *QP) modify(a *QPAttr) error {
 				return fmt.Errorf("%w: QP %#x: %v needs an address vector", ErrInvalid, qp.qpn, a.State)
 			}
 			qp.state = a.State
+		}
+	}
+	return nil
+}
+
+// check is what modify checks of a without the QP: the values themselves.
+func (a *QPAttr) check() error {
+	if a.Mask&abi.QPAttrPathMTU != 0 && !a.PathMTU.Valid() {
+		return fmt.Errorf("%w: path MTU %d", ErrInvalid, a.PathMTU)
+	}
+	if a.Mask&abi.QPAttrAV != 0 &&
+		(!a.LocalAddr.IsValid() || !a.RemoteAddr.IsValid() || a.LocalAddr.Is4() != a.RemoteAddr.Is4()) {
+		return fmt.Errorf("%w: address vector %v -> %v", ErrInvalid, a.LocalAddr, a.RemoteAddr)
+	}
+	if a.Mask&abi.QPAttrState != 0 {
+		switch a.State {
+		case abi.QPSErr, abi.QPSReset, abi.QPSInit, abi.QPSRTR, abi.QPSRTS, abi.QPSSQD:
 		default:
 			return fmt.Errorf("%w: QP state %d", ErrInvalid, a.State)
 		}

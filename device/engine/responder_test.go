@@ -86,12 +86,8 @@ func newRespRig(t *testing.T) *respRig {
 	for i := range 8 {
 		require.NoError(t, rq.post(uint64(i), abi.SGE{Addr: 0x1000 + 4096*uint64(i), Length: 4096, LKey: 0x200}))
 	}
-	reply := make(chan ctlReply, 1)
-	r.w.apply(&ctlMsg{op: ctlCreate, cfg: QPConfig{QPN: 0x11, SQ: newFakeSQ(16), RQ: rq, SendCQ: newFakeCQ(64), RecvCQ: r.rcq,
-		Mem: mem, SQDepth: 16, MaxSendSGE: 4, MaxRecvSGE: 4}, reply: reply})
-	rep := <-reply
-	require.NoError(t, rep.err)
-	r.qp = rep.qp
+	r.qp = createOn(t, r.w, QPConfig{QPN: 0x11, SQ: newFakeSQ(16), RQ: rq, SendCQ: newFakeCQ(64), RecvCQ: r.rcq,
+		Mem: mem, SQDepth: 16, MaxSendSGE: 4, MaxRecvSGE: 4})
 	for _, a := range []QPAttr{
 		{Mask: abi.QPAttrState | abi.QPAttrAccessFlags, State: abi.QPSInit, AccessFlags: abi.AccessAll},
 		{Mask: abi.QPAttrState | abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrDestQPN | abi.QPAttrRQPSN | abi.QPAttrMaxDestRdAtomic,

@@ -115,12 +115,8 @@ func TestUDPPath(t *testing.T) {
 	e, err := New(Config{Links: []Link{l}, Mode: roce.ModeUDP, Local: netip.MustParseAddrPort("10.0.0.1:5000")})
 	require.NoError(t, err)
 	w := e.workers[0]
-	reply := make(chan ctlReply, 1)
-	w.apply(&ctlMsg{op: ctlCreate, cfg: QPConfig{QPN: 0x11, SQ: newFakeSQ(16), RQ: newFakeRQ(16), SendCQ: newFakeCQ(16), RecvCQ: newFakeCQ(16),
-		Mem: newFakeMem(), SQDepth: 16}, reply: reply})
-	r := <-reply
-	require.NoError(t, r.err)
-	qp := r.qp
+	qp := createOn(t, w, QPConfig{QPN: 0x11, SQ: newFakeSQ(16), RQ: newFakeRQ(16), SendCQ: newFakeCQ(16), RecvCQ: newFakeCQ(16),
+		Mem: newFakeMem(), SQDepth: 16})
 	for _, a := range []QPAttr{
 		{Mask: abi.QPAttrState, State: abi.QPSInit},
 		{Mask: abi.QPAttrState | abi.QPAttrAV | abi.QPAttrDestQPN | abi.QPAttrRQPSN, State: abi.QPSRTR,

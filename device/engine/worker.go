@@ -54,28 +54,17 @@ const (
 	ctlQuery
 )
 
-// ctlMsg is a control operation queued for a worker. state decides
-// between the worker taking it and its caller giving up on it (call): the
-// operation happens if and only if the worker took it.
+// ctlMsg is a control operation queued for a worker. Nobody waits for a
+// worker to take one except Counters (reply): the control path posts and
+// goes on (see Engine.CreateQP).
 type ctlMsg struct {
-	op    ctlOp
-	qpn   uint32
-	cfg   QPConfig
-	attr  QPAttr
-	reply chan ctlReply // nil: nobody waits (QueueError)
-	// must: never abandoned (QueueError). applied (DestroyQP, also never
-	// abandoned) is closed once the operation was applied.
-	must    bool
-	applied chan struct{}
-	state   atomic.Uint32
+	op      ctlOp
+	qpn     uint32
+	qp      *QP // ctlCreate: built by the caller
+	attr    QPAttr
+	reply   chan ctlReply // ctlQuery
+	applied chan struct{} // ctlDestroy: closed once applied
 }
-
-// ctlMsg states.
-const (
-	msgQueued    = iota
-	msgTaken     // by the worker: applied, the reply follows
-	msgAbandoned // by its caller after Config.CallTimeout: skipped
-)
 
 type ctlReply struct {
 	err error
@@ -99,14 +88,12 @@ type worker struct {
 
 	// Control messages: an unbounded queue (posting never waits for the
 	// worker), its length for the loop's cheap check, and a one-slot wake
-	// channel for a sleeping worker. behind is set by a call that timed
-	// out and cleared when the worker next takes its queue.
+	// channel for a sleeping worker.
 	ctlMu    sync.Mutex
 	ctlQ     []*ctlMsg
 	ctlSpare []*ctlMsg // worker only
 	ctlN     atomic.Int32
 	ctlWake  chan struct{}
-	behind   atomic.Bool
 	kick     chan struct{}
 
 	// Frames and, beside them, their peers (ModeUDP): rxFrom[i] sent
@@ -210,6 +197,9 @@ func (w *worker) receive() {
 	}
 	w.busy = true
 	w.Counters.RxFrames.Add(uint64(n))
+	// A control operation posted before these frames were sent (a MODIFY_QP
+	// to RTR the peer learned of before it sent them) applies first.
+	w.drainCtl()
 	for i := range n {
 		w.input(w.rx[i], w.rxFrom[i])
 	}
@@ -320,10 +310,6 @@ func (w *worker) drainCtl() {
 	w.ctlQ = w.ctlSpare[:0]
 	w.ctlN.Store(0)
 	w.ctlMu.Unlock()
-	// The worker answers again: cleared before the messages are applied,
-	// so a caller that sees one of them applied (a DestroyQP's channel)
-	// also sees the worker no longer behind.
-	w.behind.Store(false)
 	for _, m := range q {
 		w.apply(m)
 	}
@@ -332,32 +318,27 @@ func (w *worker) drainCtl() {
 }
 
 func (w *worker) apply(m *ctlMsg) {
-	if !m.must && m.applied == nil && !m.state.CompareAndSwap(msgQueued, msgTaken) {
-		return // its caller gave up on it: it did not happen
-	}
 	var r ctlReply
 	switch m.op {
 	case ctlCreate:
-		if w.qps[m.cfg.QPN&roce.QPNMask] != nil {
-			r.err = ErrExists
-			break
-		}
-		qp, err := newQP(m.cfg, w)
-		if err != nil {
-			r.err = err
+		qp := m.qp
+		if w.qps[qp.qpn] != nil {
+			// The device hands out each QPN once; a duplicate is its bug.
+			w.e.log.Error("engine: a QP was created twice; the second is ignored", "qpn", qp.qpn)
 			break
 		}
 		w.qps[qp.qpn] = qp
 		w.list = append(w.list, qp)
-		r.qp = qp
 	case ctlModify:
 		qp := w.qps[m.qpn]
 		if qp == nil {
 			r.err = ErrNoQP
 			break
 		}
-		r.err = qp.modify(&m.attr)
-		r.qp = qp
+		if err := qp.modify(&m.attr); err != nil {
+			w.e.log.Warn("engine: a QP change could not be applied; moving the QP to ERR", "qpn", qp.qpn, "err", err)
+			qp.enterError()
+		}
 	case ctlDestroy:
 		qp := w.qps[m.qpn]
 		if qp == nil {
@@ -406,6 +387,9 @@ func (w *worker) run(stop <-chan struct{}) {
 		w.now = w.clk.now()
 		w.receive()
 		w.fire()
+		// Likewise for work posted after a control operation was (the
+		// doorbell of a QP just moved to RTS).
+		w.drainCtl()
 		for _, qp := range w.list {
 			w.service(qp)
 		}
