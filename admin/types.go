@@ -160,6 +160,7 @@ type AccountInfo struct {
 	Connections  int            `json:"connections"`
 	Resources    ResourceCounts `json:"resources"`
 	HostMemBytes uint64         `json:"host_mem_bytes"`
+	FDs          int            `json:"fds"` // descriptors the daemon holds for the uid (UIDLimits.FDs)
 	MRPages      uint64         `json:"mr_pages"` // page-table entries of the uid's MRs
 	// Refused counts the connections of this uid refused at the per-uid
 	// connection limit while the account was live (it ends when the
@@ -215,6 +216,12 @@ type UIDLimits struct {
 	// Connections: the first command on a connection past it is
 	// answered with EAGAIN, then the connection is closed.
 	Connections int `json:"connections"`
+	// FDs bounds the descriptors the daemon holds for the uid: its
+	// connections, two per context (doorbell page, kick eventfd), one per
+	// host memory region (the memfd) and one per CQ with a completion
+	// channel (its eventfd). ADD_HOST_MEM or CREATE_CQ past it fails with
+	// EMFILE. Default: 16 per context of PerUID.Contexts, at least 1024.
+	FDs int `json:"fds"`
 }
 
 // QPCounters are one QP's data-path counters as the operator sees them

@@ -67,6 +67,36 @@ func fillUIDLimits(l *Limits) {
 	if l.PerUID.Connections == 0 {
 		l.PerUID.Connections = 2*l.PerUID.Contexts + 16
 	}
+	if l.PerUID.FDs == 0 {
+		l.PerUID.FDs = max(1024, 16*l.PerUID.Contexts)
+	}
+}
+
+// fdsPerContext are the descriptors a context holds in the daemon before
+// it adds anything: its doorbell page's memfd and its kick eventfd.
+const fdsPerContext = 2
+
+// fds returns the descriptors the daemon holds for uid (UIDLimits.FDs).
+func (d *Device) fds(uid uint32) int {
+	n := 0
+	if a := d.accounts[uid]; a != nil {
+		n = a.conns
+	}
+	for _, cx := range d.contexts {
+		if cx.uid == uid {
+			n += fdsPerContext + cx.counts.HostMem + cx.eventfds
+		}
+	}
+	return n
+}
+
+// fdLimit fails with EMFILE when cx's uid holds its limit of descriptors
+// in the daemon, before the device keeps one more for cx (what says why).
+func (d *Device) fdLimit(cx *Context, what string) error {
+	if n, lim := d.fds(cx.uid), d.cfg.Limits.PerUID.FDs; n >= lim {
+		return errorf(unix.EMFILE, "%s: uid %d holds %d descriptors in the daemon, its limit (limits.per_uid.fds)", what, cx.uid, n)
+	}
+	return nil
 }
 
 // admitLocked counts a new connection of p.uid, or returns an error (the
@@ -230,7 +260,7 @@ func (d *Device) operatorDenied(cn *conn, op abi.Cmd) error {
 func (d *Device) listAccounts() []any {
 	byUID := map[uint32]*admin.AccountInfo{}
 	for uid, a := range d.accounts {
-		byUID[uid] = &admin.AccountInfo{UID: uid, Connections: a.conns, Refused: a.refused}
+		byUID[uid] = &admin.AccountInfo{UID: uid, Connections: a.conns, FDs: a.conns, Refused: a.refused}
 	}
 	for _, cx := range d.contexts {
 		ai := byUID[cx.uid]
@@ -247,6 +277,7 @@ func (d *Device) listAccounts() []any {
 		r.QP += cx.counts.QP
 		r.SRQ += cx.counts.SRQ
 		r.AH += cx.counts.AH
+		ai.FDs += fdsPerContext + cx.counts.HostMem + cx.eventfds
 		for _, m := range cx.hostMem {
 			ai.HostMemBytes += m.length
 		}

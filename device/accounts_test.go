@@ -266,3 +266,44 @@ func TestServeCloseDuringPause(t *testing.T) {
 	require.Error(t, err)
 	assert.True(t, errors.Is(err, net.ErrClosed), "%v", err)
 }
+
+// TestPerUIDFDs: the descriptors the daemon holds for a uid (connections,
+// two per context, host memory memfds, completion eventfds) stop at
+// limits.per_uid.fds: ADD_HOST_MEM and CREATE_CQ with a completion channel
+// fail with EMFILE and say why; a CQ without one (no descriptor) is still
+// created, and removing a region makes room again.
+func TestPerUIDFDs(t *testing.T) {
+	s := startServer(t, device.Limits{PerUID: admin.UIDLimits{FDs: 6}})
+	c := open(t, s) // 1 connection + 2 for the context: 3
+	// The library's first region (4), which holds the rings below.
+	cq0, err := c.CreateCQ(16, nil)
+	require.NoError(t, err)
+	var mems []*verbs.HostMem
+	for range 2 { // 5, 6
+		m, err := c.AddHostMem(1 << 16)
+		require.NoError(t, err)
+		mems = append(mems, m)
+	}
+	_, err = c.AddHostMem(1 << 16)
+	assert.Equal(t, syscall.EMFILE, errno(t, err), "host memory past the uid's descriptors")
+	assert.Contains(t, err.Error(), fmt.Sprintf("uid %d holds 6 descriptors in the daemon, its limit (limits.per_uid.fds)", os.Geteuid()))
+	ch, err := verbs.NewCompChannel()
+	require.NoError(t, err)
+	defer ch.Close()
+	_, err = c.CreateCQ(16, ch)
+	assert.Equal(t, syscall.EMFILE, errno(t, err), "a completion channel past the uid's descriptors")
+	cq, err := c.CreateCQ(16, nil)
+	require.NoError(t, err, "a CQ without a completion channel holds no descriptor")
+	require.NoError(t, cq.Destroy())
+
+	require.NoError(t, mems[1].Remove())
+	cq, err = c.CreateCQ(16, ch)
+	require.NoError(t, err, "room again after a region is removed")
+	_, err = c.AddHostMem(1 << 16)
+	assert.Equal(t, syscall.EMFILE, errno(t, err), "the CQ's eventfd counts")
+	require.NoError(t, cq.Destroy())
+	m, err := c.AddHostMem(1 << 16)
+	require.NoError(t, err, "and the destroyed CQ's eventfd no longer does")
+	require.NoError(t, m.Remove())
+	require.NoError(t, cq0.Destroy())
+}

@@ -176,7 +176,7 @@ func New(cfg Config) (*Device, error) {
 		return nil, fmt.Errorf("device: at most %d QPs fit the 24-bit QPN space", roce.QPNMask-firstQPN)
 	}
 	fillUIDLimits(&cfg.Limits)
-	if cfg.Limits.PerUID.Contexts < 0 || cfg.Limits.PerUID.Connections < 0 {
+	if cfg.Limits.PerUID.Contexts < 0 || cfg.Limits.PerUID.Connections < 0 || cfg.Limits.PerUID.FDs < 0 {
 		return nil, errors.New("device: per-uid limits must not be negative")
 	}
 	if cfg.Limits.MaxMRPages == 0 {

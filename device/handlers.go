@@ -207,6 +207,9 @@ func (cn *conn) addHostMem(r *request) (reply, error) {
 	if err := d.limit(cx, "host memory regions", cx.counts.HostMem, d.totals.HostMem, d.cfg.Limits.PerClient.HostMem, d.cfg.Limits.PerDevice.HostMem); err != nil {
 		return reply{}, err
 	}
+	if err := d.fdLimit(cx, "host memory"); err != nil {
+		return reply{}, err
+	}
 	// The space keeps its own duplicate; the received fd is closed with
 	// the message.
 	reg, err := d.mem.addRegion(cx.owner, r.msg.fds[0], c.Length)
@@ -442,6 +445,9 @@ func (cn *conn) createCQ(r *request) (reply, error) {
 		if err := fdIsEventfd(r.msg.fds[0]); err != nil {
 			return reply{}, errorf(errBadFd, "completion channel: %v", err)
 		}
+		if err := d.fdLimit(cx, "completion channel"); err != nil {
+			return reply{}, err
+		}
 	}
 	pin, err := d.pinRing(cx, "CQ", c.RingPA, uint64(c.CQECount)*cqeSize)
 	if err != nil {
@@ -454,6 +460,7 @@ func (cn *conn) createCQ(r *request) (reply, error) {
 	}
 	if len(r.msg.fds) == 1 {
 		efd = r.msg.takeFd(0)
+		cx.eventfds++
 	}
 	q := &CQ{handle: cx.newHandle(), ringPA: c.RingPA, cqeCount: c.CQECount, dbIndex: idx, eventfd: efd, ring: pin}
 	cx.cqs[q.handle] = q
@@ -488,8 +495,11 @@ func (d *Device) freeCQ(cx *Context, q *CQ) {
 		q.ring.release()
 		cx.db.Free(q.dbIndex)
 	})
-	closeFd(q.eventfd)
-	q.eventfd = -1
+	if q.eventfd >= 0 {
+		closeFd(q.eventfd)
+		q.eventfd = -1
+		cx.eventfds--
+	}
 	delete(cx.cqs, q.handle)
 	cx.counts.CQ--
 	d.totals.CQ--

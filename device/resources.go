@@ -41,6 +41,9 @@ type Context struct {
 	// doorbell page) is deferred to deferred, run in order once the last
 	// such QP is confirmed (releaseLater).
 	lingering int
+	// eventfds counts the completion eventfds of the context's CQs (the
+	// uid's descriptor account, UIDLimits.FDs).
+	eventfds int
 	deferred  []func()
 }
 

@@ -215,12 +215,13 @@ func TestAccounts(t *testing.T) {
 	assert.Positive(t, a.Resources.HostMem)
 	assert.GreaterOrEqual(t, a.HostMemBytes, uint64(2*3*4096))
 	assert.Equal(t, uint64(6), a.MRPages)
+	assert.Equal(t, 3+2*2+a.Resources.HostMem, a.FDs, "three connections, two per context, one per host memory region")
 	rc, out, _ = ctl("-s", s.SocketPath, "accounts")
 	require.Equal(t, 0, rc)
 	name := "-"
 	if u, err := user.LookupId(strconv.Itoa(uid)); err == nil {
 		name = u.Username
 	}
-	assert.Regexp(t, fmt.Sprintf(`\n%d\s+%s\s+\d+\s+2\s+%d\s+%d\s+2\s+6\s+2\s+0\s+0\s+0\s+0\s+0\n`, uid, regexp.QuoteMeta(name),
+	assert.Regexp(t, fmt.Sprintf(`\n%d\s+%s\s+\d+\s+2\s+%d\s+%d\s+2\s+6\s+2\s+0\s+0\s+0\s+0\s+\d+\s+0\n`, uid, regexp.QuoteMeta(name),
 		a.Resources.HostMem, a.HostMemBytes), out)
 }

@@ -245,7 +245,7 @@ func (c *Config) validate() error {
 		c.Limits.PerClient.CQ, c.Limits.PerClient.QP, c.Limits.PerClient.SRQ, c.Limits.PerClient.AH,
 		c.Limits.PerDevice.Contexts, c.Limits.PerDevice.HostMem, c.Limits.PerDevice.PD, c.Limits.PerDevice.MR,
 		c.Limits.PerDevice.CQ, c.Limits.PerDevice.QP, c.Limits.PerDevice.SRQ, c.Limits.PerDevice.AH,
-		c.Limits.PerUID.Contexts, c.Limits.PerUID.Connections} {
+		c.Limits.PerUID.Contexts, c.Limits.PerUID.Connections, c.Limits.PerUID.FDs} {
 		if v < 0 {
 			return errors.New("limits must not be negative")
 		}

@@ -94,12 +94,13 @@ func TestParseConfigErrors(t *testing.T) {
 // or the flag (which wins), is resolved to its gid, and an unknown group
 // stops the daemon before it creates anything, naming the group.
 func TestOperatorGroupConfig(t *testing.T) {
-	p := writeFile(t, `{"name":"x","link":{"type":"mem"},"operator_group":"root","limits":{"per_uid":{"contexts":3,"connections":9}}}`)
+	p := writeFile(t, `{"name":"x","link":{"type":"mem"},"operator_group":"root","limits":{"per_uid":{"contexts":3,"connections":9,"fds":77}}}`)
 	c, err := parseConfig([]string{"-config", p}, io.Discard)
 	require.NoError(t, err)
 	assert.Equal(t, "root", c.OperatorGroup)
 	assert.Equal(t, 3, c.Limits.PerUID.Contexts)
 	assert.Equal(t, 9, c.Limits.PerUID.Connections)
+	assert.Equal(t, 77, c.Limits.PerUID.FDs)
 	g, err := c.operatorGroup()
 	require.NoError(t, err)
 	assert.Equal(t, &device.OperatorGroup{Name: "root", GID: 0}, g)

@@ -23,8 +23,10 @@
 // group is resolved at start, an unknown one is an error); any other peer
 // of the control socket gets EPERM for them and sees only what it created.
 // Per uid, limits.per_uid bounds the contexts (default: a quarter of
-// limits.per_device.contexts) and the control connections (default: twice
-// that plus 16); vrnicctl accounts shows what each uid holds.
+// limits.per_device.contexts), the control connections (default: twice
+// that plus 16) and the descriptors the daemon holds for it (fds: its
+// connections, memfds and completion eventfds; default 16 per context, at
+// least 1024); vrnicctl accounts shows what each uid holds.
 //
 // At start the daemon raises its soft limit of open files to the hard
 // limit and logs it; if it runs out of descriptors even so (a flood of
