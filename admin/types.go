@@ -160,7 +160,7 @@ type AccountInfo struct {
 	Connections  int            `json:"connections"`
 	Resources    ResourceCounts `json:"resources"`
 	HostMemBytes uint64         `json:"host_mem_bytes"`
-	FDs          int            `json:"fds"` // descriptors the daemon holds for the uid (UIDLimits.FDs)
+	FDs          int            `json:"fds"`      // descriptors the daemon holds for the uid (UIDLimits.FDs)
 	MRPages      uint64         `json:"mr_pages"` // page-table entries of the uid's MRs
 	// Refused counts the connections of this uid refused at the per-uid
 	// connection limit while the account was live (it ends when the

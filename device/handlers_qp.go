@@ -1,7 +1,6 @@
 package device
 
 import (
-
 	"golang.org/x/sys/unix"
 
 	"github.com/vrnic/vrnic/abi"

@@ -44,7 +44,7 @@ type Context struct {
 	// eventfds counts the completion eventfds of the context's CQs (the
 	// uid's descriptor account, UIDLimits.FDs).
 	eventfds int
-	deferred  []func()
+	deferred []func()
 }
 
 // newHandle returns a handle not used by any object of the context (all
