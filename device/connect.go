@@ -1,6 +1,10 @@
 package device
 
-import "github.com/vrnic/vrnic/abi"
+import (
+	"net/netip"
+
+	"github.com/vrnic/vrnic/abi"
+)
 
 // Connections and who holds them.
 //
@@ -41,7 +45,7 @@ func (d *Device) claimPeer(q *QP, cur, next QPState, mask AttrMask, a *abi.QPAtt
 		k.qpn = a.DestQPNum
 	}
 	if h := d.peers[k]; h != nil && h != q {
-		return errorf(errAddrInUse, "remote QP %d at %x is connected to QP %d of this device already", k.qpn, k.gid, h.qpn)
+		return errorf(errAddrInUse, "remote QP %#x at %v is connected to QP %#x of this device already", k.qpn, netip.AddrFrom16(k.gid).Unmap(), h.qpn)
 	}
 	d.peers[k] = q
 	q.peer, q.claimed = k, true
