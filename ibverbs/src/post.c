@@ -14,7 +14,11 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <sched.h>
 #include <string.h>
+
+/* Empty polls of a CQ between two sched_yield calls. */
+#define VR_YIELD_EVERY 64u
 
 void vr_wq_init(struct vr_wq *q, struct vr_buf ring, uint32_t slots, uint32_t stride, uint32_t *pi_word,
 		const uint32_t *ci_word, uint32_t max_sge) {
@@ -212,6 +216,14 @@ int vr_poll_cq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc) {
 	if (ci != cq->ci) {
 		cq->ci = ci;
 		__atomic_store_n(&cq->rec->cq_ci, ci, __ATOMIC_SEQ_CST);
+		cq->empty_polls = 0;
+	} else if (++cq->empty_polls % VR_YIELD_EVERY == 0) {
+		/* A program spinning on an empty CQ competes for the CPU with
+		 * the daemon that is to fill it: give the CPU away now and
+		 * then (hardware RNICs need no CPU; this one does). */
+		pthread_spin_unlock(&cq->lock);
+		sched_yield();
+		return 0;
 	}
 	pthread_spin_unlock(&cq->lock);
 	return got;

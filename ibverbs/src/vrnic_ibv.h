@@ -105,6 +105,7 @@ struct vr_cq {
 	struct vrnic_cqe *cqes;
 	uint32_t n, mask, ci;
 	uint32_t arm_sn;
+	uint32_t empty_polls;
 	struct vrnic_db_cq *rec;
 	int event_fd; /* -1 without a completion channel */
 	pthread_spinlock_t lock;
