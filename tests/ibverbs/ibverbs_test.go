@@ -175,11 +175,12 @@ func listening(port int) bool {
 }
 
 // pingpong runs prog ARGS as server on device a and as client on device
-// b (connecting to a's address) and returns both outputs.
-func pingpong(t *testing.T, p *pair, prog string, args ...string) (server, client string) {
+// b (connecting to a's address) and returns both outputs. GID index 0 is
+// named with gidFlag (-g for the pingpongs, -x for perftest).
+func pingpong(t *testing.T, p *pair, prog, gidFlag string, args ...string) (server, client string) {
 	t.Helper()
 	port := strconv.Itoa(freeTCPPort(t))
-	sargs := append([]string{prog, "-d", "a", "-g", "0", "-p", port}, args...)
+	sargs := append([]string{prog, "-d", "a", gidFlag, "0", "-p", port}, args...)
 	srv, sout := p.start(t, "server", sargs...)
 	deadline := time.Now().Add(60 * time.Second) // the first run may build the library
 	for !listening(mustAtoi(port)) {
@@ -188,7 +189,7 @@ func pingpong(t *testing.T, p *pair, prog string, args ...string) (server, clien
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	cargs := append([]string{prog, "-d", "b", "-g", "0", "-p", port}, args...)
+	cargs := append([]string{prog, "-d", "b", gidFlag, "0", "-p", port}, args...)
 	cargs = append(cargs, p.addr[0].String())
 	cout, err := p.run(t, 60*time.Second, cargs...)
 	require.NoError(t, err, "client: %s\nserver: %s\n%s", cout, sout.String(), p.daemonLogs())
@@ -222,11 +223,41 @@ func TestPingpong(t *testing.T) {
 		{"ibv_srq_pingpong", []string{"-e", "-n", "200"}},
 	} {
 		t.Run(tc.prog+strings.Join(tc.args, "_"), func(t *testing.T) {
-			s, c := pingpong(t, p, tc.prog, tc.args...)
+			s, c := pingpong(t, p, tc.prog, "-g", tc.args...)
 			for _, out := range []string{s, c} {
 				assert.Regexp(t, `(?m)^\d+ bytes in [0-9.]+ seconds = `, out)
 				assert.Regexp(t, `(?m)^\d+ iters in [0-9.]+ seconds = `, out)
 				assert.Contains(t, out, "GID ::ffff:"+p.addr[0].String())
+			}
+		})
+	}
+}
+
+// TestPerftest runs perftest's RC tests. perftest uses the ibv_wr_* API
+// only on devices it recognizes, so these go through ibv_post_send.
+func TestPerftest(t *testing.T) {
+	testenv.NeedTool(t, "cc")
+	p := startPair(t)
+	for _, tc := range []struct {
+		prog string
+		args []string
+		line string // the result line: bytes and iterations
+	}{
+		{"ib_write_bw", []string{"-n", "300"}, `(?m)^ 65536\s+300\s+[0-9.]+\s+[0-9.]+`},
+		{"ib_read_bw", []string{"-n", "300"}, `(?m)^ 65536\s+300\s+[0-9.]+\s+[0-9.]+`},
+		{"ib_send_bw", []string{"-n", "300"}, `(?m)^ 65536\s+300\s+[0-9.]+\s+[0-9.]+`},
+		{"ib_atomic_bw", []string{"-n", "300"}, `(?m)^ 8\s+300\s+[0-9.]+\s+[0-9.]+`},
+		{"ib_write_lat", []string{"-n", "300"}, `(?m)^ 2\s+300\s+[0-9.]+\s+[0-9.]+`},
+		{"ib_read_lat", []string{"-n", "300"}, `(?m)^ 2\s+300\s+[0-9.]+\s+[0-9.]+`},
+		{"ib_send_lat", []string{"-n", "300"}, `(?m)^ 2\s+300\s+[0-9.]+\s+[0-9.]+`},
+		{"ib_send_bw", []string{"-n", "300", "-s", "1048576", "-e"}, `(?m)^ 1048576\s+300\s+[0-9.]+\s+[0-9.]+`},
+	} {
+		t.Run(tc.prog+strings.Join(tc.args, "_"), func(t *testing.T) {
+			testenv.NeedTool(t, tc.prog)
+			s, c := pingpong(t, p, tc.prog, "-x", tc.args...)
+			assert.Regexp(t, tc.line, c)
+			if strings.HasSuffix(tc.prog, "_bw") {
+				assert.Regexp(t, tc.line, s)
 			}
 		})
 	}
