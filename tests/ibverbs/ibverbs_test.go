@@ -219,6 +219,8 @@ func TestPingpong(t *testing.T) {
 		{"ibv_rc_pingpong", []string{"-s", "4096", "-n", "200", "-c"}},
 		{"ibv_rc_pingpong", []string{"-s", "65536", "-n", "100", "-c"}},
 		{"ibv_rc_pingpong", []string{"-e", "-n", "200", "-c"}},
+		// -N: the ibv_wr_* API of ibv_qp_ex (ibv_create_qp_ex with send_ops_flags).
+		{"ibv_rc_pingpong", []string{"-N", "-s", "8192", "-n", "200", "-c"}},
 		{"ibv_srq_pingpong", []string{"-n", "200"}},
 		{"ibv_srq_pingpong", []string{"-e", "-n", "200"}},
 	} {
