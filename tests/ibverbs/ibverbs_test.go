@@ -311,3 +311,19 @@ func TestSanitizedPingpong(t *testing.T) {
 		assert.Regexp(t, `(?m)^\d+ bytes in `, o)
 	}
 }
+
+// TestMemOps builds testdata/mem_ops.c, a program written against
+// <infiniband/verbs.h> only, and runs it through vrnic-run: it registers
+// heap, stack and mmap memory in place on two devices and checks every
+// byte of an RDMA WRITE, an RDMA READ and a SEND between them.
+func TestMemOps(t *testing.T) {
+	cc := testenv.NeedTool(t, "cc")
+	prog := filepath.Join(t.TempDir(), "mem_ops")
+	out, err := exec.Command(cc, "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-o", prog, "testdata/mem_ops.c", "-libverbs").CombinedOutput()
+	testenv.Need(t, err == nil || !strings.Contains(string(out), "infiniband/verbs.h"), "libibverbs-dev not installed")
+	require.NoError(t, err, "%s", out)
+	p := startPair(t)
+	got, err := p.run(t, 60*time.Second, prog)
+	require.NoError(t, err, "%s\n%s", got, p.daemonLogs())
+	assert.Equal(t, "OK write 20000 read 20000 send 20000 (heap, stack, mmap)\n", got)
+}
