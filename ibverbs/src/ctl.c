@@ -1,0 +1,202 @@
+/* ctl.c - the control socket: one command datagram out, one reply in. */
+#include "vrnic_ibv.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+/* A command that gets no reply in this time fails with ETIMEDOUT rather
+ * than hanging the program (a wedged daemon). */
+#define VR_REPLY_TIMEOUT_S 30
+
+bool vr_debug(void) {
+	const char *e = getenv("VRNIC_DEBUG");
+	return e && *e && strcmp(e, "0") != 0;
+}
+
+int vr_connect(const char *path) {
+	int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (s < 0)
+		return -1;
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	if (strlen(path) >= sizeof a.sun_path) {
+		close(s);
+		errno = ENAMETOOLONG;
+		return -1;
+	}
+	strcpy(a.sun_path, path);
+	if (connect(s, (struct sockaddr *)&a, sizeof a) < 0) {
+		int e = errno;
+		close(s);
+		errno = e;
+		return -1;
+	}
+	struct timeval tv = { .tv_sec = VR_REPLY_TIMEOUT_S };
+	setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+	return s;
+}
+
+static const char *op_name(uint16_t op) {
+	static const char *names[] = { "?", "OPEN_CONTEXT", "QUERY_DEVICE", "QUERY_PORT", "QUERY_GID",
+		"ADD_HOST_MEM", "REMOVE_HOST_MEM", "ALLOC_PD", "DEALLOC_PD", "REG_MR", "DEREG_MR", "CREATE_CQ",
+		"DESTROY_CQ", "CREATE_QP", "MODIFY_QP", "QUERY_QP", "DESTROY_QP", "CREATE_SRQ", "MODIFY_SRQ",
+		"DESTROY_SRQ", "CREATE_AH", "DESTROY_AH", "QUERY_SRQ" };
+	return op < sizeof names / sizeof names[0] ? names[op] : "?";
+}
+
+/* vr_call_sock sends command op (header, req, then the extra bytes already
+ * appended to req by the caller) with nfds fds, and reads the reply: the
+ * reply struct into resp (exactly resp_len bytes) and, if nrfds > 0, that
+ * many fds into rfds. It returns 0 or an errno value (the daemon's status,
+ * or the socket's error; EPROTO for a malformed reply). */
+int vr_call_sock(int sock, uint32_t *seq, uint16_t op, const void *req, size_t req_len, const int *fds, int nfds,
+		 void *resp, size_t resp_len, int *rfds, int nrfds) {
+	uint8_t *buf = malloc(VRNIC_MAX_MSG_SIZE);
+	if (!buf)
+		return ENOMEM;
+	int ret = 0;
+	if (sizeof(struct vrnic_msg_hdr) + req_len > VRNIC_MAX_MSG_SIZE) {
+		ret = EINVAL;
+		goto out;
+	}
+	struct vrnic_msg_hdr h = { .opcode = op, .length = (uint32_t)(sizeof h + req_len), .seq = ++*seq };
+	memcpy(buf, &h, sizeof h);
+	if (req_len)
+		memcpy(buf + sizeof h, req, req_len);
+	struct iovec iov = { buf, h.length };
+	union {
+		struct cmsghdr c;
+		char b[CMSG_SPACE(sizeof(int) * VRNIC_MAX_FDS)];
+	} cm;
+	memset(&cm, 0, sizeof cm);
+	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
+	if (nfds > 0) {
+		m.msg_control = cm.b;
+		m.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
+		struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+		memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
+	}
+	ssize_t n;
+	do
+		n = sendmsg(sock, &m, MSG_NOSIGNAL);
+	while (n < 0 && errno == EINTR);
+	if (n < 0) {
+		ret = errno == EAGAIN ? ETIMEDOUT : errno;
+		goto out;
+	}
+	for (;;) {
+		iov.iov_len = VRNIC_MAX_MSG_SIZE;
+		m.msg_control = cm.b;
+		m.msg_controllen = sizeof cm.b;
+		m.msg_flags = 0;
+		do
+			n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC);
+		while (n < 0 && errno == EINTR);
+		if (n < 0) {
+			ret = errno == EAGAIN ? ETIMEDOUT : errno;
+			goto out;
+		}
+		if (n == 0) { /* the daemon closed the connection */
+			ret = ECONNRESET;
+			goto out;
+		}
+		/* Received fds are ours to close unless handed to the caller. */
+		int got[VRNIC_MAX_FDS], ngot = 0;
+		for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+			if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+				continue;
+			int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+			for (int i = 0; i < k; i++) {
+				int fd;
+				memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+				if (ngot < (int)VRNIC_MAX_FDS)
+					got[ngot++] = fd;
+				else
+					close(fd);
+			}
+		}
+		struct vrnic_msg_hdr r;
+		if ((size_t)n < sizeof r) {
+			for (int i = 0; i < ngot; i++)
+				close(got[i]);
+			ret = EPROTO;
+			goto out;
+		}
+		memcpy(&r, buf, sizeof r);
+		if (r.seq != h.seq) { /* a stale reply of an earlier timed-out command */
+			for (int i = 0; i < ngot; i++)
+				close(got[i]);
+			continue;
+		}
+		if (r.opcode != op || !(r.flags & VRNIC_MSG_F_REPLY)) {
+			ret = EPROTO;
+		} else if (r.status) {
+			ret = (int)r.status;
+			if (vr_debug()) {
+				size_t ml = (size_t)n - sizeof r;
+				fprintf(stderr, "vrnic: %s: %s: %.*s\n", op_name(op), strerror(ret), (int)ml,
+					(const char *)buf + sizeof r);
+			}
+		} else if ((size_t)n != sizeof r + resp_len || ngot != nrfds) {
+			ret = EPROTO;
+		} else {
+			if (resp_len)
+				memcpy(resp, buf + sizeof r, resp_len);
+			for (int i = 0; i < nrfds; i++)
+				rfds[i] = got[i];
+			ngot = 0;
+		}
+		for (int i = 0; i < ngot; i++)
+			close(got[i]);
+		break;
+	}
+out:
+	free(buf);
+	return ret;
+}
+
+/* vr_call sends a command on the context's socket: req followed by extra. */
+int vr_call(struct vr_ctx *c, uint16_t op, const void *req, size_t req_len, const void *extra, size_t extra_len,
+	    const int *fds, int nfds, void *resp, size_t resp_len) {
+	const void *body = req;
+	uint8_t *joined = NULL;
+	if (extra_len) {
+		joined = malloc(req_len + extra_len);
+		if (!joined)
+			return ENOMEM;
+		memcpy(joined, req, req_len);
+		memcpy(joined + req_len, extra, extra_len);
+		body = joined;
+	}
+	pthread_mutex_lock(&c->call_mu);
+	int ret = vr_call_sock(c->sock, &c->seq, op, body, req_len + extra_len, fds, nfds, resp, resp_len, NULL, 0);
+	pthread_mutex_unlock(&c->call_mu);
+	free(joined);
+	return ret;
+}
+
+int vr_destroy_handle(struct vr_ctx *c, uint16_t op, uint32_t handle) {
+	struct vrnic_cmd_handle h = { .handle = handle };
+	return vr_call(c, op, &h, sizeof h, NULL, 0, NULL, 0, NULL, 0);
+}
+
+/* vr_kick wakes the daemon if it sleeps (kick_needed); the caller has
+ * stored a producer index or arm word with a sequentially consistent
+ * store. */
+void vr_kick(struct vr_ctx *c) {
+	struct vrnic_db_header *h = (struct vrnic_db_header *)c->db;
+	if (__atomic_load_n(&h->kick_needed, __ATOMIC_SEQ_CST)) {
+		uint64_t one = 1;
+		ssize_t n = write(c->kick_fd, &one, sizeof one);
+		(void)n; /* EAGAIN: the counter is already non-zero, the daemon will wake */
+	}
+}

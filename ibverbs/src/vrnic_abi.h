@@ -1,0 +1,707 @@
+/* SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause) */
+/*
+ * vrnic_abi.h - the client ABI of the vrnic virtual RDMA NIC.
+ *
+ * This header is the contract between vrnicd and its clients. A client written
+ * in C from this file and libc alone can do everything the Go client (package
+ * verbs) does. The Go mirror in the abi Go package is checked byte for byte against this
+ * file by a test; this file wins when they disagree.
+ *
+ * Conventions
+ *   - Every struct has a fixed size and a little-endian layout with natural
+ *     alignment and explicit reserved fields: no implicit padding anywhere.
+ *     Reserved fields must be written as zero; the daemon rejects non-zero
+ *     reserved fields in commands (EINVAL) so they can be given meaning later.
+ *   - Values on the wire (RoCE v2) are big-endian; values here are not.
+ *   - Enumerations reuse the numbering of libibverbs (<infiniband/verbs.h>)
+ *     wherever libibverbs has one, so code ported from verbs maps 1:1.
+ *
+ * The four shared things
+ *   1. The control socket: a SOCK_SEQPACKET unix socket. One datagram is one
+ *      command or one reply: struct vrnic_msg_hdr followed by the command's
+ *      struct. File descriptors travel as SCM_RIGHTS ancillary data.
+ *   2. Host memory: memfds the client creates (MFD_ALLOW_SEALING), seals
+ *      against shrinking (F_SEAL_SHRINK) and hands to the daemon with
+ *      VRNIC_CMD_ADD_HOST_MEM. The daemon maps each one and gives it a range
+ *      of the device's physical address space ("PA"). Rings, page lists and
+ *      data buffers all live in host memory and are named by PA.
+ *   3. The doorbell page: a memfd the daemon creates per context and passes
+ *      to the client in the OPEN_CONTEXT reply. It holds the page header
+ *      (the "kick needed" word) and one 128-byte doorbell record per QP, CQ
+ *      and SRQ.
+ *   4. Eventfds: the kick eventfd (daemon-created, one per context, passed
+ *      with OPEN_CONTEXT) and the completion eventfd of each CQ
+ *      (client-created, passed with CREATE_CQ).
+ *
+ * Ringing a doorbell (posting work)
+ *   1. Write the WQE(s) into the ring slot(s).
+ *   2. Store the new free-running producer index into the doorbell record
+ *      with a sequentially consistent store (__atomic_store_n(p, v,
+ *      __ATOMIC_SEQ_CST)); it also orders the slot writes before it.
+ *   3. Load the page's kick_needed word (__ATOMIC_SEQ_CST). Only if it is
+ *      non-zero, write the 8-byte value 1 to the kick eventfd.
+ *   While the daemon polls, kick_needed is 0 and posting costs no system
+ *   call. The daemon sets kick_needed before it sleeps and re-reads every
+ *   record after setting it, so a post racing with it going to sleep is
+ *   never lost (store/load on both sides are sequentially consistent).
+ *
+ * Never trusted: the daemon reads every index, WQE and ring byte the client
+ * controls once into private memory, masks and validates it. A bad WQE fails
+ * that WQE (a CQE with an error status) and moves the QP to ERROR; the daemon
+ * never touches memory outside the client's host memory.
+ */
+#ifndef VRNIC_ABI_H
+#define VRNIC_ABI_H
+
+#include <stdint.h>
+
+/* ABI version: OPEN_CONTEXT fails with EPROTO unless the major matches and
+ * the client's minor is <= the daemon's. */
+#define VRNIC_ABI_VERSION_MAJOR 1
+#define VRNIC_ABI_VERSION_MINOR 0
+#define VRNIC_ABI_VERSION ((VRNIC_ABI_VERSION_MAJOR << 16) | VRNIC_ABI_VERSION_MINOR)
+
+/* ------------------------------------------------------------------------
+ * Limits (also reported by QUERY_DEVICE)
+ * ------------------------------------------------------------------------ */
+#define VRNIC_MAX_MSG_SIZE      65536u   /* largest control datagram */
+#define VRNIC_MAX_ERR_MSG       256u     /* error text in a reply, NUL included */
+#define VRNIC_MAX_FDS           4u       /* fds on one control datagram */
+#define VRNIC_MAX_SGE           32u      /* SGEs per send WQE / RQE */
+#define VRNIC_MAX_INLINE        512u     /* inline bytes per send WQE */
+#define VRNIC_MAX_CQE           32768u   /* CQEs per CQ */
+#define VRNIC_MAX_QP_WR         16384u   /* WRs per SQ or RQ */
+#define VRNIC_MAX_SRQ_WR        16384u   /* WRs per SRQ */
+#define VRNIC_MAX_RD_ATOMIC     16u      /* max_rd_atomic / max_dest_rd_atomic */
+#define VRNIC_MAX_MR_SIZE       (1ull << 40)
+#define VRNIC_MAX_MSG_BYTES     (1u << 31) /* largest RDMA message */
+#define VRNIC_INLINE_PAGES      64u      /* page list inline in REG_MR */
+#define VRNIC_GID_TABLE_LEN     16u
+#define VRNIC_PKEY_DEFAULT      0xffffu
+
+#define VRNIC_PAGE_SHIFT_4K     12u
+#define VRNIC_PAGE_SHIFT_2M     21u
+
+/* ------------------------------------------------------------------------
+ * Control messages
+ * ------------------------------------------------------------------------ */
+
+/* Every datagram starts with this header. A reply echoes opcode and seq,
+ * sets VRNIC_MSG_F_REPLY and carries status 0 and the reply struct, or a
+ * positive errno value in status and a NUL-terminated message (at most
+ * VRNIC_MAX_ERR_MSG bytes) after the header. length counts the header. */
+struct vrnic_msg_hdr {
+	uint16_t opcode;   /* enum vrnic_cmd */
+	uint16_t flags;    /* VRNIC_MSG_F_* */
+	uint32_t length;   /* bytes in this datagram, header included */
+	uint32_t seq;      /* chosen by the client, echoed in the reply */
+	uint32_t status;   /* replies: 0 or an errno value (EINVAL, EBUSY, ...) */
+};
+
+#define VRNIC_MSG_F_REPLY 0x0001u
+
+enum vrnic_cmd {
+	VRNIC_CMD_OPEN_CONTEXT    = 1,  /* must be first on a connection */
+	VRNIC_CMD_QUERY_DEVICE    = 2,
+	VRNIC_CMD_QUERY_PORT      = 3,
+	VRNIC_CMD_QUERY_GID       = 4,
+	VRNIC_CMD_ADD_HOST_MEM    = 5,  /* 1 fd: the memfd */
+	VRNIC_CMD_REMOVE_HOST_MEM = 6,
+	VRNIC_CMD_ALLOC_PD        = 7,
+	VRNIC_CMD_DEALLOC_PD      = 8,
+	VRNIC_CMD_REG_MR          = 9,
+	VRNIC_CMD_DEREG_MR        = 10,
+	VRNIC_CMD_CREATE_CQ       = 11, /* 0 or 1 fd: the completion eventfd */
+	VRNIC_CMD_DESTROY_CQ      = 12,
+	VRNIC_CMD_CREATE_QP       = 13,
+	VRNIC_CMD_MODIFY_QP       = 14,
+	VRNIC_CMD_QUERY_QP        = 15,
+	VRNIC_CMD_DESTROY_QP      = 16,
+	VRNIC_CMD_CREATE_SRQ      = 17,
+	VRNIC_CMD_MODIFY_SRQ      = 18,
+	VRNIC_CMD_DESTROY_SRQ     = 19,
+	VRNIC_CMD_CREATE_AH       = 20,
+	VRNIC_CMD_DESTROY_AH      = 21,
+	VRNIC_CMD_QUERY_SRQ       = 22,
+	/* 0x100..0x1ff: operator commands (vrnicctl); 0x200..0x2ff: fault
+	 * injection. Their structs are defined with the features. */
+	VRNIC_CMD_ADMIN_BASE      = 0x100,
+	VRNIC_CMD_FAULT_BASE      = 0x200,
+};
+
+/* OPEN_CONTEXT. Reply fds: [0] the doorbell page memfd (map it shared,
+ * read/write, db_page_size bytes), [1] the kick eventfd. */
+struct vrnic_cmd_open_context {
+	uint32_t abi_version;    /* VRNIC_ABI_VERSION */
+	uint32_t flags;          /* reserved, 0 */
+	char     client_name[32];/* for vrnicctl; NUL-padded, need not be terminated */
+};
+
+struct vrnic_resp_open_context {
+	uint32_t abi_version;    /* the daemon's */
+	uint32_t ctx_handle;
+	uint32_t db_page_size;   /* bytes of the doorbell page memfd */
+	uint32_t db_records;     /* records in it (record 0 is the page header) */
+};
+
+/* QUERY_DEVICE: no command struct. Reply: */
+struct vrnic_device_attr {
+	char     fw_ver[32];
+	uint64_t node_guid;
+	uint64_t sys_image_guid;
+	uint64_t max_mr_size;
+	uint64_t page_size_cap;      /* bit n set: pages of 2^n bytes accepted */
+	uint32_t vendor_id;
+	uint32_t vendor_part_id;
+	uint32_t hw_ver;
+	uint32_t max_qp;
+	uint32_t max_qp_wr;
+	uint32_t device_cap_flags;   /* reserved, 0 */
+	uint32_t max_sge;
+	uint32_t max_inline;
+	uint32_t max_cq;
+	uint32_t max_cqe;
+	uint32_t max_mr;
+	uint32_t max_pd;
+	uint32_t max_qp_rd_atom;
+	uint32_t max_qp_init_rd_atom;
+	uint32_t max_srq;
+	uint32_t max_srq_wr;
+	uint32_t max_srq_sge;
+	uint32_t max_ah;
+	uint32_t max_host_mem;       /* host memory regions per context */
+	uint32_t num_workers;
+	uint8_t  atomic_cap;         /* enum ibv_atomic_cap: 1 = HCA-atomic */
+	uint8_t  phys_port_cnt;
+	uint8_t  reserved[6];
+};
+
+/* QUERY_PORT: command struct selects the port (1). */
+struct vrnic_cmd_query_port {
+	uint32_t port_num;
+	uint32_t reserved;
+};
+
+struct vrnic_port_attr {
+	uint32_t state;          /* enum ibv_port_state: 4 = ACTIVE */
+	uint32_t max_mtu;        /* enum vrnic_mtu */
+	uint32_t active_mtu;     /* enum vrnic_mtu */
+	uint32_t gid_tbl_len;
+	uint32_t max_msg_sz;
+	uint32_t link_layer;     /* 2 = Ethernet (IBV_LINK_LAYER_ETHERNET) */
+	uint32_t link_type;      /* enum vrnic_link_type */
+	uint32_t reserved;
+	uint8_t  mac[6];
+	uint8_t  reserved2[2];
+	uint64_t active_speed_mbps;
+};
+
+enum vrnic_link_type {
+	VRNIC_LINK_MEM = 0, /* in-memory, tests */
+	VRNIC_LINK_UDP = 1, /* UDP sockets, no privileges */
+	VRNIC_LINK_TAP = 2, /* multi-queue TAP, Ethernet frames */
+};
+
+/* QUERY_GID */
+struct vrnic_cmd_query_gid {
+	uint32_t port_num;
+	uint32_t index;
+};
+
+struct vrnic_resp_query_gid {
+	uint8_t  gid[16];        /* IPv6 or IPv4-mapped (::ffff:a.b.c.d) */
+	uint32_t gid_type;       /* 2 = RoCE v2 (IBV_GID_TYPE_ROCE_V2) */
+	uint32_t valid;          /* 0: empty slot */
+};
+
+/* ADD_HOST_MEM: one fd attached, a memfd created with MFD_ALLOW_SEALING and
+ * sealed with F_SEAL_SHRINK, at least length bytes long. length must be a
+ * multiple of 4096 (of 2 MiB for 2 MiB pages). The reply names the base of
+ * its range in the device physical address space: PA base+x is byte x of
+ * the memfd. */
+struct vrnic_cmd_add_host_mem {
+	uint64_t length;
+	uint32_t flags;          /* reserved, 0 */
+	uint32_t reserved;
+};
+
+struct vrnic_resp_add_host_mem {
+	uint64_t pa_base;
+	uint32_t handle;
+	uint32_t locked;         /* 1: what MRs and rings pin is mlock()ed as they pin it, 0: never locked */
+};
+
+/* Commands that take one handle (REMOVE_HOST_MEM, DEALLOC_PD, DEREG_MR,
+ * DESTROY_CQ, DESTROY_QP (qpn), DESTROY_SRQ, DESTROY_AH, QUERY_QP (qpn),
+ * QUERY_SRQ). */
+struct vrnic_cmd_handle {
+	uint32_t handle;
+	uint32_t reserved;
+};
+
+/* ALLOC_PD reply */
+struct vrnic_resp_alloc_pd {
+	uint32_t pd_handle;
+	uint32_t reserved;
+};
+
+/* Access flags (IBV_ACCESS_*). Remote write and remote atomic require local
+ * write (IBTA 10.6.3.1 / C10-83). */
+enum vrnic_access {
+	VRNIC_ACCESS_LOCAL_WRITE   = 1u << 0,
+	VRNIC_ACCESS_REMOTE_WRITE  = 1u << 1,
+	VRNIC_ACCESS_REMOTE_READ   = 1u << 2,
+	VRNIC_ACCESS_REMOTE_ATOMIC = 1u << 3,
+};
+
+/* REG_MR: the page table a kernel driver would build after pinning. The MR
+ * covers [iova, iova+length). Page i of the MR (iova rounded down to the page
+ * size, plus i pages) lives at physical address pages[i]; each must be
+ * aligned to the page size and lie wholly inside host memory of this
+ * context. npages must equal the number of pages [iova, iova+length) touches.
+ * If npages <= VRNIC_INLINE_PAGES, pbl_pa is 0 and npages u64 physical
+ * addresses follow this struct in the datagram; otherwise pbl_pa is the PA of
+ * an array of npages u64 physical addresses in host memory (the daemon copies
+ * it at registration; the client may reuse the memory afterwards). */
+struct vrnic_cmd_reg_mr {
+	uint64_t iova;
+	uint64_t length;
+	uint64_t pbl_pa;
+	uint32_t pd_handle;
+	uint32_t access;         /* enum vrnic_access */
+	uint32_t page_shift;     /* VRNIC_PAGE_SHIFT_4K or VRNIC_PAGE_SHIFT_2M */
+	uint32_t npages;
+	/* uint64_t pages[npages] when pbl_pa == 0 */
+};
+
+/* lkey and rkey: (index << 8) | variant. The 8-bit variant changes every
+ * time an index is reused, so a stale key never matches a new MR. */
+struct vrnic_resp_reg_mr {
+	uint32_t mr_handle;
+	uint32_t lkey;
+	uint32_t rkey;
+	uint32_t reserved;
+};
+
+/* CREATE_CQ: the ring is cqe_count entries of struct vrnic_cqe at ring_pa
+ * (cqe_count a power of two, 2..VRNIC_MAX_CQE; the ring 64-byte aligned and
+ * zeroed by the client). Optional fd: the completion eventfd, written (8-byte
+ * value 1) when the CQ is armed and a matching completion arrives. */
+struct vrnic_cmd_create_cq {
+	uint64_t ring_pa;
+	uint32_t cqe_count;
+	uint32_t flags;          /* reserved, 0 */
+};
+
+struct vrnic_resp_create_cq {
+	uint32_t cq_handle;
+	uint32_t db_index;       /* record index in the doorbell page */
+};
+
+/* QP types (IBV_QPT_*) */
+enum vrnic_qp_type {
+	VRNIC_QPT_RC = 2,
+	VRNIC_QPT_UC = 3,
+	VRNIC_QPT_UD = 4,
+};
+
+struct vrnic_qp_cap {
+	uint32_t max_send_wr;
+	uint32_t max_recv_wr;
+	uint32_t max_send_sge;
+	uint32_t max_recv_sge;
+	uint32_t max_inline_data;
+	uint32_t reserved;
+};
+
+/* Send WQE slot size in 64-byte blocks: the control block plus room for the
+ * larger of the SGE list and the inline data. */
+#define VRNIC_WQE_BLOCK 64u
+#define VRNIC_SGES_PER_BLOCK 4u
+#define VRNIC_DIV_UP(a, b) (((a) + (b) - 1) / (b))
+#define VRNIC_SQ_WQE_BLOCKS(max_sge, max_inline) \
+	(1u + (VRNIC_DIV_UP((max_sge), VRNIC_SGES_PER_BLOCK) > \
+	       VRNIC_DIV_UP((max_inline), VRNIC_WQE_BLOCK) ? \
+	       VRNIC_DIV_UP((max_sge), VRNIC_SGES_PER_BLOCK) : \
+	       VRNIC_DIV_UP((max_inline), VRNIC_WQE_BLOCK)))
+/* Receive WQE slot size in bytes: the 16-byte RQE header plus the SGEs,
+ * rounded up to 64 bytes. */
+#define VRNIC_RQ_WQE_SIZE(max_sge) \
+	(VRNIC_DIV_UP(16u + 16u * (max_sge), 64u) * 64u)
+
+/* CREATE_QP. max_send_wr and max_recv_wr are the slot counts of the rings
+ * and must be powers of two (1..VRNIC_MAX_QP_WR); the SQ ring is
+ * max_send_wr * VRNIC_SQ_WQE_BLOCKS(max_send_sge, max_inline_data) * 64
+ * bytes, the RQ ring max_recv_wr * VRNIC_RQ_WQE_SIZE(max_recv_sge) bytes,
+ * both 64-byte aligned, each inside one host memory region. With an SRQ the
+ * RQ is absent (rq_pa 0, max_recv_wr 0). */
+struct vrnic_cmd_create_qp {
+	uint64_t sq_pa;
+	uint64_t rq_pa;
+	uint32_t qp_type;        /* enum vrnic_qp_type */
+	uint32_t pd_handle;
+	uint32_t send_cq;
+	uint32_t recv_cq;
+	uint32_t srq_handle;     /* VRNIC_NO_SRQ for none */
+	uint32_t sq_sig_all;     /* 1: every send WR completes signaled */
+	struct vrnic_qp_cap cap;
+};
+
+#define VRNIC_NO_SRQ 0xffffffffu
+
+struct vrnic_resp_create_qp {
+	uint32_t qpn;            /* also the handle for QP commands */
+	uint32_t db_index;       /* record index in the doorbell page */
+	uint32_t sq_wqe_blocks;  /* VRNIC_SQ_WQE_BLOCKS(...) as the daemon computed */
+	uint32_t rq_wqe_size;    /* VRNIC_RQ_WQE_SIZE(...) */
+	struct vrnic_qp_cap cap; /* as granted */
+};
+
+/* QP states (IBV_QPS_*) */
+enum vrnic_qp_state {
+	VRNIC_QPS_RESET = 0,
+	VRNIC_QPS_INIT  = 1,
+	VRNIC_QPS_RTR   = 2,
+	VRNIC_QPS_RTS   = 3,
+	VRNIC_QPS_SQD   = 4,
+	VRNIC_QPS_SQE   = 5,
+	VRNIC_QPS_ERR   = 6,
+};
+
+/* Path MTU (IBV_MTU_*) */
+enum vrnic_mtu {
+	VRNIC_MTU_256  = 1,
+	VRNIC_MTU_512  = 2,
+	VRNIC_MTU_1024 = 3,
+	VRNIC_MTU_2048 = 4,
+	VRNIC_MTU_4096 = 5,
+};
+
+/* MODIFY_QP attribute mask (IBV_QP_*) */
+enum vrnic_qp_attr_mask {
+	VRNIC_QP_STATE              = 1u << 0,
+	VRNIC_QP_CUR_STATE          = 1u << 1,
+	VRNIC_QP_EN_SQD_ASYNC_NOTIFY = 1u << 2,
+	VRNIC_QP_ACCESS_FLAGS       = 1u << 3,
+	VRNIC_QP_PKEY_INDEX         = 1u << 4,
+	VRNIC_QP_PORT               = 1u << 5,
+	VRNIC_QP_QKEY               = 1u << 6,
+	VRNIC_QP_AV                 = 1u << 7,
+	VRNIC_QP_PATH_MTU           = 1u << 8,
+	VRNIC_QP_TIMEOUT            = 1u << 9,
+	VRNIC_QP_RETRY_CNT          = 1u << 10,
+	VRNIC_QP_RNR_RETRY          = 1u << 11,
+	VRNIC_QP_RQ_PSN             = 1u << 12,
+	VRNIC_QP_MAX_QP_RD_ATOMIC   = 1u << 13,
+	VRNIC_QP_ALT_PATH           = 1u << 14,
+	VRNIC_QP_MIN_RNR_TIMER      = 1u << 15,
+	VRNIC_QP_SQ_PSN             = 1u << 16,
+	VRNIC_QP_MAX_DEST_RD_ATOMIC = 1u << 17,
+	VRNIC_QP_PATH_MIG_STATE     = 1u << 18,
+	VRNIC_QP_CAP                = 1u << 19,
+	VRNIC_QP_DEST_QPN           = 1u << 20,
+};
+
+/* Address vector (RoCE v2: the GRH fields become the IP header). */
+struct vrnic_ah_attr {
+	uint8_t  dgid[16];       /* peer GID: IPv6 or IPv4-mapped */
+	uint32_t flow_label;
+	uint8_t  sgid_index;     /* into the port's GID table */
+	uint8_t  hop_limit;      /* IP TTL / hop limit; 0 means 64 */
+	uint8_t  traffic_class;  /* IP DSCP/ECN byte */
+	uint8_t  sl;
+	uint8_t  port_num;
+	uint8_t  reserved[7];
+};
+
+struct vrnic_qp_attr {
+	uint32_t qp_state;       /* enum vrnic_qp_state */
+	uint32_t cur_qp_state;
+	uint32_t path_mtu;       /* enum vrnic_mtu */
+	uint32_t qkey;
+	uint32_t rq_psn;         /* 24 bits */
+	uint32_t sq_psn;         /* 24 bits */
+	uint32_t dest_qp_num;    /* 24 bits */
+	uint32_t qp_access_flags;/* enum vrnic_access (remote bits) */
+	uint16_t pkey_index;
+	uint8_t  max_rd_atomic;
+	uint8_t  max_dest_rd_atomic;
+	uint8_t  min_rnr_timer;  /* 5-bit IBTA RNR timer code */
+	uint8_t  timeout;        /* 5 bits: 4.096 us * 2^timeout, 0 = infinite */
+	uint8_t  retry_cnt;      /* 3 bits */
+	uint8_t  rnr_retry;      /* 3 bits, 7 = infinite */
+	uint8_t  sq_draining;
+	uint8_t  port_num;
+	uint8_t  en_sqd_async_notify;
+	uint8_t  reserved;
+	struct vrnic_ah_attr ah_attr;
+	struct vrnic_qp_cap cap;
+};
+
+struct vrnic_cmd_modify_qp {
+	uint32_t qpn;
+	uint32_t attr_mask;      /* enum vrnic_qp_attr_mask */
+	struct vrnic_qp_attr attr;
+};
+
+/* QUERY_QP reply */
+struct vrnic_resp_query_qp {
+	struct vrnic_qp_attr attr;
+	uint32_t qp_type;
+	uint32_t sq_sig_all;
+	uint32_t send_cq;
+	uint32_t recv_cq;
+	uint32_t srq_handle;
+	uint32_t pd_handle;
+	uint32_t reserved;
+	uint64_t packets_sent;
+	uint64_t packets_received;
+	uint64_t retransmits;
+	uint64_t rnr_naks_received;
+};
+
+/* CREATE_SRQ: max_wr slots (power of two) of VRNIC_RQ_WQE_SIZE(max_sge)
+ * bytes at ring_pa. */
+struct vrnic_cmd_create_srq {
+	uint64_t ring_pa;
+	uint32_t pd_handle;
+	uint32_t max_wr;
+	uint32_t max_sge;
+	uint32_t srq_limit;      /* 0: not armed */
+};
+
+struct vrnic_resp_create_srq {
+	uint32_t srq_handle;
+	uint32_t db_index;
+	uint32_t rq_wqe_size;
+	uint32_t reserved;
+};
+
+/* MODIFY_SRQ: only the limit may change (IBV_SRQ_LIMIT). */
+struct vrnic_cmd_modify_srq {
+	uint32_t srq_handle;
+	uint32_t srq_limit;
+};
+
+struct vrnic_resp_query_srq {
+	uint32_t max_wr;
+	uint32_t max_sge;
+	uint32_t srq_limit;
+	uint32_t reserved;
+};
+
+/* CREATE_AH (for UD sends) */
+struct vrnic_cmd_create_ah {
+	uint32_t pd_handle;
+	uint32_t reserved;
+	struct vrnic_ah_attr attr;
+};
+
+struct vrnic_resp_create_ah {
+	uint32_t ah_handle;
+	uint32_t reserved;
+};
+
+/* ------------------------------------------------------------------------
+ * Send WQE: a slot of sq_wqe_blocks 64-byte blocks. Block 0 is
+ * struct vrnic_send_wqe; the following blocks hold num_sge struct vrnic_sge
+ * (four per block), or inline_len bytes of inline data.
+ * ------------------------------------------------------------------------ */
+
+/* Send opcodes (IBV_WR_*) */
+enum vrnic_wr_opcode {
+	VRNIC_WR_RDMA_WRITE           = 0,
+	VRNIC_WR_RDMA_WRITE_WITH_IMM  = 1,
+	VRNIC_WR_SEND                 = 2,
+	VRNIC_WR_SEND_WITH_IMM        = 3,
+	VRNIC_WR_RDMA_READ            = 4,
+	VRNIC_WR_ATOMIC_CMP_AND_SWP   = 5,
+	VRNIC_WR_ATOMIC_FETCH_AND_ADD = 6,
+	VRNIC_WR_LOCAL_INV            = 7,
+	VRNIC_WR_SEND_WITH_INV        = 9,
+};
+
+/* Send flags (IBV_SEND_*) */
+enum vrnic_send_flags {
+	VRNIC_SEND_FENCE     = 1u << 0,
+	VRNIC_SEND_SIGNALED  = 1u << 1,
+	VRNIC_SEND_SOLICITED = 1u << 2,
+	VRNIC_SEND_INLINE    = 1u << 3,
+};
+
+struct vrnic_sge {
+	uint64_t addr;           /* virtual address inside the MR of lkey */
+	uint32_t length;
+	uint32_t lkey;
+};
+
+struct vrnic_send_wqe {
+	/* control segment */
+	uint64_t wr_id;
+	uint8_t  opcode;         /* enum vrnic_wr_opcode */
+	uint8_t  flags;          /* enum vrnic_send_flags */
+	uint8_t  num_sge;        /* SGEs that follow (0 with VRNIC_SEND_INLINE) */
+	uint8_t  reserved0;
+	uint32_t imm_data;       /* *_WITH_IMM: the value; sent big-endian */
+	uint32_t invalidate_rkey;/* SEND_WITH_INV, LOCAL_INV */
+	uint32_t inline_len;     /* with VRNIC_SEND_INLINE */
+	/* remote address segment: RDMA WRITE/READ, atomics */
+	uint64_t remote_addr;
+	uint32_t rkey;
+	/* UD segment */
+	uint32_t remote_qpn;
+	uint32_t remote_qkey;
+	uint32_t ah_handle;
+	/* atomic segment */
+	uint64_t compare_add;    /* CMP_AND_SWP: compare; FETCH_AND_ADD: add */
+	uint64_t swap;
+};
+
+/* ------------------------------------------------------------------------
+ * Receive WQE (RQ and SRQ): a slot of rq_wqe_size bytes.
+ * ------------------------------------------------------------------------ */
+struct vrnic_recv_wqe {
+	uint64_t wr_id;
+	uint32_t num_sge;
+	uint32_t reserved;
+	/* struct vrnic_sge sg_list[num_sge]; */
+};
+
+/* ------------------------------------------------------------------------
+ * CQE: the CQ ring holds cqe_count of these. Entry i is valid when its
+ * owner bit (bit 0 of owner) equals 1 - ((i / cqe_count) & 1), i being the
+ * free-running consumer index: the first pass writes 1, the second 0, and
+ * so on. The daemon writes every other field first and the owner byte last
+ * (release); a client reads the owner byte (acquire) before the rest.
+ * ------------------------------------------------------------------------ */
+
+/* Completion opcodes (IBV_WC_*) */
+enum vrnic_wc_opcode {
+	VRNIC_WC_SEND               = 0,
+	VRNIC_WC_RDMA_WRITE         = 1,
+	VRNIC_WC_RDMA_READ          = 2,
+	VRNIC_WC_COMP_SWAP          = 3,
+	VRNIC_WC_FETCH_ADD          = 4,
+	VRNIC_WC_BIND_MW            = 5,
+	VRNIC_WC_LOCAL_INV          = 6,
+	VRNIC_WC_RECV               = 128,
+	VRNIC_WC_RECV_RDMA_WITH_IMM = 129,
+};
+
+/* Completion status (IBV_WC_*, same meaning as enum ibv_wc_status) */
+enum vrnic_wc_status {
+	VRNIC_WC_SUCCESS            = 0,
+	VRNIC_WC_LOC_LEN_ERR        = 1,
+	VRNIC_WC_LOC_QP_OP_ERR      = 2,
+	VRNIC_WC_LOC_EEC_OP_ERR     = 3,
+	VRNIC_WC_LOC_PROT_ERR       = 4,
+	VRNIC_WC_WR_FLUSH_ERR       = 5,
+	VRNIC_WC_MW_BIND_ERR        = 6,
+	VRNIC_WC_BAD_RESP_ERR       = 7,
+	VRNIC_WC_LOC_ACCESS_ERR     = 8,
+	VRNIC_WC_REM_INV_REQ_ERR    = 9,
+	VRNIC_WC_REM_ACCESS_ERR     = 10,
+	VRNIC_WC_REM_OP_ERR         = 11,
+	VRNIC_WC_RETRY_EXC_ERR      = 12,
+	VRNIC_WC_RNR_RETRY_EXC_ERR  = 13,
+	VRNIC_WC_LOC_RDD_VIOL_ERR   = 14,
+	VRNIC_WC_REM_INV_RD_REQ_ERR = 15,
+	VRNIC_WC_REM_ABORT_ERR      = 16,
+	VRNIC_WC_INV_EECN_ERR       = 17,
+	VRNIC_WC_INV_EEC_STATE_ERR  = 18,
+	VRNIC_WC_FATAL_ERR          = 19,
+	VRNIC_WC_RESP_TIMEOUT_ERR   = 20,
+	VRNIC_WC_GENERAL_ERR        = 21,
+};
+
+/* Completion flags (IBV_WC_*) */
+enum vrnic_wc_flags {
+	VRNIC_WC_GRH          = 1u << 0,
+	VRNIC_WC_WITH_IMM     = 1u << 1,
+	VRNIC_WC_IP_CSUM_OK   = 1u << 2,
+	VRNIC_WC_WITH_INV     = 1u << 3,
+};
+
+struct vrnic_cqe {
+	uint64_t wr_id;
+	uint32_t byte_len;
+	uint32_t imm_or_inv;     /* WITH_IMM: imm_data; WITH_INV: invalidated rkey */
+	uint32_t qp_num;
+	uint32_t src_qp;         /* UD receives */
+	uint8_t  status;         /* enum vrnic_wc_status */
+	uint8_t  opcode;         /* enum vrnic_wc_opcode (low 8 bits; RECV=128) */
+	uint8_t  wc_flags;       /* enum vrnic_wc_flags */
+	uint8_t  vendor_err;     /* daemon-specific detail of an error status */
+	uint16_t pkey_index;
+	uint8_t  sl;
+	uint8_t  owner;          /* bit 0: phase, written last */
+};
+
+/* ------------------------------------------------------------------------
+ * Doorbell page: db_page_size bytes, an array of db_records 128-byte
+ * records. Record 0 is the page header; the others are handed out by
+ * CREATE_QP, CREATE_CQ and CREATE_SRQ (db_index). In each record the first
+ * 64-byte line is written only by the client and the second only by the
+ * daemon, so the two never share a cache line. All indices are free-running
+ * u32 counters; the ring slot is index & (slots - 1).
+ * ------------------------------------------------------------------------ */
+#define VRNIC_DB_RECORD_SIZE 128u
+#define VRNIC_DB_PAGE_SIZE   262144u /* 2048 records */
+
+#define VRNIC_DB_MAGIC 0x76726e63u /* "vrnc" */
+
+struct vrnic_db_header {
+	/* daemon-written line */
+	uint32_t magic;          /* VRNIC_DB_MAGIC */
+	uint32_t abi_version;
+	uint32_t kick_needed;    /* non-zero: the daemon sleeps; kick after posting */
+	uint32_t reserved0[13];
+	/* client-written line (unused today) */
+	uint32_t reserved1[16];
+};
+
+/* QP record: SQ and RQ producer indices (client), consumer indices
+ * (daemon: how far it has consumed the rings, for information). */
+struct vrnic_db_qp {
+	uint32_t sq_pi;          /* client: WQEs posted to the SQ */
+	uint32_t rq_pi;          /* client: RQEs posted to the RQ */
+	uint32_t reserved0[14];
+	uint32_t sq_ci;          /* daemon: SQ WQEs consumed */
+	uint32_t rq_ci;          /* daemon: RQ WQEs consumed */
+	uint32_t reserved1[14];
+};
+
+/* CQ arm word (written by the client): bit 0 armed, bit 1 solicited only,
+ * bits 8..31 the arm sequence. To arm, write the word with a sequence one
+ * greater than the last one written; the daemon writes the completion
+ * eventfd once for a sequence, for the first CQE written after it saw it
+ * that the client has not consumed yet (cq_ci <= its index; only a
+ * solicited or error CQE when solicited only is set).
+ * Order on the client (all __ATOMIC_SEQ_CST): store cq_ci for the CQEs
+ * consumed, then store the arm word, then poll the CQ once more, and sleep
+ * on the completion eventfd only if that poll found nothing. The daemon
+ * writes a CQE's owner word, then loads the arm word, then cq_ci; so either
+ * it notifies or the last poll sees the CQE. An event can be stale (its CQE
+ * already polled): after an event, re-arm and poll again. */
+#define VRNIC_CQ_ARM_ARMED     0x1u
+#define VRNIC_CQ_ARM_SOLICITED 0x2u
+#define VRNIC_CQ_ARM_SN_SHIFT  8u
+
+struct vrnic_db_cq {
+	uint32_t cq_ci;          /* client: CQEs consumed (frees ring slots) */
+	uint32_t arm;            /* client: arm word */
+	uint32_t reserved0[14];
+	uint32_t cq_pi;          /* daemon: CQEs written */
+	uint32_t arm_sn_done;    /* daemon: last arm sequence notified */
+	uint32_t overflow;       /* daemon: non-zero once the CQ overflowed */
+	uint32_t reserved1[13];
+};
+
+struct vrnic_db_srq {
+	uint32_t srq_pi;         /* client: RQEs posted */
+	uint32_t reserved0[15];
+	uint32_t srq_ci;         /* daemon: RQEs consumed */
+	uint32_t reserved1[15];
+};
+
+#endif /* VRNIC_ABI_H */

@@ -1,0 +1,206 @@
+/* vrnic_ibv.h - internal declarations of vrnic's libibverbs.so.1.
+ *
+ * The library implements the public libibverbs API (<infiniband/verbs.h>)
+ * on the vrnic client ABI (vrnic_abi.h): control commands over the
+ * daemon's SOCK_SEQPACKET socket, rings and doorbell records in shared
+ * memory for the data path. Nothing here is exported: every declaration is
+ * hidden; the exported names and their versions come from the generated
+ * version script (see README.md).
+ *
+ * Object layout: each verbs object is a struct of this library whose first
+ * member is the libibverbs struct the application sees, so the pointer the
+ * application holds converts back with a cast (vr_qp(qp) and so on). */
+#ifndef VRNIC_IBV_H
+#define VRNIC_IBV_H
+
+#define _GNU_SOURCE
+#include <infiniband/verbs.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "vrnic_abi.h"
+
+#define VR_HIDDEN __attribute__((visibility("hidden")))
+#define VR_EXPORT __attribute__((visibility("default")))
+
+#define VR_PAGE 4096u
+
+/* A device: one reachable vrnicd control socket. Devices live for the
+ * whole process (ibv_free_device_list frees only the array), so pointers
+ * handed out stay valid after the list is freed, as with libibverbs. */
+struct vr_device {
+	struct ibv_device dev;
+	char sock[108];         /* control socket path */
+	bool guid_known;
+	__be64 guid;            /* node GUID, big-endian as ibv_get_device_guid returns it */
+	struct vr_device *next; /* all devices ever found */
+};
+
+/* A ring allocator over host memory chunks (sealed memfds given to the
+ * daemon with ADD_HOST_MEM), per context. Allocations are whole pages. */
+struct vr_chunk {
+	uint8_t *base;
+	uint64_t pa;
+	size_t pages;
+	uint8_t *used; /* one byte per page: 1 in use */
+	struct vr_chunk *next;
+};
+
+struct vr_buf {
+	uint8_t *p;
+	uint64_t pa;
+	size_t len;
+	struct vr_chunk *chunk;
+};
+
+/* Host memory registered with this context for user memory (see mem.c):
+ * segment id -> the PA base the daemon gave it. */
+struct vr_seg_reg {
+	uint64_t seg_id;
+	uint64_t pa;
+	uint32_t handle;
+};
+
+struct vr_ctx {
+	struct verbs_context vctx; /* the ibv_context is its last member */
+	struct vr_device *dev;
+	int sock;
+	pthread_mutex_t call_mu; /* one command in flight on sock */
+	uint32_t seq;
+	uint8_t *db;
+	uint32_t db_size;
+	int kick_fd;
+	int async_pipe[2];
+	struct vrnic_device_attr attr;
+
+	pthread_mutex_t mem_mu; /* chunks and segs */
+	struct vr_chunk *chunks;
+	struct vr_seg_reg *segs;
+	size_t nsegs, capsegs;
+};
+
+struct vr_pd {
+	struct ibv_pd pd;
+};
+
+struct vr_mr {
+	struct ibv_mr mr;
+};
+
+struct vr_ah {
+	struct ibv_ah ah;
+	struct ibv_ah_attr attr;
+};
+
+struct vr_channel {
+	struct ibv_comp_channel ch; /* ch.fd is an epoll fd over the CQs' eventfds */
+};
+
+struct vr_cq {
+	struct ibv_cq_ex ex; /* ex starts with the fields of struct ibv_cq */
+	struct vr_buf ring;
+	struct vrnic_cqe *cqes;
+	uint32_t n, mask, ci;
+	uint32_t arm_sn;
+	uint32_t empty_polls;
+	struct vrnic_db_cq *rec;
+	int event_fd; /* -1 without a completion channel */
+	pthread_spinlock_t lock;
+	/* extended polling (ibv_cq_ex): the CQE being read */
+	struct vrnic_cqe cur;
+	uint64_t wc_flags; /* what the application asked to read */
+};
+
+/* A work ring: SQ, RQ or SRQ. */
+struct vr_wq {
+	struct vr_buf ring;
+	uint32_t slots, mask, stride;
+	uint32_t pi;
+	uint32_t *pi_word;       /* doorbell record: our producer index */
+	const uint32_t *ci_word; /* doorbell record: the daemon's consumer index */
+	uint32_t max_sge;
+	pthread_spinlock_t lock;
+};
+
+struct vr_qp {
+	struct ibv_qp_ex ex; /* ex.qp_base is the struct ibv_qp */
+	struct vrnic_db_qp *rec;
+	struct vr_wq sq, rq;
+	bool has_rq;
+	uint32_t max_inline;
+	uint32_t sq_sig_all;
+	struct ibv_qp_cap cap;
+	/* ibv_wr_* state (between wr_start and wr_complete/abort) */
+	uint32_t wr_pi;     /* producer index of the next WQE to build */
+	uint8_t *wr_cur;    /* the WQE being built, NULL if none */
+	int wr_err;         /* first error of this batch */
+};
+
+struct vr_srq {
+	struct ibv_srq srq;
+	struct vrnic_db_srq *rec;
+	struct vr_wq wq;
+	uint32_t handle;
+	uint32_t limit;
+};
+
+static inline struct vr_ctx *vr_ctx(struct ibv_context *c) {
+	return (struct vr_ctx *)((uint8_t *)c - offsetof(struct vr_ctx, vctx.context));
+}
+static inline struct vr_cq *vr_cq(struct ibv_cq *cq) { return (struct vr_cq *)cq; }
+static inline struct vr_qp *vr_qp(struct ibv_qp *qp) { return (struct vr_qp *)qp; }
+static inline struct vr_srq *vr_srq(struct ibv_srq *s) { return (struct vr_srq *)s; }
+
+/* ctl.c */
+VR_HIDDEN int vr_call(struct vr_ctx *c, uint16_t op, const void *req, size_t req_len, const void *extra,
+		      size_t extra_len, const int *fds, int nfds, void *resp, size_t resp_len);
+VR_HIDDEN int vr_call_sock(int sock, uint32_t *seq, uint16_t op, const void *req, size_t req_len, const int *fds,
+			   int nfds, void *resp, size_t resp_len, int *rfds, int nrfds);
+VR_HIDDEN int vr_connect(const char *path);
+VR_HIDDEN bool vr_debug(void);
+VR_HIDDEN void vr_kick(struct vr_ctx *c);
+VR_HIDDEN int vr_destroy_handle(struct vr_ctx *c, uint16_t op, uint32_t handle);
+
+/* mem.c */
+VR_HIDDEN int vr_alloc(struct vr_ctx *c, size_t len, struct vr_buf *b);
+VR_HIDDEN void vr_free(struct vr_ctx *c, struct vr_buf *b);
+VR_HIDDEN void vr_free_chunks(struct vr_ctx *c);
+VR_HIDDEN int vr_user_pages(struct vr_ctx *c, uintptr_t start, size_t npages, uint64_t *pages);
+
+/* post.c */
+VR_HIDDEN int vr_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc);
+VR_HIDDEN int vr_req_notify_cq(struct ibv_cq *cq, int solicited_only);
+VR_HIDDEN int vr_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
+VR_HIDDEN int vr_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
+VR_HIDDEN int vr_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
+VR_HIDDEN void vr_wq_init(struct vr_wq *q, struct vr_buf ring, uint32_t slots, uint32_t stride, uint32_t *pi_word,
+			  const uint32_t *ci_word, uint32_t max_sge);
+
+/* ex.c */
+VR_HIDDEN void vr_qp_ex_init(struct vr_qp *qp, uint64_t send_ops_flags);
+VR_HIDDEN void vr_cq_ex_init(struct vr_cq *cq, uint64_t wc_flags);
+VR_HIDDEN struct ibv_cq_ex *vr_create_cq_ex(struct ibv_context *ctx, struct ibv_cq_init_attr_ex *a);
+VR_HIDDEN struct ibv_qp *vr_create_qp_ex(struct ibv_context *ctx, struct ibv_qp_init_attr_ex *a);
+VR_HIDDEN int vr_query_device_ex(struct ibv_context *ctx, const struct ibv_query_device_ex_input *in,
+				 struct ibv_device_attr_ex *attr, size_t size);
+VR_HIDDEN struct ibv_srq *vr_create_srq_ex(struct ibv_context *ctx, struct ibv_srq_init_attr_ex *a);
+
+/* objects.c */
+VR_HIDDEN struct ibv_cq *vr_create_cq(struct ibv_context *ctx, int cqe, void *cq_context,
+				      struct ibv_comp_channel *channel, uint64_t wc_flags);
+VR_HIDDEN struct ibv_qp *vr_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr_ex *a);
+
+/* device.c */
+VR_HIDDEN int vr_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr, size_t len);
+
+/* errors: set errno and return NULL, or return the errno value. */
+#define VR_FAIL_NULL(e) \
+	do { \
+		errno = (e); \
+		return NULL; \
+	} while (0)
+
+#endif /* VRNIC_IBV_H */

@@ -1,0 +1,329 @@
+// Package ibverbs_test runs unmodified libibverbs programs (Debian's
+// ibverbs-utils) on two vrnicd daemons through vrnic-run, which puts
+// vrnic's libibverbs.so.1 in front of the system's.
+package ibverbs_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vrnic/vrnic/admin"
+	"github.com/vrnic/vrnic/internal/launch"
+	"github.com/vrnic/vrnic/internal/testenv"
+)
+
+// bin holds vrnicd and vrnic-run built once for the package; cache is
+// vrnic-run's library cache.
+var bin, cache string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "vrnic-ibverbs-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	bin, cache = filepath.Join(dir, "bin"), filepath.Join(dir, "cache")
+	var out bytes.Buffer
+	for _, c := range []struct{ pkg, name string }{{launch.VrnicdPackage, "vrnicd"}, {"github.com/vrnic/vrnic/cmd/vrnic-run", "vrnic-run"}} {
+		if _, err := launch.GoBuild(c.pkg, bin, c.name, &out); err != nil {
+			fmt.Fprintf(os.Stderr, "%v\n%s", err, out.String())
+			os.RemoveAll(dir)
+			os.Exit(1)
+		}
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// pair is two daemons, a and b, in one runtime directory, on two loopback
+// addresses over the UDP link.
+type pair struct {
+	dir  string
+	a, b *launch.Proc
+	logs [2]*launch.Buffer
+	addr [2]netip.Addr
+}
+
+func startPair(t *testing.T) *pair {
+	t.Helper()
+	p := &pair{dir: t.TempDir()}
+	a, b, err := launch.LoopbackPair(netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("127.0.0.2"))
+	require.NoError(t, err)
+	p.addr = [2]netip.Addr{a, b}
+	for i, name := range []string{"a", "b"} {
+		p.logs[i] = &launch.Buffer{}
+		proc, err := launch.Start(launch.Spec{Name: "vrnicd " + name, Bin: filepath.Join(bin, "vrnicd"),
+			Args: []string{"-name", name, "-runtime-dir", p.dir, "-link", "udp", "-workers", "1",
+				"-local", p.addr[i].String() + ":4791"}, Stderr: p.logs[i]})
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			if err := proc.Stop(0, 10*time.Second); err != nil || proc.Killed() {
+				t.Errorf("vrnicd %s: stop: %v (killed %v); log:\n%s", name, err, proc.Killed(), p.logs[i].String())
+			}
+		})
+		require.NoError(t, launch.WaitReady(context.Background(), proc, admin.SocketPath(p.dir, name), 15*time.Second))
+		if i == 0 {
+			p.a = proc
+		} else {
+			p.b = proc
+		}
+	}
+	return p
+}
+
+func (p *pair) daemonLogs() string {
+	return "vrnicd a:\n" + p.logs[0].String() + "\nvrnicd b:\n" + p.logs[1].String()
+}
+
+// run runs PROGRAM ARGS through vrnic-run on p's daemons and waits up to
+// timeout; it returns the combined output and the exit error.
+func (p *pair) run(t *testing.T, timeout time.Duration, args ...string) (string, error) {
+	t.Helper()
+	proc, out := p.start(t, "run", args...)
+	if !proc.Wait(timeout) {
+		proc.Stop(0, 5*time.Second)
+		return out.String(), fmt.Errorf("%s: no exit in %v", strings.Join(args, " "), timeout)
+	}
+	return out.String(), proc.Err()
+}
+
+func (p *pair) start(t *testing.T, name string, args ...string) (*launch.Proc, *launch.Buffer) {
+	t.Helper()
+	out := &launch.Buffer{}
+	full := append([]string{"-runtime-dir", p.dir, "-cache-dir", cache}, args...)
+	proc, err := launch.Start(launch.Spec{Name: name, Bin: filepath.Join(bin, "vrnic-run"), Args: full,
+		Stdout: out, Stderr: out})
+	require.NoError(t, err)
+	t.Cleanup(func() { proc.Stop(0, 5*time.Second) })
+	return proc, out
+}
+
+func TestDevices(t *testing.T) {
+	testenv.NeedTool(t, "cc")
+	testenv.NeedTool(t, "ibv_devices")
+	testenv.NeedTool(t, "ibv_devinfo")
+	p := startPair(t)
+
+	out, err := p.run(t, 60*time.Second, "ibv_devices")
+	require.NoError(t, err, out)
+	assert.Regexp(t, `(?m)^\s+a\s+[0-9a-f]{16}$`, out)
+	assert.Regexp(t, `(?m)^\s+b\s+[0-9a-f]{16}$`, out)
+
+	out, err = p.run(t, 30*time.Second, "ibv_devinfo", "-v")
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "hca_id:\ta\n")
+	assert.Contains(t, out, "hca_id:\tb\n")
+	assert.Equal(t, 2, strings.Count(out, "state:\t\t\tPORT_ACTIVE (4)"), out)
+	assert.Equal(t, 2, strings.Count(out, "link_layer:\t\tEthernet"), out)
+	assert.Contains(t, out, "::ffff:"+p.addr[0].String()+", RoCE v2")
+	assert.Contains(t, out, "::ffff:"+p.addr[1].String()+", RoCE v2")
+
+	// -d restricts the list to one device.
+	out, err = p.run(t, 30*time.Second, "-d", "b", "ibv_devinfo")
+	require.NoError(t, err, out)
+	assert.NotContains(t, out, "hca_id:\ta\n")
+	assert.Contains(t, out, "hca_id:\tb\n")
+
+	// A device that does not exist: no devices, the program says so.
+	out, err = p.run(t, 30*time.Second, "-d", "nosuch", "ibv_devinfo")
+	assert.Error(t, err)
+	assert.Contains(t, out, "No IB devices found")
+}
+
+// freeTCPPort returns a TCP port nobody listens on now.
+func freeTCPPort(t *testing.T) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// listening reports whether some socket listens on TCP port (IPv4 or
+// IPv6), from /proc/net/tcp{,6}: probing with a connection would be taken
+// by a pingpong server as its client.
+func listening(port int) bool {
+	want := fmt.Sprintf(":%04X", port)
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(bytes.NewReader(b))
+		for sc.Scan() {
+			fs := strings.Fields(sc.Text())
+			if len(fs) > 3 && strings.HasSuffix(fs[1], want) && fs[3] == "0A" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// pingpong runs prog ARGS as server on device a and as client on device
+// b (connecting to a's address) and returns both outputs. GID index 0 is
+// named with gidFlag (-g for the pingpongs, -x for perftest).
+func pingpong(t *testing.T, p *pair, prog, gidFlag string, args ...string) (server, client string) {
+	t.Helper()
+	port := strconv.Itoa(freeTCPPort(t))
+	sargs := append([]string{prog, "-d", "a", gidFlag, "0", "-p", port}, args...)
+	srv, sout := p.start(t, "server", sargs...)
+	deadline := time.Now().Add(60 * time.Second) // the first run may build the library
+	for !listening(mustAtoi(port)) {
+		if !srv.Running() || time.Now().After(deadline) {
+			t.Fatalf("%s server did not listen on port %s:\n%s", prog, port, sout.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cargs := append([]string{prog, "-d", "b", gidFlag, "0", "-p", port}, args...)
+	cargs = append(cargs, p.addr[0].String())
+	cout, err := p.run(t, 60*time.Second, cargs...)
+	require.NoError(t, err, "client: %s\nserver: %s\n%s", cout, sout.String(), p.daemonLogs())
+	require.True(t, srv.Wait(30*time.Second), "server did not exit: %s", sout.String())
+	require.NoError(t, srv.Err(), "server: %s", sout.String())
+	return sout.String(), cout
+}
+
+func mustAtoi(s string) int {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		panic(err)
+	}
+	return n
+}
+
+func TestPingpong(t *testing.T) {
+	testenv.NeedTool(t, "cc")
+	testenv.NeedTool(t, "ibv_rc_pingpong")
+	testenv.NeedTool(t, "ibv_srq_pingpong")
+	p := startPair(t)
+	for _, tc := range []struct {
+		prog string
+		args []string
+	}{
+		{"ibv_rc_pingpong", []string{"-s", "1", "-n", "200", "-c"}},
+		{"ibv_rc_pingpong", []string{"-s", "4096", "-n", "200", "-c"}},
+		{"ibv_rc_pingpong", []string{"-s", "65536", "-n", "100", "-c"}},
+		{"ibv_rc_pingpong", []string{"-e", "-n", "200", "-c"}},
+		// -N: the ibv_wr_* API of ibv_qp_ex (ibv_create_qp_ex with send_ops_flags).
+		{"ibv_rc_pingpong", []string{"-N", "-s", "8192", "-n", "200", "-c"}},
+		{"ibv_srq_pingpong", []string{"-n", "200"}},
+		{"ibv_srq_pingpong", []string{"-e", "-n", "200"}},
+	} {
+		t.Run(tc.prog+strings.Join(tc.args, "_"), func(t *testing.T) {
+			s, c := pingpong(t, p, tc.prog, "-g", tc.args...)
+			for _, out := range []string{s, c} {
+				assert.Regexp(t, `(?m)^\d+ bytes in [0-9.]+ seconds = `, out)
+				assert.Regexp(t, `(?m)^\d+ iters in [0-9.]+ seconds = `, out)
+				assert.Contains(t, out, "GID ::ffff:"+p.addr[0].String())
+			}
+		})
+	}
+}
+
+// TestPerftest runs perftest's RC tests. perftest uses the ibv_wr_* API
+// only on devices it recognizes, so these go through ibv_post_send.
+func TestPerftest(t *testing.T) {
+	testenv.NeedTool(t, "cc")
+	p := startPair(t)
+	for _, tc := range []struct {
+		prog string
+		args []string
+		line string // the result line: bytes and iterations
+	}{
+		{"ib_write_bw", []string{"-n", "300"}, `(?m)^ 65536\s+300\s+[0-9.]+\s+[0-9.]+`},
+		{"ib_read_bw", []string{"-n", "300"}, `(?m)^ 65536\s+300\s+[0-9.]+\s+[0-9.]+`},
+		{"ib_send_bw", []string{"-n", "300"}, `(?m)^ 65536\s+300\s+[0-9.]+\s+[0-9.]+`},
+		{"ib_atomic_bw", []string{"-n", "300"}, `(?m)^ 8\s+300\s+[0-9.]+\s+[0-9.]+`},
+		{"ib_write_lat", []string{"-n", "300"}, `(?m)^ 2\s+300\s+[0-9.]+\s+[0-9.]+`},
+		{"ib_read_lat", []string{"-n", "300"}, `(?m)^ 2\s+300\s+[0-9.]+\s+[0-9.]+`},
+		{"ib_send_lat", []string{"-n", "300"}, `(?m)^ 2\s+300\s+[0-9.]+\s+[0-9.]+`},
+		{"ib_send_bw", []string{"-n", "300", "-s", "1048576", "-e"}, `(?m)^ 1048576\s+300\s+[0-9.]+\s+[0-9.]+`},
+	} {
+		t.Run(tc.prog+strings.Join(tc.args, "_"), func(t *testing.T) {
+			testenv.NeedTool(t, tc.prog)
+			s, c := pingpong(t, p, tc.prog, "-x", tc.args...)
+			assert.Regexp(t, tc.line, c)
+			if strings.HasSuffix(tc.prog, "_bw") {
+				assert.Regexp(t, tc.line, s)
+			}
+		})
+	}
+}
+
+// TestSanitizedPingpong builds the library with AddressSanitizer and
+// UBSan and runs ibv_rc_pingpong with it. The programs are not built with
+// ASan, so its runtime is preloaded; leak checking is off (the programs
+// exit without freeing everything).
+func TestSanitizedPingpong(t *testing.T) {
+	cc := testenv.NeedTool(t, "cc")
+	pp := testenv.NeedTool(t, "ibv_rc_pingpong")
+	libasan, err := exec.Command(cc, "-print-file-name=libasan.so").Output()
+	require.NoError(t, err)
+	asan := strings.TrimSpace(string(libasan))
+	if _, err := os.Stat(asan); err != nil {
+		testenv.Need(t, false, "libasan.so not found: "+asan)
+	}
+	out, err := exec.Command(filepath.Join(bin, "vrnic-run"), "-cache-dir", cache, "-sanitize", "address,undefined", "-build-only").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	libDir := strings.TrimSpace(string(out))
+	require.FileExists(t, filepath.Join(libDir, "libibverbs.so.1"))
+
+	p := startPair(t)
+	port := strconv.Itoa(freeTCPPort(t))
+	env := []string{"LD_LIBRARY_PATH=" + libDir, "LD_PRELOAD=" + asan, "VRNIC_RUNTIME_DIR=" + p.dir,
+		"ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:exitcode=99", "UBSAN_OPTIONS=halt_on_error=1:exitcode=98:print_stacktrace=1"}
+	start := func(name string, args ...string) (*launch.Proc, *launch.Buffer) {
+		o := &launch.Buffer{}
+		proc, err := launch.Start(launch.Spec{Name: name, Bin: pp, Args: args, Env: env, Stdout: o, Stderr: o})
+		require.NoError(t, err)
+		t.Cleanup(func() { proc.Stop(0, 5*time.Second) })
+		return proc, o
+	}
+	srv, sout := start("server", "-d", "a", "-g", "0", "-p", port, "-n", "100", "-s", "8192", "-c")
+	deadline := time.Now().Add(30 * time.Second)
+	for !listening(mustAtoi(port)) {
+		require.True(t, srv.Running() && time.Now().Before(deadline), "server: %s", sout.String())
+		time.Sleep(20 * time.Millisecond)
+	}
+	cli, cout := start("client", "-d", "b", "-g", "0", "-p", port, "-n", "100", "-s", "8192", "-c", p.addr[0].String())
+	require.True(t, cli.Wait(60*time.Second), "client hangs: %s", cout.String())
+	require.True(t, srv.Wait(30*time.Second), "server hangs: %s", sout.String())
+	require.NoError(t, cli.Err(), "client: %s\nserver: %s", cout.String(), sout.String())
+	require.NoError(t, srv.Err(), "server: %s", sout.String())
+	for _, o := range []string{sout.String(), cout.String()} {
+		assert.NotContains(t, o, "ERROR: AddressSanitizer")
+		assert.NotContains(t, o, "runtime error:")
+		assert.Regexp(t, `(?m)^\d+ bytes in `, o)
+	}
+}
+
+// TestMemOps builds testdata/mem_ops.c, a program written against
+// <infiniband/verbs.h> only, and runs it through vrnic-run: it registers
+// heap, stack and mmap memory in place on two devices and checks every
+// byte of an RDMA WRITE, an RDMA READ and a SEND between them.
+func TestMemOps(t *testing.T) {
+	cc := testenv.NeedTool(t, "cc")
+	prog := filepath.Join(t.TempDir(), "mem_ops")
+	out, err := exec.Command(cc, "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-o", prog, "testdata/mem_ops.c", "-libverbs").CombinedOutput()
+	testenv.Need(t, err == nil || !strings.Contains(string(out), "infiniband/verbs.h"), "libibverbs-dev not installed")
+	require.NoError(t, err, "%s", out)
+	p := startPair(t)
+	got, err := p.run(t, 60*time.Second, prog)
+	require.NoError(t, err, "%s\n%s", got, p.daemonLogs())
+	assert.Equal(t, "OK write 20000 read 20000 send 20000 (heap, stack, mmap)\n", got)
+}
