@@ -292,6 +292,8 @@ func memHelperHostile(mode, sock string) (string, error) {
 		return "", err
 	}
 	switch mode {
+	case "rings":
+		return ringsHostile(sock)
 	case "sparse":
 		const size = 2 << 30
 		start := time.Now()

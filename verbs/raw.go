@@ -1,0 +1,22 @@
+package verbs
+
+// Raw views of the shared memory the library writes for its QPs and CQs:
+// for tools and tests of the daemon's defences against a client that
+// writes anything there (garbage indices, garbage WQEs). Writing through
+// them bypasses every invariant the library keeps; the daemon must cope,
+// the QP or CQ written need not.
+
+// RawDoorbellRecord returns the QP's doorbell record as mapped (the
+// abi.OffDB* offsets).
+func (q *QP) RawDoorbellRecord() []byte { return q.rec }
+
+// RawSQ returns the QP's send queue ring as mapped: slots of
+// abi.WQEBlock-sized blocks, as the ABI lays them out.
+func (q *QP) RawSQ() []byte { return q.sq.ring.Bytes }
+
+// RawDoorbellRecord returns the CQ's doorbell record as mapped.
+func (cq *CQ) RawDoorbellRecord() []byte { return cq.rec }
+
+// RawKick wakes the daemon's doorbell poller if it sleeps, as the library
+// does after it stores a producer index.
+func (c *Context) RawKick() { c.kick() }
