@@ -1,9 +1,11 @@
 package device
 
 import (
+	crand "crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"os"
 	"sync"
@@ -124,7 +126,7 @@ type Device struct {
 	contexts map[uint32]*Context
 	nextCtx  uint32
 	qps      map[uint32]*QP // by QPN, device-wide
-	nextQPN  uint32
+	qpnRand  *rand.Rand     // allocQPN (ChaCha8 seeded from the OS CSPRNG)
 	// peers holds, for every connected RC QP (RTR and after, until RESET
 	// or destroy), the remote end it is connected to: one remote QP is
 	// claimed by at most one local QP (connect.go).
@@ -194,6 +196,8 @@ func New(cfg Config) (*Device, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	var seed [32]byte
+	crand.Read(seed[:])
 	d := &Device{
 		cfg:      cfg,
 		log:      cfg.Logger.With("device", cfg.Name),
@@ -202,7 +206,7 @@ func New(cfg Config) (*Device, error) {
 		start:    time.Now(),
 		contexts: make(map[uint32]*Context),
 		qps:      make(map[uint32]*QP),
-		nextQPN:  firstQPN,
+		qpnRand:  rand.New(rand.NewChaCha8(seed)),
 		peers:    make(map[peerKey]*QP),
 		lns:      make(map[Listener]struct{}),
 		conns:    make(map[*net.UnixConn]struct{}),

@@ -123,16 +123,15 @@ func (cn *conn) createQP(r *request) (reply, error) {
 	return reply{body: &abi.RespCreateQP{QPN: q.qpn, DBIndex: q.dbIndex, SQWQEBlocks: q.sqBlocks, RQWQESize: q.rqSize, Cap: cp}}, nil
 }
 
-// allocQPN returns an unused 24-bit QPN >= firstQPN, advancing
-// round-robin so a destroyed QP's number is not reused at once (a late
-// packet for the old QP then finds no QP rather than the new one).
+// allocQPN returns an unused 24-bit QPN >= firstQPN, drawn at random: an
+// off-path host that wants to inject into a connection must guess the QPN
+// too (besides the PSN and the rkey), and a destroyed QP's number is not
+// reused at once (a late packet for the old QP then finds no QP rather
+// than the new one). The device holds at most Limits.PerDevice.QP QPs of
+// the 16M numbers, so a draw is free with high probability.
 func (d *Device) allocQPN() uint32 {
 	for {
-		n := d.nextQPN & roce.QPNMask
-		d.nextQPN = n + 1
-		if n < firstQPN {
-			continue
-		}
+		n := firstQPN + d.qpnRand.Uint32N(roce.QPNMask+1-firstQPN)
 		if _, used := d.qps[n]; !used {
 			return n
 		}

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/roce"
 	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/device"
 	"github.com/vrnic/vrnic/verbs"
@@ -423,4 +424,35 @@ func TestConnectionClaim(t *testing.T) {
 	require.NoError(t, modify(v, abi.QPSReset, 0))
 	require.NoError(t, a.Destroy())
 	require.NoError(t, toRTR(v), "free again once the holder is destroyed")
+}
+
+// TestQPNsNotPredictable: QP numbers are drawn at random from the 24-bit
+// space above the special QPs, so one QPN does not tell the next (an
+// off-path injector must guess it) and a destroyed QP's number is not
+// handed out again at once.
+func TestQPNsNotPredictable(t *testing.T) {
+	s := startServer(t, device.Limits{})
+	e := newQPEnv(t, open(t, s))
+	seen := map[uint32]bool{}
+	var prev uint32
+	adjacent := 0
+	for i := range 64 {
+		qp := e.qp(t, abi.QPTRC)
+		require.GreaterOrEqual(t, qp.QPN, uint32(2))
+		require.LessOrEqual(t, qp.QPN, uint32(roce.QPNMask))
+		require.False(t, seen[qp.QPN], "QPN %#x handed out twice", qp.QPN)
+		seen[qp.QPN] = true
+		if i > 0 && (qp.QPN == prev+1 || qp.QPN+1 == prev) {
+			adjacent++
+		}
+		prev = qp.QPN
+		if i%2 == 0 {
+			n := qp.QPN
+			require.NoError(t, qp.Destroy())
+			again := e.qp(t, abi.QPTRC)
+			assert.NotEqual(t, n, again.QPN, "a destroyed QP's number handed out at once")
+			seen[again.QPN] = true
+		}
+	}
+	assert.Less(t, adjacent, 4, "consecutive QPNs: %d of 63", adjacent)
 }
