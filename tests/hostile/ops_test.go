@@ -77,6 +77,8 @@ func TestOpsHelperProcess(t *testing.T) {
 			return
 		}
 		say("operator ok contexts=%d", len(items))
+	case "flood":
+		floodHelper(say, sock)
 	default:
 		say("unknown mode %q", mode)
 	}
