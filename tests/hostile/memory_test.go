@@ -392,6 +392,14 @@ func memRawOpen(sock string) (*memRaw, error) {
 }
 
 func (r *memRaw) call(op abi.Cmd, req any, fds []int, resp any) error {
+	if err := r.send(op, req, fds); err != nil {
+		return err
+	}
+	return r.recv(resp)
+}
+
+// send sends a command without waiting for its reply.
+func (r *memRaw) send(op abi.Cmd, req any, fds []int) error {
 	n := abi.SizeofMsgHdr
 	if req != nil {
 		k, err := abi.Marshal(r.buf[n:], req)
@@ -408,9 +416,12 @@ func (r *memRaw) call(op abi.Cmd, req any, fds []int, resp any) error {
 		oob = unix.UnixRights(fds...)
 	}
 	r.c.SetDeadline(time.Now().Add(2 * time.Minute))
-	if _, _, err := r.c.WriteMsgUnix(r.buf[:n], oob, nil); err != nil {
-		return err
-	}
+	_, _, err := r.c.WriteMsgUnix(r.buf[:n], oob, nil)
+	return err
+}
+
+// recv reads the reply to the command sent last into resp.
+func (r *memRaw) recv(resp any) error {
 	m, oobn, _, _, err := r.c.ReadMsgUnix(r.buf, r.oob)
 	if err != nil {
 		return err

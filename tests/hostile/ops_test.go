@@ -79,6 +79,8 @@ func TestOpsHelperProcess(t *testing.T) {
 		say("operator ok contexts=%d", len(items))
 	case "flood":
 		floodHelper(say, sock)
+	case "killed":
+		killedHelper(say, sock)
 	default:
 		say("unknown mode %q", mode)
 	}
