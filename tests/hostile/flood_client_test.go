@@ -15,6 +15,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"reflect"
 	"sync"
 	"time"
 
@@ -50,16 +51,7 @@ type floodConfig struct {
 
 // floodReport is what the flood client saw, printed as one JSON OPS line.
 type floodReport struct {
-	// On the senders' connections: datagrams sent; those the daemon must
-	// count as bad messages (no header, truncated, too many fds); those
-	// with a header (commands, good or bad); fds attached to commands
-	// that take none (the daemon closes each); operator commands.
-	Sent, Bad, Cmds, FdsOnNoFd, Operator int
-	// Replies received, error replies among them, and error replies to
-	// the datagrams with a header.
-	Replies, ErrReplies, CmdErrReplies int
-	// Commands naming the victim's QPs, and how many succeeded.
-	Foreign, ForeignOK int
+	floodCounts
 	// Churn: connections opened, refused (EAGAIN reply) and not opened
 	// (connect failed).
 	ChurnOpened, ChurnRefused, ChurnFailed int
@@ -67,6 +59,29 @@ type floodReport struct {
 	UDPSent                                int
 	Errors                                 []string
 	Millis                                 int64
+}
+
+// floodCounts is what the senders sent and got.
+type floodCounts struct {
+	// Datagrams sent; those the daemon must count as bad messages (no
+	// header, truncated, too many fds); those with a header (commands,
+	// good or bad); fds attached to commands that take none (the daemon
+	// closes each); operator commands.
+	Sent, Bad, Cmds, FdsOnNoFd, Operator int
+	// Replies received, error replies among them, and error replies to
+	// the datagrams with a header.
+	Replies, ErrReplies, CmdErrReplies int
+	// Commands naming the victim's QPs, and how many succeeded.
+	Foreign, ForeignOK int
+}
+
+// add adds every count of o to c.
+func (c *floodCounts) add(o floodCounts) {
+	dst, src := reflect.ValueOf(c).Elem(), reflect.ValueOf(o)
+	for i := range dst.NumField() {
+		f := dst.Field(i)
+		f.SetInt(f.Int() + src.Field(i).Int())
+	}
 }
 
 // floodMsg is one datagram and what the daemon must do with it.
@@ -319,16 +334,7 @@ func floodHelper(say func(string, ...any), sock string) {
 				fail("sender %d: %v", i, err)
 			}
 			mu.Lock()
-			rep.Sent += s.Sent
-			rep.Bad += s.Bad
-			rep.Cmds += s.Cmds
-			rep.FdsOnNoFd += s.FdsOnNoFd
-			rep.Operator += s.Operator
-			rep.Replies += s.Replies
-			rep.ErrReplies += s.ErrReplies
-			rep.CmdErrReplies += s.CmdErrReplies
-			rep.Foreign += s.Foreign
-			rep.ForeignOK += s.ForeignOK
+			rep.add(s)
 			mu.Unlock()
 		})
 	}
@@ -395,16 +401,7 @@ func floodRecv(c *net.UnixConn, buf, oob []byte) (uint32, error) {
 	if err != nil {
 		return 0, err
 	}
-	if oobn > 0 {
-		if cms, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
-			for _, cm := range cms {
-				fds, _ := unix.ParseUnixRights(&cm)
-				for _, fd := range fds {
-					unix.Close(fd)
-				}
-			}
-		}
-	}
+	closeRights(oob[:oobn])
 	var h abi.MsgHdr
 	if err := h.Decode(buf[:n]); err != nil {
 		return 0, fmt.Errorf("reply of %d bytes: %w", n, err)
@@ -437,8 +434,8 @@ func floodOpen(c *net.UnixConn, buf, oob []byte) error {
 // floodSend sends n bad datagrams on one connection (opening a context
 // first when ctx), reading the replies as they come, and counts them. It
 // calls ready once connected (or failed to).
-func floodSend(g *floodGen, sock string, ctx bool, n int, ready func()) (floodReport, error) {
-	var s floodReport
+func floodSend(g *floodGen, sock string, ctx bool, n int, ready func()) (floodCounts, error) {
+	var s floodCounts
 	c, err := floodDial(sock)
 	if err != nil {
 		ready()

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/vrnic/vrnic/internal/launch"
 )
 
@@ -122,4 +124,19 @@ func (p *opsProc) kill() {
 	}
 	p.cmd.Process.Signal(syscall.SIGKILL) // by its pidfd: no other process if it has just been reaped
 	<-p.done
+}
+
+// closeRights closes every descriptor that came in the control message
+// oob (a reply's: the probes' raw clients need none of them).
+func closeRights(oob []byte) {
+	cms, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return
+	}
+	for _, cm := range cms {
+		fds, _ := unix.ParseUnixRights(&cm)
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}
 }

@@ -426,16 +426,7 @@ func (r *memRaw) recv(resp any) error {
 	if err != nil {
 		return err
 	}
-	if oobn > 0 { // OPEN_CONTEXT's doorbell page and kick eventfd: not needed
-		if cms, err := unix.ParseSocketControlMessage(r.oob[:oobn]); err == nil {
-			for _, cm := range cms {
-				got, _ := unix.ParseUnixRights(&cm)
-				for _, fd := range got {
-					unix.Close(fd)
-				}
-			}
-		}
-	}
+	closeRights(r.oob[:oobn]) // OPEN_CONTEXT's doorbell page and kick eventfd: not needed
 	var rh abi.MsgHdr
 	if err := rh.Decode(r.buf[:m]); err != nil {
 		return err

@@ -100,6 +100,13 @@ func (e *opsEnv) opsStartDaemon(t testing.TB, name string, extra ...string) *ops
 // is allocated.
 func (d *opsDaemon) waitQuiet(t testing.TB) {
 	t.Helper()
+	d.waitHolding(t, 1, admin.ResourceCounts{}, 10*time.Second)
+}
+
+// waitHolding waits up to timeout until the daemon has conns connections
+// and holds the resources res, and fails t if it does not get there.
+func (d *opsDaemon) waitHolding(t testing.TB, conns int64, res admin.ResourceCounts, timeout time.Duration) {
+	t.Helper()
 	var last admin.Info
 	require.Eventually(t, func() bool {
 		i, err := d.adm.Info()
@@ -107,8 +114,9 @@ func (d *opsDaemon) waitQuiet(t testing.TB) {
 			return false
 		}
 		last = i
-		return i.Connections == 1 && i.Resources == admin.ResourceCounts{}
-	}, 10*time.Second, 10*time.Millisecond, "daemon not quiet: %+v\n%s", last, d.log)
+		return i.Connections == conns && i.Resources == res
+	}, timeout, 10*time.Millisecond, "the daemon holds %d connections and %+v, want %d and %+v\n%s",
+		last.Connections, last.Resources, conns, res, d.log)
 }
 
 // opsCheckHealthy is every probe's end: the daemon runs, answers its

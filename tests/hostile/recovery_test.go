@@ -80,16 +80,7 @@ func loadCheckRecovered(t testing.TB, d *opsDaemon, v *memVictim, b loadBase) {
 	d.requireRunning(t)
 	loadWaitSteps(t, v, 10, 20*time.Second)
 
-	var last admin.Info
-	assert.Eventually(t, func() bool {
-		i, err := d.adm.Info()
-		if err != nil {
-			return false
-		}
-		last = i
-		return i.Connections == b.info.Connections && i.Resources == b.info.Resources
-	}, 20*time.Second, 10*time.Millisecond, "the daemon still holds the hostile clients' connections or resources: %d connections, %+v; with the victim alone %d, %+v",
-		last.Connections, last.Resources, b.info.Connections, b.info.Resources)
+	d.waitHolding(t, b.info.Connections, b.info.Resources, 20*time.Second) // the victim's alone
 	ctxs, err := admin.ListAs[admin.ContextInfo](d.adm, admin.ContextsCmd)
 	require.NoError(t, err)
 	for _, c := range ctxs {
