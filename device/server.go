@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"time"
 	"unicode"
 
@@ -25,7 +26,8 @@ type conn struct {
 	uid, gid uint32
 	operator bool
 
-	buf  []byte // receive buffer: MaxMsgSize+1 to detect oversize datagrams
+	bufs *connBufs // buf and rbuf, from connBufPool until the connection ends
+	buf  []byte    // receive buffer: MaxMsgSize+1 to detect oversize datagrams
 	oob  []byte
 	rbuf []byte // reply buffer
 	// out and outOOB are the reply to send, built while the uid's turn is
@@ -33,6 +35,17 @@ type conn struct {
 	// there is none.
 	out, outOOB []byte
 }
+
+// connBufs are a connection's receive and reply buffers (128 KiB),
+// reused from one connection to the next: a flood of short connections
+// does not allocate them anew for each (it grew the daemon's RSS by tens
+// of MiB that the runtime gives back only slowly).
+type connBufs struct {
+	buf  [abi.MaxMsgSize + 1]byte // MaxMsgSize+1 to detect oversize datagrams
+	rbuf [abi.MaxMsgSize]byte
+}
+
+var connBufPool = sync.Pool{New: func() any { return new(connBufs) }}
 
 // request is one decoded command.
 type request struct {
@@ -124,10 +137,10 @@ func (d *Device) serveConn(c *net.UnixConn) {
 		uid:      p.uid,
 		gid:      p.gid,
 		operator: operator,
-		buf:      make([]byte, abi.MaxMsgSize+1),
+		bufs:     connBufPool.Get().(*connBufs),
 		oob:      make([]byte, unix.CmsgSpace(maxOOBFds*4)),
-		rbuf:     make([]byte, abi.MaxMsgSize),
 	}
+	cn.buf, cn.rbuf = cn.bufs.buf[:], cn.bufs.rbuf[:]
 	defer func() {
 		c.Close()
 		turn.take()
@@ -141,6 +154,8 @@ func (d *Device) serveConn(c *net.UnixConn) {
 		d.mu.Unlock()
 		turn.release()
 		d.counters.ConnectionsOpen.Add(-1)
+		cn.buf, cn.rbuf = nil, nil
+		connBufPool.Put(cn.bufs)
 	}()
 	for {
 		m, err := readMsg(c, cn.buf, cn.oob)
