@@ -35,7 +35,35 @@ type account struct {
 	refused  uint64    // connections refused at the per-uid limit
 	lastLog  time.Time // last refusal logged (at most one a second per uid)
 	unlogged uint64    // refusals since then, not logged
+	// turn is the uid's turn on the control path (a semaphore of one,
+	// not guarded by Device.mu): see uidTurn.
+	turn uidTurn
 }
+
+// uidTurn is a uid's turn on the control path. A connection holds its
+// uid's turn while it handles a datagram (decoding it, running the command
+// under the device lock, building the reply, closing the descriptors that
+// came with it) and while its context is torn down; it writes the reply
+// after giving the turn back. So the connections of one uid take turns,
+// and what a uid makes the daemon do at one time is one command or one
+// teardown, however many connections it opens and however fast it sends:
+//
+//   - the device lock has at most one waiter per uid: another uid's
+//     command waits for at most one command (or teardown) of each busy
+//     uid, not for a queue of them;
+//   - the goroutines of a uid's connections that have a datagram to
+//     handle wait for the turn asleep, instead of all competing for the
+//     CPU with the engine's workers (with GOMAXPROCS as small as the
+//     workers, a flood of commands on a hundred connections would
+//     otherwise queue a hundred runnable goroutines before a worker each
+//     time it yields).
+//
+// Nothing else is taken while the turn is held except the device lock,
+// and the turn is never taken under the device lock.
+type uidTurn chan struct{}
+
+func (t uidTurn) take()    { t <- struct{}{} }
+func (t uidTurn) release() { <-t }
 
 // OperatorGroup is the group whose members may use the operator commands
 // besides root and the daemon's own uid.
@@ -99,12 +127,13 @@ func (d *Device) fdLimit(cx *Context, what string) error {
 	return nil
 }
 
-// admitLocked counts a new connection of p.uid, or returns an error (the
-// uid holds its limit of connections).
-func (d *Device) admitLocked(p peer) error {
+// admitLocked counts a new connection of p.uid and returns the uid's turn
+// on the control path, or returns an error (the uid holds its limit of
+// connections).
+func (d *Device) admitLocked(p peer) (uidTurn, error) {
 	a := d.accounts[p.uid]
 	if a == nil {
-		a = &account{}
+		a = &account{turn: make(uidTurn, 1)}
 		d.accounts[p.uid] = a
 	}
 	if lim := d.cfg.Limits.PerUID.Connections; a.conns >= lim {
@@ -117,10 +146,10 @@ func (d *Device) admitLocked(p peer) error {
 		} else {
 			a.unlogged++
 		}
-		return errorf(errAgain, "uid %d holds %d control connections, its limit (limits.per_uid.connections); connection refused", p.uid, a.conns)
+		return nil, errorf(errAgain, "uid %d holds %d control connections, its limit (limits.per_uid.connections); connection refused", p.uid, a.conns)
 	}
 	a.conns++
-	return nil
+	return a.turn, nil
 }
 
 // leaveLocked uncounts a connection of uid admitted by admitLocked.

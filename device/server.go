@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"time"
 	"unicode"
 
@@ -25,10 +26,26 @@ type conn struct {
 	uid, gid uint32
 	operator bool
 
-	buf  []byte // receive buffer: MaxMsgSize+1 to detect oversize datagrams
+	bufs *connBufs // buf and rbuf, from connBufPool until the connection ends
+	buf  []byte    // receive buffer: MaxMsgSize+1 to detect oversize datagrams
 	oob  []byte
 	rbuf []byte // reply buffer
+	// out and outOOB are the reply to send, built while the uid's turn is
+	// held (uidTurn) and written once it is given back; out is nil when
+	// there is none.
+	out, outOOB []byte
 }
+
+// connBufs are a connection's receive and reply buffers (128 KiB),
+// reused from one connection to the next: a flood of short connections
+// does not allocate them anew for each (it grew the daemon's RSS by tens
+// of MiB that the runtime gives back only slowly).
+type connBufs struct {
+	buf  [abi.MaxMsgSize + 1]byte // MaxMsgSize+1 to detect oversize datagrams
+	rbuf [abi.MaxMsgSize]byte
+}
+
+var connBufPool = sync.Pool{New: func() any { return new(connBufs) }}
 
 // request is one decoded command.
 type request struct {
@@ -104,7 +121,7 @@ func (d *Device) serveConn(c *net.UnixConn) {
 		return
 	}
 	d.mu.Lock()
-	err = d.admitLocked(p)
+	turn, err := d.admitLocked(p)
 	d.mu.Unlock()
 	if err != nil {
 		d.refuse(c, err)
@@ -120,12 +137,13 @@ func (d *Device) serveConn(c *net.UnixConn) {
 		uid:      p.uid,
 		gid:      p.gid,
 		operator: operator,
-		buf:      make([]byte, abi.MaxMsgSize+1),
+		bufs:     connBufPool.Get().(*connBufs),
 		oob:      make([]byte, unix.CmsgSpace(maxOOBFds*4)),
-		rbuf:     make([]byte, abi.MaxMsgSize),
 	}
+	cn.buf, cn.rbuf = cn.bufs.buf[:], cn.bufs.rbuf[:]
 	defer func() {
 		c.Close()
+		turn.take()
 		d.mu.Lock()
 		delete(d.conns, c)
 		if cn.ctx != nil {
@@ -134,55 +152,57 @@ func (d *Device) serveConn(c *net.UnixConn) {
 		}
 		d.leaveLocked(p.uid)
 		d.mu.Unlock()
+		turn.release()
 		d.counters.ConnectionsOpen.Add(-1)
+		cn.buf, cn.rbuf = nil, nil
+		connBufPool.Put(cn.bufs)
 	}()
 	for {
 		m, err := readMsg(c, cn.buf, cn.oob)
-		if err != nil {
-			var re *recvError
-			if errors.As(err, &re) {
-				d.counters.BadMessages.Add(1)
-				if !cn.replyRawError(m.data, unix.EMSGSIZE, re.Error()) {
-					return
-				}
-				continue
-			}
+		var re *recvError
+		if err != nil && !errors.As(err, &re) {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, os.ErrClosed) && !errors.Is(err, net.ErrClosed) {
 				d.log.Debug("control connection read", "err", err)
 			}
 			return
 		}
-		ok := cn.handle(&m)
-		if n := len(m.fds); n > 0 {
+		turn.take()
+		if re != nil {
+			d.counters.BadMessages.Add(1)
+			cn.replyRawError(m.data, unix.EMSGSIZE, re.Error())
+		} else {
+			cn.handle(&m)
 			for _, fd := range m.fds {
 				if fd >= 0 {
 					d.counters.FdsClosed.Add(1)
 				}
 			}
+			m.closeFds()
 		}
-		m.closeFds()
-		if !ok {
+		turn.release()
+		if !cn.flush() {
 			return
 		}
 	}
 }
 
-// handle processes one datagram and sends the reply. It returns false when
-// the connection must be closed (the reply could not be sent).
-func (cn *conn) handle(m *rawMsg) bool {
+// handle processes one datagram and builds the reply (flush sends it).
+func (cn *conn) handle(m *rawMsg) {
 	d := cn.d
 	var hdr abi.MsgHdr
 	if err := hdr.Decode(m.data); err != nil {
 		d.counters.BadMessages.Add(1)
-		return cn.replyRawError(m.data, unix.EMSGSIZE, fmt.Sprintf("datagram of %d bytes is shorter than the %d-byte header", len(m.data), abi.SizeofMsgHdr))
+		cn.replyRawError(m.data, unix.EMSGSIZE, fmt.Sprintf("datagram of %d bytes is shorter than the %d-byte header", len(m.data), abi.SizeofMsgHdr))
+		return
 	}
 	d.counters.Commands.Add(1)
 	rep, err := cn.dispatch(&hdr, m)
 	if err != nil {
 		d.counters.CommandErrors.Add(1)
-		return cn.sendError(&hdr, errnoOf(err), err.Error())
+		cn.sendError(&hdr, errnoOf(err), err.Error())
+		return
 	}
-	return cn.sendReply(&hdr, rep)
+	cn.sendReply(&hdr, rep)
 }
 
 func (cn *conn) dispatch(hdr *abi.MsgHdr, m *rawMsg) (reply, error) {
@@ -220,6 +240,9 @@ func (cn *conn) dispatch(hdr *abi.MsgHdr, m *rawMsg) (reply, error) {
 	return spec.handle(cn, &request{hdr: *hdr, payload: payload, msg: m})
 }
 
+// sendReply, sendError and replyRawError build a reply for flush; they
+// return false when there is none to send (an error reply that cannot be
+// encoded).
 func (cn *conn) sendReply(req *abi.MsgHdr, rep reply) bool {
 	b := cn.rbuf
 	n := abi.SizeofMsgHdr
@@ -263,7 +286,21 @@ func (cn *conn) replyRawError(data []byte, errno unix.Errno, msg string) bool {
 	return cn.sendError(&h, errno, msg)
 }
 
+// write keeps the datagram b (and the control message oob) for flush.
 func (cn *conn) write(b, oob []byte) bool {
+	cn.out, cn.outOOB = b, oob
+	return true
+}
+
+// flush sends the reply built for the last datagram, if any; it returns
+// false when the connection must be closed: there was no reply (the error
+// reply could not be encoded) or it could not be sent within 5 s.
+func (cn *conn) flush() bool {
+	b, oob := cn.out, cn.outOOB
+	cn.out, cn.outOOB = nil, nil
+	if b == nil {
+		return false
+	}
 	cn.c.SetWriteDeadline(time.Now().Add(5 * time.Second))
 	_, _, err := cn.c.WriteMsgUnix(b, oob, nil)
 	return err == nil

@@ -34,7 +34,7 @@ func TestMain(m *testing.M) {
 // vrnicdBinary returns the vrnicd every probe runs: $VRNIC_HOSTILE_VRNICD
 // when set, otherwise one built from this tree (once per test binary) in
 // a directory every uid can reach.
-func vrnicdBinary(t *testing.T) string {
+func vrnicdBinary(t testing.TB) string {
 	t.Helper()
 	if p := os.Getenv(daemonEnv); p != "" {
 		abs, err := filepath.Abs(p)

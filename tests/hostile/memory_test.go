@@ -204,7 +204,7 @@ func memHelperStartDaemon(t *testing.T, cfg string) *memDaemon {
 }
 
 // memHelperStatus reads the daemon's VmRSS and VmLck.
-func memHelperStatus(t *testing.T, pid int) memStatus {
+func memHelperStatus(t testing.TB, pid int) memStatus {
 	t.Helper()
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	require.NoError(t, err)
@@ -394,6 +394,14 @@ func memRawOpen(sock string) (*memRaw, error) {
 }
 
 func (r *memRaw) call(op abi.Cmd, req any, fds []int, resp any) error {
+	if err := r.send(op, req, fds); err != nil {
+		return err
+	}
+	return r.recv(resp)
+}
+
+// send sends a command without waiting for its reply.
+func (r *memRaw) send(op abi.Cmd, req any, fds []int) error {
 	n := abi.SizeofMsgHdr
 	if req != nil {
 		k, err := abi.Marshal(r.buf[n:], req)
@@ -410,23 +418,17 @@ func (r *memRaw) call(op abi.Cmd, req any, fds []int, resp any) error {
 		oob = unix.UnixRights(fds...)
 	}
 	r.c.SetDeadline(time.Now().Add(2 * time.Minute))
-	if _, _, err := r.c.WriteMsgUnix(r.buf[:n], oob, nil); err != nil {
-		return err
-	}
+	_, _, err := r.c.WriteMsgUnix(r.buf[:n], oob, nil)
+	return err
+}
+
+// recv reads the reply to the command sent last into resp.
+func (r *memRaw) recv(resp any) error {
 	m, oobn, _, _, err := r.c.ReadMsgUnix(r.buf, r.oob)
 	if err != nil {
 		return err
 	}
-	if oobn > 0 { // OPEN_CONTEXT's doorbell page and kick eventfd: not needed
-		if cms, err := unix.ParseSocketControlMessage(r.oob[:oobn]); err == nil {
-			for _, cm := range cms {
-				got, _ := unix.ParseUnixRights(&cm)
-				for _, fd := range got {
-					unix.Close(fd)
-				}
-			}
-		}
-	}
+	closeRights(r.oob[:oobn]) // OPEN_CONTEXT's doorbell page and kick eventfd: not needed
 	var rh abi.MsgHdr
 	if err := rh.Decode(r.buf[:m]); err != nil {
 		return err
@@ -485,7 +487,7 @@ func (r *memRaw) regMR(pd uint32, length uint64, npages uint32, pbl uint64) erro
 // B's, checks B's memory, READs it back into A's and checks that, then
 // times one command.
 type memVictim struct {
-	t        *testing.T
+	t        testing.TB
 	c        *verbs.Context
 	pd       *verbs.PD
 	cq       *verbs.CQ
@@ -498,6 +500,7 @@ type memVictim struct {
 
 	mu     sync.Mutex
 	st     memVictimStats
+	lat    []time.Duration // see takeLatencies
 	ops    int
 	last   time.Time
 	stop   chan struct{}
@@ -515,7 +518,7 @@ type memVictimStats struct {
 
 const memVictimBytes = 64 << 10
 
-func memHelperNewVictim(t *testing.T, sock string) *memVictim {
+func memHelperNewVictim(t testing.TB, sock string) *memVictim {
 	t.Helper()
 	v := &memVictim{t: t, wc: make([]abi.CQE, 16), stop: make(chan struct{}), done: make(chan struct{})}
 	var err error
@@ -581,28 +584,58 @@ func (v *memVictim) step() error {
 		src[i] = byte(v.seq*7 + uint64(i)*13)
 	}
 	clear(dst)
+	start := time.Now()
 	st, err := v.post(abi.WRRDMAWrite, v.mrA.SGE(0, n), v.mrB.RKey, v.mrB.Addr)
 	if err != nil || st != abi.WCSuccess {
 		return fmt.Errorf("RDMA WRITE: status %v, %v", st, err)
 	}
+	v.took(start, false)
 	if !bytes.Equal(v.tgt.Bytes, src) {
 		return errors.New("the victim's target memory differs from what it wrote")
 	}
+	start = time.Now()
 	st, err = v.post(abi.WRRDMARead, v.mrA.SGE(n, n), v.mrB.RKey, v.mrB.Addr)
 	if err != nil || st != abi.WCSuccess {
 		return fmt.Errorf("RDMA READ: status %v, %v", st, err)
 	}
+	v.took(start, false)
 	if !bytes.Equal(dst, src) {
 		return errors.New("the victim read back other bytes than it wrote")
 	}
-	start := time.Now()
+	start = time.Now()
 	if _, err := v.c.QueryDevice(); err != nil {
 		return fmt.Errorf("QUERY_DEVICE: %w", err)
 	}
-	v.mu.Lock()
-	v.st.maxCtl = max(v.st.maxCtl, time.Since(start))
-	v.mu.Unlock()
+	v.took(start, true)
 	return nil
+}
+
+// memVictimMaxSamples bounds the latencies kept between two
+// takeLatencies.
+const memVictimMaxSamples = 1 << 18
+
+// took records the latency of one operation that started at start (a
+// command when ctl).
+func (v *memVictim) took(start time.Time, ctl bool) {
+	d := time.Since(start)
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if ctl {
+		v.st.maxCtl = max(v.st.maxCtl, d)
+	}
+	if len(v.lat) < memVictimMaxSamples {
+		v.lat = append(v.lat, d)
+	}
+}
+
+// takeLatencies returns the latencies of the operations (RDMA WRITE,
+// RDMA READ, QUERY_DEVICE) done since the last call, in order.
+func (v *memVictim) takeLatencies() []time.Duration {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	l := v.lat
+	v.lat = nil
+	return l
 }
 
 // start runs steps in a goroutine until stopAndWait.

@@ -37,7 +37,7 @@ type opsEnv struct {
 
 // opsSetup builds the tools. Every probe of these files needs root (to
 // run clients under other uids and to lower a daemon's descriptor limit).
-func opsSetup(t *testing.T) *opsEnv {
+func opsSetup(t testing.TB) *opsEnv {
 	t.Helper()
 	testenv.NeedRoot(t, "needs root: the probes run clients under another uid than the daemon's")
 	dir, err := os.MkdirTemp("", "vrnic-hostile-")
@@ -72,7 +72,7 @@ type opsDaemon struct {
 // until it answers; the socket is made reachable by every uid (the other
 // uids' clients are what the probes are about). It takes the descriptor
 // baseline with one operator connection open.
-func (e *opsEnv) opsStartDaemon(t *testing.T, name string, extra ...string) *opsDaemon {
+func (e *opsEnv) opsStartDaemon(t testing.TB, name string, extra ...string) *opsDaemon {
 	t.Helper()
 	d := &opsDaemon{socket: admin.SocketPath(e.rundir, name), log: &launch.Buffer{}}
 	args := append([]string{"-name", name, "-runtime-dir", e.rundir, "-link", "mem", "-workers", "1"}, extra...)
@@ -98,7 +98,14 @@ func (e *opsEnv) opsStartDaemon(t *testing.T, name string, extra ...string) *ops
 
 // waitQuiet waits until adm is the daemon's only connection and nothing
 // is allocated.
-func (d *opsDaemon) waitQuiet(t *testing.T) {
+func (d *opsDaemon) waitQuiet(t testing.TB) {
+	t.Helper()
+	d.waitHolding(t, 1, admin.ResourceCounts{}, 10*time.Second)
+}
+
+// waitHolding waits up to timeout until the daemon has conns connections
+// and holds the resources res, and fails t if it does not get there.
+func (d *opsDaemon) waitHolding(t testing.TB, conns int64, res admin.ResourceCounts, timeout time.Duration) {
 	t.Helper()
 	var last admin.Info
 	require.Eventually(t, func() bool {
@@ -107,8 +114,9 @@ func (d *opsDaemon) waitQuiet(t *testing.T) {
 			return false
 		}
 		last = i
-		return i.Connections == 1 && i.Resources == admin.ResourceCounts{}
-	}, 10*time.Second, 10*time.Millisecond, "daemon not quiet: %+v\n%s", last, d.log)
+		return i.Connections == conns && i.Resources == res
+	}, timeout, 10*time.Millisecond, "the daemon holds %d connections and %+v, want %d and %+v\n%s",
+		last.Connections, last.Resources, conns, res, d.log)
 }
 
 // opsCheckHealthy is every probe's end: the daemon runs, answers its
@@ -139,7 +147,7 @@ func (d *opsDaemon) opsCheckHealthy(t *testing.T) {
 }
 
 // requireRunning fails t if the daemon has exited.
-func (d *opsDaemon) requireRunning(t *testing.T) {
+func (d *opsDaemon) requireRunning(t testing.TB) {
 	t.Helper()
 	if !d.proc.Running() {
 		t.Fatalf("vrnicd exited: %v\n%s", d.proc.Err(), d.log)
@@ -148,7 +156,7 @@ func (d *opsDaemon) requireRunning(t *testing.T) {
 
 // counter returns one of the daemon's control-path counters (0 when the
 // daemon does not have it).
-func (d *opsDaemon) counter(t *testing.T, name string) int64 {
+func (d *opsDaemon) counter(t testing.TB, name string) int64 {
 	t.Helper()
 	i, err := d.adm.Info()
 	require.NoError(t, err)
@@ -167,7 +175,7 @@ func (d *opsDaemon) infoJSON(t *testing.T) map[string]any {
 }
 
 // opsFdCount counts the open descriptors of process pid.
-func opsFdCount(t *testing.T, pid int) int {
+func opsFdCount(t testing.TB, pid int) int {
 	t.Helper()
 	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
 	require.NoError(t, err)
@@ -193,20 +201,34 @@ func (a opsAs) attr() *syscall.SysProcAttr {
 // against socket under the credentials as, and returns its OPS lines.
 func (e *opsEnv) opsRun(t *testing.T, as opsAs, mode, socket string) []string {
 	t.Helper()
-	cmd := exec.Command(e.self, "-test.run=^TestOpsHelperProcess$")
-	cmd.Dir = e.dir
-	cmd.Env = []string{"PATH=/usr/bin:/bin", "TMPDIR=" + e.dir, "VRNIC_OPS_HELPER=" + mode, "VRNIC_OPS_SOCKET=" + socket}
-	cmd.SysProcAttr = as.attr()
-	out, err := cmd.CombinedOutput()
+	out, err := e.opsHelperCmd(as, mode, socket).CombinedOutput()
 	require.NoError(t, err, "helper %s as uid %d: %s", mode, as.uid, out)
+	lines := opsLines(string(out))
+	require.NotEmpty(t, lines, "helper %s said nothing: %s", mode, out)
+	return lines
+}
+
+// opsHelperCmd is the command of this test binary's helper
+// (TestOpsHelperProcess) in mode against socket under the credentials
+// as, with env added to its environment; the caller starts it.
+func (e *opsEnv) opsHelperCmd(as opsAs, mode, socket string, env ...string) *exec.Cmd {
+	cmd := exec.Command(e.self, "-test.run=^TestOpsHelperProcess$", "-test.timeout=0")
+	cmd.Dir = e.dir
+	cmd.Env = append([]string{"PATH=/usr/bin:/bin", "TMPDIR=" + e.dir, "VRNIC_OPS_HELPER=" + mode, "VRNIC_OPS_SOCKET=" + socket}, env...)
+	cmd.SysProcAttr = as.attr()
+	return cmd
+}
+
+// opsLines returns the OPS lines of a helper's output, without the
+// prefix.
+func opsLines(out string) []string {
 	var lines []string
-	sc := bufio.NewScanner(strings.NewReader(string(out)))
+	sc := bufio.NewScanner(strings.NewReader(out))
 	for sc.Scan() {
 		if l, ok := strings.CutPrefix(sc.Text(), "OPS "); ok {
 			lines = append(lines, l)
 		}
 	}
-	require.NotEmpty(t, lines, "helper %s said nothing: %s", mode, out)
 	return lines
 }
 

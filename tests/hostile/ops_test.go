@@ -77,6 +77,10 @@ func TestOpsHelperProcess(t *testing.T) {
 			return
 		}
 		say("operator ok contexts=%d", len(items))
+	case "flood":
+		floodHelper(say, sock)
+	case "killed":
+		killedHelper(say, sock)
 	default:
 		say("unknown mode %q", mode)
 	}
@@ -110,15 +114,7 @@ func opsHelperOperatorOpcodes(say func(string, ...any), sock string) {
 		if err != nil {
 			return 0, nil, err
 		}
-		if oobn > 0 {
-			cmsgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
-			for _, cm := range cmsgs {
-				fds, _ := unix.ParseUnixRights(&cm)
-				for _, fd := range fds {
-					unix.Close(fd)
-				}
-			}
-		}
+		closeRights(oob[:oobn])
 		var rh abi.MsgHdr
 		if err := rh.Decode(buf[:n]); err != nil {
 			return 0, nil, err
