@@ -71,6 +71,12 @@
 // an operator asks, plus those of every QP destroyed so far (counters.go);
 // nothing is added on the data path for them.
 //
+// # Trust boundaries
+//
+// What a client may affect (only its own resources), what an operator may
+// see, what the wire can do, and how each rule is enforced:
+// kernel-notes/security.md.
+//
 // # Locking
 //
 // One mutex (Device.mu) guards all resource tables; every command runs
