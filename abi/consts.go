@@ -7,7 +7,7 @@ import "strconv"
 // ABI version (VRNIC_ABI_VERSION_*).
 const (
 	VersionMajor = 1
-	VersionMinor = 0
+	VersionMinor = 1
 	Version      = VersionMajor<<16 | VersionMinor
 )
 
@@ -91,6 +91,7 @@ const (
 	CmdCreateAH      Cmd = 20
 	CmdDestroyAH     Cmd = 21
 	CmdQuerySRQ      Cmd = 22
+	CmdOpenEvents    Cmd = 23
 	CmdAdminBase     Cmd = 0x100
 	CmdFaultBase     Cmd = 0x200
 )
@@ -303,6 +304,7 @@ var cmdNames = [...]string{
 	CmdModifyQP: "MODIFY_QP", CmdQueryQP: "QUERY_QP", CmdDestroyQP: "DESTROY_QP",
 	CmdCreateSRQ: "CREATE_SRQ", CmdModifySRQ: "MODIFY_SRQ", CmdDestroySRQ: "DESTROY_SRQ",
 	CmdCreateAH: "CREATE_AH", CmdDestroyAH: "DESTROY_AH", CmdQuerySRQ: "QUERY_SRQ",
+	CmdOpenEvents: "OPEN_EVENTS",
 }
 
 // String returns the command name without the VRNIC_CMD_ prefix.

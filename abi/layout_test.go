@@ -56,6 +56,7 @@ var cStructs = []struct {
 	{"vrnic_resp_create_srq", RespCreateSRQ{}},
 	{"vrnic_cmd_modify_srq", CmdModifySRQReq{}},
 	{"vrnic_resp_query_srq", RespQuerySRQ{}},
+	{"vrnic_async_event", AsyncEvent{}},
 	{"vrnic_cmd_create_ah", CmdCreateAHReq{}},
 	{"vrnic_resp_create_ah", RespCreateAH{}},
 	{"vrnic_sge", SGE{}},
@@ -91,7 +92,12 @@ var cConsts = map[string]uint64{
 	"VRNIC_CMD_CREATE_SRQ": uint64(CmdCreateSRQ), "VRNIC_CMD_MODIFY_SRQ": uint64(CmdModifySRQ),
 	"VRNIC_CMD_DESTROY_SRQ": uint64(CmdDestroySRQ), "VRNIC_CMD_CREATE_AH": uint64(CmdCreateAH),
 	"VRNIC_CMD_DESTROY_AH": uint64(CmdDestroyAH), "VRNIC_CMD_QUERY_SRQ": uint64(CmdQuerySRQ),
-	"VRNIC_CMD_ADMIN_BASE": uint64(CmdAdminBase), "VRNIC_CMD_FAULT_BASE": uint64(CmdFaultBase),
+	"VRNIC_CMD_OPEN_EVENTS": uint64(CmdOpenEvents),
+	"VRNIC_EVENT_CQ_ERR":    uint64(EventCQErr), "VRNIC_EVENT_QP_FATAL": uint64(EventQPFatal),
+	"VRNIC_EVENT_DEVICE_FATAL": uint64(EventDeviceFatal), "VRNIC_EVENT_PORT_ACTIVE": uint64(EventPortActive),
+	"VRNIC_EVENT_PORT_ERR": uint64(EventPortErr), "VRNIC_EVENT_QP_LAST_WQE_REACHED": uint64(EventQPLastWQEReached),
+	"VRNIC_EVENT_SRQ_LIMIT_REACHED": uint64(EventSRQLimitReached),
+	"VRNIC_CMD_ADMIN_BASE":          uint64(CmdAdminBase), "VRNIC_CMD_FAULT_BASE": uint64(CmdFaultBase),
 
 	"VRNIC_LINK_MEM": uint64(LinkMem), "VRNIC_LINK_UDP": uint64(LinkUDP), "VRNIC_LINK_TAP": uint64(LinkTAP),
 

@@ -112,8 +112,19 @@ func (d *Device) fds(uid uint32) int {
 	}
 	for _, cx := range d.contexts {
 		if cx.uid == uid {
-			n += fdsPerContext + cx.counts.HostMem + cx.eventfds
+			n += cx.fds()
 		}
+	}
+	return n
+}
+
+// fds returns the descriptors the daemon holds for cx: fdsPerContext, a
+// memfd per host memory region, an eventfd per CQ with a completion
+// channel, the event socket's end once opened.
+func (cx *Context) fds() int {
+	n := fdsPerContext + cx.counts.HostMem + cx.eventfds
+	if cx.events.Load() != nil {
+		n++
 	}
 	return n
 }
@@ -306,7 +317,7 @@ func (d *Device) listAccounts() []any {
 		r.QP += cx.counts.QP
 		r.SRQ += cx.counts.SRQ
 		r.AH += cx.counts.AH
-		ai.FDs += fdsPerContext + cx.counts.HostMem + cx.eventfds
+		ai.FDs += cx.fds()
 		for _, m := range cx.hostMem {
 			ai.HostMemBytes += m.length
 		}

@@ -97,6 +97,10 @@ type DeviceCounters struct {
 	// AcceptErrors counts the failed accept(2) calls of Serve (EMFILE and
 	// ENFILE above all), each followed by a pause.
 	AcceptErrors atomic.Uint64
+	// AsyncEvents counts the asynchronous events sent to contexts,
+	// AsyncEventsDropped those a full event socket did not take.
+	AsyncEvents        atomic.Uint64
+	AsyncEventsDropped atomic.Uint64
 }
 
 // Listener is what Serve accepts control connections from

@@ -462,7 +462,7 @@ func (cn *conn) createCQ(r *request) (reply, error) {
 		efd = r.msg.takeFd(0)
 		cx.eventfds++
 	}
-	q := &CQ{handle: cx.newHandle(), ringPA: c.RingPA, cqeCount: c.CQECount, dbIndex: idx, eventfd: efd, ring: pin}
+	q := &CQ{handle: cx.newHandle(), ringPA: c.RingPA, cqeCount: c.CQECount, dbIndex: idx, eventfd: efd, ring: pin, cx: cx}
 	cx.cqs[q.handle] = q
 	cx.counts.CQ++
 	d.totals.CQ++

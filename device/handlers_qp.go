@@ -85,6 +85,7 @@ func (cn *conn) createQP(r *request) (reply, error) {
 	q := &QP{ctx: cx, typ: c.QPType, pd: p, sendCQ: scq, recvCQ: rcq, srq: s, sigAll: c.SQSigAll == 1,
 		cap: cp, sqPA: c.SQPA, rqPA: c.RQPA}
 	q.state.store(StateReset)
+	q.state.q = q
 	q.sqBlocks = abi.SQWQEBlocks(cp.MaxSendSGE, cp.MaxInlineData)
 	if s == nil {
 		q.rqSize = abi.RQWQESize(cp.MaxRecvSGE)
@@ -219,6 +220,9 @@ func (d *Device) modifyQPLocked(q *QP, mask AttrMask, a *abi.QPAttr) error {
 	}
 	d.applyAttr(q, next, mask, a)
 	d.dp.ModifyQP(q, cur, mask)
+	if next == StateErr && cur != StateErr {
+		q.qpEnteredError(false) // the client's own move: no QP_FATAL
+	}
 	return nil
 }
 
@@ -318,7 +322,8 @@ func (cn *conn) createSRQ(r *request) (reply, error) {
 		return reply{}, errorf(errNoMem, "doorbell records exhausted: %v", err)
 	}
 	s := &SRQ{handle: cx.newHandle(), pd: p, ringPA: c.RingPA, maxWR: c.MaxWR, maxSGE: c.MaxSGE,
-		limit: c.SRQLimit, wqeSize: size, dbIndex: idx, ring: pin}
+		wqeSize: size, dbIndex: idx, ring: pin, cx: cx}
+	s.armed.Store(c.SRQLimit)
 	cx.srqs[s.handle] = s
 	p.users++
 	cx.counts.SRQ++
@@ -338,7 +343,7 @@ func (cn *conn) modifySRQ(r *request) (reply, error) {
 	if c.SRQLimit >= s.maxWR {
 		return reply{}, errorf(errInval, "srq_limit %d: must be below max_wr %d", c.SRQLimit, s.maxWR)
 	}
-	s.limit = c.SRQLimit
+	s.armed.Store(c.SRQLimit)
 	return reply{}, nil
 }
 
@@ -347,7 +352,7 @@ func (cn *conn) querySRQ(r *request) (reply, error) {
 	if err != nil {
 		return reply{}, err
 	}
-	return reply{body: &abi.RespQuerySRQ{MaxWR: s.maxWR, MaxSGE: s.maxSGE, SRQLimit: s.limit}}, nil
+	return reply{body: &abi.RespQuerySRQ{MaxWR: s.maxWR, MaxSGE: s.maxSGE, SRQLimit: s.armed.Load()}}, nil
 }
 
 func (cn *conn) destroySRQ(r *request) (reply, error) {
@@ -421,6 +426,7 @@ func (d *Device) freeAH(cx *Context, a *ah) {
 // order, and closes its doorbell page. Called when the connection ends
 // (client exit or death) and at shutdown.
 func (d *Device) releaseContextLocked(cx *Context, why string) {
+	cx.closeEvents()
 	for _, q := range cx.qps {
 		d.freeQP(cx, q)
 	}

@@ -92,15 +92,17 @@ func (d *Device) infoLocked() admin.Info {
 		Resources:  d.totals,
 		Limits:     d.cfg.Limits,
 		Counters: map[string]int64{
-			"commands":            int64(c.Commands.Load()),
-			"command_errors":      int64(c.CommandErrors.Load()),
-			"bad_messages":        int64(c.BadMessages.Load()),
-			"fds_closed":          int64(c.FdsClosed.Load()),
-			"contexts_opened":     int64(c.ContextsOpened.Load()),
-			"contexts_closed":     int64(c.ContextsClosed.Load()),
-			"connections_refused": int64(c.ConnectionsRefused.Load()),
-			"operator_denied":     int64(c.OperatorDenied.Load()),
-			"accept_errors":       int64(c.AcceptErrors.Load()),
+			"commands":             int64(c.Commands.Load()),
+			"command_errors":       int64(c.CommandErrors.Load()),
+			"bad_messages":         int64(c.BadMessages.Load()),
+			"fds_closed":           int64(c.FdsClosed.Load()),
+			"contexts_opened":      int64(c.ContextsOpened.Load()),
+			"contexts_closed":      int64(c.ContextsClosed.Load()),
+			"connections_refused":  int64(c.ConnectionsRefused.Load()),
+			"operator_denied":      int64(c.OperatorDenied.Load()),
+			"accept_errors":        int64(c.AcceptErrors.Load()),
+			"async_events":         int64(c.AsyncEvents.Load()),
+			"async_events_dropped": int64(c.AsyncEventsDropped.Load()),
 		},
 		Connections: c.ConnectionsOpen.Load(),
 		DataPath:    d.dataPathTotalsLocked(),
@@ -207,7 +209,7 @@ func (d *Device) listSRQs() []any {
 		for _, h := range sortedKeys(cx.srqs) {
 			s := cx.srqs[h]
 			out = append(out, admin.SRQInfo{Ctx: cx.handle, Handle: h, PD: s.pd.handle, MaxWR: s.maxWR,
-				MaxSGE: s.maxSGE, Limit: s.limit, Users: s.users})
+				MaxSGE: s.maxSGE, Limit: s.armed.Load(), Users: s.users})
 		}
 	}
 	return out

@@ -8,9 +8,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vrnic/vrnic/abi"
-	"github.com/vrnic/vrnic/roce"
 	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/roce"
 	"github.com/vrnic/vrnic/verbs"
 )
 

@@ -2,6 +2,7 @@ package device
 
 import (
 	"net/netip"
+	"sync/atomic"
 	"time"
 
 	"github.com/vrnic/vrnic/abi"
@@ -44,6 +45,9 @@ type Context struct {
 	// eventfds counts the completion eventfds of the context's CQs (the
 	// uid's descriptor account, UIDLimits.FDs).
 	eventfds int
+	// events is the context's asynchronous event socket (OPEN_EVENTS),
+	// nil until the client asks for it (events.go).
+	events   atomic.Pointer[eventSink]
 	deferred []func()
 }
 
@@ -114,21 +118,28 @@ type CQ struct {
 	dbIndex  uint32
 	eventfd  int // -1: none; owned by the CQ
 	ring     *pin
-	users    int // QPs using it as send or receive CQ
+	users    int      // QPs using it as send or receive CQ
+	cx       *Context // its context (events)
+	// overflowed is set the first time the CQ could not take a CQE.
+	overflowed atomic.Bool
 }
 
 // SRQ is a shared receive queue (accessors as for CQ).
 type SRQ struct {
-	handle  uint32
-	pd      *pd
-	ringPA  uint64
-	maxWR   uint32
-	maxSGE  uint32
-	limit   uint32
+	handle uint32
+	pd     *pd
+	ringPA uint64
+	maxWR  uint32
+	maxSGE uint32
+	// armed is srq_limit: 0, or the WQE count under which the SRQ
+	// raises SRQ_LIMIT_REACHED once (and disarms); MODIFY_SRQ arms it,
+	// the data plane disarms it on an engine worker.
+	armed   atomic.Uint32
 	wqeSize uint32
 	dbIndex uint32
 	ring    *pin
-	users   int // QPs attached
+	users   int      // QPs attached
+	cx      *Context // its context (events)
 }
 
 type ah struct {
@@ -242,8 +253,9 @@ func (s *SRQ) Ring() ([]byte, uint32, uint32) { return s.ring.bytes(), s.maxWR, 
 // DBIndex returns the SRQ's record index in the doorbell page.
 func (s *SRQ) DBIndex() uint32 { return s.dbIndex }
 
-// Limit returns the SRQ limit (0: not armed).
-func (s *SRQ) Limit() uint32 { return s.limit }
+// Limit returns the SRQ limit (0: not armed). The data plane reads it
+// on an engine worker as it takes WQEs (see LimitReached).
+func (s *SRQ) Limit() uint32 { return s.armed.Load() }
 
 // SendCQ returns the QP's send CQ.
 func (q *QP) SendCQ() *CQ { return q.sendCQ }

@@ -106,7 +106,10 @@ var _ DataPlane = noDataPlane{}
 // state becomes ERR, and the engine applies every MODIFY_QP on that same
 // worker: a RESET the control path applied after an error is never undone
 // by a late report of it.
-type StateWord struct{ v atomic.Uint32 }
+type StateWord struct {
+	v atomic.Uint32
+	q *QP // whose word it is (events); set before the data plane sees it
+}
 
 // Load returns the state.
 func (w *StateWord) Load() QPState { return QPState(w.v.Load()) }
@@ -117,7 +120,16 @@ func (w *StateWord) CompareAndSwap(cur, next QPState) bool {
 }
 
 // TransportState stores the state the transport moved the QP to (the
-// engine's StateObserver; called on the QP's worker, never blocks).
-func (w *StateWord) TransportState(s abi.QPState) { w.v.Store(uint32(s)) }
+// engine's StateObserver; called on the QP's worker, never blocks). A move
+// into ERR from another state raises the QP's asynchronous events
+// (QP_FATAL; QP_LAST_WQE_REACHED with an SRQ: events.go); a MODIFY_QP to
+// ERR stored ERR before the engine applied it, so a client's own move
+// raises no QP_FATAL.
+func (w *StateWord) TransportState(s abi.QPState) {
+	old := w.v.Swap(uint32(s))
+	if s == StateErr && QPState(old) != StateErr && w.q != nil {
+		w.q.qpEnteredError(true)
+	}
+}
 
 func (w *StateWord) store(s QPState) { w.v.Store(uint32(s)) }

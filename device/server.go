@@ -34,6 +34,7 @@ type conn struct {
 	// held (uidTurn) and written once it is given back; out is nil when
 	// there is none.
 	out, outOOB []byte
+	outClose    []int // closed once out was sent (reply.handOff)
 }
 
 // connBufs are a connection's receive and reply buffers (128 KiB),
@@ -60,6 +61,10 @@ type reply struct {
 	body any
 	raw  []byte
 	fds  []int
+	// handOff: fds are the client's (the daemon made them for it, e.g.
+	// the client's end of a socket pair) and are closed here once the
+	// reply was sent, or dropped.
+	handOff bool
 }
 
 // cmdSpec describes a command: the exact payload size (or -1 when the
@@ -97,6 +102,7 @@ func init() {
 		abi.CmdCreateSRQ:     {sz(&abi.CmdCreateSRQReq{}), 0, 0, true, (*conn).createSRQ},
 		abi.CmdModifySRQ:     {sz(&abi.CmdModifySRQReq{}), 0, 0, true, (*conn).modifySRQ},
 		abi.CmdQuerySRQ:      {handle, 0, 0, true, (*conn).querySRQ},
+		abi.CmdOpenEvents:    {0, 0, 0, true, (*conn).openEvents},
 		abi.CmdDestroySRQ:    {handle, 0, 0, true, (*conn).destroySRQ},
 		abi.CmdCreateAH:      {sz(&abi.CmdCreateAHReq{}), 0, 0, true, (*conn).createAH},
 		abi.CmdDestroyAH:     {handle, 0, 0, true, (*conn).destroyAH},
@@ -244,6 +250,9 @@ func (cn *conn) dispatch(hdr *abi.MsgHdr, m *rawMsg) (reply, error) {
 // return false when there is none to send (an error reply that cannot be
 // encoded).
 func (cn *conn) sendReply(req *abi.MsgHdr, rep reply) bool {
+	if rep.handOff {
+		cn.outClose = rep.fds
+	}
 	b := cn.rbuf
 	n := abi.SizeofMsgHdr
 	if rep.body != nil {
@@ -296,8 +305,13 @@ func (cn *conn) write(b, oob []byte) bool {
 // false when the connection must be closed: there was no reply (the error
 // reply could not be encoded) or it could not be sent within 5 s.
 func (cn *conn) flush() bool {
-	b, oob := cn.out, cn.outOOB
-	cn.out, cn.outOOB = nil, nil
+	b, oob, fds := cn.out, cn.outOOB, cn.outClose
+	cn.out, cn.outOOB, cn.outClose = nil, nil, nil
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}()
 	if b == nil {
 		return false
 	}

@@ -419,6 +419,7 @@ func (dp *DataPlane) cqSinkLocked(c *device.CQ, page *doorbell.Page) (*cqSink, e
 	if withWriter {
 		s.page = page
 	}
+	s.overflowed = c.Overflowed
 	dp.cqs[c] = s
 	return s, nil
 }
@@ -482,6 +483,7 @@ func (dp *DataPlane) srqSourceLocked(s *device.SRQ, page *doorbell.Page) (*recvS
 	if err != nil {
 		return nil, err
 	}
+	r.srq = s
 	dp.srqs[s] = r
 	return r, nil
 }

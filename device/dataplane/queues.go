@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/device"
 	"github.com/vrnic/vrnic/device/engine"
 	"github.com/vrnic/vrnic/doorbell"
 	"github.com/vrnic/vrnic/queues"
@@ -175,9 +176,10 @@ var errWorkTooBig = errors.New("dataplane: WQE larger than the engine's private 
 
 // recvSource is an RQ or SRQ as the engine's RecvSource.
 type recvSource struct {
-	mu *sync.Mutex // non-nil for an SRQ (shared by workers)
-	q  *queues.RecvQueue
-	wr queues.RecvWR
+	mu  *sync.Mutex // non-nil for an SRQ (shared by workers)
+	srq *device.SRQ // the SRQ's limit and its event (nil for an RQ)
+	q   *queues.RecvQueue
+	wr  queues.RecvWR
 	consumer
 }
 
@@ -222,7 +224,24 @@ func (s *recvSource) PollRecv(r *engine.RecvWork) (bool, error) {
 		return true, errWorkTooBig
 	}
 	r.SGEs = append(r.SGEs, sges...)
+	if s.srq != nil {
+		s.checkLimit()
+	}
 	return true, nil
+}
+
+// checkLimit raises SRQ_LIMIT_REACHED when an armed SRQ holds fewer WQEs
+// than its limit after a take (IBTA 11.5.2.3). The client may have posted
+// since the last look at its producer index: it is read again before the
+// event is raised.
+func (s *recvSource) checkLimit() {
+	lim := s.srq.Limit()
+	if lim == 0 || s.q.Pending() >= lim {
+		return
+	}
+	if _, err := s.q.Poll(); err == nil && s.q.Pending() < lim {
+		s.srq.LimitReached(lim)
+	}
 }
 
 // cqSink is a CQ's producer side: the CQE ring (queues.CQ), cq_pi, and
@@ -245,6 +264,9 @@ func (s *recvSource) PollRecv(r *engine.RecvWork) (bool, error) {
 // its QPs go to ERR). The engine moves the QP of each failed completion
 // to ERR.
 type cqSink struct {
+	// overflowed, when set, is told of the CQ's overflow (once).
+	overflowed func()
+
 	mu       sync.Mutex
 	cq       *queues.CQ
 	notify   *doorbell.CQNotifier
@@ -282,6 +304,9 @@ func (s *cqSink) push(c *abi.CQE, solicited bool) error {
 	if err := s.cq.Push(c); err != nil {
 		s.overflow = true
 		s.lost.Add(1)
+		if s.overflowed != nil {
+			s.overflowed()
+		}
 		if errors.Is(err, queues.ErrCQFull) {
 			return errCQOverflow
 		}

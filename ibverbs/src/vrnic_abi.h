@@ -58,7 +58,7 @@
 /* ABI version: OPEN_CONTEXT fails with EPROTO unless the major matches and
  * the client's minor is <= the daemon's. */
 #define VRNIC_ABI_VERSION_MAJOR 1
-#define VRNIC_ABI_VERSION_MINOR 0
+#define VRNIC_ABI_VERSION_MINOR 1
 #define VRNIC_ABI_VERSION ((VRNIC_ABI_VERSION_MAJOR << 16) | VRNIC_ABI_VERSION_MINOR)
 
 /* ------------------------------------------------------------------------
@@ -123,6 +123,7 @@ enum vrnic_cmd {
 	VRNIC_CMD_CREATE_AH       = 20,
 	VRNIC_CMD_DESTROY_AH      = 21,
 	VRNIC_CMD_QUERY_SRQ       = 22,
+	VRNIC_CMD_OPEN_EVENTS     = 23, /* ABI 1.1; reply: 1 fd, the event socket */
 	/* 0x100..0x1ff: operator commands (vrnicctl); 0x200..0x2ff: fault
 	 * injection. Their structs are defined with the features. */
 	VRNIC_CMD_ADMIN_BASE      = 0x100,
@@ -142,6 +143,30 @@ struct vrnic_resp_open_context {
 	uint32_t ctx_handle;
 	uint32_t db_page_size;   /* bytes of the doorbell page memfd */
 	uint32_t db_records;     /* records in it (record 0 is the page header) */
+};
+
+/* OPEN_EVENTS (ABI 1.1): no command struct, no reply struct. Reply fds:
+ * [0] the context's asynchronous event socket, a SOCK_SEQPACKET socket the
+ * client only reads: one datagram per event, struct vrnic_async_event. One
+ * per context (a second OPEN_EVENTS fails with EBUSY); it lives as long as
+ * the context. The daemon never waits on it: when its receive buffer is
+ * full an event is dropped (and counted: vrnicctl counters,
+ * async_events_dropped). End of file on it means the daemon is gone (what
+ * libibverbs reports as IBV_EVENT_DEVICE_FATAL). */
+enum vrnic_event_type {               /* = enum ibv_event_type */
+	VRNIC_EVENT_CQ_ERR                = 0,  /* element: CQ handle; the CQ overflowed */
+	VRNIC_EVENT_QP_FATAL              = 1,  /* element: QPN; the transport moved the QP to ERR */
+	VRNIC_EVENT_DEVICE_FATAL          = 8,  /* never sent: end of file on the socket */
+	VRNIC_EVENT_PORT_ACTIVE           = 9,  /* element: port number */
+	VRNIC_EVENT_PORT_ERR              = 10, /* element: port number */
+	VRNIC_EVENT_QP_LAST_WQE_REACHED   = 16, /* element: QPN of a QP with an SRQ, now in ERR */
+	VRNIC_EVENT_SRQ_LIMIT_REACHED     = 18, /* element: SRQ handle; the limit is disarmed (0) */
+};
+
+struct vrnic_async_event {
+	uint32_t event_type;     /* enum vrnic_event_type */
+	uint32_t reserved;
+	uint64_t element;        /* see enum vrnic_event_type */
 };
 
 /* QUERY_DEVICE: no command struct. Reply: */
