@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"os"
 	"syscall"
 	"time"
 
@@ -33,11 +34,38 @@ func (a *Client) Close() error { return a.c.Close() }
 // Call sends an operator command with a JSON request (nil for none) and
 // returns the JSON reply payload.
 func (a *Client) Call(op abi.Cmd, req any) ([]byte, error) {
+	body, fds, err := a.call(op, req)
+	for _, fd := range fds {
+		syscall.Close(fd)
+	}
+	return body, err
+}
+
+// Capture starts a packet capture (CaptureCmd) and returns the stream the
+// daemon writes it to as pcapng; read it to its end (the capture's count
+// or duration reached) or close it to end the capture.
+func (a *Client) Capture(req CaptureRequest) (*os.File, error) {
+	_, fds, err := a.call(CaptureCmd, req)
+	if err != nil {
+		return nil, err
+	}
+	if len(fds) != 1 {
+		for _, fd := range fds {
+			syscall.Close(fd)
+		}
+		return nil, fmt.Errorf("capture reply carried %d descriptors, want 1", len(fds))
+	}
+	return os.NewFile(uintptr(fds[0]), "capture"), nil
+}
+
+// call sends op and returns the reply's payload and the descriptors that
+// came with it (the caller's to close).
+func (a *Client) call(op abi.Cmd, req any) ([]byte, []int, error) {
 	var payload []byte
 	if req != nil {
 		var err error
 		if payload, err = json.Marshal(req); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	msg := make([]byte, abi.SizeofMsgHdr+len(payload))
@@ -47,18 +75,35 @@ func (a *Client) Call(op abi.Cmd, req any) ([]byte, error) {
 	copy(msg[abi.SizeofMsgHdr:], payload)
 	a.c.SetDeadline(time.Now().Add(10 * time.Second))
 	if _, err := a.c.Write(msg); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	n, err := a.c.Read(a.buf)
+	oob := make([]byte, syscall.CmsgSpace(4*abi.MaxFDs))
+	n, oobn, _, _, err := a.c.ReadMsgUnix(a.buf, oob)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	var fds []int
+	if oobn > 0 {
+		if cms, err := syscall.ParseSocketControlMessage(oob[:oobn]); err == nil {
+			for i := range cms {
+				if f, err := syscall.ParseUnixRights(&cms[i]); err == nil {
+					fds = append(fds, f...)
+				}
+			}
+		}
+	}
+	fail := func(err error) ([]byte, []int, error) {
+		for _, fd := range fds {
+			syscall.Close(fd)
+		}
+		return nil, nil, err
 	}
 	var rh abi.MsgHdr
 	if err := rh.Decode(a.buf[:n]); err != nil {
-		return nil, err
+		return fail(err)
 	}
 	if rh.Opcode != op || rh.Seq != a.seq || int(rh.Length) != n {
-		return nil, fmt.Errorf("operator reply does not match the request (opcode %#x seq %d)", uint16(rh.Opcode), rh.Seq)
+		return fail(fmt.Errorf("operator reply does not match the request (opcode %#x seq %d)", uint16(rh.Opcode), rh.Seq))
 	}
 	body := a.buf[abi.SizeofMsgHdr:n]
 	if rh.Status != 0 {
@@ -68,9 +113,9 @@ func (a *Client) Call(op abi.Cmd, req any) ([]byte, error) {
 				break
 			}
 		}
-		return nil, &abi.ControlError{Op: op, Errno: syscall.Errno(rh.Status), Msg: string(body)}
+		return fail(&abi.ControlError{Op: op, Errno: syscall.Errno(rh.Status), Msg: string(body)})
 	}
-	return append([]byte(nil), body...), nil
+	return append([]byte(nil), body...), fds, nil
 }
 
 // Info returns the device summary.

@@ -32,11 +32,23 @@ const (
 	AHsCmd      = abi.CmdAdminBase + 7 // []AHInfo
 	HostMemCmd  = abi.CmdAdminBase + 8 // []HostMemInfo
 	AccountsCmd = abi.CmdAdminBase + 9 // []AccountInfo
+	// CaptureCmd starts a packet capture (CaptureRequest): the reply
+	// carries a stream socket on which the daemon writes pcapng until
+	// the capture ends (its count or duration reached, or the reader
+	// closes it).
+	CaptureCmd = abi.CmdAdminBase + 10
 )
 
 // Request is the JSON payload of an operator list command.
 type Request struct {
 	Start int `json:"start,omitempty"`
+}
+
+// CaptureRequest is the JSON request of CaptureCmd.
+type CaptureRequest struct {
+	Count   int     `json:"count,omitempty"`   // frames; 0: no bound
+	Seconds float64 `json:"seconds,omitempty"` // 0: no bound
+	Snaplen int     `json:"snaplen,omitempty"` // bytes kept per frame; 0: all
 }
 
 // ListReply is the JSON reply of an operator list command.

@@ -4,6 +4,7 @@ import (
 	crand "crypto/rand"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -77,6 +78,10 @@ type Config struct {
 	// OperatorGroup, if set, is a group whose members may use the
 	// operator commands besides root and the daemon's own uid.
 	OperatorGroup *OperatorGroup
+	// Capture, when set, starts a packet capture of the data plane's
+	// frames written as pcapng to w (which it closes when the capture
+	// ends): admin.CaptureCmd. Nil: the device has no capture.
+	Capture func(w io.WriteCloser, req admin.CaptureRequest) error
 }
 
 // DeviceCounters are the device's control-path counters.

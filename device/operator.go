@@ -1,6 +1,10 @@
 package device
 
 import (
+	"os"
+
+	"golang.org/x/sys/unix"
+
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -24,6 +28,7 @@ var adminTable = map[abi.Cmd]func(d *Device) []any{
 	admin.AHsCmd:      (*Device).listAHs,
 	admin.HostMemCmd:  (*Device).listHostMem,
 	admin.AccountsCmd: (*Device).listAccounts,
+	admin.CaptureCmd:  nil, // served by capture
 }
 
 // adminReplyBudget keeps a list reply inside one datagram.
@@ -36,6 +41,9 @@ func (cn *conn) admin(r *request) (reply, error) {
 	if !cn.operator {
 		d.counters.OperatorDenied.Add(1)
 		return reply{}, d.operatorDenied(cn, r.hdr.Opcode)
+	}
+	if r.hdr.Opcode == admin.CaptureCmd {
+		return cn.capture(r)
 	}
 	var req admin.Request
 	if len(r.payload) > 0 {
@@ -235,4 +243,40 @@ func (d *Device) listHostMem() []any {
 		}
 	}
 	return out
+}
+
+// capture is admin.CaptureCmd: a stream socket pair, the daemon's end
+// handed to Config.Capture, the operator's end in the reply.
+func (cn *conn) capture(r *request) (reply, error) {
+	d := cn.d
+	if d.cfg.Capture == nil {
+		return reply{}, errorf(errNotSup, "this device has no packet capture (no data plane)")
+	}
+	var req admin.CaptureRequest
+	if len(r.payload) > 0 {
+		dec := json.NewDecoder(bytes.NewReader(r.payload))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil {
+			return reply{}, errorf(errInval, "capture request: %v", err)
+		}
+	}
+	if req.Count < 0 || req.Seconds < 0 || req.Snaplen < 0 {
+		return reply{}, errorf(errInval, "capture request: count, seconds and snaplen must not be negative")
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return reply{}, errorf(errNoMem, "capture socket: %v", err)
+	}
+	unix.Shutdown(fds[0], unix.SHUT_RD)
+	unix.Shutdown(fds[1], unix.SHUT_WR)
+	// Non-blocking, so that the writer's deadlines work: an operator who
+	// stops reading ends the capture, and nothing waits on it for ever.
+	unix.SetNonblock(fds[0], true)
+	w := os.NewFile(uintptr(fds[0]), "capture")
+	if err := d.cfg.Capture(w, req); err != nil {
+		w.Close()
+		unix.Close(fds[1])
+		return reply{}, errorf(errBusy, "capture: %v", err)
+	}
+	return reply{fds: []int{fds[1]}, handOff: true}, nil
 }

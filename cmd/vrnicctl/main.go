@@ -47,6 +47,7 @@ import (
 	"strings"
 	"syscall"
 	"text/tabwriter"
+	"time"
 
 	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/admin"
@@ -75,8 +76,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	name := fs.String("d", "", "device name (socket <name>.sock in the runtime dir)")
 	sock := fs.String("s", "", "control socket path")
 	asJSON := fs.Bool("json", false, "JSON output")
+	capOut := fs.String("w", "", "capture: write the pcapng to this file (- for standard output)")
+	capCount := fs.Int("c", 0, "capture: stop after this many frames (0: no bound)")
+	capFor := fs.Duration("t", 0, "capture: stop after this long (0: no bound; at least one of -c and -t)")
+	capSnap := fs.Int("snaplen", 0, "capture: bytes kept of each frame (0: all)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: vrnicctl [flags] devices|info|counters|link|contexts|pds|mrs|cqs|qps|srqs|ahs|hostmem|accounts")
+		fmt.Fprintln(stderr, "       vrnicctl [-d name|-s socket] -w FILE [-c N] [-t DURATION] [-snaplen N] capture")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -95,6 +101,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		var path string
 		if path, err = pickSocket(*dir, *name, *sock); err == nil {
 			err = showLink(path, *asJSON, stdout)
+		}
+	case cmd == "capture":
+		var path string
+		if path, err = pickSocket(*dir, *name, *sock); err == nil {
+			err = runCapture(path, *capOut, *capCount, *capFor, *capSnap, stdout, stderr)
 		}
 	case cmd == "info" || cmd == "counters" || lists[cmd] != 0:
 		var path string
@@ -435,4 +446,42 @@ func jsonKeys(raw []byte) []string {
 		}
 	}
 	return keys
+}
+
+// runCapture has the daemon capture its frames and writes the pcapng to
+// out (a file, or stdout for "-"); it reports the frames written.
+func runCapture(sock, out string, count int, d time.Duration, snap int, stdout, stderr io.Writer) error {
+	if out == "" {
+		return errors.New("capture: -w FILE is required")
+	}
+	if count <= 0 && d <= 0 {
+		return errors.New("capture: give -c N or -t DURATION (or both)")
+	}
+	a, err := admin.Dial(sock)
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	src, err := a.Capture(admin.CaptureRequest{Count: count, Seconds: d.Seconds(), Snaplen: snap})
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	var w io.Writer = stdout
+	if out != "-" {
+		f, err := os.Create(out)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		w = f
+	}
+	n, err := io.Copy(w, src)
+	if err != nil {
+		return fmt.Errorf("capture: %w", err)
+	}
+	if out != "-" {
+		fmt.Fprintf(stderr, "vrnicctl: wrote %d bytes of pcapng to %s\n", n, out)
+	}
+	return nil
 }

@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/netip"
+	"time"
 
+	"github.com/vrnic/vrnic/admin"
+	"github.com/vrnic/vrnic/capture"
 	"github.com/vrnic/vrnic/device"
 	"github.com/vrnic/vrnic/device/dataplane"
 	"github.com/vrnic/vrnic/device/engine"
@@ -23,6 +27,9 @@ type dataPlane struct {
 	// stats reads the link's counters for the stats socket (nil: the link
 	// has none to serve).
 	stats func() (any, error)
+	// tap captures the engine's frames (vrnicctl capture).
+	tap         *capture.Tap
+	stopCapture chan struct{} // closed by stop
 }
 
 // newDataPlane builds the engine with workers workers over the link the
@@ -100,6 +107,10 @@ func newDataPlane(cfg *Config, li device.LinkInfo, space *dma.Space, workers int
 	default:
 		return nil, fmt.Errorf("link type %q has no data path", cfg.Link.Type)
 	}
+	tap := capture.New(mode, udpLocal)
+	for i, l := range links {
+		links[i] = tap.Wrap(l)
+	}
 	eng, err := engine.New(engine.Config{Links: links, Mode: mode, Local: udpLocal, MAC: li.MAC, FrameCap: frameCap, PathFixup: fixup, Logger: log})
 	if err != nil {
 		close()
@@ -111,12 +122,31 @@ func newDataPlane(cfg *Config, li device.LinkInfo, space *dma.Space, workers int
 		close()
 		return nil, err
 	}
-	return &dataPlane{dp: dp, close: close, stats: stats}, nil
+	return &dataPlane{dp: dp, close: close, stats: stats, tap: tap, stopCapture: make(chan struct{})}, nil
+}
+
+// capture starts a packet capture for the operator (admin.CaptureCmd);
+// stop ends a running one.
+func (p *dataPlane) capture(log *slog.Logger) func(io.WriteCloser, admin.CaptureRequest) error {
+	return func(w io.WriteCloser, req admin.CaptureRequest) error {
+		opt := capture.Options{Count: req.Count, Duration: time.Duration(req.Seconds * float64(time.Second)), Snaplen: req.Snaplen}
+		done, err := p.tap.Start(w, opt, p.stopCapture)
+		if err != nil {
+			return err
+		}
+		log.Info("capture started", "count", req.Count, "seconds", req.Seconds, "snaplen", req.Snaplen)
+		go func() {
+			st := <-done
+			log.Info("capture ended", "captured", st.Captured, "dropped", st.Dropped)
+		}()
+		return nil
+	}
 }
 
 // stop closes the data plane (after the device: its QPs are gone) and
 // the links.
 func (p *dataPlane) stop() error {
+	close(p.stopCapture)
 	return errors.Join(p.dp.Close(), p.close())
 }
 

@@ -220,6 +220,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		Logger:     log,
 
 		OperatorGroup: opGroup,
+		Capture:       plane.capture(log),
 	})
 	if err != nil {
 		l.Close()

@@ -22,7 +22,7 @@ func TestMain(m *testing.M) {
 			return 1
 		}
 		defer os.RemoveAll(dir)
-		for _, pkg := range []string{"vrnicd", "vrnic-demo"} {
+		for _, pkg := range []string{"vrnicd", "vrnic-demo", "vrnicctl"} {
 			if _, err := launch.GoBuild("github.com/vrnic/vrnic/cmd/"+pkg, dir, pkg, os.Stderr); err != nil {
 				fmt.Fprintln(os.Stderr, err)
 				return 1

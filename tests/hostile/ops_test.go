@@ -21,9 +21,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// opsAdminOps are the operator opcodes probed: 0x100 (info) to 0x109
-// (accounts).
-const opsAdminFirst, opsAdminLast = abi.CmdAdminBase, abi.CmdAdminBase + 9
+// opsAdminOps are the operator opcodes probed: 0x100 (info) to 0x10a
+// (capture).
+const opsAdminFirst, opsAdminLast = abi.CmdAdminBase, abi.CmdAdminBase + 10
 
 // TestOpsHelperProcess is the client of another uid: the probes re-execute
 // this test binary under that uid with VRNIC_OPS_HELPER set to a mode.
