@@ -94,7 +94,13 @@ func (p *pair) daemonLogs() string {
 // timeout; it returns the combined output and the exit error.
 func (p *pair) run(t *testing.T, timeout time.Duration, args ...string) (string, error) {
 	t.Helper()
-	proc, out := p.start(t, "run", args...)
+	return p.runEnv(t, timeout, nil, args...)
+}
+
+// runEnv is run with env added to the environment.
+func (p *pair) runEnv(t *testing.T, timeout time.Duration, env []string, args ...string) (string, error) {
+	t.Helper()
+	proc, out := p.startEnv(t, "run", env, args...)
 	if !proc.Wait(timeout) {
 		proc.Stop(0, 5*time.Second)
 		return out.String(), fmt.Errorf("%s: no exit in %v", strings.Join(args, " "), timeout)
@@ -104,10 +110,15 @@ func (p *pair) run(t *testing.T, timeout time.Duration, args ...string) (string,
 
 func (p *pair) start(t *testing.T, name string, args ...string) (*launch.Proc, *launch.Buffer) {
 	t.Helper()
+	return p.startEnv(t, name, nil, args...)
+}
+
+func (p *pair) startEnv(t *testing.T, name string, env []string, args ...string) (*launch.Proc, *launch.Buffer) {
+	t.Helper()
 	out := &launch.Buffer{}
 	full := append([]string{"-runtime-dir", p.dir, "-cache-dir", cache}, args...)
 	proc, err := launch.Start(launch.Spec{Name: name, Bin: filepath.Join(bin, "vrnic-run"), Args: full,
-		Stdout: out, Stderr: out})
+		Env: env, Stdout: out, Stderr: out})
 	require.NoError(t, err)
 	t.Cleanup(func() { proc.Stop(0, 5*time.Second) })
 	return proc, out
@@ -312,18 +323,45 @@ func TestSanitizedPingpong(t *testing.T) {
 	}
 }
 
-// TestMemOps builds testdata/mem_ops.c, a program written against
-// <infiniband/verbs.h> only, and runs it through vrnic-run: it registers
-// heap, stack and mmap memory in place on two devices and checks every
-// byte of an RDMA WRITE, an RDMA READ and a SEND between them.
-func TestMemOps(t *testing.T) {
+// buildC compiles testdata/src, a program written against
+// <infiniband/verbs.h> only, with -Wall -Wextra -Werror and flags, into
+// the test's temporary directory; it skips when libibverbs-dev is missing.
+func buildC(t *testing.T, src string, flags ...string) string {
+	t.Helper()
 	cc := testenv.NeedTool(t, "cc")
-	prog := filepath.Join(t.TempDir(), "mem_ops")
-	out, err := exec.Command(cc, "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-o", prog, "testdata/mem_ops.c", "-libverbs").CombinedOutput()
+	prog := filepath.Join(t.TempDir(), strings.TrimSuffix(src, ".c"))
+	args := append([]string{"-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-g", "-o", prog}, flags...)
+	out, err := exec.Command(cc, append(args, filepath.Join("testdata", src), "-libverbs")...).CombinedOutput()
 	testenv.Need(t, err == nil || !strings.Contains(string(out), "infiniband/verbs.h"), "libibverbs-dev not installed")
 	require.NoError(t, err, "%s", out)
+	return prog
+}
+
+// sanitizers are the flags of the ASan+UBSan builds of the test programs;
+// sanitizerEnv makes a finding fail the run with its own exit code.
+var (
+	sanitizers   = []string{"-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"}
+	sanitizerEnv = []string{"ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:exitcode=99", "UBSAN_OPTIONS=halt_on_error=1:exitcode=98:print_stacktrace=1"}
+)
+
+// TestMemOps builds testdata/mem_ops.c and runs it through vrnic-run: it
+// registers heap, stack and mmap memory in place on two devices and runs
+// SEND, SEND_WITH_IMM, WRITE, WRITE_WITH_IMM, READ, CMP_AND_SWP and
+// FETCH_AND_ADD between them, checking every byte of the buffers and every
+// defined field of every completion. The second run is the program built
+// with ASan and UBSan, on the library built the same way.
+func TestMemOps(t *testing.T) {
+	const want = "OK send send_imm write write_imm read cmp_swap fetch_add, 20000 bytes (heap, stack, mmap)\n"
 	p := startPair(t)
-	got, err := p.run(t, 60*time.Second, prog)
-	require.NoError(t, err, "%s\n%s", got, p.daemonLogs())
-	assert.Equal(t, "OK write 20000 read 20000 send 20000 (heap, stack, mmap)\n", got)
+	t.Run("plain", func(t *testing.T) {
+		got, err := p.run(t, 60*time.Second, buildC(t, "mem_ops.c"))
+		require.NoError(t, err, "%s\n%s", got, p.daemonLogs())
+		assert.Equal(t, want, got)
+	})
+	t.Run("sanitized", func(t *testing.T) {
+		prog := buildC(t, "mem_ops.c", sanitizers...)
+		got, err := p.runEnv(t, 120*time.Second, sanitizerEnv, "-sanitize", "address,undefined", prog)
+		require.NoError(t, err, "%s\n%s", got, p.daemonLogs())
+		assert.Equal(t, want, got)
+	})
 }
