@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -55,10 +56,11 @@ func TestMain(m *testing.M) {
 // pair is two daemons, a and b, in one runtime directory, on two loopback
 // addresses over the UDP link.
 type pair struct {
-	dir  string
-	a, b *launch.Proc
-	logs [2]*launch.Buffer
-	addr [2]netip.Addr
+	dir    string
+	a, b   *launch.Proc
+	logs   [2]*launch.Buffer
+	addr   [2]netip.Addr
+	killed [2]bool // by kill: the clean-up expects no clean exit
 }
 
 func startPair(t *testing.T) *pair {
@@ -74,7 +76,7 @@ func startPair(t *testing.T) *pair {
 				"-local", p.addr[i].String() + ":4791"}, Stderr: p.logs[i]})
 		require.NoError(t, err)
 		t.Cleanup(func() {
-			if err := proc.Stop(0, 10*time.Second); err != nil || proc.Killed() {
+			if err := proc.Stop(0, 10*time.Second); !p.killed[i] && (err != nil || proc.Killed()) {
 				t.Errorf("vrnicd %s: stop: %v (killed %v); log:\n%s", name, err, proc.Killed(), p.logs[i].String())
 			}
 		})
@@ -86,6 +88,15 @@ func startPair(t *testing.T) *pair {
 		}
 	}
 	return p
+}
+
+// kill kills daemon i (0: a, 1: b) with SIGKILL and waits until it is gone.
+func (p *pair) kill(t *testing.T, i int) {
+	t.Helper()
+	proc := []*launch.Proc{p.a, p.b}[i]
+	p.killed[i] = true
+	require.NoError(t, proc.Cmd.Process.Signal(syscall.SIGKILL))
+	require.True(t, proc.Wait(10*time.Second), "vrnicd still running after SIGKILL")
 }
 
 func (p *pair) daemonLogs() string {
@@ -470,4 +481,53 @@ func TestMemOps(t *testing.T) {
 		require.NoError(t, err, "%s\n%s", got, p.daemonLogs())
 		assert.Equal(t, want, got)
 	})
+}
+
+// TestBadInput runs testdata/bad_input.c (plain, then with ASan and UBSan
+// on the sanitized library): NULL objects where libibverbs accepts them,
+// registrations of unmapped, PROT_NONE and read-only memory, more work
+// requests than a queue holds, invalid QP and CQ attributes; each must
+// fail with its errno and nothing else. Then the program streams RDMA
+// WRITEs and, once it printed READY, daemon a is killed with SIGKILL: the
+// program must notice (poll and post fail with EIO, a completion channel
+// wait returns, IBV_EVENT_DEVICE_FATAL), destroy everything and exit 0.
+func TestBadInput(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		flags []string
+		run   []string
+		env   []string
+	}{
+		{"plain", nil, nil, nil},
+		{"sanitized", sanitizers, []string{"-sanitize", "address,undefined"}, sanitizerEnv},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			prog := buildC(t, "bad_input.c", tc.flags...)
+			p := startPair(t)
+			proc, out := p.startEnv(t, "bad_input", tc.env, append(tc.run, prog, "a", "b")...)
+			deadline := time.Now().Add(60 * time.Second)
+			for !strings.Contains(out.String(), "READY\n") {
+				require.True(t, proc.Running() && time.Now().Before(deadline), "no READY:\n%s\n%s", out.String(), p.daemonLogs())
+				time.Sleep(10 * time.Millisecond)
+			}
+			time.Sleep(100 * time.Millisecond) // mid-run: WRITEs are flowing
+			p.kill(t, 0)
+			require.True(t, proc.Wait(30*time.Second), "the program hangs after the daemon was killed:\n%s", out.String())
+			got := out.String()
+			require.NoError(t, proc.Err(), "%s\n%s", got, p.daemonLogs())
+			assert.NotContains(t, got, "ERROR")
+			assert.True(t, strings.HasSuffix(got, "\nOK\n"), "%s", got)
+			for _, want := range []string{
+				"ok registration: read-only memory with IBV_ACCESS_LOCAL_WRITE",
+				"ok queue overflow: *bad_wr is the first WR not posted",
+				"ok QP attributes: the QP stayed in INIT",
+				"ok daemon killed: ibv_post_send fails",
+				"ok daemon killed: ibv_get_async_event: IBV_EVENT_DEVICE_FATAL",
+				"ok daemon killed: A's objects destroyed, A closed",
+			} {
+				assert.Contains(t, got, want)
+			}
+			t.Logf("%s", regexp.MustCompile(`(?m)^ok daemon killed: \d+ WRITEs.*$`).FindString(got))
+		})
+	}
 }
