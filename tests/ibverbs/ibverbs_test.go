@@ -531,3 +531,27 @@ func TestBadInput(t *testing.T) {
 		})
 	}
 }
+
+// TestPostSyscalls counts the system calls of a thread posting 50000 RDMA
+// WRITEs through the library (testdata/post_syscalls.c, perf events on
+// the raw_syscalls:sys_enter and syscalls:sys_enter_write tracepoints of
+// that thread). Posting makes no system call of its own: every call in
+// the window is a write(2) of the daemon's kick eventfd, made only when
+// the daemon's doorbell page says it sleeps. How often it sleeps under
+// this load is the daemon's polling policy; the test logs it.
+func TestPostSyscalls(t *testing.T) {
+	testenv.NeedRoot(t, "per-thread perf events on syscall tracepoints need root (or perf_event_paranoid <= 1 and a readable tracefs)")
+	prog := buildC(t, "post_syscalls.c", "-pthread")
+	p := startPair(t)
+	out, err := p.run(t, 120*time.Second, prog, "a", "b", "50000")
+	require.NoError(t, err, "%s\n%s", out, p.daemonLogs())
+	if strings.HasPrefix(out, "SKIP ") {
+		testenv.Need(t, false, strings.TrimSpace(out))
+	}
+	m := regexp.MustCompile(`^WQES (\d+) SYSCALLS (\d+) KICKS (\d+)\n$`).FindStringSubmatch(out)
+	require.NotNil(t, m, "%s", out)
+	wqes, calls, kicks := mustAtoi(m[1]), mustAtoi(m[2]), mustAtoi(m[3])
+	assert.Equal(t, kicks, calls, "system calls besides the kicks while posting %d WQEs", wqes)
+	t.Logf("%d WQEs: %d system calls, all kicks (%.3f per WQE); other system calls per WQE: %.4f",
+		wqes, calls, float64(kicks)/float64(wqes), float64(calls-kicks)/float64(wqes))
+}
