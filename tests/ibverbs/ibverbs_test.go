@@ -4,11 +4,9 @@
 package ibverbs_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -171,32 +169,12 @@ func TestDevices(t *testing.T) {
 
 // freeTCPPort returns a TCP port nobody listens on now.
 func freeTCPPort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := launch.FreeTCPPort()
 	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return port
 }
 
-// listening reports whether some socket listens on TCP port (IPv4 or
-// IPv6), from /proc/net/tcp{,6}: probing with a connection would be taken
-// by a pingpong server as its client.
-func listening(port int) bool {
-	want := fmt.Sprintf(":%04X", port)
-	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		sc := bufio.NewScanner(bytes.NewReader(b))
-		for sc.Scan() {
-			fs := strings.Fields(sc.Text())
-			if len(fs) > 3 && strings.HasSuffix(fs[1], want) && fs[3] == "0A" {
-				return true
-			}
-		}
-	}
-	return false
-}
+func listening(port int) bool { return launch.TCPListening(port) }
 
 // pingpong runs prog ARGS as server on device a and as client on device
 // b (connecting to a's address) and returns both outputs. GID index 0 is
