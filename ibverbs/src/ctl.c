@@ -2,6 +2,7 @@
 #include "vrnic_ibv.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -177,16 +178,49 @@ int vr_call(struct vr_ctx *c, uint16_t op, const void *req, size_t req_len, cons
 		memcpy(joined + req_len, extra, extra_len);
 		body = joined;
 	}
+	int ret = EIO;
 	pthread_mutex_lock(&c->call_mu);
-	int ret = vr_call_sock(c->sock, &c->seq, op, body, req_len + extra_len, fds, nfds, resp, resp_len, NULL, 0);
+	if (!vr_dead(c))
+		ret = vr_call_sock(c->sock, &c->seq, op, body, req_len + extra_len, fds, nfds, resp, resp_len, NULL,
+				   0);
 	pthread_mutex_unlock(&c->call_mu);
 	free(joined);
+	if (ret == ECONNRESET || ret == EPIPE || ret == ENOTCONN) {
+		vr_set_dead(c);
+		ret = EIO;
+	}
 	return ret;
 }
 
+/* vr_destroy_handle destroys a daemon object. Once the daemon is gone it
+ * succeeds: the daemon's end of the context, and everything in it, went
+ * with it, and the program must be able to free its objects (as after a
+ * device is disassociated from the kernel). */
 int vr_destroy_handle(struct vr_ctx *c, uint16_t op, uint32_t handle) {
 	struct vrnic_cmd_handle h = { .handle = handle };
-	return vr_call(c, op, &h, sizeof h, NULL, 0, NULL, 0, NULL, 0);
+	int ret = vr_call(c, op, &h, sizeof h, NULL, 0, NULL, 0, NULL, 0);
+	return ret == EIO && vr_dead(c) ? 0 : ret;
+}
+
+/* The daemon is gone when its end of the control socket closed (it
+ * exited or was killed): every command then fails with EIO (as verbs
+ * commands on a disassociated device do), posting fails with EIO, polling
+ * an empty CQ returns -1, ibv_get_cq_event returns -1 and
+ * ibv_get_async_event reports IBV_EVENT_DEVICE_FATAL once. */
+void vr_set_dead(struct vr_ctx *c) {
+	if (!__atomic_exchange_n(&c->dead, 1, __ATOMIC_SEQ_CST) && vr_debug())
+		fprintf(stderr, "vrnic: %s: the daemon closed the connection\n", c->dev->dev.name);
+}
+
+/* vr_check_dead looks at the control socket without waiting (one system
+ * call) and reports whether the daemon is gone. */
+bool vr_check_dead(struct vr_ctx *c) {
+	if (vr_dead(c))
+		return true;
+	struct pollfd p = { .fd = c->sock, .events = POLLRDHUP };
+	if (poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR)))
+		vr_set_dead(c);
+	return vr_dead(c);
 }
 
 /* vr_kick wakes the daemon if it sleeps (kick_needed); the caller has

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -253,7 +254,7 @@ VR_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device) {
 	if (!c)
 		VR_FAIL_NULL(ENOMEM);
 	c->dev = d;
-	c->async_pipe[0] = c->async_pipe[1] = -1;
+	c->async_ep = -1;
 	c->kick_fd = -1;
 	pthread_mutex_init(&c->call_mu, NULL);
 	pthread_mutex_init(&c->mem_mu, NULL);
@@ -279,8 +280,12 @@ VR_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device) {
 	}
 	if ((e = vr_call(c, VRNIC_CMD_QUERY_DEVICE, NULL, 0, NULL, 0, NULL, 0, &c->attr, sizeof c->attr)))
 		goto fail;
-	/* No asynchronous events yet: async_fd is a pipe nothing writes. */
-	if (pipe2(c->async_pipe, O_CLOEXEC) < 0) {
+	/* The daemon has no asynchronous event stream yet: async_fd is an
+	 * epoll fd that becomes readable when the daemon goes away
+	 * (IBV_EVENT_DEVICE_FATAL). */
+	c->async_ep = epoll_create1(EPOLL_CLOEXEC);
+	struct epoll_event ev = { .events = EPOLLRDHUP };
+	if (c->async_ep < 0 || epoll_ctl(c->async_ep, EPOLL_CTL_ADD, c->sock, &ev) < 0) {
 		e = errno;
 		goto fail;
 	}
@@ -289,7 +294,7 @@ VR_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device) {
 	struct ibv_context *ctx = &v->context;
 	ctx->device = device;
 	ctx->cmd_fd = c->sock;
-	ctx->async_fd = c->async_pipe[0];
+	ctx->async_fd = c->async_ep;
 	ctx->num_comp_vectors = 1;
 	pthread_mutex_init(&ctx->mutex, NULL);
 	ctx->abi_compat = __VERBS_ABI_IS_EXTENDED;
@@ -310,6 +315,8 @@ fail:
 		munmap(c->db, c->db_size);
 	if (c->kick_fd >= 0)
 		close(c->kick_fd);
+	if (c->async_ep >= 0)
+		close(c->async_ep);
 	if (c->sock >= 0)
 		close(c->sock);
 	free(c);
@@ -325,8 +332,7 @@ VR_EXPORT int ibv_close_device(struct ibv_context *ctx) {
 	 * program still owns it. */
 	close(c->sock);
 	close(c->kick_fd);
-	close(c->async_pipe[0]);
-	close(c->async_pipe[1]);
+	close(c->async_ep);
 	munmap(c->db, c->db_size);
 	vr_free_chunks(c);
 	free(c->segs);

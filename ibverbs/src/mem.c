@@ -27,6 +27,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define CHUNK_PAGES 1024u /* 4 MiB */
@@ -272,7 +273,11 @@ static void *remap_thread(void *arg) {
 	for (size_t i = 0; i < j->np; i++) {
 		uintptr_t at = j->p[i].start;
 		while (at < j->p[i].end) {
-			ssize_t n = pwrite(j->fd, (const void *)at, j->p[i].end - at, (off_t)(at - j->base));
+			/* The raw system call: whole pages are copied, bytes the
+			 * program never allocated included, which a sanitizer's
+			 * pwrite interceptor would report (ASan redzones). */
+			ssize_t n = syscall(SYS_pwrite64, j->fd, (const void *)at, j->p[i].end - at,
+					    (off_t)(at - j->base));
 			if (n < 0 && errno == EINTR)
 				continue;
 			if (n <= 0) {
@@ -389,7 +394,7 @@ static int ctx_seg_pa(struct vr_ctx *c, const struct seg *g, uint64_t *pa) {
 /* vr_user_pages backs the npages pages from start (page aligned) with
  * segments and fills pages with their physical addresses as context c's
  * daemon sees them. */
-int vr_user_pages(struct vr_ctx *c, uintptr_t start, size_t npages, uint64_t *pages) {
+int vr_user_pages(struct vr_ctx *c, uintptr_t start, size_t npages, bool write, uint64_t *pages) {
 	uintptr_t end = start + npages * VR_PAGE;
 	if (end < start)
 		return EINVAL;
@@ -399,6 +404,13 @@ int vr_user_pages(struct vr_ctx *c, uintptr_t start, size_t npages, uint64_t *pa
 	int ret = read_maps(start, end, &v, &nv);
 	if (ret)
 		goto out;
+	/* Memory the device may write must be writable by the program, as
+	 * the kernel's pinning for write requires (EFAULT otherwise). */
+	for (size_t i = 0; write && i < nv; i++)
+		if (v[i].end > start && v[i].start < end && !(v[i].prot & PROT_WRITE)) {
+			ret = EFAULT;
+			goto out;
+		}
 	/* Forget segments whose pages in the range are no longer theirs. */
 	for (size_t i = 0; i < nsegs;) {
 		struct seg *g = &segs[i];

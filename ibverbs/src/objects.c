@@ -83,7 +83,7 @@ static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint6
 		free(pages);
 		VR_FAIL_NULL(ENOMEM);
 	}
-	int ret = vr_user_pages(c, start, npages, pages);
+	int ret = vr_user_pages(c, start, npages, (access & IBV_ACCESS_LOCAL_WRITE) != 0, pages);
 	struct vrnic_cmd_reg_mr cmd = { .iova = iova, .length = length, .pd_handle = pd->handle,
 		.access = access & 0xf, .page_shift = VRNIC_PAGE_SHIFT_4K, .npages = (uint32_t)npages };
 	struct vrnic_resp_reg_mr r;
@@ -150,9 +150,14 @@ VR_EXPORT struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *c
 	struct vr_channel *ch = calloc(1, sizeof *ch);
 	if (!ch)
 		VR_FAIL_NULL(ENOMEM);
+	/* The control socket's hang-up (data NULL) wakes a waiter when the
+	 * daemon goes away. */
 	ch->ch.fd = epoll_create1(EPOLL_CLOEXEC);
-	if (ch->ch.fd < 0) {
+	struct epoll_event ev = { .events = EPOLLRDHUP, .data.ptr = NULL };
+	if (ch->ch.fd < 0 || epoll_ctl(ch->ch.fd, EPOLL_CTL_ADD, vr_ctx(ctx)->sock, &ev) < 0) {
 		int e = errno;
+		if (ch->ch.fd >= 0)
+			close(ch->ch.fd);
 		free(ch);
 		VR_FAIL_NULL(e);
 	}
@@ -174,7 +179,8 @@ VR_EXPORT int ibv_destroy_comp_channel(struct ibv_comp_channel *ch) {
 
 /* ibv_get_cq_event waits on the channel's epoll fd for a CQ's eventfd,
  * consumes it and returns that CQ. With O_NONBLOCK set on the channel's fd
- * it fails with EAGAIN instead of waiting. */
+ * it fails with EAGAIN instead of waiting; once the daemon is gone, with
+ * EIO. */
 VR_EXPORT int ibv_get_cq_event(struct ibv_comp_channel *ch, struct ibv_cq **cq, void **cq_context) {
 	if (!ch || !cq || !cq_context) {
 		errno = EINVAL;
@@ -192,6 +198,11 @@ VR_EXPORT int ibv_get_cq_event(struct ibv_comp_channel *ch, struct ibv_cq **cq, 
 			return -1;
 		}
 		struct vr_cq *c = ev.data.ptr;
+		if (!c) { /* the control socket hung up */
+			vr_set_dead(vr_ctx(ch->context));
+			errno = EIO;
+			return -1;
+		}
 		uint64_t v;
 		if (read(c->event_fd, &v, sizeof v) != sizeof v)
 			continue; /* another thread took it */
@@ -694,22 +705,36 @@ VR_EXPORT int ibv_destroy_ah(struct ibv_ah *ah) {
 	return 0;
 }
 
-/* ---- asynchronous events: none yet ---- */
+/* ---- asynchronous events: only the daemon's disappearance yet ---- */
 
+/* ibv_get_async_event waits on async_fd (an epoll fd over the control
+ * socket's hang-up): when the daemon goes away it returns
+ * IBV_EVENT_DEVICE_FATAL, once, and takes the socket out of the set, so
+ * that later calls wait (or fail with EAGAIN if async_fd was made
+ * non-blocking) as they do before. The daemon has no other events yet. */
 VR_EXPORT int ibv_get_async_event(struct ibv_context *ctx, struct ibv_async_event *event) {
 	if (!ctx || !event) {
 		errno = EINVAL;
 		return -1;
 	}
-	/* The daemon has no asynchronous event stream yet: this blocks on a
-	 * pipe nothing writes (or fails with EAGAIN if async_fd was made
-	 * non-blocking). */
-	char b;
-	ssize_t n = read(ctx->async_fd, &b, 1);
+	struct vr_ctx *c = vr_ctx(ctx);
+	int fl = fcntl(ctx->async_fd, F_GETFL);
+	struct epoll_event ev;
+	int n;
+	do
+		n = epoll_wait(ctx->async_fd, &ev, 1, fl >= 0 && (fl & O_NONBLOCK) ? 0 : -1);
+	while (n < 0 && errno == EINTR);
 	if (n < 0)
 		return -1;
-	errno = EIO;
-	return -1;
+	if (n == 0) {
+		errno = EAGAIN;
+		return -1;
+	}
+	vr_set_dead(c);
+	epoll_ctl(ctx->async_fd, EPOLL_CTL_DEL, c->sock, NULL);
+	memset(event, 0, sizeof *event);
+	event->event_type = IBV_EVENT_DEVICE_FATAL;
+	return 0;
 }
 
 VR_EXPORT void ibv_ack_async_event(struct ibv_async_event *event) { (void)event; }

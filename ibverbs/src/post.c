@@ -17,8 +17,10 @@
 #include <sched.h>
 #include <string.h>
 
-/* Empty polls of a CQ between two sched_yield calls. */
+/* Empty polls of a CQ between two sched_yield calls, and between two looks
+ * at the control socket (is the daemon still there?). */
 #define VR_YIELD_EVERY 64u
+#define VR_CHECK_EVERY 1024u
 
 void vr_wq_init(struct vr_wq *q, struct vr_buf ring, uint32_t slots, uint32_t stride, uint32_t *pi_word,
 		const uint32_t *ci_word, uint32_t max_sge) {
@@ -109,10 +111,10 @@ static int build_send(struct vr_qp *qp, const struct ibv_send_wr *wr, uint8_t *s
 int vr_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad) {
 	struct vr_qp *qp = vr_qp(ibqp);
 	struct vr_ctx *c = vr_ctx(ibqp->context);
-	int ret = 0;
+	int ret = vr_dead(c) ? EIO : 0;
 	pthread_spin_lock(&qp->sq.lock);
 	uint32_t pi = qp->sq.pi;
-	for (; wr; wr = wr->next) {
+	for (; wr && !ret; wr = wr->next) {
 		if (wq_full(&qp->sq, pi)) {
 			ret = ENOMEM;
 			break;
@@ -133,10 +135,10 @@ int vr_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr
 }
 
 static int post_recv(struct vr_ctx *c, struct vr_wq *q, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad) {
-	int ret = 0;
+	int ret = vr_dead(c) ? EIO : 0;
 	pthread_spin_lock(&q->lock);
 	uint32_t pi = q->pi;
-	for (; wr; wr = wr->next) {
+	for (; wr && !ret; wr = wr->next) {
 		if (wq_full(q, pi)) {
 			ret = ENOMEM;
 			break;
@@ -217,11 +219,21 @@ int vr_poll_cq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc) {
 		cq->ci = ci;
 		__atomic_store_n(&cq->rec->cq_ci, ci, __ATOMIC_SEQ_CST);
 		cq->empty_polls = 0;
+	} else if (got == 0 && vr_dead(vr_ctx(ibcq->context))) {
+		/* Nothing will ever come: an error rather than 0 forever. */
+		pthread_spin_unlock(&cq->lock);
+		errno = EIO;
+		return -1;
 	} else if (++cq->empty_polls % VR_YIELD_EVERY == 0) {
 		/* A program spinning on an empty CQ competes for the CPU with
 		 * the daemon that is to fill it: give the CPU away now and
 		 * then (hardware RNICs need no CPU; this one does). */
+		bool check = cq->empty_polls % VR_CHECK_EVERY == 0;
 		pthread_spin_unlock(&cq->lock);
+		if (check && vr_check_dead(vr_ctx(ibcq->context))) {
+			errno = EIO;
+			return -1;
+		}
 		sched_yield();
 		return 0;
 	}

@@ -73,7 +73,8 @@ struct vr_ctx {
 	uint8_t *db;
 	uint32_t db_size;
 	int kick_fd;
-	int async_pipe[2];
+	int async_ep; /* async_fd: an epoll fd over sock's hang-up (DEVICE_FATAL) */
+	int dead;     /* the daemon is gone: set once, read atomically (vr_dead) */
 	struct vrnic_device_attr attr;
 
 	pthread_mutex_t mem_mu; /* chunks and segs */
@@ -162,13 +163,16 @@ VR_HIDDEN int vr_call_sock(int sock, uint32_t *seq, uint16_t op, const void *req
 VR_HIDDEN int vr_connect(const char *path);
 VR_HIDDEN bool vr_debug(void);
 VR_HIDDEN void vr_kick(struct vr_ctx *c);
+VR_HIDDEN void vr_set_dead(struct vr_ctx *c);
+VR_HIDDEN bool vr_check_dead(struct vr_ctx *c);
+static inline bool vr_dead(struct vr_ctx *c) { return __atomic_load_n(&c->dead, __ATOMIC_RELAXED); }
 VR_HIDDEN int vr_destroy_handle(struct vr_ctx *c, uint16_t op, uint32_t handle);
 
 /* mem.c */
 VR_HIDDEN int vr_alloc(struct vr_ctx *c, size_t len, struct vr_buf *b);
 VR_HIDDEN void vr_free(struct vr_ctx *c, struct vr_buf *b);
 VR_HIDDEN void vr_free_chunks(struct vr_ctx *c);
-VR_HIDDEN int vr_user_pages(struct vr_ctx *c, uintptr_t start, size_t npages, uint64_t *pages);
+VR_HIDDEN int vr_user_pages(struct vr_ctx *c, uintptr_t start, size_t npages, bool write, uint64_t *pages);
 
 /* post.c */
 VR_HIDDEN int vr_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc);

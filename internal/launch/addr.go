@@ -1,10 +1,15 @@
 package launch
 
 import (
+	"bufio"
+	"bytes"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"os"
+	"strings"
 )
 
 // RoCEPort is the UDP port of RoCE v2, on which vrnicd's UDP link listens.
@@ -48,4 +53,36 @@ func LoopbackPair(a, b netip.Addr) (netip.Addr, netip.Addr, error) {
 		return netip.Addr{}, netip.Addr{}, ErrNoFreeAddress
 	}
 	return a, b, nil
+}
+
+// FreeTCPPort returns a TCP port nobody listens on now on 127.0.0.1.
+func FreeTCPPort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// TCPListening reports whether some socket of this network namespace
+// listens on TCP port (IPv4 or IPv6), from /proc/net/tcp{,6}: probing with
+// a connection would be taken by a server that serves one client (a
+// pingpong, perftest) as its client.
+func TCPListening(port int) bool {
+	want := fmt.Sprintf(":%04X", port)
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(bytes.NewReader(b))
+		for sc.Scan() {
+			fs := strings.Fields(sc.Text())
+			if len(fs) > 3 && strings.HasSuffix(fs[1], want) && fs[3] == "0A" {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -4,17 +4,18 @@
 package ibverbs_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -53,10 +54,11 @@ func TestMain(m *testing.M) {
 // pair is two daemons, a and b, in one runtime directory, on two loopback
 // addresses over the UDP link.
 type pair struct {
-	dir  string
-	a, b *launch.Proc
-	logs [2]*launch.Buffer
-	addr [2]netip.Addr
+	dir    string
+	a, b   *launch.Proc
+	logs   [2]*launch.Buffer
+	addr   [2]netip.Addr
+	killed [2]bool // by kill: the clean-up expects no clean exit
 }
 
 func startPair(t *testing.T) *pair {
@@ -72,7 +74,7 @@ func startPair(t *testing.T) *pair {
 				"-local", p.addr[i].String() + ":4791"}, Stderr: p.logs[i]})
 		require.NoError(t, err)
 		t.Cleanup(func() {
-			if err := proc.Stop(0, 10*time.Second); err != nil || proc.Killed() {
+			if err := proc.Stop(0, 10*time.Second); !p.killed[i] && (err != nil || proc.Killed()) {
 				t.Errorf("vrnicd %s: stop: %v (killed %v); log:\n%s", name, err, proc.Killed(), p.logs[i].String())
 			}
 		})
@@ -86,6 +88,15 @@ func startPair(t *testing.T) *pair {
 	return p
 }
 
+// kill kills daemon i (0: a, 1: b) with SIGKILL and waits until it is gone.
+func (p *pair) kill(t *testing.T, i int) {
+	t.Helper()
+	proc := []*launch.Proc{p.a, p.b}[i]
+	p.killed[i] = true
+	require.NoError(t, proc.Cmd.Process.Signal(syscall.SIGKILL))
+	require.True(t, proc.Wait(10*time.Second), "vrnicd still running after SIGKILL")
+}
+
 func (p *pair) daemonLogs() string {
 	return "vrnicd a:\n" + p.logs[0].String() + "\nvrnicd b:\n" + p.logs[1].String()
 }
@@ -94,7 +105,13 @@ func (p *pair) daemonLogs() string {
 // timeout; it returns the combined output and the exit error.
 func (p *pair) run(t *testing.T, timeout time.Duration, args ...string) (string, error) {
 	t.Helper()
-	proc, out := p.start(t, "run", args...)
+	return p.runEnv(t, timeout, nil, args...)
+}
+
+// runEnv is run with env added to the environment.
+func (p *pair) runEnv(t *testing.T, timeout time.Duration, env []string, args ...string) (string, error) {
+	t.Helper()
+	proc, out := p.startEnv(t, "run", env, args...)
 	if !proc.Wait(timeout) {
 		proc.Stop(0, 5*time.Second)
 		return out.String(), fmt.Errorf("%s: no exit in %v", strings.Join(args, " "), timeout)
@@ -104,10 +121,15 @@ func (p *pair) run(t *testing.T, timeout time.Duration, args ...string) (string,
 
 func (p *pair) start(t *testing.T, name string, args ...string) (*launch.Proc, *launch.Buffer) {
 	t.Helper()
+	return p.startEnv(t, name, nil, args...)
+}
+
+func (p *pair) startEnv(t *testing.T, name string, env []string, args ...string) (*launch.Proc, *launch.Buffer) {
+	t.Helper()
 	out := &launch.Buffer{}
 	full := append([]string{"-runtime-dir", p.dir, "-cache-dir", cache}, args...)
 	proc, err := launch.Start(launch.Spec{Name: name, Bin: filepath.Join(bin, "vrnic-run"), Args: full,
-		Stdout: out, Stderr: out})
+		Env: env, Stdout: out, Stderr: out})
 	require.NoError(t, err)
 	t.Cleanup(func() { proc.Stop(0, 5*time.Second) })
 	return proc, out
@@ -147,32 +169,12 @@ func TestDevices(t *testing.T) {
 
 // freeTCPPort returns a TCP port nobody listens on now.
 func freeTCPPort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := launch.FreeTCPPort()
 	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return port
 }
 
-// listening reports whether some socket listens on TCP port (IPv4 or
-// IPv6), from /proc/net/tcp{,6}: probing with a connection would be taken
-// by a pingpong server as its client.
-func listening(port int) bool {
-	want := fmt.Sprintf(":%04X", port)
-	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		sc := bufio.NewScanner(bytes.NewReader(b))
-		for sc.Scan() {
-			fs := strings.Fields(sc.Text())
-			if len(fs) > 3 && strings.HasSuffix(fs[1], want) && fs[3] == "0A" {
-				return true
-			}
-		}
-	}
-	return false
-}
+func listening(port int) bool { return launch.TCPListening(port) }
 
 // pingpong runs prog ARGS as server on device a and as client on device
 // b (connecting to a's address) and returns both outputs. GID index 0 is
@@ -235,31 +237,135 @@ func TestPingpong(t *testing.T) {
 	}
 }
 
-// TestPerftest runs perftest's RC tests. perftest uses the ibv_wr_* API
-// only on devices it recognizes, so these go through ibv_post_send.
+// reportRow is one line of a perftest report: message size, iterations
+// and the figures (bandwidth: peak MB/s, average MB/s, Mpps; latency:
+// min, max, typical, average, stdev, 99 %, 99.9 % in µs).
+type reportRow struct {
+	size, iters int
+	figs        []float64
+}
+
+var reportLine = regexp.MustCompile(`(?m)^ (\d+)[ \t]+(\d+)((?:[ \t]+[0-9.]+)+)[ \t]*$`)
+
+// parseReport returns the report lines of perftest output.
+func parseReport(out string) []reportRow {
+	var rows []reportRow
+	for _, m := range reportLine.FindAllStringSubmatch(out, -1) {
+		r := reportRow{size: mustAtoi(m[1]), iters: mustAtoi(m[2])}
+		for _, f := range strings.Fields(m[3]) {
+			v, err := strconv.ParseFloat(f, 64)
+			if err != nil {
+				panic(err)
+			}
+			r.figs = append(r.figs, v)
+		}
+		rows = append(rows, r)
+	}
+	return rows
+}
+
+// checkReport asserts that out holds one report line per size in sizes,
+// in order, each with iters iterations and the figures of its kind, all
+// positive (a bandwidth test's peak may be 0 when a size's whole run fits
+// in one measurement interval, so only its average counts).
+func checkReport(t *testing.T, who, out string, bw bool, iters int, sizes ...int) {
+	t.Helper()
+	rows := parseReport(out)
+	got := make([]int, len(rows))
+	for i, r := range rows {
+		got[i] = r.size
+	}
+	if !assert.Equal(t, sizes, got, "%s: report sizes:\n%s", who, out) {
+		return
+	}
+	nfig, positive := 7, []int{0, 1, 2, 3} // min, max, typical, average
+	if bw {
+		nfig, positive = 3, []int{1, 2} // average, Mpps
+	}
+	for _, r := range rows {
+		assert.Equal(t, iters, r.iters, "%s: size %d: iterations", who, r.size)
+		if assert.Len(t, r.figs, nfig, "%s: size %d: figures", who, r.size) {
+			for _, i := range positive {
+				assert.Positive(t, r.figs[i], "%s: size %d: figure %d of %v", who, r.size, i, r.figs)
+			}
+		}
+	}
+}
+
+// allSizes are the sizes of perftest's -a: 2 .. 2^23.
+func allSizes() []int {
+	var s []int
+	for n := 2; n <= 1<<23; n *= 2 {
+		s = append(s, n)
+	}
+	return s
+}
+
+// TestPerftest runs perftest's RC tests at several sizes, with -a, with
+// completion events (-e, where the tool has it) and with 4 QPs (-q 4).
+// perftest uses the ibv_wr_* API only on devices it recognizes, so these
+// go through ibv_post_send. Every run must exit 0 on both sides and
+// print its report: one line per size with the iterations asked for
+// (times the QPs) and positive figures.
 func TestPerftest(t *testing.T) {
 	testenv.NeedTool(t, "cc")
 	p := startPair(t)
 	for _, tc := range []struct {
-		prog string
-		args []string
-		line string // the result line: bytes and iterations
+		prog  string
+		args  []string
+		iters int   // per line of the report
+		sizes []int // the report's sizes; nil: the -s given, else the default
 	}{
-		{"ib_write_bw", []string{"-n", "300"}, `(?m)^ 65536\s+300\s+[0-9.]+\s+[0-9.]+`},
-		{"ib_read_bw", []string{"-n", "300"}, `(?m)^ 65536\s+300\s+[0-9.]+\s+[0-9.]+`},
-		{"ib_send_bw", []string{"-n", "300"}, `(?m)^ 65536\s+300\s+[0-9.]+\s+[0-9.]+`},
-		{"ib_atomic_bw", []string{"-n", "300"}, `(?m)^ 8\s+300\s+[0-9.]+\s+[0-9.]+`},
-		{"ib_write_lat", []string{"-n", "300"}, `(?m)^ 2\s+300\s+[0-9.]+\s+[0-9.]+`},
-		{"ib_read_lat", []string{"-n", "300"}, `(?m)^ 2\s+300\s+[0-9.]+\s+[0-9.]+`},
-		{"ib_send_lat", []string{"-n", "300"}, `(?m)^ 2\s+300\s+[0-9.]+\s+[0-9.]+`},
-		{"ib_send_bw", []string{"-n", "300", "-s", "1048576", "-e"}, `(?m)^ 1048576\s+300\s+[0-9.]+\s+[0-9.]+`},
+		{"ib_write_bw", []string{"-n", "500", "-s", "8"}, 500, nil},
+		{"ib_write_bw", []string{"-n", "300", "-s", "4096"}, 300, nil},
+		{"ib_write_bw", []string{"-n", "300"}, 300, []int{65536}},
+		{"ib_write_bw", []string{"-n", "40", "-s", "1048576"}, 40, nil},
+		{"ib_write_bw", []string{"-n", "20", "-a"}, 20, allSizes()},
+		{"ib_write_bw", []string{"-n", "100", "-q", "4", "-s", "16384"}, 400, nil},
+		{"ib_read_bw", []string{"-n", "500", "-s", "8"}, 500, nil},
+		{"ib_read_bw", []string{"-n", "300", "-s", "4096"}, 300, nil},
+		{"ib_read_bw", []string{"-n", "300"}, 300, []int{65536}},
+		{"ib_read_bw", []string{"-n", "200", "-e"}, 200, []int{65536}},
+		{"ib_send_bw", []string{"-n", "500", "-s", "8"}, 500, nil},
+		{"ib_send_bw", []string{"-n", "300", "-s", "4096"}, 300, nil},
+		{"ib_send_bw", []string{"-n", "300"}, 300, []int{65536}},
+		{"ib_send_bw", []string{"-n", "100", "-q", "4"}, 400, []int{65536}},
+		{"ib_send_bw", []string{"-n", "300", "-s", "1048576", "-e"}, 300, nil},
+		// Atomics are 8 bytes: no -s; both operations instead.
+		{"ib_atomic_bw", []string{"-n", "500"}, 500, []int{8}},
+		{"ib_atomic_bw", []string{"-n", "500", "-A", "CMP_AND_SWAP"}, 500, []int{8}},
+		{"ib_atomic_bw", []string{"-n", "300", "-e"}, 300, []int{8}},
+		{"ib_write_lat", []string{"-n", "300"}, 300, []int{2}},
+		{"ib_write_lat", []string{"-n", "300", "-s", "64"}, 300, nil},
+		{"ib_write_lat", []string{"-n", "200", "-s", "65536"}, 200, nil},
+		{"ib_read_lat", []string{"-n", "300"}, 300, []int{2}},
+		{"ib_read_lat", []string{"-n", "300", "-s", "4096"}, 300, nil},
+		{"ib_read_lat", []string{"-n", "200", "-s", "65536"}, 200, nil},
+		{"ib_read_lat", []string{"-n", "300", "-e"}, 300, []int{2}},
+		{"ib_send_lat", []string{"-n", "300"}, 300, []int{2}},
+		{"ib_send_lat", []string{"-n", "300", "-s", "4096"}, 300, nil},
+		{"ib_send_lat", []string{"-n", "200", "-s", "65536"}, 200, nil},
+		// Not ib_send_lat -e: after each completion event it polls the CQ
+		// it waits on once and reads the work completion even when that
+		// poll returned 0. Its send and receive CQs share the channel, so
+		// when the peer's reply arrives before the ACK of its own SEND
+		// the event is the receive CQ's, and it fails on an uninitialized
+		// status (one run in five or so here; "Failed status 976236602").
 	} {
 		t.Run(tc.prog+strings.Join(tc.args, "_"), func(t *testing.T) {
 			testenv.NeedTool(t, tc.prog)
+			sizes := tc.sizes
+			if sizes == nil {
+				sizes = []int{mustAtoi(tc.args[slices.Index(tc.args, "-s")+1])}
+			}
 			s, c := pingpong(t, p, tc.prog, "-x", tc.args...)
-			assert.Regexp(t, tc.line, c)
-			if strings.HasSuffix(tc.prog, "_bw") {
-				assert.Regexp(t, tc.line, s)
+			bw := strings.HasSuffix(tc.prog, "_bw")
+			checkReport(t, "client", c, bw, tc.iters, sizes...)
+			if bw {
+				if slices.Contains(tc.args, "-a") {
+					sizes = sizes[len(sizes)-1:] // the passive side of -a reports the last size only
+				}
+				checkReport(t, "server", s, bw, tc.iters, sizes...)
 			}
 		})
 	}
@@ -312,18 +418,118 @@ func TestSanitizedPingpong(t *testing.T) {
 	}
 }
 
-// TestMemOps builds testdata/mem_ops.c, a program written against
-// <infiniband/verbs.h> only, and runs it through vrnic-run: it registers
-// heap, stack and mmap memory in place on two devices and checks every
-// byte of an RDMA WRITE, an RDMA READ and a SEND between them.
-func TestMemOps(t *testing.T) {
+// buildC compiles testdata/src, a program written against
+// <infiniband/verbs.h> only, with -Wall -Wextra -Werror and flags, into
+// the test's temporary directory; it skips when libibverbs-dev is missing.
+func buildC(t *testing.T, src string, flags ...string) string {
+	t.Helper()
 	cc := testenv.NeedTool(t, "cc")
-	prog := filepath.Join(t.TempDir(), "mem_ops")
-	out, err := exec.Command(cc, "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-o", prog, "testdata/mem_ops.c", "-libverbs").CombinedOutput()
+	prog := filepath.Join(t.TempDir(), strings.TrimSuffix(src, ".c"))
+	args := append([]string{"-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-g", "-o", prog}, flags...)
+	out, err := exec.Command(cc, append(args, filepath.Join("testdata", src), "-libverbs")...).CombinedOutput()
 	testenv.Need(t, err == nil || !strings.Contains(string(out), "infiniband/verbs.h"), "libibverbs-dev not installed")
 	require.NoError(t, err, "%s", out)
+	return prog
+}
+
+// sanitizers are the flags of the ASan+UBSan builds of the test programs;
+// sanitizerEnv makes a finding fail the run with its own exit code.
+var (
+	sanitizers   = []string{"-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"}
+	sanitizerEnv = []string{"ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:exitcode=99", "UBSAN_OPTIONS=halt_on_error=1:exitcode=98:print_stacktrace=1"}
+)
+
+// TestMemOps builds testdata/mem_ops.c and runs it through vrnic-run: it
+// registers heap, stack and mmap memory in place on two devices and runs
+// SEND, SEND_WITH_IMM, WRITE, WRITE_WITH_IMM, READ, CMP_AND_SWP and
+// FETCH_AND_ADD between them, checking every byte of the buffers and every
+// defined field of every completion. The second run is the program built
+// with ASan and UBSan, on the library built the same way.
+func TestMemOps(t *testing.T) {
+	const want = "OK send send_imm write write_imm read cmp_swap fetch_add, 20000 bytes (heap, stack, mmap)\n"
 	p := startPair(t)
-	got, err := p.run(t, 60*time.Second, prog)
-	require.NoError(t, err, "%s\n%s", got, p.daemonLogs())
-	assert.Equal(t, "OK write 20000 read 20000 send 20000 (heap, stack, mmap)\n", got)
+	t.Run("plain", func(t *testing.T) {
+		got, err := p.run(t, 60*time.Second, buildC(t, "mem_ops.c"))
+		require.NoError(t, err, "%s\n%s", got, p.daemonLogs())
+		assert.Equal(t, want, got)
+	})
+	t.Run("sanitized", func(t *testing.T) {
+		prog := buildC(t, "mem_ops.c", sanitizers...)
+		got, err := p.runEnv(t, 120*time.Second, sanitizerEnv, "-sanitize", "address,undefined", prog)
+		require.NoError(t, err, "%s\n%s", got, p.daemonLogs())
+		assert.Equal(t, want, got)
+	})
+}
+
+// TestBadInput runs testdata/bad_input.c (plain, then with ASan and UBSan
+// on the sanitized library): NULL objects where libibverbs accepts them,
+// registrations of unmapped, PROT_NONE and read-only memory, more work
+// requests than a queue holds, invalid QP and CQ attributes; each must
+// fail with its errno and nothing else. Then the program streams RDMA
+// WRITEs and, once it printed READY, daemon a is killed with SIGKILL: the
+// program must notice (poll and post fail with EIO, a completion channel
+// wait returns, IBV_EVENT_DEVICE_FATAL), destroy everything and exit 0.
+func TestBadInput(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		flags []string
+		run   []string
+		env   []string
+	}{
+		{"plain", nil, nil, nil},
+		{"sanitized", sanitizers, []string{"-sanitize", "address,undefined"}, sanitizerEnv},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			prog := buildC(t, "bad_input.c", tc.flags...)
+			p := startPair(t)
+			proc, out := p.startEnv(t, "bad_input", tc.env, append(tc.run, prog, "a", "b")...)
+			deadline := time.Now().Add(60 * time.Second)
+			for !strings.Contains(out.String(), "READY\n") {
+				require.True(t, proc.Running() && time.Now().Before(deadline), "no READY:\n%s\n%s", out.String(), p.daemonLogs())
+				time.Sleep(10 * time.Millisecond)
+			}
+			time.Sleep(100 * time.Millisecond) // mid-run: WRITEs are flowing
+			p.kill(t, 0)
+			require.True(t, proc.Wait(30*time.Second), "the program hangs after the daemon was killed:\n%s", out.String())
+			got := out.String()
+			require.NoError(t, proc.Err(), "%s\n%s", got, p.daemonLogs())
+			assert.NotContains(t, got, "ERROR")
+			assert.True(t, strings.HasSuffix(got, "\nOK\n"), "%s", got)
+			for _, want := range []string{
+				"ok registration: read-only memory with IBV_ACCESS_LOCAL_WRITE",
+				"ok queue overflow: *bad_wr is the first WR not posted",
+				"ok QP attributes: the QP stayed in INIT",
+				"ok daemon killed: ibv_post_send fails",
+				"ok daemon killed: ibv_get_async_event: IBV_EVENT_DEVICE_FATAL",
+				"ok daemon killed: A's objects destroyed, A closed",
+			} {
+				assert.Contains(t, got, want)
+			}
+			t.Logf("%s", regexp.MustCompile(`(?m)^ok daemon killed: \d+ WRITEs.*$`).FindString(got))
+		})
+	}
+}
+
+// TestPostSyscalls counts the system calls of a thread posting 50000 RDMA
+// WRITEs through the library (testdata/post_syscalls.c, perf events on
+// the raw_syscalls:sys_enter and syscalls:sys_enter_write tracepoints of
+// that thread). Posting makes no system call of its own: every call in
+// the window is a write(2) of the daemon's kick eventfd, made only when
+// the daemon's doorbell page says it sleeps. How often it sleeps under
+// this load is the daemon's polling policy; the test logs it.
+func TestPostSyscalls(t *testing.T) {
+	testenv.NeedRoot(t, "per-thread perf events on syscall tracepoints need root (or perf_event_paranoid <= 1 and a readable tracefs)")
+	prog := buildC(t, "post_syscalls.c", "-pthread")
+	p := startPair(t)
+	out, err := p.run(t, 120*time.Second, prog, "a", "b", "50000")
+	require.NoError(t, err, "%s\n%s", out, p.daemonLogs())
+	if strings.HasPrefix(out, "SKIP ") {
+		testenv.Need(t, false, strings.TrimSpace(out))
+	}
+	m := regexp.MustCompile(`^WQES (\d+) SYSCALLS (\d+) KICKS (\d+)\n$`).FindStringSubmatch(out)
+	require.NotNil(t, m, "%s", out)
+	wqes, calls, kicks := mustAtoi(m[1]), mustAtoi(m[2]), mustAtoi(m[3])
+	assert.Equal(t, kicks, calls, "system calls besides the kicks while posting %d WQEs", wqes)
+	t.Logf("%d WQEs: %d system calls, all kicks (%.3f per WQE); other system calls per WQE: %.4f",
+		wqes, calls, float64(kicks)/float64(wqes), float64(calls-kicks)/float64(wqes))
 }

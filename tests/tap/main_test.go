@@ -40,7 +40,7 @@ func TestMain(m *testing.M) {
 			return 1
 		}
 		defer os.RemoveAll(dir)
-		for _, pkg := range []string{"vrnicd", "vrnicctl"} {
+		for _, pkg := range []string{"vrnicd", "vrnicctl", "vrnic-run"} {
 			cmd := exec.Command("go", "build", "-o", filepath.Join(dir, pkg), "github.com/vrnic/vrnic/cmd/"+pkg)
 			cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 			if err := cmd.Run(); err != nil {

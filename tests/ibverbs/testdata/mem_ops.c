@@ -1,9 +1,26 @@
-/* mem_ops: a libibverbs program (only <infiniband/verbs.h>) that registers
- * memory from malloc, the stack and an anonymous mmap on two devices,
- * connects an RC QP on each, and does RDMA WRITE, RDMA READ and SEND
- * between them, checking every byte. Run through vrnic-run with two
- * devices; prints "OK ..." and exits 0, or "ERROR ..." and exits 1. */
+/* mem_ops: a libibverbs program (only <infiniband/verbs.h>) that runs the
+ * RC operation matrix between QPs on two devices, on memory from malloc,
+ * the stack and an anonymous mmap, registered in place:
+ *
+ *   SEND, SEND_WITH_IMM, RDMA WRITE, RDMA WRITE_WITH_IMM, RDMA READ,
+ *   ATOMIC_CMP_AND_SWP (a swap that happens and one that does not),
+ *   ATOMIC_FETCH_AND_ADD.
+ *
+ * It checks every byte of each destination buffer (the data, and the
+ * guard bytes around it unchanged) and every field of every completion
+ * the verbs define for it: wr_id, status, opcode, qp_num and wc_flags
+ * always; byte_len for receive completions (SEND, WRITE_WITH_IMM: the
+ * length written) and for RDMA READ; imm_data when IBV_WC_WITH_IMM is set.
+ * (src_qp, slid, sl, pkey_index are defined for UD only; byte_len of a
+ * SEND, WRITE or atomic send completion is undefined.) Atomics operate on
+ * the 8-byte word in host byte order, as Soft-RoCE does, and return the
+ * original value into the local buffer.
+ *
+ * Run through vrnic-run with two devices; prints "OK ..." and exits 0, or
+ * "ERROR ..." and exits 1. */
+#include <arpa/inet.h>
 #include <infiniband/verbs.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,10 +28,24 @@
 #include <time.h>
 
 #define LEN 20000 /* spans several pages, not page aligned */
+#define GUARD 64  /* bytes before and after the data that no operation may touch */
+/* A side's buffer: guard, data, guard, then 8-byte aligned atomic words. */
+#define BUF_LEN (GUARD + LEN + GUARD + 8 + 64)
+
+/* atomic_off is the offset in buf of its first 8-byte aligned atomic word. */
+static size_t atomic_off(const unsigned char *buf) {
+	uintptr_t p = (uintptr_t)buf + GUARD + LEN + GUARD;
+	return (size_t)(((p + 7) & ~(uintptr_t)7) - (uintptr_t)buf);
+}
 
 static void die(const char *what) {
 	perror(what);
 	printf("ERROR %s\n", what);
+	exit(1);
+}
+
+static void fail(const char *kind, const char *what, const char *detail) {
+	printf("ERROR %s %s: %s\n", kind, what, detail);
 	exit(1);
 }
 
@@ -24,6 +55,8 @@ struct side {
 	struct ibv_cq *cq;
 	struct ibv_qp *qp;
 	union ibv_gid gid;
+	unsigned char *buf; /* BUF_LEN bytes of the current memory kind */
+	struct ibv_mr *mr;
 };
 
 static void open_side(struct side *s, struct ibv_device *dev) {
@@ -43,7 +76,7 @@ static void open_side(struct side *s, struct ibv_device *dev) {
 
 static void connect_qp(struct side *s, struct side *peer) {
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1,
-		.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ };
+		.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC };
 	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
 		die("modify INIT");
 	memset(&a, 0, sizeof a);
@@ -72,18 +105,38 @@ static void connect_qp(struct side *s, struct side *peer) {
 		die("modify RTS");
 }
 
-static struct ibv_wc wait_wc(struct side *s, const char *what) {
+/* want is the completion expected; check_len says whether byte_len is
+ * defined for it; imm is compared when want.wc_flags has IBV_WC_WITH_IMM. */
+static void expect_wc(const char *kind, const char *what, struct side *s, struct ibv_wc want, int check_len) {
 	struct ibv_wc wc;
+	memset(&wc, 0xa5, sizeof wc); /* fields the library leaves unset show up */
 	time_t t0 = time(NULL);
 	int n;
 	while ((n = ibv_poll_cq(s->cq, 1, &wc)) == 0)
 		if (time(NULL) - t0 > 10)
-			die(what);
-	if (n < 0 || wc.status != IBV_WC_SUCCESS) {
-		printf("ERROR %s: %s\n", what, n < 0 ? "poll" : ibv_wc_status_str(wc.status));
-		exit(1);
+			fail(kind, what, "no completion in 10 s");
+	if (n < 0)
+		fail(kind, what, "ibv_poll_cq failed");
+	char d[256];
+#define FIELD(f, fmt)                                                                                          \
+	if (wc.f != want.f) {                                                                                  \
+		snprintf(d, sizeof d, #f " %" fmt ", want %" fmt " (status %s)", wc.f, want.f,                 \
+			 ibv_wc_status_str(wc.status));                                                        \
+		fail(kind, what, d);                                                                           \
 	}
-	return wc;
+	FIELD(status, "d");
+	FIELD(wr_id, PRIu64);
+	FIELD(opcode, "d");
+	FIELD(qp_num, "u");
+	FIELD(wc_flags, "u");
+	if (check_len)
+		FIELD(byte_len, "u");
+	if (want.wc_flags & IBV_WC_WITH_IMM)
+		FIELD(imm_data, "u");
+#undef FIELD
+	/* Exactly one completion. */
+	if (ibv_poll_cq(s->cq, 1, &wc) != 0)
+		fail(kind, what, "a second completion");
 }
 
 static void fill(unsigned char *p, size_t n, int seed) {
@@ -91,17 +144,180 @@ static void fill(unsigned char *p, size_t n, int seed) {
 		p[i] = (unsigned char)(i * 31 + seed + (i >> 9));
 }
 
-static void check(const void *a, const void *b, size_t n, const char *what) {
-	if (memcmp(a, b, n)) {
-		printf("ERROR %s: data differs\n", what);
-		exit(1);
-	}
+/* check_buf checks all of s's buffer against ref (BUF_LEN bytes). */
+static void check_buf(const char *kind, const char *what, const unsigned char *buf, const unsigned char *ref) {
+	for (size_t i = 0; i < BUF_LEN; i++)
+		if (buf[i] != ref[i]) {
+			char d[128];
+			snprintf(d, sizeof d, "byte %zu (data starts at %d, %d long) is 0x%02x, want 0x%02x", i, GUARD,
+				 LEN, buf[i], ref[i]);
+			fail(kind, what, d);
+		}
 }
 
-static void post(struct side *s, struct ibv_send_wr *wr) {
-	struct ibv_send_wr *bad;
+static void post_send(struct side *s, struct ibv_send_wr *wr) {
+	struct ibv_send_wr *bad = NULL;
 	if (ibv_post_send(s->qp, wr, &bad))
 		die("ibv_post_send");
+}
+
+static void post_recv(struct side *s, uint64_t wr_id, struct ibv_sge *sg, int nsge) {
+	struct ibv_recv_wr r = { .wr_id = wr_id, .sg_list = sg, .num_sge = nsge }, *bad = NULL;
+	if (ibv_post_recv(s->qp, &r, &bad))
+		die("ibv_post_recv");
+}
+
+static uint64_t word(const unsigned char *p) {
+	uint64_t v;
+	memcpy(&v, p, sizeof v);
+	return v;
+}
+
+static void set_word(unsigned char *p, uint64_t v) { memcpy(p, &v, sizeof v); }
+
+/* matrix runs every operation with A as requester and B as responder on
+ * the BUF_LEN buffers a->buf and b->buf (registered here). ra and rb are
+ * the expected contents of each buffer, kept up to date. */
+static void matrix(const char *kind, struct side *a, struct side *b) {
+	static unsigned char ra[BUF_LEN], rb[BUF_LEN];
+	int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+	fill(a->buf, BUF_LEN, 1);
+	fill(b->buf, BUF_LEN, 2);
+	if (!(a->mr = ibv_reg_mr(a->pd, a->buf, BUF_LEN, acc)) || !(b->mr = ibv_reg_mr(b->pd, b->buf, BUF_LEN, acc)))
+		die("ibv_reg_mr");
+	fill(ra, BUF_LEN, 1);
+	fill(rb, BUF_LEN, 2);
+	check_buf(kind, "A's contents after registration", a->buf, ra);
+	check_buf(kind, "B's contents after registration", b->buf, rb);
+	unsigned char *ad = a->buf + GUARD, *bd = b->buf + GUARD; /* the data areas */
+	uint32_t aq = a->qp->qp_num, bq = b->qp->qp_num;
+	struct ibv_sge sg = { .addr = (uintptr_t)ad, .length = LEN, .lkey = a->mr->lkey };
+	/* Receives scatter into two SGEs, split at an odd offset. */
+	struct ibv_sge rsg[2] = { { .addr = (uintptr_t)bd, .length = 1001, .lkey = b->mr->lkey },
+		{ .addr = (uintptr_t)bd + 1001, .length = LEN - 1001, .lkey = b->mr->lkey } };
+	struct ibv_send_wr w;
+
+	/* SEND: A's data into B's receive buffers. */
+	fill(ad, LEN, 10), fill(ra + GUARD, LEN, 10);
+	post_recv(b, 100, rsg, 2);
+	w = (struct ibv_send_wr){ .wr_id = 1, .sg_list = &sg, .num_sge = 1, .opcode = IBV_WR_SEND,
+		.send_flags = IBV_SEND_SIGNALED };
+	post_send(a, &w);
+	expect_wc(kind, "SEND", a, (struct ibv_wc){ .wr_id = 1, .opcode = IBV_WC_SEND, .qp_num = aq }, 0);
+	expect_wc(kind, "SEND receive", b,
+		  (struct ibv_wc){ .wr_id = 100, .opcode = IBV_WC_RECV, .qp_num = bq, .byte_len = LEN }, 1);
+	memcpy(rb + GUARD, ra + GUARD, LEN);
+	check_buf(kind, "SEND", b->buf, rb);
+
+	/* SEND_WITH_IMM: a shorter message, the immediate in the receive. */
+	fill(ad, LEN, 11), fill(ra + GUARD, LEN, 11);
+	post_recv(b, 101, rsg, 2);
+	sg.length = LEN - 3333;
+	w = (struct ibv_send_wr){ .wr_id = 2, .sg_list = &sg, .num_sge = 1, .opcode = IBV_WR_SEND_WITH_IMM,
+		.send_flags = IBV_SEND_SIGNALED, .imm_data = htonl(0x12345678) };
+	post_send(a, &w);
+	expect_wc(kind, "SEND_WITH_IMM", a, (struct ibv_wc){ .wr_id = 2, .opcode = IBV_WC_SEND, .qp_num = aq }, 0);
+	expect_wc(kind, "SEND_WITH_IMM receive", b,
+		  (struct ibv_wc){ .wr_id = 101, .opcode = IBV_WC_RECV, .qp_num = bq, .byte_len = LEN - 3333,
+			  .wc_flags = IBV_WC_WITH_IMM, .imm_data = htonl(0x12345678) },
+		  1);
+	memcpy(rb + GUARD, ra + GUARD, LEN - 3333);
+	check_buf(kind, "SEND_WITH_IMM", b->buf, rb);
+	sg.length = LEN;
+
+	/* RDMA WRITE: no receive consumed, no completion at B. */
+	fill(ad, LEN, 12), fill(ra + GUARD, LEN, 12);
+	w = (struct ibv_send_wr){ .wr_id = 3, .sg_list = &sg, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+		.send_flags = IBV_SEND_SIGNALED, .wr.rdma = { .remote_addr = (uintptr_t)bd, .rkey = b->mr->rkey } };
+	post_send(a, &w);
+	expect_wc(kind, "WRITE", a, (struct ibv_wc){ .wr_id = 3, .opcode = IBV_WC_RDMA_WRITE, .qp_num = aq }, 0);
+	memcpy(rb + GUARD, ra + GUARD, LEN);
+	check_buf(kind, "WRITE", b->buf, rb);
+	struct ibv_wc none;
+	if (ibv_poll_cq(b->cq, 1, &none) != 0)
+		fail(kind, "WRITE", "a completion at the responder");
+
+	/* RDMA WRITE_WITH_IMM: consumes a receive (no SGE), whose completion
+	 * carries the immediate and the length written. */
+	fill(ad, LEN, 13), fill(ra + GUARD, LEN, 13);
+	post_recv(b, 102, NULL, 0);
+	sg.length = LEN - 1;
+	w = (struct ibv_send_wr){ .wr_id = 4, .sg_list = &sg, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
+		.send_flags = IBV_SEND_SIGNALED, .imm_data = htonl(0xcafe0001),
+		.wr.rdma = { .remote_addr = (uintptr_t)bd + 1, .rkey = b->mr->rkey } };
+	post_send(a, &w);
+	expect_wc(kind, "WRITE_WITH_IMM", a, (struct ibv_wc){ .wr_id = 4, .opcode = IBV_WC_RDMA_WRITE, .qp_num = aq },
+		  0);
+	expect_wc(kind, "WRITE_WITH_IMM receive", b,
+		  (struct ibv_wc){ .wr_id = 102, .opcode = IBV_WC_RECV_RDMA_WITH_IMM, .qp_num = bq,
+			  .byte_len = LEN - 1, .wc_flags = IBV_WC_WITH_IMM, .imm_data = htonl(0xcafe0001) },
+		  1);
+	memcpy(rb + GUARD + 1, ra + GUARD, LEN - 1);
+	check_buf(kind, "WRITE_WITH_IMM", b->buf, rb);
+	sg.length = LEN;
+
+	/* RDMA READ: B's data into A's, two local SGEs. */
+	fill(bd, LEN, 14), fill(rb + GUARD, LEN, 14);
+	struct ibv_sge rdsg[2] = { { .addr = (uintptr_t)ad, .length = 4097, .lkey = a->mr->lkey },
+		{ .addr = (uintptr_t)ad + 4097, .length = LEN - 4097, .lkey = a->mr->lkey } };
+	w = (struct ibv_send_wr){ .wr_id = 5, .sg_list = rdsg, .num_sge = 2, .opcode = IBV_WR_RDMA_READ,
+		.send_flags = IBV_SEND_SIGNALED, .wr.rdma = { .remote_addr = (uintptr_t)bd, .rkey = b->mr->rkey } };
+	post_send(a, &w);
+	expect_wc(kind, "READ", a,
+		  (struct ibv_wc){ .wr_id = 5, .opcode = IBV_WC_RDMA_READ, .qp_num = aq, .byte_len = LEN }, 1);
+	memcpy(ra + GUARD, rb + GUARD, LEN);
+	check_buf(kind, "READ", a->buf, ra);
+
+	/* Atomics on B's first atomic word; the original value lands in A's
+	 * atomic words. */
+	size_t boff = atomic_off(b->buf), aoff = atomic_off(a->buf);
+	unsigned char *bw = b->buf + boff, *aw = a->buf + aoff;
+	uint64_t v0 = 0x0123456789abcdefull, v1 = 0xfedcba9876543210ull, add = 0x1111000000000001ull;
+	set_word(bw, v0), set_word(rb + boff, v0);
+	struct ibv_sge asg = { .addr = (uintptr_t)aw, .length = 8, .lkey = a->mr->lkey };
+	struct {
+		const char *name;
+		enum ibv_wr_opcode op;
+		enum ibv_wc_opcode wc;
+		uint64_t compare_add, swap, orig, after;
+	} at[] = {
+		{ "CMP_AND_SWP (equal)", IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WC_COMP_SWAP, v0, v1, v0, v1 },
+		{ "CMP_AND_SWP (not equal)", IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WC_COMP_SWAP, v0, 7, v1, v1 },
+		{ "FETCH_AND_ADD", IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WC_FETCH_ADD, add, 0, v1, v1 + add },
+		{ "FETCH_AND_ADD (wraps)", IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WC_FETCH_ADD, ~0ull, 0, v1 + add,
+			v1 + add - 1 },
+	};
+	for (size_t i = 0; i < sizeof at / sizeof at[0]; i++) {
+		asg.addr = (uintptr_t)(aw + 8 * i);
+		w = (struct ibv_send_wr){ .wr_id = 6 + i, .sg_list = &asg, .num_sge = 1, .opcode = at[i].op,
+			.send_flags = IBV_SEND_SIGNALED,
+			.wr.atomic = { .remote_addr = (uintptr_t)bw, .rkey = b->mr->rkey,
+				.compare_add = at[i].compare_add, .swap = at[i].swap } };
+		post_send(a, &w);
+		expect_wc(kind, at[i].name, a, (struct ibv_wc){ .wr_id = 6 + i, .opcode = at[i].wc, .qp_num = aq }, 0);
+		char d[128];
+		if (word(aw + 8 * i) != at[i].orig) {
+			snprintf(d, sizeof d, "returned 0x%016" PRIx64 ", want the original 0x%016" PRIx64,
+				 word(aw + 8 * i), at[i].orig);
+			fail(kind, at[i].name, d);
+		}
+		if (word(bw) != at[i].after) {
+			snprintf(d, sizeof d, "target is 0x%016" PRIx64 ", want 0x%016" PRIx64, word(bw), at[i].after);
+			fail(kind, at[i].name, d);
+		}
+		set_word(ra + aoff + 8 * i, at[i].orig);
+		set_word(rb + boff, at[i].after);
+		check_buf(kind, at[i].name, a->buf, ra);
+		check_buf(kind, at[i].name, b->buf, rb);
+	}
+
+	if (ibv_dereg_mr(a->mr) || ibv_dereg_mr(b->mr))
+		die("ibv_dereg_mr");
+	/* Deregistration leaves the memory the program's, contents intact. */
+	check_buf(kind, "A after deregistration", a->buf, ra);
+	check_buf(kind, "B after deregistration", b->buf, rb);
+	memset(a->buf, 0x5a, BUF_LEN);
+	memset(b->buf, 0x5b, BUF_LEN);
 }
 
 int main(void) {
@@ -118,76 +334,31 @@ int main(void) {
 	connect_qp(&a, &b);
 	connect_qp(&b, &a);
 
-	/* Three kinds of memory, registered in place; the stack buffer is in
-	 * main's frame, below it are the library's frames. */
-	unsigned char stack_buf[LEN + 100];
-	unsigned char *heap = malloc(LEN + 3);
-	unsigned char *map = mmap(NULL, 2 * LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (!heap || map == MAP_FAILED)
-		die("alloc");
-	unsigned char *src = heap + 3, *dst = stack_buf + 50;
-	fill(src, LEN, 1);
-	memset(dst, 0, LEN);
-	fill(map, 2 * LEN, 2);
-	int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-	struct ibv_mr *msrc = ibv_reg_mr(a.pd, src, LEN, acc);
-	struct ibv_mr *mdst = ibv_reg_mr(b.pd, dst, LEN, acc);
-	struct ibv_mr *mmap_a = ibv_reg_mr(a.pd, map, LEN, acc);           /* first half: A */
-	struct ibv_mr *mmap_b = ibv_reg_mr(b.pd, map + LEN, LEN, acc);     /* second half: B */
-	if (!msrc || !mdst || !mmap_a || !mmap_b)
-		die("ibv_reg_mr");
-	/* Contents survived the registration. */
-	unsigned char ref[2 * LEN];
-	fill(ref, 2 * LEN, 2);
-	check(map, ref, 2 * LEN, "mmap contents after registration");
-	fill(ref, LEN, 1);
-	check(src, ref, LEN, "heap contents after registration");
+	/* malloc: at odd offsets into the allocations. */
+	unsigned char *ha = malloc(BUF_LEN + 8), *hb = malloc(BUF_LEN + 8);
+	if (!ha || !hb)
+		die("malloc");
+	a.buf = ha + 3, b.buf = hb + 5;
+	matrix("heap", &a, &b);
+	free(ha);
+	free(hb);
 
-	/* 1. WRITE heap (A) -> stack (B). */
-	struct ibv_sge sg = { .addr = (uintptr_t)src, .length = LEN, .lkey = msrc->lkey };
-	struct ibv_send_wr w = { .wr_id = 1, .sg_list = &sg, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
-		.send_flags = IBV_SEND_SIGNALED, .wr.rdma = { .remote_addr = (uintptr_t)dst, .rkey = mdst->rkey } };
-	post(&a, &w);
-	wait_wc(&a, "WRITE");
-	check(src, dst, LEN, "WRITE");
+	/* The stack: in main's frame, the library's frames below it. */
+	unsigned char sa[BUF_LEN + 8], sb[BUF_LEN + 8];
+	a.buf = sa + 1, b.buf = sb + 8;
+	matrix("stack", &a, &b);
 
-	/* 2. READ mmap second half (B) -> mmap first half (A). */
-	sg = (struct ibv_sge){ .addr = (uintptr_t)map, .length = LEN, .lkey = mmap_a->lkey };
-	w = (struct ibv_send_wr){ .wr_id = 2, .sg_list = &sg, .num_sge = 1, .opcode = IBV_WR_RDMA_READ,
-		.send_flags = IBV_SEND_SIGNALED, .wr.rdma = { .remote_addr = (uintptr_t)(map + LEN), .rkey = mmap_b->rkey } };
-	post(&a, &w);
-	wait_wc(&a, "READ");
-	check(map, map + LEN, LEN, "READ");
+	/* An anonymous private mapping, A and B in one mapping. */
+	unsigned char *map = mmap(NULL, 2 * BUF_LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (map == MAP_FAILED)
+		die("mmap");
+	a.buf = map, b.buf = map + BUF_LEN;
+	matrix("mmap", &a, &b);
+	munmap(map, 2 * BUF_LEN);
 
-	/* 3. SEND from B's stack buffer into a RECV on A's heap, two SGEs. */
-	memset(src, 0, LEN);
-	struct ibv_sge rsg[2] = { { .addr = (uintptr_t)src, .length = 1000, .lkey = msrc->lkey },
-		{ .addr = (uintptr_t)src + 1000, .length = LEN - 1000, .lkey = msrc->lkey } };
-	struct ibv_recv_wr r = { .wr_id = 3, .sg_list = rsg, .num_sge = 2 }, *rbad;
-	if (ibv_post_recv(a.qp, &r, &rbad))
-		die("ibv_post_recv");
-	fill(dst, LEN, 3);
-	sg = (struct ibv_sge){ .addr = (uintptr_t)dst, .length = LEN, .lkey = mdst->lkey };
-	w = (struct ibv_send_wr){ .wr_id = 4, .sg_list = &sg, .num_sge = 1, .opcode = IBV_WR_SEND,
-		.send_flags = IBV_SEND_SIGNALED };
-	post(&b, &w);
-	wait_wc(&b, "SEND");
-	struct ibv_wc wc = wait_wc(&a, "RECV");
-	if (wc.byte_len != LEN || wc.opcode != IBV_WC_RECV || wc.wr_id != 3) {
-		printf("ERROR RECV completion: len %u opcode %d\n", wc.byte_len, wc.opcode);
-		return 1;
-	}
-	check(src, dst, LEN, "SEND");
-
-	/* Deregistration leaves the memory usable. */
-	if (ibv_dereg_mr(msrc) || ibv_dereg_mr(mdst) || ibv_dereg_mr(mmap_a) || ibv_dereg_mr(mmap_b))
-		die("ibv_dereg_mr");
-	memset(src, 0x5a, LEN);
-	free(heap);
-	munmap(map, 2 * LEN);
 	if (ibv_destroy_qp(a.qp) || ibv_destroy_qp(b.qp) || ibv_destroy_cq(a.cq) || ibv_destroy_cq(b.cq) ||
 	    ibv_dealloc_pd(a.pd) || ibv_dealloc_pd(b.pd) || ibv_close_device(a.ctx) || ibv_close_device(b.ctx))
 		die("destroy");
-	printf("OK write %d read %d send %d (heap, stack, mmap)\n", LEN, LEN, LEN);
+	printf("OK send send_imm write write_imm read cmp_swap fetch_add, %d bytes (heap, stack, mmap)\n", LEN);
 	return 0;
 }
