@@ -453,18 +453,19 @@ func (d *Device) releaseContextLocked(cx *Context, why string) {
 		cx.counts.PD--
 		d.totals.PD--
 	}
-	for h := range cx.hostMem {
-		if err := d.mem.removeRegion(cx.owner, h); err != nil {
-			d.log.Warn("release host memory", "ctx", cx.handle, "region", h, "err", err)
-		}
-		delete(cx.hostMem, h)
-		cx.counts.HostMem--
-		d.totals.HostMem--
-	}
-	// Backstop: whatever the space still holds for this owner goes too
-	// (ring pins deferred by releaseLater keep their regions mapped).
-	d.mem.releaseOwner(cx.owner)
+	// The host memory goes once the engine's workers no longer touch the
+	// context's QPs (their rings pin it until then: releaseLater).
 	d.releaseLater(cx, func() {
+		for h := range cx.hostMem {
+			if err := d.mem.removeRegion(cx.owner, h); err != nil {
+				d.log.Warn("release host memory", "ctx", cx.handle, "region", h, "err", err)
+			}
+			delete(cx.hostMem, h)
+			cx.counts.HostMem--
+			d.totals.HostMem--
+		}
+		// Backstop: whatever the space still holds for this owner goes too.
+		d.mem.releaseOwner(cx.owner)
 		if err := cx.db.Close(); err != nil {
 			d.log.Warn("close doorbell page", "ctx", cx.handle, "err", err)
 		}

@@ -25,7 +25,10 @@ type WorkerCounters struct {
 	CQOverflows atomic.Uint64
 	BuildErrors atomic.Uint64
 	LinkErrors  atomic.Uint64
-	Sleeps      atomic.Uint64
+	// Sleeps counts the worker's sleeps, Wakes its wake-ups: it is asleep
+	// while Sleeps is ahead of Wakes.
+	Sleeps atomic.Uint64
+	Wakes  atomic.Uint64
 }
 
 // osYield gives this thread's CPU to another runnable thread, if the
@@ -440,6 +443,7 @@ func (w *worker) run(stop <-chan struct{}) {
 		case <-w.link.Ready():
 		case <-tc:
 		}
+		w.Counters.Wakes.Add(1)
 		sleepTimer.Stop()
 	}
 }

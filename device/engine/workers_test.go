@@ -35,9 +35,16 @@ func TestWorkers(t *testing.T) {
 			RecvCQ: newFakeCQ(16), Mem: newFakeMem(), SQDepth: 16})
 		require.NoError(t, err)
 	}
+	// Every worker asleep (Sleeps ahead of Wakes) with nothing left to
+	// wake it: CreateQP does not wait for the workers, so first a query
+	// of every QP (which does) takes the last control messages.
+	for qpn := uint32(1); qpn <= 64; qpn++ {
+		_, err := e.Counters(qpn * 0x1357)
+		require.NoError(t, err)
+	}
 	asleep := func() bool {
 		for i := range n {
-			if e.WorkerCounters(i).Sleeps.Load() == 0 {
+			if c := e.WorkerCounters(i); c.Sleeps.Load() <= c.Wakes.Load() {
 				return false
 			}
 		}
