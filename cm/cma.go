@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+
+	"github.com/vrnic/vrnic/roce"
 )
 
 // rdma_cm (Linux drivers/infiniband/core/cma.c) conventions over the IB
@@ -150,7 +152,7 @@ func ParseCMAHeader(b []byte) (CMAHeader, error) {
 // priority map), the net device's MTU and rate (enum ib_rate), and the
 // flow label rdma_cm derives from the ports (cma_get_roce_udp_flow_label:
 // (sport × 31 + dport) mod 2^20).
-func RoCEPath(src, dst netip.AddrPort, mtu MTU, rate, hopLimit, tos uint8) PathParams {
+func RoCEPath(src, dst netip.AddrPort, mtu roce.MTU, rate, hopLimit, tos uint8) PathParams {
 	return PathParams{
 		SGID: GIDFromIP(src.Addr()), DGID: GIDFromIP(dst.Addr()),
 		FlowLabel: (uint32(src.Port())*31 + uint32(dst.Port())) & 0xfffff,

@@ -6,6 +6,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/vrnic/vrnic/roce"
 )
 
 func TestServiceID(t *testing.T) {
@@ -65,7 +67,7 @@ func TestCMAHeader(t *testing.T) {
 func TestRoCEPath(t *testing.T) {
 	src := netip.MustParseAddrPort("192.168.1.1:43000")
 	dst := netip.MustParseAddrPort("192.168.1.2:7471")
-	p := RoCEPath(src, dst, MTU4096, 7, 64, 0x20)
+	p := RoCEPath(src, dst, roce.MTU4096, 7, 64, 0x20)
 	assert.Equal(t, GID{10: 0xff, 11: 0xff, 12: 192, 13: 168, 14: 1, 15: 1}, p.SGID)
 	assert.Equal(t, dst.Addr(), p.DGID.IP())
 	assert.Equal(t, uint32((43000*31+7471)&0xfffff), p.FlowLabel)

@@ -1,5 +1,7 @@
 package cm
 
+import "github.com/vrnic/vrnic/roce"
+
 import "time"
 
 // conn is one connection (or SIDR request) of a Manager, guarded by the
@@ -21,7 +23,7 @@ type conn struct {
 	// sqPSN is the first PSN this side sends, rqPSN the first it
 	// expects (each side announces its rqPSN: REQ and REP Starting PSN).
 	sqPSN, rqPSN       uint32
-	pathMTU            MTU
+	pathMTU            roce.MTU
 	pkey               uint16
 	responderResources uint8
 	initiatorDepth     uint8

@@ -47,7 +47,7 @@ func goldenExchange(t *testing.T) []packet {
 	pd, err := CMAPrivateData(CMAHeader{Src: src.Addr(), Dst: dst.Addr(), SrcPort: src.Port()}, []byte("client says hi"))
 	require.NoError(t, err)
 	ca, err := a.m.Connect(ConnectParams{
-		Path:      RoCEPath(src, dst, MTU1024, 7, 64, 0),
+		Path:      RoCEPath(src, dst, roce.MTU1024, 7, 64, 0),
 		ServiceID: ServiceID(PortSpaceTCP, dst.Port()), QPN: 0x000011, QPType: TransportRC,
 		StartingPSN: 0x5c2d9e, ResponderResources: 16, InitiatorDepth: 16, RetryCount: 7, RNRRetryCount: 7,
 		RemoteCMResponseTimeout: CMAResponseTimeout, LocalCMResponseTimeout: CMAResponseTimeout,

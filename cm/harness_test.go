@@ -10,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/vrnic/vrnic/roce"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -206,7 +208,7 @@ func connectParams(a, b *node, qpn uint32) ConnectParams {
 		panic(err)
 	}
 	return ConnectParams{
-		Path:      RoCEPath(src, dst, MTU1024, 3, 64, 0),
+		Path:      RoCEPath(src, dst, roce.MTU1024, 3, 64, 0),
 		ServiceID: ServiceID(PortSpaceTCP, dst.Port()), QPN: qpn, QPType: TransportRC,
 		StartingPSN: 0x111111, ResponderResources: 2, InitiatorDepth: 3, FlowControl: true,
 		RetryCount: 7, RNRRetryCount: 7,

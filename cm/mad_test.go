@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/vrnic/vrnic/roce"
 )
 
 // at returns the MAD byte at CM data offset off.
@@ -20,7 +22,7 @@ func sampleREQ() *REQ {
 		ResponderResources: 0x07, LocalEECN: 0x0a0b0c, InitiatorDepth: 0x05, RemoteEECN: 0x0d0e0f,
 		RemoteCMResponseTimeout: 20, TransportServiceType: TransportRC, EndToEndFlowControl: true,
 		StartingPSN: 0x654321, LocalCMResponseTimeout: 20, RetryCount: 7, PKey: 0xffff,
-		PathMTU: MTU1024, RDCExists: false, RNRRetryCount: 7, MaxCMRetries: 15, SRQ: false,
+		PathMTU: roce.MTU1024, RDCExists: false, RNRRetryCount: 7, MaxCMRetries: 15, SRQ: false,
 		Primary: Path{
 			LocalLID: 0xffff, RemoteLID: 0xfffe,
 			LocalGID:  GIDFromIP(netip.MustParseAddr("192.168.1.1")),
@@ -202,9 +204,9 @@ func TestDecodeRejects(t *testing.T) {
 
 func TestEncodeRange(t *testing.T) {
 	for _, m := range []Message{
-		&REQ{LocalQPN: 1 << 24, PathMTU: MTU1024},
+		&REQ{LocalQPN: 1 << 24, PathMTU: roce.MTU1024},
 		&REQ{PathMTU: 16},
-		&REQ{PathMTU: MTU256, Primary: Path{FlowLabel: 1 << 20}},
+		&REQ{PathMTU: roce.MTU256, Primary: Path{FlowLabel: 1 << 20}},
 		&REP{VendorID: 1 << 24},
 		&REJ{RejectInfoLen: 73, Reason: 1},
 		&MRA{ServiceTimeout: 32},

@@ -9,6 +9,8 @@ import (
 	mrand "math/rand/v2"
 	"sync"
 	"time"
+
+	"github.com/vrnic/vrnic/roce"
 )
 
 // Sender carries MADs to QP1 of a peer port. The daemon implements it
@@ -60,7 +62,7 @@ type PathParams struct {
 	HopLimit       uint8
 	SL             uint8 // 4 bits
 	PKey           uint16
-	MTU            MTU
+	MTU            roce.MTU
 	Rate           uint8 // enum ib_rate, 6 bits
 	PacketLifeTime uint8 // 4.096 µs × 2^t
 }
@@ -382,6 +384,20 @@ func (m *Manager) allocID() uint32 {
 // cm_form_tid: the agent's high word, the local comm ID).
 func (m *Manager) formTID(c *conn) uint64 { return m.tidHigh<<32 | uint64(c.id) }
 
+// withConn runs f on connection id under the lock, then performs what f
+// queued.
+func (m *Manager) withConn(id ConnID, f func(c *conn) error) error {
+	if err := m.lock(); err != nil {
+		return err
+	}
+	defer m.unlock()
+	c, err := m.get(id)
+	if err != nil {
+		return err
+	}
+	return f(c)
+}
+
 func (m *Manager) get(id ConnID) (*conn, error) {
 	c := m.conns[uint32(id)]
 	if c == nil || c.destroyed {
@@ -552,35 +568,29 @@ func (m *Manager) Accept(id ConnID, p AcceptParams) error {
 	if err != nil {
 		return err
 	}
-	if err := m.lock(); err != nil {
-		return err
-	}
-	defer m.unlock()
-	c, err := m.get(id)
-	if err != nil {
-		return err
-	}
-	if c.state != StateREQRcvd && c.state != StateMRAREQSent {
-		return fmt.Errorf("%w: Accept in %v", ErrState, c.state)
-	}
-	if m.twQPN[p.QPN] > 0 {
-		return fmt.Errorf("%w: %#x", ErrQPNInTimeWait, p.QPN)
-	}
-	rep := &REP{
-		LocalCommID: c.id, RemoteCommID: c.remoteID, LocalQPN: p.QPN, VendorID: p.VendorID,
-		StartingPSN: p.StartingPSN, ResponderResources: p.ResponderResources,
-		InitiatorDepth: p.InitiatorDepth, TargetACKDelay: m.cfg.AckDelay,
-		FailoverAccepted: p.FailoverAccepted, EndToEndFlowControl: p.FlowControl,
-		RNRRetryCount: p.RNRRetryCount, SRQ: p.SRQ, LocalCAGUID: m.cfg.CAGUID,
-	}
-	copy(rep.PrivateData[:], p.PrivateData)
-	c.state = StateREPSent
-	c.localQPN = p.QPN
-	c.rqPSN = p.StartingPSN
-	c.initiatorDepth = p.InitiatorDepth
-	c.responderResources = p.ResponderResources
-	m.startOut(c, m.send(c.peer, c.tid, rep), c.timeout)
-	return nil
+	return m.withConn(id, func(c *conn) error {
+		if c.state != StateREQRcvd && c.state != StateMRAREQSent {
+			return fmt.Errorf("%w: Accept in %v", ErrState, c.state)
+		}
+		if m.twQPN[p.QPN] > 0 {
+			return fmt.Errorf("%w: %#x", ErrQPNInTimeWait, p.QPN)
+		}
+		rep := &REP{
+			LocalCommID: c.id, RemoteCommID: c.remoteID, LocalQPN: p.QPN, VendorID: p.VendorID,
+			StartingPSN: p.StartingPSN, ResponderResources: p.ResponderResources,
+			InitiatorDepth: p.InitiatorDepth, TargetACKDelay: m.cfg.AckDelay,
+			FailoverAccepted: p.FailoverAccepted, EndToEndFlowControl: p.FlowControl,
+			RNRRetryCount: p.RNRRetryCount, SRQ: p.SRQ, LocalCAGUID: m.cfg.CAGUID,
+		}
+		copy(rep.PrivateData[:], p.PrivateData)
+		c.state = StateREPSent
+		c.localQPN = p.QPN
+		c.rqPSN = p.StartingPSN
+		c.initiatorDepth = p.InitiatorDepth
+		c.responderResources = p.ResponderResources
+		m.startOut(c, m.send(c.peer, c.tid, rep), c.timeout)
+		return nil
+	})
 }
 
 // Reject sends a REJ. From REQ_SENT, MRA_REQ_RCVD, REQ_RCVD, MRA_REQ_SENT,
@@ -594,15 +604,7 @@ func (m *Manager) Reject(id ConnID, reason RejectReason, ari, privateData []byte
 	if reason == 0 {
 		return fmt.Errorf("%w: reject reason 0", ErrInvalidParam)
 	}
-	if err := m.lock(); err != nil {
-		return err
-	}
-	defer m.unlock()
-	c, err := m.get(id)
-	if err != nil {
-		return err
-	}
-	return m.reject(c, reason, ari, privateData)
+	return m.withConn(id, func(c *conn) error { return m.reject(c, reason, ari, privateData) })
 }
 
 func (m *Manager) reject(c *conn, reason RejectReason, ari, privateData []byte) error {
@@ -647,28 +649,22 @@ func (m *Manager) MRA(id ConnID, serviceTimeout uint8, delayed bool, privateData
 	if err := checkAll(checkBits("serviceTimeout", uint64(serviceTimeout), 5), checkPrivate(privateData, MRAPrivateDataLen)); err != nil {
 		return err
 	}
-	if err := m.lock(); err != nil {
-		return err
-	}
-	defer m.unlock()
-	c, err := m.get(id)
-	if err != nil {
-		return err
-	}
-	switch c.state {
-	case StateREQRcvd:
-		c.state, c.mraMsg = StateMRAREQSent, MsgREQ
-	case StateREPRcvd:
-		c.state, c.mraMsg = StateMRAREPSent, MsgREP
-	default:
-		return fmt.Errorf("%w: MRA in %v", ErrState, c.state)
-	}
-	c.serviceTimeout = serviceTimeout
-	c.privateData = append([]byte(nil), privateData...)
-	if !delayed {
-		m.sendMRA(c)
-	}
-	return nil
+	return m.withConn(id, func(c *conn) error {
+		switch c.state {
+		case StateREQRcvd:
+			c.state, c.mraMsg = StateMRAREQSent, MsgREQ
+		case StateREPRcvd:
+			c.state, c.mraMsg = StateMRAREPSent, MsgREP
+		default:
+			return fmt.Errorf("%w: MRA in %v", ErrState, c.state)
+		}
+		c.serviceTimeout = serviceTimeout
+		c.privateData = append([]byte(nil), privateData...)
+		if !delayed {
+			m.sendMRA(c)
+		}
+		return nil
+	})
 }
 
 func (m *Manager) sendMRA(c *conn) {
@@ -684,22 +680,16 @@ func (m *Manager) RTU(id ConnID, privateData []byte) error {
 	if err := checkPrivate(privateData, RTUPrivateDataLen); err != nil {
 		return err
 	}
-	if err := m.lock(); err != nil {
-		return err
-	}
-	defer m.unlock()
-	c, err := m.get(id)
-	if err != nil {
-		return err
-	}
-	if c.state != StateREPRcvd && c.state != StateMRAREPSent {
-		return fmt.Errorf("%w: RTU in %v", ErrState, c.state)
-	}
-	c.privateData = append([]byte(nil), privateData...)
-	m.sendRTU(c)
-	c.state = StateEstablished
-	m.emit(c, Event{Type: EventEstablished})
-	return nil
+	return m.withConn(id, func(c *conn) error {
+		if c.state != StateREPRcvd && c.state != StateMRAREPSent {
+			return fmt.Errorf("%w: RTU in %v", ErrState, c.state)
+		}
+		c.privateData = append([]byte(nil), privateData...)
+		m.sendRTU(c)
+		c.state = StateEstablished
+		m.emit(c, Event{Type: EventEstablished})
+		return nil
+	})
 }
 
 func (m *Manager) sendRTU(c *conn) {
@@ -712,21 +702,15 @@ func (m *Manager) sendRTU(c *conn) {
 // RTU (the IB_EVENT_COMM_EST a passive QP raises): REP_SENT or
 // MRA_REP_RCVD → ESTABLISHED, reported by EventEstablished.
 func (m *Manager) NotifyEstablished(id ConnID) error {
-	if err := m.lock(); err != nil {
-		return err
-	}
-	defer m.unlock()
-	c, err := m.get(id)
-	if err != nil {
-		return err
-	}
-	if c.state != StateREPSent && c.state != StateMRAREPRcvd {
-		return fmt.Errorf("%w: NotifyEstablished in %v", ErrState, c.state)
-	}
-	m.cancelOut(c)
-	c.state = StateEstablished
-	m.emit(c, Event{Type: EventEstablished})
-	return nil
+	return m.withConn(id, func(c *conn) error {
+		if c.state != StateREPSent && c.state != StateMRAREPRcvd {
+			return fmt.Errorf("%w: NotifyEstablished in %v", ErrState, c.state)
+		}
+		m.cancelOut(c)
+		c.state = StateEstablished
+		m.emit(c, Event{Type: EventEstablished})
+		return nil
+	})
 }
 
 // Disconnect starts or answers a disconnection, as rdma_disconnect does:
@@ -737,28 +721,22 @@ func (m *Manager) Disconnect(id ConnID, privateData []byte) error {
 	if err := checkPrivate(privateData, DREQPrivateDataLen); err != nil {
 		return err
 	}
-	if err := m.lock(); err != nil {
-		return err
-	}
-	defer m.unlock()
-	c, err := m.get(id)
-	if err != nil {
-		return err
-	}
-	switch c.state {
-	case StateEstablished:
-		m.sendDREQ(c, privateData)
-	case StateDREQRcvd:
-		if len(privateData) > DREPPrivateDataLen {
-			return fmt.Errorf("%w: %d bytes for a DREP", ErrPrivateDataLen, len(privateData))
+	return m.withConn(id, func(c *conn) error {
+		switch c.state {
+		case StateEstablished:
+			m.sendDREQ(c, privateData)
+		case StateDREQRcvd:
+			if len(privateData) > DREPPrivateDataLen {
+				return fmt.Errorf("%w: %d bytes for a DREP", ErrPrivateDataLen, len(privateData))
+			}
+			c.privateData = append([]byte(nil), privateData...)
+			m.enterTimeWait(c)
+			m.sendDREP(c)
+		default:
+			return fmt.Errorf("%w: Disconnect in %v", ErrState, c.state)
 		}
-		c.privateData = append([]byte(nil), privateData...)
-		m.enterTimeWait(c)
-		m.sendDREP(c)
-	default:
-		return fmt.Errorf("%w: Disconnect in %v", ErrState, c.state)
-	}
-	return nil
+		return nil
+	})
 }
 
 func (m *Manager) sendDREQ(c *conn, privateData []byte) {
@@ -782,41 +760,35 @@ func (m *Manager) sendDREP(c *conn) {
 // rejected. No event is reported for the connection afterwards; it stays
 // known (holding its ID and QPN) until its TimeWait ends.
 func (m *Manager) Destroy(id ConnID) error {
-	if err := m.lock(); err != nil {
-		return err
-	}
-	defer m.unlock()
-	c, err := m.get(id)
-	if err != nil {
-		return err
-	}
-	c.destroyed = true
-	switch c.state {
-	case StateREQSent, StateMRAREQRcvd:
-		var guid [8]byte
-		binary.BigEndian.PutUint64(guid[:], m.cfg.CAGUID)
-		m.sendREJ(c, RejectTimeout, guid[:], nil)
-		m.toIdle(c)
-	case StateREQRcvd, StateMRAREQSent, StateREPRcvd, StateMRAREPSent, StateREPSent, StateMRAREPRcvd:
-		m.sendREJ(c, RejectConsumerDefined, nil, nil)
-		m.toIdle(c)
-	case StateEstablished:
-		m.sendDREQ(c, nil)
-		m.enterTimeWait(c)
-	case StateDREQSent:
-		m.enterTimeWait(c)
-	case StateDREQRcvd:
-		c.privateData = nil
-		m.enterTimeWait(c)
-		m.sendDREP(c)
-	case StateSIDRREQRcvd:
-		m.sendSIDRRep(c, &SIDRRep{Status: SIDRReject})
-		m.toIdle(c)
-	case StateSIDRREQSent:
-		m.toIdle(c)
-	case StateTimeWait:
-	}
-	return nil
+	return m.withConn(id, func(c *conn) error {
+		c.destroyed = true
+		switch c.state {
+		case StateREQSent, StateMRAREQRcvd:
+			var guid [8]byte
+			binary.BigEndian.PutUint64(guid[:], m.cfg.CAGUID)
+			m.sendREJ(c, RejectTimeout, guid[:], nil)
+			m.toIdle(c)
+		case StateREQRcvd, StateMRAREQSent, StateREPRcvd, StateMRAREPSent, StateREPSent, StateMRAREPRcvd:
+			m.sendREJ(c, RejectConsumerDefined, nil, nil)
+			m.toIdle(c)
+		case StateEstablished:
+			m.sendDREQ(c, nil)
+			m.enterTimeWait(c)
+		case StateDREQSent:
+			m.enterTimeWait(c)
+		case StateDREQRcvd:
+			c.privateData = nil
+			m.enterTimeWait(c)
+			m.sendDREP(c)
+		case StateSIDRREQRcvd:
+			m.sendSIDRRep(c, &SIDRRep{Status: SIDRReject})
+			m.toIdle(c)
+		case StateSIDRREQSent:
+			m.toIdle(c)
+		case StateTimeWait:
+		}
+		return nil
+	})
 }
 
 // SIDRRequest sends a SIDR_REQ and returns the request, in SIDR_REQ_SENT;
@@ -853,23 +825,17 @@ func (m *Manager) SIDRReply(id ConnID, p SIDRReplyParams) error {
 	if p.Status > SIDRUnsupportedVersion {
 		return fmt.Errorf("%w: SIDR status %d", ErrInvalidParam, p.Status)
 	}
-	if err := m.lock(); err != nil {
-		return err
-	}
-	defer m.unlock()
-	c, err := m.get(id)
-	if err != nil {
-		return err
-	}
-	if c.state != StateSIDRREQRcvd {
-		return fmt.Errorf("%w: SIDRReply in %v", ErrState, c.state)
-	}
-	rep := &SIDRRep{Status: p.Status, QPN: p.QPN, QKey: p.QKey, VendorID: p.VendorID}
-	rep.InfoLen = uint8(copy(rep.Info[:], p.Info))
-	copy(rep.PrivateData[:], p.PrivateData)
-	m.sendSIDRRep(c, rep)
-	m.toIdle(c)
-	return nil
+	return m.withConn(id, func(c *conn) error {
+		if c.state != StateSIDRREQRcvd {
+			return fmt.Errorf("%w: SIDRReply in %v", ErrState, c.state)
+		}
+		rep := &SIDRRep{Status: p.Status, QPN: p.QPN, QKey: p.QKey, VendorID: p.VendorID}
+		rep.InfoLen = uint8(copy(rep.Info[:], p.Info))
+		copy(rep.PrivateData[:], p.PrivateData)
+		m.sendSIDRRep(c, rep)
+		m.toIdle(c)
+		return nil
+	})
 }
 
 func (m *Manager) sendSIDRRep(c *conn, rep *SIDRRep) {

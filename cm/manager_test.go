@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/vrnic/vrnic/roce"
 )
 
 const (
@@ -75,7 +77,7 @@ func TestConnectAcceptEstablishDisconnect(t *testing.T) {
 	rtr, err := b.m.QPAttr(cb, QPStateRTR)
 	require.NoError(t, err)
 	assert.Equal(t, uint32(0x100), rtr.DestQPN)
-	assert.Equal(t, MTU1024, rtr.PathMTU)
+	assert.Equal(t, roce.MTU1024, rtr.PathMTU)
 	assert.Equal(t, uint8(3), rtr.MaxDestRdAtomic, "B's responder resources = A's initiator depth")
 	assert.Equal(t, a.gid, rtr.AH.DGID)
 	assert.Equal(t, b.gid, rtr.AH.SGID)
@@ -512,7 +514,7 @@ func TestTimeWaitHoldsIDAndQPN(t *testing.T) {
 	n.drain()
 	// A repeat of the old REQ during TimeWait: REJ stale connection.
 	old := connectParams(a, b, 0x100)
-	req := &REQ{LocalCommID: uint32(ca), ServiceID: old.ServiceID, LocalCAGUID: guidA, LocalQPN: 0x100, PathMTU: MTU1024}
+	req := &REQ{LocalCommID: uint32(ca), ServiceID: old.ServiceID, LocalCAGUID: guidA, LocalQPN: 0x100, PathMTU: roce.MTU1024}
 	mad, err := Marshal(1, 0, req)
 	require.NoError(t, err)
 	require.NoError(t, b.m.HandleMAD(a.gid, mad))

@@ -1,5 +1,7 @@
 package cm
 
+import "github.com/vrnic/vrnic/roce"
+
 // The CM messages. Field positions are those of IBTA vol. 1 chapter 12
 // (Tables 106 to 121) as Linux encodes them (include/rdma/ibta_vol1_c12.h),
 // written fld(name, byte, bit, width): byte offset in the CM data (after the
@@ -111,7 +113,7 @@ type REQ struct {
 	LocalCMResponseTimeout  uint8  // 5 bits
 	RetryCount              uint8  // 3 bits
 	PKey                    uint16
-	PathMTU                 MTU // 4 bits
+	PathMTU                 roce.MTU // 4 bits
 	RDCExists               bool
 	RNRRetryCount           uint8 // 3 bits
 	MaxCMRetries            uint8 // 4 bits
@@ -212,7 +214,7 @@ func (m *REQ) decode(d *decoder) {
 	m.LocalCMResponseTimeout = uint8(d.get(reqLocalRespTO))
 	m.RetryCount = uint8(d.get(reqRetryCount))
 	m.PKey = uint16(d.get(reqPKey))
-	m.PathMTU = MTU(d.get(reqPathMTU))
+	m.PathMTU = roce.MTU(d.get(reqPathMTU))
 	m.RDCExists = d.bool(reqRDCExists)
 	m.RNRRetryCount = uint8(d.get(reqRNRRetry))
 	m.MaxCMRetries = uint8(d.get(reqMaxCMRetries))

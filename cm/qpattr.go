@@ -1,5 +1,7 @@
 package cm
 
+import "github.com/vrnic/vrnic/roce"
+
 import "fmt"
 
 // QPState is a QP state the owner asks attributes for.
@@ -42,7 +44,7 @@ type QPAttr struct {
 
 	// RTR.
 	AH              AHAttr
-	PathMTU         MTU
+	PathMTU         roce.MTU
 	DestQPN         uint32
 	RQPSN           uint32
 	MaxDestRdAtomic uint8 // RC

@@ -19,29 +19,6 @@ func (g GID) IP() netip.Addr { return netip.AddrFrom16(g).Unmap() }
 
 func (g GID) String() string { return netip.AddrFrom16(g).String() }
 
-// MTU is an IBTA path MTU code (enum ib_mtu).
-type MTU uint8
-
-// Path MTU codes.
-const (
-	MTU256  MTU = 1
-	MTU512  MTU = 2
-	MTU1024 MTU = 3
-	MTU2048 MTU = 4
-	MTU4096 MTU = 5
-)
-
-// Bytes returns the MTU in bytes, 0 for an invalid code.
-func (m MTU) Bytes() int {
-	if m < MTU256 || m > MTU4096 {
-		return 0
-	}
-	return 128 << m
-}
-
-// Valid reports whether m is a defined MTU code.
-func (m MTU) Valid() bool { return m >= MTU256 && m <= MTU4096 }
-
 // TransportType is the REQ's Transport Service Type.
 type TransportType uint8
 
