@@ -180,7 +180,9 @@ func (m *Manager) enterTimeWait(c *conn) {
 		return
 	}
 	c.state = StateTimeWait
-	m.twQPN[c.localQPN]++
+	if c.localQPN != 0 {
+		m.twQPN[c.localQPN]++
+	}
 	c.twTimer = m.clock.AfterFunc(IBADuration(c.ackTimeout), func() { m.timeWaitExpired(c) })
 }
 
@@ -192,8 +194,10 @@ func (m *Manager) timeWaitExpired(c *conn) {
 	}
 	defer m.unlock()
 	c.twTimer = nil
-	if m.twQPN[c.localQPN]--; m.twQPN[c.localQPN] <= 0 {
-		delete(m.twQPN, c.localQPN)
+	if c.localQPN != 0 {
+		if m.twQPN[c.localQPN]--; m.twQPN[c.localQPN] <= 0 {
+			delete(m.twQPN, c.localQPN)
+		}
 	}
 	m.emit(c, Event{Type: EventTimeWaitExit})
 	m.toIdle(c)
