@@ -62,6 +62,10 @@ type QPAttr struct {
 // to move it to state: INIT in any handshake state or ESTABLISHED, RTR
 // and RTS once the peer's QPN is known (REQ_RCVD onwards on the passive
 // side, REP_RCVD onwards on the active side), as Linux allows.
+//
+// The passive side chooses its own receive PSN when it accepts: until
+// Accept, RTR's RQPSN is 0 and the owner uses the StartingPSN it will
+// pass to Accept (rdma_cm does the same with its own sequence number).
 func (m *Manager) QPAttr(id ConnID, state QPState) (QPAttr, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
