@@ -1,0 +1,108 @@
+// Package cm is the InfiniBand Communication Manager (IBTA vol. 1,
+// chapter 12) of vrnic: the protocol rdma_cm programs and Linux hosts
+// (Soft-RoCE included) use to connect RC and UC QPs and to resolve UD
+// service IDs. It is transport-agnostic: it builds and parses MADs and
+// runs the state machines; the daemon carries the MADs on its QP1 and
+// changes its QPs.
+//
+// # Wire format
+//
+// A CM message is a 256-byte MAD (management class 0x07, class version 2,
+// method Send) sent as a UD datagram to QP1 with P_Key 0xFFFF and Q_Key
+// 0x80010000 (QP1QKey). mad.go holds the common MAD header and Encode /
+// Decode; messages.go holds REQ, MRA, REJ, REP, RTU, DREQ, DREP, SIDR_REQ
+// and SIDR_REP with every field at its IBTA byte and bit position. Decode
+// refuses anything but a whole, well-formed CM MAD with an error (never a
+// panic; see the fuzz test).
+//
+// cma.go holds the rdma_cm conventions on top: service IDs (port space
+// << 16 | port), the cma_hdr at the front of REQ and SIDR_REQ private
+// data, and the path rdma_cm builds for RoCE v2 (IPv4-mapped GIDs,
+// permissive LIDs, hop limit, traffic class, flow label from the ports).
+//
+// # Plugging it in
+//
+// The owner (the daemon, per port) creates a Manager with a Sender (send
+// a MAD to QP1 of the port with a given GID), a Clock (SystemClock, or a
+// FakeClock in tests) and a Handler for events, and feeds it every MAD
+// its QP1 receives with HandleMAD(sourceGID, mad). It drives connections
+// with Listen, Connect, Accept, Reject, MRA, RTU, NotifyEstablished,
+// Disconnect, Destroy, SIDRRequest and SIDRReply, and reads the QP
+// attributes for INIT, RTR and RTS with QPAttr (what rdma_init_qp_attr
+// returns). The Manager never modifies a QP; it says what to do through
+// events:
+//
+//	event                   owner (as rdma_cm does)
+//	EventConnectRequest     create a QP, INIT/RTR/RTS from QPAttr, Accept (or Reject, or MRA)
+//	EventREPReceived        RTR/RTS from QPAttr, then RTU (or Reject)
+//	EventEstablished        connection usable
+//	EventRejected           report REJECTED (consumer reject: Reason 28 + PrivateData)
+//	EventDisconnectRequest  QP to ERROR, then Disconnect (sends the DREP)
+//	EventDisconnected       QP to ERROR
+//	EventTimeWaitExit       the QPN may be reused
+//	EventUnreachable        report UNREACHABLE
+//	EventSIDRRequest        SIDRReply
+//	EventSIDRReply          UD peer resolved (or not: Status)
+//
+// # States
+//
+// Active side: IDLE → REQ_SENT [→ MRA_REQ_RCVD] → REP_RCVD [→
+// MRA_REP_SENT] → ESTABLISHED. Passive side: IDLE → REQ_RCVD [→
+// MRA_REQ_SENT] → REP_SENT [→ MRA_REP_RCVD] → ESTABLISHED. Then
+// ESTABLISHED → DREQ_SENT or DREQ_RCVD → TIMEWAIT → IDLE. SIDR:
+// SIDR_REQ_SENT and SIDR_REQ_RCVD. A REJ or a timeout during the
+// handshake returns to IDLE (a stale connection REJ, or one after REP_SENT,
+// goes through TIMEWAIT). A connection back in IDLE is forgotten.
+//
+// # Demultiplexing and duplicates
+//
+// Received messages find their connection by local comm ID (checked
+// against the peer's comm ID), a REQ by the peer's comm ID and CA GUID
+// (repeats), by the peer's QPN and CA GUID (stale connections), and by
+// service ID (listeners). Repeats are answered per state, as Linux does:
+// a repeated REQ gets the MRA again (MRA_REQ_SENT), the REP again
+// (REP_SENT, MRA_REP_RCVD) or a stale connection REJ (TIMEWAIT); a
+// repeated REP gets the RTU or MRA again; a repeated DREQ gets the DREP
+// again (TIMEWAIT) or, for a connection already forgotten, a DREP built
+// from the DREQ. A REQ from a peer QP that already has a connection is
+// rejected (stale connection) and the old connection gets a DREQ; no
+// listener: REJ invalid service ID; a transport other than RC and UC:
+// REJ invalid transport type.
+//
+// # Timers
+//
+// REQ, REP, DREQ and SIDR_REQ are repeated until answered, up to the
+// REQ's Max CM Retries times, each after the same timeout, with Linux's
+// arithmetic (IBADuration: 2^max(t-8,0) ms for 4.096 µs × 2^t): REQ 2 ×
+// packet life time + remote CM response timeout; REP and the passive
+// DREQ the REQ's local CM response timeout; an MRA stretches the wait to
+// its service timeout plus the path's ACK timeout. With rdma_cm's values
+// over RoCE (packet life time 16, response timeout 20, 15 retries) a REQ
+// waits 4.608 s per attempt and the peer is unreachable after 73.7 s.
+// TimeWait lasts the path's ACK timeout (cm_ack_timeout of the CA ACK
+// delay and packet life time: 2^(17-8) ms with rxe's values); during it
+// the connection keeps its local comm ID and its local QPN
+// (QPNInTimeWait). Comm IDs are allocated cyclically under a random XOR,
+// so one comes back only after 2^32 others.
+//
+// # Concurrency
+//
+// One mutex guards all of a Manager's state. MADs and events produced
+// under it are queued and handed to the Sender and the Handler after it
+// is released, in order, by one goroutine at a time; both may call back
+// into the Manager.
+//
+// # Not implemented
+//
+//   - LAP and APR (alternate path load and response, path migration):
+//     decoded as unsupported, counted and ignored, as Linux does on RoCE
+//     ports. REQs are sent without an alternate path and one in a
+//     received REQ is not used.
+//   - RD (reliable datagram, EECs) and XRC: a REQ for them is rejected
+//     (invalid transport type).
+//   - ClassPortInfo and CM redirection (REJ port redirect).
+//   - Peer-to-peer connection establishment (both sides sending REQs to
+//     each other's service).
+//   - A SIDR_REQ repeated after its SIDR_REP is treated as a new request
+//     (as in Linux; the answer is the same).
+package cm

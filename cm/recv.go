@@ -1,0 +1,341 @@
+package cm
+
+import (
+	"encoding/binary"
+	"errors"
+)
+
+// HandleMAD processes a MAD received on QP1 from the port whose GID is
+// src (the GRH / IP source address). A MAD that is not a valid CM message
+// is counted and returned as an error; it changes nothing.
+func (m *Manager) HandleMAD(src GID, mad []byte) error {
+	h, msg, err := Decode(mad)
+	if err := m.lock(); err != nil {
+		return err
+	}
+	defer m.unlock()
+	if err != nil {
+		if errors.Is(err, ErrUnsupportedAttribute) {
+			// LAP and APR: Linux ignores them on RoCE ports
+			// (cm_lap_handler, cm_apr_handler), and so does this CM.
+			m.stats.Unsupported++
+		} else {
+			m.stats.Invalid++
+		}
+		return err
+	}
+	m.stats.Received[attrIndex(h.AttrID)]++
+	switch msg := msg.(type) {
+	case *REQ:
+		m.recvREQ(src, &h, msg)
+	case *MRA:
+		m.recvMRA(msg)
+	case *REJ:
+		m.recvREJ(msg)
+	case *REP:
+		m.recvREP(src, &h, msg)
+	case *RTU:
+		m.recvRTU(msg)
+	case *DREQ:
+		m.recvDREQ(src, &h, msg)
+	case *DREP:
+		m.recvDREP(msg)
+	case *SIDRReq:
+		m.recvSIDRReq(src, &h, msg)
+	case *SIDRRep:
+		m.recvSIDRRep(msg)
+	}
+	return nil
+}
+
+func (m *Manager) dup(a AttrID) { m.stats.Duplicates[attrIndex(a)]++ }
+
+// lookup returns the connection with local ID local whose peer ID is
+// remote (Linux cm_acquire_id), nil if none.
+func (m *Manager) lookup(local, remote uint32) *conn {
+	c := m.conns[local]
+	if c == nil || c.remoteID != remote {
+		return nil
+	}
+	return c
+}
+
+// issueREJ answers a message that has no connection of its own with a
+// REJ built from it (Linux cm_issue_rej): comm IDs swapped, the peer's
+// transaction ID.
+func (m *Manager) issueREJ(dst GID, tid uint64, local, remote uint32, reason RejectReason, msgType MsgType) {
+	m.send(dst, tid, &REJ{LocalCommID: local, RemoteCommID: remote, MessageRejected: msgType, Reason: reason})
+}
+
+func (m *Manager) recvREQ(src GID, h *Header, req *REQ) {
+	// A repeat of a REQ this side already knows (Linux cm_match_req and
+	// cm_dup_req_handler), answered per state.
+	if c := m.byRemote[remoteKey{req.LocalCommID, req.LocalCAGUID}]; c != nil {
+		m.dup(AttrREQ)
+		switch c.state {
+		case StateMRAREQSent:
+			m.sendMRA(c)
+		case StateREPSent, StateMRAREPRcvd:
+			// The REP may have been lost: send it again now rather
+			// than when its own timer fires.
+			m.sendMAD(c.peer, c.out, true)
+		case StateTimeWait:
+			m.sendREJ(c, RejectStaleConn, nil, nil)
+		}
+		return
+	}
+	// The peer's QP already has a connection here: the peer must have
+	// lost it. Reject the REQ and tear the old one down (Linux: REJ
+	// stale connection, DREQ for the old connection).
+	if old := m.byRemoteQP[qpKey{req.LocalQPN, req.LocalCAGUID}]; old != nil {
+		m.issueREJ(src, h.TID, 0, req.LocalCommID, RejectStaleConn, MsgREQ)
+		if old.state == StateEstablished {
+			m.sendDREQ(old, nil)
+		}
+		return
+	}
+	if !m.listening(req.ServiceID) {
+		m.issueREJ(src, h.TID, 0, req.LocalCommID, RejectInvalidServiceID, MsgREQ)
+		return
+	}
+	if req.TransportServiceType != TransportRC && req.TransportServiceType != TransportUC {
+		m.issueREJ(src, h.TID, 0, req.LocalCommID, RejectInvalidTransportType, MsgREQ)
+		return
+	}
+	p := &req.Primary
+	// The passive side's view of the path (Linux cm_format_paths_from_req):
+	// the GIDs swapped, the packet life time one below the ACK timeout.
+	plt := p.LocalACKTimeout
+	if plt > 0 {
+		plt--
+	}
+	c := &conn{
+		id: m.allocID(), remoteID: req.LocalCommID, state: StateREQRcvd, peer: src,
+		serviceID: req.ServiceID, qpType: req.TransportServiceType, tid: h.TID,
+		remoteQPN: req.LocalQPN, remoteCAGUID: req.LocalCAGUID,
+		sqPSN: req.StartingPSN, pathMTU: req.PathMTU, pkey: req.PKey,
+		// This side's initiator depth is the peer's responder
+		// resources and the other way round.
+		initiatorDepth: req.ResponderResources, responderResources: req.InitiatorDepth,
+		retryCount: req.RetryCount, rnrRetryCount: req.RNRRetryCount,
+		path: PathParams{
+			SGID: p.RemoteGID, DGID: p.LocalGID, FlowLabel: p.FlowLabel, TrafficClass: p.TrafficClass,
+			HopLimit: p.HopLimit, SL: p.SL, PKey: req.PKey, MTU: req.PathMTU, Rate: p.PacketRate,
+			PacketLifeTime: plt,
+		},
+		ackTimeout: plt + 1,
+		timeout:    IBADuration(req.LocalCMResponseTimeout),
+		maxRetries: req.MaxCMRetries,
+	}
+	m.conns[c.id] = c
+	m.byRemote[remoteKey{c.remoteID, c.remoteCAGUID}] = c
+	m.byRemoteQP[qpKey{c.remoteQPN, c.remoteCAGUID}] = c
+	c.inRemote, c.inRemoteQP = true, true
+	r := *req
+	m.emit(c, Event{Type: EventConnectRequest, REQ: &r, PrivateData: append([]byte(nil), req.PrivateData[:]...)})
+}
+
+func (m *Manager) recvMRA(mra *MRA) {
+	var c *conn
+	switch mra.MessageMRAed {
+	case MsgREQ:
+		c = m.lookup(mra.RemoteCommID, 0)
+	default:
+		c = m.lookup(mra.RemoteCommID, mra.LocalCommID)
+	}
+	if c == nil {
+		m.stats.Unmatched++
+		return
+	}
+	// Wait for the service timeout plus the path's round trip (Linux
+	// cm_mra_handler); only the first MRA for a message extends.
+	timeout := IBADuration(mra.ServiceTimeout) + IBADuration(c.ackTimeout)
+	switch {
+	case c.state == StateREQSent && mra.MessageMRAed == MsgREQ:
+		c.state = StateMRAREQRcvd
+	case c.state == StateREPSent && mra.MessageMRAed == MsgREP:
+		c.state = StateMRAREPRcvd
+	case c.state == StateMRAREQRcvd || c.state == StateMRAREPRcvd:
+		m.dup(AttrMRA)
+		return
+	default:
+		m.stats.Unmatched++
+		return
+	}
+	m.extendOut(c, timeout)
+}
+
+func (m *Manager) recvREJ(rej *REJ) {
+	var c *conn
+	switch {
+	case rej.Reason == RejectTimeout:
+		// The peer gave up on its REQ before knowing this side's comm
+		// ID; it names itself by its CA GUID in the ARI.
+		c = m.byRemote[remoteKey{rej.LocalCommID, binary.BigEndian.Uint64(rej.ARI[:8])}]
+	case rej.MessageRejected == MsgREQ:
+		// Until the REP, this side does not know the peer's ID.
+		c = m.lookup(rej.RemoteCommID, 0)
+	default:
+		c = m.lookup(rej.RemoteCommID, rej.LocalCommID)
+	}
+	if c == nil {
+		m.stats.Unmatched++
+		return
+	}
+	ev := Event{Type: EventRejected, Reason: rej.Reason,
+		ARI: append([]byte(nil), rej.ARI[:rej.RejectInfoLen]...), PrivateData: append([]byte(nil), rej.PrivateData[:]...)}
+	switch c.state {
+	case StateREQSent, StateMRAREQRcvd, StateREPSent, StateMRAREPRcvd, StateREQRcvd, StateMRAREQSent:
+		if rej.Reason == RejectStaleConn {
+			m.enterTimeWait(c)
+		} else {
+			m.toIdle(c)
+		}
+	case StateDREQSent, StateREPRcvd, StateMRAREPSent, StateEstablished:
+		m.enterTimeWait(c)
+	default:
+		m.stats.Unmatched++
+		return
+	}
+	m.emit(c, ev)
+}
+
+func (m *Manager) recvREP(src GID, h *Header, rep *REP) {
+	c := m.lookup(rep.RemoteCommID, 0)
+	if c == nil || (c.state != StateREQSent && c.state != StateMRAREQRcvd) {
+		// A repeat: the RTU (or MRA) that answered it was lost (Linux
+		// cm_dup_rep_handler).
+		if c = m.lookup(rep.RemoteCommID, rep.LocalCommID); c == nil {
+			m.stats.Unmatched++
+			return
+		}
+		m.dup(AttrREP)
+		switch c.state {
+		case StateEstablished:
+			m.sendRTU(c)
+		case StateMRAREPSent:
+			m.sendMRA(c)
+		}
+		return
+	}
+	if m.byRemote[remoteKey{rep.LocalCommID, rep.LocalCAGUID}] != nil {
+		m.stats.Unmatched++
+		return
+	}
+	if old := m.byRemoteQP[qpKey{rep.LocalQPN, rep.LocalCAGUID}]; old != nil {
+		// Stale connection: as for a REQ (Linux cm_rep_handler). This
+		// connection keeps waiting; the peer rejects its repeated REQ.
+		m.issueREJ(src, h.TID, rep.RemoteCommID, rep.LocalCommID, RejectStaleConn, MsgREP)
+		if old.state == StateEstablished {
+			m.sendDREQ(old, nil)
+		}
+		return
+	}
+	m.cancelOut(c)
+	c.state = StateREPRcvd
+	c.remoteID = rep.LocalCommID
+	c.remoteCAGUID = rep.LocalCAGUID
+	c.remoteQPN = rep.LocalQPN
+	c.sqPSN = rep.StartingPSN
+	c.initiatorDepth = rep.ResponderResources
+	c.responderResources = rep.InitiatorDepth
+	c.rnrRetryCount = rep.RNRRetryCount
+	c.ackTimeout = AckTimeout(rep.TargetACKDelay, c.ackTimeout-1)
+	m.byRemote[remoteKey{c.remoteID, c.remoteCAGUID}] = c
+	m.byRemoteQP[qpKey{c.remoteQPN, c.remoteCAGUID}] = c
+	c.inRemote, c.inRemoteQP = true, true
+	r := *rep
+	m.emit(c, Event{Type: EventREPReceived, REP: &r, PrivateData: append([]byte(nil), rep.PrivateData[:]...)})
+}
+
+func (m *Manager) recvRTU(rtu *RTU) {
+	c := m.lookup(rtu.RemoteCommID, rtu.LocalCommID)
+	if c == nil {
+		m.stats.Unmatched++
+		return
+	}
+	if c.state != StateREPSent && c.state != StateMRAREPRcvd {
+		m.dup(AttrRTU)
+		return
+	}
+	m.cancelOut(c)
+	c.state = StateEstablished
+	m.emit(c, Event{Type: EventEstablished, PrivateData: append([]byte(nil), rtu.PrivateData[:]...)})
+}
+
+func (m *Manager) recvDREQ(src GID, h *Header, dreq *DREQ) {
+	c := m.lookup(dreq.RemoteCommID, dreq.LocalCommID)
+	if c == nil {
+		// Already forgotten: answer so that the peer stops repeating
+		// (Linux cm_issue_drep).
+		m.dup(AttrDREQ)
+		m.send(src, h.TID, &DREP{LocalCommID: dreq.RemoteCommID, RemoteCommID: dreq.LocalCommID})
+		return
+	}
+	if c.localQPN != dreq.RemoteQPN {
+		m.stats.Unmatched++
+		return
+	}
+	switch c.state {
+	case StateREPSent, StateDREQSent, StateEstablished, StateMRAREPRcvd:
+		m.cancelOut(c)
+	case StateTimeWait:
+		// The DREP was lost: send it again.
+		m.dup(AttrDREQ)
+		c.tid = h.TID
+		m.sendDREP(c)
+		return
+	case StateDREQRcvd:
+		m.dup(AttrDREQ)
+		return
+	default:
+		m.stats.Unmatched++
+		return
+	}
+	c.state = StateDREQRcvd
+	c.tid = h.TID
+	m.emit(c, Event{Type: EventDisconnectRequest, PrivateData: append([]byte(nil), dreq.PrivateData[:]...)})
+}
+
+func (m *Manager) recvDREP(drep *DREP) {
+	c := m.lookup(drep.RemoteCommID, drep.LocalCommID)
+	if c == nil {
+		m.stats.Unmatched++
+		return
+	}
+	if c.state != StateDREQSent && c.state != StateDREQRcvd {
+		m.dup(AttrDREP)
+		return
+	}
+	m.enterTimeWait(c)
+	m.emit(c, Event{Type: EventDisconnected, PrivateData: append([]byte(nil), drep.PrivateData[:]...)})
+}
+
+func (m *Manager) recvSIDRReq(src GID, h *Header, req *SIDRReq) {
+	key := sidrKey{req.RequestID, src}
+	if m.sidr[key] != nil {
+		m.dup(AttrSIDRREQ)
+		return
+	}
+	if !m.listening(req.ServiceID) {
+		m.send(src, h.TID, &SIDRRep{RequestID: req.RequestID, Status: SIDRUnsupported, ServiceID: req.ServiceID})
+		return
+	}
+	c := &conn{id: m.allocID(), remoteID: req.RequestID, state: StateSIDRREQRcvd, peer: src,
+		serviceID: req.ServiceID, pkey: req.PKey, tid: h.TID, inSIDR: true, sidrKey: key}
+	m.conns[c.id] = c
+	m.sidr[key] = c
+	r := *req
+	m.emit(c, Event{Type: EventSIDRRequest, SIDRReq: &r, PrivateData: append([]byte(nil), req.PrivateData[:]...)})
+}
+
+func (m *Manager) recvSIDRRep(rep *SIDRRep) {
+	c := m.conns[rep.RequestID]
+	if c == nil || c.state != StateSIDRREQSent {
+		m.stats.Unmatched++
+		return
+	}
+	r := *rep
+	m.emit(c, Event{Type: EventSIDRReply, SIDRRep: &r, PrivateData: append([]byte(nil), rep.PrivateData[:]...)})
+	m.toIdle(c)
+}
