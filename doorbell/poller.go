@@ -23,6 +23,12 @@ type PollerConfig struct {
 	// SpinBudget is the number of consecutive empty passes before the
 	// poller goes to sleep; 0 sleeps after the first empty pass.
 	SpinBudget int
+	// SpinFor, if set, also keeps the poller polling until this long has
+	// passed since the last pass that found work: a client that posts
+	// once per round trip (a queue kept full, a ping-pong) then finds the
+	// poller awake, and posting costs it no system call, as long as its
+	// round trip is shorter.
+	SpinFor time.Duration
 }
 
 // PollerStats counts what a poller did.
@@ -189,6 +195,7 @@ func (p *Poller) Run(ctx context.Context) error {
 	defer p.running.Store(false)
 	var events [16]unix.EpollEvent
 	idle := 0
+	lastWork := time.Now()
 	var seen uint64
 	for !stop.Load() {
 		set := p.set.Load()
@@ -199,10 +206,16 @@ func (p *Poller) Run(ctx context.Context) error {
 		p.passes.Add(1)
 		if p.cfg.Poll() {
 			idle = 0
+			if p.cfg.SpinFor > 0 {
+				lastWork = time.Now()
+			}
 			continue
 		}
 		if idle < p.cfg.SpinBudget {
 			idle++
+			continue
+		}
+		if p.cfg.SpinFor > 0 && time.Since(lastWork) < p.cfg.SpinFor {
 			continue
 		}
 		idle = 0

@@ -13,6 +13,7 @@ import (
 	"os/user"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/vrnic/vrnic/device"
 )
@@ -33,6 +34,12 @@ type Config struct {
 	Link LinkConfig `json:"link"`
 	// Workers is the number of engine workers (default: number of CPUs).
 	Workers int `json:"workers,omitempty"`
+	// PollSpin is how long the doorbell poller keeps polling after the
+	// last doorbell or completion it saw, before it asks clients to kick
+	// (a Go duration; default 1ms). While it polls, posting costs a
+	// client no system call; a longer spin keeps it so across longer
+	// pauses of the clients, for the CPU it spins on.
+	PollSpin string `json:"poll_spin,omitempty"`
 	// LogLevel: debug, info, warn or error.
 	LogLevel string `json:"log_level,omitempty"`
 	// Limits bounds clients and the device; zero fields take defaults.
@@ -114,24 +121,25 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 	fs := flag.NewFlagSet("vrnicd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
-		cfgFile = fs.String("config", "", "JSON config file (unknown fields are an error); flags override it")
-		name    = fs.String("name", "vrnic0", "device name (socket <name>.sock in the runtime dir)")
-		rundir  = fs.String("runtime-dir", "", "directory for sockets and lock files (default: /run/vrnic as root, $XDG_RUNTIME_DIR/vrnic, or $TMPDIR/vrnic-<uid>)")
-		socket  = fs.String("socket", "", "control socket path (default <runtime-dir>/<name>.sock)")
-		link    = fs.String("link", "udp", "link type: udp, mem or tap")
-		local   = fs.String("udp-local", "127.0.0.1:4791", "UDP link: local ip:port (its IP is GID 0)")
-		mtu     = fs.Int("mtu", 4096, "largest path MTU in bytes")
-		workers = fs.Int("workers", 0, "engine workers (default: number of CPUs)")
-		level   = fs.String("log-level", "info", "log level: debug, info, warn, error")
-		peers   stringList
-		tapName = fs.String("tap-name", "", "TAP link: interface name (default: the device name)")
-		tapMAC  = fs.String("tap-mac", "", "TAP link: the NIC's MAC address (default: derived from the device name)")
-		tapNS   = fs.String("tap-netns", "", "TAP link: network namespace (ip netns name) to create the interface in")
-		tapVer  = fs.Bool("tap-verify-steering", false, "TAP link: check the eBPF steering program against the engine's QP owners at start")
-		tapAddr stringList
-		cpuProf = fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
-		traceTo = fs.String("trace", "", "write a Go execution trace of the run to this file")
-		opGroup = fs.String("operator-group", "", "group whose members may use the operator commands (vrnicctl) besides root and the daemon's uid")
+		cfgFile  = fs.String("config", "", "JSON config file (unknown fields are an error); flags override it")
+		name     = fs.String("name", "vrnic0", "device name (socket <name>.sock in the runtime dir)")
+		rundir   = fs.String("runtime-dir", "", "directory for sockets and lock files (default: /run/vrnic as root, $XDG_RUNTIME_DIR/vrnic, or $TMPDIR/vrnic-<uid>)")
+		socket   = fs.String("socket", "", "control socket path (default <runtime-dir>/<name>.sock)")
+		link     = fs.String("link", "udp", "link type: udp, mem or tap")
+		local    = fs.String("udp-local", "127.0.0.1:4791", "UDP link: local ip:port (its IP is GID 0)")
+		mtu      = fs.Int("mtu", 4096, "largest path MTU in bytes")
+		workers  = fs.Int("workers", 0, "engine workers (default: number of CPUs)")
+		pollSpin = fs.String("poll-spin", "", "how long the doorbell poller keeps polling after the last traffic before clients must kick it, e.g. 1ms (default 1ms)")
+		level    = fs.String("log-level", "info", "log level: debug, info, warn, error")
+		peers    stringList
+		tapName  = fs.String("tap-name", "", "TAP link: interface name (default: the device name)")
+		tapMAC   = fs.String("tap-mac", "", "TAP link: the NIC's MAC address (default: derived from the device name)")
+		tapNS    = fs.String("tap-netns", "", "TAP link: network namespace (ip netns name) to create the interface in")
+		tapVer   = fs.Bool("tap-verify-steering", false, "TAP link: check the eBPF steering program against the engine's QP owners at start")
+		tapAddr  stringList
+		cpuProf  = fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
+		traceTo  = fs.String("trace", "", "write a Go execution trace of the run to this file")
+		opGroup  = fs.String("operator-group", "", "group whose members may use the operator commands (vrnicctl) besides root and the daemon's uid")
 	)
 	fs.Var(&tapAddr, "tap-addr", "TAP link: the NIC's address/prefix, e.g. 10.77.0.1/24 (repeatable; the first is GID 0)")
 	fs.StringVar(local, "local", "127.0.0.1:4791", "same as -udp-local")
@@ -143,7 +151,7 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
 	tapCfg := TAPConfig{Name: *tapName, Addrs: tapAddr, MAC: *tapMAC, NetNS: *tapNS, VerifySteering: *tapVer}
-	c := &Config{Name: *name, Link: LinkConfig{Type: *link, Local: *local, MTU: *mtu, TAP: tapCfg}, LogLevel: *level, Workers: *workers,
+	c := &Config{Name: *name, Link: LinkConfig{Type: *link, Local: *local, MTU: *mtu, TAP: tapCfg}, LogLevel: *level, Workers: *workers, PollSpin: *pollSpin,
 		OperatorGroup: *opGroup}
 	if *cfgFile != "" {
 		fileCfg := Config{}
@@ -178,6 +186,9 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 		}
 		if set["workers"] {
 			merged.Workers = *workers
+		}
+		if set["poll-spin"] {
+			merged.PollSpin = *pollSpin
 		}
 		if set["udp-peer"] {
 			merged.Link.Peers = peers
@@ -241,6 +252,9 @@ func (c *Config) validate() error {
 	if _, err := parseLevel(c.LogLevel); err != nil {
 		return err
 	}
+	if _, err := c.pollSpin(); err != nil {
+		return err
+	}
 	for _, v := range []int{c.Limits.PerClient.Contexts, c.Limits.PerClient.HostMem, c.Limits.PerClient.PD, c.Limits.PerClient.MR,
 		c.Limits.PerClient.CQ, c.Limits.PerClient.QP, c.Limits.PerClient.SRQ, c.Limits.PerClient.AH,
 		c.Limits.PerDevice.Contexts, c.Limits.PerDevice.HostMem, c.Limits.PerDevice.PD, c.Limits.PerDevice.MR,
@@ -285,4 +299,16 @@ func parseLevel(s string) (slog.Level, error) {
 		return 0, fmt.Errorf("log level %q: want debug, info, warn or error", s)
 	}
 	return l, nil
+}
+
+// pollSpin is PollSpin parsed (0: the data plane's default).
+func (c *Config) pollSpin() (time.Duration, error) {
+	if c.PollSpin == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(c.PollSpin)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("poll-spin %q: want a positive duration such as 1ms", c.PollSpin)
+	}
+	return d, nil
 }

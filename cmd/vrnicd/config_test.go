@@ -50,6 +50,11 @@ func TestParseConfigFile(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "flag", c.Name)
 	assert.Equal(t, 5, c.Workers)
+	c, err = parseConfig([]string{"-config", p, "-poll-spin", "3ms"}, io.Discard)
+	require.NoError(t, err)
+	d, err := c.pollSpin()
+	require.NoError(t, err)
+	assert.Equal(t, 3*time.Millisecond, d)
 	assert.Equal(t, "mem", c.Link.Type)
 	assert.Equal(t, "debug", c.LogLevel)
 }
@@ -73,6 +78,8 @@ func TestParseConfigErrors(t *testing.T) {
 		{"name", []string{"-name", "a/b"}, "", "invalid device name"},
 		{"level", []string{"-log-level", "loud"}, "", "log level"},
 		{"workers", []string{"-workers", "-1"}, "", "workers"},
+		{"poll-spin", []string{"-poll-spin", "soon"}, "", "poll-spin"},
+		{"poll-spin zero", []string{"-poll-spin", "0s"}, "", "poll-spin"},
 		{"negative limit", nil, `{"name":"x","link":{"type":"udp"},"limits":{"per_device":{"qp":-1}}}`, "negative"},
 		{"negative per-uid limit", nil, `{"name":"x","link":{"type":"udp"},"limits":{"per_uid":{"connections":-1}}}`, "negative"},
 		{"args", []string{"extra"}, "", "unexpected arguments"},

@@ -116,7 +116,13 @@ func newDataPlane(cfg *Config, li device.LinkInfo, space *dma.Space, workers int
 		close()
 		return nil, err
 	}
-	dp, err := dataplane.New(dataplane.Config{Engine: eng, Space: space, Resolve: resolve, Logger: log})
+	spin, err := cfg.pollSpin()
+	if err != nil {
+		eng.Close()
+		close()
+		return nil, err
+	}
+	dp, err := dataplane.New(dataplane.Config{Engine: eng, Space: space, Resolve: resolve, Logger: log, SpinFor: spin})
 	if err != nil {
 		eng.Close()
 		close()

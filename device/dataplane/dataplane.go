@@ -47,7 +47,9 @@ import (
 // producer indices of every QP with the values it saw last and kicks the
 // owning worker of each QP whose indices moved (a non-blocking send on a
 // one-slot channel: no system call when the worker is awake). After
-// SpinBudget empty passes the poller stores kick_needed in every page,
+// SpinBudget passes without a moved producer index (of a ring, or of a
+// CQ: completions mean a client about to post) the poller stores
+// kick_needed in every page,
 // re-checks every record, and only then sleeps in epoll on the kick
 // eventfds. So:
 //
@@ -129,6 +131,10 @@ type Config struct {
 	// SpinBudget is the number of empty doorbell passes before the poller
 	// sleeps. Default 512.
 	SpinBudget int
+	// SpinFor keeps the poller polling this long after the last pass that
+	// saw traffic (doorbell.PollerConfig.SpinFor). Default 1 ms;
+	// negative: none.
+	SpinFor time.Duration
 	// Logger gets lifecycle messages. Default slog.Default().
 	Logger *slog.Logger
 	// Resolve, when set, makes sure the link can reach the peer address
@@ -168,6 +174,7 @@ type dpQP struct {
 
 	// Poller-private: the producer indices seen by the last pass.
 	lastSQ, lastRQ, lastSRQ uint32
+	lastSCQ, lastRCQ        uint32
 }
 
 // New creates a data plane; pass it as device.Config.DataPlane of exactly
@@ -178,6 +185,9 @@ func New(cfg Config) (*DataPlane, error) {
 	}
 	if cfg.SpinBudget <= 0 {
 		cfg.SpinBudget = 512
+	}
+	if cfg.SpinFor == 0 {
+		cfg.SpinFor = time.Millisecond
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -192,7 +202,7 @@ func New(cfg Config) (*DataPlane, error) {
 		writers: map[*doorbell.Page]*ctxWriter{},
 	}
 	dp.watch.Store(&[]*dpQP{})
-	p, err := doorbell.NewPoller(doorbell.PollerConfig{Poll: dp.pollDoorbells, SpinBudget: cfg.SpinBudget})
+	p, err := doorbell.NewPoller(doorbell.PollerConfig{Poll: dp.pollDoorbells, SpinBudget: cfg.SpinBudget, SpinFor: max(cfg.SpinFor, 0)})
 	if err != nil {
 		return nil, err
 	}
@@ -648,6 +658,14 @@ func (dp *DataPlane) pollDoorbells() bool {
 		if sq != x.lastSQ || rq != x.lastRQ || srq != x.lastSRQ {
 			x.lastSQ, x.lastRQ, x.lastSRQ = sq, rq, srq
 			dp.eng.Kick(x.qpn)
+			found = true
+		}
+		// Completions written since the last pass are traffic too: their
+		// client is about to post again (a queue kept full posts as
+		// completions free its slots), so the poller keeps polling and
+		// the client keeps posting without kicks.
+		if scq, rcq := x.sinks[0].cq.pi.Load(), x.sinks[1].cq.pi.Load(); scq != x.lastSCQ || rcq != x.lastRCQ {
+			x.lastSCQ, x.lastRCQ = scq, rcq
 			found = true
 		}
 	}

@@ -39,6 +39,10 @@ type WorkerCounters struct {
 // the whole spin, tens of microseconds per hop of a ping-pong.
 func osYield() { unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }
 
+// busyYieldEvery is how many busy passes a worker makes between two
+// yields to the goroutines sharing its P.
+const busyYieldEvery = 64
+
 // spinNanos is how long an idle worker keeps polling before it sleeps.
 const spinNanos = 50_000
 
@@ -379,6 +383,7 @@ func (w *worker) run(stop <-chan struct{}) {
 	sleepTimer := time.NewTimer(time.Hour)
 	sleepTimer.Stop()
 	lastWork := w.clk.now()
+	busyPasses := 0
 	for {
 		select {
 		case <-stop:
@@ -399,6 +404,15 @@ func (w *worker) run(stop <-chan struct{}) {
 		w.flush()
 		if w.busy {
 			lastWork = w.now
+			// A busy worker still lets the goroutines that share its P
+			// run now and then: the doorbell poller (which clears
+			// kick_needed once a kick woke it: until then every post of
+			// every client of the page costs a system call), the control
+			// path, a link's waiter. Without it they wait for the
+			// runtime to preempt the worker, 10 to 20 ms.
+			if busyPasses++; busyPasses%busyYieldEvery == 0 {
+				runtime.Gosched()
+			}
 			continue
 		}
 		// Poll a little longer before sleeping (a sleep and wake-up cost
