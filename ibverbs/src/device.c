@@ -255,8 +255,10 @@ VR_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device) {
 		VR_FAIL_NULL(ENOMEM);
 	c->dev = d;
 	c->async_ep = -1;
+	c->events_fd = -1;
 	c->kick_fd = -1;
 	pthread_mutex_init(&c->call_mu, NULL);
+	pthread_mutex_init(&c->obj_mu, NULL);
 	pthread_mutex_init(&c->mem_mu, NULL);
 	struct vrnic_resp_open_context r;
 	int fds[2], e;
@@ -280,15 +282,11 @@ VR_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device) {
 	}
 	if ((e = vr_call(c, VRNIC_CMD_QUERY_DEVICE, NULL, 0, NULL, 0, NULL, 0, &c->attr, sizeof c->attr)))
 		goto fail;
-	/* The daemon has no asynchronous event stream yet: async_fd is an
-	 * epoll fd that becomes readable when the daemon goes away
-	 * (IBV_EVENT_DEVICE_FATAL). */
-	c->async_ep = epoll_create1(EPOLL_CLOEXEC);
-	struct epoll_event ev = { .events = EPOLLRDHUP };
-	if (c->async_ep < 0 || epoll_ctl(c->async_ep, EPOLL_CTL_ADD, c->sock, &ev) < 0) {
-		e = errno;
+	/* async_fd is an epoll fd over the context's event socket (the
+	 * daemon's asynchronous events, ABI 1.1) and the control socket's
+	 * hang-up (the daemon went away: IBV_EVENT_DEVICE_FATAL). */
+	if ((e = vr_events_open(c)))
 		goto fail;
-	}
 
 	struct verbs_context *v = &c->vctx;
 	struct ibv_context *ctx = &v->context;
@@ -317,6 +315,8 @@ fail:
 		close(c->kick_fd);
 	if (c->async_ep >= 0)
 		close(c->async_ep);
+	if (c->events_fd >= 0)
+		close(c->events_fd);
 	if (c->sock >= 0)
 		close(c->sock);
 	free(c);
@@ -333,7 +333,10 @@ VR_EXPORT int ibv_close_device(struct ibv_context *ctx) {
 	close(c->sock);
 	close(c->kick_fd);
 	close(c->async_ep);
+	if (c->events_fd >= 0)
+		close(c->events_fd);
 	munmap(c->db, c->db_size);
+	free(c->objs);
 	vr_free_chunks(c);
 	free(c->segs);
 	free(c);

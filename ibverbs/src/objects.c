@@ -273,6 +273,7 @@ struct ibv_cq *vr_create_cq(struct ibv_context *ctx, int cqe, void *cq_context, 
 	pthread_mutex_init(&x->mutex, NULL);
 	pthread_cond_init(&x->cond, NULL);
 	vr_cq_ex_init(cq, wc_flags);
+	vr_obj_add(c, VR_OBJ_CQ, r.cq_handle, ibv_cq_ex_to_cq(x));
 	return ibv_cq_ex_to_cq(x);
 fail:
 	if (cq->event_fd >= 0)
@@ -298,6 +299,7 @@ VR_EXPORT int ibv_destroy_cq(struct ibv_cq *ibcq) {
 		errno = ret;
 		return ret;
 	}
+	vr_obj_del(c, VR_OBJ_CQ, ibcq->handle);
 	if (ibcq->channel) {
 		epoll_ctl(ibcq->channel->fd, EPOLL_CTL_DEL, cq->event_fd, NULL);
 		__atomic_sub_fetch(&ibcq->channel->refcnt, 1, __ATOMIC_SEQ_CST);
@@ -397,6 +399,7 @@ struct ibv_qp *vr_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr_ex *a) {
 	pthread_mutex_init(&q->mutex, NULL);
 	pthread_cond_init(&q->cond, NULL);
 	vr_qp_ex_init(qp, (a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) ? a->send_ops_flags : 0);
+	vr_obj_add(c, VR_OBJ_QP, r.qpn, q);
 	return q;
 fail:
 	vr_free(c, &sq);
@@ -427,6 +430,7 @@ VR_EXPORT int ibv_destroy_qp(struct ibv_qp *q) {
 		errno = ret;
 		return ret;
 	}
+	vr_obj_del(c, VR_OBJ_QP, q->qp_num);
 	vr_free(c, &qp->sq.ring);
 	vr_free(c, &qp->rq.ring);
 	free(qp);
@@ -599,6 +603,7 @@ static struct ibv_srq *create_srq(struct ibv_pd *pd, void *srq_context, struct i
 	s->srq.handle = r.srq_handle;
 	pthread_mutex_init(&s->srq.mutex, NULL);
 	pthread_cond_init(&s->srq.cond, NULL);
+	vr_obj_add(vr_ctx(pd->context), VR_OBJ_SRQ, r.srq_handle, &s->srq);
 	return &s->srq;
 }
 
@@ -665,6 +670,7 @@ VR_EXPORT int ibv_destroy_srq(struct ibv_srq *srq) {
 		errno = ret;
 		return ret;
 	}
+	vr_obj_del(c, VR_OBJ_SRQ, s->handle);
 	vr_free(c, &s->wq.ring);
 	free(s);
 	return 0;
@@ -705,36 +711,3 @@ VR_EXPORT int ibv_destroy_ah(struct ibv_ah *ah) {
 	return 0;
 }
 
-/* ---- asynchronous events: only the daemon's disappearance yet ---- */
-
-/* ibv_get_async_event waits on async_fd (an epoll fd over the control
- * socket's hang-up): when the daemon goes away it returns
- * IBV_EVENT_DEVICE_FATAL, once, and takes the socket out of the set, so
- * that later calls wait (or fail with EAGAIN if async_fd was made
- * non-blocking) as they do before. The daemon has no other events yet. */
-VR_EXPORT int ibv_get_async_event(struct ibv_context *ctx, struct ibv_async_event *event) {
-	if (!ctx || !event) {
-		errno = EINVAL;
-		return -1;
-	}
-	struct vr_ctx *c = vr_ctx(ctx);
-	int fl = fcntl(ctx->async_fd, F_GETFL);
-	struct epoll_event ev;
-	int n;
-	do
-		n = epoll_wait(ctx->async_fd, &ev, 1, fl >= 0 && (fl & O_NONBLOCK) ? 0 : -1);
-	while (n < 0 && errno == EINTR);
-	if (n < 0)
-		return -1;
-	if (n == 0) {
-		errno = EAGAIN;
-		return -1;
-	}
-	vr_set_dead(c);
-	epoll_ctl(ctx->async_fd, EPOLL_CTL_DEL, c->sock, NULL);
-	memset(event, 0, sizeof *event);
-	event->event_type = IBV_EVENT_DEVICE_FATAL;
-	return 0;
-}
-
-VR_EXPORT void ibv_ack_async_event(struct ibv_async_event *event) { (void)event; }

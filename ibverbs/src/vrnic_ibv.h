@@ -73,7 +73,14 @@ struct vr_ctx {
 	uint8_t *db;
 	uint32_t db_size;
 	int kick_fd;
-	int async_ep; /* async_fd: an epoll fd over sock's hang-up (DEVICE_FATAL) */
+	int async_ep; /* async_fd: an epoll fd over events_fd and sock's hang-up */
+	int events_fd; /* the context's event socket (OPEN_EVENTS), or -1 */
+	int fatal_sent; /* IBV_EVENT_DEVICE_FATAL reported */
+
+	/* The objects async events name: QPs by QPN, CQs and SRQs by handle. */
+	pthread_mutex_t obj_mu;
+	struct vr_obj *objs;
+	size_t nobjs, capobjs;
 	int dead;     /* the daemon is gone: set once, read atomically (vr_dead) */
 	struct vrnic_device_attr attr;
 
@@ -81,6 +88,13 @@ struct vr_ctx {
 	struct vr_chunk *chunks;
 	struct vr_seg_reg *segs;
 	size_t nsegs, capsegs;
+};
+
+enum vr_obj_kind { VR_OBJ_QP = 1, VR_OBJ_CQ, VR_OBJ_SRQ };
+
+struct vr_obj {
+	uint32_t kind, id;
+	void *obj; /* struct ibv_qp *, ibv_cq *, ibv_srq * */
 };
 
 struct vr_pd {
@@ -154,6 +168,11 @@ static inline struct vr_ctx *vr_ctx(struct ibv_context *c) {
 static inline struct vr_cq *vr_cq(struct ibv_cq *cq) { return (struct vr_cq *)cq; }
 static inline struct vr_qp *vr_qp(struct ibv_qp *qp) { return (struct vr_qp *)qp; }
 static inline struct vr_srq *vr_srq(struct ibv_srq *s) { return (struct vr_srq *)s; }
+
+/* events.c */
+VR_HIDDEN int vr_events_open(struct vr_ctx *c);
+VR_HIDDEN void vr_obj_add(struct vr_ctx *c, uint32_t kind, uint32_t id, void *obj);
+VR_HIDDEN void vr_obj_del(struct vr_ctx *c, uint32_t kind, uint32_t id);
 
 /* ctl.c */
 VR_HIDDEN int vr_call(struct vr_ctx *c, uint16_t op, const void *req, size_t req_len, const void *extra,
