@@ -448,7 +448,7 @@ var (
 // defined field of every completion. The second run is the program built
 // with ASan and UBSan, on the library built the same way.
 func TestMemOps(t *testing.T) {
-	const want = "OK send send_imm write write_imm read cmp_swap fetch_add, 20000 bytes (heap, stack, mmap)\n"
+	const want = "OK send send_imm write write_imm read cmp_swap fetch_add, 20000 bytes (heap, stack, mmap); async QP_FATAL\n"
 	p := startPair(t)
 	t.Run("plain", func(t *testing.T) {
 		got, err := p.run(t, 60*time.Second, buildC(t, "mem_ops.c"))

@@ -354,11 +354,39 @@ int main(void) {
 		die("mmap");
 	a.buf = map, b.buf = map + BUF_LEN;
 	matrix("mmap", &a, &b);
+
+	/* Asynchronous events: an RDMA WRITE with an rkey B never granted
+	 * fails both QPs, and each side's context reports QP_FATAL for its own
+	 * QP (ibv_get_async_event on the blocking async_fd). */
+	int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+	if (!(a.mr = ibv_reg_mr(a.pd, a.buf, BUF_LEN, acc)) || !(b.mr = ibv_reg_mr(b.pd, b.buf, BUF_LEN, acc)))
+		die("ibv_reg_mr");
+	struct ibv_sge sg = { .addr = (uintptr_t)a.buf, .length = 8, .lkey = a.mr->lkey };
+	struct ibv_send_wr wr = { .wr_id = 99, .sg_list = &sg, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+		.send_flags = IBV_SEND_SIGNALED, .wr.rdma = { .remote_addr = (uintptr_t)b.buf, .rkey = b.mr->rkey ^ 0x5a } };
+	post_send(&a, &wr);
+	expect_wc("async", "write to a bad rkey", &a,
+		  (struct ibv_wc){ .wr_id = 99, .status = IBV_WC_REM_ACCESS_ERR, .opcode = IBV_WC_RDMA_WRITE, .qp_num = a.qp->qp_num }, 0);
+	struct side *sides[2] = { &a, &b };
+	for (int i = 0; i < 2; i++) {
+		struct ibv_async_event ev;
+		if (ibv_get_async_event(sides[i]->ctx, &ev))
+			die("ibv_get_async_event");
+		if (ev.event_type != IBV_EVENT_QP_FATAL || ev.element.qp != sides[i]->qp) {
+			char d[96];
+			snprintf(d, sizeof d, "side %d: event %d (%s) for QP %p, want QP_FATAL for %p", i, ev.event_type,
+				 ibv_event_type_str(ev.event_type), (void *)ev.element.qp, (void *)sides[i]->qp);
+			fail("async", "QP_FATAL", d);
+		}
+		ibv_ack_async_event(&ev);
+	}
+	if (ibv_dereg_mr(a.mr) || ibv_dereg_mr(b.mr))
+		die("ibv_dereg_mr");
 	munmap(map, 2 * BUF_LEN);
 
 	if (ibv_destroy_qp(a.qp) || ibv_destroy_qp(b.qp) || ibv_destroy_cq(a.cq) || ibv_destroy_cq(b.cq) ||
 	    ibv_dealloc_pd(a.pd) || ibv_dealloc_pd(b.pd) || ibv_close_device(a.ctx) || ibv_close_device(b.ctx))
 		die("destroy");
-	printf("OK send send_imm write write_imm read cmp_swap fetch_add, %d bytes (heap, stack, mmap)\n", LEN);
+	printf("OK send send_imm write write_imm read cmp_swap fetch_add, %d bytes (heap, stack, mmap); async QP_FATAL\n", LEN);
 	return 0;
 }
