@@ -33,7 +33,9 @@ type benchCase struct {
 //
 //	VRNIC_IBVERBS_BENCH=1 go test -run TestBenchTable -v ./tests/ibverbs/
 func TestBenchTable(t *testing.T) {
-	testenv.Need(t, os.Getenv("VRNIC_IBVERBS_BENCH") == "1", "set VRNIC_IBVERBS_BENCH=1 to measure")
+	if os.Getenv("VRNIC_IBVERBS_BENCH") != "1" {
+		t.Skip("a measurement, not a test: set VRNIC_IBVERBS_BENCH=1 to run it")
+	}
 	rounds := 3
 	if r, err := strconv.Atoi(os.Getenv("VRNIC_IBVERBS_BENCH_ROUNDS")); err == nil && r > 0 {
 		rounds = r
