@@ -20,7 +20,7 @@ import (
 type stateRec struct{ v atomic.Uint32 }
 
 func (s *stateRec) TransportState(st abi.QPState) { s.v.Store(uint32(st)) }
-func (s *stateRec) load() abi.QPState           { return abi.QPState(s.v.Load()) }
+func (s *stateRec) load() abi.QPState             { return abi.QPState(s.v.Load()) }
 
 // udQP is a UD QP of a test node with its context's AH table.
 type udQP struct {
