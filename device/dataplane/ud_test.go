@@ -23,6 +23,17 @@ func newDPQP(t testing.TB, c *dpClient, typ abi.QPType) *verbs.QP {
 	return qp
 }
 
+// dpTwoQPs starts two devices on one in-memory network, a client on each
+// and a QP of type typ per client.
+func dpTwoQPs(t testing.TB, typ abi.QPType) (na, nb *dpNode, a, b *dpClient, qa, qb *verbs.QP) {
+	t.Helper()
+	nw := newDPNetwork(t)
+	na = newDPNode(t, nw, "10.9.0.1", 2, nil)
+	nb = newDPNode(t, nw, "10.9.0.2", 2, nil)
+	a, b = newDPClient(t, na, 256), newDPClient(t, nb, 256)
+	return na, nb, a, b, newDPQP(t, a, typ), newDPQP(t, b, typ)
+}
+
 // udUp brings a UD QP to RTS with Q_Key qkey.
 func udUp(t testing.TB, qp *verbs.QP, qkey uint32) {
 	t.Helper()
@@ -38,11 +49,7 @@ func udUp(t testing.TB, qp *verbs.QP, qkey uint32) {
 // WR (both dropped and counted), a message longer than the port's MTU
 // (LOC_LEN_ERR, the QP in SQE until it is moved back to RTS).
 func TestDataPlaneUD(t *testing.T) {
-	nw := newDPNetwork(t)
-	na := newDPNode(t, nw, "10.9.0.1", 2, nil)
-	nb := newDPNode(t, nw, "10.9.0.2", 2, nil)
-	a, b := newDPClient(t, na, 256), newDPClient(t, nb, 256)
-	qa, qb := newDPQP(t, a, abi.QPTUD), newDPQP(t, b, abi.QPTUD)
+	_, nb, a, b, qa, qb := dpTwoQPs(t, abi.QPTUD)
 	udUp(t, qa, 0x1111)
 	udUp(t, qb, 0x2222)
 	ah, err := a.pd.CreateAH(abi.AHAttr{DGID: nb.gid, PortNum: 1})
@@ -151,11 +158,7 @@ func TestDataPlaneUDResolve(t *testing.T) {
 // TestDataPlaneUC: UC SEND and RDMA WRITE with immediate between two
 // devices through real rings; no ACK comes back.
 func TestDataPlaneUC(t *testing.T) {
-	nw := newDPNetwork(t)
-	na := newDPNode(t, nw, "10.9.0.1", 2, nil)
-	nb := newDPNode(t, nw, "10.9.0.2", 2, nil)
-	a, b := newDPClient(t, na, 256), newDPClient(t, nb, 256)
-	qa, qb := newDPQP(t, a, abi.QPTUC), newDPQP(t, b, abi.QPTUC)
+	na, nb, a, b, qa, qb := dpTwoQPs(t, abi.QPTUC)
 	connectQPs(t, qa, na.gid, qb, nb.gid, abi.MTU1024)
 	fillRand(a.buf.Bytes[:65536], 5)
 	require.NoError(t, qb.PostRecv(&verbs.RecvWR{WrID: 1, SGL: []abi.SGE{b.mr.SGE(0, 8192)}}))

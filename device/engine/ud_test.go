@@ -389,3 +389,48 @@ func rxeUDFrame(t *testing.T) []byte {
 		}
 	}
 }
+
+// TestZeroAllocUD: a UD SEND and its receive (AH lookup, GRH, both
+// completions) allocate nothing, in both framings.
+func TestZeroAllocUD(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	for _, mode := range modes {
+		t.Run(mode.String(), func(t *testing.T) {
+			na, nb := udNodes(t, mode, "10.0.0.1", "10.0.0.2", nil)
+			a := na.newUDQP(t, 0x101, 0x1111)
+			b := nb.newUDQP(t, 0x202, 0x2222)
+			a.ah(t, 1, nb.addr)
+			src := na.buffer(1024, 0x1000, 0, 1)
+			dst := nb.buffer(2048, 0x1000, abi.AccessLocalWrite, 2)
+			sges := []abi.SGE{src.sge(0, 1024)}
+			rsge := dst.sge(0, 2048)
+			wr := udSend(0, 1, b.qpn, 0x2222)
+			var n int64
+			run := func() {
+				n++
+				wr.WrID = uint64(n)
+				if err := b.rq.post(uint64(n), rsge); err != nil {
+					panic(err)
+				}
+				if err := a.sq.post(wr, sges, nil); err != nil {
+					panic(err)
+				}
+				a.n.eng.Kick(a.qpn)
+				a.scq.spin(n)
+				b.rcq.spin(n)
+				if n%1024 == 0 {
+					a.scq.reset()
+					b.rcq.reset()
+					n = 0
+				}
+			}
+			for range 50 {
+				run()
+			}
+			assert.Zero(t, testing.AllocsPerRun(200, run), "allocations per UD SEND")
+			assert.Equal(t, src.b, dst.b[roce.GRHLen:roce.GRHLen+1024])
+		})
+	}
+}
