@@ -69,8 +69,11 @@ func writeTable(w io.Writer, o *options, rs []result) {
 	if o.Test == atomicBW {
 		what += " " + o.Atomic
 	}
-	fmt.Fprintf(w, "%s over %s: %d QP(s), depth %d, MTU %d, inline ≤ %d B, signal every %d, %s\n", what, strings.ToUpper(o.Transport),
-		o.QPs, o.Depth, o.MTU, o.Inline, o.CQMod, map[bool]string{true: "completion events", false: "polling"}[o.Events])
+	if o.Transport != transportRC {
+		what += " over " + strings.ToUpper(o.Transport)
+	}
+	fmt.Fprintf(w, "%s: %d QP(s), depth %d, MTU %d, inline ≤ %d B, signal every %d, %s\n", what, o.QPs, o.Depth, o.MTU,
+		o.Inline, o.CQMod, map[bool]string{true: "completion events", false: "polling"}[o.Events])
 	if o.Test.latency() {
 		half := ""
 		if o.Test.pingPong() {
