@@ -374,9 +374,15 @@ func (qp *QP) flush() {
 func (qp *QP) flushSend() {
 	for qp.head != qp.tail {
 		e := &qp.sq[qp.head&qp.sqMask]
-		if e.state != wqeDone || e.status == abi.WCSuccess {
-			// Only the WQE whose error moved the QP to ERR keeps its
-			// status; everything else is flushed.
+		switch {
+		case e.state == wqeDone && e.status != abi.WCSuccess:
+			// The WQE whose error moved the QP to ERR (or SQE) keeps
+			// its status.
+		case qp.unrel && (e.state == wqePending || e.state == wqeDone):
+			// UD, UC: every packet is built and queued for the link,
+			// which sends it; nothing more is waited for.
+			e.status = abi.WCSuccess
+		default:
 			e.status = abi.WCWRFlushErr
 		}
 		e.state = wqeDone

@@ -54,6 +54,15 @@ func (q *udQP) ah(t testing.TB, h uint32, remote netip.Addr) {
 	q.ahs.Set(h, a)
 }
 
+// udPair is two nodes with a UD QP each (Q_Keys 0x1111 and 0x2222) and
+// AH 1 of a to b's node.
+func udPair(t testing.TB, mode roce.Mode) (a, b *udQP) {
+	na, nb := udNodes(t, mode, "10.0.0.1", "10.0.0.2", nil)
+	a, b = na.newUDQP(t, 0x101, 0x1111), nb.newUDQP(t, 0x202, 0x2222)
+	a.ah(t, 1, nb.addr)
+	return a, b
+}
+
 // udNodes attaches two nodes at a and b to a fresh network in mode.
 func udNodes(t testing.TB, mode roce.Mode, a, b string, fa *link.Faults) (*node, *node) {
 	nw := newNetworkMode(t, mode, 4096, 1024)
@@ -199,10 +208,8 @@ func TestUDSendErrors(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			na, nb := udNodes(t, roce.ModeEthernet, "10.0.0.1", "10.0.0.2", nil)
-			a := na.newUDQP(t, 0x101, 0x1111)
-			b := nb.newUDQP(t, 0x202, 0x2222)
-			a.ah(t, 1, nb.addr)
+			a, b := udPair(t, roce.ModeEthernet)
+			na, nb := a.n, b.n
 			other, err := na.eng.NewAH(AHAttr{PD: udPD + 1, Local: na.addr, Remote: nb.addr})
 			require.NoError(t, err)
 			a.ahs.Set(2, other)
@@ -252,10 +259,8 @@ func TestUDSendErrors(t *testing.T) {
 func TestUDReceiveDrops(t *testing.T) {
 	for _, mode := range modes {
 		t.Run(mode.String(), func(t *testing.T) {
-			na, nb := udNodes(t, mode, "10.0.0.1", "10.0.0.2", nil)
-			a := na.newUDQP(t, 0x101, 0x1111)
-			b := nb.newUDQP(t, 0x202, 0x2222)
-			a.ah(t, 1, nb.addr)
+			a, b := udPair(t, mode)
+			na, nb := a.n, b.n
 			nowhere := netip.MustParseAddr("10.0.0.99")
 			if mode == roce.ModeUDP {
 				nowhere = netip.AddrFrom16(nowhere.As16())
@@ -398,38 +403,13 @@ func TestZeroAllocUD(t *testing.T) {
 	}
 	for _, mode := range modes {
 		t.Run(mode.String(), func(t *testing.T) {
-			na, nb := udNodes(t, mode, "10.0.0.1", "10.0.0.2", nil)
-			a := na.newUDQP(t, 0x101, 0x1111)
-			b := nb.newUDQP(t, 0x202, 0x2222)
-			a.ah(t, 1, nb.addr)
+			a, b := udPair(t, mode)
+			na, nb := a.n, b.n
 			src := na.buffer(1024, 0x1000, 0, 1)
 			dst := nb.buffer(2048, 0x1000, abi.AccessLocalWrite, 2)
 			sges := []abi.SGE{src.sge(0, 1024)}
 			rsge := dst.sge(0, 2048)
-			wr := udSend(0, 1, b.qpn, 0x2222)
-			var n int64
-			run := func() {
-				n++
-				wr.WrID = uint64(n)
-				if err := b.rq.post(uint64(n), rsge); err != nil {
-					panic(err)
-				}
-				if err := a.sq.post(wr, sges, nil); err != nil {
-					panic(err)
-				}
-				a.n.eng.Kick(a.qpn)
-				a.scq.spin(n)
-				b.rcq.spin(n)
-				if n%1024 == 0 {
-					a.scq.reset()
-					b.rcq.reset()
-					n = 0
-				}
-			}
-			for range 50 {
-				run()
-			}
-			assert.Zero(t, testing.AllocsPerRun(200, run), "allocations per UD SEND")
+			assert.Zero(t, sendAllocs(a.tqp, b.tqp, udSend(0, 1, b.qpn, 0x2222), sges, rsge), "allocations per UD SEND")
 			assert.Equal(t, src.b, dst.b[roce.GRHLen:roce.GRHLen+1024])
 		})
 	}
