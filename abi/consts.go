@@ -39,6 +39,7 @@ const (
 	MsgFlagReply   = 0x0001 // VRNIC_MSG_F_REPLY
 	NoSRQ          = 0xffffffff
 	WQEBlock       = 64 // VRNIC_WQE_BLOCK
+	GRHLen         = 40 // VRNIC_GRH_LEN: the GRH in front of a UD receive
 	SGEsPerBlock   = 4  // VRNIC_SGES_PER_BLOCK
 	DBRecordSize   = 128
 	DBPageSize     = 262144

@@ -254,6 +254,8 @@ type QPCounters struct {
 	Dropped         uint64 `json:"dropped"`    // packets dropped by a check
 	SendCQEs        uint64 `json:"send_cqes"`
 	RecvCQEs        uint64 `json:"recv_cqes"`
+	QKeyViolations  uint64 `json:"qkey_violations"` // UD: bad Q_Key (also in dropped)
+	NoRecvWQE       uint64 `json:"no_recv_wqe"`     // UD, UC: no receive WQE posted (also in dropped)
 }
 
 // Add adds every counter of o to c.

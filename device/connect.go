@@ -18,7 +18,8 @@ import (
 // remote client's memory with the rkeys the connection was given, or
 // break it. The daemon is the only party that can tell its QPs apart, so
 // it enforces that a remote QP (destination GID and QPN) is claimed by at
-// most one local RC QP: the claim is taken when the QP goes to RTR with
+// most one local RC or UC QP (a UC QP accepts requests from its path the
+// same way): the claim is taken when the QP goes to RTR with
 // its address vector and destination QPN, and released when it returns to
 // RESET or is destroyed (a QP in ERR keeps it: the remote end may still be
 // sending to it). A second claim fails MODIFY_QP with EADDRINUSE.
@@ -34,7 +35,7 @@ type peerKey struct {
 // held, before the change is applied; a applies its AV and DEST_QPN when
 // mask has them.
 func (d *Device) claimPeer(q *QP, cur, next QPState, mask AttrMask, a *abi.QPAttr) error {
-	if q.typ != QPTypeRC || cur != StateInit || next != StateRTR {
+	if q.typ == QPTypeUD || cur != StateInit || next != StateRTR {
 		return nil
 	}
 	k := peerKey{gid: q.attr.AHAttr.DGID, qpn: q.attr.DestQPNum}

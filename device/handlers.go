@@ -84,7 +84,7 @@ func (cn *conn) openContext(r *request) (reply, error) {
 		cqs:     map[uint32]*CQ{},
 		qps:     map[uint32]*QP{},
 		srqs:    map[uint32]*SRQ{},
-		ahs:     map[uint32]*ah{},
+		ahs:     map[uint32]*AH{},
 	}
 	// Pinned memory and page tables are charged to the uid: a user's
 	// contexts share one budget, so opening more contexts gains nothing.

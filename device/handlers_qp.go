@@ -1,6 +1,8 @@
 package device
 
 import (
+	"net/netip"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/vrnic/vrnic/abi"
@@ -27,11 +29,9 @@ func (cn *conn) createQP(r *request) (reply, error) {
 		return reply{}, err
 	}
 	switch c.QPType {
-	case QPTypeRC, QPTypeUD:
-	case QPTypeUC:
-		return reply{}, errorf(errNotSup, "UC QPs are not supported")
+	case QPTypeRC, QPTypeUC, QPTypeUD:
 	default:
-		return reply{}, errorf(errInval, "qp_type %d: want RC (2) or UD (4)", c.QPType)
+		return reply{}, errorf(errInval, "qp_type %d: want RC (2), UC (3) or UD (4)", c.QPType)
 	}
 	if err := checkCapReserved(c.Cap); err != nil {
 		return reply{}, err
@@ -104,6 +104,7 @@ func (cn *conn) createQP(r *request) (reply, error) {
 		return reply{}, errorf(errNoMem, "doorbell records exhausted: %v", err)
 	}
 	q.qpn = d.allocQPN()
+	q.portMTU = d.cfg.Link.MaxMTU
 	q.attr.PortNum = 1
 	q.attr.Cap = cp
 	if err := d.dp.CreateQP(q); err != nil {
@@ -398,7 +399,19 @@ func (cn *conn) createAH(r *request) (reply, error) {
 	if err := d.limit(cx, "AHs", cx.counts.AH, d.totals.AH, d.cfg.Limits.PerClient.AH, d.cfg.Limits.PerDevice.AH); err != nil {
 		return reply{}, err
 	}
-	a := &ah{handle: cx.newHandle(), pd: p, attr: c.Attr}
+	a := &AH{handle: cx.newHandle(), pd: p, attr: c.Attr, cx: cx,
+		// checkAH made sure the source GID index is in the table.
+		local: netip.AddrFrom16(d.cfg.Link.GIDs[c.Attr.SGIDIndex]).Unmap(), remote: netip.AddrFrom16(c.Attr.DGID).Unmap()}
+	if a.local.Is4() != a.remote.Is4() {
+		return reply{}, errorf(errInval, "ah_attr: source GID %v and destination GID %v are of different IP versions", a.local, a.remote)
+	}
+	// The data plane may resolve the destination's link address here
+	// (TAP: ARP or neighbour discovery, bounded): an error (wrapping
+	// EHOSTUNREACH) fails CREATE_AH, as the kernel's ib_create_ah fails
+	// for a RoCE destination it cannot resolve.
+	if err := d.dp.AddAH(a); err != nil {
+		return reply{}, err
+	}
 	cx.ahs[a.handle] = a
 	p.users++
 	cx.counts.AH++
@@ -415,7 +428,8 @@ func (cn *conn) destroyAH(r *request) (reply, error) {
 	return reply{}, nil
 }
 
-func (d *Device) freeAH(cx *Context, a *ah) {
+func (d *Device) freeAH(cx *Context, a *AH) {
+	d.dp.RemoveAH(a)
 	a.pd.users--
 	delete(cx.ahs, a.handle)
 	cx.counts.AH--

@@ -138,11 +138,13 @@ func qpTypeIndex(t QPType) (int, bool) {
 		return 0, true
 	case QPTypeUD:
 		return 1, true
+	case QPTypeUC:
+		return 2, true
 	}
 	return 0, false
 }
 
-const numQPTypes = 2 // RC, UD
+const numQPTypes = 3 // RC, UD, UC
 
 // transition is one legal (current, next) pair: the attributes required and
 // allowed besides STATE and CUR_STATE, per QP type (index from qpTypeIndex).
@@ -156,7 +158,10 @@ type transition struct {
 const rcSQDOpt = AttrPort | AttrAV | AttrTimeout | AttrRetryCnt | AttrRNRRetry |
 	AttrMaxQPRdAtomic | AttrMaxDestRdAtomic | AttrAccessFlags | AttrPKeyIndex | AttrMinRNRTimer
 
-// qpTransitions[cur][next] is the transition table. Columns: {RC, UD}.
+// qpTransitions[cur][next] is the transition table. Columns: {RC, UD, UC}.
+// UC takes what RC takes less what only the reliable service has (no
+// RNR timer, retries, timeout or read/atomic depths), as in libibverbs'
+// and the kernel's qp_state_table.
 // CUR_STATE is accepted where IBTA allows it; elsewhere it is also
 // accepted if it equals the current state (see checkTransition).
 var qpTransitions = [numStates][numStates]transition{
@@ -166,6 +171,7 @@ var qpTransitions = [numStates][numStates]transition{
 			required: [numQPTypes]AttrMask{
 				AttrPKeyIndex | AttrPort | AttrAccessFlags,
 				AttrPKeyIndex | AttrPort | AttrQKey,
+				AttrPKeyIndex | AttrPort | AttrAccessFlags,
 			}},
 		StateErr: {valid: true},
 	},
@@ -176,15 +182,18 @@ var qpTransitions = [numStates][numStates]transition{
 			optional: [numQPTypes]AttrMask{
 				AttrPKeyIndex | AttrPort | AttrAccessFlags,
 				AttrPKeyIndex | AttrPort | AttrQKey,
+				AttrPKeyIndex | AttrPort | AttrAccessFlags,
 			}},
 		StateRTR: {valid: true,
 			required: [numQPTypes]AttrMask{
 				AttrAV | AttrPathMTU | AttrDestQPN | AttrRQPSN | AttrMaxDestRdAtomic | AttrMinRNRTimer,
 				0,
+				AttrAV | AttrPathMTU | AttrDestQPN | AttrRQPSN,
 			},
 			optional: [numQPTypes]AttrMask{
 				AttrAccessFlags | AttrPKeyIndex,
 				AttrPKeyIndex | AttrQKey,
+				AttrAccessFlags | AttrPKeyIndex,
 			}},
 	},
 	StateRTR: {
@@ -194,10 +203,12 @@ var qpTransitions = [numStates][numStates]transition{
 			required: [numQPTypes]AttrMask{
 				AttrTimeout | AttrRetryCnt | AttrRNRRetry | AttrSQPSN | AttrMaxQPRdAtomic,
 				AttrSQPSN,
+				AttrSQPSN,
 			},
 			optional: [numQPTypes]AttrMask{
 				AttrAccessFlags | AttrMinRNRTimer,
 				AttrQKey,
+				AttrAccessFlags,
 			}},
 	},
 	StateRTS: {
@@ -207,9 +218,10 @@ var qpTransitions = [numStates][numStates]transition{
 			optional: [numQPTypes]AttrMask{
 				AttrAccessFlags | AttrMinRNRTimer,
 				AttrQKey,
+				AttrAccessFlags,
 			}},
 		StateSQD: {valid: true,
-			optional: [numQPTypes]AttrMask{AttrEnSQDAsync, AttrEnSQDAsync}},
+			optional: [numQPTypes]AttrMask{AttrEnSQDAsync, AttrEnSQDAsync, AttrEnSQDAsync}},
 	},
 	StateSQD: {
 		StateReset: {valid: true},
@@ -218,19 +230,22 @@ var qpTransitions = [numStates][numStates]transition{
 			optional: [numQPTypes]AttrMask{
 				AttrAccessFlags | AttrMinRNRTimer,
 				AttrQKey,
+				AttrAccessFlags,
 			}},
 		StateSQD: {valid: true,
 			optional: [numQPTypes]AttrMask{
 				rcSQDOpt,
 				AttrPKeyIndex | AttrQKey,
+				AttrAV | AttrAccessFlags | AttrPKeyIndex,
 			}},
 	},
 	StateSQE: {
 		StateReset: {valid: true},
 		StateErr:   {valid: true},
-		// UD only: an RC QP never enters SQE (a send error moves it to ERR).
+		// UD and UC only: an RC QP never enters SQE (a send error moves
+		// it to ERR).
 		StateRTS: {valid: true,
-			optional: [numQPTypes]AttrMask{0, AttrQKey}},
+			optional: [numQPTypes]AttrMask{0, AttrQKey, AttrAccessFlags}},
 	},
 	StateErr: {
 		StateReset: {valid: true},

@@ -21,7 +21,7 @@ type legalTransition struct {
 // legalTransitions lists every legal (type, cur, next) from the table.
 func legalTransitions() []legalTransition {
 	var out []legalTransition
-	for _, typ := range []QPType{QPTypeRC, QPTypeUD} {
+	for _, typ := range []QPType{QPTypeRC, QPTypeUD, QPTypeUC} {
 		col, _ := qpTypeIndex(typ)
 		for _, cur := range allStates {
 			for _, next := range allStates {
@@ -42,7 +42,7 @@ func legalTransitions() []legalTransition {
 
 func TestCheckTransitionLegal(t *testing.T) {
 	lt := legalTransitions()
-	require.Len(t, lt, 20+23) // RC: no SQE row; UD: every row
+	require.Len(t, lt, 20+23+23) // RC: no SQE row; UD and UC: every row
 	for _, tr := range lt {
 		t.Run(fmt.Sprintf("%s/%v-%v", qpTypeName(tr.typ), tr.cur, tr.next), func(t *testing.T) {
 			// Required only, and required plus every optional attribute.
@@ -97,6 +97,9 @@ func TestCheckTransitionIllegal(t *testing.T) {
 		{QPTypeUD, StateInit, StateRTS},
 		{QPTypeUD, StateSQE, StateSQD},
 		{QPTypeUD, StateErr, StateRTS},
+		{QPTypeUC, StateReset, StateRTR},
+		{QPTypeUC, StateRTS, StateSQE},
+		{QPTypeUC, StateSQE, StateSQD},
 	}
 	for _, c := range cases {
 		t.Run(fmt.Sprintf("%s/%v-%v", qpTypeName(c.typ), c.cur, c.next), func(t *testing.T) {
@@ -111,7 +114,7 @@ func TestCheckTransitionIllegal(t *testing.T) {
 		legal[[3]uint32{uint32(tr.typ), uint32(tr.cur), uint32(tr.next)}] = true
 	}
 	illegal := 0
-	for _, typ := range []QPType{QPTypeRC, QPTypeUD} {
+	for _, typ := range []QPType{QPTypeRC, QPTypeUD, QPTypeUC} {
 		for _, cur := range allStates {
 			for _, next := range allStates {
 				if legal[[3]uint32{uint32(typ), uint32(cur), uint32(next)}] {
@@ -125,11 +128,11 @@ func TestCheckTransitionIllegal(t *testing.T) {
 			}
 		}
 	}
-	assert.Equal(t, 2*49-len(legalTransitions()), illegal)
+	assert.Equal(t, 3*49-len(legalTransitions()), illegal)
 }
 
 func TestCheckTransitionBadInputs(t *testing.T) {
-	err := checkTransition(QPTypeUC, StateReset, StateInit, AttrState)
+	err := checkTransition(QPType(9), StateReset, StateInit, AttrState)
 	assert.ErrorIs(t, err, errInval)
 	err = checkTransition(QPTypeRC, StateReset, QPState(7), AttrState)
 	assert.ErrorIs(t, err, errInval)
@@ -159,4 +162,30 @@ func TestErrnoOf(t *testing.T) {
 		assert.Equal(t, e.errno, errnoOf(fmt.Errorf("wrapped: %w", e.err)))
 	}
 	assert.Equal(t, "EIO", errnoName(errnoOf(errors.New("plain"))))
+}
+
+// TestUCTransitionsMatchKernel: the UC column is the kernel's
+// qp_state_table (drivers/infiniband/core/verbs.c, IB_QPT_UC) less
+// ALT_PATH and PATH_MIG_STATE, which the ABI has no field for.
+func TestUCTransitionsMatchKernel(t *testing.T) {
+	want := []legalTransition{
+		{QPTypeUC, StateReset, StateInit, AttrPKeyIndex | AttrPort | AttrAccessFlags, 0},
+		{QPTypeUC, StateInit, StateInit, 0, AttrPKeyIndex | AttrPort | AttrAccessFlags},
+		{QPTypeUC, StateInit, StateRTR, AttrAV | AttrPathMTU | AttrDestQPN | AttrRQPSN, AttrAccessFlags | AttrPKeyIndex},
+		{QPTypeUC, StateRTR, StateRTS, AttrSQPSN, AttrCurState | AttrAccessFlags},
+		{QPTypeUC, StateRTS, StateRTS, 0, AttrCurState | AttrAccessFlags},
+		{QPTypeUC, StateRTS, StateSQD, 0, AttrEnSQDAsync},
+		{QPTypeUC, StateSQD, StateRTS, 0, AttrCurState | AttrAccessFlags},
+		{QPTypeUC, StateSQD, StateSQD, 0, AttrAV | AttrAccessFlags | AttrPKeyIndex},
+		{QPTypeUC, StateSQE, StateRTS, 0, AttrCurState | AttrAccessFlags},
+	}
+	got := map[[2]QPState]legalTransition{}
+	for _, tr := range legalTransitions() {
+		if tr.typ == QPTypeUC {
+			got[[2]QPState{tr.cur, tr.next}] = tr
+		}
+	}
+	for _, w := range want {
+		assert.Equal(t, w, got[[2]QPState{w.cur, w.next}], "%v -> %v", w.cur, w.next)
+	}
 }

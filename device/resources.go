@@ -33,7 +33,7 @@ type Context struct {
 	cqs        map[uint32]*CQ
 	qps        map[uint32]*QP
 	srqs       map[uint32]*SRQ
-	ahs        map[uint32]*ah
+	ahs        map[uint32]*AH
 
 	// lingering counts destroyed QPs whose engine worker has not
 	// confirmed the removal yet (DataPlane.DestroyQP returned a channel).
@@ -142,11 +142,33 @@ type SRQ struct {
 	cx      *Context // its context (events)
 }
 
-type ah struct {
+// AH is an address handle (UD). The data plane reads it through the
+// accessors during AddAH and RemoveAH (the device lock is held).
+type AH struct {
 	handle uint32
 	pd     *pd
 	attr   abi.AHAttr
+	cx     *Context
+	// local and remote are the source GID (the device's GID at the
+	// AV's sgid_index) and the destination GID, IPv4-mapped ones as IPv4.
+	local, remote netip.Addr
 }
+
+// Handle returns the AH's handle (a send WQE's ah_handle).
+func (a *AH) Handle() uint32 { return a.handle }
+
+// Owner returns the owner of the AH's context: a WQE may name only the
+// AHs of its QP's context.
+func (a *AH) Owner() Owner { return a.cx.owner }
+
+// PDHandle returns the handle of the AH's PD.
+func (a *AH) PDHandle() uint32 { return a.pd.handle }
+
+// Attr returns the address vector as the client gave it.
+func (a *AH) Attr() abi.AHAttr { return a.attr }
+
+// Path returns the source and destination addresses of the AH.
+func (a *AH) Path() (local, remote netip.Addr) { return a.local, a.remote }
 
 // QP is a queue pair owned by the device. The data plane reads its
 // configuration through the accessor methods; they must be called with the
@@ -176,7 +198,9 @@ type QP struct {
 	// GID), as IPv4 when they are IPv4-mapped (RoCE v2 GIDs); invalid
 	// until an AV is set.
 	local, remote netip.Addr
-	// peer is the remote QP this RC QP claimed at RTR (claimed set; see
+	// portMTU is the link's largest MTU: a UD QP's message limit.
+	portMTU abi.MTU
+	// peer is the remote QP this RC or UC QP claimed at RTR (claimed set; see
 	// connect.go).
 	peer    peerKey
 	claimed bool
@@ -184,6 +208,9 @@ type QP struct {
 
 // QPN returns the QP number.
 func (q *QP) QPN() uint32 { return q.qpn }
+
+// PortMTU returns the port's largest MTU, the largest message of a UD QP.
+func (q *QP) PortMTU() abi.MTU { return q.portMTU }
 
 // Type returns the QP type.
 func (q *QP) Type() QPType { return q.typ }

@@ -65,6 +65,17 @@ type DataPlane interface {
 	DestroyQP(q *QP) <-chan QPCounters
 	// Counters returns the QP's live counters (QUERY_QP, vrnicctl).
 	Counters(q *QP) QPCounters
+	// AddAH is called when CREATE_AH validated an address handle, before
+	// the client learns its handle: the data plane makes it resolvable by
+	// the UD QPs of the AH's context. It may resolve the destination's link
+	// address (TAP: ARP or neighbour discovery, bounded by the data
+	// plane's ResolveTimeout, like CheckModifyQP); an error fails
+	// CREATE_AH (an unreachable destination: an error wrapping
+	// EHOSTUNREACH).
+	AddAH(a *AH) error
+	// RemoveAH is called when an AH is destroyed (DESTROY_AH, context
+	// release): WQEs posted later that name it fail.
+	RemoveAH(a *AH)
 	// ReleaseCQ and ReleaseSRQ are called when a CQ or an SRQ is destroyed
 	// (no QP uses it any more), before its ring is unpinned and its
 	// doorbell record freed: the data plane drops what it built over it.
@@ -83,6 +94,8 @@ func (noDataPlane) CheckModifyQP(*QP, QPState, QPState, AttrMask, *abi.QPAttr) e
 func (noDataPlane) ModifyQP(*QP, QPState, AttrMask)                                  {}
 func (noDataPlane) DestroyQP(*QP) <-chan QPCounters                                  { return nil }
 func (noDataPlane) Counters(*QP) QPCounters                                          { return QPCounters{} }
+func (noDataPlane) AddAH(*AH) error                                                  { return nil }
+func (noDataPlane) RemoveAH(*AH)                                                     {}
 func (noDataPlane) ReleaseCQ(*CQ)                                                    {}
 func (noDataPlane) ReleaseSRQ(*SRQ)                                                  {}
 
@@ -103,7 +116,9 @@ var _ DataPlane = noDataPlane{}
 //	    └──────────── any state (MODIFY_QP) ◄────────── ERR
 //
 // The worker only ever stores ERR, at the moment its own copy of the
-// state becomes ERR, and the engine applies every MODIFY_QP on that same
+// state becomes ERR, or SQE (a UD or UC QP whose send WR failed, only
+// from RTS or SQD: a compare-and-swap, so a state the control path
+// stored meanwhile stays), and the engine applies every MODIFY_QP on that same
 // worker: a RESET the control path applied after an error is never undone
 // by a late report of it.
 type StateWord struct {
@@ -126,6 +141,10 @@ func (w *StateWord) CompareAndSwap(cur, next QPState) bool {
 // ERR stored ERR before the engine applied it, so a client's own move
 // raises no QP_FATAL.
 func (w *StateWord) TransportState(s abi.QPState) {
+	if s == StateSQE {
+		_ = w.v.CompareAndSwap(uint32(StateRTS), uint32(s)) || w.v.CompareAndSwap(uint32(StateSQD), uint32(s))
+		return
+	}
 	old := w.v.Swap(uint32(s))
 	if s == StateErr && QPState(old) != StateErr && w.q != nil {
 		w.q.qpEnteredError(true)

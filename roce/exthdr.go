@@ -19,6 +19,12 @@ const (
 	CNPReservedLen = 16
 	// ICRCLen is the length of the invariant CRC at the end of a packet.
 	ICRCLen = 4
+	// GRHLen is the length of the Global Route Header (IBTA 8.3). RoCE
+	// v2 carries the GRH as the IP header, but a UD receive buffer still
+	// starts with 40 bytes for it (IBTA 11.4.1.2): the IPv6 header, or 20
+	// zero bytes and the IPv4 header (annex A17.4.5.1, as Linux writes
+	// them).
+	GRHLen = 40
 )
 
 // RETH is a view of the RDMA Extended Transport Header (IBTA 9.3.3):

@@ -16,6 +16,15 @@ var (
 
 // SendWR is a send work request (ibv_send_wr). SGL and Inline are read
 // during PostSend only.
+//
+// UD (SEND and SEND with immediate only): AH is the destination (an AH
+// of the QP's PD), RemoteQPN the destination QP and RemoteQKey its Q_Key;
+// a RemoteQKey with bit 31 set means the sending QP's own Q_Key. The
+// message is at most the port's MTU (abi.PortAttr.ActiveMTU); a longer
+// one completes with abi.WCLocLenErr. The receiver's buffers get the
+// 40-byte GRH first (abi.GRHLen). UC carries SEND and RDMA WRITE (with and
+// without immediate) and no READ or atomics. UD and UC sends complete
+// once the message left the device, with no acknowledgement.
 type SendWR struct {
 	WrID       uint64
 	Opcode     abi.WROpcode

@@ -8,7 +8,7 @@ import (
 
 // QPInitAttr describes a QP to create (ibv_qp_init_attr).
 type QPInitAttr struct {
-	Type   abi.QPType // abi.QPTRC or abi.QPTUD
+	Type   abi.QPType // abi.QPTRC, abi.QPTUC or abi.QPTUD
 	SendCQ *CQ
 	RecvCQ *CQ
 	SRQ    *SRQ // nil: the QP has its own receive queue
@@ -108,7 +108,8 @@ func (qp *QP) Query() (abi.RespQueryQP, error) {
 }
 
 // ToInit moves a RESET QP to INIT on port 1, P_Key index 0. access is the
-// remote access (RC) and qkey the Q_Key (UD); the other is ignored.
+// remote access (RC, UC: UC honours only remote write) and qkey the Q_Key
+// (UD); the other is ignored.
 func (qp *QP) ToInit(access, qkey uint32) error {
 	a := abi.QPAttr{QPState: abi.QPSInit, PortNum: 1}
 	mask := abi.QPAttrState | abi.QPAttrPKeyIndex | abi.QPAttrPort
@@ -122,7 +123,8 @@ func (qp *QP) ToInit(access, qkey uint32) error {
 	return qp.Modify(&a, mask)
 }
 
-// RTRAttr are the attributes of the INIT→RTR step of an RC QP.
+// RTRAttr are the attributes of the INIT→RTR step of an RC or UC QP (UC
+// takes the address vector, path MTU, destination QPN and receive PSN).
 type RTRAttr struct {
 	AV              abi.AHAttr
 	PathMTU         abi.MTU
@@ -132,15 +134,18 @@ type RTRAttr struct {
 	MinRNRTimer     uint8
 }
 
-// ToRTR moves an INIT QP to RTR. For a UD QP the attributes are unused.
+// ToRTR moves an INIT QP to RTR. For a UD QP the attributes are unused:
+// every send names its destination (SendWR.AH, RemoteQPN, RemoteQKey).
 func (qp *QP) ToRTR(r RTRAttr) error {
 	a := abi.QPAttr{QPState: abi.QPSRTR}
 	mask := abi.QPAttrState
-	if qp.Type == abi.QPTRC {
+	if qp.Type != abi.QPTUD {
 		a.AHAttr, a.PathMTU, a.DestQPNum, a.RQPSN = r.AV, r.PathMTU, r.DestQPN, r.RQPSN
+		mask |= abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrDestQPN | abi.QPAttrRQPSN
+	}
+	if qp.Type == abi.QPTRC {
 		a.MaxDestRdAtomic, a.MinRNRTimer = r.MaxDestRdAtomic, r.MinRNRTimer
-		mask |= abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrDestQPN | abi.QPAttrRQPSN |
-			abi.QPAttrMaxDestRdAtomic | abi.QPAttrMinRNRTimer
+		mask |= abi.QPAttrMaxDestRdAtomic | abi.QPAttrMinRNRTimer
 	}
 	return qp.Modify(&a, mask)
 }
@@ -154,7 +159,7 @@ type RTSAttr struct {
 	MaxRdAtomic uint8
 }
 
-// ToRTS moves an RTR QP to RTS (UD: only the SQ PSN is used).
+// ToRTS moves an RTR QP to RTS (UD, UC: only the SQ PSN is used).
 func (qp *QP) ToRTS(r RTSAttr) error {
 	a := abi.QPAttr{QPState: abi.QPSRTS, SQPSN: r.SQPSN}
 	mask := abi.QPAttrState | abi.QPAttrSQPSN

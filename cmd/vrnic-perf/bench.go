@@ -22,7 +22,7 @@ func (e *endpoint) prepareWRs(size int) {
 	inline := o.inline(size)
 	for _, q := range e.qps {
 		q.posted, q.completed, q.received = 0, 0, 0
-		w := verbs.SendWR{RemoteAddr: q.peer.Addr, RKey: q.peer.RKey}
+		w := verbs.SendWR{RemoteAddr: q.peer.Addr, RKey: q.peer.RKey, AH: q.ah, RemoteQPN: q.peer.QPN, RemoteQKey: perfQKey}
 		local := uint32(0)
 		if o.Test.latency() && o.Test != readLat {
 			local = uint32(e.area) // send from [L, 2L)
@@ -226,7 +226,7 @@ func (e *endpoint) reap(q *qpRes, n int, size int) error {
 			return err
 		}
 		if c.Opcode == abi.WCRecv {
-			if int(c.ByteLen) != size {
+			if int(c.ByteLen) != e.grh+size {
 				return fmt.Errorf("%w: received %d bytes, want %d", errVerify, c.ByteLen, size)
 			}
 			q.received++

@@ -146,6 +146,7 @@ func (e *endpoint) runSize(cc *ctrlConn, size int) (result, error) {
 		return result{}, verifyErr
 	}
 	r := e.makeResult(size, meas, end.sub(base))
+	r.Lost = v.Lost
 	if v.Counters != nil {
 		r.Server = *v.Counters
 	}
@@ -165,7 +166,7 @@ func (e *endpoint) verifyClient(size int, serverSum uint32) error {
 		}
 	case writeLat, sendLat:
 		q := e.qps[0]
-		if q.posted > 0 && checksum(q.buf.Bytes[:size]) != checksum(q.buf.Bytes[e.area:e.area+size]) {
+		if q.posted > 0 && checksum(q.buf.Bytes[e.grh:e.grh+size]) != checksum(q.buf.Bytes[e.area:e.area+size]) {
 			return fmt.Errorf("%w: %s %d B: last message received differs from the one expected", errVerify, o.Test, size)
 		}
 	}

@@ -26,6 +26,9 @@ import (
 //	          outstanding WR), the server's target word at offset 0.
 //	          latency tests: where the peer's WRITE or SEND lands.
 //	[L, 2L)   latency tests only: what this side sends.
+//
+// Over UD a received message lands after the 40-byte GRH (grh), and L
+// leaves room for it.
 type endpoint struct {
 	opt   *options
 	ctx   *verbs.Context
@@ -37,6 +40,7 @@ type endpoint struct {
 	pfd   [1]unix.PollFd
 	evbuf [8]byte
 	area  int // L
+	grh   int // UD: the GRH in front of every received message (abi.GRHLen), else 0
 	idle  int // empty polls in a row
 	hist  histogram
 }
@@ -49,6 +53,7 @@ type qpRes struct {
 	mr    *verbs.MR
 	psn   uint32
 	peer  rcpair.Info
+	ah    *verbs.AH // UD: to the peer
 	wr    verbs.SendWR
 	sge   [1]abi.SGE
 	rwr   verbs.RecvWR
@@ -91,14 +96,17 @@ func newEndpoint(socket string, o *options, name string) (_ *endpoint, err error
 	if e.cq, err = e.ctx.CreateCQ(o.QPs*(o.Depth+o.RecvDepth)+2, e.ch); err != nil {
 		return nil, err
 	}
-	e.area = (max(o.maxMsg(), 8*o.Depth) + 63) &^ 63
+	if o.Transport == transportUD {
+		e.grh = abi.GRHLen
+	}
+	e.area = (max(o.maxMsg()+e.grh, 8*o.Depth) + 63) &^ 63
 	bufLen := e.area
 	if o.Test.latency() {
 		bufLen *= 2
 	}
 	for range o.QPs {
 		q := &qpRes{psn: rand.Uint32() & 0xffffff}
-		if q.qp, err = e.pd.CreateQP(verbs.QPInitAttr{Type: abi.QPTRC, SendCQ: e.cq, RecvCQ: e.cq,
+		if q.qp, err = e.pd.CreateQP(verbs.QPInitAttr{Type: o.qpType(), SendCQ: e.cq, RecvCQ: e.cq,
 			Cap: abi.QPCap{MaxSendWR: uint32(max(o.Depth, 16)), MaxRecvWR: uint32(o.RecvDepth),
 				MaxSendSGE: 1, MaxRecvSGE: 1, MaxInlineData: uint32(o.Inline)}}); err != nil {
 			return nil, fmt.Errorf("create QP: %w", err)
@@ -138,11 +146,35 @@ func (e *endpoint) connect(peers []rcpair.Info) error {
 		if q.peer.Len < uint64(e.area) {
 			return fmt.Errorf("%w: peer buffer of %d bytes, want at least %d", errProtocol, q.peer.Len, e.area)
 		}
-		if err := rcpair.Connect(q.qp, q.psn, q.peer, rcpair.Attr{MTU: rcpair.MTU(e.opt.MTU), MaxRdAtomic: abi.MaxRdAtomic}); err != nil {
+		if e.opt.Transport == transportUD {
+			if err := e.connectUD(q); err != nil {
+				return err
+			}
+		} else if err := rcpair.Connect(q.qp, q.psn, q.peer, rcpair.Attr{MTU: rcpair.MTU(e.opt.MTU), MaxRdAtomic: abi.MaxRdAtomic}); err != nil {
 			return err
 		}
 		q.rsge[0] = q.mr.SGE(0, uint32(e.area))
 		q.rwr = verbs.RecvWR{SGL: q.rsge[:]}
+	}
+	return nil
+}
+
+// perfQKey is the Q_Key of vrnic-perf's UD QPs.
+const perfQKey = 0x11111111
+
+// connectUD moves a UD QP to RTS and creates the AH of its peer.
+func (e *endpoint) connectUD(q *qpRes) (err error) {
+	if err = q.qp.ToInit(0, perfQKey); err != nil {
+		return fmt.Errorf("QP %#x to INIT: %w", q.qp.QPN, err)
+	}
+	if err = q.qp.ToRTR(verbs.RTRAttr{}); err != nil {
+		return fmt.Errorf("QP %#x to RTR: %w", q.qp.QPN, err)
+	}
+	if err = q.qp.ToRTS(verbs.RTSAttr{SQPSN: q.psn}); err != nil {
+		return fmt.Errorf("QP %#x to RTS: %w", q.qp.QPN, err)
+	}
+	if q.ah, err = e.pd.CreateAH(abi.AHAttr{DGID: q.peer.GID, HopLimit: 64, PortNum: 1}); err != nil {
+		return fmt.Errorf("AH to %v: %w", q.peer.GID, err)
 	}
 	return nil
 }

@@ -1,7 +1,7 @@
 // Command vrnic-perf measures a vrnic device the way linux-rdma perftest
 // (ib_write_bw, ib_read_lat, ...) measures an RNIC: bandwidth, message
 // rate and latency of RDMA WRITE, RDMA READ, SEND/RECV and atomics over RC
-// QPs between two processes on two devices.
+// (and UC or UD) QPs between two processes on two devices.
 //
 //	vrnic-perf server -dev SOCKET [-listen ADDR]
 //	vrnic-perf client -dev SOCKET -server ADDR [test options]
@@ -24,6 +24,13 @@
 // send_lat are ping-pongs (the server answers each message with the same
 // operation) and report half the round trip, read_lat the whole READ, as
 // perftest does.
+//
+// Transports (-transport): rc (default); uc, for write_bw, send_bw,
+// write_lat and send_lat; ud, for send_bw and send_lat with messages of at
+// most -mtu bytes (one packet; each side creates an AH to the other, and
+// the receive buffers hold the 40-byte GRH in front of the data). UC and
+// UD do not retransmit: the send_bw server stops waiting 200 ms after the
+// last message that arrived and reports how many were lost (lost).
 //
 // Correctness: after each size the data is verified (checksums of the
 // memory each side wrote into, atomic target words equal to the number of

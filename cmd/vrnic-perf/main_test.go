@@ -278,6 +278,40 @@ func TestUDPLink(t *testing.T) {
 	}
 }
 
+// unreliableCases are the UC and UD tests.
+var unreliableCases = []perfCase{
+	{"ud send_bw 4KiB", []string{"-transport", "ud", "-test", "send_bw", "-size", "4096", "-iters", "300"}, sendBW, 4096, 300},
+	{"ud send_bw 1B 2 QPs", []string{"-transport", "ud", "-test", "send_bw", "-size", "1", "-iters", "300", "-qps", "2"}, sendBW, 1, 600},
+	{"ud send_lat", []string{"-transport", "ud", "-test", "send_lat", "-iters", "200"}, sendLat, 8, 200},
+	{"uc write_bw 64KiB", []string{"-transport", "uc", "-test", "write_bw", "-size", "65536", "-iters", "200"}, writeBW, 65536, 200},
+	{"uc send_bw 10000B", []string{"-transport", "uc", "-test", "send_bw", "-size", "10000", "-iters", "200"}, sendBW, 10000, 200},
+	{"uc write_lat", []string{"-transport", "uc", "-test", "write_lat", "-iters", "200"}, writeLat, 8, 200},
+	{"uc send_lat", []string{"-transport", "uc", "-test", "send_lat", "-size", "5000", "-iters", "200"}, sendLat, 5000, 200},
+}
+
+// TestUnreliableTransports runs the UC and UD tests against one daemon
+// (in-memory link) and between two over the UDP link.
+func TestUnreliableTransports(t *testing.T) {
+	d := startDaemon(t, "perf-unrel", "-link", "mem")
+	a, b, err := launch.LoopbackPair(netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("127.0.0.2"))
+	require.NoError(t, err)
+	da := startDaemon(t, "perf-unrel-a", "-link", "udp", "-local", netip.AddrPortFrom(a, launch.RoCEPort).String())
+	db := startDaemon(t, "perf-unrel-b", "-link", "udp", "-local", netip.AddrPortFrom(b, launch.RoCEPort).String())
+	for _, link := range []struct {
+		name   string
+		sa, sb string
+	}{{"mem", d.sock, d.sock}, {"udp", da.sock, db.sock}} {
+		for _, c := range unreliableCases {
+			t.Run(link.name+"/"+c.name, func(t *testing.T) {
+				rs := perfJSON(t, link.sa, link.sb, c.args...)
+				require.Len(t, rs, 1)
+				checkResult(t, rs[0], c.test, c.size, c.ops)
+				t.Logf("%s: %.3f Gb/s, %d lost", c.name, rs[0].Gbps, rs[0].Lost)
+			})
+		}
+	}
+}
+
 // TestUsageErrors: bad options exit with status 2 and a message.
 func TestUsageErrors(t *testing.T) {
 	for _, args := range [][]string{
@@ -285,6 +319,8 @@ func TestUsageErrors(t *testing.T) {
 		{"run", "-test", "nope"}, {"run", "-size", "-5"}, {"run", "-size", "8388609"},
 		{"run", "-test", "write_lat", "-qps", "2"}, {"run", "-link", "tap"}, {"run", "-dev-a", "x"},
 		{"run", "-iters", "5", "-duration", "1s"}, {"run", "-cq-mod", "200", "-depth", "100"},
+		{"run", "-transport", "ud", "-test", "write_bw"}, {"run", "-transport", "uc", "-test", "read_bw"},
+		{"run", "-transport", "ud", "-test", "send_bw", "-size", "8192"}, {"run", "-transport", "rd"},
 	} {
 		t.Run(fmt.Sprint(args), func(t *testing.T) {
 			code, _, errOut := perf(t, args...)

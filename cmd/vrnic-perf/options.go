@@ -71,7 +71,31 @@ type options struct {
 	Verify    bool          `json:"verify"`
 	JSON      bool          `json:"-"`
 	RecvDepth int           `json:"recv_depth"`
+	// Transport is the QP type: rc (default), uc or ud.
+	Transport string `json:"transport"`
 }
+
+// Transports of -transport.
+const (
+	transportRC = "rc"
+	transportUC = "uc"
+	transportUD = "ud"
+)
+
+// qpType is the QP type of the transport.
+func (o *options) qpType() abi.QPType {
+	switch o.Transport {
+	case transportUC:
+		return abi.QPTUC
+	case transportUD:
+		return abi.QPTUD
+	}
+	return abi.QPTRC
+}
+
+// unreliable reports whether messages may be lost without an error (UC,
+// UD): the server counts what arrived instead of waiting for every one.
+func (o *options) unreliable() bool { return o.Transport == transportUC || o.Transport == transportUD }
 
 // addFlags registers the benchmark options on fs.
 func (o *options) addFlags(fs *flag.FlagSet) {
@@ -90,6 +114,7 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.Events, "events", false, "wait for completion events instead of busy polling")
 	fs.BoolVar(&o.Verify, "verify", true, "verify the data moved (checksums, atomic words) after each size")
 	fs.BoolVar(&o.JSON, "json", false, "print the results as JSON")
+	fs.StringVar(&o.Transport, "transport", transportRC, "QP type: rc, uc (write_bw, send_bw, write_lat, send_lat) or ud (send_bw, send_lat; messages up to -mtu)")
 }
 
 var errOption = errors.New("bad option")
@@ -98,6 +123,9 @@ var errOption = errors.New("bad option")
 func (o *options) finish() error {
 	if o.Test == "" {
 		o.Test = writeBW
+	}
+	if o.Transport == "" {
+		o.Transport = transportRC
 	}
 	known := false
 	for _, k := range testKinds {
@@ -165,6 +193,22 @@ func (o *options) finish() error {
 	case o.QPs*(o.Depth+o.RecvDepth)+2 > abi.MaxCQE:
 		return bad("qps × depth too large for one CQ (%d entries)", abi.MaxCQE)
 	}
+	switch o.Transport {
+	case transportRC:
+	case transportUC:
+		if o.Test != writeBW && o.Test != sendBW && o.Test != writeLat && o.Test != sendLat {
+			return bad("%s over UC: UC carries SEND and RDMA WRITE only", o.Test)
+		}
+	case transportUD:
+		if o.Test != sendBW && o.Test != sendLat {
+			return bad("%s over UD: UD carries SEND only", o.Test)
+		}
+		if o.maxMsg() > o.MTU {
+			return bad("size %d over UD: a UD message is one packet of at most -mtu %d bytes", o.maxMsg(), o.MTU)
+		}
+	default:
+		return bad("transport %q: want rc, uc or ud", o.Transport)
+	}
 	return nil
 }
 
@@ -174,7 +218,7 @@ func (o *options) sizes() []int {
 		return []int{o.Size}
 	}
 	var s []int
-	for n := 1; n <= maxSize; n <<= 1 {
+	for n := 1; n <= o.maxMsg(); n <<= 1 {
 		s = append(s, n)
 	}
 	return s
@@ -182,7 +226,10 @@ func (o *options) sizes() []int {
 
 // maxMsg is the largest message size of the run.
 func (o *options) maxMsg() int {
-	if o.Sweep {
+	switch {
+	case o.Sweep && o.Transport == transportUD:
+		return o.MTU // one packet
+	case o.Sweep:
 		return maxSize
 	}
 	return o.Size

@@ -39,6 +39,7 @@ type message struct {
 	Sent     []uint64      `json:"sent,omitempty"`
 	Checksum uint32        `json:"checksum,omitempty"`
 	Counters *counters     `json:"counters,omitempty"`
+	Lost     uint64        `json:"lost,omitempty"` // verdict, UC/UD send tests: messages that never arrived
 	Error    string        `json:"error,omitempty"`
 }
 

@@ -4,11 +4,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 )
 
 // result is the outcome of one message size.
 type result struct {
 	Test        testKind      `json:"test"`
+	Transport   string        `json:"transport"`
 	Atomic      string        `json:"atomic,omitempty"`
 	Size        int           `json:"size"`
 	QPs         int           `json:"qps"`
@@ -28,12 +30,13 @@ type result struct {
 	Server      counters      `json:"server_counters"`
 	Retransmits uint64        `json:"retransmits"`
 	Verified    bool          `json:"verified"`
+	Lost        uint64        `json:"lost,omitempty"` // UC/UD SENDs that never arrived
 	LoopAllocs  uint64        `json:"loop_allocs"`
 }
 
 func (e *endpoint) makeResult(size int, m measurement, c counters) result {
 	o := e.opt
-	r := result{Test: o.Test, Size: size, QPs: o.QPs, Depth: o.Depth, MTU: o.MTU, Inline: o.inline(size),
+	r := result{Test: o.Test, Transport: o.Transport, Size: size, QPs: o.QPs, Depth: o.Depth, MTU: o.MTU, Inline: o.inline(size),
 		CQMod: o.CQMod, Events: o.Events, Ops: m.ops, Bytes: m.ops * uint64(size), Seconds: m.elapsed.Seconds(), Client: c}
 	if o.Test == atomicBW {
 		r.Atomic = o.Atomic
@@ -66,6 +69,9 @@ func writeTable(w io.Writer, o *options, rs []result) {
 	if o.Test == atomicBW {
 		what += " " + o.Atomic
 	}
+	if o.Transport != transportRC {
+		what += " over " + strings.ToUpper(o.Transport)
+	}
 	fmt.Fprintf(w, "%s: %d QP(s), depth %d, MTU %d, inline ≤ %d B, signal every %d, %s\n", what, o.QPs, o.Depth, o.MTU,
 		o.Inline, o.CQMod, map[bool]string{true: "completion events", false: "polling"}[o.Events])
 	if o.Test.latency() {
@@ -79,6 +85,13 @@ func writeTable(w io.Writer, o *options, rs []result) {
 			l := r.Latency
 			fmt.Fprintf(w, "%10d %10d %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %8.3f %6d\n", r.Size, r.Ops,
 				us(l.Min), us(l.P50), us(l.P99), us(l.P999), us(l.Max), l.Avg/1e3, r.Mops, r.Retransmits)
+		}
+		return
+	}
+	if o.unreliable() && o.Test == sendBW {
+		fmt.Fprintf(w, "%10s %12s %10s %12s %10s %10s %s\n", "bytes", "ops", "Gb/s", "MB/s", "Mops/s", "lost", "verified")
+		for _, r := range rs {
+			fmt.Fprintf(w, "%10d %12d %10.3f %12.2f %10.4f %10d %v\n", r.Size, r.Ops, r.Gbps, r.MBps, r.Mops, r.Lost, r.Verified)
 		}
 		return
 	}

@@ -92,8 +92,9 @@ import (
 //
 // # Scope
 //
-// RC QPs get a data path. UD QPs are accepted by the device and move
-// through their states, but the engine carries no UD traffic yet.
+// RC, UC and UD QPs get a data path (QP1 and the CM are not here yet).
+// The address handles of a context are an engine.AHTable the context's
+// UD QPs share (ah.go).
 type DataPlane struct {
 	cfg    Config
 	eng    *engine.Engine
@@ -107,7 +108,8 @@ type DataPlane struct {
 	cqs     map[*device.CQ]*cqSink
 	srqs    map[*device.SRQ]*recvSource
 	writers map[*doorbell.Page]*ctxWriter
-	watch   atomic.Pointer[[]*dpQP] // immutable snapshot for the poller
+	ahs     map[device.Owner]*ahTable // per context: its AHs and UD QPs
+	watch   atomic.Pointer[[]*dpQP]   // immutable snapshot for the poller
 
 	// ksig raises completion eventfds from the kernel (nil: the kernel
 	// cannot, or Config.EventWriters; then each context's ctxWriter does).
@@ -158,9 +160,11 @@ type ctxWriter struct {
 	sinks int
 }
 
-// dpQP is the data plane's state of one RC QP.
+// dpQP is the data plane's state of one QP.
 type dpQP struct {
 	qpn    uint32
+	owner  device.Owner // its context's (UD: the AH table it holds)
+	ud     bool
 	sqRing []byte // the client's send ring as the daemon maps it (QPRings in tests)
 	page   *doorbell.Page
 	rec    doorbell.QPRecord
@@ -200,6 +204,7 @@ func New(cfg Config) (*DataPlane, error) {
 		qps: map[uint32]*dpQP{}, pages: map[*doorbell.Page]int{},
 		cqs: map[*device.CQ]*cqSink{}, srqs: map[*device.SRQ]*recvSource{},
 		writers: map[*doorbell.Page]*ctxWriter{},
+		ahs:     map[device.Owner]*ahTable{},
 	}
 	dp.watch.Store(&[]*dpQP{})
 	p, err := doorbell.NewPoller(doorbell.PollerConfig{Poll: dp.pollDoorbells, SpinBudget: cfg.SpinBudget, SpinFor: max(cfg.SpinFor, 0)})
@@ -320,12 +325,9 @@ func (dp *DataPlane) PollerStats() doorbell.PollerStats { return dp.poller.Stats
 
 var _ device.DataPlane = (*DataPlane)(nil)
 
-// CreateQP implements device.DataPlane: it builds the adapters of an RC QP
+// CreateQP implements device.DataPlane: it builds the adapters of a QP
 // and creates it on the engine (RESET).
 func (dp *DataPlane) CreateQP(q *device.QP) error {
-	if q.Type() != abi.QPTRC {
-		return nil // UD: no data path yet (see the type's doc)
-	}
 	page := q.Doorbells()
 	rec, err := page.QP(q.DBIndex())
 	if err != nil {
@@ -338,7 +340,7 @@ func (dp *DataPlane) CreateQP(q *device.QP) error {
 	}
 	qpn, cp := q.QPN(), q.Cap()
 	sqRing, _ := q.SQ()
-	x := &dpQP{qpn: qpn, page: page, rec: rec, sqRing: sqRing, state: q.StateWord()}
+	x := &dpQP{qpn: qpn, page: page, rec: rec, sqRing: sqRing, state: q.StateWord(), owner: q.Owner(), ud: q.Type() == abi.QPTUD}
 	if x.sq, err = newSQSource(sqRing, cp, rec); err != nil {
 		return err
 	}
@@ -368,12 +370,21 @@ func (dp *DataPlane) CreateQP(q *device.QP) error {
 	x.mem = &qpMemory{acc: dp.space.NewAccessor(), pd: dma.PD{Owner: q.Owner(), Handle: q.PDHandle()}, mem: dp.space}
 	// Queued for the QP's worker; an error (invalid limits, a closed
 	// engine) fails CREATE_QP.
-	x.ctrs, err = dp.eng.CreateQP(engine.QPConfig{
+	ecfg := engine.QPConfig{
 		QPN: qpn, SQ: x.sq, RQ: x.rq, SendCQ: &x.sinks[0], RecvCQ: &x.sinks[1], Mem: x.mem,
 		SQDepth: int(cp.MaxSendWR), MaxSendSGE: int(cp.MaxSendSGE), MaxRecvSGE: int(maxRecvSGE),
 		MaxInline: int(cp.MaxInlineData), SigAll: q.SigAll(), State: q.StateWord(),
-	})
+		Type: q.Type(), PD: q.PDHandle(),
+	}
+	if x.ud {
+		ecfg.AHs = dp.ahTableLocked(x.owner).ref()
+		ecfg.PortMTU = roce.MTU(q.PortMTU())
+	}
+	x.ctrs, err = dp.eng.CreateQP(ecfg)
 	if err != nil {
+		if x.ud {
+			dp.unrefAHTableLocked(x.owner)
+		}
 		x.mem.acc.Close()
 		return err
 	}
@@ -558,11 +569,12 @@ func (dp *DataPlane) ModifyQP(q *device.QP, prev device.QPState, mask device.Att
 		MinRNRTimer:     a.MinRNRTimer,
 		MaxRdAtomic:     a.MaxRdAtomic,
 		MaxDestRdAtomic: a.MaxDestRdAtomic,
+		QKey:            a.QKey,
 	}
 	if mask&device.AttrAV != 0 {
 		ea.LocalAddr, ea.RemoteAddr = q.Path()
 	}
-	if prev == device.StateInit && state == device.StateRTR {
+	if prev == device.StateInit && state == device.StateRTR && !x.ud {
 		if err := dp.resolvePeer(x.qpn, &a.AHAttr); err != nil {
 			// Normally CheckModifyQP refused the change already; this is
 			// the last line: the engine never gets an RTR QP it cannot
@@ -609,6 +621,11 @@ func (dp *DataPlane) DestroyQP(q *device.QP) <-chan device.QPCounters {
 		return nil
 	}
 	delete(dp.qps, q.QPN())
+	if x.ud {
+		// The engine's QP keeps the table it was given; a later AH of
+		// the context goes into a new one only if no QP holds this.
+		dp.unrefAHTableLocked(x.owner)
+	}
 	dp.publishWatchLocked()
 	lastOfPage := false
 	if dp.pages[x.page]--; dp.pages[x.page] == 0 {
@@ -642,7 +659,7 @@ func (dp *DataPlane) Counters(q *device.QP) device.QPCounters {
 	if x := dp.qps[q.QPN()]; x != nil {
 		return countersOf(x.ctrs)
 	}
-	return device.QPCounters{} // a UD QP: no data path yet
+	return device.QPCounters{}
 }
 
 // pollDoorbells is the doorbell poller's pass (see the type's doc). It

@@ -40,11 +40,11 @@ func (e *unreachableError) Error() string { return e.msg }
 func (e *unreachableError) Unwrap() error { return unix.EHOSTUNREACH }
 
 // CheckModifyQP checks a MODIFY_QP before the device applies it: for an
-// RC QP going from INIT (cur) to RTR (next) it resolves the peer address
+// RC or UC QP going from INIT (cur) to RTR (next) it resolves the peer address
 // of the address vector (a's when mask has AttrAV, else the QP's) with
 // Config.Resolve. The error wraps unix.EHOSTUNREACH.
 func (dp *DataPlane) CheckModifyQP(q *device.QP, cur, next device.QPState, mask device.AttrMask, a *abi.QPAttr) error {
-	if dp.cfg.Resolve == nil || q.Type() != abi.QPTRC || cur != device.StateInit || next != device.StateRTR {
+	if dp.cfg.Resolve == nil || q.Type() == abi.QPTUD || cur != device.StateInit || next != device.StateRTR {
 		return nil
 	}
 	av := q.Attr().AHAttr
@@ -56,14 +56,19 @@ func (dp *DataPlane) CheckModifyQP(q *device.QP, cur, next device.QPState, mask 
 
 // resolvePeer runs Resolve for the destination GID of av.
 func (dp *DataPlane) resolvePeer(qpn uint32, av *abi.AHAttr) error {
+	return dp.resolve(fmt.Sprintf("QP %d", qpn), netip.AddrFrom16(av.DGID).Unmap())
+}
+
+// resolve runs Resolve for peer, bounded by ResolveTimeout; who names the
+// QP or AH in the error.
+func (dp *DataPlane) resolve(who string, peer netip.Addr) error {
 	if dp.cfg.Resolve == nil {
 		return nil
 	}
-	peer := netip.AddrFrom16(av.DGID).Unmap()
 	ctx, cancel := context.WithTimeout(context.Background(), dp.cfg.ResolveTimeout)
 	defer cancel()
 	if err := dp.cfg.Resolve(ctx, peer); err != nil {
-		return &unreachableError{fmt.Sprintf("QP %d: peer %v is unreachable (no ARP/neighbour reply): %v", qpn, peer, err)}
+		return &unreachableError{fmt.Sprintf("%s: peer %v is unreachable (no ARP/neighbour reply): %v", who, peer, err)}
 	}
 	return nil
 }

@@ -110,6 +110,8 @@ func (NopDataPlane) CheckModifyQP(*device.QP, device.QPState, device.QPState, de
 func (NopDataPlane) ModifyQP(*device.QP, device.QPState, device.AttrMask) {}
 func (NopDataPlane) DestroyQP(*device.QP) <-chan device.QPCounters        { return nil }
 func (NopDataPlane) Counters(*device.QP) device.QPCounters                { return device.QPCounters{} }
+func (NopDataPlane) AddAH(*device.AH) error                               { return nil }
+func (NopDataPlane) RemoveAH(*device.AH)                                  {}
 func (NopDataPlane) ReleaseCQ(*device.CQ)                                 {}
 func (NopDataPlane) ReleaseSRQ(*device.SRQ)                               {}
 

@@ -1,7 +1,9 @@
-// Package engine is the InfiniBand RC transport of vrnic (IBTA vol. 1
+// Package engine is the InfiniBand transport of vrnic (IBTA vol. 1
 // chapter 9, reliability in 9.7): per QP a requester, a responder and a
 // completer, run by N worker goroutines over links that carry RoCE v2
-// frames.
+// frames. RC is the reliable service; UC and UD (unreliable.go) reuse the
+// requester without acknowledgements, and have a responder of their own:
+// UD QPs send through address handles (ah.go) and receive with the GRH.
 //
 // # Workers
 //
@@ -50,7 +52,7 @@
 // Config.Local, the links' address. The ICRC covers the pseudo header of
 // those two addresses and ports (roce.Pseudo): the kernel writes the real
 // IP and UDP headers and nobody builds or parses them in user space.
-// Either way an RC packet reaches its QP only from the QP's peer: source
+// Either way an RC or UC packet reaches its QP only from the QP's peer: source
 // = its destination GID, destination = its source GID (DESIGN 5);
 // anything else is dropped and counted (WorkerCounters.BadPeer).
 //

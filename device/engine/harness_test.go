@@ -39,6 +39,7 @@ type qpOpts struct {
 	sigAll    bool
 	sqDepth   int
 	noConnect bool
+	typ       abi.QPType // 0: RC
 }
 
 func defaultOpts() qpOpts {
@@ -95,6 +96,7 @@ func (n *node) newQP(t testing.TB, qpn uint32, o qpOpts) *tqp {
 	_, err := n.eng.CreateQP(QPConfig{
 		QPN: qpn, SQ: q.sq, RQ: q.rq, SendCQ: q.scq, RecvCQ: q.rcq, Mem: n.mem,
 		SQDepth: o.sqDepth, MaxSendSGE: abi.MaxSGE, MaxRecvSGE: abi.MaxSGE, MaxInline: abi.MaxInline, SigAll: o.sigAll,
+		Type: o.typ,
 	})
 	require.NoError(t, err)
 	return q

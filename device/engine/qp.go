@@ -31,9 +31,23 @@ type QPConfig struct {
 	MaxInline  int
 	// SigAll: every send WR completes signaled (sq_sig_all).
 	SigAll bool
-	// State, if set, is told when the engine moves the QP to ERR on its
-	// own (see StateObserver).
+	// State, if set, is told when the engine moves the QP to ERR (or a
+	// UD or UC QP to SQE) on its own (see StateObserver).
 	State StateObserver
+	// Type is the transport service: abi.QPTRC (also the zero value),
+	// abi.QPTUC or abi.QPTUD.
+	Type abi.QPType
+	// PD is the QP's protection domain handle: a UD WQE's address handle
+	// must be of the same PD (UD only).
+	PD uint32
+	// AHs resolves the address handles named by UD WQEs: the table of
+	// the QP's context (UD only; nil: every UD WQE fails).
+	AHs *AHTable
+	// PortMTU is the largest UD message (UD only; 0: 1024): a UD QP has
+	// no path MTU attribute, its messages are limited by the port's MTU
+	// (IBTA 9.8.1: a UD message is one packet; Linux rxe takes the
+	// port's MTU too).
+	PortMTU roce.MTU
 }
 
 // QPAttr are the attributes ModifyQP may change (a subset of struct
@@ -52,6 +66,8 @@ type QPAttr struct {
 	MinRNRTimer     uint8  // 5-bit RNR timer code
 	MaxRdAtomic     uint8
 	MaxDestRdAtomic uint8
+	// QKey is the Q_Key of a UD QP (abi.QPAttrQKey).
+	QKey uint32
 	// Path: the addresses of the QP (the AV); set with abi.QPAttrAV.
 	LocalAddr, RemoteAddr netip.Addr
 }
@@ -72,6 +88,8 @@ type QPCounters struct {
 	Dropped         atomic.Uint64 // packets dropped by a check
 	SendCQEs        atomic.Uint64
 	RecvCQEs        atomic.Uint64
+	QKeyViolations  atomic.Uint64 // UD: dropped for a Q_Key other than the QP's (also in Dropped)
+	NoRecvWQE       atomic.Uint64 // UD, UC: dropped without a receive WQE posted (also in Dropped)
 }
 
 //go:generate go tool stringer -type=wqeState -linecomment
@@ -104,6 +122,7 @@ type swqe struct {
 	sendPSN uint32       // requester: next PSN to send
 	rcvd    uint32       // completer: READ response packets placed
 	rdAtom  bool         // holds a max_rd_atomic credit
+	ah      *AH          // UD: the address handle the WQE named
 	result  uint64       // atomic original value
 }
 
@@ -112,8 +131,8 @@ func (e *swqe) isReadAtomic() bool {
 	return op == abi.WRRDMARead || op == abi.WRAtomicCmpAndSwp || op == abi.WRAtomicFetchAdd
 }
 
-// QP is the transport state of one RC queue pair. It is owned by one
-// worker; only that worker touches it after creation.
+// QP is the transport state of one queue pair (RC, UC or UD). It is
+// owned by one worker; only that worker touches it after creation.
 type QP struct {
 	qpn   uint32
 	state abi.QPState
@@ -123,6 +142,13 @@ type QP struct {
 	w     *worker
 	path  roce.Path
 	peer  netip.AddrPort // the destination beside its frames (ModeUDP)
+
+	svc roce.Service // the opcodes' service: RC, UC or UD
+	// unrel: UC or UD, no acknowledgements: a send WQE is done once its
+	// last packet was handed to the link (worker.flush, sentThrough).
+	unrel bool
+	// ah is the address handle path and peer were last set from (UD).
+	ah *AH
 
 	// lastCompPSN is comp.psn when the retry timer was last updated.
 	lastCompPSN uint32
@@ -156,6 +182,21 @@ func newQP(cfg QPConfig, w *worker) (*QP, error) {
 		return nil, fmt.Errorf("%w: QP %#x: SGE or inline limits out of range", ErrInvalid, cfg.QPN)
 	}
 	qp := &QP{qpn: cfg.QPN & roce.QPNMask, cfg: cfg, w: w, state: abi.QPSReset}
+	switch cfg.Type {
+	case 0, abi.QPTRC:
+		qp.cfg.Type, qp.svc = abi.QPTRC, roce.ServiceRC
+	case abi.QPTUC:
+		qp.svc, qp.unrel = roce.ServiceUC, true
+	case abi.QPTUD:
+		qp.svc, qp.unrel = roce.ServiceUD, true
+		if qp.qpn < 2 {
+			// QP0 and QP1 are the special QPs (IBTA 10.2.6), not
+			// plain UD QPs.
+			return nil, fmt.Errorf("%w: QP %#x: QP numbers 0 and 1 are reserved", ErrInvalid, cfg.QPN)
+		}
+	default:
+		return nil, fmt.Errorf("%w: QP %#x: type %d", ErrInvalid, cfg.QPN, cfg.Type)
+	}
 	qp.sq = make([]swqe, cfg.SQDepth)
 	qp.sqMask = uint32(cfg.SQDepth - 1)
 	sges := make([]abi.SGE, cfg.SQDepth*cfg.MaxSendSGE)
@@ -169,7 +210,10 @@ func newQP(cfg QPConfig, w *worker) (*QP, error) {
 	qp.retryTimer = timer{idx: -1, kind: timerRetry, qp: qp}
 	qp.rnrTimer = timer{idx: -1, kind: timerRNR, qp: qp}
 	qp.attr.PathMTU = roce.MTU1024
-	qp.mtu = 1024
+	if qp.svc == roce.ServiceUD && cfg.PortMTU.Valid() {
+		qp.attr.PathMTU = cfg.PortMTU
+	}
+	qp.mtu = uint32(qp.attr.PathMTU.Bytes())
 	qp.attr.MaxRdAtomic = 1
 	qp.attr.MaxDestRdAtomic = 1
 	qp.resp.setResources(1)
@@ -204,6 +248,9 @@ func (qp *QP) modify(a *QPAttr) error {
 	if m&abi.QPAttrAccessFlags != 0 {
 		qp.attr.AccessFlags = a.AccessFlags
 	}
+	if m&abi.QPAttrQKey != 0 {
+		qp.attr.QKey = a.QKey
+	}
 	if m&abi.QPAttrTimeout != 0 {
 		qp.attr.Timeout = a.Timeout & 0x1f
 	}
@@ -225,7 +272,7 @@ func (qp *QP) modify(a *QPAttr) error {
 		qp.attr.MaxDestRdAtomic = max(1, min(a.MaxDestRdAtomic, abi.MaxRdAtomic))
 		qp.resp.setResources(int(qp.attr.MaxDestRdAtomic))
 	}
-	if m&abi.QPAttrAV != 0 {
+	if m&abi.QPAttrAV != 0 && qp.svc != roce.ServiceUD {
 		qp.attr.LocalAddr, qp.attr.RemoteAddr = a.LocalAddr, a.RemoteAddr
 		qp.setPath()
 	}
@@ -239,7 +286,9 @@ func (qp *QP) modify(a *QPAttr) error {
 			if qp.state == abi.QPSErr {
 				return fmt.Errorf("%w: QP %#x is in ERR; only RESET leaves it", ErrInvalid, qp.qpn)
 			}
-			if (a.State == abi.QPSRTS || a.State == abi.QPSRTR) && !qp.attr.RemoteAddr.IsValid() {
+			// A UD QP has no path of its own: every WQE names an
+			// address handle.
+			if (a.State == abi.QPSRTS || a.State == abi.QPSRTR) && qp.svc != roce.ServiceUD && !qp.attr.RemoteAddr.IsValid() {
 				return fmt.Errorf("%w: QP %#x: %v needs an address vector", ErrInvalid, qp.qpn, a.State)
 			}
 			qp.state = a.State
@@ -260,7 +309,7 @@ func (a *QPAttr) check() error {
 	if a.Mask&abi.QPAttrState != 0 {
 		switch a.State {
 		case abi.QPSErr, abi.QPSReset, abi.QPSInit, abi.QPSRTR, abi.QPSRTS, abi.QPSSQD:
-		default:
+		default: // SQE is entered by the transport only
 			return fmt.Errorf("%w: QP state %d", ErrInvalid, a.State)
 		}
 	}
@@ -273,6 +322,8 @@ func (qp *QP) reset() {
 	qp.w.timers.stop(&qp.retryTimer)
 	qp.w.timers.stop(&qp.rnrTimer)
 	qp.state = abi.QPSReset
+	qp.w.forgetTx(qp)
+	qp.ah = nil
 	qp.head, qp.next, qp.tail = 0, 0, 0
 	qp.req = requester{psn: qp.attr.SQPSN, ackAllUntil: qp.attr.SQPSN}
 	qp.comp = completer{psn: qp.attr.SQPSN, retryLeft: qp.attr.RetryCnt, rnrLeft: qp.attr.RNRRetry}
@@ -295,15 +346,43 @@ func (qp *QP) enterError() {
 	qp.w.busy = true
 }
 
+// enterSQE moves a UD or UC QP to SQE after a send WR completed in error
+// (IBTA 10.3.1 "Send Queue Error state"): the SQ stops, its
+// outstanding and later WRs are flushed, the receive side goes on, and
+// MODIFY_QP SQE → RTS resumes sending. An RC QP goes to ERR instead.
+func (qp *QP) enterSQE() {
+	if qp.state != abi.QPSRTS && qp.state != abi.QPSSQD {
+		qp.enterError()
+		return
+	}
+	qp.state = abi.QPSSQE
+	if qp.cfg.State != nil {
+		qp.cfg.State.TransportState(abi.QPSSQE)
+	}
+	qp.w.busy = true
+}
+
 // flush completes every WQE the QP still holds or is posted, in ERR. At
 // most one SQ ring's worth of later posts is flushed per call so a client
 // posting without pause cannot starve the worker.
 func (qp *QP) flush() {
+	qp.flushSend()
+	qp.flushRecv()
+}
+
+// flushSend completes the send side's WQEs (ERR and SQE).
+func (qp *QP) flushSend() {
 	for qp.head != qp.tail {
 		e := &qp.sq[qp.head&qp.sqMask]
-		if e.state != wqeDone || e.status == abi.WCSuccess {
-			// Only the WQE whose error moved the QP to ERR keeps its
-			// status; everything else is flushed.
+		switch {
+		case e.state == wqeDone && e.status != abi.WCSuccess:
+			// The WQE whose error moved the QP to ERR (or SQE) keeps
+			// its status.
+		case qp.unrel && (e.state == wqePending || e.state == wqeDone):
+			// UD, UC: every packet is built and queued for the link,
+			// which sends it; nothing more is waited for.
+			e.status = abi.WCSuccess
+		default:
 			e.status = abi.WCWRFlushErr
 		}
 		e.state = wqeDone
@@ -322,7 +401,11 @@ func (qp *QP) flush() {
 		e.state, e.status = wqeDone, abi.WCWRFlushErr
 		qp.completeSend(e)
 	}
-	// Receive side: the RQE in progress, then every posted RQE.
+}
+
+// flushRecv completes the receive side's WQEs (ERR): the RQE in progress,
+// then every posted RQE.
+func (qp *QP) flushRecv() {
 	if qp.resp.rqeValid {
 		qp.resp.rqeValid = false
 		qp.completeRecv(&qp.resp.rqe, abi.WCWRFlushErr, abi.WCRecv, 0, 0, 0, false)
@@ -386,6 +469,11 @@ func (qp *QP) completeSend(e *swqe) {
 func (qp *QP) completeRecv(r *RecvWork, st abi.WCStatus, op abi.WCOpcode, n uint32, flags abi.WCFlags, immInv uint32, se bool) {
 	c := &qp.w.cqe
 	*c = abi.CQE{WrID: r.WrID, Status: st, Opcode: op, QPNum: qp.qpn, ByteLen: n, WCFlags: flags, ImmOrInv: immInv}
+	qp.pushRecv(c, se)
+}
+
+// pushRecv writes the receive completion c.
+func (qp *QP) pushRecv(c *abi.CQE, se bool) {
 	qp.Counters.RecvCQEs.Add(1)
 	if err := qp.cfg.RecvCQ.PushCQE(c, se); err != nil {
 		qp.cqOverflow()

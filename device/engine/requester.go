@@ -120,8 +120,8 @@ func (qp *QP) reqFetch() reqState {
 		qp.failWQE(e, sourceStatus(err))
 		return reqExit
 	}
-	if !qp.prepareWQE(e) {
-		qp.failWQE(e, unsupportedOpStatus)
+	if st := qp.prepareWQE(e); st != abi.WCSuccess {
+		qp.failWQE(e, st)
 		return reqExit
 	}
 	return reqLocal
@@ -133,9 +133,10 @@ func (qp *QP) reqFetch() reqState {
 // rejects unknown opcodes and flags, inline data with an opcode that
 // carries none or longer than max_inline, more SGEs than max_send_sge, a
 // message longer than abi.MaxMsgBytes, an atomic without exactly one
-// 8-byte SGE); it returns false only for an opcode the engine does not
-// execute.
-func (qp *QP) prepareWQE(e *swqe) bool {
+// 8-byte SGE); it fails an opcode the QP's service does not carry
+// (unsupportedOpStatus) and a UD WQE whose address handle or length does
+// not fit (prepareUD).
+func (qp *QP) prepareWQE(e *swqe) abi.WCStatus {
 	var n uint64
 	if e.Flags&abi.SendInline != 0 {
 		n = uint64(len(e.Inline))
@@ -147,9 +148,15 @@ func (qp *QP) prepareWQE(e *swqe) bool {
 	e.length = n
 	e.info = nil
 	e.npkts = 1
+	if qp.unrel && !unreliableOp(qp.svc, e.Opcode) {
+		return unsupportedOpStatus
+	}
 	switch e.Opcode {
 	case abi.WRSend, abi.WRSendWithImm, abi.WRSendWithInv:
 		e.info = roce.OpRCSendFirst.Info()
+		if qp.svc == roce.ServiceUD {
+			return qp.prepareUD(e)
+		}
 	case abi.WRRDMAWrite, abi.WRRDMAWriteWithImm:
 		e.info = roce.OpRCWriteFirst.Info()
 	case abi.WRRDMARead:
@@ -157,23 +164,29 @@ func (qp *QP) prepareWQE(e *swqe) bool {
 	case abi.WRAtomicCmpAndSwp, abi.WRAtomicFetchAdd:
 		e.length = 8
 		e.info = roce.OpRCCompareSwap.Info()
-		return true
+		return abi.WCSuccess
 	case abi.WRLocalInv:
 		e.npkts = 0
-		return true
+		return abi.WCSuccess
 	default:
-		return false
+		return unsupportedOpStatus
 	}
 	if n > uint64(qp.mtu) {
 		e.npkts = uint32((n + uint64(qp.mtu) - 1) / uint64(qp.mtu))
 	}
-	return true
+	return abi.WCSuccess
 }
 
 // failWQE records a local error on e and moves the QP to ERR; the flush
 // completes e with its status and everything else with WR_FLUSH_ERR.
+// A UD or UC QP goes to SQE instead (IBTA 10.3.1): its receive side
+// goes on.
 func (qp *QP) failWQE(e *swqe, st abi.WCStatus) {
 	e.status, e.state = st, wqeDone
+	if qp.unrel {
+		qp.enterSQE()
+		return
+	}
 	qp.enterError()
 }
 
@@ -276,6 +289,9 @@ func (qp *QP) reqSend() reqState {
 		o.ackReq = true
 	default:
 		o.opcode = dataOpcode(e, idx)
+		if qp.unrel {
+			qp.unreliableHeaders(e, o)
+		}
 		off := uint64(idx) * uint64(qp.mtu)
 		n = int(min(uint64(qp.mtu), e.length-off))
 		payload := qp.payload(buf, o.opcode, n)
@@ -296,13 +312,17 @@ func (qp *QP) reqSend() reqState {
 		o.imm, o.invRKey = e.ImmData, e.InvalidateRKey
 		o.se = last && e.Flags&abi.SendSolicited != 0 && e.Opcode != abi.WRRDMAWrite
 		qp.req.sinceAck++
-		o.ackReq = last || qp.req.sinceAck >= ackReqEvery || roce.PSNDiff(e.sendPSN, qp.req.ackAllUntil) < 0 ||
-			roce.PSNDiff(roce.PSNAdd(e.sendPSN, 1), qp.comp.psn) >= int32(qp.w.window)
+		o.ackReq = !qp.unrel && (last || qp.req.sinceAck >= ackReqEvery || roce.PSNDiff(e.sendPSN, qp.req.ackAllUntil) < 0 ||
+			roce.PSNDiff(roce.PSNAdd(e.sendPSN, 1), qp.comp.psn) >= int32(qp.w.window))
 	}
 	if o.ackReq {
 		qp.req.sinceAck = 0
 	}
-	qp.w.txQueue(qp, buf, o, n)
+	if !qp.w.txQueue(qp, buf, o, n) && qp.unrel {
+		// Nothing would ever report the packet sent.
+		qp.failWQE(e, abi.WCLocQPOpErr)
+		return reqExit
+	}
 	if qp.req.dup && o.psn == qp.req.dupPSN {
 		qp.req.dup = false
 		qp.w.txRepeat(qp)
@@ -317,7 +337,7 @@ func (qp *QP) reqSend() reqState {
 	} else {
 		e.sendPSN = roce.PSNAdd(e.sendPSN, 1)
 	}
-	if !qp.retryTimer.armed() {
+	if !qp.unrel && !qp.retryTimer.armed() {
 		qp.armRetry()
 	}
 	return reqFetch

@@ -65,6 +65,7 @@ type responder struct {
 
 	// message in progress
 	inSend, inWrite bool
+	ucDrop          bool     // UC: the message in progress lost packets; wait for FIRST/ONLY
 	rqe             RecvWork // the RQE of the SEND / WRITE-with-imm in progress
 	rqeValid        bool
 	off             uint64 // bytes placed of the message in progress
@@ -93,7 +94,7 @@ func (r *responder) setResources(n int) {
 
 func (r *responder) clear(epsn uint32) {
 	r.epsn, r.msn, r.nakSent = epsn, 0, false
-	r.inSend, r.inWrite, r.rqeValid, r.off = false, false, false, 0
+	r.inSend, r.inWrite, r.rqeValid, r.off, r.ucDrop = false, false, false, 0, false
 	r.ackPending, r.nakPending, r.nakFatal = false, false, false
 	clear(r.res)
 	r.resNext = 0

@@ -220,3 +220,29 @@ func sourceStatus(err error) abi.WCStatus {
 // completes with sourceStatus (the responder's class A error, as Linux
 // rxe handles a malformed receive WQE).
 const recvSourceNAK = roce.NAKRemoteOperationalErr
+
+// UD send WQEs whose address handle cannot be used (IBTA 11.4.1.1: the
+// address handle of a UD send must be valid and of the QP's protection
+// domain). An unknown handle is a malformed WR; an AH of another PD is a
+// protection error, as an L_Key of another PD is. A UD message longer
+// than the port's MTU is a local length error (11.6.2: "the sum of the
+// Data Segment lengths exceeds the message length for the channel adapter
+// port"). A UD or UC QP whose send WR completes in error goes to SQE, not
+// ERR (qp.go, enterSQE).
+const (
+	unknownAHStatus = abi.WCLocQPOpErr
+	foreignAHStatus = abi.WCLocProtErr
+	udLengthStatus  = abi.WCLocLenErr
+)
+
+// unreliableRecvStatus is the status of a UD or UC receive WQE whose
+// buffers could not take the message, and whether the QP goes to ERR.
+// As Linux rxe (rxe_resp.c, RESPST_ERR_LENGTH for UD and UC without an
+// SRQ): buffers too small for the message complete the RQE with
+// LOC_LEN_ERR and the QP goes on (no NAK tells the sender; the next
+// message uses the next RQE); buffers the QP cannot write are a broken
+// receive WQE, LOC_PROT_ERR, and the QP goes to ERR (rxe's class D1E).
+func unreliableRecvStatus(err error) (abi.WCStatus, bool) {
+	st, _ := recvMemStatus(err)
+	return st, classOf(err) != memLength
+}

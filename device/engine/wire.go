@@ -1,8 +1,6 @@
 package engine
 
 import (
-	"net/netip"
-
 	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/roce"
 )
@@ -28,6 +26,9 @@ type packet struct {
 	orig     uint64
 	imm      uint32
 	invRKey  uint32 // IETH
+	destQP   uint32 // UD: the BTH destination QP (the WQE's remote QPN)
+	qkey     uint32 // DETH
+	srcQP    uint32 // DETH
 	payload  []byte
 }
 
@@ -52,6 +53,9 @@ func (p *packet) fill(pkt *roce.Packet) {
 	}
 	if pkt.IETH != nil {
 		p.invRKey = pkt.IETH.RKey()
+	}
+	if pkt.DETH != nil {
+		p.qkey, p.srcQP = pkt.DETH.QKey(), pkt.DETH.SrcQP()
 	}
 }
 
@@ -78,10 +82,7 @@ func (qp *QP) payload(buf []byte, op roce.Opcode, n int) []byte {
 // the link's address receives nothing: see worker.input.) The
 // destination port is 4791.
 func (qp *QP) setPath() {
-	cfg := &qp.w.e.cfg
 	qp.path = roce.Path{
-		Mode:    cfg.Mode,
-		SrcMAC:  cfg.MAC,
 		Src:     qp.attr.LocalAddr,
 		Dst:     qp.attr.RemoteAddr,
 		SrcPort: roce.UDPSrcPort(qp.qpn),
@@ -89,28 +90,38 @@ func (qp *QP) setPath() {
 		// DF as Linux rxe sets it: RoCE v2 packets are never fragmented.
 		DontFragment: true,
 	}
-	if cfg.Mode == roce.ModeUDP {
-		qp.path.Src, qp.path.SrcPort = cfg.Local.Addr(), cfg.Local.Port()
-		qp.path.DstPort = roce.UDPPort
+	qp.path.Mode, qp.path.SrcMAC = qp.w.e.cfg.Mode, qp.w.e.cfg.MAC
+	qp.peer = pathPeer(&qp.path, &qp.w.e.cfg)
+}
+
+// useAH makes a's path the QP's (UD: every WQE names its AH), with the
+// QP's own UDP source port (ModeEthernet), as rxe picks it for a UD QP.
+func (qp *QP) useAH(a *AH) {
+	if qp.ah == a {
+		return
 	}
-	if f := cfg.PathFixup; f != nil {
-		f(&qp.path)
+	qp.ah = a
+	qp.path = a.path
+	if qp.path.Mode != roce.ModeUDP {
+		qp.path.SrcPort = roce.UDPSrcPort(qp.qpn)
 	}
-	port := qp.path.DstPort
-	if port == 0 {
-		port = roce.UDPPort
-	}
-	qp.peer = netip.AddrPortFrom(qp.path.Dst.Unmap(), port)
+	qp.peer = a.peer
 }
 
 // txQueue builds o around the payload of n bytes already in buf (a
-// buffer txBuf returned) and queues the frame.
-func (w *worker) txQueue(qp *QP, buf []byte, o *packet, n int) {
+// buffer txBuf returned) and queues the frame; false if it could not be
+// built. A request of a UD or UC QP is reported to the QP once the link
+// took it (flush, sentThrough).
+func (w *worker) txQueue(qp *QP, buf []byte, o *packet, n int) bool {
 	h := &w.hdrs
 	*h = roce.Headers{BTH: roce.BTHFields{
 		Opcode: o.opcode, SE: o.se, PKey: pkeyDefault, DestQP: qp.attr.DestQPN, AckReq: o.ackReq, PSN: o.psn,
 	}}
 	info := o.opcode.Info()
+	if info.Has(roce.HdrDETH) {
+		h.BTH.DestQP = o.destQP
+		h.DETH = roce.DETHFields{QKey: o.qkey, SrcQP: qp.qpn}
+	}
 	if info.Has(roce.HdrRETH) {
 		h.RETH = roce.RETHFields{VA: o.va, RKey: o.rkey, DMALength: o.dmaLen}
 	}
@@ -128,13 +139,18 @@ func (w *worker) txQueue(qp *QP, buf []byte, o *packet, n int) {
 		// A bug, not a wire condition: count it; the packet is lost and
 		// the retry machinery reports it if it matters.
 		w.Counters.BuildErrors.Add(1)
-		return
+		return false
 	}
 	w.tx[w.txN] = buf[:len(frame)]
 	w.txTo[w.txN] = qp.peer
+	w.txUnrel[w.txN] = nil
+	if qp.unrel {
+		w.txUnrel[w.txN], w.txPSN[w.txN] = qp, o.psn
+	}
 	w.txN++
 	w.busy = true
 	qp.Counters.PacketsSent.Add(1)
+	return true
 }
 
 // txRepeat queues a copy of the frame txQueue queued last, if the batch
@@ -150,6 +166,7 @@ func (w *worker) txRepeat(qp *QP) {
 	b = b[:cap(b)]
 	w.tx[w.txN] = b[:copy(b, f)]
 	w.txTo[w.txN] = w.txTo[w.txN-1]
+	w.txUnrel[w.txN] = nil
 	w.txN++
 	qp.Counters.PacketsSent.Add(1)
 }

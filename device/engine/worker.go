@@ -112,6 +112,11 @@ type worker struct {
 	txTo   []netip.AddrPort
 	txN    int
 	busy   bool
+	// txUnrel[i], if set, is the UD or UC QP whose request tx[i] is, and
+	// txPSN[i] its PSN: flush reports it sent (QP.sentThrough) once the
+	// link took it.
+	txUnrel []*QP
+	txPSN   []uint32
 
 	// udp: the links carry UDP payloads (roce.ModeUDP), received on
 	// local (Config.Local).
@@ -125,6 +130,7 @@ type worker struct {
 	out  packet
 	hdrs roce.Headers
 	cqe  abi.CQE
+	grh  [roce.GRHLen]byte // of a UD receive
 
 	Counters WorkerCounters
 }
@@ -141,6 +147,8 @@ func newWorker(e *Engine, id int, l Link) *worker {
 		rxFrom:  make([]netip.AddrPort, e.cfg.Batch),
 		tx:      make([][]byte, e.cfg.Batch),
 		txTo:    make([]netip.AddrPort, e.cfg.Batch),
+		txUnrel: make([]*QP, e.cfg.Batch),
+		txPSN:   make([]uint32, e.cfg.Batch),
 		udp:     e.cfg.Mode == roce.ModeUDP,
 		local:   e.cfg.Local,
 	}
@@ -181,12 +189,29 @@ func (w *worker) flush() {
 		return
 	}
 	w.Counters.TxFrames.Add(uint64(n))
+	for i := range n {
+		if qp := w.txUnrel[i]; qp != nil {
+			w.txUnrel[i] = nil
+			qp.sentThrough(w.txPSN[i])
+		}
+	}
 	for i := 0; i < w.txN-n; i++ {
 		w.tx[i], w.tx[n+i] = w.tx[n+i], w.tx[i]
 		w.txTo[i] = w.txTo[n+i]
+		w.txUnrel[i], w.txPSN[i] = w.txUnrel[n+i], w.txPSN[n+i]
 	}
 	w.txN -= n
 	w.busy = true
+}
+
+// forgetTx drops qp from the queued frames' reports (RESET, destroy):
+// the frames still go out, nothing is completed for them.
+func (w *worker) forgetTx(qp *QP) {
+	for i := range w.txN {
+		if w.txUnrel[i] == qp {
+			w.txUnrel[i] = nil
+		}
+	}
 }
 
 // receive reads one batch of frames and runs them through the machines.
@@ -238,6 +263,10 @@ func (w *worker) input(frame []byte, from netip.AddrPort) {
 		w.Counters.UnknownQP.Add(1)
 		return
 	}
+	if qp.svc == roce.ServiceUD {
+		w.inputUD(qp, pkt, len(frame), from)
+		return
+	}
 	// DESIGN 5: RC packets are accepted only from the QP's peer (source
 	// = its destination GID, destination = its source GID), in the
 	// default partition. In ModeUDP the peer's port is known too: a
@@ -250,7 +279,7 @@ func (w *worker) input(frame []byte, from netip.AddrPort) {
 	} else if from.Port() != qp.peer.Port() {
 		src = netip.Addr{}
 	}
-	if pkt.Info.Service != roce.ServiceRC || pkt.BTH.PKey() != pkeyDefault ||
+	if pkt.Info.Service != qp.svc || pkt.BTH.PKey() != pkeyDefault ||
 		src.Unmap() != qp.attr.RemoteAddr.Unmap() || dst.Unmap() != qp.attr.LocalAddr.Unmap() {
 		w.Counters.BadPeer.Add(1)
 		return
@@ -258,6 +287,8 @@ func (w *worker) input(frame []byte, from netip.AddrPort) {
 	qp.Counters.PacketsReceived.Add(1)
 	w.in.fill(pkt)
 	switch {
+	case qp.unrel:
+		qp.ucRx(&w.in)
 	case pkt.Info.Is(roce.OpRequest):
 		qp.respRx(&w.in)
 	case pkt.Info.Is(roce.OpResponse):
@@ -269,12 +300,29 @@ func (w *worker) input(frame []byte, from netip.AddrPort) {
 
 // service runs the QP's output machines.
 func (w *worker) service(qp *QP) {
-	if qp.state == abi.QPSErr {
+	switch qp.state {
+	case abi.QPSErr:
 		qp.respOutput() // a fatal NAK may still be owed
 		if qp.head != qp.tail || qp.resp.rqeValid {
 			w.busy = true
 		}
 		qp.flush()
+		return
+	case abi.QPSSQE:
+		if qp.head != qp.tail {
+			w.busy = true
+		}
+		qp.flushSend()
+		return
+	}
+	if qp.unrel {
+		// Nothing to answer, no timers: send, complete what the link
+		// took (sentThrough may have marked WQEs done after the last
+		// service).
+		qp.reqStep()
+		if qp.state != abi.QPSErr && qp.state != abi.QPSSQE {
+			qp.advanceHead()
+		}
 		return
 	}
 	if !qp.respOutput() {
@@ -354,6 +402,7 @@ func (w *worker) apply(m *ctlMsg) {
 		}
 		w.timers.stop(&qp.retryTimer)
 		w.timers.stop(&qp.rnrTimer)
+		w.forgetTx(qp)
 		delete(w.qps, m.qpn)
 		for i, q := range w.list {
 			if q == qp {
