@@ -323,7 +323,22 @@ struct vrnic_resp_create_cq {
 	uint32_t db_index;       /* record index in the doorbell page */
 };
 
-/* QP types (IBV_QPT_*) */
+/* QP types (IBV_QPT_*).
+ *   RC: SEND (with immediate, with invalidate), RDMA WRITE (with immediate),
+ *       RDMA READ, atomics, LOCAL_INV; acknowledged, retried.
+ *   UC: SEND and RDMA WRITE (with and without immediate); no
+ *       acknowledgements: a send WR completes once its last packet left the
+ *       device. The receiver drops the rest of a message after a lost packet
+ *       (silently: nothing completes for it; a receive WR a dropped SEND had
+ *       taken is used by the next SEND) and resumes with the next message.
+ *   UD: SEND and SEND with immediate, one packet (at most the port's
+ *       active_mtu bytes) per message, each WR naming its destination (the
+ *       UD segment of struct vrnic_send_wqe). Receives get the GRH first
+ *       (VRNIC_GRH_LEN, struct vrnic_cqe). QP numbers 0 and 1 are never
+ *       handed out.
+ * A UD or UC QP whose send WR completes in error goes to SQE: later send WRs
+ * complete with VRNIC_WC_WR_FLUSH_ERR, receives go on, and MODIFY_QP
+ * SQE -> RTS resumes sending. An RC QP goes to ERR instead. */
 enum vrnic_qp_type {
 	VRNIC_QPT_RC = 2,
 	VRNIC_QPT_UC = 3,
@@ -515,7 +530,15 @@ struct vrnic_resp_query_srq {
 	uint32_t reserved;
 };
 
-/* CREATE_AH (for UD sends) */
+/* CREATE_AH (for UD sends). The AH is usable by the UD QPs of the same PD
+ * of this context. On a device whose link addresses peers by MAC (link type
+ * TAP) the daemon resolves the destination's MAC here (ARP or neighbour
+ * discovery, a few seconds at most) and fails with EHOSTUNREACH if it gets no
+ * answer, as ib_create_ah does on RoCE. On the other links any destination
+ * is accepted; sends to a GID nobody has complete successfully and are lost
+ * (UD is unreliable). hop_limit, traffic_class and flow_label go into the IP
+ * header on links whose frames the daemon builds (TAP); sl is not carried by
+ * RoCE without VLANs. */
 struct vrnic_cmd_create_ah {
 	uint32_t pd_handle;
 	uint32_t reserved;
@@ -573,10 +596,15 @@ struct vrnic_send_wqe {
 	/* remote address segment: RDMA WRITE/READ, atomics */
 	uint64_t remote_addr;
 	uint32_t rkey;
-	/* UD segment */
-	uint32_t remote_qpn;
-	uint32_t remote_qkey;
-	uint32_t ah_handle;
+	/* UD segment (UD QPs only; ignored otherwise) */
+	uint32_t remote_qpn;     /* destination QP, 24 bits */
+	uint32_t remote_qkey;    /* its Q_Key; bit 31 set: the sending QP's own
+	                          * Q_Key (IBTA 10.2.5) */
+	uint32_t ah_handle;      /* an AH of this context and the QP's PD: else
+	                          * VRNIC_WC_LOC_QP_OP_ERR (unknown handle) or
+	                          * VRNIC_WC_LOC_PROT_ERR (another PD); a message
+	                          * longer than the port's MTU completes with
+	                          * VRNIC_WC_LOC_LEN_ERR */
 	/* atomic segment */
 	uint64_t compare_add;    /* CMP_AND_SWP: compare; FETCH_AND_ADD: add */
 	uint64_t swap;
@@ -647,12 +675,27 @@ enum vrnic_wc_flags {
 	VRNIC_WC_WITH_INV     = 1u << 3,
 };
 
+/* UD receives: the receive buffer starts with VRNIC_GRH_LEN bytes of Global
+ * Route Header, then the payload; byte_len counts both, wc_flags has
+ * VRNIC_WC_GRH and src_qp is the sender's QP. RoCE v2 carries the GRH as the
+ * IP header, and the 40 bytes hold it as Linux writes them: over IPv6 the
+ * packet's IPv6 header; over IPv4 20 zero bytes, then the packet's 20-byte
+ * IPv4 header (with a valid header checksum, which is how ibverbs'
+ * ibv_create_ah_from_wc tells the two apart). On the UDP link the kernel
+ * consumed the IP header: the daemon writes one with the packet's addresses
+ * and length and TTL/hop limit 64, traffic class 0, flow label 0,
+ * identification 0, don't fragment. A UD (or UC) message longer than the
+ * receive buffers completes with VRNIC_WC_LOC_LEN_ERR and the QP goes on. A
+ * UD packet with another Q_Key than the QP's, or arriving with no receive
+ * WR posted, is dropped (UD has no RNR) and counted. */
+#define VRNIC_GRH_LEN 40u
+
 struct vrnic_cqe {
 	uint64_t wr_id;
 	uint32_t byte_len;
 	uint32_t imm_or_inv;     /* WITH_IMM: imm_data; WITH_INV: invalidated rkey */
 	uint32_t qp_num;
-	uint32_t src_qp;         /* UD receives */
+	uint32_t src_qp;         /* UD receives: the sender's QP number */
 	uint8_t  status;         /* enum vrnic_wc_status */
 	uint8_t  opcode;         /* enum vrnic_wc_opcode (low 8 bits; RECV=128) */
 	uint8_t  wc_flags;       /* enum vrnic_wc_flags */
