@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vrnic/vrnic/capture"
+	"github.com/vrnic/vrnic/internal/launch"
 	"github.com/vrnic/vrnic/internal/testenv"
 	"github.com/vrnic/vrnic/roce"
 )
@@ -33,8 +34,8 @@ func TestCaptureFromDaemon(t *testing.T) {
 	const frames = 12
 	file := filepath.Join(t.TempDir(), "a.pcapng")
 	ctl := exec.Command(filepath.Join(bin, "vrnicctl"), "-s", a.socket, "-w", file, "-c", "12", "-t", "30s", "capture")
-	var ctlErr bytes.Buffer
-	ctl.Stderr = &ctlErr
+	ctlErr := &launch.Buffer{} // written by exec's copying goroutine
+	ctl.Stderr = ctlErr
 	require.NoError(t, ctl.Start())
 	t.Cleanup(func() {
 		if ctl.ProcessState == nil {
@@ -43,7 +44,7 @@ func TestCaptureFromDaemon(t *testing.T) {
 		}
 	})
 	require.Eventually(t, func() bool { return strings.Contains(a.logs.String(), "capture started") },
-		10*time.Second, 5*time.Millisecond, "the capture did not start: %s", ctlErr.String())
+		10*time.Second, 5*time.Millisecond, "the capture did not start")
 
 	run := exec.Command(cl, a.socket, b.socket)
 	out, err = run.CombinedOutput()
