@@ -45,11 +45,11 @@ type QP1 struct {
 	ahs   engine.AHTable
 
 	mu      sync.Mutex
-	free    []uint32 // free send slots
-	sendQ   []uint32 // send slots posted, not yet taken by the worker
+	free    []uint32         // free send slots
+	sendQ   []uint32         // send slots posted, not yet taken by the worker
 	sendTo  [qp1Slots]uint32 // AH handle of each send slot
-	recvQ   []uint32 // recv slots posted
-	rxQ     []uint32 // recv slots completed, waiting for run
+	recvQ   []uint32         // recv slots posted
+	rxQ     []uint32         // recv slots completed, waiting for run
 	ahByGID map[netip.Addr]uint32
 	nextAH  uint32
 	agents  map[uint8]func(src [16]byte, mad []byte)
