@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/device/engine"
 	"github.com/vrnic/vrnic/roce"
 )
@@ -148,6 +149,13 @@ func (q *QP1) Close() {
 	close(q.stop)
 	<-q.done
 	<-q.eng.DestroyQP(qp1QPN)
+}
+
+// Stats returns QP1's counters.
+func (q *QP1) Stats() admin.QP1Stats {
+	c := &q.Counters
+	return admin.QP1Stats{Sent: c.Sent.Load(), SendErrors: c.SendErrors.Load(), SendDropped: c.SendDropped.Load(),
+		Received: c.Received.Load(), Dropped: c.Dropped.Load(), RecvErrors: c.RecvErrors.Load()}
 }
 
 // RegisterAgent makes h receive every MAD of management class class, with
