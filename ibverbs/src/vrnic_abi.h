@@ -265,15 +265,19 @@ struct vrnic_cmd_cm_listen {
 
 /* CM_CONNECT. No reply struct. Sends the REQ (RC, UC) or the SIDR_REQ
  * (UD) to the CM of the port with GID dgid. The REQ carries the QP's
- * number, starting_psn (the first PSN the QP will send: the peer's RQ PSN),
+ * number, starting_psn (the first PSN this QP expects to receive: its RQ
+ * PSN, the peer's SQ PSN; each side announces its own, and the peer's
+ * becomes this side's sq_psn in the RTS attributes),
  * the path (the device's GID sgid_index, dgid, hop_limit, traffic_class,
  * flow_label, path_mtu: 0 means the port's active MTU), responder
  * resources, initiator depth, retry_count, rnr_retry_count, srq and
  * private data (REQ: at most 92 bytes, SIDR_REQ 216; librdmacm puts a
  * cma_hdr first). cm_response_timeout is the CM response timeout exponent
  * (4.096 us * 2^t; 0: 20, rdma_cm's), max_cm_retries the REQ's retries
- * (0: 15); the REQ waits 2 * 4.096 us * 2^18 + 4.096 us * 2^t per attempt
- * (a SIDR_REQ: 4.096 us * 2^t). */
+ * (0: 15); with the packet life time of 16 rdma_cm uses on RoCE, a REQ
+ * waits 2 * 2^(16-8) ms + 2^max(t-8,0) ms per attempt (a SIDR_REQ
+ * 2^max(t-8,0) ms), and the peer is unreachable after max_cm_retries + 1
+ * attempts. */
 struct vrnic_cmd_cm_connect {
 	uint32_t cm_id;
 	uint32_t qpn;                 /* RC, UC: the local QP; UD: ignored */
@@ -298,7 +302,8 @@ struct vrnic_cmd_cm_connect {
 };
 
 /* CM_ACCEPT. No reply struct. For a CONNECT_REQUEST's CM ID: sends the
- * REP with the QP's number, starting_psn (the first PSN it will send),
+ * REP with the QP's number, starting_psn (the first PSN it expects to
+ * receive: the rq_psn it moves its QP to RTR with),
  * responder resources, initiator depth, rnr_retry_count, srq and private
  * data (at most 196 bytes). For a UD ID: the SIDR_REP, status 0, with qpn
  * and qkey (private data at most 136 bytes). */
@@ -388,9 +393,11 @@ enum vrnic_cm_event_type {   /* VRNIC_CM_EVENT_BASE + enum rdma_cm_event_type */
  * an event are 0. peer_* are the peer's values from the message the
  * event reports (CONNECT_REQUEST: the REQ or SIDR_REQ; CONNECT_RESPONSE:
  * the REP or SIDR_REP). qp_attr holds the attributes of the ID's QP for
- * RTR and RTS (CONNECT_REQUEST of RC/UC: INIT and RTR with rq_psn = the
- * REQ's starting PSN, sq_psn 0: the passive side picks its own and passes
- * it to CM_ACCEPT; CONNECT_RESPONSE: INIT, RTR and RTS, all set); its
+ * RTR and RTS (CONNECT_REQUEST of RC/UC: INIT and RTR, with rq_psn 0:
+ * the passive side picks its receive PSN, moves to RTR with it and passes
+ * it to CM_ACCEPT; after CM_ACCEPT, CM_INIT_QP_ATTR gives RTR and RTS
+ * complete, sq_psn being the REQ's starting PSN; CONNECT_RESPONSE: INIT,
+ * RTR and RTS, all set); its
  * attr_mask says which are set. private_data_len is the message's whole
  * private data field (the wire carries no length). */
 struct vrnic_cm_event {
