@@ -212,7 +212,9 @@ func TestCMConnectTwoDaemons(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, cid.Connect(verbs.ConnectParams{QPN: cli.qp.QPN, StartingPSN: 1, ServiceID: testService, DGID: gidA}))
 	req = nextCM(t, srv, abi.CMEventConnectRequest)
-	require.NoError(t, srv.c.CMIDFromEvent(&req).Reject([]byte("go away")))
+	rid := srv.c.CMIDFromEvent(&req)
+	require.NoError(t, rid.Reject([]byte("go away")))
+	require.NoError(t, rid.Destroy())
 	rej := nextCM(t, cli, abi.CMEventRejected)
 	assert.Equal(t, uint32(cm.RejectConsumerDefined), rej.Status)
 	assert.Equal(t, "go away", string(rej.Private()[:7]))
@@ -239,4 +241,11 @@ func TestCMConnectTwoDaemons(t *testing.T) {
 	assert.Less(t, time.Since(start), 5*time.Second)
 	require.NoError(t, cid.Destroy())
 	assert.NotZero(t, cmInfo(t, sockB).Retransmissions)
+
+	// Nothing is left but the listener.
+	require.NoError(t, lid.Destroy())
+	assert.Eventually(t, func() bool {
+		a, b := cmInfo(t, sockA), cmInfo(t, sockB)
+		return a.Connections == 0 && b.Connections == 0 && a.Total == 0 && b.Total == 0
+	}, 5*time.Second, 20*time.Millisecond)
 }
