@@ -7,7 +7,7 @@ import "strconv"
 // ABI version (VRNIC_ABI_VERSION_*).
 const (
 	VersionMajor = 1
-	VersionMinor = 1
+	VersionMinor = 2
 	Version      = VersionMajor<<16 | VersionMinor
 )
 
@@ -306,6 +306,9 @@ var cmdNames = [...]string{
 	CmdCreateSRQ: "CREATE_SRQ", CmdModifySRQ: "MODIFY_SRQ", CmdDestroySRQ: "DESTROY_SRQ",
 	CmdCreateAH: "CREATE_AH", CmdDestroyAH: "DESTROY_AH", CmdQuerySRQ: "QUERY_SRQ",
 	CmdOpenEvents: "OPEN_EVENTS",
+	CmdCMCreateID: "CM_CREATE_ID", CmdCMDestroyID: "CM_DESTROY_ID", CmdCMListen: "CM_LISTEN",
+	CmdCMConnect: "CM_CONNECT", CmdCMAccept: "CM_ACCEPT", CmdCMReject: "CM_REJECT",
+	CmdCMEstablish: "CM_ESTABLISH", CmdCMDisconnect: "CM_DISCONNECT", CmdCMInitQPAttr: "CM_INIT_QP_ATTR",
 }
 
 // String returns the command name without the VRNIC_CMD_ prefix.

@@ -58,7 +58,7 @@
 /* ABI version: OPEN_CONTEXT fails with EPROTO unless the major matches and
  * the client's minor is <= the daemon's. */
 #define VRNIC_ABI_VERSION_MAJOR 1
-#define VRNIC_ABI_VERSION_MINOR 1
+#define VRNIC_ABI_VERSION_MINOR 2
 #define VRNIC_ABI_VERSION ((VRNIC_ABI_VERSION_MAJOR << 16) | VRNIC_ABI_VERSION_MINOR)
 
 /* ------------------------------------------------------------------------
@@ -124,6 +124,16 @@ enum vrnic_cmd {
 	VRNIC_CMD_DESTROY_AH      = 21,
 	VRNIC_CMD_QUERY_SRQ       = 22,
 	VRNIC_CMD_OPEN_EVENTS     = 23, /* ABI 1.1; reply: 1 fd, the event socket */
+	/* Communication manager, ABI 1.2 (see "Communication manager" below) */
+	VRNIC_CMD_CM_CREATE_ID    = 24,
+	VRNIC_CMD_CM_DESTROY_ID   = 25,
+	VRNIC_CMD_CM_LISTEN       = 26,
+	VRNIC_CMD_CM_CONNECT      = 27,
+	VRNIC_CMD_CM_ACCEPT       = 28,
+	VRNIC_CMD_CM_REJECT       = 29,
+	VRNIC_CMD_CM_ESTABLISH    = 30,
+	VRNIC_CMD_CM_DISCONNECT   = 31,
+	VRNIC_CMD_CM_INIT_QP_ATTR = 32,
 	/* 0x100..0x1ff: operator commands (vrnicctl); 0x200..0x2ff: fault
 	 * injection. Their structs are defined with the features. */
 	VRNIC_CMD_ADMIN_BASE      = 0x100,
@@ -168,6 +178,250 @@ struct vrnic_async_event {
 	uint32_t reserved;
 	uint64_t element;        /* see enum vrnic_event_type */
 };
+
+/* ------------------------------------------------------------------------
+ * Communication manager (ABI 1.2)
+ *
+ * The daemon runs the InfiniBand CM (IBTA vol. 1 ch. 12) on its own QP1
+ * (a UD QP numbered 1, P_Key 0xFFFF, Q_Key 0x80010000) and carries its
+ * MADs for the client, as the kernel's ucma does for librdmacm. The
+ * client keeps its QPs: it moves them to INIT, RTR and RTS itself
+ * (MODIFY_QP) with the attributes CM_INIT_QP_ATTR (or the event) gives,
+ * exactly as librdmacm does with rdma_init_qp_attr; the daemon never
+ * modifies a client's QP.
+ *
+ * A CM ID (an rdma_cm_id) is a handle of the context (its own handle
+ * space, not the verbs objects'; 0 is never used) and goes with it: when
+ * the context closes, each of its connections is ended as rdma_destroy_id
+ * ends it (a handshake in progress is rejected, an established connection
+ * gets a DREQ) and its listeners stop. Every command fails with ENOENT for
+ * a CM ID the context does not own; a command the ID's state does not
+ * allow fails with EINVAL.
+ *
+ * Active side:  CM_CREATE_ID, CM_CONNECT -> event CONNECT_RESPONSE (the
+ *   REP: RTR and RTS the QP from the event's qp_attr, then CM_ESTABLISH,
+ *   which sends the RTU) -> ESTABLISHED; or REJECTED / UNREACHABLE.
+ * Passive side: CM_CREATE_ID, CM_LISTEN -> event CONNECT_REQUEST on a new
+ *   CM ID (cm_id; listen_id is the listener): INIT and RTR the QP, then
+ *   CM_ACCEPT (REP) or CM_REJECT -> ESTABLISHED when the RTU arrives (or
+ *   when the client says the QP received something: CM_ESTABLISH).
+ * Either side: CM_DISCONNECT (DREQ; or, after a DISCONNECTED event for a
+ *   DREQ received, the DREP) -> DISCONNECTED -> TIMEWAIT_EXIT.
+ * UD (SIDR): CM_CREATE_ID with VRNIC_QPT_UD, CM_CONNECT sends a SIDR_REQ
+ *   -> CONNECT_RESPONSE with status 0 (peer_qpn, peer_qkey) or
+ *   UNREACHABLE (status: the SIDR status, or ETIMEDOUT); a listening UD
+ *   ID gets CONNECT_REQUEST and answers with CM_ACCEPT (qpn, qkey: a
+ *   SIDR_REP of status 0) or CM_REJECT (status 2, rejected).
+ *
+ * Events travel on the context's event socket (OPEN_EVENTS), which must
+ * be open before CM_LISTEN or CM_CONNECT (else EINVAL). A CM event is one
+ * datagram holding a struct vrnic_cm_event; its first four bytes are the
+ * event type, as in struct vrnic_async_event, and CM event types are
+ * VRNIC_CM_EVENT_BASE (0x100) + enum rdma_cm_event_type, distinct from
+ * every enum vrnic_event_type value. A reader that may see CM events
+ * reads with a buffer of at least sizeof(struct vrnic_cm_event) and tells
+ * the two apart by the type (or the datagram's length: 16 bytes for
+ * struct vrnic_async_event). Only a context that created a CM ID gets CM
+ * events. The daemon never waits on the socket: a CM event that does not
+ * fit is dropped and counted (async_events_dropped); the connection's
+ * timers go on (a lost CONNECT_REQUEST ends in a timeout at the peer).
+ * ------------------------------------------------------------------------ */
+
+#define VRNIC_CM_MAX_PRIVATE_DATA 224 /* bytes of private_data below */
+/* Largest private data per message (IBTA 12.6): what the peer sees. */
+#define VRNIC_CM_REQ_PRIVATE_DATA      92
+#define VRNIC_CM_REP_PRIVATE_DATA      196
+#define VRNIC_CM_REJ_PRIVATE_DATA      148
+#define VRNIC_CM_DREQ_PRIVATE_DATA     220
+#define VRNIC_CM_SIDR_REQ_PRIVATE_DATA 216
+#define VRNIC_CM_SIDR_REP_PRIVATE_DATA 136
+
+/* CM_CREATE_ID. Reply: struct vrnic_resp_cm_id. */
+struct vrnic_cmd_cm_create_id {
+	uint32_t qp_type;        /* enum vrnic_qp_type of the QP it will connect: RC, UC or UD (SIDR) */
+	uint32_t reserved;
+};
+
+struct vrnic_resp_cm_id {
+	uint32_t cm_id;          /* the new CM ID, never 0 */
+	uint32_t reserved;
+};
+
+/* CM_DESTROY_ID: struct vrnic_cmd_handle (handle: the CM ID). No reply
+ * struct. Ends the ID's connection as the context's close does; no event
+ * is reported for it afterwards. */
+
+/* CM_LISTEN. No reply struct. Connection requests (REQ; SIDR_REQ for a
+ * UD ID) for service_id raise CONNECT_REQUEST on a new CM ID. At most
+ * backlog requests wait for CM_ACCEPT or CM_REJECT at a time (0: 128);
+ * beyond that a request is rejected (REJ no resources; SIDR status 2). One
+ * listener per service ID per daemon (EADDRINUSE). service_id is
+ * rdma_cm's (port space << 16 | port: 0x0106xxxx for TCP). */
+struct vrnic_cmd_cm_listen {
+	uint32_t cm_id;
+	uint32_t backlog;
+	uint64_t service_id;
+};
+
+/* CM_CONNECT. No reply struct. Sends the REQ (RC, UC) or the SIDR_REQ
+ * (UD) to the CM of the port with GID dgid. The REQ carries the QP's
+ * number, starting_psn (the first PSN this QP expects to receive: its RQ
+ * PSN, the peer's SQ PSN; each side announces its own, and the peer's
+ * becomes this side's sq_psn in the RTS attributes),
+ * the path (the device's GID sgid_index, dgid, hop_limit, traffic_class,
+ * flow_label, path_mtu: 0 means the port's active MTU), responder
+ * resources, initiator depth, retry_count, rnr_retry_count, srq and
+ * private data (REQ: at most 92 bytes, SIDR_REQ 216; librdmacm puts a
+ * cma_hdr first). cm_response_timeout is the CM response timeout exponent
+ * (4.096 us * 2^t; 0: 20, rdma_cm's), max_cm_retries the REQ's retries
+ * (0: 15); with the packet life time of 16 rdma_cm uses on RoCE, a REQ
+ * waits 2 * 2^(16-8) ms + 2^max(t-8,0) ms per attempt (a SIDR_REQ
+ * 2^max(t-8,0) ms), and the peer is unreachable after max_cm_retries + 1
+ * attempts. */
+struct vrnic_cmd_cm_connect {
+	uint32_t cm_id;
+	uint32_t qpn;                 /* RC, UC: the local QP; UD: ignored */
+	uint32_t starting_psn;        /* 24 bits */
+	uint32_t flow_label;          /* 20 bits */
+	uint64_t service_id;
+	uint8_t  dgid[16];
+	uint8_t  sgid_index;
+	uint8_t  hop_limit;           /* 0: 64 */
+	uint8_t  traffic_class;
+	uint8_t  path_mtu;            /* enum vrnic_mtu; 0: the port's */
+	uint8_t  responder_resources;
+	uint8_t  initiator_depth;
+	uint8_t  retry_count;         /* 0..7 */
+	uint8_t  rnr_retry_count;     /* 0..7 */
+	uint8_t  srq;                 /* 1: the QP has an SRQ */
+	uint8_t  cm_response_timeout; /* 0..31; 0: 20 */
+	uint8_t  max_cm_retries;      /* 0..15; 0: 15 */
+	uint8_t  private_data_len;
+	uint8_t  private_data[VRNIC_CM_MAX_PRIVATE_DATA];
+	uint8_t  reserved[4];
+};
+
+/* CM_ACCEPT. No reply struct. For a CONNECT_REQUEST's CM ID: sends the
+ * REP with the QP's number, starting_psn (the first PSN it expects to
+ * receive: the rq_psn it moves its QP to RTR with),
+ * responder resources, initiator depth, rnr_retry_count, srq and private
+ * data (at most 196 bytes). For a UD ID: the SIDR_REP, status 0, with qpn
+ * and qkey (private data at most 136 bytes). */
+struct vrnic_cmd_cm_accept {
+	uint32_t cm_id;
+	uint32_t qpn;
+	uint32_t starting_psn;
+	uint32_t qkey;                /* UD only */
+	uint8_t  responder_resources;
+	uint8_t  initiator_depth;
+	uint8_t  rnr_retry_count;
+	uint8_t  srq;
+	uint8_t  reserved[3];
+	uint8_t  private_data_len;
+	uint8_t  private_data[VRNIC_CM_MAX_PRIVATE_DATA];
+};
+
+/* CM_REJECT (a CONNECT_REQUEST, or a CONNECT_RESPONSE not yet answered):
+ * the REJ, reason 28 (consumer defined) with the private data (at most
+ * 148 bytes); a UD ID's SIDR_REP, status 2. CM_DISCONNECT: the DREQ (at
+ * most 220 bytes) of an established connection, or the DREP answering a
+ * DREQ received (DISCONNECTED with status 0 reported it). No reply
+ * struct. */
+struct vrnic_cmd_cm_private {
+	uint32_t cm_id;
+	uint8_t  reserved[3];
+	uint8_t  private_data_len;
+	uint8_t  private_data[VRNIC_CM_MAX_PRIVATE_DATA];
+};
+
+/* CM_ESTABLISH: struct vrnic_cmd_handle (handle: the CM ID). No reply
+ * struct. Active side, after CONNECT_RESPONSE: sends the RTU (the
+ * connection is ESTABLISHED; the event follows). Passive side, after
+ * CM_ACCEPT: the QP received a packet before the RTU arrived (IBTA
+ * 12.9.8.4; ib_cm_notify IB_EVENT_COMM_EST). */
+
+/* CM_INIT_QP_ATTR: struct vrnic_cmd_cm_init_qp_attr. Reply: struct
+ * vrnic_cm_qp_attr, the attributes MODIFY_QP needs to move the ID's QP to
+ * qp_state (INIT, RTR or RTS), what rdma_init_qp_attr returns:
+ * attr_mask says which fields are set (enum vrnic_qp_attr_mask bits;
+ * VRNIC_QP_STATE is always set). RTR and RTS need the peer's QPN (after
+ * CONNECT_REQUEST on the passive side, CONNECT_RESPONSE on the active
+ * side; else EINVAL). */
+struct vrnic_cmd_cm_init_qp_attr {
+	uint32_t cm_id;
+	uint32_t qp_state;       /* enum vrnic_qp_state: INIT, RTR or RTS */
+};
+
+struct vrnic_cm_qp_attr {
+	uint32_t attr_mask;          /* enum vrnic_qp_attr_mask: the fields set */
+	uint32_t qp_state;           /* enum vrnic_qp_state */
+	uint32_t qp_access_flags;    /* INIT: enum vrnic_access (remote bits) */
+	uint32_t path_mtu;           /* RTR: enum vrnic_mtu */
+	uint32_t dest_qp_num;        /* RTR */
+	uint32_t rq_psn;             /* RTR */
+	uint32_t sq_psn;             /* RTS */
+	uint32_t flow_label;         /* RTR: ah_attr.grh.flow_label */
+	uint8_t  dgid[16];           /* RTR: ah_attr.grh.dgid */
+	uint8_t  sgid_index;         /* RTR: ah_attr.grh.sgid_index */
+	uint8_t  hop_limit;          /* RTR: ah_attr.grh.hop_limit */
+	uint8_t  traffic_class;      /* RTR: ah_attr.grh.traffic_class */
+	uint8_t  sl;                 /* RTR: ah_attr.sl */
+	uint8_t  max_dest_rd_atomic; /* RTR, RC */
+	uint8_t  min_rnr_timer;      /* RTR, RC */
+	uint8_t  timeout;            /* RTS: local ACK timeout exponent */
+	uint8_t  retry_cnt;          /* RTS, RC */
+	uint8_t  rnr_retry;          /* RTS, RC */
+	uint8_t  max_rd_atomic;      /* RTS, RC */
+	uint8_t  port_num;           /* INIT: 1 */
+	uint8_t  reserved;
+	uint16_t pkey_index;         /* INIT: 0 (P_Key 0xFFFF) */
+	uint16_t reserved2;
+};
+
+enum vrnic_cm_event_type {   /* VRNIC_CM_EVENT_BASE + enum rdma_cm_event_type */
+	VRNIC_CM_EVENT_BASE             = 0x100,
+	VRNIC_CM_EVENT_CONNECT_REQUEST  = 0x104, /* passive: a REQ (SIDR_REQ) on a listener; cm_id is new */
+	VRNIC_CM_EVENT_CONNECT_RESPONSE = 0x105, /* active: the REP (RTR/RTS, then CM_ESTABLISH); UD: the SIDR_REP */
+	VRNIC_CM_EVENT_UNREACHABLE      = 0x107, /* no answer after the retries (status ETIMEDOUT), or a SIDR_REP status != 0 (status) */
+	VRNIC_CM_EVENT_REJECTED         = 0x108, /* a REJ: status = reason (28: by the peer's consumer), private data */
+	VRNIC_CM_EVENT_ESTABLISHED      = 0x109,
+	VRNIC_CM_EVENT_DISCONNECTED     = 0x10a, /* status 0: the peer's DREQ (answer with CM_DISCONNECT); 1: the DREP to ours; 2: ours timed out */
+	VRNIC_CM_EVENT_TIMEWAIT_EXIT    = 0x10f, /* the connection is gone; the QP may be reused */
+};
+
+/* One datagram on the event socket per CM event. Fields not listed for
+ * an event are 0. peer_* are the peer's values from the message the
+ * event reports (CONNECT_REQUEST: the REQ or SIDR_REQ; CONNECT_RESPONSE:
+ * the REP or SIDR_REP). qp_attr holds the attributes of the ID's QP for
+ * RTR and RTS (CONNECT_REQUEST of RC/UC: INIT and RTR, with rq_psn 0:
+ * the passive side picks its receive PSN, moves to RTR with it and passes
+ * it to CM_ACCEPT; after CM_ACCEPT, CM_INIT_QP_ATTR gives RTR and RTS
+ * complete, sq_psn being the REQ's starting PSN; CONNECT_RESPONSE: INIT,
+ * RTR and RTS, all set); its
+ * attr_mask says which are set. private_data_len is the message's whole
+ * private data field (the wire carries no length). */
+struct vrnic_cm_event {
+	uint32_t event_type;          /* enum vrnic_cm_event_type */
+	uint32_t cm_id;
+	uint32_t listen_id;           /* CONNECT_REQUEST: the listening ID */
+	uint32_t status;              /* see enum vrnic_cm_event_type (errno values positive) */
+	uint64_t service_id;
+	uint8_t  peer_gid[16];        /* the peer port's GID */
+	uint32_t peer_qpn;
+	uint32_t peer_psn;            /* the peer's starting PSN */
+	uint32_t peer_qkey;           /* SIDR_REP */
+	uint8_t  responder_resources; /* the peer's */
+	uint8_t  initiator_depth;     /* the peer's */
+	uint8_t  retry_count;         /* REQ */
+	uint8_t  rnr_retry_count;
+	uint8_t  srq;                 /* the peer's QP has an SRQ */
+	uint8_t  qp_type;             /* enum vrnic_qp_type */
+	uint8_t  private_data_len;
+	uint8_t  reserved;
+	struct vrnic_cm_qp_attr qp_attr;
+	uint8_t  private_data[VRNIC_CM_MAX_PRIVATE_DATA];
+	uint8_t  reserved2[4];
+};                                    /* 352 bytes */
 
 /* QUERY_DEVICE: no command struct. Reply: */
 struct vrnic_device_attr {

@@ -37,6 +37,9 @@ const (
 	// the capture ends (its count or duration reached, or the reader
 	// closes it).
 	CaptureCmd = abi.CmdAdminBase + 10
+	// CMCmd lists the communication manager's CM IDs and its QP1 and
+	// MAD counters (Request: Start pages through the IDs; reply CMInfo).
+	CMCmd = abi.CmdAdminBase + 11
 )
 
 // Request is the JSON payload of an operator list command.
@@ -265,4 +268,47 @@ func (c *QPCounters) Add(o QPCounters) {
 		f := dst.Field(i)
 		f.SetUint(f.Uint() + src.Field(i).Uint())
 	}
+}
+
+// CMInfo is the JSON reply of CMCmd: the device's communication manager.
+// IDs holds the CM IDs from Request.Start on (as many as fit one reply);
+// Next, when not 0, is the Start of the rest.
+type CMInfo struct {
+	Enabled         bool       `json:"enabled"` // the device has QP1 and a CM
+	QP1             QP1Stats   `json:"qp1"`
+	MADsSent        uint64     `json:"mads_sent"`       // CM MADs sent, first transmissions and answers
+	Retransmissions uint64     `json:"retransmissions"` // CM MADs sent again after a timeout
+	MADsReceived    uint64     `json:"mads_received"`   // CM MADs decoded
+	Duplicates      uint64     `json:"duplicates"`      // received and recognised as repeats
+	Invalid         uint64     `json:"invalid"`         // malformed or unsupported CM MADs
+	Unmatched       uint64     `json:"unmatched"`       // CM MADs for no known connection
+	Connections     int        `json:"connections"`     // connections the CM IDs hold
+	Total           int        `json:"total"`           // CM IDs
+	Next            int        `json:"next,omitempty"`
+	IDs             []CMIDInfo `json:"ids"`
+}
+
+// QP1Stats are the counters of the device's QP1.
+type QP1Stats struct {
+	Sent        uint64 `json:"sent"`         // MADs handed to the transport
+	SendErrors  uint64 `json:"send_errors"`  // MADs whose send failed
+	SendDropped uint64 `json:"send_dropped"` // MADs refused: send queue full, no route
+	Received    uint64 `json:"received"`     // MADs received and given to an agent
+	Dropped     uint64 `json:"dropped"`      // MADs received and dropped: no agent for the class, malformed
+	RecvErrors  uint64 `json:"recv_errors"`  // receive completions with an error
+}
+
+// CMIDInfo is one CM ID in CMInfo.
+type CMIDInfo struct {
+	Ctx       uint32 `json:"ctx"`
+	ID        uint32 `json:"id"`
+	QPType    string `json:"qp_type"`
+	Role      string `json:"role"` // listen, active, passive, idle
+	ServiceID uint64 `json:"service_id"`
+	Backlog   int    `json:"backlog,omitempty"`
+	Pending   int    `json:"pending,omitempty"` // requests not yet answered (listen)
+	Conn      uint32 `json:"conn,omitempty"`    // local communication ID
+	State     string `json:"state,omitempty"`   // the connection's CM state
+	Peer      string `json:"peer,omitempty"`
+	LastEvent string `json:"last_event,omitempty"`
 }

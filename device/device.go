@@ -82,6 +82,10 @@ type Config struct {
 	// frames written as pcapng to w (which it closes when the capture
 	// ends): admin.CaptureCmd. Nil: the device has no capture.
 	Capture func(w io.WriteCloser, req admin.CaptureRequest) error
+	// GSI is the device's QP1 (dataplane.QP1): with it the device runs
+	// the communication manager (cm.go) and serves the CM commands; nil:
+	// they fail with EOPNOTSUPP.
+	GSI GSI
 }
 
 // DeviceCounters are the device's control-path counters.
@@ -150,6 +154,8 @@ type Device struct {
 	// accounts holds the connections and contexts of each uid
 	// (accounts.go).
 	accounts map[uint32]*account
+
+	cm *cmState // nil without Config.GSI
 
 	euid     uint32        // the daemon's effective uid: an operator
 	done     chan struct{} // closed by Close
@@ -222,6 +228,13 @@ func New(cfg Config) (*Device, error) {
 		accounts: make(map[uint32]*account),
 		euid:     uint32(os.Geteuid()),
 		done:     make(chan struct{}),
+	}
+	if cfg.GSI != nil {
+		s, err := newCMState(d, cfg.GSI)
+		if err != nil {
+			return nil, err
+		}
+		d.cm = s
 	}
 	return d, nil
 }
@@ -331,6 +344,9 @@ func (d *Device) Close() error {
 	}
 	d.mu.Unlock()
 	d.wg.Wait()
+	if d.cm != nil {
+		d.cm.close()
+	}
 	d.log.Info("device closed")
 	return nil
 }

@@ -55,6 +55,20 @@ func (s *eventSink) post(t abi.EventType, element uint64) {
 	s.d.counters.AsyncEvents.Add(1)
 }
 
+// postBytes sends one datagram (a CM event); it never blocks.
+func (s *eventSink) postBytes(b []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fd < 0 {
+		return
+	}
+	if err := unix.Send(s.fd, b, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL); err != nil {
+		s.d.counters.AsyncEventsDropped.Add(1)
+		return
+	}
+	s.d.counters.AsyncEvents.Add(1)
+}
+
 func (s *eventSink) close() {
 	s.mu.Lock()
 	defer s.mu.Unlock()

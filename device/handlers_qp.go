@@ -440,6 +440,7 @@ func (d *Device) freeAH(cx *Context, a *AH) {
 // order, and closes its doorbell page. Called when the connection ends
 // (client exit or death) and at shutdown.
 func (d *Device) releaseContextLocked(cx *Context, why string) {
+	d.releaseCM(cx)
 	cx.closeEvents()
 	for _, q := range cx.qps {
 		d.freeQP(cx, q)

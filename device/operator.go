@@ -29,6 +29,7 @@ var adminTable = map[abi.Cmd]func(d *Device) []any{
 	admin.HostMemCmd:  (*Device).listHostMem,
 	admin.AccountsCmd: (*Device).listAccounts,
 	admin.CaptureCmd:  nil, // served by capture
+	admin.CMCmd:       nil, // served by cmInfo
 }
 
 // adminReplyBudget keeps a list reply inside one datagram.
@@ -58,6 +59,9 @@ func (cn *conn) admin(r *request) (reply, error) {
 		if req.Start < 0 {
 			return reply{}, errorf(errInval, "operator request: negative start")
 		}
+	}
+	if r.hdr.Opcode == admin.CMCmd {
+		return d.cmReply(req.Start)
 	}
 	list := adminTable[r.hdr.Opcode]
 	if list == nil {

@@ -49,6 +49,10 @@ type Context struct {
 	// nil until the client asks for it (events.go).
 	events   atomic.Pointer[eventSink]
 	deferred []func()
+
+	// cmIDs are the context's CM IDs (cm.go), guarded by cmState.mu.
+	cmIDs    map[uint32]*cmID
+	nextCMID uint32
 }
 
 // newHandle returns a handle not used by any object of the context (all

@@ -106,6 +106,15 @@ func init() {
 		abi.CmdDestroySRQ:    {handle, 0, 0, true, (*conn).destroySRQ},
 		abi.CmdCreateAH:      {sz(&abi.CmdCreateAHReq{}), 0, 0, true, (*conn).createAH},
 		abi.CmdDestroyAH:     {handle, 0, 0, true, (*conn).destroyAH},
+		abi.CmdCMCreateID:    {sz(&abi.CmdCMCreateIDReq{}), 0, 0, true, (*conn).cmCreateID},
+		abi.CmdCMDestroyID:   {handle, 0, 0, true, (*conn).cmDestroyID},
+		abi.CmdCMListen:      {sz(&abi.CmdCMListenReq{}), 0, 0, true, (*conn).cmListen},
+		abi.CmdCMConnect:     {sz(&abi.CmdCMConnectReq{}), 0, 0, true, (*conn).cmConnect},
+		abi.CmdCMAccept:      {sz(&abi.CmdCMAcceptReq{}), 0, 0, true, (*conn).cmAccept},
+		abi.CmdCMReject:      {sz(&abi.CmdCMPrivateReq{}), 0, 0, true, (*conn).cmReject},
+		abi.CmdCMEstablish:   {handle, 0, 0, true, (*conn).cmEstablish},
+		abi.CmdCMDisconnect:  {sz(&abi.CmdCMPrivateReq{}), 0, 0, true, (*conn).cmDisconnect},
+		abi.CmdCMInitQPAttr:  {sz(&abi.CmdCMInitQPAttrReq{}), 0, 0, true, (*conn).cmInitQPAttr},
 	}
 	for op := range adminTable {
 		cmdTable[op] = cmdSpec{-1, 0, 0, false, (*conn).admin}

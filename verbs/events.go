@@ -18,6 +18,9 @@ import (
 type AsyncEvents struct {
 	fd    int
 	fatal bool // DEVICE_FATAL delivered
+	// Events read while waiting for the other kind (GetCM, Get).
+	asyncQ []abi.AsyncEvent
+	cmQ    []abi.CMEvent
 }
 
 // ErrNoEvent: no event arrived before Get's deadline.
@@ -42,47 +45,26 @@ func (e *AsyncEvents) Fd() int { return e.fd }
 // Get returns the next event, waiting at most timeout (0: do not wait;
 // negative: wait without a bound); ErrNoEvent when none came.
 func (e *AsyncEvents) Get(timeout time.Duration) (abi.AsyncEvent, error) {
-	var ev abi.AsyncEvent
-	if e.fd < 0 {
-		return ev, ErrClosed
-	}
-	if e.fatal {
-		return ev, ErrClosed
-	}
-	ms := -1
-	if timeout >= 0 {
-		ms = int(timeout.Milliseconds())
-	}
-	pfd := []unix.PollFd{{Fd: int32(e.fd), Events: unix.POLLIN}}
-	for {
-		n, err := unix.Poll(pfd, ms)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return ev, fmt.Errorf("verbs: poll event socket: %w", err)
-		}
-		if n == 0 {
-			return ev, ErrNoEvent
-		}
-		break
-	}
-	var b [32]byte
-	n, err := unix.Read(e.fd, b[:])
-	switch {
-	case err == unix.EAGAIN:
-		return ev, ErrNoEvent
-	case err != nil:
-		return ev, fmt.Errorf("verbs: read event socket: %w", err)
-	case n == 0: // end of file: the daemon is gone
-		e.fatal = true
-		ev.Type = abi.EventDeviceFatal
+	if len(e.asyncQ) > 0 {
+		ev := e.asyncQ[0]
+		e.asyncQ = e.asyncQ[1:]
 		return ev, nil
 	}
-	if _, err := abi.Unmarshal(b[:n], &ev); err != nil {
-		return ev, fmt.Errorf("%w: event of %d bytes: %v", ErrProtocol, n, err)
+	deadline := time.Now().Add(timeout)
+	for {
+		left := time.Until(deadline)
+		if timeout < 0 {
+			left = -1
+		} else if left < 0 {
+			left = 0
+		}
+		ev, cmev, isCM, err := e.read(left)
+		if err != nil || !isCM {
+			return ev, err
+		}
+		// A CM event (ABI 1.2) read on the way is kept for GetCM.
+		e.cmQ = append(e.cmQ, cmev)
 	}
-	return ev, nil
 }
 
 // Close closes the channel.

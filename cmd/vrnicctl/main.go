@@ -22,6 +22,10 @@
 // gets "operation not permitted" (devices shows such a device as up,
 // without its details).
 //
+// cm lists the communication manager's CM IDs (context, role, service
+// ID, connection state, peer, last event) and the counters of QP1 and of
+// the CM's MADs (sent, retransmitted, received, dropped).
+//
 // link shows the link counters a daemon serves on its stats socket
 // (<name>.stats beside <name>.sock; the TAP link): per queue, the frames
 // the eBPF steering program put there and what the link did with them
@@ -81,7 +85,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	capFor := fs.Duration("t", 0, "capture: stop after this long (0: no bound; at least one of -c and -t)")
 	capSnap := fs.Int("snaplen", 0, "capture: bytes kept of each frame (0: all)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: vrnicctl [flags] devices|info|counters|link|contexts|pds|mrs|cqs|qps|srqs|ahs|hostmem|accounts")
+		fmt.Fprintln(stderr, "usage: vrnicctl [flags] devices|info|counters|link|cm|contexts|pds|mrs|cqs|qps|srqs|ahs|hostmem|accounts")
 		fmt.Fprintln(stderr, "       vrnicctl [-d name|-s socket] -w FILE [-c N] [-t DURATION] [-snaplen N] capture")
 		fs.PrintDefaults()
 	}
@@ -101,6 +105,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		var path string
 		if path, err = pickSocket(*dir, *name, *sock); err == nil {
 			err = showLink(path, *asJSON, stdout)
+		}
+	case cmd == "cm":
+		var path string
+		if path, err = pickSocket(*dir, *name, *sock); err == nil {
+			err = showCM(path, *asJSON, stdout)
 		}
 	case cmd == "capture":
 		var path string

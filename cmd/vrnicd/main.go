@@ -44,9 +44,10 @@
 // to the peers the QPs' destination GIDs name; -link tap (root) creates a
 // multi-queue TAP interface (-tap-name, in -tap-netns) with one queue per
 // worker and eBPF steering by destination QP, the NIC answering ARP/ND for
-// its -tap-addr addresses (its GIDs) and resolving its peers' MACs. UD QPs
-// have no data path yet. A control command never waits for an engine
-// worker: CREATE_QP, MODIFY_QP and DESTROY_QP queue their change for the
+// its -tap-addr addresses (its GIDs) and resolving its peers' MACs. UD and
+// UC QPs get the data path too. QP1 (a UD QP the daemon owns) carries the
+// communication manager's MADs (package cm) for the clients' CM IDs (vrnicctl
+// cm lists them). A control command never waits for an engine worker: CREATE_QP, MODIFY_QP and DESTROY_QP queue their change for the
 // QP's worker, which applies it before anything that follows the reply.
 //
 // With -link tap the daemon also serves its link counters (per-queue
@@ -210,6 +211,13 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			log.Warn("data plane stop", "err", err)
 		}
 	}()
+	// QP1, the device's GSI QP, carries the communication manager's MADs.
+	qp1, err := plane.dp.StartQP1(netip.AddrFrom16(li.GIDs[0]))
+	if err != nil {
+		l.Close()
+		return err
+	}
+	defer qp1.Close()
 	dev, err := device.New(device.Config{
 		Name:       cfg.Name,
 		NumWorkers: workers,
@@ -221,6 +229,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 
 		OperatorGroup: opGroup,
 		Capture:       plane.capture(log),
+		GSI:           qp1,
 	})
 	if err != nil {
 		l.Close()

@@ -92,7 +92,9 @@ import (
 //
 // # Scope
 //
-// RC, UC and UD QPs get a data path (QP1 and the CM are not here yet).
+// RC, UC and UD QPs get a data path. QP1, the daemon's own GSI QP that
+// carries the communication manager's MADs, runs on the same engine over
+// daemon memory (qp1.go).
 // The address handles of a context are an engine.AHTable the context's
 // UD QPs share (ah.go).
 type DataPlane struct {

@@ -48,6 +48,11 @@ type QPConfig struct {
 	// (IBTA 9.8.1: a UD message is one packet; Linux rxe takes the
 	// port's MTU too).
 	PortMTU roce.MTU
+	// GSI makes a UD QP numbered 1 the General Services Interface QP of
+	// the port (IBTA 10.2.6, 13.5.1): QP1, owned by the daemon itself
+	// for the management datagrams (package device/dataplane, qp1.go).
+	// Without it QP numbers 0 and 1 are refused, so no client gets them.
+	GSI bool
 }
 
 // QPAttr are the attributes ModifyQP may change (a subset of struct
@@ -189,7 +194,7 @@ func newQP(cfg QPConfig, w *worker) (*QP, error) {
 		qp.svc, qp.unrel = roce.ServiceUC, true
 	case abi.QPTUD:
 		qp.svc, qp.unrel = roce.ServiceUD, true
-		if qp.qpn < 2 {
+		if qp.qpn < 2 && !(cfg.GSI && qp.qpn == 1) {
 			// QP0 and QP1 are the special QPs (IBTA 10.2.6), not
 			// plain UD QPs.
 			return nil, fmt.Errorf("%w: QP %#x: QP numbers 0 and 1 are reserved", ErrInvalid, cfg.QPN)

@@ -1,0 +1,251 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/admin"
+	"github.com/vrnic/vrnic/cm"
+	"github.com/vrnic/vrnic/verbs"
+)
+
+// cmDaemon runs a daemon with the UDP link on a free loopback address and
+// returns its socket and GID.
+func cmDaemon(t *testing.T, name string) (sock string, gid [16]byte) {
+	t.Helper()
+	local := freeLoopback(t)
+	dir := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	var logs strings.Builder
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-name", name, "-runtime-dir", dir, "-link", "udp", "-local", local.String(), "-workers", "2"}, &syncWriter{w: &logs})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	sock = admin.SocketPath(dir, name)
+	require.Eventually(t, func() bool {
+		a, err := admin.Dial(sock)
+		if err != nil {
+			return false
+		}
+		a.Close()
+		return true
+	}, 5*time.Second, 10*time.Millisecond)
+	return sock, local.Addr().As16()
+}
+
+// cmSide is a client with an RC QP, a buffer and its event socket.
+type cmSide struct {
+	c   *verbs.Context
+	ev  *verbs.AsyncEvents
+	cq  *verbs.CQ
+	qp  *verbs.QP
+	buf *verbs.Buffer
+	mr  *verbs.MR
+}
+
+func openCMSide(t *testing.T, sock string) *cmSide {
+	t.Helper()
+	c, err := verbs.Open(sock, verbs.WithClientName(t.Name()))
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	ev, err := c.OpenAsyncEvents()
+	require.NoError(t, err)
+	t.Cleanup(func() { ev.Close() })
+	pd, err := c.AllocPD()
+	require.NoError(t, err)
+	cq, err := c.CreateCQ(16, nil)
+	require.NoError(t, err)
+	qp, err := pd.CreateQP(verbs.QPInitAttr{Type: abi.QPTRC, SendCQ: cq, RecvCQ: cq, SigAll: true,
+		Cap: abi.QPCap{MaxSendWR: 8, MaxRecvWR: 8, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	require.NoError(t, err)
+	buf, err := c.Alloc(8192, 4096)
+	require.NoError(t, err)
+	mr, err := pd.RegMR(buf, abi.AccessAll)
+	require.NoError(t, err)
+	return &cmSide{c: c, ev: ev, cq: cq, qp: qp, buf: buf, mr: mr}
+}
+
+func nextCM(t *testing.T, s *cmSide, want abi.CMEventType) abi.CMEvent {
+	t.Helper()
+	ev, err := s.ev.GetCM(10 * time.Second)
+	require.NoError(t, err, "waiting for %v", want)
+	require.Equal(t, want, ev.Type, "event %v status %d", ev.Type, ev.Status)
+	return ev
+}
+
+// applyAttr moves qp through each state the event's attributes cover.
+func applyAttr(t *testing.T, id *verbs.CMID, qp *verbs.QP, states ...abi.QPState) {
+	t.Helper()
+	for _, st := range states {
+		a, err := id.InitQPAttr(st)
+		require.NoError(t, err, "attributes for %v", st)
+		require.NoError(t, qp.ApplyQPAttr(&a), "move to %v", st)
+	}
+}
+
+func pollCQ(t *testing.T, cq *verbs.CQ) abi.CQE {
+	t.Helper()
+	wc := make([]abi.CQE, 1)
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if cq.Poll(wc) == 1 {
+			return wc[0]
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+	require.Fail(t, "no completion")
+	return abi.CQE{}
+}
+
+func cmInfo(t *testing.T, sock string) admin.CMInfo {
+	t.Helper()
+	a, err := admin.Dial(sock)
+	require.NoError(t, err)
+	defer a.Close()
+	b, err := a.Call(admin.CMCmd, nil)
+	require.NoError(t, err)
+	var info admin.CMInfo
+	require.NoError(t, json.Unmarshal(b, &info))
+	return info
+}
+
+var testService = cm.ServiceID(cm.PortSpaceTCP, 7471)
+
+// TestCMConnectTwoDaemons: a client of one daemon listens, a client of
+// another connects over the UDP link; they exchange private data, bring
+// their RC QPs up with the CM's attributes, run an RDMA WRITE and a
+// SEND, and disconnect. Then a reject with private data, a connect to a
+// service nobody listens on, and one to a daemon that never answers.
+func TestCMConnectTwoDaemons(t *testing.T) {
+	sockA, gidA := cmDaemon(t, "cma")
+	sockB, gidB := cmDaemon(t, "cmb")
+	srv, cli := openCMSide(t, sockA), openCMSide(t, sockB)
+
+	lid, err := srv.c.CreateCMID(abi.QPTRC)
+	require.NoError(t, err)
+	require.NoError(t, lid.Listen(testService, 4))
+	assert.ErrorIs(t, lid.Listen(testService, 4), unix.EINVAL)
+
+	cid, err := cli.c.CreateCMID(abi.QPTRC)
+	require.NoError(t, err)
+	require.NoError(t, cli.qp.ToInit(abi.AccessAll, 0))
+	require.NoError(t, cid.Connect(verbs.ConnectParams{QPN: cli.qp.QPN, StartingPSN: 0x1234, ServiceID: testService, DGID: gidA,
+		ResponderResources: 1, InitiatorDepth: 1, RetryCount: 7, RNRRetryCount: 7, PrivateData: []byte("hello from the client")}))
+
+	req := nextCM(t, srv, abi.CMEventConnectRequest)
+	assert.Equal(t, lid.Handle, req.ListenID)
+	assert.Equal(t, gidB, req.PeerGID)
+	assert.Equal(t, cli.qp.QPN, req.PeerQPN)
+	assert.Equal(t, uint32(0x1234), req.PeerPSN)
+	assert.Equal(t, testService, req.ServiceID)
+	assert.Equal(t, "hello from the client", string(req.Private()[:21]))
+	assert.Equal(t, cli.qp.QPN, req.QPAttr.DestQPNum)
+	sid := srv.c.CMIDFromEvent(&req)
+	// As librdmacm: INIT and RTR before the REP, the RQ PSN being the
+	// starting PSN the REP announces.
+	applyAttr(t, sid, srv.qp, abi.QPSInit)
+	rtr, err := sid.InitQPAttr(abi.QPSRTR)
+	require.NoError(t, err)
+	assert.Equal(t, req.QPAttr.DestQPNum, rtr.DestQPNum)
+	rtr.RQPSN = 0x5678
+	require.NoError(t, srv.qp.ApplyQPAttr(&rtr))
+	require.NoError(t, sid.Accept(verbs.AcceptParams{QPN: srv.qp.QPN, StartingPSN: 0x5678, ResponderResources: 1, InitiatorDepth: 1,
+		RNRRetryCount: 7, PrivateData: []byte("welcome")}))
+	a, err := sid.InitQPAttr(abi.QPSRTS)
+	require.NoError(t, err)
+	require.NoError(t, srv.qp.ApplyQPAttr(&a))
+
+	rep := nextCM(t, cli, abi.CMEventConnectResponse)
+	assert.Equal(t, srv.qp.QPN, rep.PeerQPN)
+	assert.Equal(t, uint32(0x5678), rep.PeerPSN)
+	assert.Equal(t, "welcome", string(rep.Private()[:7]))
+	assert.Equal(t, srv.qp.QPN, rep.QPAttr.DestQPNum)
+	applyAttr(t, cid, cli.qp, abi.QPSRTR, abi.QPSRTS)
+	require.NoError(t, cid.Establish())
+	nextCM(t, cli, abi.CMEventEstablished)
+	nextCM(t, srv, abi.CMEventEstablished)
+
+	// The connection works: an RDMA WRITE and a SEND.
+	copy(cli.buf.Bytes, "written through the CM connection")
+	require.NoError(t, cli.qp.PostSend(&verbs.SendWR{WrID: 1, Opcode: abi.WRRDMAWrite, SGL: []abi.SGE{cli.mr.SGE(0, 33)},
+		RemoteAddr: srv.mr.Addr + 100, RKey: srv.mr.RKey}))
+	assert.Equal(t, abi.WCSuccess, pollCQ(t, cli.cq).Status)
+	assert.Equal(t, "written through the CM connection", string(srv.buf.Bytes[100:133]))
+	require.NoError(t, srv.qp.PostRecv(&verbs.RecvWR{WrID: 2, SGL: []abi.SGE{srv.mr.SGE(4096, 64)}}))
+	require.NoError(t, cli.qp.PostSend(&verbs.SendWR{WrID: 3, Opcode: abi.WRSend, SGL: []abi.SGE{cli.mr.SGE(0, 7)}}))
+	assert.Equal(t, abi.WCSuccess, pollCQ(t, cli.cq).Status)
+	rc := pollCQ(t, srv.cq)
+	assert.Equal(t, abi.WCSuccess, rc.Status)
+	assert.Equal(t, uint32(7), rc.ByteLen)
+
+	info := cmInfo(t, sockA)
+	assert.True(t, info.Enabled)
+	assert.NotZero(t, info.QP1.Received)
+	assert.Len(t, info.IDs, 2)
+
+	// Disconnect.
+	require.NoError(t, cid.Disconnect(nil))
+	d := nextCM(t, srv, abi.CMEventDisconnected)
+	assert.Equal(t, uint32(abi.CMDisconnectRequest), d.Status)
+	require.NoError(t, sid.Disconnect(nil))
+	d = nextCM(t, cli, abi.CMEventDisconnected)
+	assert.Equal(t, uint32(abi.CMDisconnectReply), d.Status)
+	nextCM(t, cli, abi.CMEventTimeWaitExit)
+	nextCM(t, srv, abi.CMEventTimeWaitExit)
+	require.NoError(t, sid.Destroy())
+	require.NoError(t, cid.Destroy())
+
+	// A reject with private data.
+	cid, err = cli.c.CreateCMID(abi.QPTRC)
+	require.NoError(t, err)
+	require.NoError(t, cid.Connect(verbs.ConnectParams{QPN: cli.qp.QPN, StartingPSN: 1, ServiceID: testService, DGID: gidA}))
+	req = nextCM(t, srv, abi.CMEventConnectRequest)
+	rid := srv.c.CMIDFromEvent(&req)
+	require.NoError(t, rid.Reject([]byte("go away")))
+	require.NoError(t, rid.Destroy())
+	rej := nextCM(t, cli, abi.CMEventRejected)
+	assert.Equal(t, uint32(cm.RejectConsumerDefined), rej.Status)
+	assert.Equal(t, "go away", string(rej.Private()[:7]))
+	require.NoError(t, cid.Destroy())
+
+	// Nobody listens: REJ invalid service ID.
+	cid, err = cli.c.CreateCMID(abi.QPTRC)
+	require.NoError(t, err)
+	require.NoError(t, cid.Connect(verbs.ConnectParams{QPN: cli.qp.QPN, ServiceID: testService + 1, DGID: gidA}))
+	rej = nextCM(t, cli, abi.CMEventRejected)
+	assert.Equal(t, uint32(cm.RejectInvalidServiceID), rej.Status)
+	require.NoError(t, cid.Destroy())
+
+	// A peer that never answers (a free loopback address nobody binds):
+	// unreachable after the retries.
+	silent := freeLoopback(t).Addr().As16()
+	cid, err = cli.c.CreateCMID(abi.QPTRC)
+	require.NoError(t, err)
+	start := time.Now()
+	require.NoError(t, cid.Connect(verbs.ConnectParams{QPN: cli.qp.QPN, ServiceID: testService, DGID: silent,
+		ResponseTimeout: 8, MaxCMRetries: 2}))
+	un := nextCM(t, cli, abi.CMEventUnreachable)
+	assert.Equal(t, uint32(unix.ETIMEDOUT), un.Status)
+	assert.Less(t, time.Since(start), 5*time.Second)
+	require.NoError(t, cid.Destroy())
+	assert.NotZero(t, cmInfo(t, sockB).Retransmissions)
+
+	// Nothing is left but the listener.
+	require.NoError(t, lid.Destroy())
+	assert.Eventually(t, func() bool {
+		a, b := cmInfo(t, sockA), cmInfo(t, sockB)
+		return a.Connections == 0 && b.Connections == 0 && a.Total == 0 && b.Total == 0
+	}, 5*time.Second, 20*time.Millisecond)
+}
