@@ -76,8 +76,8 @@ type ConnectParams struct {
 	// QPN is the local QP's number; QPType TransportRC or TransportUC.
 	QPN    uint32
 	QPType TransportType
-	// StartingPSN is the PSN this side expects to receive first (the
-	// peer's send PSN).
+	// StartingPSN is the PSN this side sends first (its QP's SQ PSN; the
+	// peer's RQ PSN), as in Linux's ib_cm_req_param.
 	StartingPSN        uint32
 	ResponderResources uint8
 	InitiatorDepth     uint8
@@ -102,7 +102,7 @@ type ConnectParams struct {
 // ib_cm_rep_param).
 type AcceptParams struct {
 	QPN                uint32
-	StartingPSN        uint32
+	StartingPSN        uint32 // the PSN this side sends first (its SQ PSN)
 	ResponderResources uint8
 	InitiatorDepth     uint8
 	FlowControl        bool
@@ -523,7 +523,7 @@ func (m *Manager) Connect(p ConnectParams) (ConnID, error) {
 	c := &conn{
 		id: m.allocID(), state: StateREQSent, active: true, peer: pa.DGID,
 		serviceID: p.ServiceID, qpType: p.QPType, localQPN: p.QPN,
-		rqPSN: p.StartingPSN, pathMTU: pa.MTU, pkey: pa.PKey,
+		sqPSN: p.StartingPSN, pathMTU: pa.MTU, pkey: pa.PKey,
 		responderResources: p.ResponderResources, initiatorDepth: p.InitiatorDepth,
 		retryCount: p.RetryCount, rnrRetryCount: p.RNRRetryCount,
 		path: *pa, ackTimeout: pa.PacketLifeTime + 1, maxRetries: p.MaxCMRetries,
@@ -585,7 +585,7 @@ func (m *Manager) Accept(id ConnID, p AcceptParams) error {
 		copy(rep.PrivateData[:], p.PrivateData)
 		c.state = StateREPSent
 		c.localQPN = p.QPN
-		c.rqPSN = p.StartingPSN
+		c.sqPSN = p.StartingPSN
 		c.initiatorDepth = p.InitiatorDepth
 		c.responderResources = p.ResponderResources
 		m.startOut(c, m.send(c.peer, c.tid, rep), c.timeout)

@@ -63,9 +63,11 @@ type QPAttr struct {
 // and RTS once the peer's QPN is known (REQ_RCVD onwards on the passive
 // side, REP_RCVD onwards on the active side), as Linux allows.
 //
-// The passive side chooses its own receive PSN when it accepts: until
-// Accept, RTR's RQPSN is 0 and the owner uses the StartingPSN it will
-// pass to Accept (rdma_cm does the same with its own sequence number).
+// Each side's StartingPSN (REQ, REP) is the PSN it sends first: the REQ's
+// becomes the passive side's RQ PSN at once, the REP's the active side's.
+// The passive side chooses its own send PSN when it accepts: until Accept,
+// RTS's SQPSN is 0 and the owner uses the StartingPSN it will pass to
+// Accept (rdma_cm does the same with its own sequence number).
 func (m *Manager) QPAttr(id ConnID, state QPState) (QPAttr, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -113,7 +113,7 @@ func (m *Manager) recvREQ(src GID, h *Header, req *REQ) {
 		id: m.allocID(), remoteID: req.LocalCommID, state: StateREQRcvd, peer: src,
 		serviceID: req.ServiceID, qpType: req.TransportServiceType, tid: h.TID,
 		remoteQPN: req.LocalQPN, remoteCAGUID: req.LocalCAGUID,
-		sqPSN: req.StartingPSN, pathMTU: req.PathMTU, pkey: req.PKey,
+		rqPSN: req.StartingPSN, pathMTU: req.PathMTU, pkey: req.PKey,
 		// This side's initiator depth is the peer's responder
 		// resources and the other way round.
 		initiatorDepth: req.ResponderResources, responderResources: req.InitiatorDepth,
@@ -236,7 +236,7 @@ func (m *Manager) recvREP(src GID, h *Header, rep *REP) {
 	c.remoteID = rep.LocalCommID
 	c.remoteCAGUID = rep.LocalCAGUID
 	c.remoteQPN = rep.LocalQPN
-	c.sqPSN = rep.StartingPSN
+	c.rqPSN = rep.StartingPSN
 	c.initiatorDepth = rep.ResponderResources
 	c.responderResources = rep.InitiatorDepth
 	c.rnrRetryCount = rep.RNRRetryCount

@@ -49,7 +49,7 @@ func (id *CMID) Listen(serviceID uint64, backlog int) error {
 // ConnectParams are what Connect sends (see struct vrnic_cmd_cm_connect).
 type ConnectParams struct {
 	QPN                uint32
-	StartingPSN        uint32
+	StartingPSN        uint32 // the first PSN the QP sends (its SQ PSN)
 	ServiceID          uint64
 	DGID               [16]byte
 	ResponderResources uint8
@@ -90,7 +90,7 @@ func (id *CMID) Connect(p ConnectParams) error {
 // AcceptParams are what Accept sends (struct vrnic_cmd_cm_accept).
 type AcceptParams struct {
 	QPN                uint32
-	StartingPSN        uint32
+	StartingPSN        uint32 // the first PSN the QP sends (its SQ PSN)
 	QKey               uint32 // UD
 	ResponderResources uint8
 	InitiatorDepth     uint8

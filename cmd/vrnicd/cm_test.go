@@ -153,18 +153,20 @@ func TestCMConnectTwoDaemons(t *testing.T) {
 	assert.Equal(t, "hello from the client", string(req.Private()[:21]))
 	assert.Equal(t, cli.qp.QPN, req.QPAttr.DestQPNum)
 	sid := srv.c.CMIDFromEvent(&req)
-	// As librdmacm: INIT and RTR before the REP, the RQ PSN being the
-	// starting PSN the REP announces.
+	// As librdmacm: INIT and RTR before the REP; the RQ PSN is the
+	// client's starting PSN (its send PSN, which the REQ announced), and
+	// the server announces its own send PSN in the REP.
 	applyAttr(t, sid, srv.qp, abi.QPSInit)
 	rtr, err := sid.InitQPAttr(abi.QPSRTR)
 	require.NoError(t, err)
 	assert.Equal(t, req.QPAttr.DestQPNum, rtr.DestQPNum)
-	rtr.RQPSN = 0x5678
+	assert.Equal(t, uint32(0x1234), rtr.RQPSN)
 	require.NoError(t, srv.qp.ApplyQPAttr(&rtr))
 	require.NoError(t, sid.Accept(verbs.AcceptParams{QPN: srv.qp.QPN, StartingPSN: 0x5678, ResponderResources: 1, InitiatorDepth: 1,
 		RNRRetryCount: 7, PrivateData: []byte("welcome")}))
 	a, err := sid.InitQPAttr(abi.QPSRTS)
 	require.NoError(t, err)
+	assert.Equal(t, uint32(0x5678), a.SQPSN)
 	require.NoError(t, srv.qp.ApplyQPAttr(&a))
 
 	rep := nextCM(t, cli, abi.CMEventConnectResponse)

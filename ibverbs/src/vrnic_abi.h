@@ -265,9 +265,10 @@ struct vrnic_cmd_cm_listen {
 
 /* CM_CONNECT. No reply struct. Sends the REQ (RC, UC) or the SIDR_REQ
  * (UD) to the CM of the port with GID dgid. The REQ carries the QP's
- * number, starting_psn (the first PSN this QP expects to receive: its RQ
- * PSN, the peer's SQ PSN; each side announces its own, and the peer's
- * becomes this side's sq_psn in the RTS attributes),
+ * number, starting_psn (the first PSN this QP sends: its sq_psn, which
+ * becomes the peer's rq_psn; each side announces its own, as Linux's CM
+ * and rdma_cm do, and the peer's becomes this side's rq_psn in the RTR
+ * attributes),
  * the path (the device's GID sgid_index, dgid, hop_limit, traffic_class,
  * flow_label, path_mtu: 0 means the port's active MTU), responder
  * resources, initiator depth, retry_count, rnr_retry_count, srq and
@@ -302,8 +303,8 @@ struct vrnic_cmd_cm_connect {
 };
 
 /* CM_ACCEPT. No reply struct. For a CONNECT_REQUEST's CM ID: sends the
- * REP with the QP's number, starting_psn (the first PSN it expects to
- * receive: the rq_psn it moves its QP to RTR with),
+ * REP with the QP's number, starting_psn (the first PSN it sends: the
+ * sq_psn it moves its QP to RTS with; its rq_psn came with the REQ),
  * responder resources, initiator depth, rnr_retry_count, srq and private
  * data (at most 196 bytes). For a UD ID: the SIDR_REP, status 0, with qpn
  * and qkey (private data at most 136 bytes). */
