@@ -1,5 +1,6 @@
-/* check.h - what the test programs share: failing with a message, and
- * waiting for one completion and comparing it with the one expected.
+/* check.h - what the test programs share: failing with a message, the two
+ * devices, and waiting for one completion and comparing it with the one
+ * expected.
  * Each program prints "ERROR ..." and exits 1 at the first difference. */
 #ifndef CHECK_H
 #define CHECK_H
@@ -11,26 +12,38 @@
 #include <string.h>
 #include <time.h>
 
-static void die(const char *what) {
+static inline void die(const char *what) {
 	perror(what);
 	printf("ERROR %s\n", what);
 	exit(1);
 }
 
-static void fail(const char *kind, const char *what, const char *detail) {
+static inline void fail(const char *kind, const char *what, const char *detail) {
 	printf("ERROR %s %s: %s\n", kind, what, detail);
 	exit(1);
 }
 
-static int64_t now_ms(void) {
+static inline int64_t now_ms(void) {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* two_devices returns the device list, which has at least two devices
+ * (A and B), or exits. */
+static inline struct ibv_device **two_devices(void) {
+	int n;
+	struct ibv_device **list = ibv_get_device_list(&n);
+	if (!list || n < 2) {
+		printf("ERROR need two devices, have %d\n", list ? n : -1);
+		exit(1);
+	}
+	return list;
+}
+
 /* poll_wc waits up to ms milliseconds for a completion on cq: 1 when wc
  * holds one, 0 when none came. */
-static int poll_wc(struct ibv_cq *cq, struct ibv_wc *wc, int ms) {
+static inline int poll_wc(struct ibv_cq *cq, struct ibv_wc *wc, int ms) {
 	int64_t end = now_ms() + ms;
 	for (;;) {
 		int n = ibv_poll_cq(cq, 1, wc);
@@ -49,8 +62,8 @@ static int poll_wc(struct ibv_cq *cq, struct ibv_wc *wc, int ms) {
  * receive (IBV_WC_GRH) src_qp and the fields a RoCE device leaves zero
  * (slid, sl, pkey_index, dlid_path_bits). wc is the completion, for the
  * caller to look at further (NULL: not wanted). */
-static void expect_wc_out(const char *kind, const char *what, struct ibv_cq *cq, struct ibv_wc want, int check_len,
-			  struct ibv_wc *out) {
+static inline void expect_wc_out(const char *kind, const char *what, struct ibv_cq *cq, struct ibv_wc want,
+				 int check_len, struct ibv_wc *out) {
 	struct ibv_wc wc;
 	memset(&wc, 0xa5, sizeof wc); /* fields the library leaves unset show up */
 	if (!poll_wc(cq, &wc, 10000))
@@ -87,7 +100,7 @@ static void expect_wc_out(const char *kind, const char *what, struct ibv_cq *cq,
 		*out = wc;
 }
 
-static void expect_wc(const char *kind, const char *what, struct ibv_cq *cq, struct ibv_wc want, int check_len) {
+static inline void expect_wc(const char *kind, const char *what, struct ibv_cq *cq, struct ibv_wc want, int check_len) {
 	expect_wc_out(kind, what, cq, want, check_len, NULL);
 }
 

@@ -359,12 +359,7 @@ static void uc(struct side *a, struct side *b) {
 }
 
 int main(void) {
-	int n;
-	struct ibv_device **list = ibv_get_device_list(&n);
-	if (!list || n < 2) {
-		printf("ERROR need two devices, have %d\n", list ? n : -1);
-		return 1;
-	}
+	struct ibv_device **list = two_devices();
 	struct side a, b;
 	open_side(&a, list[0]);
 	open_side(&b, list[1]);
