@@ -33,6 +33,10 @@ static struct vrnic_send_wqe *wr_new(struct ibv_qp_ex *q, uint8_t opcode) {
 		qp->wr_err = ENOMEM;
 		return NULL;
 	}
+	if (!vr_opcode_ok(q->qp_base.qp_type, opcode)) {
+		qp->wr_err = EINVAL;
+		return NULL;
+	}
 	uint8_t *slot = qp->sq.ring.p + (size_t)(qp->wr_pi & qp->sq.mask) * qp->sq.stride;
 	struct vrnic_send_wqe *w = (struct vrnic_send_wqe *)slot;
 	memset(w, 0, sizeof *w);
@@ -148,11 +152,19 @@ static void wr_set_inline_data(struct ibv_qp_ex *q, void *addr, size_t length) {
 	wr_set_inline_data_list(q, 1, &b);
 }
 
+/* wr_set_ud_addr sets the UD segment of the WQE being built (UD QPs). */
 static void wr_set_ud_addr(struct ibv_qp_ex *q, struct ibv_ah *ah, uint32_t qpn, uint32_t qkey) {
-	(void)ah;
-	(void)qpn;
-	(void)qkey;
-	qpx(q)->wr_err = EOPNOTSUPP; /* RC only */
+	struct vr_qp *qp = qpx(q);
+	if (!qp->wr_cur)
+		return;
+	if (q->qp_base.qp_type != IBV_QPT_UD || !ah) {
+		qp->wr_err = EINVAL;
+		return;
+	}
+	struct vrnic_send_wqe *w = (struct vrnic_send_wqe *)qp->wr_cur;
+	w->ah_handle = ah->handle;
+	w->remote_qpn = qpn & 0xffffff;
+	w->remote_qkey = qkey;
 }
 
 static void wr_set_xrc_srqn(struct ibv_qp_ex *q, uint32_t srqn) {
@@ -204,12 +216,27 @@ void vr_qp_ex_init(struct vr_qp *qp, uint64_t send_ops_flags) {
 	x->wr_set_xrc_srqn = wr_set_xrc_srqn;
 }
 
+/* send_ops_supported is what a QP of type t may ask for in send_ops_flags
+ * (as rdma-core's providers, an operation the type does not have is
+ * EOPNOTSUPP). */
+static uint64_t send_ops_supported(enum ibv_qp_type t) {
+	switch (t) {
+	case IBV_QPT_UD:
+		return IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+	case IBV_QPT_UC:
+		return IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_WRITE |
+		       IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
+	default:
+		return SEND_OPS_SUPPORTED;
+	}
+}
+
 struct ibv_qp *vr_create_qp_ex(struct ibv_context *ctx, struct ibv_qp_init_attr_ex *a) {
 	if (!a || !(a->comp_mask & IBV_QP_INIT_ATTR_PD) || !a->pd || a->pd->context != ctx)
 		VR_FAIL_NULL(EINVAL);
 	if (a->comp_mask & ~(uint32_t)(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS))
 		VR_FAIL_NULL(EOPNOTSUPP);
-	if ((a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) && (a->send_ops_flags & ~(uint64_t)SEND_OPS_SUPPORTED))
+	if ((a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) && (a->send_ops_flags & ~send_ops_supported(a->qp_type)))
 		VR_FAIL_NULL(EOPNOTSUPP);
 	return vr_create_qp(a->pd, a);
 }

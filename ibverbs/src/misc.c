@@ -192,26 +192,6 @@ VR_EXPORT struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, s
 	VR_FAIL_NULL(EOPNOTSUPP);
 }
 
-VR_EXPORT int ibv_init_ah_from_wc(struct ibv_context *ctx, uint8_t port, struct ibv_wc *wc, struct ibv_grh *grh,
-				  struct ibv_ah_attr *ah) {
-	(void)ctx;
-	(void)port;
-	(void)wc;
-	(void)grh;
-	(void)ah;
-	errno = EOPNOTSUPP;
-	return -1;
-}
-
-VR_EXPORT struct ibv_ah *ibv_create_ah_from_wc(struct ibv_pd *pd, struct ibv_wc *wc, struct ibv_grh *grh,
-					       uint8_t port) {
-	(void)pd;
-	(void)wc;
-	(void)grh;
-	(void)port;
-	VR_FAIL_NULL(EOPNOTSUPP);
-}
-
 VR_EXPORT int ibv_resolve_eth_l2_from_gid(struct ibv_context *ctx, struct ibv_ah_attr *attr, uint8_t eth_mac[6],
 					  uint16_t *vid) {
 	(void)ctx;

@@ -1,5 +1,5 @@
-/* objects.c - PDs, MRs, completion channels, CQs, QPs, SRQs and AHs:
- * command round trips to the daemon. */
+/* objects.c - PDs, MRs, completion channels, CQs, QPs and SRQs: command
+ * round trips to the daemon (AHs are in ah.c). */
 #include "vrnic_ibv.h"
 
 #include <errno.h>
@@ -322,13 +322,21 @@ VR_EXPORT int ibv_resize_cq(struct ibv_cq *cq, int cqe) {
 /* ---- QP ---- */
 
 static uint32_t ibv_to_vr_type(enum ibv_qp_type t) {
-	return t == IBV_QPT_RC ? VRNIC_QPT_RC : 0;
+	switch (t) {
+	case IBV_QPT_RC:
+		return VRNIC_QPT_RC;
+	case IBV_QPT_UC:
+		return VRNIC_QPT_UC;
+	case IBV_QPT_UD:
+		return VRNIC_QPT_UD;
+	default:
+		return 0; /* XRC, raw packet, driver QPs */
+	}
 }
 
 struct ibv_qp *vr_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr_ex *a) {
 	if (!pd || !a || !a->send_cq || (!a->recv_cq && !a->srq))
 		VR_FAIL_NULL(EINVAL);
-	/* UC and UD are not supported yet (RC only). */
 	if (!ibv_to_vr_type(a->qp_type))
 		VR_FAIL_NULL(EOPNOTSUPP);
 	struct ibv_qp_cap *cap = &a->cap;
@@ -440,16 +448,6 @@ VR_EXPORT int ibv_destroy_qp(struct ibv_qp *q) {
 /* The ABI's attribute mask bits are IBV_QP_* bits 0..20. */
 #define QP_MASK_KNOWN ((1u << 21) - 1)
 
-static void ah_to_vr(const struct ibv_ah_attr *a, struct vrnic_ah_attr *v) {
-	memcpy(v->dgid, a->grh.dgid.raw, 16);
-	v->flow_label = a->grh.flow_label;
-	v->sgid_index = a->grh.sgid_index;
-	v->hop_limit = a->grh.hop_limit;
-	v->traffic_class = a->grh.traffic_class;
-	v->sl = a->sl;
-	v->port_num = a->port_num;
-}
-
 static void ah_from_vr(const struct vrnic_ah_attr *v, struct ibv_ah_attr *a) {
 	memset(a, 0, sizeof *a);
 	memcpy(a->grh.dgid.raw, v->dgid, 16);
@@ -498,7 +496,7 @@ VR_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mas
 	v->en_sqd_async_notify = attr->en_sqd_async_notify;
 	v->sq_draining = attr->sq_draining;
 	if (mask & IBV_QP_AV)
-		ah_to_vr(&attr->ah_attr, &v->ah_attr);
+		vr_ah_to_vr(&attr->ah_attr, &v->ah_attr);
 	if (mask & IBV_QP_CAP)
 		v->cap = (struct vrnic_qp_cap){ .max_send_wr = attr->cap.max_send_wr,
 			.max_recv_wr = attr->cap.max_recv_wr, .max_send_sge = attr->cap.max_send_sge,
@@ -543,7 +541,8 @@ VR_EXPORT int ibv_query_qp(struct ibv_qp *q, struct ibv_qp_attr *attr, int mask,
 	attr->dest_qp_num = v->dest_qp_num;
 	attr->qp_access_flags = (unsigned)v->qp_access_flags;
 	attr->cap = qp->cap;
-	ah_from_vr(&v->ah_attr, &attr->ah_attr);
+	if (q->qp_type != IBV_QPT_UD) /* a UD QP has no address vector: each send names one */
+		ah_from_vr(&v->ah_attr, &attr->ah_attr);
 	attr->pkey_index = v->pkey_index;
 	attr->en_sqd_async_notify = v->en_sqd_async_notify;
 	attr->sq_draining = v->sq_draining;
@@ -675,39 +674,3 @@ VR_EXPORT int ibv_destroy_srq(struct ibv_srq *srq) {
 	free(s);
 	return 0;
 }
-
-/* ---- AH ---- */
-
-VR_EXPORT struct ibv_ah *ibv_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr) {
-	if (!pd || !attr || !attr->is_global)
-		VR_FAIL_NULL(EINVAL);
-	struct vr_ah *ah = calloc(1, sizeof *ah);
-	if (!ah)
-		VR_FAIL_NULL(ENOMEM);
-	struct vrnic_cmd_create_ah cmd = { .pd_handle = pd->handle };
-	ah_to_vr(attr, &cmd.attr);
-	struct vrnic_resp_create_ah r;
-	int ret = vr_call(vr_ctx(pd->context), VRNIC_CMD_CREATE_AH, &cmd, sizeof cmd, NULL, 0, NULL, 0, &r, sizeof r);
-	if (ret) {
-		free(ah);
-		VR_FAIL_NULL(ret);
-	}
-	ah->ah.context = pd->context;
-	ah->ah.pd = pd;
-	ah->ah.handle = r.ah_handle;
-	ah->attr = *attr;
-	return &ah->ah;
-}
-
-VR_EXPORT int ibv_destroy_ah(struct ibv_ah *ah) {
-	if (!ah)
-		return EINVAL;
-	int ret = vr_destroy_handle(vr_ctx(ah->context), VRNIC_CMD_DESTROY_AH, ah->handle);
-	if (ret) {
-		errno = ret;
-		return ret;
-	}
-	free(ah);
-	return 0;
-}
-

@@ -49,9 +49,37 @@ static inline void wq_publish(struct vr_ctx *c, struct vr_wq *q, uint32_t pi) {
 	vr_kick(c);
 }
 
+/* vr_opcode_ok says whether a QP of type t may post a WR with opcode op:
+ * UC has SEND and RDMA WRITE (with and without immediate), UD SEND and
+ * SEND with immediate (as Soft-RoCE, the others fail to post with
+ * EINVAL). */
+bool vr_opcode_ok(enum ibv_qp_type t, unsigned op) {
+	switch (t) {
+	case IBV_QPT_UD:
+		return op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM;
+	case IBV_QPT_UC:
+		return op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_RDMA_WRITE ||
+		       op == IBV_WR_RDMA_WRITE_WITH_IMM;
+	default:
+		return true;
+	}
+}
+
 /* build_send writes wr into slot; it returns 0 or an errno value. */
 static int build_send(struct vr_qp *qp, const struct ibv_send_wr *wr, uint8_t *slot) {
 	struct vrnic_send_wqe w = { .wr_id = wr->wr_id };
+	enum ibv_qp_type t = qp->ex.qp_base.qp_type;
+	if (!vr_opcode_ok(t, wr->opcode))
+		return EINVAL;
+	if (t == IBV_QPT_UD) {
+		/* The UD segment: the AH, the destination QP and its Q_Key
+		 * (bit 31 set: this QP's own, which the daemon applies). */
+		if (!wr->wr.ud.ah)
+			return EINVAL;
+		w.ah_handle = wr->wr.ud.ah->handle;
+		w.remote_qpn = wr->wr.ud.remote_qpn & 0xffffff;
+		w.remote_qkey = wr->wr.ud.remote_qkey;
+	}
 	switch (wr->opcode) {
 	case IBV_WR_RDMA_WRITE:
 	case IBV_WR_RDMA_WRITE_WITH_IMM:

@@ -199,6 +199,7 @@ VR_HIDDEN int vr_req_notify_cq(struct ibv_cq *cq, int solicited_only);
 VR_HIDDEN int vr_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
 VR_HIDDEN int vr_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
 VR_HIDDEN int vr_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
+VR_HIDDEN bool vr_opcode_ok(enum ibv_qp_type t, unsigned op);
 VR_HIDDEN void vr_wq_init(struct vr_wq *q, struct vr_buf ring, uint32_t slots, uint32_t stride, uint32_t *pi_word,
 			  const uint32_t *ci_word, uint32_t max_sge);
 
@@ -215,6 +216,9 @@ VR_HIDDEN struct ibv_srq *vr_create_srq_ex(struct ibv_context *ctx, struct ibv_s
 VR_HIDDEN struct ibv_cq *vr_create_cq(struct ibv_context *ctx, int cqe, void *cq_context,
 				      struct ibv_comp_channel *channel, uint64_t wc_flags);
 VR_HIDDEN struct ibv_qp *vr_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr_ex *a);
+
+/* ah.c */
+VR_HIDDEN void vr_ah_to_vr(const struct ibv_ah_attr *a, struct vrnic_ah_attr *v);
 
 /* device.c */
 VR_HIDDEN int vr_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr, size_t len);

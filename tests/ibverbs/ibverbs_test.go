@@ -212,6 +212,8 @@ func TestPingpong(t *testing.T) {
 	testenv.NeedTool(t, "cc")
 	testenv.NeedTool(t, "ibv_rc_pingpong")
 	testenv.NeedTool(t, "ibv_srq_pingpong")
+	testenv.NeedTool(t, "ibv_ud_pingpong")
+	testenv.NeedTool(t, "ibv_uc_pingpong")
 	p := startPair(t)
 	for _, tc := range []struct {
 		prog string
@@ -225,6 +227,15 @@ func TestPingpong(t *testing.T) {
 		{"ibv_rc_pingpong", []string{"-N", "-s", "8192", "-n", "200", "-c"}},
 		{"ibv_srq_pingpong", []string{"-n", "200"}},
 		{"ibv_srq_pingpong", []string{"-e", "-n", "200"}},
+		// UD: one packet per message, at most the MTU (4096); the
+		// receive buffers hold the 40-byte GRH first.
+		{"ibv_ud_pingpong", []string{"-s", "1", "-n", "200", "-c"}},
+		{"ibv_ud_pingpong", []string{"-s", "1000", "-n", "200", "-c"}},
+		{"ibv_ud_pingpong", []string{"-s", "4096", "-n", "200", "-c"}},
+		{"ibv_ud_pingpong", []string{"-e", "-n", "200", "-c"}},
+		{"ibv_uc_pingpong", []string{"-s", "1", "-n", "200", "-c"}},
+		{"ibv_uc_pingpong", []string{"-s", "65536", "-n", "100", "-c"}},
+		{"ibv_uc_pingpong", []string{"-e", "-n", "200", "-c"}},
 	} {
 		t.Run(tc.prog+strings.Join(tc.args, "_"), func(t *testing.T) {
 			s, c := pingpong(t, p, tc.prog, "-g", tc.args...)
@@ -303,8 +314,12 @@ func allSizes() []int {
 	return s
 }
 
+// udSizes are the sizes of perftest's -a over UD: 2 .. the MTU (4096).
+func udSizes() []int { return allSizes()[:12] }
+
 // TestPerftest runs perftest's RC tests at several sizes, with -a, with
-// completion events (-e, where the tool has it) and with 4 QPs (-q 4).
+// completion events (-e, where the tool has it) and with 4 QPs (-q 4),
+// and its UD (SEND) and UC (SEND, WRITE) tests.
 // perftest uses the ibv_wr_* API only on devices it recognizes, so these
 // go through ibv_post_send. Every run must exit 0 on both sides and
 // print its report: one line per size with the iterations asked for
@@ -347,6 +362,19 @@ func TestPerftest(t *testing.T) {
 		{"ib_send_lat", []string{"-n", "300"}, 300, []int{2}},
 		{"ib_send_lat", []string{"-n", "300", "-s", "4096"}, 300, nil},
 		{"ib_send_lat", []string{"-n", "200", "-s", "65536"}, 200, nil},
+		// UD (-c UD): SEND only, messages up to the MTU (4096); the
+		// passive side of -a reports every size. UC: SEND and WRITE.
+		{"ib_send_bw", []string{"-c", "UD", "-n", "500", "-s", "8"}, 500, nil},
+		{"ib_send_bw", []string{"-c", "UD", "-n", "300", "-s", "4096", "-e"}, 300, nil},
+		{"ib_send_bw", []string{"-c", "UD", "-n", "100", "-a"}, 100, udSizes()},
+		{"ib_send_lat", []string{"-c", "UD", "-n", "300"}, 300, []int{2}},
+		{"ib_send_lat", []string{"-c", "UD", "-n", "200", "-s", "4096"}, 200, nil},
+		{"ib_send_bw", []string{"-c", "UC", "-n", "300", "-s", "4096"}, 300, nil},
+		{"ib_send_bw", []string{"-c", "UC", "-n", "200", "-s", "65536", "-e"}, 200, nil},
+		{"ib_write_bw", []string{"-c", "UC", "-n", "300", "-s", "65536"}, 300, nil},
+		{"ib_write_bw", []string{"-c", "UC", "-n", "200", "-q", "2", "-s", "8"}, 400, nil},
+		{"ib_write_lat", []string{"-c", "UC", "-n", "300", "-s", "64"}, 300, nil},
+		{"ib_write_lat", []string{"-c", "UC", "-n", "200", "-s", "65536"}, 200, nil},
 		// Not ib_send_lat -e: after each completion event it polls the CQ
 		// it waits on once and reads the work completion even when that
 		// poll returned 0. Its send and receive CQs share the channel, so
@@ -364,7 +392,7 @@ func TestPerftest(t *testing.T) {
 			bw := strings.HasSuffix(tc.prog, "_bw")
 			checkReport(t, "client", c, bw, tc.iters, sizes...)
 			if bw {
-				if slices.Contains(tc.args, "-a") {
+				if slices.Contains(tc.args, "-a") && !slices.Contains(tc.args, "UD") {
 					sizes = sizes[len(sizes)-1:] // the passive side of -a reports the last size only
 				}
 				checkReport(t, "server", s, bw, tc.iters, sizes...)
@@ -448,15 +476,31 @@ var (
 // defined field of every completion. The second run is the program built
 // with ASan and UBSan, on the library built the same way.
 func TestMemOps(t *testing.T) {
-	const want = "OK send send_imm write write_imm read cmp_swap fetch_add, 20000 bytes (heap, stack, mmap); async QP_FATAL\n"
-	p := startPair(t)
+	runOps(t, startPair(t), "mem_ops.c",
+		"OK send send_imm write write_imm read cmp_swap fetch_add, 20000 bytes (heap, stack, mmap); async QP_FATAL\n")
+}
+
+// TestUDOps builds testdata/ud_ops.c and runs it as TestMemOps runs
+// mem_ops.c: UD SEND and SEND_WITH_IMM (ibv_post_send and ibv_wr_*) with
+// the GRH checked byte for byte against the two daemons' addresses,
+// src_qp, wc_flags and byte_len; an answer through
+// ibv_create_ah_from_wc; Q_Key mismatches dropped; a send error putting
+// the QP in SQE and back to RTS; a UC WRITE_WITH_IMM.
+func TestUDOps(t *testing.T) {
+	runOps(t, startPair(t), "ud_ops.c", "OK ud send send_imm grh ah_from_wc qkey_drop sqe, uc write_imm\n")
+}
+
+// runOps builds the test program src and runs it on p's daemons, plain,
+// then built with ASan and UBSan on the library built the same way; its
+// output must be want.
+func runOps(t *testing.T, p *pair, src, want string) {
 	t.Run("plain", func(t *testing.T) {
-		got, err := p.run(t, 60*time.Second, buildC(t, "mem_ops.c"))
+		got, err := p.run(t, 60*time.Second, buildC(t, src))
 		require.NoError(t, err, "%s\n%s", got, p.daemonLogs())
 		assert.Equal(t, want, got)
 	})
 	t.Run("sanitized", func(t *testing.T) {
-		prog := buildC(t, "mem_ops.c", sanitizers...)
+		prog := buildC(t, src, sanitizers...)
 		got, err := p.runEnv(t, 120*time.Second, sanitizerEnv, "-sanitize", "address,undefined", prog)
 		require.NoError(t, err, "%s\n%s", got, p.daemonLogs())
 		assert.Equal(t, want, got)

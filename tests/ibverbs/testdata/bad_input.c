@@ -337,8 +337,8 @@ static void qp_attrs(struct side *a, struct side *b) {
 	ia.send_cq = NULL;
 	expect_errno("no send CQ", ibv_create_qp(a->pd, &ia) == NULL, EINVAL);
 	ia.send_cq = a->cq;
-	ia.qp_type = IBV_QPT_UD;
-	expect_errno("a UD QP (not supported)", ibv_create_qp(a->pd, &ia) == NULL, EOPNOTSUPP);
+	ia.qp_type = IBV_QPT_XRC_SEND;
+	expect_errno("an XRC QP (not supported)", ibv_create_qp(a->pd, &ia) == NULL, EOPNOTSUPP);
 	expect_errno("a CQ of 0 entries", ibv_create_cq(a->ctx, 0, NULL, NULL, 0) == NULL, EINVAL);
 	expect_errno("a CQ of 2^30 entries", ibv_create_cq(a->ctx, 1 << 30, NULL, NULL, 0) == NULL, EINVAL);
 

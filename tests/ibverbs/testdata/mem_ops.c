@@ -27,6 +27,8 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "check.h"
+
 #define LEN 20000 /* spans several pages, not page aligned */
 #define GUARD 64  /* bytes before and after the data that no operation may touch */
 /* A side's buffer: guard, data, guard, then 8-byte aligned atomic words. */
@@ -36,17 +38,6 @@
 static size_t atomic_off(const unsigned char *buf) {
 	uintptr_t p = (uintptr_t)buf + GUARD + LEN + GUARD;
 	return (size_t)(((p + 7) & ~(uintptr_t)7) - (uintptr_t)buf);
-}
-
-static void die(const char *what) {
-	perror(what);
-	printf("ERROR %s\n", what);
-	exit(1);
-}
-
-static void fail(const char *kind, const char *what, const char *detail) {
-	printf("ERROR %s %s: %s\n", kind, what, detail);
-	exit(1);
 }
 
 struct side {
@@ -103,40 +94,6 @@ static void connect_qp(struct side *s, struct side *peer) {
 	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
 					      IBV_QP_MAX_QP_RD_ATOMIC))
 		die("modify RTS");
-}
-
-/* want is the completion expected; check_len says whether byte_len is
- * defined for it; imm is compared when want.wc_flags has IBV_WC_WITH_IMM. */
-static void expect_wc(const char *kind, const char *what, struct side *s, struct ibv_wc want, int check_len) {
-	struct ibv_wc wc;
-	memset(&wc, 0xa5, sizeof wc); /* fields the library leaves unset show up */
-	time_t t0 = time(NULL);
-	int n;
-	while ((n = ibv_poll_cq(s->cq, 1, &wc)) == 0)
-		if (time(NULL) - t0 > 10)
-			fail(kind, what, "no completion in 10 s");
-	if (n < 0)
-		fail(kind, what, "ibv_poll_cq failed");
-	char d[256];
-#define FIELD(f, fmt)                                                                                          \
-	if (wc.f != want.f) {                                                                                  \
-		snprintf(d, sizeof d, #f " %" fmt ", want %" fmt " (status %s)", wc.f, want.f,                 \
-			 ibv_wc_status_str(wc.status));                                                        \
-		fail(kind, what, d);                                                                           \
-	}
-	FIELD(status, "d");
-	FIELD(wr_id, PRIu64);
-	FIELD(opcode, "d");
-	FIELD(qp_num, "u");
-	FIELD(wc_flags, "u");
-	if (check_len)
-		FIELD(byte_len, "u");
-	if (want.wc_flags & IBV_WC_WITH_IMM)
-		FIELD(imm_data, "u");
-#undef FIELD
-	/* Exactly one completion. */
-	if (ibv_poll_cq(s->cq, 1, &wc) != 0)
-		fail(kind, what, "a second completion");
 }
 
 static void fill(unsigned char *p, size_t n, int seed) {
@@ -203,8 +160,8 @@ static void matrix(const char *kind, struct side *a, struct side *b) {
 	w = (struct ibv_send_wr){ .wr_id = 1, .sg_list = &sg, .num_sge = 1, .opcode = IBV_WR_SEND,
 		.send_flags = IBV_SEND_SIGNALED };
 	post_send(a, &w);
-	expect_wc(kind, "SEND", a, (struct ibv_wc){ .wr_id = 1, .opcode = IBV_WC_SEND, .qp_num = aq }, 0);
-	expect_wc(kind, "SEND receive", b,
+	expect_wc(kind, "SEND", a->cq, (struct ibv_wc){ .wr_id = 1, .opcode = IBV_WC_SEND, .qp_num = aq }, 0);
+	expect_wc(kind, "SEND receive", b->cq,
 		  (struct ibv_wc){ .wr_id = 100, .opcode = IBV_WC_RECV, .qp_num = bq, .byte_len = LEN }, 1);
 	memcpy(rb + GUARD, ra + GUARD, LEN);
 	check_buf(kind, "SEND", b->buf, rb);
@@ -216,8 +173,8 @@ static void matrix(const char *kind, struct side *a, struct side *b) {
 	w = (struct ibv_send_wr){ .wr_id = 2, .sg_list = &sg, .num_sge = 1, .opcode = IBV_WR_SEND_WITH_IMM,
 		.send_flags = IBV_SEND_SIGNALED, .imm_data = htonl(0x12345678) };
 	post_send(a, &w);
-	expect_wc(kind, "SEND_WITH_IMM", a, (struct ibv_wc){ .wr_id = 2, .opcode = IBV_WC_SEND, .qp_num = aq }, 0);
-	expect_wc(kind, "SEND_WITH_IMM receive", b,
+	expect_wc(kind, "SEND_WITH_IMM", a->cq, (struct ibv_wc){ .wr_id = 2, .opcode = IBV_WC_SEND, .qp_num = aq }, 0);
+	expect_wc(kind, "SEND_WITH_IMM receive", b->cq,
 		  (struct ibv_wc){ .wr_id = 101, .opcode = IBV_WC_RECV, .qp_num = bq, .byte_len = LEN - 3333,
 			  .wc_flags = IBV_WC_WITH_IMM, .imm_data = htonl(0x12345678) },
 		  1);
@@ -230,7 +187,7 @@ static void matrix(const char *kind, struct side *a, struct side *b) {
 	w = (struct ibv_send_wr){ .wr_id = 3, .sg_list = &sg, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
 		.send_flags = IBV_SEND_SIGNALED, .wr.rdma = { .remote_addr = (uintptr_t)bd, .rkey = b->mr->rkey } };
 	post_send(a, &w);
-	expect_wc(kind, "WRITE", a, (struct ibv_wc){ .wr_id = 3, .opcode = IBV_WC_RDMA_WRITE, .qp_num = aq }, 0);
+	expect_wc(kind, "WRITE", a->cq, (struct ibv_wc){ .wr_id = 3, .opcode = IBV_WC_RDMA_WRITE, .qp_num = aq }, 0);
 	memcpy(rb + GUARD, ra + GUARD, LEN);
 	check_buf(kind, "WRITE", b->buf, rb);
 	struct ibv_wc none;
@@ -246,9 +203,9 @@ static void matrix(const char *kind, struct side *a, struct side *b) {
 		.send_flags = IBV_SEND_SIGNALED, .imm_data = htonl(0xcafe0001),
 		.wr.rdma = { .remote_addr = (uintptr_t)bd + 1, .rkey = b->mr->rkey } };
 	post_send(a, &w);
-	expect_wc(kind, "WRITE_WITH_IMM", a, (struct ibv_wc){ .wr_id = 4, .opcode = IBV_WC_RDMA_WRITE, .qp_num = aq },
+	expect_wc(kind, "WRITE_WITH_IMM", a->cq, (struct ibv_wc){ .wr_id = 4, .opcode = IBV_WC_RDMA_WRITE, .qp_num = aq },
 		  0);
-	expect_wc(kind, "WRITE_WITH_IMM receive", b,
+	expect_wc(kind, "WRITE_WITH_IMM receive", b->cq,
 		  (struct ibv_wc){ .wr_id = 102, .opcode = IBV_WC_RECV_RDMA_WITH_IMM, .qp_num = bq,
 			  .byte_len = LEN - 1, .wc_flags = IBV_WC_WITH_IMM, .imm_data = htonl(0xcafe0001) },
 		  1);
@@ -263,7 +220,7 @@ static void matrix(const char *kind, struct side *a, struct side *b) {
 	w = (struct ibv_send_wr){ .wr_id = 5, .sg_list = rdsg, .num_sge = 2, .opcode = IBV_WR_RDMA_READ,
 		.send_flags = IBV_SEND_SIGNALED, .wr.rdma = { .remote_addr = (uintptr_t)bd, .rkey = b->mr->rkey } };
 	post_send(a, &w);
-	expect_wc(kind, "READ", a,
+	expect_wc(kind, "READ", a->cq,
 		  (struct ibv_wc){ .wr_id = 5, .opcode = IBV_WC_RDMA_READ, .qp_num = aq, .byte_len = LEN }, 1);
 	memcpy(ra + GUARD, rb + GUARD, LEN);
 	check_buf(kind, "READ", a->buf, ra);
@@ -294,7 +251,7 @@ static void matrix(const char *kind, struct side *a, struct side *b) {
 			.wr.atomic = { .remote_addr = (uintptr_t)bw, .rkey = b->mr->rkey,
 				.compare_add = at[i].compare_add, .swap = at[i].swap } };
 		post_send(a, &w);
-		expect_wc(kind, at[i].name, a, (struct ibv_wc){ .wr_id = 6 + i, .opcode = at[i].wc, .qp_num = aq }, 0);
+		expect_wc(kind, at[i].name, a->cq, (struct ibv_wc){ .wr_id = 6 + i, .opcode = at[i].wc, .qp_num = aq }, 0);
 		char d[128];
 		if (word(aw + 8 * i) != at[i].orig) {
 			snprintf(d, sizeof d, "returned 0x%016" PRIx64 ", want the original 0x%016" PRIx64,
@@ -321,12 +278,7 @@ static void matrix(const char *kind, struct side *a, struct side *b) {
 }
 
 int main(void) {
-	int n;
-	struct ibv_device **list = ibv_get_device_list(&n);
-	if (!list || n < 2) {
-		printf("ERROR need two devices, have %d\n", list ? n : -1);
-		return 1;
-	}
+	struct ibv_device **list = two_devices();
 	struct side a, b;
 	open_side(&a, list[0]);
 	open_side(&b, list[1]);
@@ -365,7 +317,7 @@ int main(void) {
 	struct ibv_send_wr wr = { .wr_id = 99, .sg_list = &sg, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
 		.send_flags = IBV_SEND_SIGNALED, .wr.rdma = { .remote_addr = (uintptr_t)b.buf, .rkey = b.mr->rkey ^ 0x5a } };
 	post_send(&a, &wr);
-	expect_wc("async", "write to a bad rkey", &a,
+	expect_wc("async", "write to a bad rkey", a.cq,
 		  (struct ibv_wc){ .wr_id = 99, .status = IBV_WC_REM_ACCESS_ERR, .opcode = IBV_WC_RDMA_WRITE, .qp_num = a.qp->qp_num }, 0);
 	struct side *sides[2] = { &a, &b };
 	for (int i = 0; i < 2; i++) {

@@ -26,13 +26,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#define SIGNAL_EVERY 64
+#include "check.h"
 
-static void die(const char *what) {
-	perror(what);
-	printf("ERROR %s\n", what);
-	exit(1);
-}
+#define SIGNAL_EVERY 64
 
 struct side {
 	struct ibv_context *ctx;
