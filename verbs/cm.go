@@ -175,13 +175,7 @@ func (e *AsyncEvents) GetCM(timeout time.Duration) (abi.CMEvent, error) {
 	}
 	deadline := time.Now().Add(timeout)
 	for {
-		left := time.Until(deadline)
-		if timeout < 0 {
-			left = -1
-		} else if left < 0 {
-			left = 0
-		}
-		async, cmev, isCM, err := e.read(left)
+		async, cmev, isCM, err := e.readBy(deadline, timeout)
 		if err != nil {
 			return abi.CMEvent{}, err
 		}
@@ -193,6 +187,16 @@ func (e *AsyncEvents) GetCM(timeout time.Duration) (abi.CMEvent, error) {
 			return abi.CMEvent{}, ErrClosed
 		}
 	}
+}
+
+// readBy is read waiting until deadline, the end of a wait of timeout
+// (negative: no bound) that began earlier.
+func (e *AsyncEvents) readBy(deadline time.Time, timeout time.Duration) (abi.AsyncEvent, abi.CMEvent, bool, error) {
+	left := time.Duration(-1)
+	if timeout >= 0 {
+		left = max(time.Until(deadline), 0)
+	}
+	return e.read(left)
 }
 
 // read reads one datagram of the event socket, waiting up to timeout.

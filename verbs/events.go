@@ -52,13 +52,7 @@ func (e *AsyncEvents) Get(timeout time.Duration) (abi.AsyncEvent, error) {
 	}
 	deadline := time.Now().Add(timeout)
 	for {
-		left := time.Until(deadline)
-		if timeout < 0 {
-			left = -1
-		} else if left < 0 {
-			left = 0
-		}
-		ev, cmev, isCM, err := e.read(left)
+		ev, cmev, isCM, err := e.readBy(deadline, timeout)
 		if err != nil || !isCM {
 			return ev, err
 		}
