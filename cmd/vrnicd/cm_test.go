@@ -47,34 +47,17 @@ func cmDaemon(t *testing.T, name string) (sock string, gid [16]byte) {
 
 // cmSide is a client with an RC QP, a buffer and its event socket.
 type cmSide struct {
-	c   *verbs.Context
-	ev  *verbs.AsyncEvents
-	cq  *verbs.CQ
-	qp  *verbs.QP
-	buf *verbs.Buffer
-	mr  *verbs.MR
+	*rcEnd
+	ev *verbs.AsyncEvents
 }
 
 func openCMSide(t *testing.T, sock string) *cmSide {
 	t.Helper()
-	c, err := verbs.Open(sock, verbs.WithClientName(t.Name()))
-	require.NoError(t, err)
-	t.Cleanup(func() { c.Close() })
-	ev, err := c.OpenAsyncEvents()
+	e := openRCEnd(t, sock)
+	ev, err := e.c.OpenAsyncEvents()
 	require.NoError(t, err)
 	t.Cleanup(func() { ev.Close() })
-	pd, err := c.AllocPD()
-	require.NoError(t, err)
-	cq, err := c.CreateCQ(16, nil)
-	require.NoError(t, err)
-	qp, err := pd.CreateQP(verbs.QPInitAttr{Type: abi.QPTRC, SendCQ: cq, RecvCQ: cq, SigAll: true,
-		Cap: abi.QPCap{MaxSendWR: 8, MaxRecvWR: 8, MaxSendSGE: 1, MaxRecvSGE: 1}})
-	require.NoError(t, err)
-	buf, err := c.Alloc(8192, 4096)
-	require.NoError(t, err)
-	mr, err := pd.RegMR(buf, abi.AccessAll)
-	require.NoError(t, err)
-	return &cmSide{c: c, ev: ev, cq: cq, qp: qp, buf: buf, mr: mr}
+	return &cmSide{rcEnd: e, ev: ev}
 }
 
 func nextCM(t *testing.T, s *cmSide, want abi.CMEventType) abi.CMEvent {

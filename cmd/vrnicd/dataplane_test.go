@@ -74,31 +74,14 @@ func loopbackTraffic(t *testing.T, extra []string) {
 	}, 5*time.Second, 10*time.Millisecond)
 
 	type side struct {
-		c    *verbs.Context
-		cq   *verbs.CQ
-		qp   *verbs.QP
-		buf  *verbs.Buffer
-		mr   *verbs.MR
+		*rcEnd
 		addr abi.RespQueryGID
 	}
 	open := func() *side {
-		c, err := verbs.Open(sock)
+		e := openRCEnd(t, sock)
+		gid, err := e.c.QueryGID(1, 0)
 		require.NoError(t, err)
-		t.Cleanup(func() { c.Close() })
-		pd, err := c.AllocPD()
-		require.NoError(t, err)
-		cq, err := c.CreateCQ(16, nil)
-		require.NoError(t, err)
-		qp, err := pd.CreateQP(verbs.QPInitAttr{Type: abi.QPTRC, SendCQ: cq, RecvCQ: cq, SigAll: true,
-			Cap: abi.QPCap{MaxSendWR: 8, MaxRecvWR: 8, MaxSendSGE: 1, MaxRecvSGE: 1}})
-		require.NoError(t, err)
-		buf, err := c.Alloc(8192, 4096)
-		require.NoError(t, err)
-		mr, err := pd.RegMR(buf, abi.AccessAll)
-		require.NoError(t, err)
-		gid, err := c.QueryGID(1, 0)
-		require.NoError(t, err)
-		return &side{c: c, cq: cq, qp: qp, buf: buf, mr: mr, addr: gid}
+		return &side{rcEnd: e, addr: gid}
 	}
 	a, b := open(), open()
 	for _, p := range [][2]*side{{a, b}, {b, a}} {
@@ -210,4 +193,34 @@ func TestRunUDPLink(t *testing.T) {
 	c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(local))
 	require.NoError(t, err, "released at exit")
 	c.Close()
+}
+
+// rcEnd is a client context with one RC QP (every WR signaled), its CQ
+// and an MR over 8 KiB of its memory.
+type rcEnd struct {
+	c   *verbs.Context
+	cq  *verbs.CQ
+	qp  *verbs.QP
+	buf *verbs.Buffer
+	mr  *verbs.MR
+}
+
+// openRCEnd opens it on the daemon at sock; t's cleanup closes it.
+func openRCEnd(t *testing.T, sock string) *rcEnd {
+	t.Helper()
+	c, err := verbs.Open(sock, verbs.WithClientName(t.Name()))
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	pd, err := c.AllocPD()
+	require.NoError(t, err)
+	cq, err := c.CreateCQ(16, nil)
+	require.NoError(t, err)
+	qp, err := pd.CreateQP(verbs.QPInitAttr{Type: abi.QPTRC, SendCQ: cq, RecvCQ: cq, SigAll: true,
+		Cap: abi.QPCap{MaxSendWR: 8, MaxRecvWR: 8, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	require.NoError(t, err)
+	buf, err := c.Alloc(8192, 4096)
+	require.NoError(t, err)
+	mr, err := pd.RegMR(buf, abi.AccessAll)
+	require.NoError(t, err)
+	return &rcEnd{c: c, cq: cq, qp: qp, buf: buf, mr: mr}
 }
