@@ -47,7 +47,13 @@ func TestQP1ExchangesMADs(t *testing.T) {
 		return m
 	}
 	const n = 150 // more than QP1's send slots: they are recycled
+	// UD does not wait for a receiver: the sender keeps at most 32 MADs
+	// ahead of what b took, within b's 64 receive slots, so that none is
+	// dropped for want of a posted receive however the two are scheduled.
+	const ahead = 32
 	for i := range n {
+		require.Eventually(t, func() bool { return qb.Counters.Received.Load()+ahead > uint64(i) },
+			5*time.Second, 50*time.Microsecond, "b took %d MADs of %d", qb.Counters.Received.Load(), i)
 		for qa.SendMAD(nb.gid, mad(0x07, byte(i))) != nil {
 			time.Sleep(time.Millisecond)
 		}
