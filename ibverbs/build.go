@@ -33,6 +33,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -42,6 +43,17 @@ var sources embed.FS
 
 // LibName is the file name (and soname) of the library.
 const LibName = "libibverbs.so.1"
+
+// CMLibName is the file name (and soname) of the librdmacm stand-in,
+// built beside LibName from the cma*.c sources (and ctl.c) when the
+// system has a librdmacm.so.1 whose interface it copies.
+const CMLibName = "librdmacm.so.1"
+
+// isCMSource reports whether the source file belongs to librdmacm only.
+func isCMSource(n string) bool { return strings.HasPrefix(n, "cma") }
+
+// cmShared are the sources compiled into both libraries.
+var cmShared = []string{"ctl.c"}
 
 // CFlags are the flags every source is compiled with.
 var CFlags = []string{"-std=gnu11", "-Wall", "-Wextra", "-Werror", "-fPIC", "-O2", "-fvisibility=hidden", "-pthread"}
@@ -58,6 +70,9 @@ type Options struct {
 	// SystemLib is the libibverbs.so.1 whose interface is copied;
 	// default SystemLibrary().
 	SystemLib string
+	// SystemCMLib is the librdmacm.so.1 whose interface is copied;
+	// default the installed one (none: CMLibName is not built).
+	SystemCMLib string
 	// Log, if set, gets the compiler's output and what is done.
 	Log io.Writer
 }
@@ -81,29 +96,40 @@ var ErrNoSystemLibrary = errors.New("no system libibverbs.so.1 found (install li
 // SystemLibrary returns the path of the installed libibverbs.so.1, as
 // ldconfig knows it, else from the usual library directories.
 func SystemLibrary() (string, error) {
+	if p := findLibrary(LibName); p != "" {
+		return p, nil
+	}
+	return "", ErrNoSystemLibrary
+}
+
+// SystemCMLibrary returns the path of the installed librdmacm.so.1, or
+// "" if there is none.
+func SystemCMLibrary() string { return findLibrary(CMLibName) }
+
+func findLibrary(name string) string {
 	if out, err := exec.Command("ldconfig", "-p").Output(); err == nil {
 		sc := bufio.NewScanner(bytes.NewReader(out))
 		for sc.Scan() {
 			line := strings.TrimSpace(sc.Text())
-			if !strings.HasPrefix(line, LibName+" ") {
+			if !strings.HasPrefix(line, name+" ") {
 				continue
 			}
 			if i := strings.Index(line, "=> "); i >= 0 {
 				p := strings.TrimSpace(line[i+3:])
 				if _, err := os.Stat(p); err == nil {
-					return p, nil
+					return p
 				}
 			}
 		}
 	}
 	for _, d := range []string{"/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu",
 		"/usr/lib64", "/lib64", "/usr/lib", "/lib"} {
-		p := filepath.Join(d, LibName)
+		p := filepath.Join(d, name)
 		if _, err := os.Stat(p); err == nil {
-			return p, nil
+			return p
 		}
 	}
-	return "", ErrNoSystemLibrary
+	return ""
 }
 
 // Sources returns the embedded C sources by file name.
@@ -146,6 +172,15 @@ func Build(o Options) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	if o.SystemCMLib == "" {
+		o.SystemCMLib = SystemCMLibrary()
+	}
+	var cmSet *SymbolSet
+	if o.SystemCMLib != "" {
+		if cmSet, err = ReadSymbols(o.SystemCMLib); err != nil {
+			return "", err
+		}
+	}
 	src, err := Sources()
 	if err != nil {
 		return "", err
@@ -162,6 +197,9 @@ func Build(o Options) (string, error) {
 	}
 	fmt.Fprintf(h, "cc %s\nflags %q %q\n", o.CC, CFlags, o.ExtraCFlags)
 	h.Write([]byte(set.Key()))
+	if cmSet != nil {
+		h.Write([]byte(cmSet.Key()))
+	}
 	key := hex.EncodeToString(h.Sum(nil))[:16]
 	dir := filepath.Join(o.CacheDir, "ibverbs-"+key)
 	if _, err := os.Stat(filepath.Join(dir, LibName)); err == nil {
@@ -194,8 +232,8 @@ func Build(o Options) (string, error) {
 		}
 		return nil
 	}
-	implemented := map[string]bool{}
-	var objs []string
+	implemented, cmImplemented := map[string]bool{}, map[string]bool{}
+	var objs, cmObjs []string
 	for _, n := range names {
 		if !strings.HasSuffix(n, ".c") {
 			continue
@@ -208,12 +246,18 @@ func Build(o Options) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		for s := range defs {
-			implemented[s] = true
+		dst, impl := &objs, implemented
+		if isCMSource(n) {
+			dst, impl = &cmObjs, cmImplemented
+		} else if slices.Contains(cmShared, n) {
+			cmObjs = append(cmObjs, obj)
 		}
-		objs = append(objs, obj)
+		for s := range defs {
+			impl[s] = true
+		}
+		*dst = append(*dst, obj)
 	}
-	stubs, script := Generate(set, implemented, readHeader())
+	stubs, script := Generate(set, implemented, readHeader(verbsHeaders))
 	if err := os.WriteFile(filepath.Join(tmp, "stubs_gen.c"), stubs, 0o644); err != nil {
 		return "", err
 	}
@@ -231,11 +275,35 @@ func Build(o Options) (string, error) {
 	if err := cc(append(link, objs...)...); err != nil {
 		return "", err
 	}
+	outputs := []string{LibName, "libibverbs.map", "stubs_gen.c"}
+	if cmSet != nil {
+		// librdmacm: its own sources, linked against the libibverbs just
+		// built (DT_NEEDED libibverbs.so.1, versioned references).
+		stubs, script := GenerateWith(cmSet, cmImplemented, readHeader(cmHeaders), cmStubs)
+		if err := os.WriteFile(filepath.Join(tmp, "rdmacm_stubs_gen.c"), stubs, 0o644); err != nil {
+			return "", err
+		}
+		if err := os.WriteFile(filepath.Join(tmp, "librdmacm.map"), script, 0o644); err != nil {
+			return "", err
+		}
+		if err := cc(append(append([]string{}, flags...), "-c", "rdmacm_stubs_gen.c", "-o", "rdmacm_stubs_gen.o")...); err != nil {
+			return "", err
+		}
+		cmObjs = append(cmObjs, "rdmacm_stubs_gen.o", "./"+LibName)
+		link := append(append([]string{}, o.ExtraCFlags...), "-shared", "-pthread", "-Wl,-soname,"+CMLibName,
+			"-Wl,--version-script=librdmacm.map", "-Wl,-z,now", "-o", CMLibName)
+		if err := cc(append(link, cmObjs...)...); err != nil {
+			return "", err
+		}
+		outputs = append(outputs, CMLibName, "librdmacm.map", "rdmacm_stubs_gen.c")
+	} else {
+		fmt.Fprintf(o.Log, "no system %s: %s is not built\n", CMLibName, CMLibName)
+	}
 	out := filepath.Join(tmp, "out")
 	if err := os.Mkdir(out, 0o755); err != nil {
 		return "", err
 	}
-	for _, f := range []string{LibName, "libibverbs.map", "stubs_gen.c"} {
+	for _, f := range outputs {
 		if err := os.Rename(filepath.Join(tmp, f), filepath.Join(out, f)); err != nil {
 			return "", err
 		}

@@ -47,7 +47,8 @@ static const char *op_name(uint16_t op) {
 	static const char *names[] = { "?", "OPEN_CONTEXT", "QUERY_DEVICE", "QUERY_PORT", "QUERY_GID",
 		"ADD_HOST_MEM", "REMOVE_HOST_MEM", "ALLOC_PD", "DEALLOC_PD", "REG_MR", "DEREG_MR", "CREATE_CQ",
 		"DESTROY_CQ", "CREATE_QP", "MODIFY_QP", "QUERY_QP", "DESTROY_QP", "CREATE_SRQ", "MODIFY_SRQ",
-		"DESTROY_SRQ", "CREATE_AH", "DESTROY_AH", "QUERY_SRQ" };
+		"DESTROY_SRQ", "CREATE_AH", "DESTROY_AH", "QUERY_SRQ", "OPEN_EVENTS", "CM_CREATE_ID", "CM_DESTROY_ID",
+		"CM_LISTEN", "CM_CONNECT", "CM_ACCEPT", "CM_REJECT", "CM_ESTABLISH", "CM_DISCONNECT", "CM_INIT_QP_ATTR" };
 	return op < sizeof names / sizeof names[0] ? names[op] : "?";
 }
 

@@ -61,6 +61,7 @@ static struct vr_device *find_or_add(const char *name, const char *path) {
 	struct vr_device *d = calloc(1, sizeof *d);
 	if (!d)
 		return NULL;
+	d->magic = VR_DEVICE_MAGIC;
 	d->dev.node_type = IBV_NODE_CA;
 	d->dev.transport_type = IBV_TRANSPORT_IB;
 	snprintf(d->dev.name, sizeof d->dev.name, "%s", name);

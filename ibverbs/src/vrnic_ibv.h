@@ -31,8 +31,11 @@
 /* A device: one reachable vrnicd control socket. Devices live for the
  * whole process (ibv_free_device_list frees only the array), so pointers
  * handed out stay valid after the list is freed, as with libibverbs. */
+#define VR_DEVICE_MAGIC 0x7672646576696365ull /* "vrdevice" */
+
 struct vr_device {
 	struct ibv_device dev;
+	uint64_t magic;         /* VR_DEVICE_MAGIC: librdmacm checks the device is ours */
 	char sock[108];         /* control socket path */
 	bool guid_known;
 	__be64 guid;            /* node GUID, big-endian as ibv_get_device_guid returns it */
