@@ -947,8 +947,10 @@ VR_EXPORT int rdma_listen(struct rdma_cm_id *cid, int backlog) {
 		uint32_t h = 0;
 		int r = create_handle(d, id->id.qp_type, &h);
 		if (!r) {
-			struct vrnic_cmd_cm_listen c = { .cm_id = h, .backlog = backlog > 0 ? (uint32_t)backlog : 0,
-							 .service_id = sid };
+			/* The kernel's ucma: 0, negative or too large means its
+			 * max_backlog, 1024. */
+			uint32_t bl = backlog > 0 && backlog < 1024 ? (uint32_t)backlog : 1024;
+			struct vrnic_cmd_cm_listen c = { .cm_id = h, .backlog = bl, .service_id = sid };
 			r = cm_call(d, VRNIC_CMD_CM_LISTEN, &c, sizeof c, NULL, 0);
 			if (r)
 				cm_handle_call(d, VRNIC_CMD_CM_DESTROY_ID, h);

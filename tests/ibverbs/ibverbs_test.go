@@ -127,12 +127,19 @@ func (p *pair) start(t *testing.T, name string, args ...string) (*launch.Proc, *
 func (p *pair) startEnv(t *testing.T, name string, env []string, args ...string) (*launch.Proc, *launch.Buffer) {
 	t.Helper()
 	out := &launch.Buffer{}
+	return p.startTo(t, name, env, out, out, args...), out
+}
+
+// startTo starts PROGRAM ARGS through vrnic-run with its standard output
+// and error going to stdout and stderr.
+func (p *pair) startTo(t *testing.T, name string, env []string, stdout, stderr *launch.Buffer, args ...string) *launch.Proc {
+	t.Helper()
 	full := append([]string{"-runtime-dir", p.dir, "-cache-dir", cache}, args...)
 	proc, err := launch.Start(launch.Spec{Name: name, Bin: filepath.Join(bin, "vrnic-run"), Args: full,
-		Env: env, Stdout: out, Stderr: out})
+		Env: env, Stdout: stdout, Stderr: stderr})
 	require.NoError(t, err)
 	t.Cleanup(func() { proc.Stop(0, 5*time.Second) })
-	return proc, out
+	return proc
 }
 
 func TestDevices(t *testing.T) {

@@ -1,0 +1,215 @@
+// Package cmprogs runs Debian's unmodified rdma_cm programs (rdmacm-utils:
+// rping, ucmatose, udaddy, rdma_server/rdma_client; perftest with -R)
+// through vrnic-run on two daemons, and checks what they print. The test
+// packages of the UDP link (tests/ibverbs) and of the TAP link
+// (tests/tap) run the same cases.
+package cmprogs
+
+import (
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/vrnic/vrnic/admin"
+	"github.com/vrnic/vrnic/internal/launch"
+)
+
+// Port spaces of rdma_cm (service ID = space << 16 | port).
+const (
+	PSTCP = 0x0106
+	PSUDP = 0x0111
+)
+
+// Case is one program pair: the server runs on the server's device, the
+// client on the other device and connects to the server's address.
+type Case struct {
+	Name   string
+	Prog   string
+	PS     uint64 // the port space the server listens in
+	Port   string // the port the programs use, if they have no option for it
+	Server func(addr, port string) []string
+	Client func(addr, port string) []string
+	// Check looks at both programs' standard output (they exited 0).
+	Check func(server, client string) error
+}
+
+// Cases are the programs of the rdma_cm must-show list.
+func Cases() []Case {
+	expect := func(want ...string) func(s, c string) error {
+		return func(s, c string) error {
+			for _, w := range want {
+				if !strings.Contains(s+c, w) {
+					return fmt.Errorf("no %q in the output", w)
+				}
+			}
+			return nil
+		}
+	}
+	perf := func(prog string, extra ...string) Case {
+		return Case{Name: prog + "_R", Prog: prog, PS: PSTCP,
+			Server: func(a, p string) []string {
+				return append([]string{prog, "-R", "-p", p}, extra...)
+			},
+			Client: func(a, p string) []string {
+				return append(append([]string{prog, "-R", "-p", p}, extra...), a)
+			},
+			Check: func(s, c string) error {
+				for _, o := range []string{s, c} {
+					if !perfRow.MatchString(o) {
+						return fmt.Errorf("%s: no report line in:\n%s", prog, o)
+					}
+				}
+				return nil
+			}}
+	}
+	return []Case{
+		{Name: "rping", Prog: "rping", PS: PSTCP,
+			Server: func(a, p string) []string { return []string{"rping", "-s", "-a", a, "-p", p, "-C", "100", "-v"} },
+			Client: func(a, p string) []string { return []string{"rping", "-c", "-a", a, "-p", p, "-C", "100", "-v"} },
+			Check: func(s, c string) error {
+				if err := RpingPayload(c, "ping data: ", 100); err != nil {
+					return fmt.Errorf("client: %w", err)
+				}
+				return RpingPayload(s, "server ping data: ", 100)
+			}},
+		{Name: "ucmatose", Prog: "ucmatose", PS: PSTCP,
+			Server: func(a, p string) []string { return []string{"ucmatose", "-p", p, "-c", "4", "-C", "20"} },
+			Client: func(a, p string) []string { return []string{"ucmatose", "-s", a, "-p", p, "-c", "4", "-C", "20"} },
+			Check:  expect("data transfers complete", "test complete", "return status 0")},
+		// -m: the server's connections move to another event channel
+		// (rdma_migrate_id) once established.
+		{Name: "ucmatose_migrate", Prog: "ucmatose", PS: PSTCP,
+			Server: func(a, p string) []string { return []string{"ucmatose", "-p", p, "-c", "2", "-C", "10", "-m"} },
+			Client: func(a, p string) []string { return []string{"ucmatose", "-s", a, "-p", p, "-c", "2", "-C", "10"} },
+			Check:  expect("data transfers complete", "test complete", "return status 0")},
+		// udaddy has no port option: rdma_cm's port 7174 (its -p is the
+		// port space).
+		{Name: "udaddy", Prog: "udaddy", PS: PSUDP, Port: "7174",
+			Server: func(a, p string) []string { return []string{"udaddy", "-c", "4", "-C", "20"} },
+			Client: func(a, p string) []string { return []string{"udaddy", "-s", a, "-c", "4", "-C", "20"} },
+			Check:  expect("data transfers complete", "test complete", "return status 0")},
+		{Name: "rdma_server", Prog: "rdma_server", PS: PSTCP,
+			Server: func(a, p string) []string { return []string{"rdma_server", "-p", p} },
+			Client: func(a, p string) []string { return []string{"rdma_client", "-s", a, "-p", p} },
+			Check:  expect("rdma_server: end 0", "rdma_client: end 0")},
+		perf("ib_send_bw", "-n", "500", "-s", "65536"),
+		perf("ib_write_lat", "-n", "500", "-s", "8"),
+		perf("ib_read_bw", "-n", "500", "-s", "65536"),
+	}
+}
+
+var perfRow = regexp.MustCompile(`(?m)^ (65536|8)[ \t]+500[ \t]+[0-9.]+`)
+
+// RpingPayload checks that out has the n lines rping -v prints, each
+// with the payload rping writes for that ping: "rdma-ping-<i>: " and then
+// the characters 'A'..'z' cycling from 'A'+i, up to 63 bytes.
+func RpingPayload(out, prefix string, n int) error {
+	lines := map[string]bool{}
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			lines[strings.TrimPrefix(l, prefix)] = true
+		}
+	}
+	start := byte('A')
+	for i := 0; i < n; i++ {
+		b := []byte(fmt.Sprintf("rdma-ping-%d: ", i))
+		for c := start; len(b) < 63; {
+			b = append(b, c)
+			if c++; c > 'z' {
+				c = 'A'
+			}
+		}
+		if !lines[string(b)] {
+			return fmt.Errorf("ping %d: %q not printed", i, b)
+		}
+		if start++; start > 'z' {
+			start = 'A'
+		}
+	}
+	if len(lines) != n {
+		return fmt.Errorf("%d ping lines, want %d", len(lines), n)
+	}
+	return nil
+}
+
+// CMInfo fetches every page of the daemon's CM view (vrnicctl cm).
+func CMInfo(sock string) (admin.CMInfo, error) {
+	var info admin.CMInfo
+	a, err := admin.Dial(sock)
+	if err != nil {
+		return info, err
+	}
+	defer a.Close()
+	for start := 0; ; {
+		b, err := a.Call(admin.CMCmd, admin.Request{Start: start})
+		if err != nil {
+			return info, err
+		}
+		var page admin.CMInfo
+		if err := json.Unmarshal(b, &page); err != nil {
+			return info, err
+		}
+		ids := append(info.IDs, page.IDs...)
+		info, info.IDs = page, ids
+		if page.Next == 0 {
+			return info, nil
+		}
+		start = page.Next
+	}
+}
+
+// WaitListen waits until the daemon at sock has a listener for the
+// service ID, while srv runs.
+func WaitListen(sock string, serviceID uint64, srv *launch.Proc, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		info, err := CMInfo(sock)
+		if err == nil {
+			for _, id := range info.IDs {
+				if id.Role == "listen" && id.ServiceID == serviceID {
+					return nil
+				}
+			}
+		}
+		if !srv.Running() {
+			return fmt.Errorf("the server exited before listening on %#x", serviceID)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no listener on %#x after %v (last error %v)", serviceID, timeout, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// WaitNoCMIDs waits until the daemon at sock holds no CM ID, no context
+// and no QP (every program exited and its contexts are closed).
+func WaitNoCMIDs(sock string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		info, err := CMInfo(sock)
+		res := admin.ResourceCounts{Contexts: -1}
+		if a, derr := admin.Dial(sock); derr == nil {
+			if i, ierr := a.Info(); ierr == nil {
+				res = i.Resources
+			}
+			a.Close()
+		}
+		if err == nil && info.Total == 0 && res.QP == 0 && res.Contexts == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("after %v: %d CM IDs (%d connections), %d contexts, %d QPs (err %v)", timeout,
+				info.Total, info.Connections, res.Contexts, res.QP, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// ServiceID is rdma_cm's service ID of a port in a port space.
+func ServiceID(ps uint64, port string) uint64 {
+	p, _ := strconv.Atoi(port)
+	return ps<<16 | uint64(p)
+}
