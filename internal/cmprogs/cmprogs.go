@@ -11,11 +11,55 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 
 	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/internal/launch"
 )
+
+// Env is where the cases run: Start runs PROGRAM ARGS through vrnic-run
+// on the daemons (device names are passed as vrnic-run's -d), the server
+// on ServerDev listening on Addr, the client on ClientDev.
+type Env struct {
+	Start     func(name string, stdout, stderr *launch.Buffer, args ...string) *launch.Proc
+	ServerDev string
+	ClientDev string
+	Addr      string
+	// Socks are the daemons' control sockets, the server's first.
+	Socks []string
+	// FreePort returns a port for a case that takes one.
+	FreePort func() string
+}
+
+// Run runs case c in e: the server, once it listens, the client; both
+// must exit 0, c.Check must hold, and afterwards no daemon may hold a CM
+// ID, a context or a QP.
+func Run(t *testing.T, e Env, c Case) {
+	t.Helper()
+	port := c.Port
+	if port == "" {
+		port = e.FreePort()
+	}
+	var sout, serr, cout, cerr launch.Buffer
+	srv := e.Start("server", &sout, &serr, append([]string{"-d", e.ServerDev}, c.Server(e.Addr, port)...)...)
+	require.NoError(t, WaitListen(e.Socks[0], ServiceID(c.PS, port), srv, 60*time.Second),
+		"server: %s%s", sout.String(), serr.String())
+	cli := e.Start("client", &cout, &cerr, append([]string{"-d", e.ClientDev}, c.Client(e.Addr, port)...)...)
+	both := func() string {
+		return "client: " + cout.String() + cerr.String() + "\nserver: " + sout.String() + serr.String()
+	}
+	require.True(t, cli.Wait(120*time.Second), "client did not exit: %s", both())
+	require.NoError(t, cli.Err(), "%s", both())
+	require.True(t, srv.Wait(60*time.Second), "server did not exit: %s", both())
+	require.NoError(t, srv.Err(), "%s", both())
+	require.NoError(t, c.Check(sout.String(), cout.String()), "%s", both())
+	for _, s := range e.Socks {
+		require.NoError(t, WaitNoCMIDs(s, 10*time.Second))
+	}
+}
 
 // Port spaces of rdma_cm (service ID = space << 16 | port).
 const (

@@ -30,31 +30,16 @@ func TestRdmaCM(t *testing.T) {
 	}
 	testenv.NeedTool(t, "rdma_client")
 	p := startPair(t)
-	socks := []string{admin.SocketPath(p.dir, "a"), admin.SocketPath(p.dir, "b")}
-	addr := p.addr[1].String()
+	e := cmprogs.Env{
+		Start: func(name string, stdout, stderr *launch.Buffer, args ...string) *launch.Proc {
+			return p.startTo(t, name, nil, stdout, stderr, args...)
+		},
+		ServerDev: "b", ClientDev: "a", Addr: p.addr[1].String(),
+		Socks:    []string{admin.SocketPath(p.dir, "b"), admin.SocketPath(p.dir, "a")},
+		FreePort: func() string { return strconv.Itoa(freeTCPPort(t)) },
+	}
 	for _, c := range cases {
-		t.Run(c.Name, func(t *testing.T) {
-			port := c.Port
-			if port == "" {
-				port = strconv.Itoa(freeTCPPort(t))
-			}
-			var sout, serr, cout, cerr launch.Buffer
-			srv := p.startTo(t, "server", nil, &sout, &serr, append([]string{"-d", "b"}, c.Server(addr, port)...)...)
-			require.NoError(t, cmprogs.WaitListen(socks[1], cmprogs.ServiceID(c.PS, port), srv, 60*time.Second),
-				"server: %s%s", sout.String(), serr.String())
-			cli := p.startTo(t, "client", nil, &cout, &cerr, append([]string{"-d", "a"}, c.Client(addr, port)...)...)
-			both := func() string {
-				return "client: " + cout.String() + cerr.String() + "\nserver: " + sout.String() + serr.String()
-			}
-			require.True(t, cli.Wait(120*time.Second), "client did not exit: %s", both())
-			require.NoError(t, cli.Err(), "%s\n%s", both(), p.daemonLogs())
-			require.True(t, srv.Wait(60*time.Second), "server did not exit: %s", both())
-			require.NoError(t, srv.Err(), "%s", both())
-			require.NoError(t, c.Check(sout.String(), cout.String()), "%s", both())
-			for _, s := range socks {
-				require.NoError(t, cmprogs.WaitNoCMIDs(s, 10*time.Second))
-			}
-		})
+		t.Run(c.Name, func(t *testing.T) { cmprogs.Run(t, e, c) })
 	}
 }
 
