@@ -413,8 +413,33 @@ func TestPerftest(t *testing.T) {
 // ASan, so its runtime is preloaded; leak checking is off (the programs
 // exit without freeing everything).
 func TestSanitizedPingpong(t *testing.T) {
-	cc := testenv.NeedTool(t, "cc")
 	pp := testenv.NeedTool(t, "ibv_rc_pingpong")
+	p := startPair(t)
+	start := sanitized(t, p, pp)
+	port := strconv.Itoa(freeTCPPort(t))
+	srv, sout := start("server", nil, "-d", "a", "-g", "0", "-p", port, "-n", "100", "-s", "8192", "-c")
+	deadline := time.Now().Add(30 * time.Second)
+	for !listening(mustAtoi(port)) {
+		require.True(t, srv.Running() && time.Now().Before(deadline), "server: %s", sout.String())
+		time.Sleep(20 * time.Millisecond)
+	}
+	cli, cout := start("client", nil, "-d", "b", "-g", "0", "-p", port, "-n", "100", "-s", "8192", "-c", p.addr[0].String())
+	require.True(t, cli.Wait(60*time.Second), "client hangs: %s", cout.String())
+	require.True(t, srv.Wait(30*time.Second), "server hangs: %s", sout.String())
+	require.NoError(t, cli.Err(), "client: %s\nserver: %s", cout.String(), sout.String())
+	require.NoError(t, srv.Err(), "server: %s", sout.String())
+	for _, o := range []string{sout.String(), cout.String()} {
+		assert.NotContains(t, o, "ERROR: AddressSanitizer")
+		assert.NotContains(t, o, "runtime error:")
+		assert.Regexp(t, `(?m)^\d+ bytes in `, o)
+	}
+}
+
+// sanitized builds the libraries with AddressSanitizer and UBSan and
+// returns a starter of prog (with extra environment) that loads them,
+// its ASan runtime preloaded, on p's daemons.
+func sanitized(t *testing.T, p *pair, prog string) func(name string, env []string, args ...string) (*launch.Proc, *launch.Buffer) {
+	cc := testenv.NeedTool(t, "cc")
 	libasan, err := exec.Command(cc, "-print-file-name=libasan.so").Output()
 	require.NoError(t, err)
 	asan := strings.TrimSpace(string(libasan))
@@ -425,33 +450,15 @@ func TestSanitizedPingpong(t *testing.T) {
 	require.NoError(t, err, "%s", out)
 	libDir := strings.TrimSpace(string(out))
 	require.FileExists(t, filepath.Join(libDir, "libibverbs.so.1"))
-
-	p := startPair(t)
-	port := strconv.Itoa(freeTCPPort(t))
-	env := []string{"LD_LIBRARY_PATH=" + libDir, "LD_PRELOAD=" + asan, "VRNIC_RUNTIME_DIR=" + p.dir,
+	base := []string{"LD_LIBRARY_PATH=" + libDir, "LD_PRELOAD=" + asan, "VRNIC_RUNTIME_DIR=" + p.dir,
 		"ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:exitcode=99", "UBSAN_OPTIONS=halt_on_error=1:exitcode=98:print_stacktrace=1"}
-	start := func(name string, args ...string) (*launch.Proc, *launch.Buffer) {
+	return func(name string, env []string, args ...string) (*launch.Proc, *launch.Buffer) {
 		o := &launch.Buffer{}
-		proc, err := launch.Start(launch.Spec{Name: name, Bin: pp, Args: args, Env: env, Stdout: o, Stderr: o})
+		proc, err := launch.Start(launch.Spec{Name: name, Bin: prog, Args: args, Env: append(append([]string{}, base...), env...),
+			Stdout: o, Stderr: o})
 		require.NoError(t, err)
 		t.Cleanup(func() { proc.Stop(0, 5*time.Second) })
 		return proc, o
-	}
-	srv, sout := start("server", "-d", "a", "-g", "0", "-p", port, "-n", "100", "-s", "8192", "-c")
-	deadline := time.Now().Add(30 * time.Second)
-	for !listening(mustAtoi(port)) {
-		require.True(t, srv.Running() && time.Now().Before(deadline), "server: %s", sout.String())
-		time.Sleep(20 * time.Millisecond)
-	}
-	cli, cout := start("client", "-d", "b", "-g", "0", "-p", port, "-n", "100", "-s", "8192", "-c", p.addr[0].String())
-	require.True(t, cli.Wait(60*time.Second), "client hangs: %s", cout.String())
-	require.True(t, srv.Wait(30*time.Second), "server hangs: %s", sout.String())
-	require.NoError(t, cli.Err(), "client: %s\nserver: %s", cout.String(), sout.String())
-	require.NoError(t, srv.Err(), "server: %s", sout.String())
-	for _, o := range []string{sout.String(), cout.String()} {
-		assert.NotContains(t, o, "ERROR: AddressSanitizer")
-		assert.NotContains(t, o, "runtime error:")
-		assert.Regexp(t, `(?m)^\d+ bytes in `, o)
 	}
 }
 

@@ -1,7 +1,11 @@
 package ibverbs_test
 
 import (
+	"fmt"
+	"io"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -30,14 +34,7 @@ func TestRdmaCM(t *testing.T) {
 	}
 	testenv.NeedTool(t, "rdma_client")
 	p := startPair(t)
-	e := cmprogs.Env{
-		Start: func(name string, stdout, stderr *launch.Buffer, args ...string) *launch.Proc {
-			return p.startTo(t, name, nil, stdout, stderr, args...)
-		},
-		ServerDev: "b", ClientDev: "a", Addr: p.addr[1].String(),
-		Socks:    []string{admin.SocketPath(p.dir, "b"), admin.SocketPath(p.dir, "a")},
-		FreePort: func() string { return strconv.Itoa(freeTCPPort(t)) },
-	}
+	e := pairEnv(t, p)
 	for _, c := range cases {
 		t.Run(c.Name, func(t *testing.T) { cmprogs.Run(t, e, c) })
 	}
@@ -114,4 +111,137 @@ func TestRdmaCMFlood(t *testing.T) {
 	assert.GreaterOrEqual(t, info.MADsReceived, uint64(3000), "REQ, RTU and DREQ/DREP per connection")
 	t.Logf("client:\n%s\nserver CM: %d MADs received, %d sent, %d retransmissions, %d duplicates",
 		cout, info.MADsReceived, info.MADsSent, info.Retransmissions, info.Duplicates)
+}
+
+// TestRdmaCMCapture captures daemon b's frames (vrnicctl capture) while
+// udaddy (SIDR_REQ/SIDR_REP), rdma_server/rdma_client (REQ, REP, RTU,
+// DREQ, DREP) and then ucmatose's 1,000 messages each way run; the
+// capture ends after a count of frames the last program alone exceeds.
+// tshark's InfiniBand dissector must decode every frame without a
+// malformed packet or an expert error, see each CM message, and read in
+// the REQ the rdma_cm header (source and destination IP) and the service
+// ID of rdma_server's port.
+func TestRdmaCMCapture(t *testing.T) {
+	tshark := testenv.NeedTool(t, "tshark")
+	for _, tool := range []string{"cc", "udaddy", "rdma_server", "rdma_client", "ucmatose"} {
+		testenv.NeedTool(t, tool)
+	}
+	p := startPair(t)
+	e := pairEnv(t, p)
+	a, err := admin.Dial(e.Socks[0])
+	require.NoError(t, err)
+	defer a.Close()
+	const frames = 1500
+	f, err := a.Capture(admin.CaptureRequest{Count: frames, Seconds: 600})
+	require.NoError(t, err)
+	t.Cleanup(func() { f.Close() })
+	captured := make(chan []byte, 1)
+	go func() {
+		b, _ := io.ReadAll(f)
+		captured <- b
+	}()
+
+	const port = "7471"
+	for _, c := range cmprogs.Cases() {
+		if c.Name == "udaddy" || c.Name == "rdma_server" {
+			c.Port = port
+			if c.Name == "udaddy" {
+				c.Port = "7174"
+			}
+			t.Run(c.Name, func(t *testing.T) { cmprogs.Run(t, e, c) })
+		}
+	}
+	filler := cmprogs.Case{Name: "ucmatose", Prog: "ucmatose", PS: cmprogs.PSTCP,
+		Server: func(a, p string) []string { return []string{"ucmatose", "-p", p, "-C", "1000", "-S", "16"} },
+		Client: func(a, p string) []string { return []string{"ucmatose", "-s", a, "-p", p, "-C", "1000", "-S", "16"} },
+		Check:  func(s, c string) error { return nil }}
+	cmprogs.Run(t, e, filler)
+	var pcap []byte
+	select {
+	case pcap = <-captured:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the capture did not end")
+	}
+	file := filepath.Join(t.TempDir(), "cm.pcapng")
+	require.NoError(t, os.WriteFile(file, pcap, 0o644))
+
+	bad, err := exec.Command(tshark, "-r", file, "-Y", "_ws.malformed || _ws.expert.severity >= error",
+		"-T", "fields", "-e", "frame.number").Output()
+	require.NoError(t, err)
+	assert.Empty(t, strings.TrimSpace(string(bad)), "malformed frames or expert errors")
+
+	out, err := exec.Command(tshark, "-r", file, "-Y", "infiniband.mad.mgmtclass == 0x07", "-T", "fields",
+		"-E", "separator=|", "-e", "infiniband.mad.attributeid", "-e", "infiniband.cm.req.serviceid",
+		"-e", "infiniband.cm.req.ip_cm.sip4", "-e", "infiniband.cm.req.ip_cm.dip4").Output()
+	require.NoError(t, err)
+	seen := map[string]int{}
+	var reqs []string
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		col := strings.Split(l, "|")
+		require.Len(t, col, 4, "%q", l)
+		seen[col[0]]++
+		if col[0] == "0x0010" {
+			reqs = append(reqs, strings.Join(col[1:], "|"))
+		}
+	}
+	for id, name := range map[string]string{"0x0010": "REQ", "0x0013": "REP", "0x0014": "RTU", "0x0015": "DREQ",
+		"0x0016": "DREP", "0x0017": "SIDR_REQ", "0x0018": "SIDR_REP"} {
+		assert.NotZero(t, seen[id], "no %s in the capture: %v", name, seen)
+	}
+	want := fmt.Sprintf("0x%016x|%s|%s", cmprogs.ServiceID(cmprogs.PSTCP, port), p.addr[0], p.addr[1])
+	assert.Contains(t, reqs, want, "rdma_client's REQ")
+}
+
+// pairEnv is the cmprogs environment of p: servers on b, clients on a.
+func pairEnv(t *testing.T, p *pair) cmprogs.Env {
+	return cmprogs.Env{
+		Start: func(name string, stdout, stderr *launch.Buffer, args ...string) *launch.Proc {
+			return p.startTo(t, name, nil, stdout, stderr, args...)
+		},
+		ServerDev: "b", ClientDev: "a", Addr: p.addr[1].String(),
+		Socks:    []string{admin.SocketPath(p.dir, "b"), admin.SocketPath(p.dir, "a")},
+		FreePort: func() string { return strconv.Itoa(freeTCPPort(t)) },
+	}
+}
+
+// TestSanitizedRdmaCM runs rping (RC, 20 pings) and udaddy (UD, SIDR)
+// with both libraries built with AddressSanitizer and UBSan: no report,
+// and rping's payloads intact.
+func TestSanitizedRdmaCM(t *testing.T) {
+	testenv.NeedTool(t, "udaddy")
+	rping := testenv.NeedTool(t, "rping")
+	p := startPair(t)
+	sock := admin.SocketPath(p.dir, "b")
+	for _, c := range []struct {
+		prog, port string
+		server     []string
+		client     []string
+		ps         uint64
+	}{
+		{rping, "7175", []string{"-s", "-a", p.addr[1].String(), "-p", "7175", "-C", "20", "-v"},
+			[]string{"-c", "-a", p.addr[1].String(), "-p", "7175", "-C", "20", "-v"}, cmprogs.PSTCP},
+		{testenv.NeedTool(t, "udaddy"), "7174", []string{"-C", "20"}, []string{"-s", p.addr[1].String(), "-C", "20"}, cmprogs.PSUDP},
+	} {
+		t.Run(filepath.Base(c.prog), func(t *testing.T) {
+			start := sanitized(t, p, c.prog)
+			srv, sout := start("server", []string{"VRNIC_DEVICE=b"}, c.server...)
+			require.NoError(t, cmprogs.WaitListen(sock, cmprogs.ServiceID(c.ps, c.port), srv, 60*time.Second), "%s", sout.String())
+			cli, cout := start("client", []string{"VRNIC_DEVICE=a"}, c.client...)
+			require.True(t, cli.Wait(60*time.Second), "client hangs: %s", cout.String())
+			require.True(t, srv.Wait(30*time.Second), "server hangs: %s", sout.String())
+			require.NoError(t, cli.Err(), "client: %s\nserver: %s", cout.String(), sout.String())
+			require.NoError(t, srv.Err(), "server: %s", sout.String())
+			for _, o := range []string{sout.String(), cout.String()} {
+				assert.NotContains(t, o, "ERROR: AddressSanitizer")
+				assert.NotContains(t, o, "runtime error:")
+			}
+			if c.prog == rping {
+				// stdout and stderr share a buffer here: rping's lines are
+				// whole as long as no error is printed in between.
+				assert.NoError(t, cmprogs.RpingPayload(cout.String(), "ping data: ", 20))
+			} else {
+				assert.Contains(t, cout.String(), "test complete")
+			}
+		})
+	}
 }
