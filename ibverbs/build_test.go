@@ -59,6 +59,28 @@ func TestBuildExportsTheSystemInterface(t *testing.T) {
 		assert.NotContains(t, string(stubs), "VR_STUB_PTR("+name+")")
 	}
 
+	// librdmacm: the system's interface too, the rdma_cm calls real.
+	if cmSys := SystemCMLibrary(); cmSys != "" {
+		want, err := ReadSymbols(cmSys)
+		require.NoError(t, err)
+		got, err := ReadSymbols(filepath.Join(dir, CMLibName))
+		require.NoError(t, err)
+		assert.Equal(t, want.Nodes, got.Nodes)
+		assert.Equal(t, set(want), set(got))
+		stubs, err := os.ReadFile(filepath.Join(dir, "rdmacm_stubs_gen.c"))
+		require.NoError(t, err)
+		assert.Contains(t, string(stubs), "errno = ENOSYS; return -1;")
+		assert.Contains(t, string(stubs), "VR_STUB_INT(rsocket)")
+		for _, name := range []string{"rdma_create_event_channel", "rdma_create_id", "rdma_resolve_addr",
+			"rdma_resolve_route", "rdma_bind_addr", "rdma_listen", "rdma_connect", "rdma_accept", "rdma_reject",
+			"rdma_disconnect", "rdma_create_qp", "rdma_create_qp_ex", "rdma_create_ep", "rdma_get_request",
+			"rdma_get_cm_event", "rdma_ack_cm_event", "rdma_getaddrinfo", "rdma_set_option", "rdma_init_qp_attr",
+			"rdma_migrate_id", "rdma_event_str", "rdma_establish", "rpoll"} {
+			assert.NotContains(t, string(stubs), "VR_STUB_INT("+name+")")
+			assert.NotContains(t, string(stubs), "VR_STUB_PTR("+name+")")
+		}
+	}
+
 	again, err := Build(Options{CacheDir: cache})
 	require.NoError(t, err)
 	assert.Equal(t, dir, again)

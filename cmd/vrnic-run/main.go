@@ -1,10 +1,12 @@
-// Command vrnic-run runs an unmodified libibverbs program on vrnic:
+// Command vrnic-run runs an unmodified libibverbs or rdma_cm program on
+// vrnic:
 //
 //	vrnic-run [-d DEVICE] [-runtime-dir DIR] PROGRAM ARGS...
 //	vrnic-run -build-only
 //
-// It builds vrnic's libibverbs.so.1 (package ibverbs) if its cache does
-// not hold it yet, puts its directory first on LD_LIBRARY_PATH, names the
+// It builds vrnic's libibverbs.so.1 and librdmacm.so.1 (package ibverbs)
+// if its cache does not hold them yet, puts their directory first on
+// LD_LIBRARY_PATH, names the
 // daemons' runtime directory (VRNIC_RUNTIME_DIR) and, with -d, the one
 // device to list (VRNIC_DEVICE: a daemon name or a control socket path),
 // then executes PROGRAM in its own place, so that signals and the exit

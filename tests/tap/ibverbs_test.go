@@ -15,7 +15,7 @@ import (
 )
 
 // TestIbverbsOverTAP runs unmodified ibverbs programs (ibv_devinfo,
-// ibv_rc_pingpong, ibv_ud_pingpong, ib_write_bw, ib_send_lat) through vrnic-run on two
+// ibv_rc_pingpong, ibv_ud_pingpong, ibv_uc_pingpong, ib_write_bw, ib_send_lat) through vrnic-run on two
 // daemons with the TAP link in their network namespaces (the topology of
 // the package doc). The programs need only the daemons' control sockets
 // (unix sockets, reachable from any namespace) and a TCP path between
@@ -24,7 +24,7 @@ import (
 // → vta → br0 → vtb → daemon B, between the TAP addresses (GID 0).
 func TestIbverbsOverTAP(t *testing.T) {
 	tp := newTopo(t)
-	for _, tool := range []string{"cc", "ibv_devinfo", "ibv_rc_pingpong", "ibv_ud_pingpong", "ib_write_bw", "ib_send_lat"} {
+	for _, tool := range []string{"cc", "ibv_devinfo", "ibv_rc_pingpong", "ibv_ud_pingpong", "ibv_uc_pingpong", "ib_write_bw", "ib_send_lat"} {
 		testenv.NeedTool(t, tool)
 	}
 	tp.startDaemon(t, tp.nsA, "ia", "via", 1, nil, addrA+"/24")
@@ -49,6 +49,7 @@ func TestIbverbsOverTAP(t *testing.T) {
 		{"ibv_rc_pingpong", "-g", []string{"-s", "4096", "-n", "200", "-c"}, "1638400 bytes in "},
 		// UD: ibv_create_ah resolves B's MAC (ARP) in daemon A.
 		{"ibv_ud_pingpong", "-g", []string{"-s", "1024", "-n", "200", "-c"}, "409600 bytes in "},
+		{"ibv_uc_pingpong", "-g", []string{"-s", "4096", "-n", "200", "-c"}, "1638400 bytes in "},
 		{"ib_write_bw", "-x", []string{"-s", "65536", "-n", "300"}, " 65536      300 "},
 		{"ib_send_lat", "-x", []string{"-s", "8", "-n", "300"}, " 8       300 "},
 	} {
