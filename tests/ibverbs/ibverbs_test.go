@@ -188,6 +188,23 @@ func listening(port int) bool { return launch.TCPListening(port) }
 // named with gidFlag (-g for the pingpongs, -x for perftest).
 func pingpong(t *testing.T, p *pair, prog, gidFlag string, args ...string) (server, client string) {
 	t.Helper()
+	// perftest's latency tests time with the CPU's cycle counter and
+	// measure its frequency first; on a loaded machine that measurement
+	// fails ("Correlation coefficient r^2: ... < 0.9") and the tool
+	// reports inf for every figure. That is the tool's clock, not vrnic:
+	// run again (a few times at most).
+	for try := 1; ; try++ {
+		server, client = pingpongOnce(t, p, prog, gidFlag, args...)
+		bad := "Correlation coefficient r^2"
+		if try == 3 || (!strings.Contains(server, bad) && !strings.Contains(client, bad)) {
+			return server, client
+		}
+		t.Logf("%s: perftest's cycle-counter calibration failed (try %d), running again", prog, try)
+	}
+}
+
+func pingpongOnce(t *testing.T, p *pair, prog, gidFlag string, args ...string) (server, client string) {
+	t.Helper()
 	port := strconv.Itoa(freeTCPPort(t))
 	sargs := append([]string{prog, "-d", "a", gidFlag, "0", "-p", port}, args...)
 	srv, sout := p.start(t, "server", sargs...)
@@ -424,6 +441,16 @@ func TestSanitizedPingpong(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	cli, cout := start("client", nil, "-d", "b", "-g", "0", "-p", port, "-n", "100", "-s", "8192", "-c", p.addr[0].String())
+	sanitizedExit(t, srv, sout, cli, cout)
+	for _, o := range []string{sout.String(), cout.String()} {
+		assert.Regexp(t, `(?m)^\d+ bytes in `, o)
+	}
+}
+
+// sanitizedExit waits for a sanitized client and server to exit 0 with
+// no AddressSanitizer or UBSan report.
+func sanitizedExit(t *testing.T, srv *launch.Proc, sout *launch.Buffer, cli *launch.Proc, cout *launch.Buffer) {
+	t.Helper()
 	require.True(t, cli.Wait(60*time.Second), "client hangs: %s", cout.String())
 	require.True(t, srv.Wait(30*time.Second), "server hangs: %s", sout.String())
 	require.NoError(t, cli.Err(), "client: %s\nserver: %s", cout.String(), sout.String())
@@ -431,7 +458,6 @@ func TestSanitizedPingpong(t *testing.T) {
 	for _, o := range []string{sout.String(), cout.String()} {
 		assert.NotContains(t, o, "ERROR: AddressSanitizer")
 		assert.NotContains(t, o, "runtime error:")
-		assert.Regexp(t, `(?m)^\d+ bytes in `, o)
 	}
 }
 

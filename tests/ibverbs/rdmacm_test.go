@@ -227,14 +227,7 @@ func TestSanitizedRdmaCM(t *testing.T) {
 			srv, sout := start("server", []string{"VRNIC_DEVICE=b"}, c.server...)
 			require.NoError(t, cmprogs.WaitListen(sock, cmprogs.ServiceID(c.ps, c.port), srv, 60*time.Second), "%s", sout.String())
 			cli, cout := start("client", []string{"VRNIC_DEVICE=a"}, c.client...)
-			require.True(t, cli.Wait(60*time.Second), "client hangs: %s", cout.String())
-			require.True(t, srv.Wait(30*time.Second), "server hangs: %s", sout.String())
-			require.NoError(t, cli.Err(), "client: %s\nserver: %s", cout.String(), sout.String())
-			require.NoError(t, srv.Err(), "server: %s", sout.String())
-			for _, o := range []string{sout.String(), cout.String()} {
-				assert.NotContains(t, o, "ERROR: AddressSanitizer")
-				assert.NotContains(t, o, "runtime error:")
-			}
+			sanitizedExit(t, srv, sout, cli, cout)
 			if c.prog == rping {
 				// stdout and stderr share a buffer here: rping's lines are
 				// whole as long as no error is printed in between.
