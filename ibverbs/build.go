@@ -180,6 +180,10 @@ func Build(o Options) (string, error) {
 		if cmSet, err = ReadSymbols(o.SystemCMLib); err != nil {
 			return "", err
 		}
+		if readHeader(cmHeaders[:1]) == "" {
+			fmt.Fprintf(o.Log, "no <rdma/rdma_cma.h> (librdmacm-dev): %s is not built\n", CMLibName)
+			cmSet = nil
+		}
 	}
 	src, err := Sources()
 	if err != nil {
@@ -235,7 +239,7 @@ func Build(o Options) (string, error) {
 	implemented, cmImplemented := map[string]bool{}, map[string]bool{}
 	var objs, cmObjs []string
 	for _, n := range names {
-		if !strings.HasSuffix(n, ".c") {
+		if !strings.HasSuffix(n, ".c") || (cmSet == nil && isCMSource(n)) {
 			continue
 		}
 		obj := strings.TrimSuffix(n, ".c") + ".o"
@@ -296,7 +300,7 @@ func Build(o Options) (string, error) {
 			return "", err
 		}
 		outputs = append(outputs, CMLibName, "librdmacm.map", "rdmacm_stubs_gen.c")
-	} else {
+	} else if o.SystemCMLib == "" {
 		fmt.Fprintf(o.Log, "no system %s: %s is not built\n", CMLibName, CMLibName)
 	}
 	out := filepath.Join(tmp, "out")
