@@ -39,7 +39,8 @@ type Config struct {
 type Injector struct {
 	cfg   Config
 	seed  uint64
-	start time.Time // the clock of the rules: nanoseconds since start
+	start time.Time    // the clock of the rules: nanoseconds since start
+	clock func() int64 // replaces it in tests
 
 	set atomic.Pointer[ruleSet] // enabled rules; nil: none
 
@@ -74,7 +75,12 @@ func New(cfg Config) *Injector {
 func (inj *Injector) Seed() uint64 { return inj.seed }
 
 // now is the rules' clock.
-func (inj *Injector) now() int64 { return int64(time.Since(inj.start)) }
+func (inj *Injector) now() int64 {
+	if inj.clock != nil {
+		return inj.clock()
+	}
+	return int64(time.Since(inj.start))
+}
 
 // Wrap returns l with the fault layer on it; obs, when not nil, sees
 // every frame with what the rules did to it (a packet capture). The
