@@ -14,27 +14,26 @@ import (
 // capture's comment). Frames are not changed here: the observer sees
 // them first.
 func (l *Link) plan(rs *ruleSet, frames [][]byte, peers []netip.AddrPort, tx bool, now int64) {
-	var v view
-	var note strings.Builder
+	v, note := &l.v, &l.note
 	for i, f := range frames {
 		p := &l.plans[i]
 		*p = plan{}
 		l.notes[i] = ""
-		parseView(f, l.inj.cfg.Mode, tx, peers[i], &v)
+		parseView(f, l.inj.cfg.Mode, tx, peers[i], v)
 		if !v.ok {
 			continue
 		}
-		fl := l.flow(&v, tx, rs)
-		pos := fl.observe(&v)
+		fl := l.flow(v, tx, rs)
+		pos := fl.observe(v)
 		note.Reset()
 		for _, r := range rs.rules {
-			if r.act.typ == "down" && now < r.downUntil.Load() && r.dirPeer(&v, tx) {
+			if r.act.typ == "down" && now < r.downUntil.Load() && r.dirPeer(v, tx) {
 				r.applied.Add(1)
 				p.drop = true
-				l.record(&note, r, "down", tx, &v)
+				l.record(note, r, "down", tx, v)
 				break
 			}
-			if !r.filter(&v, tx) || !r.position(fl, pos) {
+			if !r.filter(v, tx) || !r.position(fl, pos) {
 				continue
 			}
 			r.matched.Add(1)
@@ -44,8 +43,8 @@ func (l *Link) plan(rs *ruleSet, frames [][]byte, peers []netip.AddrPort, tx boo
 			if !r.draw() {
 				continue
 			}
-			if what, ok := l.decide(r, p, &v, len(f), now); ok {
-				l.record(&note, r, what, tx, &v)
+			if what, ok := l.decide(r, p, v, len(f), now); ok {
+				l.record(note, r, what, tx, v)
 			}
 			if p.drop {
 				break

@@ -3,6 +3,7 @@ package faults
 import (
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/vrnic/vrnic/device/engine"
@@ -48,8 +49,10 @@ type Link struct {
 	held    []heldFrame
 	free    [][]byte // the layer's empty buffers
 	owned   int
-	passed  [2]uint64 // frames passed on, per direction (0 rx, 1 tx): reorder counts them
-	scratch [][]byte  // copies of sent frames for the observer
+	passed  [2]uint64       // frames passed on, per direction (0 rx, 1 tx): reorder counts them
+	scratch [][]byte        // copies of sent frames for the observer
+	v       view            // plan's parse of the frame at hand
+	note    strings.Builder // plan's note of the frame at hand
 
 	// Wake-ups for held frames: while it holds frames the layer's Ready
 	// is its own channel, fed by a forwarder of the link's Ready and by
