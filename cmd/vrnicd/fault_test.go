@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -18,27 +20,35 @@ import (
 	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/capture"
+	"github.com/vrnic/vrnic/internal/testenv"
 	"github.com/vrnic/vrnic/roce"
 	"github.com/vrnic/vrnic/verbs"
 )
 
-// daemon is a vrnicd run in the test over the UDP link.
+// daemon is a vrnicd run in the test.
 type daemon struct {
 	sock  string
-	local netip.AddrPort
+	local netip.AddrPort // its address (GID 0), and UDP port on the UDP link
 	logs  *strings.Builder
 	stop  func()
 }
 
-// startDaemon runs a daemon named name on local with extra flags; stop
-// (also at cleanup) ends it and waits for it.
+// startDaemon runs a daemon named name over the UDP link on local with
+// extra flags; stop (also at cleanup) ends it and waits for it.
 func startDaemon(t *testing.T, name string, local netip.AddrPort, extra ...string) *daemon {
+	t.Helper()
+	return startDaemonArgs(t, name, local, append([]string{"-link", "udp", "-local", local.String()}, extra...))
+}
+
+// startDaemonArgs runs a daemon with the link flags of args; local is
+// its GID 0.
+func startDaemonArgs(t *testing.T, name string, local netip.AddrPort, args []string) *daemon {
 	t.Helper()
 	dir := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
 	logs := &strings.Builder{}
 	done := make(chan error, 1)
-	args := append([]string{"-name", name, "-runtime-dir", dir, "-link", "udp", "-local", local.String(), "-workers", "2"}, extra...)
+	args = append([]string{"-name", name, "-runtime-dir", dir, "-workers", "2"}, args...)
 	go func() { done <- run(ctx, args, &syncWriter{w: logs}) }()
 	stopped := false
 	d := &daemon{sock: admin.SocketPath(dir, name), local: local, logs: logs}
@@ -137,6 +147,37 @@ func sentRequests(t *testing.T, frames []capture.Frame, local netip.AddrPort) (p
 func TestFaultDropNthPacketOfMthWrite(t *testing.T) {
 	a := startDaemon(t, "fa", freeLoopback(t))
 	b := startDaemon(t, "fb", freeLoopback(t))
+	dropNthWrite(t, a, b)
+}
+
+// TestFaultDropNthPacketOfMthWriteTAP is TestFaultDropNthPacketOfMthWrite
+// over the TAP link: two daemons whose TAPs are ports of a bridge in a
+// network namespace (root only).
+func TestFaultDropNthPacketOfMthWriteTAP(t *testing.T) {
+	testenv.NeedRoot(t, "the TAP link needs root (CAP_NET_ADMIN, CAP_BPF)")
+	testenv.NeedTool(t, "ip")
+	ns := fmt.Sprintf("vrflt%d", os.Getpid())
+	ip := func(args ...string) {
+		out, err := exec.Command("ip", args...).CombinedOutput()
+		require.NoError(t, err, "ip %v: %s", args, out)
+	}
+	ip("netns", "add", ns)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	ip("-n", ns, "link", "add", "br0", "type", "bridge")
+	ip("-n", ns, "link", "set", "br0", "up")
+	tapDaemon := func(name, addr string) *daemon {
+		d := startDaemonArgs(t, name, netip.AddrPortFrom(netip.MustParseAddr(addr), 4791),
+			[]string{"-link", "tap", "-tap-netns", ns, "-tap-addr", addr + "/24"})
+		ip("-n", ns, "link", "set", name, "master", "br0")
+		ip("-n", ns, "link", "set", name, "up")
+		return d
+	}
+	a, b := tapDaemon("vfa", "10.79.0.1"), tapDaemon("vfb", "10.79.0.2")
+	dropNthWrite(t, a, b)
+}
+
+// dropNthWrite is the body of TestFaultDropNthPacketOfMthWrite on a and b.
+func dropNthWrite(t *testing.T, a, b *daemon) {
 	ea, eb := connectPair(t, a, b, 14)
 	rule := admin.FaultRule{Name: "nth", Dir: "tx", QPN: &eb.qp.QPN,
 		Message: &admin.FaultMessage{Kind: "write", Index: 2, Packet: 3}, Round: "first", Action: admin.FaultAction{Type: "drop"}}
@@ -279,4 +320,35 @@ func TestFaultScenarioReplays(t *testing.T) {
 		same = f1[i].Comment == f3[i].Comment
 	}
 	assert.False(t, same && assert.ObjectsAreEqual(c1, c3), "another seed, other faults")
+}
+
+// TestParseConfigFaults: the config file's "faults" holds the seed and
+// the rules; -faults FILE replaces them, -fault-seed sets the seed; a bad
+// rule in either stops the daemon before it starts, saying what is
+// wrong.
+func TestParseConfigFaults(t *testing.T) {
+	c, err := parseConfig([]string{"-config", writeFile(t, `{"name":"f","link":{"type":"udp"},
+		"faults":{"seed":5,"rules":[{"id":2,"dir":"rx","op":["nak"],"action":{"type":"drop"}}]}}`)}, io.Discard)
+	require.NoError(t, err)
+	require.NotNil(t, c.Faults)
+	assert.Equal(t, uint64(5), c.Faults.Seed)
+	require.Len(t, c.Faults.Rules, 1)
+	assert.Equal(t, []string{"nak"}, c.Faults.Rules[0].Op)
+
+	yaml := filepath.Join(t.TempDir(), "s.yml")
+	require.NoError(t, os.WriteFile(yaml, []byte("seed: 8\nrules:\n  - action: {type: ecn}\n"), 0o644))
+	c, err = parseConfig([]string{"-config", writeFile(t, `{"name":"f","link":{"type":"udp"},"faults":{"seed":5}}`),
+		"-faults", yaml, "-fault-seed", "9"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(9), c.Faults.Seed, "the flag's seed")
+	require.Len(t, c.Faults.Rules, 1, "the scenario's rules")
+	assert.Equal(t, "ecn", c.Faults.Rules[0].Action.Type)
+
+	_, err = parseConfig([]string{"-config", writeFile(t, `{"name":"f","link":{"type":"udp"},"faults":{"rules":[{"action":{"type":"drop","copies":2}}]}}`)}, io.Discard)
+	assert.ErrorContains(t, err, "action drop does not take copies")
+	_, err = parseConfig([]string{"-config", writeFile(t, `{"name":"f","link":{"type":"udp"},"faults":{"rules":[{"op":["RC_BOGUS"],"action":{"type":"drop"}}]}}`)}, io.Discard)
+	assert.ErrorContains(t, err, `opcode "RC_BOGUS"`)
+	require.NoError(t, os.WriteFile(yaml, []byte("rules:\n  - action: {type: drop}\n    colour: red\n"), 0o644))
+	_, err = parseConfig([]string{"-faults", yaml}, io.Discard)
+	assert.ErrorContains(t, err, `unknown field "colour"`)
 }
