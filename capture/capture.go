@@ -17,6 +17,13 @@
 // are written as they are.
 //
 // One capture runs at a time (Start fails with ErrBusy otherwise).
+//
+// In the daemon the links are wrapped by the fault layer (package
+// faults), which reports to the Tap (Capturing, Observe) instead: sent
+// frames as the engine built them, before any fault rule, and received
+// frames as the link delivered them, before any rule, each with a pcapng
+// comment saying what the rules did to it ("fault rule 3: drop"). A
+// frame a rule drops is in the capture with its comment.
 package capture
 
 import (
