@@ -352,3 +352,29 @@ func TestParseConfigFaults(t *testing.T) {
 	_, err = parseConfig([]string{"-faults", yaml}, io.Discard)
 	assert.ErrorContains(t, err, `unknown field "colour"`)
 }
+
+// TestFaultMemLink: the rules work on the in-memory link too: a daemon
+// with -link mem and a scenario file dropping the 2nd packet of the
+// first WRITE once; two of its clients' QPs connected to each other
+// complete the WRITE intact after a retransmission.
+func TestFaultMemLink(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s.json")
+	require.NoError(t, os.WriteFile(path, []byte(`{"seed":3,"rules":[{"id":5,"dir":"tx","message":{"kind":"write","index":1,"packet":2},"count":1,"action":{"type":"drop"}}]}`), 0o644))
+	d := startDaemonArgs(t, "fm", netip.MustParseAddrPort("127.0.0.1:4791"), []string{"-link", "mem", "-faults", path})
+	ea, eb := connectPair(t, d, d, 14)
+	for i := range 4096 {
+		ea.buf.Bytes[i] = byte(i * 3)
+	}
+	require.NoError(t, ea.qp.PostSend(&verbs.SendWR{WrID: 1, Opcode: abi.WRRDMAWrite, SGL: []abi.SGE{ea.mr.SGE(0, 4096)},
+		RemoteAddr: eb.mr.Addr, RKey: eb.mr.RKey}))
+	assert.Equal(t, abi.WCSuccess, pollCQ(t, ea.cq).Status)
+	assert.Equal(t, ea.buf.Bytes[:4096], eb.buf.Bytes[:4096])
+	list, err := faultCall(t, d.sock, admin.FaultRequest{Op: admin.FaultList})
+	require.NoError(t, err)
+	require.Len(t, list.Rules, 1)
+	assert.Equal(t, uint64(3), list.Seed)
+	assert.Equal(t, uint64(1), list.Rules[0].Applied)
+	q, err := ea.qp.Query()
+	require.NoError(t, err)
+	assert.NotZero(t, q.Retransmits)
+}
