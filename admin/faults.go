@@ -399,8 +399,10 @@ func (a *FaultAction) validate() error {
 			return errors.New("fix_icrc would undo a corrupted ICRC")
 		}
 	case "delay":
-		d, err := hold("delay", a.Delay, true)
-		if err != nil {
+		if _, err := hold("delay", a.Delay, true); err != nil {
+			return err
+		}
+		if _, err := hold("stddev", a.Stddev, true); err != nil {
 			return err
 		}
 		lo, err := hold("min", a.Min, true)
@@ -408,10 +410,6 @@ func (a *FaultAction) validate() error {
 			return err
 		}
 		hi, err := hold("max", a.Max, true)
-		if err != nil {
-			return err
-		}
-		sd, err := hold("stddev", a.Stddev, true)
 		if err != nil {
 			return err
 		}
@@ -434,7 +432,6 @@ func (a *FaultAction) validate() error {
 		default:
 			return fmt.Errorf("dist %q: want fixed, uniform or normal", a.Dist)
 		}
-		_, _ = d, sd
 	case "rate":
 		if (a.BPS == 0) == (a.PPS == 0) {
 			return errors.New("rate takes one of bps and pps")
