@@ -17,6 +17,13 @@
 // are written as they are.
 //
 // One capture runs at a time (Start fails with ErrBusy otherwise).
+//
+// In the daemon the links are wrapped by the fault layer (package
+// faults), which reports to the Tap (Capturing, Observe) instead: sent
+// frames as the engine built them, before any fault rule, and received
+// frames as the link delivered them, before any rule, each with a pcapng
+// comment saying what the rules did to it ("fault rule 3: drop"). A
+// frame a rule drops is in the capture with its comment.
 package capture
 
 import (
@@ -87,7 +94,7 @@ type tapLink struct {
 func (l *tapLink) SendBatch(frames [][]byte, peers []netip.AddrPort) (int, error) {
 	n, err := l.Link.SendBatch(frames, peers)
 	if s := l.t.cur.Load(); s != nil && n > 0 {
-		s.add(frames[:n], peers, true)
+		s.add(frames[:n], peers, nil, true)
 	}
 	return n, err
 }
@@ -95,9 +102,24 @@ func (l *tapLink) SendBatch(frames [][]byte, peers []netip.AddrPort) (int, error
 func (l *tapLink) RecvBatch(frames [][]byte, peers []netip.AddrPort) (int, error) {
 	n, err := l.Link.RecvBatch(frames, peers)
 	if s := l.t.cur.Load(); s != nil && n > 0 {
-		s.add(frames[:n], peers, false)
+		s.add(frames[:n], peers, nil, false)
 	}
 	return n, err
+}
+
+// Capturing reports whether a capture runs (one atomic load): the fault
+// layer (package faults) asks before it calls Observe.
+func (t *Tap) Capturing() bool { return t.cur.Load() != nil }
+
+// Observe captures frames (sent, or received, with their peers in
+// ModeUDP) if a capture runs, each with its comment notes[i] (none when
+// notes is nil or notes[i] is empty): the fault layer reports here what
+// the engine sent and what arrived, with what its rules did to each
+// frame. It never waits for the writer.
+func (t *Tap) Observe(frames [][]byte, peers []netip.AddrPort, notes []string, sent bool) {
+	if s := t.cur.Load(); s != nil && len(frames) > 0 {
+		s.add(frames, peers, notes, sent)
+	}
 }
 
 type armLink struct {
@@ -109,8 +131,9 @@ func (l *armLink) ArmReady() { l.a.ArmReady() }
 
 // record is one captured frame waiting for the writer.
 type record struct {
-	at    int64 // unix nanoseconds
-	frame []byte
+	at      int64 // unix nanoseconds
+	frame   []byte
+	comment string
 }
 
 // session is one running capture.
@@ -126,9 +149,10 @@ type session struct {
 	stats struct{ captured, dropped atomic.Uint64 }
 }
 
-// add copies frames (sent, or received, with their peers in ModeUDP) into
-// the queue; it never waits for the writer.
-func (s *session) add(frames [][]byte, peers []netip.AddrPort, sent bool) {
+// add copies frames (sent, or received, with their peers in ModeUDP) and
+// their comments (notes may be nil) into the queue; it never waits for
+// the writer.
+func (s *session) add(frames [][]byte, peers []netip.AddrPort, notes []string, sent bool) {
 	now := time.Now().UnixNano()
 	s.mu.Lock()
 	for i, f := range frames {
@@ -156,7 +180,11 @@ func (s *session) add(frames [][]byte, peers []netip.AddrPort, sent bool) {
 		if s.opt.Snaplen > 0 && len(b) > s.opt.Snaplen {
 			b = b[:s.opt.Snaplen]
 		}
-		s.queue = append(s.queue, record{at: now, frame: b})
+		r := record{at: now, frame: b}
+		if i < len(notes) {
+			r.comment = notes[i]
+		}
+		s.queue = append(s.queue, r)
 		s.taken++
 	}
 	s.mu.Unlock()
@@ -240,7 +268,7 @@ func (s *session) run(pw *pcapngWriter, stop <-chan struct{}) Stats {
 		full := s.full
 		s.mu.Unlock()
 		for _, r := range batch {
-			if err := pw.packet(r.at, r.frame); err != nil {
+			if err := pw.packet(r.at, r.frame, r.comment); err != nil {
 				return s.statsNow()
 			}
 			s.stats.captured.Add(1)

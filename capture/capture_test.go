@@ -283,3 +283,34 @@ func TestCaptureNeverBlocks(t *testing.T) {
 	assert.NotZero(t, st.Dropped)
 	assert.LessOrEqual(t, st.Captured+st.Dropped, uint64(100))
 }
+
+// TestCaptureComments: frames observed with notes (the fault layer's)
+// carry them as pcapng comments, which tshark shows; frames without a
+// note have none.
+func TestCaptureComments(t *testing.T) {
+	local := netip.MustParseAddrPort("127.0.0.1:4791")
+	peer := netip.MustParseAddrPort("127.0.0.2:4791")
+	tap := New(roce.ModeUDP, local)
+	assert.False(t, tap.Capturing())
+	out := &buf{}
+	stop := make(chan struct{})
+	done, err := tap.Start(out, Options{}, stop)
+	require.NoError(t, err)
+	assert.True(t, tap.Capturing())
+	frames := [][]byte{udpPacket(t, local, peer, 1), udpPacket(t, local, peer, 2)}
+	tap.Observe(frames, []netip.AddrPort{peer, peer}, []string{"", "fault rule 3: drop"}, true)
+	tap.Observe(frames[:1], []netip.AddrPort{peer}, nil, false)
+	close(stop)
+	st := <-done
+	assert.Equal(t, uint64(3), st.Captured)
+	got, comments := readPcapng(t, out.b.Bytes())
+	require.Len(t, got, 3)
+	assert.Equal(t, []string{"", "fault rule 3: drop", ""}, comments)
+
+	testenv.NeedTool(t, "tshark")
+	path := filepath.Join(t.TempDir(), "c.pcapng")
+	require.NoError(t, os.WriteFile(path, out.b.Bytes(), 0o644))
+	b, err := exec.Command("tshark", "-r", path, "-T", "fields", "-e", "frame.comment").Output()
+	require.NoError(t, err)
+	assert.Equal(t, "\nfault rule 3: drop\n\n", string(b))
+}

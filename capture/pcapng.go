@@ -54,13 +54,9 @@ func newPcapngWriter(w io.Writer) (*pcapngWriter, error) {
 	return p, nil
 }
 
-// packet writes one Enhanced Packet Block captured at unix nanoseconds at.
-func (p *pcapngWriter) packet(at int64, frame []byte) error {
-	return p.packetComment(at, frame, "")
-}
-
-// packetComment is packet with a comment on the frame (none if empty).
-func (p *pcapngWriter) packetComment(at int64, frame []byte, comment string) error {
+// packet writes one Enhanced Packet Block captured at unix nanoseconds
+// at, with a comment on the frame (none if empty).
+func (p *pcapngWriter) packet(at int64, frame []byte, comment string) error {
 	var hdr [20]byte
 	ts := uint64(at)
 	binary.LittleEndian.PutUint32(hdr[0:], 0) // interface 0

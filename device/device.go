@@ -82,6 +82,10 @@ type Config struct {
 	// frames written as pcapng to w (which it closes when the capture
 	// ends): admin.CaptureCmd. Nil: the device has no capture.
 	Capture func(w io.WriteCloser, req admin.CaptureRequest) error
+	// Faults, when set, serves the fault-rule requests of admin.FaultCmd
+	// (package faults: faults.Injector.Serve); nil: the device has no
+	// fault layer and FaultCmd fails with EOPNOTSUPP.
+	Faults func(admin.FaultRequest) (admin.FaultReply, error)
 	// GSI is the device's QP1 (dataplane.QP1): with it the device runs
 	// the communication manager (cm.go) and serves the CM commands; nil:
 	// they fail with EOPNOTSUPP.

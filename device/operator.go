@@ -30,6 +30,7 @@ var adminTable = map[abi.Cmd]func(d *Device) []any{
 	admin.AccountsCmd: (*Device).listAccounts,
 	admin.CaptureCmd:  nil, // served by capture
 	admin.CMCmd:       nil, // served by cmInfo
+	admin.FaultCmd:    nil, // served by faults
 }
 
 // adminReplyBudget keeps a list reply inside one datagram.
@@ -45,6 +46,9 @@ func (cn *conn) admin(r *request) (reply, error) {
 	}
 	if r.hdr.Opcode == admin.CaptureCmd {
 		return cn.capture(r)
+	}
+	if r.hdr.Opcode == admin.FaultCmd {
+		return d.faults(r.payload)
 	}
 	var req admin.Request
 	if len(r.payload) > 0 {
@@ -283,4 +287,29 @@ func (cn *conn) capture(r *request) (reply, error) {
 		return reply{}, errorf(errBusy, "capture: %v", err)
 	}
 	return reply{fds: []int{fds[1]}, handOff: true}, nil
+}
+
+// faults is admin.FaultCmd: the request, decoded strictly, goes to
+// Config.Faults, which validates every rule; what is wrong with one comes
+// back as the error's message (EINVAL).
+func (d *Device) faults(payload []byte) (reply, error) {
+	if d.cfg.Faults == nil {
+		return reply{}, errorf(errNotSup, "this device has no fault layer (no data plane)")
+	}
+	var req admin.FaultRequest
+	if err := admin.StrictJSON(payload, &req); err != nil {
+		return reply{}, errorf(errInval, "fault request: %v", err)
+	}
+	out, err := d.cfg.Faults(req)
+	if err != nil {
+		return reply{}, errorf(errInval, "%v", err)
+	}
+	b, err := json.Marshal(out)
+	if err != nil {
+		return reply{}, err
+	}
+	if len(b) > adminReplyBudget {
+		return reply{}, errorf(errInval, "fault reply of %d bytes does not fit a message: list with start", len(b))
+	}
+	return reply{raw: b}, nil
 }

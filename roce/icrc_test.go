@@ -297,3 +297,48 @@ func BenchmarkCRCMaskedKernels(b *testing.B) {
 		}
 	}
 }
+
+// TestStoreICRC: after a built packet's bytes change, StoreICRC and
+// StoreICRCUDP give it the ICRC a sender would have built, and the
+// parsers accept it again.
+func TestStoreICRC(t *testing.T) {
+	for _, mode := range []Mode{ModeEthernet, ModeUDP} {
+		p := Path{Mode: mode, Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("10.0.0.2"), SrcPort: 49152, DstPort: UDPPort, TTL: 64}
+		buf := make([]byte, MaxHeadroom+64+MaxTailroom)
+		h := Headers{BTH: BTHFields{Opcode: OpRCSendOnly, PKey: 0xffff, DestQP: 0x11, PSN: 5}}
+		pkt, err := p.Build(buf, MaxHeadroom, 64, &h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps := Pseudo{Src: p.Src, Dst: p.Dst, SrcPort: p.SrcPort, DstPort: p.DstPort}
+		parse := func() error {
+			var out Packet
+			if mode == ModeUDP {
+				return ParseUDP(pkt, &ps, &out)
+			}
+			return Parse(pkt, &out)
+		}
+		if err := parse(); err != nil {
+			t.Fatalf("%v: built packet: %v", mode, err)
+		}
+		pkt[len(pkt)-ICRCLen-1] ^= 0x40 // last payload byte
+		if err := parse(); err != ErrICRC {
+			t.Fatalf("%v: changed packet: %v, want ErrICRC", mode, err)
+		}
+		ok := false
+		if mode == ModeUDP {
+			ok = StoreICRCUDP(pkt, &ps)
+		} else {
+			ok = StoreICRC(pkt[EthernetHeaderLen:])
+		}
+		if !ok {
+			t.Fatalf("%v: StoreICRC refused the packet", mode)
+		}
+		if err := parse(); err != nil {
+			t.Fatalf("%v: after StoreICRC: %v", mode, err)
+		}
+	}
+	if StoreICRC([]byte{0x45}) || StoreICRC(nil) || StoreICRCUDP(make([]byte, 8), &Pseudo{}) {
+		t.Fatal("short packets must be refused")
+	}
+}

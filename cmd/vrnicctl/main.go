@@ -22,6 +22,10 @@
 // gets "operation not permitted" (devices shows such a device as up,
 // without its details).
 //
+// fault lists, adds, changes and removes the fault rules of a running
+// daemon (fault list|add|set|del|clear; "vrnicctl fault" prints the keys
+// of a rule): see README.md and package faults.
+//
 // cm lists the communication manager's CM IDs (context, role, service
 // ID, connection state, peer, last event) and the counters of QP1 and of
 // the CM's MADs (sent, retransmitted, received, dropped).
@@ -87,10 +91,22 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: vrnicctl [flags] devices|info|counters|link|cm|contexts|pds|mrs|cqs|qps|srqs|ahs|hostmem|accounts")
 		fmt.Fprintln(stderr, "       vrnicctl [-d name|-s socket] -w FILE [-c N] [-t DURATION] [-snaplen N] capture")
+		fmt.Fprintln(stderr, "       vrnicctl [-d name|-s socket] fault list|add|set|del|clear ...   (vrnicctl fault: its usage)")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if fs.NArg() >= 1 && fs.Arg(0) == "fault" {
+		path, err := pickSocket(*dir, *name, *sock)
+		if err == nil {
+			err = runFault(path, fs.Args()[1:], *asJSON, stdout)
+		}
+		if err != nil {
+			fmt.Fprintln(stderr, "vrnicctl:", err)
+			return 1
+		}
+		return 0
 	}
 	if fs.NArg() != 1 {
 		fs.Usage()

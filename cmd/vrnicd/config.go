@@ -15,7 +15,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/faults"
 )
 
 // Config is vrnicd's configuration: the JSON config file (strict: unknown
@@ -48,6 +50,13 @@ type Config struct {
 	// commands (vrnicctl) besides root and the daemon's own uid; empty:
 	// none. An unknown group is an error at start.
 	OperatorGroup string `json:"operator_group,omitempty"`
+	// Faults are the fault rules installed at start and the seed of
+	// every fault decision (package faults; vrnicctl fault changes them
+	// at run time). -faults FILE replaces them with a scenario file's,
+	// -fault-seed sets the seed.
+	Faults *admin.FaultScenario `json:"faults,omitempty"`
+	// FaultsFile is the scenario file of -faults (flag only).
+	FaultsFile string `json:"-"`
 	// CPUProfile, when set (flag only), is a file the daemon writes a CPU
 	// profile of its whole run to.
 	CPUProfile string `json:"-"`
@@ -140,6 +149,8 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 		cpuProf  = fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
 		traceTo  = fs.String("trace", "", "write a Go execution trace of the run to this file")
 		opGroup  = fs.String("operator-group", "", "group whose members may use the operator commands (vrnicctl) besides root and the daemon's uid")
+		fltFile  = fs.String("faults", "", "fault scenario file (JSON, or YAML by its .yaml/.yml name): the seed and the fault rules installed at start")
+		fltSeed  = fs.Uint64("fault-seed", 0, "seed of every fault decision (default: the scenario's, else drawn from the clock; logged)")
 	)
 	fs.Var(&tapAddr, "tap-addr", "TAP link: the NIC's address/prefix, e.g. 10.77.0.1/24 (repeatable; the first is GID 0)")
 	fs.StringVar(local, "local", "127.0.0.1:4791", "same as -udp-local")
@@ -217,6 +228,19 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 	}
 	c.CPUProfile = *cpuProf
 	c.Trace = *traceTo
+	if *fltFile != "" {
+		sc, err := faults.LoadScenario(*fltFile)
+		if err != nil {
+			return nil, err
+		}
+		c.Faults, c.FaultsFile = &sc, *fltFile
+	}
+	if *fltSeed != 0 {
+		if c.Faults == nil {
+			c.Faults = &admin.FaultScenario{}
+		}
+		c.Faults.Seed = *fltSeed
+	}
 	return c, c.validate()
 }
 
@@ -254,6 +278,11 @@ func (c *Config) validate() error {
 	}
 	if _, err := c.pollSpin(); err != nil {
 		return err
+	}
+	if c.Faults != nil {
+		if err := faults.CheckRules(c.Faults.Rules); err != nil {
+			return fmt.Errorf("faults: %w", err)
+		}
 	}
 	for _, v := range []int{c.Limits.PerClient.Contexts, c.Limits.PerClient.HostMem, c.Limits.PerClient.PD, c.Limits.PerClient.MR,
 		c.Limits.PerClient.CQ, c.Limits.PerClient.QP, c.Limits.PerClient.SRQ, c.Limits.PerClient.AH,

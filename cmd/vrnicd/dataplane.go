@@ -15,6 +15,7 @@ import (
 	"github.com/vrnic/vrnic/device/dataplane"
 	"github.com/vrnic/vrnic/device/engine"
 	"github.com/vrnic/vrnic/dma"
+	"github.com/vrnic/vrnic/faults"
 	"github.com/vrnic/vrnic/link"
 	"github.com/vrnic/vrnic/roce"
 )
@@ -30,6 +31,9 @@ type dataPlane struct {
 	// tap captures the engine's frames (vrnicctl capture).
 	tap         *capture.Tap
 	stopCapture chan struct{} // closed by stop
+	// faults holds the fault rules every link passes through (vrnicctl
+	// fault).
+	faults *faults.Injector
 }
 
 // newDataPlane builds the engine with workers workers over the link the
@@ -107,9 +111,25 @@ func newDataPlane(cfg *Config, li device.LinkInfo, space *dma.Space, workers int
 	default:
 		return nil, fmt.Errorf("link type %q has no data path", cfg.Link.Type)
 	}
+	// Each link is wrapped by the fault layer, which reports to the
+	// capture: sent frames as the engine built them (a frame a rule drops
+	// is captured, with the rule in its comment), received frames as the
+	// link delivered them, before any rule.
 	tap := capture.New(mode, udpLocal)
+	var sc admin.FaultScenario
+	if cfg.Faults != nil {
+		sc = *cfg.Faults
+	}
+	inj := faults.New(faults.Config{Mode: mode, Local: udpLocal, Seed: sc.Seed, Logger: log})
+	if _, err := inj.Add(sc.Rules); err != nil {
+		close()
+		return nil, fmt.Errorf("faults: %w", err)
+	}
+	if len(sc.Rules) > 0 || sc.Seed != 0 {
+		log.Info("fault rules installed", "rules", len(sc.Rules), "seed", inj.Seed(), "file", cfg.FaultsFile)
+	}
 	for i, l := range links {
-		links[i] = tap.Wrap(l)
+		links[i] = inj.Wrap(l, tap)
 	}
 	eng, err := engine.New(engine.Config{Links: links, Mode: mode, Local: udpLocal, MAC: li.MAC, FrameCap: frameCap, PathFixup: fixup, Logger: log})
 	if err != nil {
@@ -128,7 +148,7 @@ func newDataPlane(cfg *Config, li device.LinkInfo, space *dma.Space, workers int
 		close()
 		return nil, err
 	}
-	return &dataPlane{dp: dp, close: close, stats: stats, tap: tap, stopCapture: make(chan struct{})}, nil
+	return &dataPlane{dp: dp, close: close, stats: stats, tap: tap, stopCapture: make(chan struct{}), faults: inj}, nil
 }
 
 // capture starts a packet capture for the operator (admin.CaptureCmd);

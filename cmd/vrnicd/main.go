@@ -229,6 +229,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 
 		OperatorGroup: opGroup,
 		Capture:       plane.capture(log),
+		Faults:        plane.faults.Serve,
 		GSI:           qp1,
 	})
 	if err != nil {

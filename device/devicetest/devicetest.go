@@ -39,6 +39,9 @@ type Options struct {
 	// DataPlane: nil for none (QPs move through their states, no data
 	// moves, no completion is produced).
 	DataPlane device.DataPlane
+	// Faults serves the fault-rule commands (device.Config.Faults); nil:
+	// none.
+	Faults func(admin.FaultRequest) (admin.FaultReply, error)
 }
 
 // Start creates a device listening on a socket in a new temporary
@@ -67,6 +70,7 @@ func Start(o Options) (*Server, error) {
 		Space:     space,
 		DataPlane: o.DataPlane,
 		Logger:    o.Logger,
+		Faults:    o.Faults,
 	})
 	if err != nil {
 		space.Close()
