@@ -85,7 +85,7 @@ type FaultRule struct {
 	Peer string `json:"peer,omitempty"`
 	// QPN: the BTH destination QP; SrcQPN: the DETH source QP (UD).
 	// For a verb fault, QPN is the local QP the fault hits.
-	QPN    *uint32 `json:"qpn,omitempty"`
+	QPN *uint32 `json:"qpn,omitempty"`
 	// CQ: the CQ handle a verb fault (cq_overflow, cqe_delay) hits.
 	CQ     *uint32 `json:"cq,omitempty"`
 	SrcQPN *uint32 `json:"src_qpn,omitempty"`
