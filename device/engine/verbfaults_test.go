@@ -47,16 +47,7 @@ func BenchmarkVerbHooks(b *testing.B) {
 	var n int64
 	one := func() {
 		n++
-		wr.WrID = uint64(n)
-		if err := qb.rq.post(uint64(n), rsge); err != nil {
-			panic(err)
-		}
-		if err := qa.sq.post(wr, sges, nil); err != nil {
-			panic(err)
-		}
-		qa.n.eng.Kick(qa.qpn)
-		qa.scq.spin(n)
-		qb.rcq.spin(n)
+		sendOnce(qa, qb, wr, sges, rsge, n)
 		if n%2048 == 0 {
 			qa.scq.reset()
 			qb.rcq.reset()
