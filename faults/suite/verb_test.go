@@ -180,8 +180,8 @@ func TestVerbCQEDelay(t *testing.T) {
 		q, err := ea.QP.Query()
 		return err == nil && q.PacketsReceived > 0 && eb.Buf.Bytes[2047] == ea.Buf.Bytes[2047]
 	}, 10*time.Second, time.Millisecond)
-	// The ACK of the second WRITE acknowledges both; wait until the
-	// engine acted on it: the sender has nothing outstanding.
+	// Both WRITEs are placed and A has heard from B; the 5 s hold is
+	// far longer than this takes, so A's CQ must still be empty.
 	wc := make([]abi.CQE, 4)
 	assert.Zero(t, ea.CQ.Poll(wc), "the delayed CQE and the one behind it are held")
 	got, err := ea.PollN(2, 20*time.Second)
