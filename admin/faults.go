@@ -84,7 +84,10 @@ type FaultRule struct {
 	// on rx): an IP, IP:port or prefix.
 	Peer string `json:"peer,omitempty"`
 	// QPN: the BTH destination QP; SrcQPN: the DETH source QP (UD).
-	QPN    *uint32 `json:"qpn,omitempty"`
+	// For a verb fault, QPN is the local QP the fault hits.
+	QPN *uint32 `json:"qpn,omitempty"`
+	// CQ: the CQ handle a verb fault (cq_overflow, cqe_delay) hits.
+	CQ     *uint32 `json:"cq,omitempty"`
 	SrcQPN *uint32 `json:"src_qpn,omitempty"`
 	// Op: opcode names (RC_RDMA_WRITE_FIRST, ...) or classes (request,
 	// response, ack, nak, rnr_nak, read_response, atomic, atomic_ack,
@@ -119,8 +122,8 @@ type FaultMessage struct {
 
 // FaultAction is what a rule does to a frame it applies to.
 type FaultAction struct {
-	// Type: drop, duplicate, reorder, corrupt, delay, rate, ecn, down;
-	// "verb" is reserved for the verb-level faults (not implemented).
+	// Type: drop, duplicate, reorder, corrupt, delay, rate, ecn, down,
+	// verb (a verb-level fault: Verb names which).
 	Type string `json:"type"`
 	// duplicate: copies sent besides the frame (default 1).
 	Copies int `json:"copies,omitempty"`
@@ -151,9 +154,27 @@ type FaultAction struct {
 	BPS   uint64 `json:"bps,omitempty"`
 	PPS   uint64 `json:"pps,omitempty"`
 	Burst int    `json:"burst,omitempty"`
-	// verb: the verb-level fault (reserved).
+	// verb: the verb-level fault, one of FaultVerbs. cqe_delay takes
+	// Delay (how long the CQE is held back); port_flap takes For (how
+	// long the port stays down).
 	Verb string `json:"verb,omitempty"`
 }
+
+// FaultVerbs are the verb-level faults (FaultAction.Verb):
+//
+//	rnr          a receive that would take a posted RQE is answered with
+//	             an RNR NAK instead (count: how many)
+//	qp_err       the QP goes to ERR at its next send WQE fetch or request
+//	             received, as a transport error (QP_FATAL, flushes)
+//	cq_overflow  the next completion into the CQ overflows it (CQ_ERR,
+//	             the QP to ERR)
+//	cqe_delay    the next completion into the CQ is held back for delay
+//	             (with every later one of that CQ, in order)
+//	bad_wqe      the next send WQE fetched is treated as malformed
+//	             (LOC_QP_OP_ERR, the QP to ERR)
+//	port_flap    the port goes down for for (PORT_ERR to every context,
+//	             every frame dropped), then up again (PORT_ACTIVE)
+var FaultVerbs = []string{"rnr", "qp_err", "cq_overflow", "cqe_delay", "bad_wqe", "port_flap"}
 
 // Fault action types.
 var FaultActions = []string{"drop", "duplicate", "reorder", "corrupt", "delay", "rate", "ecn", "down", "verb"}
@@ -279,6 +300,37 @@ func (r *FaultRule) Validate() error {
 	if err := r.Action.validate(); err != nil {
 		return ruleErr(r, "%v", err)
 	}
+	if err := r.checkVerbFilters(); err != nil {
+		return ruleErr(r, "%v", err)
+	}
+	return nil
+}
+
+// checkVerbFilters: a verb fault hits a local QP or CQ, not frames, so
+// the frame filters mean nothing to it; a frame rule has no CQ.
+func (r *FaultRule) checkVerbFilters() error {
+	if r.Action.Type != "verb" {
+		if r.CQ != nil {
+			return fmt.Errorf("cq applies to verb faults only (action %s)", r.Action.Type)
+		}
+		return nil
+	}
+	v := r.Action.Verb
+	for _, f := range []struct {
+		name string
+		set  bool
+	}{{"dir", r.Dir != ""}, {"peer", r.Peer != ""}, {"src_qpn", r.SrcQPN != nil}, {"op", len(r.Op) > 0},
+		{"psn", r.PSN != ""}, {"message", r.Message != nil}, {"round", r.Round != ""}} {
+		if f.set {
+			return fmt.Errorf("verb fault %s does not take %s (a frame filter); it takes qpn, cq, probability, count, after, until", v, f.name)
+		}
+	}
+	if r.CQ != nil && v != "cq_overflow" && v != "cqe_delay" {
+		return fmt.Errorf("verb fault %s does not take cq (only cq_overflow and cqe_delay do)", v)
+	}
+	if v == "port_flap" && (r.QPN != nil || r.Probability != nil || r.Count != 0 || r.Until != "") {
+		return errors.New("verb fault port_flap takes after and action for only: it flaps the whole port once")
+	}
 	return nil
 }
 
@@ -347,7 +399,7 @@ func (a *FaultAction) validate() error {
 		"delay":     {"dist", "delay", "min", "max", "stddev"},
 		"rate":      {"bps", "pps", "burst", "for"},
 		"down":      {"for"},
-		"verb":      {"verb"},
+		"verb":      {"verb", "delay", "for"},
 	}
 	allowed, ok := takes[a.Type]
 	if !ok {
@@ -450,7 +502,31 @@ func (a *FaultAction) validate() error {
 			return err
 		}
 	case "verb":
-		return fmt.Errorf("verb faults (%s) are not implemented yet", orNone(a.Verb))
+		if !isOneOf(a.Verb, FaultVerbs) {
+			return fmt.Errorf("verb %q: want one of %s", orNone(a.Verb), strings.Join(FaultVerbs, ", "))
+		}
+		if a.Delay != "" && a.Verb != "cqe_delay" {
+			return fmt.Errorf("verb %s does not take delay (cqe_delay does)", a.Verb)
+		}
+		if a.For != "" && a.Verb != "port_flap" {
+			return fmt.Errorf("verb %s does not take for (port_flap does)", a.Verb)
+		}
+		switch a.Verb {
+		case "cqe_delay":
+			if a.Delay == "" {
+				return errors.New("cqe_delay takes delay (how long the CQE is held back)")
+			}
+			if _, err := hold("delay", a.Delay, false); err != nil {
+				return err
+			}
+		case "port_flap":
+			if a.For == "" {
+				return errors.New("port_flap takes for (how long the port stays down)")
+			}
+			if _, err := hold("for", a.For, false); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }

@@ -138,6 +138,7 @@ type Device struct {
 	start time.Time
 
 	counters DeviceCounters
+	portDown atomic.Bool // the port is down (a port_flap fault; events.go)
 
 	mu       sync.Mutex
 	contexts map[uint32]*Context

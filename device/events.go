@@ -141,3 +141,36 @@ func (s *SRQ) LimitReached(limit uint32) {
 		s.cx.postEvent(abi.EventSRQLimitReached, uint64(s.handle))
 	}
 }
+
+// SetPort moves port 1 down or up (a port_flap fault: package faults
+// drops the frames meanwhile) and tells every context with an event
+// socket: PORT_ERR when it goes down, PORT_ACTIVE when it comes back
+// (IBTA 11.6.3.1, unaffiliated asynchronous events). QUERY_PORT reports
+// DOWN meanwhile. A move to the state the port is in raises nothing.
+func (d *Device) SetPort(up bool) {
+	if d.portDown.Swap(!up) == !up {
+		return
+	}
+	t := abi.EventPortErr
+	if up {
+		t = abi.EventPortActive
+	}
+	d.mu.Lock()
+	cxs := make([]*Context, 0, len(d.contexts))
+	for _, cx := range d.contexts {
+		cxs = append(cxs, cx)
+	}
+	d.mu.Unlock()
+	for _, cx := range cxs {
+		cx.postEvent(t, 1)
+	}
+}
+
+// portState is QUERY_PORT's state: IBV_PORT_ACTIVE (4), or
+// IBV_PORT_DOWN (1) while a port_flap fault holds the port down.
+func (d *Device) portState() uint32 {
+	if d.portDown.Load() {
+		return 1
+	}
+	return 4
+}

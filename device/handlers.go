@@ -160,7 +160,7 @@ func (cn *conn) queryPort(r *request) (reply, error) {
 	}
 	li := cn.d.cfg.Link
 	return reply{body: &abi.PortAttr{
-		State:           4, // IBV_PORT_ACTIVE
+		State:           cn.d.portState(),
 		MaxMTU:          li.MaxMTU,
 		ActiveMTU:       li.MaxMTU,
 		GIDTblLen:       abi.GIDTableLen,

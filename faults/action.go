@@ -27,6 +27,14 @@ func (l *Link) plan(rs *ruleSet, frames [][]byte, peers []netip.AddrPort, tx boo
 		pos := fl.observe(v)
 		note.Reset()
 		for _, r := range rs.rules {
+			if r.port {
+				if r.portDown(now) {
+					p.drop = true
+					l.record(note, r, "port down", tx, v)
+					break
+				}
+				continue
+			}
 			if r.act.typ == "down" && now < r.downUntil.Load() && r.dirPeer(v, tx) {
 				r.applied.Add(1)
 				p.drop = true

@@ -1,6 +1,8 @@
 // Package faults injects faults into a live daemon's traffic: rules that
 // drop, duplicate, reorder, corrupt, delay, rate-limit, ECN-mark frames or
-// take the link down for a while, added, listed, changed and removed at
+// take the link down for a while, and verb-level faults inside the
+// transport (RNR NAKs, QP to ERR, CQ overflow, CQE delay, malformed WQE,
+// port flap), added, listed, changed and removed at
 // run time over the control socket (admin.FaultCmd, vrnicctl fault), or
 // loaded at start from the config file (key "faults") or a scenario file
 // (vrnicd -faults FILE).
@@ -79,9 +81,7 @@
 //	             or DCQCN handling: marks are counted and captured
 //	  down       the link is down for for: this frame and every later one in
 //	             the rule's direction(s) and peer are dropped until then
-//	  verb       reserved for the verb-level faults (RNR NAK, QP to ERR, CQ
-//	             overflow, CQE delay, malformed WQE, port flap): refused
-//	             until they exist
+//	  verb       a verb-level fault (below), named by verb
 //
 // A frame goes through every rule that matches, in id order: a drop or a
 // link-down ends the list; a frame is held back (delay, reorder, rate) by
@@ -89,6 +89,69 @@
 // selected (before its time window, probability and count), "applied" the
 // frames it acted on. Every action applied is logged (rule, action,
 // direction, QPN, PSN, opcode, peer; at most 1000 lines a rule).
+//
+// # Verb-level faults
+//
+// A rule with action verb strikes inside the transport, not on a frame.
+// Its filters are qpn (the local QP), cq (a CQ handle, for cq_overflow
+// and cqe_delay), probability, count, after and until; the frame filters
+// (dir, peer, src_qpn, op, psn, message, round) are refused. What each
+// does, and what the IBTA has either side see:
+//
+//	rnr          the RC responder answers a request that needs a receive
+//	             WQE with an RNR NAK although WQEs are posted (count: how
+//	             many). The requester waits the RNR timer and retries, up
+//	             to rnr_retry times (7: forever): it succeeds once the
+//	             rule is spent, or completes the WR with
+//	             RNR_RETRY_EXC_ERR (and its QP goes to ERR, QP_FATAL)
+//	qp_err       the QP goes to ERR at its next send WQE fetch or request
+//	             received, as on a transport error: QP_FATAL on its
+//	             context's event socket, every outstanding WR flushed
+//	             (WR_FLUSH_ERR). A QP in ERR drops what it receives without
+//	             an answer (IBTA 10.3.1), so the peer's requests time out:
+//	             the peer sees RETRY_EXC_ERR after retry_cnt
+//	             retransmissions, not REM_OP_ERR (which only a responder
+//	             that answers sends)
+//	cq_overflow  the next completion into the CQ overflows it, as a full
+//	             CQ would: CQ_ERR (the CQ's handle), the QP of that
+//	             completion to ERR (QP_FATAL); the CQ takes no completion
+//	             any more, so every other QP on it goes to ERR at its next
+//	             completion (IBTA 11.4.2.1)
+//	cqe_delay    the next completion into the CQ appears only after delay,
+//	             and every later completion of that CQ waits behind it, in
+//	             order: the IBTA has a work queue's completions returned in
+//	             the order its WRs were posted, and a CQ serves several
+//	             queues, so holding the whole CQ keeps every queue's order
+//	             (the CQ looks stalled for delay). At most a CQ's worth is
+//	             held (one more overflows it); held completions of a CQ
+//	             destroyed meanwhile are dropped
+//	bad_wqe      the next send WQE fetched is treated as malformed:
+//	             LOC_QP_OP_ERR, as for a WQE the ring's checks reject; the
+//	             QP goes to ERR (QP_FATAL), its later WRs are flushed,
+//	             nothing of it reaches the wire
+//	port_flap    the port goes down for for (after after): every context
+//	             of the device gets PORT_ERR, QUERY_PORT says DOWN, every
+//	             frame in either direction is dropped (captured with
+//	             "port down"); then PORT_ACTIVE. It takes after and for
+//	             only; deleting the rule brings the port up at once
+//
+// The engine asks the faults through one atomic pointer (engine
+// VerbFaults, device/engine/verbfaults.go; the CQ points in
+// device/dataplane/verbfaults.go), nil while no verb rule is enabled: a
+// WQE fetch, a receive and a completion then cost one load of a nil
+// pointer more (BenchmarkVerbHooks in device/engine measures the hooks
+// even installed: a ratio of 1 within noise). "matched" counts the times
+// a rule's qpn and cq filters matched at its point, "applied" the faults
+// it injected (port_flap: its flaps).
+//
+// # Suites
+//
+// Package faults/suite starts daemons, installs rules over the control
+// socket, runs a verbs workload and returns completions, counters and
+// captures, with the checks a fault suite needs (each WR completed
+// exactly once with the right status, no data changed without an ICRC
+// error, go-back-N retransmissions). examples/faultmatrix is a suite to
+// copy: a workload under a matrix of faults, PASS or FAIL per cell.
 //
 // # Flows, messages and rounds
 //

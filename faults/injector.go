@@ -44,8 +44,14 @@ type Injector struct {
 
 	set atomic.Pointer[ruleSet] // enabled rules; nil: none
 
+	// verbs: the enabled verb rules the engine asks (VerbFault); nil:
+	// none, and the engine has no VerbFaults.
+	verbs atomic.Pointer[[]*rule]
+
 	mu     sync.Mutex
-	rules  []*rule // every rule, by id
+	eng    VerbTarget    // AttachEngine
+	port   func(up bool) // AttachPort
+	rules  []*rule       // every rule, by id
 	nextID uint32
 	gen    uint64
 }
@@ -125,6 +131,9 @@ func (inj *Injector) Add(specs []admin.FaultRule) ([]admin.FaultRuleInfo, error)
 	for _, r := range added {
 		inj.nextID = max(inj.nextID, r.id+1)
 		inj.rules = append(inj.rules, r)
+		if r.port && !r.spec.Disabled {
+			inj.startFlap(r)
+		}
 		inj.cfg.Logger.Info("fault rule added", "rule", r.id, "action", r.act.typ, "seed", inj.seed)
 	}
 	slices.SortFunc(inj.rules, func(a, b *rule) int { return int(a.id) - int(b.id) })
@@ -155,6 +164,10 @@ func (inj *Injector) Set(spec admin.FaultRule) (admin.FaultRuleInfo, error) {
 			inj.rules[i] = r
 		}
 	}
+	inj.stopFlap(old)
+	if r.port && !r.spec.Disabled {
+		inj.startFlap(r)
+	}
 	inj.cfg.Logger.Info("fault rule changed", "rule", r.id, "action", r.act.typ)
 	inj.publish()
 	return infos([]*rule{r})[0], nil
@@ -170,7 +183,13 @@ func (inj *Injector) Del(ids []uint32) error {
 			return fmt.Errorf("%w: no rule %d", admin.ErrFaultRule, id)
 		}
 	}
-	inj.rules = slices.DeleteFunc(inj.rules, func(r *rule) bool { return slices.Contains(ids, r.id) })
+	inj.rules = slices.DeleteFunc(inj.rules, func(r *rule) bool {
+		gone := slices.Contains(ids, r.id)
+		if gone {
+			inj.stopFlap(r)
+		}
+		return gone
+	})
 	inj.cfg.Logger.Info("fault rules removed", "rules", ids)
 	inj.publish()
 	return nil
@@ -180,6 +199,9 @@ func (inj *Injector) Del(ids []uint32) error {
 func (inj *Injector) Clear() {
 	inj.mu.Lock()
 	defer inj.mu.Unlock()
+	for _, r := range inj.rules {
+		inj.stopFlap(r)
+	}
 	inj.rules = nil
 	inj.cfg.Logger.Info("fault rules cleared")
 	inj.publish()
@@ -204,10 +226,26 @@ func (inj *Injector) find(id uint32) *rule {
 // publish stores the enabled rules for the links (mu held).
 func (inj *Injector) publish() {
 	inj.gen++
-	var on []*rule
+	var on, verbs []*rule
 	for _, r := range inj.rules {
-		if !r.spec.Disabled {
+		switch {
+		case r.spec.Disabled:
+		case r.point != 0:
+			verbs = append(verbs, r)
+		default:
 			on = append(on, r)
+		}
+	}
+	if len(verbs) == 0 {
+		inj.verbs.Store(nil)
+	} else {
+		inj.verbs.Store(&verbs)
+	}
+	if inj.eng != nil {
+		if len(verbs) == 0 {
+			inj.eng.SetVerbFaults(nil)
+		} else {
+			inj.eng.SetVerbFaults(inj)
 		}
 	}
 	if len(on) == 0 {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vrnic/vrnic/admin"
+	"github.com/vrnic/vrnic/device/engine"
 	"github.com/vrnic/vrnic/roce"
 )
 
@@ -52,6 +53,14 @@ type rule struct {
 	// the link is up).
 	downUntil atomic.Int64
 
+	// Verb rules: the engine point (0: a frame rule or port_flap), the
+	// CQ filter (-1: any); port_flap: its period and timers.
+	point            engine.VerbPoint
+	cq               int64
+	port             bool
+	downFrom         int64
+	flapDown, flapUp *time.Timer
+
 	mu  sync.Mutex // guards rng and tat
 	rng *rand.Rand
 	tat int64 // rate: theoretical arrival time of the next frame
@@ -78,6 +87,7 @@ type action struct {
 	bps     uint64
 	pps     uint64
 	burst   int
+	verb    string
 }
 
 // opNames maps the opcode table's names to opcodes.
@@ -182,7 +192,7 @@ func compile(spec admin.FaultRule, seed uint64, now int64) (*rule, error) {
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
-	r := &rule{spec: spec, id: spec.ID, qpn: -1, srcQPN: -1, prob: 1, count: spec.Count, installed: now}
+	r := &rule{spec: spec, id: spec.ID, qpn: -1, srcQPN: -1, cq: -1, prob: 1, count: spec.Count, installed: now}
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w: rule %d: %s", admin.ErrFaultRule, spec.ID, fmt.Sprintf(format, a...))
 	}
@@ -196,6 +206,9 @@ func compile(spec admin.FaultRule, seed uint64, now int64) (*rule, error) {
 	}
 	if spec.SrcQPN != nil {
 		r.srcQPN = int64(*spec.SrcQPN)
+	}
+	if spec.CQ != nil {
+		r.cq = int64(*spec.CQ)
 	}
 	for _, o := range spec.Op {
 		s, err := opSet(o)
@@ -227,7 +240,10 @@ func compile(spec admin.FaultRule, seed uint64, now int64) (*rule, error) {
 	r.until = int64(admin.FaultDuration(spec.Until))
 	a := spec.Action
 	c := action{typ: a.Type, copies: max(1, a.Copies), frames: a.Frames, field: a.Field, offset: -1, mask: a.Mask,
-		fixICRC: a.FixICRC, bps: a.BPS, pps: a.PPS, burst: max(1, a.Burst), dist: a.Dist}
+		fixICRC: a.FixICRC, bps: a.BPS, pps: a.PPS, burst: max(1, a.Burst), dist: a.Dist, verb: a.Verb}
+	if a.Type == "verb" {
+		r.point, r.port = verbPoints[a.Verb], a.Verb == "port_flap"
+	}
 	if a.Offset != nil {
 		c.offset = *a.Offset
 	}

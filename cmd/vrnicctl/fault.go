@@ -19,7 +19,7 @@ const faultUsage = `usage: vrnicctl [-d name|-s socket] [-json] fault list
        vrnicctl fault set ID KEY=VALUE...   (replaces rule ID, keeping its counters)
        vrnicctl fault del ID...
        vrnicctl fault clear
-keys: ` + "id name disabled dir peer qpn src_qpn op psn msg pkt round prob count after until action\n" +
+keys: ` + "id name disabled dir peer qpn src_qpn cq op psn msg pkt round prob count after until action\n" +
 	"      copies frames for dist delay min max stddev field offset mask fix_icrc bps pps burst verb\n" +
 	`e.g.  vrnicctl fault add dir=tx qpn=0x1234 msg=write:2 pkt=3 round=first action=drop`
 
@@ -165,6 +165,9 @@ func describeRule(r *admin.FaultRule) string {
 	if r.SrcQPN != nil {
 		add("src_qpn", fmt.Sprintf("%#x", *r.SrcQPN))
 	}
+	if r.CQ != nil {
+		add("cq", strconv.FormatUint(uint64(*r.CQ), 10))
+	}
 	add("op", strings.Join(r.Op, ","))
 	add("psn", r.PSN)
 	if m := r.Message; m != nil {
@@ -263,13 +266,16 @@ func setFaultKey(r *admin.FaultRule, k, v string) error {
 		r.Dir = v
 	case "peer":
 		r.Peer = v
-	case "qpn", "src_qpn":
+	case "qpn", "src_qpn", "cq":
 		var n uint64
 		if n, err = u64(32); err == nil {
 			q := uint32(n)
-			if k == "qpn" {
+			switch k {
+			case "qpn":
 				r.QPN = &q
-			} else {
+			case "cq":
+				r.CQ = &q
+			default:
 				r.SrcQPN = &q
 			}
 		}
@@ -347,7 +353,7 @@ func setFaultKey(r *admin.FaultRule, k, v string) error {
 	case "verb":
 		a.Verb = v
 	default:
-		keys := strings.Fields("id name disabled dir peer qpn src_qpn op psn msg pkt round prob count after until action " +
+		keys := strings.Fields("id name disabled dir peer qpn src_qpn cq op psn msg pkt round prob count after until action " +
 			"copies frames for dist delay min max stddev field offset mask fix_icrc bps pps burst verb")
 		sort.Strings(keys)
 		return fmt.Errorf("unknown key (want one of %s)", strings.Join(keys, " "))

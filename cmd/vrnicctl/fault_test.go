@@ -68,7 +68,11 @@ func TestFaultCommand(t *testing.T) {
 		{[]string{"add", "action=delay", "dist=uniform", "min=2ms", "max=1ms"}, "max 1ms below min 2ms"},
 		{[]string{"add", "after=2s", "until=1s", "action=drop"}, "could never apply"},
 		{[]string{"add", "qpn=x", "action=drop"}, `"x" is not a valid value`},
-		{[]string{"add", "action=verb", "verb=rnr_nak"}, "verb faults (rnr_nak) are not implemented yet"},
+		{[]string{"add", "action=verb", "verb=rnr_nak"}, `verb "rnr_nak": want one of rnr, qp_err`},
+		{[]string{"add", "op=ack", "action=verb", "verb=rnr"}, "verb fault rnr does not take op"},
+		{[]string{"add", "cq=3", "action=verb", "verb=rnr"}, "verb fault rnr does not take cq"},
+		{[]string{"add", "action=verb", "verb=cqe_delay"}, "cqe_delay takes delay"},
+		{[]string{"add", "cq=3", "action=drop"}, "cq applies to verb faults only"},
 		// Only the device knows the opcode table.
 		{[]string{"add", "op=RC_WRITE_SIDEWAYS", "action=drop"}, `opcode "RC_WRITE_SIDEWAYS": want an opcode name`},
 		{[]string{"del", "5"}, "no rule 5"},

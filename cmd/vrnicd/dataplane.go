@@ -136,6 +136,7 @@ func newDataPlane(cfg *Config, li device.LinkInfo, space *dma.Space, workers int
 		close()
 		return nil, err
 	}
+	inj.AttachEngine(eng) // the verb-level faults
 	spin, err := cfg.pollSpin()
 	if err != nil {
 		eng.Close()

@@ -236,6 +236,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		l.Close()
 		return err
 	}
+	plane.faults.AttachPort(dev.SetPort) // port_flap
 	plane.dp.Start()
 	if plane.stats != nil {
 		statsPath := strings.TrimSuffix(sock, admin.SocketSuffix) + admin.StatsSuffix

@@ -443,6 +443,7 @@ func (dp *DataPlane) cqSinkLocked(c *device.CQ, page *doorbell.Page) (*cqSink, e
 		s.page = page
 	}
 	s.overflowed = c.Overflowed
+	s.verb.eng, s.verb.handle = dp.eng, c.Handle()
 	dp.cqs[c] = s
 	return s, nil
 }

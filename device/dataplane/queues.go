@@ -280,6 +280,8 @@ type cqSink struct {
 
 	page   *doorbell.Page // with a context's EventWriter: its page (the writer's key)
 	closed bool           // released (guarded by DataPlane.mu)
+
+	verb cqVerb // verb-level faults of the CQ (verbfaults.go)
 }
 
 // newCQSink builds the sink; comp (the completion eventfd, owned by the
@@ -301,6 +303,14 @@ var errCQOverflow = fmt.Errorf("dataplane: %w (CQ in error)", queues.ErrCQFull)
 func (s *cqSink) push(c *abi.CQE, solicited bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.verbOn() {
+		return s.verbPush(c, solicited)
+	}
+	return s.write(c, solicited)
+}
+
+// write is push with s.mu held.
+func (s *cqSink) write(c *abi.CQE, solicited bool) error {
 	if s.overflow {
 		s.lost.Add(1)
 		return errCQOverflow
@@ -328,6 +338,7 @@ func (s *cqSink) push(c *abi.CQE, solicited bool) error {
 func (s *cqSink) close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.verb.gone = true
 	return s.notify.Close()
 }
 

@@ -95,21 +95,27 @@ func sendAllocs(a, b *tqp, wr abi.SendWQE, sges []abi.SGE, rsge abi.SGE) float64
 	var n int64
 	run := func() {
 		n++
-		wr.WrID = uint64(n)
-		if err := b.rq.post(uint64(n), rsge); err != nil {
-			panic(err)
-		}
-		if err := a.sq.post(wr, sges, nil); err != nil {
-			panic(err)
-		}
-		a.n.eng.Kick(a.qpn)
-		a.scq.spin(n)
-		b.rcq.spin(n)
+		sendOnce(a, b, wr, sges, rsge, n)
 	}
 	for range 50 {
 		run()
 	}
 	return testing.AllocsPerRun(200, run)
+}
+
+// sendOnce posts a receive of rsge on b and wr (as wr_id n) on a, and
+// waits for the n-th send and receive completions.
+func sendOnce(a, b *tqp, wr abi.SendWQE, sges []abi.SGE, rsge abi.SGE, n int64) {
+	wr.WrID = uint64(n)
+	if err := b.rq.post(uint64(n), rsge); err != nil {
+		panic(err)
+	}
+	if err := a.sq.post(wr, sges, nil); err != nil {
+		panic(err)
+	}
+	a.n.eng.Kick(a.qpn)
+	a.scq.spin(n)
+	b.rcq.spin(n)
 }
 
 // BenchmarkWrite1MiB measures 1 MiB RDMA WRITE goodput between two

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 
 	"github.com/vrnic/vrnic/roce"
 )
@@ -71,6 +72,7 @@ type Engine struct {
 	mu      sync.Mutex // guards closed
 	closed  bool
 	log     *slog.Logger
+	verb    atomic.Pointer[verbHooks] // verb-level faults; nil: none (verbfaults.go)
 }
 
 // New creates an engine; Start runs it.

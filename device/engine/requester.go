@@ -108,7 +108,7 @@ func (qp *QP) reqFetch() reqState {
 	}
 	e := &qp.sq[qp.tail&qp.sqMask]
 	e.SGEs, e.Inline = e.SGEs[:0], e.Inline[:0]
-	ok, err := qp.cfg.SQ.PollSend(&e.SendWork)
+	ok, err := qp.pollSend(&e.SendWork)
 	if !ok && err == nil {
 		return reqExit
 	}

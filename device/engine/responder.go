@@ -108,6 +108,9 @@ func (qp *QP) respRx(p *packet) {
 		qp.Counters.Dropped.Add(1)
 		return
 	}
+	if qp.verbRequestErr() {
+		return
+	}
 	st := respCheckPSN
 	if h := traceHook.Load(); h != nil {
 		(*h)(qp, "B rx %v psn %d epsn %d nakSent %v ack %v", p.opcode, p.psn, qp.resp.epsn, qp.resp.nakSent, p.ackReq)
@@ -277,7 +280,7 @@ func (qp *QP) respCheckResource(p *packet) respState {
 	switch {
 	case info.Is(roce.OpRecvWQE) && !r.rqeValid && (info.Is(roce.OpSend) || info.Is(roce.OpLast) || info.Is(roce.OpOnly)):
 		r.rqe.SGEs = r.rqe.SGEs[:0]
-		ok, err := qp.cfg.RQ.PollRecv(&r.rqe)
+		ok, err := qp.pollRecv(&r.rqe)
 		if err != nil {
 			// A broken RQ/SRQ ring or a malformed receive WQE: the
 			// consumed RQE (wr_id 0 for a broken ring) completes in

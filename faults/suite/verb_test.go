@@ -1,0 +1,225 @@
+package suite
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/admin"
+)
+
+// pair starts two daemons and connects an RC QP on each; the cleanup
+// stops both by PID.
+func pair(t *testing.T, o ConnOpts) (*Daemon, *Daemon, *Endpoint, *Endpoint) {
+	t.Helper()
+	a, b, err := StartPair(Options{Dir: t.TempDir()})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		assert.NoError(t, a.Stop())
+		assert.NoError(t, b.Stop())
+	})
+	ea, eb, err := Connect(a, b, o)
+	require.NoError(t, err)
+	t.Cleanup(func() { ea.Close(); eb.Close() })
+	return a, b, ea, eb
+}
+
+func verbRule(verb string, qpn *uint32, cq *uint32, count uint64) admin.FaultRule {
+	return admin.FaultRule{QPN: qpn, CQ: cq, Count: count, Action: admin.FaultAction{Type: "verb", Verb: verb}}
+}
+
+func applied(t *testing.T, d *Daemon, id uint32) uint64 {
+	t.Helper()
+	rs, err := d.Rules()
+	require.NoError(t, err)
+	for _, r := range rs {
+		if r.ID == id {
+			return r.Applied
+		}
+	}
+	t.Fatalf("no rule %d on %s", id, d.Name)
+	return 0
+}
+
+func sends(n, size int) []Op {
+	ops := make([]Op, n)
+	for i := range ops {
+		ops[i] = Op{Kind: Send, Size: size}
+	}
+	return ops
+}
+
+// TestVerbRNRRecovers: B answers its next 3 receives with RNR NAKs
+// although RECVs are posted; A (rnr_retry 7, infinite) retries after each
+// and both SENDs succeed once the injection is spent; A counted the 3
+// RNR NAKs, the rule applied 3 times.
+func TestVerbRNRRecovers(t *testing.T) {
+	_, b, ea, eb := pair(t, ConnOpts{})
+	rs, err := b.AddRules(verbRule("rnr", &eb.QP.QPN, nil, 3))
+	require.NoError(t, err)
+	res, err := Workload{Ops: sends(2, 3000), Seed: 1}.Run(ea, eb, 20*time.Second)
+	require.NoError(t, err)
+	require.NoError(t, res.Err)
+	require.NoError(t, res.CheckCompletions(AllSucceed))
+	require.NoError(t, res.CheckData(0, 0))
+	assert.Equal(t, uint64(3), res.A.RNRNAKsReceived, "A saw every injected RNR NAK")
+	assert.Equal(t, uint64(3), applied(t, b, rs[0].ID))
+}
+
+// TestVerbRNRRetryExceeded: with rnr_retry 2 on A and more injected RNR
+// NAKs than that, A's SEND completes with RNR_RETRY_EXC_ERR after 3 RNR
+// NAKs (the first and two retries), the next WR is flushed, and A's QP
+// is in ERR with QP_FATAL raised. B's RECVs stay posted: B is fine.
+func TestVerbRNRRetryExceeded(t *testing.T) {
+	_, b, ea, eb := pair(t, ConnOpts{RNRRetry: U8(2)})
+	_, err := b.AddRules(verbRule("rnr", &eb.QP.QPN, nil, 10))
+	require.NoError(t, err)
+	res, err := Workload{Ops: sends(2, 100)}.Run(ea, eb, 5*time.Second)
+	require.NoError(t, err)
+	// B's RECVs never complete: only A's side is expected.
+	require.ErrorIs(t, res.Err, ErrTimeout)
+	var st []abi.WCStatus
+	for _, c := range res.Completions {
+		require.Equal(t, "a", c.Side, "B completes nothing")
+		st = append(st, c.Status)
+	}
+	assert.Equal(t, []abi.WCStatus{abi.WCRNRRetryExcErr, abi.WCWRFlushErr}, st)
+	assert.Equal(t, uint64(3), res.A.RNRNAKsReceived)
+	_, err = ea.WaitEvent(abi.EventQPFatal, 5*time.Second)
+	require.NoError(t, err)
+	q, err := eb.QP.Query()
+	require.NoError(t, err)
+	assert.Equal(t, abi.QPSRTS, q.Attr.QPState, "the responder's QP is untouched")
+}
+
+// TestVerbQPErr: B's QP goes to ERR when A's SEND arrives: B gets
+// QP_FATAL and its posted RECV is flushed (WR_FLUSH_ERR); a QP in ERR
+// drops what it receives without answering (IBTA 10.3.1), so A hears
+// nothing: its SEND completes with RETRY_EXC_ERR once retry_cnt
+// retransmissions timed out (not REM_OP_ERR, which only a responder that
+// answers sends), and A's QP goes to ERR too (QP_FATAL).
+func TestVerbQPErr(t *testing.T) {
+	_, b, ea, eb := pair(t, ConnOpts{RetryCnt: U8(2), Timeout: U8(8)})
+	_, err := b.AddRules(verbRule("qp_err", &eb.QP.QPN, nil, 1))
+	require.NoError(t, err)
+	res, err := Workload{Ops: sends(1, 100)}.Run(ea, eb, 20*time.Second)
+	require.NoError(t, err)
+	require.NoError(t, res.Err)
+	require.NoError(t, res.CheckCompletions(func(side string, _ int, _ Op) abi.WCStatus {
+		if side == "a" {
+			return abi.WCRetryExcErr
+		}
+		return abi.WCWRFlushErr
+	}))
+	assert.Equal(t, uint64(2), res.A.Retransmits, "retry_cnt retransmissions before the error")
+	for _, e := range []*Endpoint{ea, eb} {
+		_, err := e.WaitEvent(abi.EventQPFatal, 5*time.Second)
+		require.NoError(t, err, e.D.Name)
+		q, err := e.QP.Query()
+		require.NoError(t, err)
+		assert.Equal(t, abi.QPSErr, q.Attr.QPState, e.D.Name)
+	}
+}
+
+// TestVerbBadWQE: A's next send WQE is treated as malformed: it completes
+// with LOC_QP_OP_ERR, the WR after it is flushed, A's QP goes to ERR
+// with QP_FATAL, and nothing reaches B.
+func TestVerbBadWQE(t *testing.T) {
+	a, _, ea, eb := pair(t, ConnOpts{})
+	_, err := a.AddRules(verbRule("bad_wqe", &ea.QP.QPN, nil, 1))
+	require.NoError(t, err)
+	res, err := Workload{Ops: []Op{{Kind: Write, Size: 100}, {Kind: Write, Size: 100}}}.Run(ea, eb, 10*time.Second)
+	require.NoError(t, err)
+	require.NoError(t, res.Err)
+	require.NoError(t, res.CheckCompletions(func(_ string, i int, _ Op) abi.WCStatus {
+		return [...]abi.WCStatus{abi.WCLocQPOpErr, abi.WCWRFlushErr}[i]
+	}))
+	_, err = ea.WaitEvent(abi.EventQPFatal, 5*time.Second)
+	require.NoError(t, err)
+	assert.Zero(t, res.B.PacketsReceived, "B received nothing")
+}
+
+// TestVerbCQOverflow: A's CQ overflows at its next completion: A's
+// context gets CQ_ERR (the CQ's handle) and QP_FATAL (its QP went to
+// ERR); the completion and the flushes after it are lost with the CQ.
+func TestVerbCQOverflow(t *testing.T) {
+	a, _, ea, eb := pair(t, ConnOpts{})
+	_, err := a.AddRules(verbRule("cq_overflow", nil, &ea.CQ.Handle, 1))
+	require.NoError(t, err)
+	res, err := Workload{Ops: []Op{{Kind: Write, Size: 100}}}.Run(ea, eb, 3*time.Second)
+	require.NoError(t, err)
+	require.ErrorIs(t, res.Err, ErrTimeout, "no completion comes out of an overflowed CQ")
+	assert.Empty(t, res.Completions)
+	evs, err := ea.WaitEvent(abi.EventQPFatal, 5*time.Second)
+	require.NoError(t, err)
+	assert.Contains(t, evs, abi.AsyncEvent{Type: abi.EventCQErr, Element: uint64(ea.CQ.Handle)})
+	q, err := ea.QP.Query()
+	require.NoError(t, err)
+	assert.Equal(t, abi.QPSErr, q.Attr.QPState)
+	assert.True(t, res.DataOK[0], "the WRITE itself was done before its completion overflowed")
+}
+
+// TestVerbCQEDelay: A's next completion is held back 5 s, and the one
+// after it waits behind it: once B holds both WRITEs' data and A heard
+// the ACK, A's CQ is still empty; then both completions come, in order.
+func TestVerbCQEDelay(t *testing.T) {
+	a, _, ea, eb := pair(t, ConnOpts{})
+	r := verbRule("cqe_delay", nil, &ea.CQ.Handle, 1)
+	r.Action.Delay = "5s"
+	_, err := a.AddRules(r)
+	require.NoError(t, err)
+	ops := []Op{{Kind: Write, Size: 2000}, {Kind: Write, Size: 2000}}
+	for i, o := range ops {
+		require.NoError(t, ea.post(o, i, regions(ops)[i], eb))
+	}
+	require.Eventually(t, func() bool {
+		q, err := ea.QP.Query()
+		return err == nil && q.PacketsReceived > 0 && eb.Buf.Bytes[2047] == ea.Buf.Bytes[2047]
+	}, 10*time.Second, time.Millisecond)
+	// Both WRITEs are placed and A has heard from B; the 5 s hold is
+	// far longer than this takes, so A's CQ must still be empty.
+	wc := make([]abi.CQE, 4)
+	assert.Zero(t, ea.CQ.Poll(wc), "the delayed CQE and the one behind it are held")
+	got, err := ea.PollN(2, 20*time.Second)
+	require.NoError(t, err)
+	require.Len(t, got, 2)
+	assert.Equal(t, []uint64{1, 2}, []uint64{got[0].WrID, got[1].WrID}, "in order")
+	assert.Equal(t, abi.WCSuccess, got[0].Status)
+}
+
+// TestVerbPortFlap: the port of A goes down for 200 ms: every context of
+// A gets PORT_ERR, then PORT_ACTIVE; a WRITE posted while it is down is
+// dropped on the wire (the capture says "port down") and completes after
+// a retransmission once the port is up.
+func TestVerbPortFlap(t *testing.T) {
+	a, _, ea, eb := pair(t, ConnOpts{Timeout: U8(16)})
+	r := admin.FaultRule{Action: admin.FaultAction{Type: "verb", Verb: "port_flap", For: "200ms"}}
+	_, err := a.AddRules(r)
+	require.NoError(t, err)
+	_, err = ea.WaitEvent(abi.EventPortErr, 5*time.Second)
+	require.NoError(t, err)
+	require.NoError(t, ea.post(Op{Kind: Write, Size: 100}, 0, 0, eb))
+	_, err = ea.WaitEvent(abi.EventPortActive, 5*time.Second)
+	require.NoError(t, err)
+	got, err := ea.PollN(1, 20*time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, abi.WCSuccess, got[0].Status)
+	q, err := ea.QP.Query()
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, q.Retransmits, uint64(1))
+	require.NoError(t, a.Stop())
+	frames, err := a.Frames()
+	require.NoError(t, err)
+	down := 0
+	for _, f := range frames {
+		if strings.Contains(f.Comment, "port down") {
+			down++
+		}
+	}
+	assert.Positive(t, down, "the frame sent while the port was down is captured with its comment")
+	require.NoError(t, CheckGoBackN(frames, a.Addr, 1024))
+}
