@@ -73,7 +73,18 @@ type Daemon struct {
 
 var buildOnce struct {
 	sync.Mutex
-	bin string
+	bin, dir string
+}
+
+// RemoveBuilt removes the daemon binary Start built for this process, if
+// it built one (call it from TestMain after m.Run).
+func RemoveBuilt() {
+	buildOnce.Lock()
+	defer buildOnce.Unlock()
+	if buildOnce.dir != "" {
+		os.RemoveAll(buildOnce.dir)
+	}
+	buildOnce.bin, buildOnce.dir = "", ""
 }
 
 func (o *Options) binary() (string, error) {
@@ -98,10 +109,15 @@ func (o *Options) binary() (string, error) {
 		return "", err
 	}
 	bin, err := launch.FindVrnicd("", dir, out)
-	if err == nil {
-		buildOnce.bin = bin
+	if err != nil {
+		os.RemoveAll(dir)
+		return "", err
 	}
-	return bin, err
+	if buildOnce.dir != "" {
+		os.RemoveAll(buildOnce.dir)
+	}
+	buildOnce.bin, buildOnce.dir = bin, dir
+	return bin, nil
 }
 
 // Start starts one daemon named name on a free loopback address and
