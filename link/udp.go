@@ -258,7 +258,7 @@ func NewUDP(cfg UDPConfig) (*UDPLink, error) {
 		}
 		if !cfg.NoOffload {
 			var gro bool
-			if p.gso, gro = setOffload(fd); gro {
+			if p.gso, gro = setOffload(fd, cfg.Workers == 1); gro {
 				p.groRx = newGRORx(cfg.Batch)
 			}
 		}

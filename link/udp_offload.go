@@ -24,9 +24,19 @@ import (
 // socket-buffer charge and, on loopback, one delivery, instead of one
 // per frame.
 //
-// Receive: the sockets ask for UDP_GRO, so a datagram may hold several
-// frames of one sender (all of one size but the last, named by the
-// UDP_GRO control message). RecvBatch receives into port-private buffers
+// Steering: the reuseport program picks the socket of a datagram from its
+// first frame's BTH, and a segmented datagram reaches one socket whole
+// (on loopback the kernel cuts it, if at all, at that socket). So a
+// message only holds frames for one destination QP, which all belong to
+// one worker of the receiver. Receive coalescing cannot be told that:
+// the kernel merges the datagrams of one flow (addresses and ports: all
+// QPs between two daemons) whatever QP they are for, and the merged
+// datagram goes to the socket of its first frame's QP. A link of several
+// workers therefore does not ask for UDP_GRO.
+//
+// Receive: the socket of a one-worker link asks for UDP_GRO, so a
+// datagram may hold several frames of one sender (all of one size but
+// the last, named by the UDP_GRO control message). RecvBatch receives into port-private buffers
 // of a whole UDP payload each and copies the frames out, in order, into
 // the caller's buffers; frames that do not fit this call wait for the
 // next one.
@@ -67,17 +77,20 @@ const (
 	groBufLen = 1 << 16
 )
 
-// setOffload asks the kernel for UDP_GRO on fd and checks that it knows
-// UDP_SEGMENT; each reports whether it is on.
-func setOffload(fd int) (gso, gro bool) {
+// setOffload checks that the kernel knows UDP_SEGMENT and, when wantGRO,
+// asks for UDP_GRO on fd; each result reports whether it is on.
+func setOffload(fd int, wantGRO bool) (gso, gro bool) {
 	gso = unix.SetsockoptInt(fd, unix.SOL_UDP, unix.UDP_SEGMENT, 0) == nil
-	gro = unix.SetsockoptInt(fd, unix.SOL_UDP, unix.UDP_GRO, 1) == nil
+	if wantGRO {
+		gro = unix.SetsockoptInt(fd, unix.SOL_UDP, unix.UDP_GRO, 1) == nil
+	}
 	return gso, gro
 }
 
 // buildTx fills the send batch with frames[i:end] (at most len(b.msgs)
 // frames) and returns the number of messages: consecutive valid frames to
-// one peer of one length (the last may be shorter) share a message when
+// one peer and one destination QP, of one length (the last may be
+// shorter), share a message when
 // the port segments (gso), as long as the message stays within
 // gsoMaxSegs frames and udpMaxPayload bytes.
 func (p *UDPPort) buildTx(i, end int) (k int) {
@@ -95,7 +108,7 @@ func (p *UDPPort) buildTx(i, end int) (k int) {
 		b.iovs[j].Base = &payload[0]
 		b.iovs[j].SetLen(len(payload))
 		j++
-		if m := k - 1; open && peers[f] == peers[b.first[m]] && len(payload) <= b.seg[m] &&
+		if m := k - 1; open && peers[f] == peers[b.first[m]] && sameDestQP(payload, frames[b.first[m]]) && len(payload) <= b.seg[m] &&
 			b.nfr[m] < gsoMaxSegs && b.bytes[m]+len(payload) <= udpMaxPayload {
 			b.nfr[m]++
 			b.bytes[m] += len(payload)
@@ -118,6 +131,12 @@ func (p *UDPPort) buildTx(i, end int) (k int) {
 		}
 	}
 	return k
+}
+
+// sameDestQP reports whether frames a and b (at least a BTH long) are for
+// one destination QP: BTH bytes 5..7.
+func sameDestQP(a, b []byte) bool {
+	return a[5] == b[5] && a[6] == b[6] && a[7] == b[7]
 }
 
 // groRx holds what a GRO port received and has not yet handed out:
