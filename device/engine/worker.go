@@ -480,7 +480,9 @@ func (w *worker) run(stop <-chan struct{}) {
 		// clients in the same process) run on this P meanwhile.
 		if w.now-lastWork < spinNanos {
 			runtime.Gosched()
-			osYield()
+			if !w.timerNear() {
+				osYield()
+			}
 			continue
 		}
 		if !w.sleep(stop) {
