@@ -317,7 +317,10 @@ func TestHeldFrameWakesOwner(t *testing.T) {
 		name   string
 		faults Faults
 	}{
-		{"delay", Faults{Seed: 7, Delay: 1, DelayFor: 200 * time.Microsecond}},
+		// A delay far longer than a preemption of SendBatch under the
+		// race detector on a loaded machine (with 200 µs the call itself
+		// sometimes found the frame due and released it).
+		{"delay", Faults{Seed: 7, Delay: 1, DelayFor: 20 * time.Millisecond}},
 		{"reorder", Faults{Seed: 7, Reorder: 1}}, // no later frames: the age limit
 	} {
 		t.Run(tc.name, func(t *testing.T) {

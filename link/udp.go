@@ -44,9 +44,13 @@ type UDPConfig struct {
 	// 0 keeps the kernel default. The kernel caps them at
 	// net.core.wmem_max and net.core.rmem_max.
 	SendBuffer, RecvBuffer int
-	// Batch is the largest number of datagrams per sendmmsg or recvmmsg
+	// Batch is the largest number of frames per sendmmsg or recvmmsg
 	// call. Default 64.
 	Batch int
+	// NoOffload turns off UDP segmentation and receive offload
+	// (UDP_SEGMENT, UDP_GRO; see udp_offload.go): one datagram per frame
+	// both ways, as on a kernel without them.
+	NoOffload bool
 	// Logger gets lifecycle messages. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -68,6 +72,9 @@ type UDPCounters struct {
 	// unicast address of the link's family (without zone) with a port.
 	TxInvalid atomic.Uint64
 	Wakeups   atomic.Uint64 // Ready signals from the poller
+	TxGSO     atomic.Uint64 // datagrams sent with UDP_SEGMENT (two frames or more)
+	RxGRO     atomic.Uint64 // datagrams received holding two frames or more (UDP_GRO)
+	GSOOff    atomic.Uint64 // the kernel refused a segmented send: GSO turned off
 	// LastSendErrno is the errno of the last send error (diagnosis).
 	LastSendErrno atomic.Uint32
 }
@@ -86,14 +93,21 @@ type UDPLink struct {
 }
 
 // udpBatch holds the preallocated arguments of one sendmmsg or recvmmsg
-// call: message i uses iovs[i] and names[i]. The Go pointers in msgs and
-// iovs are cleared after every call so no caller buffer is retained.
+// call. On receive message i uses iovs[i] and names[i]; on send message k
+// covers nfr[k] frames from frame first[k] with iovs[iov[k]:][:nfr[k]] (one
+// iovec per frame), names[k] and, when it holds more than one frame, the
+// UDP_SEGMENT control message ctl[k]. The Go pointers in msgs and iovs are
+// cleared after every call so no caller buffer is retained.
 type udpBatch struct {
 	msgs    []unix.Mmsghdr
 	iovs    []unix.Iovec
 	names   [][sockaddrLen]byte
-	idx     []int  // tx: frame index of message i
 	invalid []bool // tx: frame i of the chunk is not sent (TxInvalid)
+	// tx, per message:
+	first, nfr, iov []int
+	bytes, seg      []int // UDP payload bytes; segment size (first frame's length)
+	nlen            []uint32
+	ctl             [][gsoCmsgLen]byte
 }
 
 func newUDPBatch(n int) udpBatch {
@@ -101,8 +115,29 @@ func newUDPBatch(n int) udpBatch {
 		msgs:    make([]unix.Mmsghdr, n),
 		iovs:    make([]unix.Iovec, n),
 		names:   make([][sockaddrLen]byte, n),
-		idx:     make([]int, n),
 		invalid: make([]bool, n),
+		first:   make([]int, n),
+		nfr:     make([]int, n),
+		iov:     make([]int, n),
+		bytes:   make([]int, n),
+		seg:     make([]int, n),
+		nlen:    make([]uint32, n),
+		ctl:     make([][gsoCmsgLen]byte, n),
+	}
+}
+
+// clear drops the Go pointers of the first k messages and of every
+// iovec they used.
+func (b *udpBatch) clear(k int) {
+	for j := range k {
+		m := &b.msgs[j].Hdr
+		m.Iov, m.Name, m.Control = nil, nil, nil
+	}
+	for j := range b.iovs {
+		if b.iovs[j].Base == nil {
+			break
+		}
+		b.iovs[j].Base = nil
 	}
 }
 
@@ -123,14 +158,16 @@ type UDPPort struct {
 	index int
 	file  *os.File
 	rc    syscall.RawConn
-	v6    bool // the link's family
-	fcap  int  // cfg.FrameCap: the longest datagram RecvBatch returns
+	v6    bool   // the link's family
+	fcap  int    // cfg.FrameCap: the longest datagram RecvBatch returns
+	gso   bool   // SendBatch packs frames into UDP_SEGMENT messages
+	groRx *groRx // receive state with UDP_GRO on, else nil
 	ready chan struct{}
 	arm   chan struct{}
 
 	// Method values made once, so the hot path does not allocate.
-	sendFn, recvFn func(uintptr)
-	wait           *fdwait.Waiter // waiter only
+	sendFn, recvFn, recvGROFn func(uintptr)
+	wait                      *fdwait.Waiter // waiter only
 
 	// Arguments and results of sendFn and recvFn (owner goroutine).
 	tx, rx   udpBatch
@@ -219,6 +256,12 @@ func NewUDP(cfg UDPConfig) (*UDPLink, error) {
 			ready: make(chan struct{}, 1), arm: make(chan struct{}, 1),
 			tx: newUDPBatch(cfg.Batch), rx: newUDPBatch(cfg.Batch),
 		}
+		if !cfg.NoOffload {
+			var gro bool
+			if p.gso, gro = setOffload(fd, cfg.Workers == 1); gro {
+				p.groRx = newGRORx(cfg.Batch)
+			}
+		}
 		p.file = os.NewFile(uintptr(fd), fmt.Sprintf("udp:%v#%d", local, i))
 		rc, err := p.file.SyscallConn()
 		if err != nil { // only for a nil *os.File
@@ -232,7 +275,7 @@ func NewUDP(cfg UDPConfig) (*UDPLink, error) {
 			return nil, fmt.Errorf("link: %v: %w", local, err)
 		}
 		p.rc = rc
-		p.sendFn, p.recvFn, p.wait = p.send, p.recv, fdwait.New(rc)
+		p.sendFn, p.recvFn, p.recvGROFn, p.wait = p.send, p.recv, p.recvGRO, fdwait.New(rc)
 		p.arm <- struct{}{}
 		l.ports = append(l.ports, p)
 	}
@@ -240,7 +283,8 @@ func NewUDP(cfg UDPConfig) (*UDPLink, error) {
 		l.wg.Add(1)
 		go p.waiter(l.done)
 	}
-	cfg.Logger.Info("link: UDP link up", "local", local, "workers", cfg.Workers, "frame_cap", cfg.FrameCap)
+	cfg.Logger.Info("link: UDP link up", "local", local, "workers", cfg.Workers, "frame_cap", cfg.FrameCap,
+		"gso", l.ports[0].gso, "gro", l.ports[0].groRx != nil)
 	return l, nil
 }
 
@@ -395,38 +439,28 @@ func (p *UDPPort) SendBatch(frames [][]byte, peers []netip.AddrPort) (int, error
 	return p.txN, nil
 }
 
-// send is SendBatch on the socket fd.
+// send is SendBatch on the socket fd: frames in chunks of at most one
+// call's worth, each chunk as messages of one datagram or, with UDP_SEGMENT,
+// of several frames (buildTx).
 func (p *UDPPort) send(fd uintptr) {
-	frames, peers := p.txFrames, p.txPeers
+	frames := p.txFrames
 	b := &p.tx
 	c := &p.Counters
 	for i := 0; i < len(frames); {
-		// Chunk frames[i:end]: at most one call's worth of frames.
 		end := min(len(frames), i+len(b.msgs))
-		k := 0
-		for f := i; f < end; f++ {
-			payload := frames[f]
-			namelen, ok := putSockaddr(&b.names[k], peers[f], p.v6)
-			b.invalid[f-i] = !ok || len(payload) < udpMinPayload
-			if b.invalid[f-i] {
-				continue
-			}
-			b.iovs[k].Base = &payload[0]
-			b.iovs[k].SetLen(len(payload))
-			m := &b.msgs[k]
-			m.Hdr = unix.Msghdr{Name: &b.names[k][0], Namelen: namelen, Iov: &b.iovs[k]}
-			m.Hdr.SetIovlen(1)
-			b.idx[k] = f
-			k++
-		}
+		k := p.buildTx(i, end)
 		stop := end // first frame not accepted
+		retry := false
 		for s := 0; s < k; {
 			r, e := sendmmsg(fd, b.msgs[s:k], unix.MSG_DONTWAIT)
 			if r > 0 {
 				for j := s; j < s+r; j++ {
-					c.TxBytes.Add(uint64(b.iovs[j].Len))
+					c.TxBytes.Add(uint64(b.bytes[j]))
+					c.TxFrames.Add(uint64(b.nfr[j]))
+					if b.nfr[j] > 1 {
+						c.TxGSO.Add(1)
+					}
 				}
-				c.TxFrames.Add(uint64(r))
 				s += r
 				continue
 			}
@@ -435,10 +469,20 @@ func (p *UDPPort) send(fd uintptr) {
 			}
 			if e == unix.EAGAIN || e == unix.ENOBUFS {
 				c.Backpressure.Add(1)
-				stop = b.idx[s]
+				stop = b.first[s]
 				break
 			}
-			c.SendErrors.Add(1)
+			if b.nfr[s] > 1 && (e == unix.EIO || e == unix.EINVAL) {
+				// The path cannot segment (IPsec, no checksum
+				// offload, ...): send one datagram per frame from
+				// now on, starting with this message's.
+				p.gso = false
+				c.GSOOff.Add(1)
+				p.link.cfg.Logger.Warn("link: UDP segmentation offload refused; sending one datagram per frame", "local", p.link.local, "port", p.index, "errno", e)
+				stop, retry = b.first[s], true
+				break
+			}
+			c.SendErrors.Add(uint64(b.nfr[s]))
 			c.LastSendErrno.Store(uint32(e))
 			s++ // drop this datagram, go on with the next
 		}
@@ -447,8 +491,10 @@ func (p *UDPPort) send(fd uintptr) {
 				c.TxInvalid.Add(1)
 			}
 		}
-		for j := range k {
-			b.iovs[j].Base, b.msgs[j].Hdr.Iov, b.msgs[j].Hdr.Name = nil, nil, nil
+		b.clear(k)
+		if retry {
+			i = stop
+			continue
 		}
 		if stop < end {
 			p.txN = stop
@@ -475,7 +521,11 @@ func (p *UDPPort) RecvBatch(frames [][]byte, peers []netip.AddrPort) (int, error
 		return 0, fmt.Errorf("%w: %d frames, %d peers", ErrInvalid, len(frames), len(peers))
 	}
 	p.rxFrames, p.rxPeers, p.rxN, p.rxErr = frames, peers, 0, nil
-	err := p.rc.Control(p.recvFn)
+	recv := p.recvFn
+	if p.groRx != nil {
+		recv = p.recvGROFn
+	}
+	err := p.rc.Control(recv)
 	p.rxFrames, p.rxPeers = nil, nil
 	if err != nil {
 		return 0, fmt.Errorf("%w: %v", ErrUDPClosed, err)

@@ -373,12 +373,67 @@ func TestUDPReadyNoLostWakeup(t *testing.T) {
 		}
 	}
 	require.NoError(t, <-done)
-	// Idle: the waiter sleeps; no wake-up without a datagram.
+	// Idle: the waiter sleeps; no wake-up without a datagram. (Whether
+	// the rounds above ever put the receiver to sleep is the scheduler's
+	// choice; TestUDPReadyArmOrders forces the orders that matter.)
 	w := b.Counters.Wakeups.Load()
-	assert.NotZero(t, w, "the receiver slept on Ready and was woken")
 	time.Sleep(20 * time.Millisecond)
 	assert.Equal(t, w, b.Counters.Wakeups.Load(), "wake-ups while idle")
 	assert.Equal(t, uint64(rounds*2), b.Counters.RxFrames.Load())
+}
+
+// TestUDPReadyArmOrders forces the orders of a worker going to sleep
+// against a datagram's arrival: RecvBatch finds nothing, then the
+// datagram arrives (on loopback sendmmsg queues it on the receiver before
+// it returns) and only then the worker arms the waiter and sleeps: the
+// edge was raised before the waiter started watching, which the waiter's
+// re-check must catch; and the datagram arriving after the arm, with the
+// waiter running (or about to run) its wait. Each order, many rounds; a
+// lost wake-up fails at the timeout.
+func TestUDPReadyArmOrders(t *testing.T) {
+	aAddr, bAddr := loopback4(t), loopback4(t)
+	a := newTestLink(t, aAddr, 1, nil).Ports()[0]
+	b := newTestLink(t, bAddr, 1, nil).Ports()[0]
+	h := roce.Headers{BTH: roce.BTHFields{Opcode: roce.OpRCSendOnly, PKey: 0xffff, DestQP: 9}}
+	frame := buildFrame(t, pathBetween(aAddr, bAddr), &h, 16)
+	bufs := newBufs(4)
+	peers := make([]netip.AddrPort, len(bufs))
+	recv := func() int {
+		for i := range bufs {
+			bufs[i] = bufs[i][:cap(bufs[i])]
+		}
+		n, err := b.RecvBatch(bufs, peers)
+		require.NoError(t, err)
+		return n
+	}
+	// The waiter starts armed: spend that arm first, so that every Ready
+	// below answers the round's own ArmReady.
+	sendAll(t, a, [][]byte{frame}, bAddr)
+	<-b.Ready()
+	require.Equal(t, 1, recv())
+	for _, arrivesFirst := range []bool{true, false} {
+		for i := range 200 {
+			require.Zero(t, recv(), "round %d: the socket is empty before the round", i)
+			if arrivesFirst {
+				sendAll(t, a, [][]byte{frame}, bAddr)
+			}
+			b.ArmReady()
+			if !arrivesFirst {
+				sendAll(t, a, [][]byte{frame}, bAddr)
+			}
+			select {
+			case <-b.Ready():
+			case <-time.After(recvTimeout):
+				t.Fatalf("arrival first %v, round %d: no Ready for a queued datagram (lost wake-up)", arrivesFirst, i)
+			}
+			require.Equal(t, 1, recv(), "round %d", i)
+			select {
+			case <-b.Ready():
+				t.Fatalf("round %d: a second Ready for one arm", i)
+			default:
+			}
+		}
+	}
 }
 
 // openFDs counts the process's open file descriptors.

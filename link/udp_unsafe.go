@@ -24,3 +24,29 @@ func recvmmsg(fd uintptr, msgs []unix.Mmsghdr, flags int) (int, unix.Errno) {
 	r, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&msgs[0])), uintptr(len(msgs)), uintptr(flags), 0, 0)
 	return int(r), e
 }
+
+// The control messages of UDP segmentation and receive offload: a
+// cmsghdr and its data, UDP_SEGMENT's a uint16 segment size (send),
+// UDP_GRO's an int (receive).
+const (
+	gsoCmsgLen = unix.SizeofCmsghdr + 8 // CMSG_SPACE(sizeof(uint16))
+	groCmsgLen = unix.SizeofCmsghdr + 8 // CMSG_SPACE(sizeof(int))
+)
+
+// putGSOCmsg writes a UDP_SEGMENT control message of segment size size.
+func putGSOCmsg(b *[gsoCmsgLen]byte, size uint16) {
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&b[0]))
+	h.Level, h.Type = unix.SOL_UDP, unix.UDP_SEGMENT
+	h.SetLen(unix.CmsgLen(2))
+	*(*uint16)(unsafe.Pointer(&b[unix.SizeofCmsghdr])) = size
+}
+
+// groSegSize returns the segment size of a UDP_GRO control message in
+// b[:n], or 0 when b holds none.
+func groSegSize(b *[groCmsgLen]byte, n int) int {
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&b[0]))
+	if n < unix.CmsgLen(4) || h.Level != unix.SOL_UDP || h.Type != unix.UDP_GRO || int(h.Len) < unix.CmsgLen(4) {
+		return 0
+	}
+	return int(*(*int32)(unsafe.Pointer(&b[unix.SizeofCmsghdr])))
+}

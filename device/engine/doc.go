@@ -27,7 +27,11 @@
 // then sleeps until a kick (Engine.Kick, the doorbell), a frame
 // (Link.Ready), a control message or its next timer. Timers are an
 // indexed min-heap per worker with nanosecond deadlines (two per QP: ACK
-// timeout and RNR back-off), not a goroutine or time.Timer per QP.
+// timeout and RNR back-off), not a goroutine or time.Timer per QP. A
+// sleeping worker is woken shortly before its next deadline by a timerfd
+// (the runtime alone wakes a goroutine no sooner than a millisecond) and
+// polls through the last stretch, so timers fire within microseconds of
+// their deadline (sleep.go).
 //
 // While it polls without work (up to 50 us before it sleeps) a worker
 // yields (runtime.Gosched) between passes. A worker locked to its thread

@@ -46,6 +46,20 @@ func (l *dropLink) SendBatch(frames [][]byte, peers []netip.AddrPort) (int, erro
 	return len(frames), nil
 }
 
+// settled waits until the only worker of n has received want frames and
+// gone to sleep after handling them: whatever they complete is in the CQs
+// by then. (The worker counts a wake-up before it receives and a sleep
+// after the pass that handled what it received, so a sleep counted after
+// RxFrames reached want follows that pass.)
+func settled(t *testing.T, n *node, want uint64) {
+	t.Helper()
+	c := n.eng.WorkerCounters(0)
+	require.Eventually(t, func() bool {
+		return c.RxFrames.Load() == want && c.Sleeps.Load() > c.Wakes.Load()
+	}, waitFor, 100*time.Microsecond, "the worker received %d frames (has %d) and went to sleep", want, c.RxFrames.Load())
+	require.Equal(t, want, c.RxFrames.Load(), "no frame after the ones awaited")
+}
+
 // ucPair is a UC QP pair whose sender drops the frames drop picks.
 func ucPair(t *testing.T, mode roce.Mode, drop func(int64) bool) (*tqp, *tqp) {
 	nw := newNetworkMode(t, mode, 4096, 1024)
@@ -86,7 +100,7 @@ func TestUCDropAndResync(t *testing.T) {
 				assert.Equal(t, uint64(i), c.WrID)
 			}
 			require.True(t, b.rcq.wait(3, waitFor))
-			time.Sleep(10 * time.Millisecond)
+			settled(t, b.n, 9) // 11 frames, 2 lost: nothing more will complete
 			got := b.rcq.all()
 			require.Len(t, got, 3)
 			assert.Equal(t, abi.CQE{WrID: 100, Opcode: abi.WCRecv, ByteLen: 3000, QPNum: b.qpn}, got[0])

@@ -90,8 +90,14 @@ type worker struct {
 	list   []*QP
 	timers timerHeap
 	clk    clock
-	now    int64
-	window uint32
+	// Sleeping (sleep.go): the runtime's timer and the timerfd alarm
+	// (nil without one), both set for the same instant; sleepHook, when
+	// set (tests), is told the wait before each sleep (-1: none).
+	sleepTimer *time.Timer
+	alarm      *alarm
+	sleepHook  func(time.Duration)
+	now        int64
+	window     uint32
 
 	// Control messages: an unbounded queue (posting never waits for the
 	// worker), its length for the loop's cheap check, and a one-slot wake
@@ -429,8 +435,12 @@ func (w *worker) apply(m *ctlMsg) {
 // timers, output; busy-poll while there is work, then sleep until a kick,
 // a frame, a control message or the next timer.
 func (w *worker) run(stop <-chan struct{}) {
-	sleepTimer := time.NewTimer(time.Hour)
-	sleepTimer.Stop()
+	w.sleepTimer = time.NewTimer(time.Hour)
+	w.sleepTimer.Stop()
+	if w.alarm = newAlarm(w.clk); w.alarm != nil {
+		go w.alarm.run()
+		defer w.alarm.close()
+	}
 	lastWork := w.clk.now()
 	busyPasses := 0
 	for {
@@ -470,43 +480,13 @@ func (w *worker) run(stop <-chan struct{}) {
 		// clients in the same process) run on this P meanwhile.
 		if w.now-lastWork < spinNanos {
 			runtime.Gosched()
-			osYield()
+			if !w.timerNear() {
+				osYield()
+			}
 			continue
 		}
-		var tc <-chan time.Time
-		d := time.Duration(-1) // no deadline
-		if when, ok := w.timers.next(); ok {
-			d = time.Duration(when - w.clk.now())
-			if d <= 0 {
-				continue
-			}
-		}
-		if w.txN > 0 && (d < 0 || d > txPoll) {
-			// Frames the link did not take: offer them again soon,
-			// whatever the next timer. (Sleeping until the timer left a
-			// requester's burst queued for a whole ACK timeout, which
-			// then counted against retry_cnt for frames never sent.)
-			d = txPoll
-		}
-		if d >= 0 {
-			sleepTimer.Reset(d)
-			tc = sleepTimer.C
-		}
-		w.Counters.Sleeps.Add(1)
-		if w.arm != nil {
-			w.arm()
-		}
-		select {
-		case <-stop:
-			sleepTimer.Stop()
+		if !w.sleep(stop) {
 			return
-		case <-w.ctlWake:
-			w.drainCtl()
-		case <-w.kick:
-		case <-w.link.Ready():
-		case <-tc:
 		}
-		w.Counters.Wakes.Add(1)
-		sleepTimer.Stop()
 	}
 }
