@@ -51,6 +51,14 @@ type UDPConfig struct {
 	// (UDP_SEGMENT, UDP_GRO; see udp_offload.go): one datagram per frame
 	// both ways, as on a kernel without them.
 	NoOffload bool
+	// SegmentIPv4 lets an IPv4 link send with UDP_SEGMENT too. Off by
+	// default: the kernel gives segment k of a message the IPv4
+	// identification k, which the ICRC covers, so every segment but the
+	// first leaves with an ICRC that does not match its headers: vrnic
+	// peers accept it (they check the ICRC over identification 0), Soft-RoCE,
+	// hardware RNICs and tshark do not (kernel-notes/udp-offload.md).
+	// IPv6 has no identification: an IPv6 link segments by default.
+	SegmentIPv4 bool
 	// Logger gets lifecycle messages. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -261,6 +269,7 @@ func NewUDP(cfg UDPConfig) (*UDPLink, error) {
 			if p.gso, gro = setOffload(fd, cfg.Workers == 1); gro {
 				p.groRx = newGRORx(cfg.Batch)
 			}
+			p.gso = p.gso && (v6 || cfg.SegmentIPv4)
 		}
 		p.file = os.NewFile(uintptr(fd), fmt.Sprintf("udp:%v#%d", local, i))
 		rc, err := p.file.SyscallConn()

@@ -43,6 +43,18 @@ func offloadBatch(t *testing.T, from netip.AddrPort, to [2]netip.AddrPort) ([][]
 	return frames, peers
 }
 
+// TestIPv4SegmentsOnlyWhenAsked: an IPv4 link does not segment unless
+// SegmentIPv4 is set (segment k would carry IPv4 identification k, which
+// its ICRC does not cover); an IPv6 link does.
+func TestIPv4SegmentsOnlyWhenAsked(t *testing.T) {
+	probe := newTestLink(t, loopback4(t), 1, func(c *UDPConfig) { c.SegmentIPv4 = true }).Ports()[0]
+	if !probe.gso {
+		t.Skip("the kernel has no UDP_SEGMENT")
+	}
+	assert.False(t, newTestLink(t, loopback4(t), 1, nil).Ports()[0].gso, "IPv4 by default")
+	assert.True(t, newTestLink(t, freePort(t, loopback6(t).Addr()), 1, nil).Ports()[0].gso, "IPv6 by default")
+}
+
 // TestUDPOffload: over IPv4 and IPv6, a batch sent with UDP_SEGMENT
 // reaches a receiver with UDP_GRO and one without it (the kernel cuts the
 // datagrams for that one) frame for frame, in order, each frame with its
@@ -55,7 +67,7 @@ func TestUDPOffload(t *testing.T) {
 	}{{"IPv4", loopback4}, {"IPv6", func(tb testing.TB) netip.AddrPort { return freePort(tb, loopback6(t).Addr()) }}} {
 		t.Run(fam.name, func(t *testing.T) {
 			aAddr, bAddr, cAddr := fam.addr(t), fam.addr(t), fam.addr(t)
-			big := func(c *UDPConfig) { c.RecvBuffer, c.SendBuffer = 1<<20, 1<<20 }
+			big := func(c *UDPConfig) { c.RecvBuffer, c.SendBuffer, c.SegmentIPv4 = 1<<20, 1<<20, true }
 			a := newTestLink(t, aAddr, 1, big).Ports()[0]
 			b := newTestLink(t, bAddr, 1, big).Ports()[0]
 			c := newTestLink(t, cAddr, 1, func(c *UDPConfig) { big(c); c.NoOffload = true }).Ports()[0]
@@ -129,7 +141,7 @@ func recvBatches(t *testing.T, p *UDPPort, n, batch int) []datagram {
 // nothing is lost or counted as an error.
 func TestUDPOffloadRefused(t *testing.T) {
 	aAddr, bAddr := loopback4(t), loopback4(t)
-	big := func(c *UDPConfig) { c.RecvBuffer, c.SendBuffer = 1<<20, 1<<20 }
+	big := func(c *UDPConfig) { c.RecvBuffer, c.SendBuffer, c.SegmentIPv4 = 1<<20, 1<<20, true }
 	a := newTestLink(t, aAddr, 1, big).Ports()[0]
 	b := newTestLink(t, bAddr, 1, big).Ports()[0]
 	if !a.gso {
@@ -162,7 +174,7 @@ func TestUDPOffloadRefused(t *testing.T) {
 // mix QPs).
 func TestUDPSteeringSegmented(t *testing.T) {
 	aAddr, bAddr := loopback4(t), loopback4(t)
-	a := newTestLink(t, aAddr, 1, nil).Ports()[0]
+	a := newTestLink(t, aAddr, 1, func(c *UDPConfig) { c.SegmentIPv4 = true }).Ports()[0]
 	lb := newTestLink(t, bAddr, 2, nil)
 	if !a.gso {
 		t.Skip("the kernel has no UDP_SEGMENT")

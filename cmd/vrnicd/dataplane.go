@@ -92,6 +92,7 @@ func newDataPlane(cfg *Config, li device.LinkInfo, space *dma.Space, workers int
 			// silently on loopback and costs a go-back-N retransmission.
 			// The kernel caps these at net.core.[rw]mem_max.
 			SendBuffer: udpSocketBuffer, RecvBuffer: udpSocketBuffer,
+			SegmentIPv4: cfg.Link.SegmentIPv4,
 		})
 		if err != nil {
 			return nil, err
