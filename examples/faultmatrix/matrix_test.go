@@ -97,6 +97,11 @@ func runCell(t *testing.T, c cell) (retrans, applied uint64, detail string) {
 		}
 	}
 	defer stop()
+	// An ACK timeout of 67 ms (code 14) rather than the suite's 4 ms: a
+	// loaded machine must not run out of retries on late ACKs alone.
+	if c.conn.Timeout == nil {
+		c.conn.Timeout = suite.U8(14)
+	}
 	qa, qb, err := suite.Connect(a, b, c.conn)
 	require.NoError(t, err)
 	defer qa.Close()
