@@ -19,7 +19,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,16 +38,20 @@ import (
 //
 // # Doorbells
 //
-// The engine's workers poll the SQ and RQ producer indices of their QPs
-// themselves in every loop round (SendSource/RecvSource), and sleep after
-// a spell without work until Engine.Kick, a frame or a timer wakes them.
+// The engine's workers poll the SQ producer indices of their active QPs
+// (those with recent work, package engine's active.go) themselves in every
+// loop round (SendSource), and sleep after a spell without work until
+// Engine.Kick, a frame or a timer wakes them; a QP that had no work for a
+// while is put back on its worker's list by Engine.Kick.
 // One doorbell poller (doorbell.Poller) per data plane serves the doorbell
-// pages of every context with a QP: each pass compares the SQ, RQ and SRQ
-// producer indices of every QP with the values it saw last and kicks the
-// owning worker of each QP whose indices moved (a non-blocking send on a
-// one-slot channel: no system call when the worker is awake). After
-// SpinBudget passes without a moved producer index (of a ring, or of a
-// CQ: completions mean a client about to post) the poller stores
+// pages of every context with a QP: each pass compares the SQ and RQ
+// producer indices of the QPs whose records the client marked in its
+// page's doorbell summary (or, for a client without one, a bounded
+// number of records per pass: doorbells.go) with the values it saw last
+// and kicks the owning worker of each QP whose indices moved (the worker
+// puts it on its active list; no system call when the worker is awake).
+// After SpinBudget passes without a moved producer index (or a CQE
+// written: completions mean a client about to post) the poller stores
 // kick_needed in every page,
 // re-checks every record, and only then sleeps in epoll on the kick
 // eventfds. So:
@@ -106,12 +109,17 @@ type DataPlane struct {
 
 	mu      sync.Mutex // guards qps, pages, cqs, srqs, writers; taken under the device lock
 	qps     map[uint32]*dpQP
-	pages   map[*doorbell.Page]int // QPs per served page
+	pages   map[*doorbell.Page]*pageWatch // the served pages (doorbells.go)
 	cqs     map[*device.CQ]*cqSink
 	srqs    map[*device.SRQ]*recvSource
 	writers map[*doorbell.Page]*ctxWriter
-	ahs     map[device.Owner]*ahTable // per context: its AHs and UD QPs
-	watch   atomic.Pointer[[]*dpQP]   // immutable snapshot for the poller
+	ahs     map[device.Owner]*ahTable    // per context: its AHs and UD QPs
+	watch   atomic.Pointer[[]*pageWatch] // immutable list of pages for the poller
+
+	// Poller-private: the CQEs written at the last pass, the first page
+	// of the next read without summary (doorbells.go).
+	lastCQEs     uint64
+	unmarkedNext int
 
 	// ksig raises completion eventfds from the kernel (nil: the kernel
 	// cannot, or Config.EventWriters; then each context's ctxWriter does).
@@ -177,10 +185,12 @@ type dpQP struct {
 	ctrs   *engine.QPCounters
 	sinks  [2]qpSink         // send, receive
 	state  *device.StateWord // the device's state word of the QP
+	// dbIndex is the QP's doorbell record (its slot in the page's
+	// pageWatch).
+	dbIndex uint32
 
 	// Poller-private: the producer indices seen by the last pass.
-	lastSQ, lastRQ, lastSRQ uint32
-	lastSCQ, lastRCQ        uint32
+	lastSQ, lastRQ uint32
 }
 
 // New creates a data plane; pass it as device.Config.DataPlane of exactly
@@ -203,13 +213,14 @@ func New(cfg Config) (*DataPlane, error) {
 	}
 	dp := &DataPlane{
 		cfg: cfg, eng: cfg.Engine, space: cfg.Space, log: cfg.Logger,
-		qps: map[uint32]*dpQP{}, pages: map[*doorbell.Page]int{},
+		qps: map[uint32]*dpQP{}, pages: map[*doorbell.Page]*pageWatch{},
 		cqs: map[*device.CQ]*cqSink{}, srqs: map[*device.SRQ]*recvSource{},
 		writers: map[*doorbell.Page]*ctxWriter{},
 		ahs:     map[device.Owner]*ahTable{},
 	}
-	dp.watch.Store(&[]*dpQP{})
-	p, err := doorbell.NewPoller(doorbell.PollerConfig{Poll: dp.pollDoorbells, SpinBudget: cfg.SpinBudget, SpinFor: max(cfg.SpinFor, 0)})
+	dp.watch.Store(&[]*pageWatch{})
+	p, err := doorbell.NewPoller(doorbell.PollerConfig{Poll: dp.pollDoorbells, Recheck: dp.recheckDoorbells,
+		SpinBudget: cfg.SpinBudget, SpinFor: max(cfg.SpinFor, 0)})
 	if err != nil {
 		return nil, err
 	}
@@ -391,12 +402,7 @@ func (dp *DataPlane) CreateQP(q *device.QP) error {
 		return err
 	}
 	dp.qps[qpn] = x
-	dp.publishWatchLocked()
-	if dp.pages[page]++; dp.pages[page] == 1 {
-		if err := dp.poller.Add(page); err != nil {
-			dp.log.Error("doorbell poller: add page", "err", err)
-		}
-	}
+	dp.addQPLocked(x, q.DBIndex())
 	return nil
 }
 
@@ -529,14 +535,6 @@ func (dp *DataPlane) ReleaseSRQ(s *device.SRQ) {
 	delete(dp.srqs, s)
 }
 
-func (dp *DataPlane) publishWatchLocked() {
-	l := make([]*dpQP, 0, len(dp.qps))
-	for _, x := range dp.qps {
-		l = append(l, x)
-	}
-	dp.watch.Store(&l)
-}
-
 // ModifyQP implements device.DataPlane: it queues the attributes of mask,
 // as the device stored them, for the QP's worker.
 func (dp *DataPlane) ModifyQP(q *device.QP, prev device.QPState, mask device.AttrMask) {
@@ -628,12 +626,7 @@ func (dp *DataPlane) DestroyQP(q *device.QP) <-chan device.QPCounters {
 		// the context goes into a new one only if no QP holds this.
 		dp.unrefAHTableLocked(x.owner)
 	}
-	dp.publishWatchLocked()
-	lastOfPage := false
-	if dp.pages[x.page]--; dp.pages[x.page] == 0 {
-		delete(dp.pages, x.page)
-		lastOfPage = true
-	}
+	lastOfPage := dp.removeQPLocked(x)
 	dp.mu.Unlock()
 	applied := dp.eng.DestroyQP(x.qpn)
 	if lastOfPage {
@@ -662,34 +655,4 @@ func (dp *DataPlane) Counters(q *device.QP) device.QPCounters {
 		return countersOf(x.ctrs)
 	}
 	return device.QPCounters{}
-}
-
-// pollDoorbells is the doorbell poller's pass (see the type's doc). It
-// runs on the poller's goroutine only and allocates nothing.
-func (dp *DataPlane) pollDoorbells() bool {
-	found := false
-	for _, x := range *dp.watch.Load() {
-		sq, rq := x.rec.SQPI.Load(), x.rec.RQPI.Load()
-		var srq uint32
-		if x.srq != nil {
-			srq = x.srq.PI.Load()
-		}
-		if sq != x.lastSQ || rq != x.lastRQ || srq != x.lastSRQ {
-			x.lastSQ, x.lastRQ, x.lastSRQ = sq, rq, srq
-			dp.eng.Kick(x.qpn)
-			found = true
-		}
-		// Completions written since the last pass are traffic too: their
-		// client is about to post again (a queue kept full posts as
-		// completions free its slots), so the poller keeps polling and
-		// the client keeps posting without kicks.
-		if scq, rcq := x.sinks[0].cq.pi.Load(), x.sinks[1].cq.pi.Load(); scq != x.lastSCQ || rcq != x.lastRCQ {
-			x.lastSCQ, x.lastRCQ = scq, rcq
-			found = true
-		}
-	}
-	if !found {
-		runtime.Gosched() // let the workers and clients run on busy cores
-	}
-	return found
 }

@@ -267,10 +267,6 @@ type cqSink struct {
 	// overflowed, when set, is told of the CQ's overflow (once).
 	overflowed func()
 
-	// pi is the CQ's producer index word (the doorbell poller watches it
-	// as a sign of traffic).
-	pi *atomic.Uint32
-
 	mu       sync.Mutex
 	cq       *queues.CQ
 	notify   *doorbell.CQNotifier
@@ -289,7 +285,7 @@ func newCQSink(ring []byte, count uint32, rec doorbell.CQRecord, comp *doorbell.
 	if err != nil {
 		return nil, err
 	}
-	return &cqSink{cq: q, pi: rec.PI, notify: doorbell.NewCQNotifier(rec, comp, sig)}, nil
+	return &cqSink{cq: q, notify: doorbell.NewCQNotifier(rec, comp, sig)}, nil
 }
 
 // errCQOverflow is returned for every completion of an overflowed CQ.

@@ -466,6 +466,7 @@ func (qp *QP) completeSend(e *swqe) {
 		c.VendorErr = 1
 	}
 	qp.Counters.SendCQEs.Add(1)
+	qp.w.Counters.CQEs.Add(1)
 	if err := qp.cfg.SendCQ.PushCQE(c, false); err != nil {
 		qp.cqOverflow()
 	}
@@ -482,6 +483,7 @@ func (qp *QP) completeRecv(r *RecvWork, st abi.WCStatus, op abi.WCOpcode, n uint
 // pushRecv writes the receive completion c.
 func (qp *QP) pushRecv(c *abi.CQE, se bool) {
 	qp.Counters.RecvCQEs.Add(1)
+	qp.w.Counters.CQEs.Add(1)
 	if err := qp.cfg.RecvCQ.PushCQE(c, se); err != nil {
 		qp.cqOverflow()
 	}

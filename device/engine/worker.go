@@ -25,6 +25,9 @@ type WorkerCounters struct {
 	CQOverflows atomic.Uint64
 	BuildErrors atomic.Uint64
 	LinkErrors  atomic.Uint64
+	// CQEs counts the completions the worker's QPs wrote (the doorbell
+	// poller takes them as a sign of clients about to post).
+	CQEs atomic.Uint64
 	// Sleeps counts the worker's sleeps, Wakes its wake-ups: it is asleep
 	// while Sleeps is ahead of Wakes.
 	Sleeps atomic.Uint64
