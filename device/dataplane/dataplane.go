@@ -120,6 +120,10 @@ type DataPlane struct {
 	// of the next read without summary (doorbells.go).
 	lastCQEs     uint64
 	unmarkedNext int
+	passReads    uint64
+	// recordReads counts the QP records the poller read (for tests: a pass
+	// reads only what clients marked).
+	recordReads atomic.Uint64
 
 	// ksig raises completion eventfds from the kernel (nil: the kernel
 	// cannot, or Config.EventWriters; then each context's ctxWriter does).

@@ -114,6 +114,8 @@ func (dp *DataPlane) recheckDoorbells() bool { return dp.poll(true) }
 
 func (dp *DataPlane) poll(full bool) bool {
 	found := false
+	dp.passReads = 0
+	defer func() { dp.recordReads.Add(dp.passReads) }()
 	pages := *dp.watch.Load()
 	for _, pw := range pages {
 		if pw.flags.Load()&abi.DBFlagSummary != 0 && dp.pollSummary(pw) {
@@ -198,6 +200,7 @@ func (dp *DataPlane) pollUnmarked(pages []*pageWatch, full bool) bool {
 // checkQP kicks x's worker if a producer index of x moved since the
 // poller last looked.
 func (dp *DataPlane) checkQP(x *dpQP) bool {
+	dp.passReads++
 	sq, rq := x.rec.SQPI.Load(), x.rec.RQPI.Load()
 	if sq == x.lastSQ && rq == x.lastRQ {
 		return false

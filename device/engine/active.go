@@ -62,6 +62,7 @@ func (w *worker) activate(qp *QP) {
 	}
 	qp.activeIdx = int32(len(w.active))
 	w.active = append(w.active, qp)
+	w.Counters.ActiveQPs.Store(int64(len(w.active)))
 }
 
 // deactivate takes the QP at position i off the active list (the last
@@ -76,6 +77,7 @@ func (w *worker) deactivate(i int) {
 	w.active[last] = nil
 	w.active = w.active[:last]
 	qp.activeIdx = -1
+	w.Counters.ActiveQPs.Store(int64(len(w.active)))
 	w.releaseSQ(qp)
 }
 
@@ -112,6 +114,19 @@ func (w *worker) serviceActive() {
 		w.service(qp)
 		if qp.activeIdx == int32(i) && qp.settled(w.now) {
 			w.deactivate(i) // the last QP moved to i: serviced next
+			continue
+		}
+		i++
+	}
+}
+
+// settleAll takes off the active list every QP with nothing to do,
+// lingering or not: the worker is about to sleep, and a sleeping worker
+// polls nothing; a doorbell, a frame or a timer brings a QP back.
+func (w *worker) settleAll() {
+	for i := 0; i < len(w.active); {
+		if qp := w.active[i]; qp.settled(qp.lastActive + activeLinger) {
+			w.deactivate(i)
 			continue
 		}
 		i++

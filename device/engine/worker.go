@@ -28,6 +28,9 @@ type WorkerCounters struct {
 	// CQEs counts the completions the worker's QPs wrote (the doorbell
 	// poller takes them as a sign of clients about to post).
 	CQEs atomic.Uint64
+	// ActiveQPs is the number of QPs on the worker's active list (a
+	// gauge: the QPs each pass services, active.go).
+	ActiveQPs atomic.Int64
 	// Sleeps counts the worker's sleeps, Wakes its wake-ups: it is asleep
 	// while Sleeps is ahead of Wakes.
 	Sleeps atomic.Uint64
@@ -483,6 +486,7 @@ func (w *worker) run(stop <-chan struct{}) {
 			osYield()
 			continue
 		}
+		w.settleAll()
 		var tc <-chan time.Time
 		d := time.Duration(-1) // no deadline
 		if when, ok := w.timers.next(); ok {
