@@ -125,6 +125,12 @@ type DataPlane struct {
 	// reads only what clients marked).
 	recordReads atomic.Uint64
 
+	// accs and scratch are per engine worker: the memory accessor and
+	// the WQE decoding space the worker's QPs share (an idle QP holds
+	// neither).
+	accs    []*dma.Accessor
+	scratch []scratch
+
 	// ksig raises completion eventfds from the kernel (nil: the kernel
 	// cannot, or Config.EventWriters; then each context's ctxWriter does).
 	ksig *doorbell.KernelSignaller
@@ -223,6 +229,10 @@ func New(cfg Config) (*DataPlane, error) {
 		ahs:     map[device.Owner]*ahTable{},
 	}
 	dp.watch.Store(&[]*pageWatch{})
+	dp.scratch = make([]scratch, dp.eng.Workers())
+	for range dp.eng.Workers() {
+		dp.accs = append(dp.accs, dp.space.NewAccessor())
+	}
 	p, err := doorbell.NewPoller(doorbell.PollerConfig{Poll: dp.pollDoorbells, Recheck: dp.recheckDoorbells,
 		SpinBudget: cfg.SpinBudget, SpinFor: max(cfg.SpinFor, 0)})
 	if err != nil {
@@ -305,6 +315,9 @@ func (dp *DataPlane) Close() error {
 	if dp.ksig != nil {
 		dp.ksig.Close() // the engine is stopped: no signal in progress
 	}
+	for _, a := range dp.accs {
+		a.Close() // the engine is stopped: no section in progress
+	}
 	return err
 }
 
@@ -358,7 +371,8 @@ func (dp *DataPlane) CreateQP(q *device.QP) error {
 	qpn, cp := q.QPN(), q.Cap()
 	sqRing, _ := q.SQ()
 	x := &dpQP{qpn: qpn, page: page, rec: rec, sqRing: sqRing, state: q.StateWord(), owner: q.Owner(), ud: q.Type() == abi.QPTUD}
-	if x.sq, err = newSQSource(sqRing, cp, rec); err != nil {
+	owner := dp.eng.Owner(qpn)
+	if x.sq, err = newSQSource(sqRing, cp, rec, &dp.scratch[owner]); err != nil {
 		return err
 	}
 	maxRecvSGE := cp.MaxRecvSGE
@@ -371,7 +385,7 @@ func (dp *DataPlane) CreateQP(q *device.QP) error {
 		x.srq = &r
 	} else {
 		rqRing, _ := q.RQ()
-		if x.rq, err = newRQSource(rqRing, cp.MaxRecvWR, cp.MaxRecvSGE, rec); err != nil {
+		if x.rq, err = newRQSource(rqRing, cp.MaxRecvWR, cp.MaxRecvSGE, rec, &dp.scratch[owner]); err != nil {
 			return err
 		}
 	}
@@ -384,7 +398,7 @@ func (dp *DataPlane) CreateQP(q *device.QP) error {
 		return err
 	}
 	x.sinks = [2]qpSink{{cq: scq}, {cq: rcq, recv: true}}
-	x.mem = &qpMemory{acc: dp.space.NewAccessor(), pd: dma.PD{Owner: q.Owner(), Handle: q.PDHandle()}, mem: dp.space}
+	x.mem = &qpMemory{acc: dp.accs[owner], pd: dma.PD{Owner: q.Owner(), Handle: q.PDHandle()}, mem: dp.space}
 	// Queued for the QP's worker; an error (invalid limits, a closed
 	// engine) fails CREATE_QP.
 	ecfg := engine.QPConfig{
@@ -402,7 +416,6 @@ func (dp *DataPlane) CreateQP(q *device.QP) error {
 		if x.ud {
 			dp.unrefAHTableLocked(x.owner)
 		}
-		x.mem.acc.Close()
 		return err
 	}
 	dp.qps[qpn] = x
@@ -615,8 +628,8 @@ func (dp *DataPlane) toError(x *dpQP) {
 // DestroyQP implements device.DataPlane. It queues the QP's removal for
 // its worker and returns a channel that delivers the QP's final counters
 // once the worker removed it (or the engine closed): from then on nothing
-// touches the QP's rings or memory, and its memory accessor is closed (so
-// no MR memory it may reach is unmapped under it before).
+// touches the QP's rings or memory (its worker's memory accessor keeps MR
+// memory the worker is using mapped until then, dma.Accessor).
 func (dp *DataPlane) DestroyQP(q *device.QP) <-chan device.QPCounters {
 	dp.mu.Lock()
 	x := dp.qps[q.QPN()]
@@ -645,7 +658,6 @@ func (dp *DataPlane) DestroyQP(q *device.QP) <-chan device.QPCounters {
 	final := make(chan device.QPCounters, 1)
 	go func() {
 		<-applied
-		x.mem.acc.Close()
 		final <- countersOf(x.ctrs)
 	}()
 	return final

@@ -162,6 +162,10 @@ func (e *Engine) Close() error {
 // Workers returns the number of workers.
 func (e *Engine) Workers() int { return len(e.workers) }
 
+// Owner returns the index of the worker that owns qpn (roce.SteerQueue):
+// the data plane keeps per-worker state for the QP's sources there.
+func (e *Engine) Owner(qpn uint32) int { return e.owner(qpn).id }
+
 func (e *Engine) owner(qpn uint32) *worker {
 	return e.workers[roce.SteerQueue(qpn&roce.QPNMask, len(e.workers))]
 }
