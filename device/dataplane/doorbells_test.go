@@ -1,12 +1,16 @@
 package dataplane_test
 
 import (
+	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/device/dataplane"
+	"github.com/vrnic/vrnic/device/engine"
 	"github.com/vrnic/vrnic/verbs"
 )
 
@@ -102,6 +106,62 @@ func TestDoorbellSummaryReadsOnlyMarked(t *testing.T) {
 			// poller alone (no worker polls it).
 			waitIdle(t, na)
 			writeOnce(t, a, b, 1000)
+		})
+	}
+}
+
+// TestDoorbellPollerStaysAwake: a client that posts without pause (every
+// 64th WRITE signaled, as the C library's TestPostSyscalls) keeps the
+// poller polling, with or without the summary: no kick needed.
+func TestDoorbellPollerStaysAwake(t *testing.T) {
+	for _, summary := range []bool{true, false} {
+		t.Run(map[bool]string{true: "summary", false: "without"}[summary], func(t *testing.T) {
+			nw := newDPNetwork(t)
+			spec := func(addr string) *dpNode {
+				a := netip.MustParseAddr(addr)
+				ports, err := nw.Attach(a, 1, nil)
+				require.NoError(t, err)
+				return startNode(t, nodeSpec{addr: a, links: []engine.Link{ports[0]}, linkType: abi.LinkMem,
+					dp: dataplane.Config{SpinFor: 50 * time.Millisecond}})
+			}
+			na, nb := spec("10.0.8.1"), spec("10.0.8.2")
+			var opts []verbs.Option
+			if !summary {
+				opts = append(opts, verbs.WithoutDoorbellSummary())
+			}
+			a := newDPClientOpts(t, na, 256, opts...)
+			b := newDPClient(t, nb, 256)
+			connectRC(t, a, b, abi.MTU1024)
+			const n = 20000
+			wc := make([]abi.CQE, 16)
+			done := 0
+			post := func(i int) {
+				wr := verbs.SendWR{WrID: uint64(i), Opcode: abi.WRRDMAWrite, SGL: []abi.SGE{a.mr.SGE(0, 8)},
+					RemoteAddr: b.mr.Addr, RKey: b.mr.RKey}
+				if i%64 == 63 {
+					wr.Flags = abi.SendSignaled
+				}
+				for {
+					done += a.scq.Poll(wc)
+					err := a.qp.PostSend(&wr)
+					if err == nil {
+						return
+					}
+					require.ErrorIs(t, err, verbs.ErrQueueFull)
+				}
+			}
+			for i := range n / 4 {
+				post(i)
+			}
+			na.dp.DrainKicks()
+			st0 := na.dp.PollerStats()
+			for i := n / 4; i < n; i++ {
+				post(i)
+			}
+			st := na.dp.PollerStats()
+			kicks := na.dp.DrainKicks()
+			t.Logf("%d WQEs: %d kicks, %d sleeps, %d passes", 3*n/4, kicks, st.Sleeps-st0.Sleeps, st.Passes-st0.Passes)
+			assert.Zero(t, st.Sleeps-st0.Sleeps, "poller sleeps while a client posts")
 		})
 	}
 }
