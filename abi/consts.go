@@ -7,7 +7,7 @@ import "strconv"
 // ABI version (VRNIC_ABI_VERSION_*).
 const (
 	VersionMajor = 1
-	VersionMinor = 2
+	VersionMinor = 3
 	Version      = VersionMajor<<16 | VersionMinor
 )
 

@@ -11,8 +11,26 @@ type DBHeader struct {
 	ABIVersion uint32     `c:"abi_version"`
 	KickNeeded uint32     `c:"kick_needed"`
 	Reserved0  [13]uint32 `c:"reserved0"`
-	Reserved1  [16]uint32 `c:"reserved1"`
+	// ClientFlags and Summary (ABI 1.3): the doorbell summary, see
+	// DBFlagSummary.
+	ClientFlags uint32                 `c:"client_flags"`
+	Reserved1   [7]uint32              `c:"reserved1"`
+	Summary     [DBSummaryWords]uint32 `c:"summary"`
 }
+
+// Doorbell summary (ABI 1.3, VRNIC_DB_F_SUMMARY and friends): a client
+// that sets DBFlagSummary in the header's client_flags marks the group of
+// every record whose producer index it stores: record i is bit
+// (i/DBSummaryGroup)%32 of summary word (i/DBSummaryGroup)/32, set after
+// the index store (load the word first, fetch-or only if the bit is
+// clear; all sequentially consistent). The daemon then reads only the
+// records of marked groups; without the flag it reads the client's
+// records itself, a bounded number per pass.
+const (
+	DBFlagSummary  = 0x1
+	DBSummaryGroup = 8 // records per summary bit
+	DBSummaryWords = 8 // 8 words of 32 bits cover DBRecords records
+)
 
 // DBQP is struct vrnic_db_qp.
 type DBQP struct {
@@ -48,6 +66,9 @@ const (
 	OffDBMagic      = 0
 	OffDBABIVersion = 4
 	OffDBKickNeeded = 8
+	// ABI 1.3: the client-written line of the header.
+	OffDBClientFlags = 64
+	OffDBSummary     = 96 // DBSummaryWords words
 
 	OffDBSQPI = 0
 	OffDBRQPI = 4

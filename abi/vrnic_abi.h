@@ -38,7 +38,9 @@
  *   2. Store the new free-running producer index into the doorbell record
  *      with a sequentially consistent store (__atomic_store_n(p, v,
  *      __ATOMIC_SEQ_CST)); it also orders the slot writes before it.
- *   3. Load the page's kick_needed word (__ATOMIC_SEQ_CST). Only if it is
+ *   3. (ABI 1.3, optional) Mark the record in the page's doorbell summary
+ *      (struct vrnic_db_header, "Doorbell summary" there).
+ *   4. Load the page's kick_needed word (__ATOMIC_SEQ_CST). Only if it is
  *      non-zero, write the 8-byte value 1 to the kick eventfd.
  *   While the daemon polls, kick_needed is 0 and posting costs no system
  *   call. The daemon sets kick_needed before it sleeps and re-reads every
@@ -58,7 +60,7 @@
 /* ABI version: OPEN_CONTEXT fails with EPROTO unless the major matches and
  * the client's minor is <= the daemon's. */
 #define VRNIC_ABI_VERSION_MAJOR 1
-#define VRNIC_ABI_VERSION_MINOR 2
+#define VRNIC_ABI_VERSION_MINOR 3
 #define VRNIC_ABI_VERSION ((VRNIC_ABI_VERSION_MAJOR << 16) | VRNIC_ABI_VERSION_MINOR)
 
 /* ------------------------------------------------------------------------
@@ -973,14 +975,44 @@ struct vrnic_cqe {
 
 #define VRNIC_DB_MAGIC 0x76726e63u /* "vrnc" */
 
+/* Doorbell summary (ABI 1.3). The daemon's doorbell poller need not read
+ * every record of a page on every pass: a client that sets
+ * VRNIC_DB_F_SUMMARY in client_flags (once, after mapping the page and
+ * before its first post) promises to mark every producer index it stores
+ * (sq_pi, rq_pi, srq_pi) in summary[], and the daemon then reads only the
+ * records of marked groups. Record i is in group g = i / VRNIC_DB_SUMMARY_GROUP,
+ * which is bit (g % 32) of summary[g / 32]. After the producer index
+ * store of step 2 above:
+ *
+ *	uint32_t g = i / VRNIC_DB_SUMMARY_GROUP, bit = 1u << (g % 32);
+ *	uint32_t *w = &hdr->summary[g / 32];
+ *	if (!(__atomic_load_n(w, __ATOMIC_SEQ_CST) & bit))
+ *		__atomic_fetch_or(w, bit, __ATOMIC_SEQ_CST);
+ *
+ * then step 4 (kick_needed) as before. The daemon exchanges a non-zero
+ * summary word with 0 and only then reads the producer indices of its
+ * groups: a store it misses is after the exchange, and so is the mark
+ * that follows it (or the mark was still set: the load-before-or above is
+ * safe for the same reason). A client that does not set the flag (any
+ * ABI 1.2 client) still works: the daemon reads its records without the
+ * summary, at most a bounded number per pass, so a post to a QP that had
+ * no work for a while is noticed later the more QPs such clients have.
+ * The summary never replaces the kick: with kick_needed set the client
+ * kicks as always. */
+#define VRNIC_DB_F_SUMMARY     0x1u
+#define VRNIC_DB_SUMMARY_GROUP 8u   /* records per summary bit */
+#define VRNIC_DB_SUMMARY_WORDS 8u   /* 8 x 32 bits x 8 records = 2048 */
+
 struct vrnic_db_header {
 	/* daemon-written line */
 	uint32_t magic;          /* VRNIC_DB_MAGIC */
 	uint32_t abi_version;
 	uint32_t kick_needed;    /* non-zero: the daemon sleeps; kick after posting */
 	uint32_t reserved0[13];
-	/* client-written line (unused today) */
-	uint32_t reserved1[16];
+	/* client-written line */
+	uint32_t client_flags;   /* ABI 1.3: VRNIC_DB_F_* */
+	uint32_t reserved1[7];
+	uint32_t summary[VRNIC_DB_SUMMARY_WORDS]; /* ABI 1.3: see above */
 };
 
 /* QP record: SQ and RQ producer indices (client), consumer indices

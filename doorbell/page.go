@@ -131,6 +131,26 @@ func (p *Page) Records() uint32 { return abi.DBRecords }
 // KickNeeded is the header's kick_needed word.
 func (p *Page) KickNeeded() *atomic.Uint32 { return word(p.mem, abi.OffDBKickNeeded) }
 
+// ClientFlags is the header's client_flags word (ABI 1.3, client-written:
+// abi.DBFlagSummary).
+func (p *Page) ClientFlags() *atomic.Uint32 { return word(p.mem, abi.OffDBClientFlags) }
+
+// Summary is word i (0 <= i < abi.DBSummaryWords) of the header's
+// doorbell summary (ABI 1.3): bit b marks the records of group 32*i+b,
+// abi.DBSummaryGroup records each.
+func (p *Page) Summary(i int) *atomic.Uint32 { return word(p.mem, abi.OffDBSummary+4*uint32(i)) }
+
+// Mark sets the summary bit of record i, as a client of ABI 1.3 does
+// after it stored a producer index of the record (tests, the daemon's
+// own clients).
+func (p *Page) Mark(i uint32) {
+	g := i / abi.DBSummaryGroup
+	w, bit := p.Summary(int(g/32)), uint32(1)<<(g%32)
+	if w.Load()&bit == 0 {
+		w.Or(bit)
+	}
+}
+
 // Alloc hands out a free record (never 0), zeroed.
 func (p *Page) Alloc() (uint32, error) {
 	p.mu.Lock()

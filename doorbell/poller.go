@@ -20,6 +20,11 @@ type PollerConfig struct {
 	// serves, consumes what it finds and reports whether it found any work.
 	// It runs on the poller's goroutine only.
 	Poll func() bool
+	// Recheck, if set, is the pass made after kick_needed was stored,
+	// before the poller sleeps; it must read every record a post may
+	// have changed since the last pass (Poll may read only some of them
+	// per pass). Default: Poll.
+	Recheck func() bool
 	// SpinBudget is the number of consecutive empty passes before the
 	// poller goes to sleep; 0 sleeps after the first empty pass.
 	SpinBudget int
@@ -84,6 +89,9 @@ type Poller struct {
 func NewPoller(cfg PollerConfig) (*Poller, error) {
 	if cfg.Poll == nil {
 		return nil, errors.New("doorbell: poller needs a Poll function")
+	}
+	if cfg.Recheck == nil {
+		cfg.Recheck = cfg.Poll
 	}
 	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
@@ -231,7 +239,7 @@ func (p *Poller) Run(ctx context.Context) error {
 		// kick_needed and kicked.
 		if !p.skipRecheck {
 			p.passes.Add(1)
-			if p.cfg.Poll() {
+			if p.cfg.Recheck() {
 				p.rechecks.Add(1)
 				for _, s := range pages {
 					s.kickNeeded.Store(0)

@@ -26,6 +26,9 @@ type Context struct {
 	dbRecords uint32
 	kickFd    int
 	kickVal   [8]byte // the eventfd value 1, kept here so a kick allocates nothing
+	// summary: the daemon reads the doorbell summary (ABI 1.3) and this
+	// context marks every post there (DBFlagSummary set).
+	summary bool
 
 	mu     sync.Mutex
 	arenas []*HostMem // the default allocator's host memory
@@ -36,8 +39,15 @@ type Context struct {
 type Option func(*openConfig)
 
 type openConfig struct {
-	name string
+	name      string
+	noSummary bool
 }
+
+// WithoutDoorbellSummary makes the context leave the doorbell summary
+// (ABI 1.3, abi.DBFlagSummary) unused, as a client of ABI 1.2 does: the
+// daemon then finds its posts without it, more slowly when the context
+// has many QPs.
+func WithoutDoorbellSummary() Option { return func(c *openConfig) { c.noSummary = true } }
 
 // WithClientName sets the name the daemon shows for this context (at most
 // 32 bytes are sent). The default is the program name.
@@ -90,6 +100,11 @@ func Open(socketPath string, opts ...Option) (*Context, error) {
 	}
 	c := &Context{k: k, handle: resp.CtxHandle, dbPage: page, dbRecords: resp.DBRecords, kickFd: kickFd}
 	binary.LittleEndian.PutUint64(c.kickVal[:], 1)
+	if resp.ABIVersion>>16 == abi.VersionMajor && resp.ABIVersion&0xffff >= 3 && !cfg.noSummary {
+		// The daemon reads the summary: promise to mark every post.
+		or32(page[abi.OffDBClientFlags:], abi.DBFlagSummary)
+		c.summary = true
+	}
 	return c, nil
 }
 
@@ -146,6 +161,22 @@ func freeBuffers(bufs ...*Buffer) {
 			b.Free()
 		}
 	}
+}
+
+// summaryBit is a record's bit in the doorbell summary: word nil when
+// the context does not mark its posts.
+type summaryBit struct {
+	word []byte
+	bit  uint32
+}
+
+// summaryOf returns the summary bit of record idx (see abi.DBFlagSummary).
+func (c *Context) summaryOf(idx uint32) summaryBit {
+	if !c.summary || idx >= abi.DBSummaryWords*32*abi.DBSummaryGroup {
+		return summaryBit{}
+	}
+	g := idx / abi.DBSummaryGroup
+	return summaryBit{word: c.dbPage[abi.OffDBSummary+4*(g/32):], bit: 1 << (g % 32)}
 }
 
 // kick wakes the daemon if it asked for it (kick_needed set). Called after

@@ -59,10 +59,15 @@ type workQueue struct {
 	pi     uint32  // next slot to fill
 	piWord []byte  // doorbell record word of pi
 	ciWord []byte  // doorbell record word of the daemon's consumer index
+	// sumWord, sumBit: the record's bit in the page's doorbell summary
+	// (ABI 1.3; sumWord nil when the daemon has none).
+	sumWord []byte
+	sumBit  uint32
 }
 
-func newWorkQueue(ring *Buffer, slots, stride uint32, rec []byte, piOff, ciOff int) workQueue {
-	return workQueue{ring: ring, stride: stride, mask: slots - 1, piWord: rec[piOff:], ciWord: rec[ciOff:]}
+func newWorkQueue(ring *Buffer, slots, stride uint32, rec []byte, piOff, ciOff int, sum summaryBit) workQueue {
+	return workQueue{ring: ring, stride: stride, mask: slots - 1, piWord: rec[piOff:], ciWord: rec[ciOff:],
+		sumWord: sum.word, sumBit: sum.bit}
 }
 
 // slot returns the next slot to fill, or ErrQueueFull while the daemon has
@@ -80,6 +85,9 @@ func (q *workQueue) slot() ([]byte, error) {
 func (q *workQueue) publish(c *Context) {
 	q.pi++
 	store32(q.piWord, q.pi)
+	if q.sumWord != nil && load32(q.sumWord)&q.sumBit == 0 {
+		or32(q.sumWord, q.sumBit)
+	}
 	c.kick()
 }
 

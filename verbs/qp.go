@@ -79,8 +79,8 @@ func (pd *PD) CreateQP(a QPInitAttr) (*QP, error) {
 		return nil, err
 	}
 	return &QP{ctx: c, QPN: r.QPN, Type: a.Type, Cap: r.Cap,
-		sq:  newWorkQueue(sq, r.Cap.MaxSendWR, r.SQWQEBlocks*abi.WQEBlock, rec, abi.OffDBSQPI, abi.OffDBSQCI),
-		rq:  newWorkQueue(rq, r.Cap.MaxRecvWR, r.RQWQESize, rec, abi.OffDBRQPI, abi.OffDBRQCI),
+		sq:  newWorkQueue(sq, r.Cap.MaxSendWR, r.SQWQEBlocks*abi.WQEBlock, rec, abi.OffDBSQPI, abi.OffDBSQCI, c.summaryOf(r.DBIndex)),
+		rq:  newWorkQueue(rq, r.Cap.MaxRecvWR, r.RQWQESize, rec, abi.OffDBRQPI, abi.OffDBRQCI, c.summaryOf(r.DBIndex)),
 		rec: rec}, nil
 }
 
@@ -200,7 +200,7 @@ func (pd *PD) CreateSRQ(maxWR, maxSGE, limit uint32) (*SRQ, error) {
 		return nil, err
 	}
 	return &SRQ{ctx: c, Handle: r.SRQHandle, maxSGE: maxSGE, rec: rec,
-		rq: newWorkQueue(ring, maxWR, r.RQWQESize, rec, abi.OffDBSRQPI, abi.OffDBSRQCI)}, nil
+		rq: newWorkQueue(ring, maxWR, r.RQWQESize, rec, abi.OffDBSRQPI, abi.OffDBSRQCI, c.summaryOf(r.DBIndex))}, nil
 }
 
 // Modify sets the SRQ limit.

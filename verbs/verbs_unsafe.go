@@ -17,5 +17,7 @@ func load32(b []byte) uint32 { return atomic.LoadUint32(word32(b)) }
 
 func store32(b []byte, v uint32) { atomic.StoreUint32(word32(b), v) }
 
+func or32(b []byte, v uint32) { atomic.OrUint32(word32(b), v) }
+
 // addrOf returns the virtual address of b's first byte.
 func addrOf(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))) }

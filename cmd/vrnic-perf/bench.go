@@ -69,9 +69,19 @@ func (e *endpoint) runBW(size, iters int) (measurement, error) {
 	last := start
 	timed := iters == 0
 	what := string(o.Test)
+	// outstanding counts the WRs posted and not completed over all QPs,
+	// bounded by total (-total-depth); rr is the QP whose turn is next.
+	total := uint64(o.sendOutstanding())
+	var outstanding uint64
+	rr := 0
 	for {
-		for _, q := range e.qps {
-			for q.posted < q.target && q.posted-q.completed < depth {
+		first := rr
+		for k := range e.qps {
+			if outstanding >= total {
+				break
+			}
+			q := e.qps[(first+k)%len(e.qps)]
+			for q.posted < q.target && q.posted-q.completed < depth && outstanding < total {
 				n := q.posted + 1
 				q.wr.WrID = n
 				q.wr.Flags &^= abi.SendSignaled
@@ -93,6 +103,8 @@ func (e *endpoint) runBW(size, iters int) (measurement, error) {
 					return measurement{}, fmt.Errorf("%s: post: %w", what, err)
 				}
 				q.posted = n
+				outstanding++
+				rr = (first + k + 1) % len(e.qps)
 			}
 		}
 		n, err := e.pollCQ()
@@ -122,6 +134,7 @@ func (e *endpoint) runBW(size, iters int) (measurement, error) {
 						errVerify, what, o.Atomic, c.WrID, c.QPNum, got, c.WrID-1)
 				}
 			}
+			outstanding -= c.WrID - q.completed
 			q.completed = c.WrID
 		}
 		if timed && now.Sub(start) >= o.Duration {

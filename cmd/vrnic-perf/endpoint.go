@@ -36,6 +36,7 @@ type endpoint struct {
 	ch    *verbs.CompChannel // with -events
 	cq    *verbs.CQ
 	qps   []*qpRes
+	byQPN map[uint32]int // index in qps by QP number
 	wc    [64]abi.CQE
 	pfd   [1]unix.PollFd
 	evbuf [8]byte
@@ -75,7 +76,7 @@ var (
 
 // newEndpoint opens the device and creates the CQ, QPs and buffers.
 func newEndpoint(socket string, o *options, name string) (_ *endpoint, err error) {
-	e := &endpoint{opt: o}
+	e := &endpoint{opt: o, byQPN: map[uint32]int{}}
 	if e.ctx, err = verbs.Open(socket, verbs.WithClientName(name)); err != nil {
 		return nil, err
 	}
@@ -93,7 +94,7 @@ func newEndpoint(socket string, o *options, name string) (_ *endpoint, err error
 		}
 		e.pfd[0] = unix.PollFd{Fd: int32(e.ch.Fd()), Events: unix.POLLIN}
 	}
-	if e.cq, err = e.ctx.CreateCQ(o.QPs*(o.Depth+o.RecvDepth)+2, e.ch); err != nil {
+	if e.cq, err = e.ctx.CreateCQ(o.cqEntries(), e.ch); err != nil {
 		return nil, err
 	}
 	if o.Transport == transportUD {
@@ -107,7 +108,7 @@ func newEndpoint(socket string, o *options, name string) (_ *endpoint, err error
 	for range o.QPs {
 		q := &qpRes{psn: rand.Uint32() & 0xffffff}
 		if q.qp, err = e.pd.CreateQP(verbs.QPInitAttr{Type: o.qpType(), SendCQ: e.cq, RecvCQ: e.cq,
-			Cap: abi.QPCap{MaxSendWR: uint32(max(o.Depth, 16)), MaxRecvWR: uint32(o.RecvDepth),
+			Cap: abi.QPCap{MaxSendWR: uint32(max(o.Depth, 16)), MaxRecvWR: uint32(o.recvWR()),
 				MaxSendSGE: 1, MaxRecvSGE: 1, MaxInlineData: uint32(o.Inline)}}); err != nil {
 			return nil, fmt.Errorf("create QP: %w", err)
 		}
@@ -117,6 +118,7 @@ func newEndpoint(socket string, o *options, name string) (_ *endpoint, err error
 		if q.mr, err = e.pd.RegMR(q.buf, abi.AccessAll); err != nil {
 			return nil, err
 		}
+		e.byQPN[q.qp.QPN] = len(e.qps)
 		e.qps = append(e.qps, q)
 	}
 	return e, nil
@@ -204,12 +206,10 @@ func (e *endpoint) close() {
 	}
 }
 
-// qpIndex finds the QP of a completion (few QPs: a linear search, no map).
+// qpIndex finds the QP of a completion, -1 for none.
 func (e *endpoint) qpIndex(qpn uint32) int {
-	for i, q := range e.qps {
-		if q.qp.QPN == qpn {
-			return i
-		}
+	if i, ok := e.byQPN[qpn]; ok {
+		return i
 	}
 	return -1
 }

@@ -71,6 +71,7 @@ const usage = `usage:
   vrnic-perf server -dev SOCKET [-listen ADDR]
   vrnic-perf client -dev SOCKET -server ADDR [test options]
   vrnic-perf run [-link udp|mem] [-dev-a SOCKET -dev-b SOCKET] [test options]
+  vrnic-perf scale -dev-a SOCKET -dev-b SOCKET [-qps N] [-depth D] [-hold]
 run "vrnic-perf client -h" for the test options`
 
 // realMain runs a subcommand and returns the exit status.
@@ -87,6 +88,8 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		err = clientMain(args[1:], stdout, stderr)
 	case "run":
 		err = runMain(ctx, args[1:], stdout, stderr)
+	case "scale":
+		err = scaleMain(args[1:], os.Stdin, stdout, stderr)
 	default:
 		fmt.Fprintln(stderr, usage)
 		return 2

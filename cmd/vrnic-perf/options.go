@@ -45,7 +45,7 @@ const (
 // Limits of the options.
 const (
 	maxSize  = 8 << 20
-	maxQPs   = 64
+	maxQPs   = 4096
 	maxDepth = 4096
 	// sweepBytes bounds the bytes moved per QP for one size of a -a sweep
 	// without -duration: large sizes run fewer iterations.
@@ -71,6 +71,9 @@ type options struct {
 	Verify    bool          `json:"verify"`
 	JSON      bool          `json:"-"`
 	RecvDepth int           `json:"recv_depth"`
+	// TotalDepth bounds the WRs outstanding over all QPs together (0:
+	// QPs × Depth); the client posts to the QPs in turn.
+	TotalDepth int `json:"total_depth,omitempty"`
 	// Transport is the QP type: rc (default), uc or ud.
 	Transport string `json:"transport"`
 }
@@ -107,6 +110,7 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.Duration, "duration", 0, "run each size for this long instead of a number of iterations")
 	fs.IntVar(&o.Depth, "depth", 128, "outstanding work requests per QP (bandwidth tests)")
 	fs.IntVar(&o.QPs, "qps", 1, "number of QPs (bandwidth tests)")
+	fs.IntVar(&o.TotalDepth, "total-depth", 0, "outstanding work requests over all QPs together, posted to the QPs in turn (bandwidth tests; default qps × depth)")
 	fs.IntVar(&o.RecvDepth, "rx-depth", 0, "receives posted per QP (send tests; default max(4 × depth, 512))")
 	fs.IntVar(&o.MTU, "mtu", 4096, "path MTU: 256, 512, 1024, 2048 or 4096")
 	fs.IntVar(&o.Inline, "inline", 0, "SEND and RDMA WRITE messages up to this size are posted inline (0..512)")
@@ -159,6 +163,9 @@ func (o *options) finish() error {
 	}
 	if o.CQMod == 0 {
 		o.CQMod = min(o.Depth, 64)
+		if o.TotalDepth > 0 {
+			o.CQMod = 1 // a WR waiting for later ones on its QP would hold a share of the total
+		}
 	}
 	if o.RecvDepth == 0 {
 		o.RecvDepth = min(max(4*o.Depth, 512), abi.MaxQPWR)
@@ -190,7 +197,11 @@ func (o *options) finish() error {
 		return bad("cq-mod %d out of range (1..depth %d)", o.CQMod, o.Depth)
 	case o.RecvDepth < 1 || o.RecvDepth > abi.MaxQPWR:
 		return bad("recv depth %d out of range", o.RecvDepth)
-	case o.QPs*(o.Depth+o.RecvDepth)+2 > abi.MaxCQE:
+	case o.TotalDepth < 0 || o.TotalDepth > o.QPs*o.Depth || o.TotalDepth > 0 && o.Test.latency():
+		return bad("total-depth %d out of range (0..qps × depth %d, bandwidth tests)", o.TotalDepth, o.QPs*o.Depth)
+	case o.TotalDepth > 0 && o.CQMod != 1:
+		return bad("total-depth needs cq-mod 1 (every WR signaled)")
+	case o.cqEntries() > abi.MaxCQE:
 		return bad("qps × depth too large for one CQ (%d entries)", abi.MaxCQE)
 	}
 	switch o.Transport {
@@ -210,6 +221,36 @@ func (o *options) finish() error {
 		return bad("transport %q: want rc, uc or ud", o.Transport)
 	}
 	return nil
+}
+
+// receives reports whether the test posts receives (SEND tests).
+func (o *options) receives() bool { return o.Test == sendBW || o.Test == sendLat }
+
+// recvWR is the receive queue size of each QP: RecvDepth for the tests
+// that receive, 1 for the others.
+func (o *options) recvWR() int {
+	if o.receives() {
+		return o.RecvDepth
+	}
+	return 1
+}
+
+// sendOutstanding is the most send WRs outstanding over all QPs.
+func (o *options) sendOutstanding() int {
+	if o.TotalDepth > 0 {
+		return o.TotalDepth
+	}
+	return o.QPs * o.Depth
+}
+
+// cqEntries is the size of each side's one CQ: every outstanding send
+// and every posted receive fits.
+func (o *options) cqEntries() int {
+	n := o.sendOutstanding() + 2
+	if o.receives() {
+		n += o.QPs * o.RecvDepth
+	}
+	return n
 }
 
 // sizes are the message sizes to run, smallest first.

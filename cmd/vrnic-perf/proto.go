@@ -57,7 +57,7 @@ func (c *counters) sub(o counters) counters {
 		c.Retransmits - o.Retransmits, c.RNRNAKs - o.RNRNAKs}
 }
 
-const maxLine = 64 << 10
+const maxLine = 4 << 20 // the hello of maxQPs QPs
 
 var errProtocol = errors.New("control protocol")
 

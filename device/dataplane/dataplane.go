@@ -19,7 +19,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,16 +38,20 @@ import (
 //
 // # Doorbells
 //
-// The engine's workers poll the SQ and RQ producer indices of their QPs
-// themselves in every loop round (SendSource/RecvSource), and sleep after
-// a spell without work until Engine.Kick, a frame or a timer wakes them.
+// The engine's workers poll the SQ producer indices of their active QPs
+// (those with recent work, package engine's active.go) themselves in every
+// loop round (SendSource), and sleep after a spell without work until
+// Engine.Kick, a frame or a timer wakes them; a QP that had no work for a
+// while is put back on its worker's list by Engine.Kick.
 // One doorbell poller (doorbell.Poller) per data plane serves the doorbell
-// pages of every context with a QP: each pass compares the SQ, RQ and SRQ
-// producer indices of every QP with the values it saw last and kicks the
-// owning worker of each QP whose indices moved (a non-blocking send on a
-// one-slot channel: no system call when the worker is awake). After
-// SpinBudget passes without a moved producer index (of a ring, or of a
-// CQ: completions mean a client about to post) the poller stores
+// pages of every context with a QP: each pass compares the SQ and RQ
+// producer indices of the QPs whose records the client marked in its
+// page's doorbell summary (or, for a client without one, a bounded
+// number of records per pass: doorbells.go) with the values it saw last
+// and kicks the owning worker of each QP whose indices moved (the worker
+// puts it on its active list; no system call when the worker is awake).
+// After SpinBudget passes without a moved producer index (or a CQE
+// written: completions mean a client about to post) the poller stores
 // kick_needed in every page,
 // re-checks every record, and only then sleeps in epoll on the kick
 // eventfds. So:
@@ -106,12 +109,27 @@ type DataPlane struct {
 
 	mu      sync.Mutex // guards qps, pages, cqs, srqs, writers; taken under the device lock
 	qps     map[uint32]*dpQP
-	pages   map[*doorbell.Page]int // QPs per served page
+	pages   map[*doorbell.Page]*pageWatch // the served pages (doorbells.go)
 	cqs     map[*device.CQ]*cqSink
 	srqs    map[*device.SRQ]*recvSource
 	writers map[*doorbell.Page]*ctxWriter
-	ahs     map[device.Owner]*ahTable // per context: its AHs and UD QPs
-	watch   atomic.Pointer[[]*dpQP]   // immutable snapshot for the poller
+	ahs     map[device.Owner]*ahTable    // per context: its AHs and UD QPs
+	watch   atomic.Pointer[[]*pageWatch] // immutable list of pages for the poller
+
+	// Poller-private: the CQEs written at the last pass, the first page
+	// of the next read without summary (doorbells.go).
+	lastCQEs     uint64
+	unmarkedNext int
+	passReads    uint64
+	// recordReads counts the QP records the poller read (for tests: a pass
+	// reads only what clients marked).
+	recordReads atomic.Uint64
+
+	// accs and scratch are per engine worker: the memory accessor and
+	// the WQE decoding space the worker's QPs share (an idle QP holds
+	// neither).
+	accs    []*dma.Accessor
+	scratch []scratch
 
 	// ksig raises completion eventfds from the kernel (nil: the kernel
 	// cannot, or Config.EventWriters; then each context's ctxWriter does).
@@ -177,10 +195,12 @@ type dpQP struct {
 	ctrs   *engine.QPCounters
 	sinks  [2]qpSink         // send, receive
 	state  *device.StateWord // the device's state word of the QP
+	// dbIndex is the QP's doorbell record (its slot in the page's
+	// pageWatch).
+	dbIndex uint32
 
 	// Poller-private: the producer indices seen by the last pass.
-	lastSQ, lastRQ, lastSRQ uint32
-	lastSCQ, lastRCQ        uint32
+	lastSQ, lastRQ uint32
 }
 
 // New creates a data plane; pass it as device.Config.DataPlane of exactly
@@ -203,13 +223,18 @@ func New(cfg Config) (*DataPlane, error) {
 	}
 	dp := &DataPlane{
 		cfg: cfg, eng: cfg.Engine, space: cfg.Space, log: cfg.Logger,
-		qps: map[uint32]*dpQP{}, pages: map[*doorbell.Page]int{},
+		qps: map[uint32]*dpQP{}, pages: map[*doorbell.Page]*pageWatch{},
 		cqs: map[*device.CQ]*cqSink{}, srqs: map[*device.SRQ]*recvSource{},
 		writers: map[*doorbell.Page]*ctxWriter{},
 		ahs:     map[device.Owner]*ahTable{},
 	}
-	dp.watch.Store(&[]*dpQP{})
-	p, err := doorbell.NewPoller(doorbell.PollerConfig{Poll: dp.pollDoorbells, SpinBudget: cfg.SpinBudget, SpinFor: max(cfg.SpinFor, 0)})
+	dp.watch.Store(&[]*pageWatch{})
+	dp.scratch = make([]scratch, dp.eng.Workers())
+	for range dp.eng.Workers() {
+		dp.accs = append(dp.accs, dp.space.NewAccessor())
+	}
+	p, err := doorbell.NewPoller(doorbell.PollerConfig{Poll: dp.pollDoorbells, Recheck: dp.recheckDoorbells,
+		SpinBudget: cfg.SpinBudget, SpinFor: max(cfg.SpinFor, 0)})
 	if err != nil {
 		return nil, err
 	}
@@ -290,6 +315,9 @@ func (dp *DataPlane) Close() error {
 	if dp.ksig != nil {
 		dp.ksig.Close() // the engine is stopped: no signal in progress
 	}
+	for _, a := range dp.accs {
+		a.Close() // the engine is stopped: no section in progress
+	}
 	return err
 }
 
@@ -343,7 +371,8 @@ func (dp *DataPlane) CreateQP(q *device.QP) error {
 	qpn, cp := q.QPN(), q.Cap()
 	sqRing, _ := q.SQ()
 	x := &dpQP{qpn: qpn, page: page, rec: rec, sqRing: sqRing, state: q.StateWord(), owner: q.Owner(), ud: q.Type() == abi.QPTUD}
-	if x.sq, err = newSQSource(sqRing, cp, rec); err != nil {
+	owner := dp.eng.Owner(qpn)
+	if x.sq, err = newSQSource(sqRing, cp, rec, &dp.scratch[owner]); err != nil {
 		return err
 	}
 	maxRecvSGE := cp.MaxRecvSGE
@@ -356,7 +385,7 @@ func (dp *DataPlane) CreateQP(q *device.QP) error {
 		x.srq = &r
 	} else {
 		rqRing, _ := q.RQ()
-		if x.rq, err = newRQSource(rqRing, cp.MaxRecvWR, cp.MaxRecvSGE, rec); err != nil {
+		if x.rq, err = newRQSource(rqRing, cp.MaxRecvWR, cp.MaxRecvSGE, rec, &dp.scratch[owner]); err != nil {
 			return err
 		}
 	}
@@ -369,7 +398,7 @@ func (dp *DataPlane) CreateQP(q *device.QP) error {
 		return err
 	}
 	x.sinks = [2]qpSink{{cq: scq}, {cq: rcq, recv: true}}
-	x.mem = &qpMemory{acc: dp.space.NewAccessor(), pd: dma.PD{Owner: q.Owner(), Handle: q.PDHandle()}, mem: dp.space}
+	x.mem = &qpMemory{acc: dp.accs[owner], pd: dma.PD{Owner: q.Owner(), Handle: q.PDHandle()}, mem: dp.space}
 	// Queued for the QP's worker; an error (invalid limits, a closed
 	// engine) fails CREATE_QP.
 	ecfg := engine.QPConfig{
@@ -387,16 +416,10 @@ func (dp *DataPlane) CreateQP(q *device.QP) error {
 		if x.ud {
 			dp.unrefAHTableLocked(x.owner)
 		}
-		x.mem.acc.Close()
 		return err
 	}
 	dp.qps[qpn] = x
-	dp.publishWatchLocked()
-	if dp.pages[page]++; dp.pages[page] == 1 {
-		if err := dp.poller.Add(page); err != nil {
-			dp.log.Error("doorbell poller: add page", "err", err)
-		}
-	}
+	dp.addQPLocked(x, q.DBIndex())
 	return nil
 }
 
@@ -530,14 +553,6 @@ func (dp *DataPlane) ReleaseSRQ(s *device.SRQ) {
 	delete(dp.srqs, s)
 }
 
-func (dp *DataPlane) publishWatchLocked() {
-	l := make([]*dpQP, 0, len(dp.qps))
-	for _, x := range dp.qps {
-		l = append(l, x)
-	}
-	dp.watch.Store(&l)
-}
-
 // ModifyQP implements device.DataPlane: it queues the attributes of mask,
 // as the device stored them, for the QP's worker.
 func (dp *DataPlane) ModifyQP(q *device.QP, prev device.QPState, mask device.AttrMask) {
@@ -614,8 +629,8 @@ func (dp *DataPlane) toError(x *dpQP) {
 // DestroyQP implements device.DataPlane. It queues the QP's removal for
 // its worker and returns a channel that delivers the QP's final counters
 // once the worker removed it (or the engine closed): from then on nothing
-// touches the QP's rings or memory, and its memory accessor is closed (so
-// no MR memory it may reach is unmapped under it before).
+// touches the QP's rings or memory (its worker's memory accessor keeps MR
+// memory the worker is using mapped until then, dma.Accessor).
 func (dp *DataPlane) DestroyQP(q *device.QP) <-chan device.QPCounters {
 	dp.mu.Lock()
 	x := dp.qps[q.QPN()]
@@ -629,12 +644,7 @@ func (dp *DataPlane) DestroyQP(q *device.QP) <-chan device.QPCounters {
 		// the context goes into a new one only if no QP holds this.
 		dp.unrefAHTableLocked(x.owner)
 	}
-	dp.publishWatchLocked()
-	lastOfPage := false
-	if dp.pages[x.page]--; dp.pages[x.page] == 0 {
-		delete(dp.pages, x.page)
-		lastOfPage = true
-	}
+	lastOfPage := dp.removeQPLocked(x)
 	dp.mu.Unlock()
 	applied := dp.eng.DestroyQP(x.qpn)
 	if lastOfPage {
@@ -649,7 +659,6 @@ func (dp *DataPlane) DestroyQP(q *device.QP) <-chan device.QPCounters {
 	final := make(chan device.QPCounters, 1)
 	go func() {
 		<-applied
-		x.mem.acc.Close()
 		final <- countersOf(x.ctrs)
 	}()
 	return final
@@ -663,34 +672,4 @@ func (dp *DataPlane) Counters(q *device.QP) device.QPCounters {
 		return countersOf(x.ctrs)
 	}
 	return device.QPCounters{}
-}
-
-// pollDoorbells is the doorbell poller's pass (see the type's doc). It
-// runs on the poller's goroutine only and allocates nothing.
-func (dp *DataPlane) pollDoorbells() bool {
-	found := false
-	for _, x := range *dp.watch.Load() {
-		sq, rq := x.rec.SQPI.Load(), x.rec.RQPI.Load()
-		var srq uint32
-		if x.srq != nil {
-			srq = x.srq.PI.Load()
-		}
-		if sq != x.lastSQ || rq != x.lastRQ || srq != x.lastSRQ {
-			x.lastSQ, x.lastRQ, x.lastSRQ = sq, rq, srq
-			dp.eng.Kick(x.qpn)
-			found = true
-		}
-		// Completions written since the last pass are traffic too: their
-		// client is about to post again (a queue kept full posts as
-		// completions free its slots), so the poller keeps polling and
-		// the client keeps posting without kicks.
-		if scq, rcq := x.sinks[0].cq.pi.Load(), x.sinks[1].cq.pi.Load(); scq != x.lastSCQ || rcq != x.lastRCQ {
-			x.lastSCQ, x.lastRCQ = scq, rcq
-			found = true
-		}
-	}
-	if !found {
-		runtime.Gosched() // let the workers and clients run on busy cores
-	}
-	return found
 }

@@ -132,7 +132,13 @@ const dpBufSize = 1 << 20
 
 func newDPClient(t testing.TB, n *dpNode, cqe int) *dpClient {
 	t.Helper()
-	ctx, err := verbs.Open(n.sock, verbs.WithClientName(t.Name()))
+	return newDPClientOpts(t, n, cqe)
+}
+
+// newDPClientOpts is newDPClient with more options for verbs.Open.
+func newDPClientOpts(t testing.TB, n *dpNode, cqe int, opts ...verbs.Option) *dpClient {
+	t.Helper()
+	ctx, err := verbs.Open(n.sock, append([]verbs.Option{verbs.WithClientName(t.Name())}, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { ctx.Close() })
 	c := &dpClient{ctx: ctx, node: n}

@@ -50,3 +50,9 @@ func (dp *DataPlane) QPRings(qpn uint32) (doorbell.QPRecord, []byte, bool) {
 
 // KickQP wakes the worker that owns qpn, as a client's kick does.
 func (dp *DataPlane) KickQP(qpn uint32) { dp.eng.Kick(qpn) }
+
+// RecordReads is the number of QP doorbell records the poller has read.
+func (dp *DataPlane) RecordReads() uint64 { return dp.recordReads.Load() }
+
+// PollerPasses is the number of doorbell poller passes so far.
+func (dp *DataPlane) PollerPasses() uint64 { return dp.poller.Stats().Passes }

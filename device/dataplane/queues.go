@@ -129,19 +129,34 @@ func discardTo[W any, Q ring[W]](q Q, target uint32, w *W) {
 
 // sqSource is a QP's send queue as the engine's SendSource.
 type sqSource struct {
-	q  *queues.SQ
-	wr queues.SendWR
+	q *queues.SQ
+	// wr is where a WQE is decoded before it is copied into the engine's
+	// ring: the owning worker's (scratch), shared by its QPs.
+	wr *queues.SendWR
 	consumer
+}
+
+// scratch is one engine worker's decoding space for the work sources of
+// its QPs (only the owning worker calls them, one at a time): an idle QP
+// holds no WQE-sized buffer of its own.
+type scratch struct {
+	send queues.SendWR
+	recv queues.RecvWR
 }
 
 var _ engine.SendSource = (*sqSource)(nil)
 
-func newSQSource(ring []byte, c abi.QPCap, rec doorbell.QPRecord) (*sqSource, error) {
+// newSQSource builds the send source of a QP; sc is its worker's scratch
+// (nil: one of its own).
+func newSQSource(ring []byte, c abi.QPCap, rec doorbell.QPRecord, sc *scratch) (*sqSource, error) {
 	q, err := queues.NewSQ(ring, queues.SQConfig{Slots: c.MaxSendWR, MaxSGE: c.MaxSendSGE, MaxInline: c.MaxInlineData}, rec.SQPI, rec.SQCI)
 	if err != nil {
 		return nil, err
 	}
-	return &sqSource{q: q}, nil
+	if sc == nil {
+		sc = new(scratch)
+	}
+	return &sqSource{q: q, wr: &sc.send}, nil
 }
 
 // PollSend implements engine.SendSource. The WQE is read once from the
@@ -149,7 +164,7 @@ func newSQSource(ring []byte, c abi.QPCap, rec doorbell.QPRecord) (*sqSource, er
 // into w (whose SGE and inline storage the engine sized from the same
 // capacities).
 func (s *sqSource) PollSend(w *engine.SendWork) (bool, error) {
-	ok, err := take(&s.consumer, s.q, &s.wr, true)
+	ok, err := take(&s.consumer, s.q, s.wr, true)
 	if !ok {
 		return false, nil
 	}
@@ -179,18 +194,23 @@ type recvSource struct {
 	mu  *sync.Mutex // non-nil for an SRQ (shared by workers)
 	srq *device.SRQ // the SRQ's limit and its event (nil for an RQ)
 	q   *queues.RecvQueue
-	wr  queues.RecvWR
+	wr  *queues.RecvWR // an RQ's: its worker's scratch; an SRQ's own
 	consumer
 }
 
 var _ engine.RecvSource = (*recvSource)(nil)
 
-func newRQSource(ring []byte, slots, maxSGE uint32, rec doorbell.QPRecord) (*recvSource, error) {
+// newRQSource builds the receive source of a QP's own RQ; sc is its
+// worker's scratch (nil: one of its own).
+func newRQSource(ring []byte, slots, maxSGE uint32, rec doorbell.QPRecord, sc *scratch) (*recvSource, error) {
 	q, err := queues.NewRQ(ring, queues.RecvConfig{Slots: slots, MaxSGE: maxSGE}, rec.RQPI, rec.RQCI)
 	if err != nil {
 		return nil, err
 	}
-	return &recvSource{q: q}, nil
+	if sc == nil {
+		sc = new(scratch)
+	}
+	return &recvSource{q: q, wr: &sc.recv}, nil
 }
 
 func newSRQSource(ring []byte, slots, maxSGE uint32, rec doorbell.SRQRecord) (*recvSource, error) {
@@ -198,7 +218,7 @@ func newSRQSource(ring []byte, slots, maxSGE uint32, rec doorbell.SRQRecord) (*r
 	if err != nil {
 		return nil, err
 	}
-	return &recvSource{q: q, mu: new(sync.Mutex)}, nil
+	return &recvSource{q: q, mu: new(sync.Mutex), wr: new(queues.RecvWR)}, nil
 }
 
 // PollRecv implements engine.RecvSource. An SRQ is not reset with a QP
@@ -208,7 +228,7 @@ func (s *recvSource) PollRecv(r *engine.RecvWork) (bool, error) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 	}
-	ok, err := take(&s.consumer, s.q, &s.wr, s.mu == nil)
+	ok, err := take(&s.consumer, s.q, s.wr, s.mu == nil)
 	if !ok {
 		return false, nil
 	}
@@ -267,10 +287,6 @@ type cqSink struct {
 	// overflowed, when set, is told of the CQ's overflow (once).
 	overflowed func()
 
-	// pi is the CQ's producer index word (the doorbell poller watches it
-	// as a sign of traffic).
-	pi *atomic.Uint32
-
 	mu       sync.Mutex
 	cq       *queues.CQ
 	notify   *doorbell.CQNotifier
@@ -291,7 +307,7 @@ func newCQSink(ring []byte, count uint32, rec doorbell.CQRecord, comp *doorbell.
 	if err != nil {
 		return nil, err
 	}
-	return &cqSink{cq: q, pi: rec.PI, notify: doorbell.NewCQNotifier(rec, comp, sig)}, nil
+	return &cqSink{cq: q, notify: doorbell.NewCQNotifier(rec, comp, sig)}, nil
 }
 
 // errCQOverflow is returned for every completion of an overflowed CQ.

@@ -419,6 +419,7 @@ func (qp *QP) updateRetryTimer(progressed bool) {
 // retries; 7 is a count of 7 (IBTA: the 3-bit Retry Count), unlike Linux
 // rxe which treats 7 as infinite.
 func (qp *QP) onRetryTimer() {
+	qp.w.activate(qp)
 	if qp.state != abi.QPSRTS && qp.state != abi.QPSSQD || !qp.outstanding() || qp.comp.rnrWait {
 		return
 	}
@@ -466,6 +467,7 @@ func (qp *QP) startRetry(timeout bool) {
 
 // onRNRTimer ends an RNR wait: resend from the NAKed PSN.
 func (qp *QP) onRNRTimer() {
+	qp.w.activate(qp)
 	if !qp.comp.rnrWait {
 		return
 	}

@@ -22,8 +22,9 @@
 // the worker handles them. A worker loops: control messages, one receive
 // batch
 // (every frame parsed by roce, ICRC verified, dispatched to the QP's
-// responder or completer), due timers, the output of every QP (responses,
-// then new requests), one send batch. It polls while there is work and
+// responder or completer), due timers, the output of every active QP
+// (responses, then new requests: only QPs with recent work are serviced,
+// active.go), one send batch. It polls while there is work and
 // then sleeps until a kick (Engine.Kick, the doorbell), a frame
 // (Link.Ready), a control message or its next timer. Timers are an
 // indexed min-heap per worker with nanosecond deadlines (two per QP: ACK
@@ -73,7 +74,8 @@
 // receive the payload is copied once from the frame to client memory
 // (Scatter or WriteRemote). Per QP, send WQEs are copied once from the SQ
 // (SendSource) into a private ring of SQDepth entries whose SGE lists and
-// inline data live in slabs allocated at QP creation:
+// inline data live in slabs allocated with the ring, which the QP holds
+// only while it is active (active.go):
 //
 //	head ──── completer: oldest WQE without a CQE
 //	next ──── requester: the WQE it is sending

@@ -164,6 +164,10 @@ func (e *Engine) Close() error {
 // Workers returns the number of workers.
 func (e *Engine) Workers() int { return len(e.workers) }
 
+// Owner returns the index of the worker that owns qpn (roce.SteerQueue):
+// the data plane keeps per-worker state for the QP's sources there.
+func (e *Engine) Owner(qpn uint32) int { return e.owner(qpn).id }
+
 func (e *Engine) owner(qpn uint32) *worker {
 	return e.workers[roce.SteerQueue(qpn&roce.QPNMask, len(e.workers))]
 }
@@ -266,10 +270,16 @@ func (e *Engine) query(qpn uint32) (*QP, error) {
 // WorkerCounters returns worker i's counters.
 func (e *Engine) WorkerCounters(i int) *WorkerCounters { return &e.workers[i].Counters }
 
-// Kick tells the owner of qpn that WQEs were posted (the doorbell): it
-// wakes the worker if it sleeps. It never blocks and never allocates.
+// Kick tells the owner of qpn that WQEs were posted on it (the
+// doorbell): the worker puts the QP on its active list at the top of its
+// next pass and services it (active.go), and wakes if it sleeps. It
+// never blocks, and allocates only while the worker's queue grows.
 func (e *Engine) Kick(qpn uint32) {
 	w := e.owner(qpn)
+	w.kickMu.Lock()
+	w.kickQ = append(w.kickQ, qpn&roce.QPNMask)
+	w.kickN.Store(int32(len(w.kickQ)))
+	w.kickMu.Unlock()
 	select {
 	case w.kick <- struct{}{}:
 	default:

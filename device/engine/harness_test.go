@@ -92,9 +92,19 @@ func newNodeWrap(t testing.TB, nw *link.Network, addr string, workers int, fault
 }
 
 func (n *node) newQP(t testing.TB, qpn uint32, o qpOpts) *tqp {
+	return n.newQPWith(t, qpn, o, nil)
+}
+
+// newQPWith is newQP with the engine's send source wrapped by wrap (if
+// not nil).
+func (n *node) newQPWith(t testing.TB, qpn uint32, o qpOpts, wrap func(SendSource) SendSource) *tqp {
 	q := &tqp{n: n, qpn: qpn, sq: newFakeSQ(4096), rq: newFakeRQ(4096), scq: newFakeCQ(8192), rcq: newFakeCQ(8192)}
+	var sq SendSource = q.sq
+	if wrap != nil {
+		sq = wrap(sq)
+	}
 	_, err := n.eng.CreateQP(QPConfig{
-		QPN: qpn, SQ: q.sq, RQ: q.rq, SendCQ: q.scq, RecvCQ: q.rcq, Mem: n.mem,
+		QPN: qpn, SQ: sq, RQ: q.rq, SendCQ: q.scq, RecvCQ: q.rcq, Mem: n.mem,
 		SQDepth: o.sqDepth, MaxSendSGE: abi.MaxSGE, MaxRecvSGE: abi.MaxSGE, MaxInline: abi.MaxInline, SigAll: o.sigAll,
 		Type: o.typ,
 	})

@@ -160,7 +160,8 @@ type QP struct {
 
 	// Send queue: a private ring of copies. head: oldest WQE not yet
 	// completed (completer); next: the WQE the requester works on; tail:
-	// WQEs fetched. head <= next <= tail, free-running.
+	// WQEs fetched. head <= next <= tail, free-running. sq is nil while
+	// the QP is idle (active.go): ensureSQ before fetching.
 	sq               []swqe
 	sqMask           uint32
 	head, next, tail uint32
@@ -171,6 +172,12 @@ type QP struct {
 
 	retryTimer timer
 	rnrTimer   timer
+
+	// activeIdx is the QP's position on its worker's active list, -1
+	// when it is not there; lastActive the worker's time of its last
+	// activity (active.go).
+	activeIdx  int32
+	lastActive int64
 
 	Counters QPCounters
 }
@@ -202,14 +209,8 @@ func newQP(cfg QPConfig, w *worker) (*QP, error) {
 	default:
 		return nil, fmt.Errorf("%w: QP %#x: type %d", ErrInvalid, cfg.QPN, cfg.Type)
 	}
-	qp.sq = make([]swqe, cfg.SQDepth)
 	qp.sqMask = uint32(cfg.SQDepth - 1)
-	sges := make([]abi.SGE, cfg.SQDepth*cfg.MaxSendSGE)
-	inl := make([]byte, cfg.SQDepth*cfg.MaxInline)
-	for i := range qp.sq {
-		qp.sq[i].SGEs = sges[i*cfg.MaxSendSGE : i*cfg.MaxSendSGE : (i+1)*cfg.MaxSendSGE]
-		qp.sq[i].Inline = inl[i*cfg.MaxInline : i*cfg.MaxInline : (i+1)*cfg.MaxInline]
-	}
+	qp.activeIdx = -1
 	qp.resp.rqe.SGEs = make([]abi.SGE, 0, cfg.MaxRecvSGE)
 	qp.resp.flushRQE.SGEs = make([]abi.SGE, 0, cfg.MaxRecvSGE)
 	qp.retryTimer = timer{idx: -1, kind: timerRetry, qp: qp}
@@ -377,6 +378,7 @@ func (qp *QP) flush() {
 
 // flushSend completes the send side's WQEs (ERR and SQE).
 func (qp *QP) flushSend() {
+	qp.ensureSQ()
 	for qp.head != qp.tail {
 		e := &qp.sq[qp.head&qp.sqMask]
 		switch {
@@ -396,7 +398,7 @@ func (qp *QP) flushSend() {
 	}
 	qp.next = qp.head
 	qp.req.rdAtomic = 0
-	for range len(qp.sq) {
+	for range qp.cfg.SQDepth {
 		e := &qp.sq[qp.tail&qp.sqMask]
 		e.SGEs, e.Inline = e.SGEs[:0], e.Inline[:0]
 		ok, err := qp.cfg.SQ.PollSend(&e.SendWork)
@@ -415,7 +417,7 @@ func (qp *QP) flushRecv() {
 		qp.resp.rqeValid = false
 		qp.completeRecv(&qp.resp.rqe, abi.WCWRFlushErr, abi.WCRecv, 0, 0, 0, false)
 	}
-	for range len(qp.sq) + 1024 {
+	for range qp.cfg.SQDepth + 1024 {
 		r := &qp.resp.flushRQE
 		r.SGEs = r.SGEs[:0]
 		ok, err := qp.cfg.RQ.PollRecv(r)
@@ -464,6 +466,7 @@ func (qp *QP) completeSend(e *swqe) {
 		c.VendorErr = 1
 	}
 	qp.Counters.SendCQEs.Add(1)
+	qp.w.Counters.CQEs.Add(1)
 	if err := qp.cfg.SendCQ.PushCQE(c, false); err != nil {
 		qp.cqOverflow()
 	}
@@ -480,6 +483,7 @@ func (qp *QP) completeRecv(r *RecvWork, st abi.WCStatus, op abi.WCOpcode, n uint
 // pushRecv writes the receive completion c.
 func (qp *QP) pushRecv(c *abi.CQE, se bool) {
 	qp.Counters.RecvCQEs.Add(1)
+	qp.w.Counters.CQEs.Add(1)
 	if err := qp.cfg.RecvCQ.PushCQE(c, se); err != nil {
 		qp.cqOverflow()
 	}

@@ -103,9 +103,10 @@ func (qp *QP) reqFetch() reqState {
 		}
 		qp.next++
 	}
-	if qp.tail-qp.head >= uint32(len(qp.sq)) {
+	if qp.tail-qp.head >= uint32(qp.cfg.SQDepth) {
 		return reqExit // private ring full: wait for completions
 	}
+	qp.ensureSQ()
 	e := &qp.sq[qp.tail&qp.sqMask]
 	e.SGEs, e.Inline = e.SGEs[:0], e.Inline[:0]
 	ok, err := qp.pollSend(&e.SendWork)

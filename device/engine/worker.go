@@ -25,6 +25,12 @@ type WorkerCounters struct {
 	CQOverflows atomic.Uint64
 	BuildErrors atomic.Uint64
 	LinkErrors  atomic.Uint64
+	// CQEs counts the completions the worker's QPs wrote (the doorbell
+	// poller takes them as a sign of clients about to post).
+	CQEs atomic.Uint64
+	// ActiveQPs is the number of QPs on the worker's active list (a
+	// gauge: the QPs each pass services, active.go).
+	ActiveQPs atomic.Int64
 	// Sleeps counts the worker's sleeps, Wakes its wake-ups: it is asleep
 	// while Sleeps is ahead of Wakes.
 	Sleeps atomic.Uint64
@@ -82,12 +88,13 @@ type ctlReply struct {
 // thread: see the package doc); it alone touches its QPs, timers and
 // buffers.
 type worker struct {
-	id     int
-	e      *Engine
-	link   Link
-	arm    func() // the link's ArmReady, or nil
-	qps    map[uint32]*QP
-	list   []*QP
+	id   int
+	e    *Engine
+	link Link
+	arm  func() // the link's ArmReady, or nil
+	qps  map[uint32]*QP
+	// active are the QPs with work, serviced every pass (active.go).
+	active []*QP
 	timers timerHeap
 	clk    clock
 	// Sleeping (sleep.go): the runtime's timer and the timerfd alarm
@@ -108,6 +115,17 @@ type worker struct {
 	ctlN     atomic.Int32
 	ctlWake  chan struct{}
 	kick     chan struct{}
+
+	// Doorbells: the QPNs Engine.Kick queued (as the control queue).
+	kickMu    sync.Mutex
+	kickQ     []uint32
+	kickSpare []uint32 // worker only
+	kickN     atomic.Int32
+
+	// rings are private send rings kept for reuse, by shape, ringBytes
+	// about what they hold (active.go).
+	rings     map[sqShape][][]swqe
+	ringBytes int
 
 	// Frames and, beside them, their peers (ModeUDP): rxFrom[i] sent
 	// rx[i], tx[i] goes to txTo[i].
@@ -269,7 +287,7 @@ func (w *worker) input(frame []byte, from netip.AddrPort) {
 		w.Counters.UnknownQP.Add(1)
 		return
 	}
-	if qp.svc == roce.ServiceUD {
+	if qp.svc == roce.ServiceUD { // answered in place: nothing to service
 		w.inputUD(qp, pkt, len(frame), from)
 		return
 	}
@@ -291,6 +309,7 @@ func (w *worker) input(frame []byte, from netip.AddrPort) {
 		return
 	}
 	qp.Counters.PacketsReceived.Add(1)
+	w.activate(qp)
 	w.in.fill(pkt)
 	switch {
 	case qp.unrel:
@@ -389,7 +408,6 @@ func (w *worker) apply(m *ctlMsg) {
 			break
 		}
 		w.qps[qp.qpn] = qp
-		w.list = append(w.list, qp)
 	case ctlModify:
 		qp := w.qps[m.qpn]
 		if qp == nil {
@@ -400,6 +418,7 @@ func (w *worker) apply(m *ctlMsg) {
 			w.e.log.Warn("engine: a QP change could not be applied; moving the QP to ERR", "qpn", qp.qpn, "err", err)
 			qp.enterError()
 		}
+		w.activate(qp)
 	case ctlDestroy:
 		qp := w.qps[m.qpn]
 		if qp == nil {
@@ -409,13 +428,8 @@ func (w *worker) apply(m *ctlMsg) {
 		w.timers.stop(&qp.retryTimer)
 		w.timers.stop(&qp.rnrTimer)
 		w.forgetTx(qp)
+		w.drop(qp)
 		delete(w.qps, m.qpn)
-		for i, q := range w.list {
-			if q == qp {
-				w.list = append(w.list[:i], w.list[i+1:]...)
-				break
-			}
-		}
 	case ctlQuery:
 		r.qp = w.qps[m.qpn]
 		if r.qp == nil {
@@ -452,14 +466,13 @@ func (w *worker) run(stop <-chan struct{}) {
 		w.busy = false
 		w.drainCtl()
 		w.now = w.clk.now()
+		w.drainKicks()
 		w.receive()
 		w.fire()
 		// Likewise for work posted after a control operation was (the
 		// doorbell of a QP just moved to RTS).
 		w.drainCtl()
-		for _, qp := range w.list {
-			w.service(qp)
-		}
+		w.serviceActive()
 		w.flush()
 		if w.busy {
 			lastWork = w.now
@@ -485,6 +498,7 @@ func (w *worker) run(stop <-chan struct{}) {
 			}
 			continue
 		}
+		w.settleAll()
 		if !w.sleep(stop) {
 			return
 		}

@@ -281,6 +281,12 @@ VR_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device) {
 		e = EPROTO;
 		goto fail;
 	}
+	/* ABI 1.3: mark posts in the page's summary, so that the daemon reads
+	 * only the records that changed. */
+	if ((r.abi_version >> 16) == VRNIC_ABI_VERSION_MAJOR && (r.abi_version & 0xffff) >= 3) {
+		__atomic_fetch_or(&((struct vrnic_db_header *)c->db)->client_flags, VRNIC_DB_F_SUMMARY, __ATOMIC_SEQ_CST);
+		c->db_summary = true;
+	}
 	if ((e = vr_call(c, VRNIC_CMD_QUERY_DEVICE, NULL, 0, NULL, 0, NULL, 0, &c->attr, sizeof c->attr)))
 		goto fail;
 	/* async_fd is an epoll fd over the context's event socket (the

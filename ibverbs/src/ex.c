@@ -178,6 +178,7 @@ static int wr_complete(struct ibv_qp_ex *q) {
 	if (!err && qp->wr_pi != qp->sq.pi) {
 		qp->sq.pi = qp->wr_pi;
 		__atomic_store_n(qp->sq.pi_word, qp->wr_pi, __ATOMIC_SEQ_CST);
+		vr_db_mark(vr_ctx(q->qp_base.context), qp->sq.pi_word);
 		vr_kick(vr_ctx(q->qp_base.context));
 	}
 	qp->wr_cur = NULL;

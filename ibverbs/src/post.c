@@ -46,6 +46,7 @@ static inline uint8_t *wq_slot(const struct vr_wq *q, uint32_t pi) {
 static inline void wq_publish(struct vr_ctx *c, struct vr_wq *q, uint32_t pi) {
 	q->pi = pi;
 	__atomic_store_n(q->pi_word, pi, __ATOMIC_SEQ_CST);
+	vr_db_mark(c, q->pi_word);
 	vr_kick(c);
 }
 

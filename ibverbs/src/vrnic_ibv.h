@@ -76,6 +76,7 @@ struct vr_ctx {
 	uint8_t *db;
 	uint32_t db_size;
 	int kick_fd;
+	bool db_summary; /* ABI 1.3: this context marks its posts in the page's summary */
 	int async_ep; /* async_fd: an epoll fd over events_fd and sock's hang-up */
 	int events_fd; /* the context's event socket (OPEN_EVENTS), or -1 */
 	int fatal_sent; /* IBV_EVENT_DEVICE_FATAL reported */
@@ -188,6 +189,21 @@ VR_HIDDEN void vr_kick(struct vr_ctx *c);
 VR_HIDDEN void vr_set_dead(struct vr_ctx *c);
 VR_HIDDEN bool vr_check_dead(struct vr_ctx *c);
 static inline bool vr_dead(struct vr_ctx *c) { return __atomic_load_n(&c->dead, __ATOMIC_RELAXED); }
+
+/* vr_db_mark marks the doorbell record holding pi_word in the page's
+ * summary (ABI 1.3), after the producer index store and before the
+ * kick_needed check (vrnic_abi.h, "Doorbell summary"). */
+static inline void vr_db_mark(struct vr_ctx *c, const uint32_t *pi_word) {
+	if (!c->db_summary)
+		return;
+	uint32_t i = (uint32_t)(((const uint8_t *)pi_word - c->db) / VRNIC_DB_RECORD_SIZE);
+	uint32_t g = i / VRNIC_DB_SUMMARY_GROUP, bit = 1u << (g % 32);
+	if (g / 32 >= VRNIC_DB_SUMMARY_WORDS)
+		return;
+	uint32_t *w = &((struct vrnic_db_header *)c->db)->summary[g / 32];
+	if (!(__atomic_load_n(w, __ATOMIC_SEQ_CST) & bit))
+		__atomic_fetch_or(w, bit, __ATOMIC_SEQ_CST);
+}
 VR_HIDDEN int vr_destroy_handle(struct vr_ctx *c, uint16_t op, uint32_t handle);
 
 /* mem.c */

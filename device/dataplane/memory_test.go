@@ -1,0 +1,103 @@
+package dataplane_test
+
+import (
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/verbs"
+)
+
+// daemonHeap returns the bytes in use that were allocated by the daemon's
+// packages (a stack with a frame of package device or below and none of
+// the verbs client), from the heap profile: it needs MemProfileRate 1 from
+// before the allocations.
+func daemonHeap() int64 {
+	runtime.GC()
+	runtime.GC()
+	var recs []runtime.MemProfileRecord
+	n, _ := runtime.MemProfile(nil, true)
+	for {
+		recs = make([]runtime.MemProfileRecord, n+64)
+		var ok bool
+		if n, ok = runtime.MemProfile(recs, true); ok {
+			recs = recs[:n]
+			break
+		}
+	}
+	var sum int64
+	for i := range recs {
+		daemon, client := false, false
+		frames := runtime.CallersFrames(recs[i].Stack())
+		for {
+			f, more := frames.Next()
+			switch {
+			case strings.HasPrefix(f.Function, "github.com/vrnic/vrnic/verbs."),
+				strings.HasPrefix(f.Function, "github.com/vrnic/vrnic/device/dataplane_test."):
+				client = true
+			case strings.HasPrefix(f.Function, "github.com/vrnic/vrnic/device."),
+				strings.HasPrefix(f.Function, "github.com/vrnic/vrnic/device/"):
+				daemon = true
+			}
+			if !more {
+				break
+			}
+		}
+		if daemon && !client {
+			sum += recs[i].InUseBytes()
+		}
+	}
+	return sum
+}
+
+// TestIdleQPMemory: what the daemon holds for a connected QP with nothing
+// to do does not grow with the queue depth, and stays small. Both sides of
+// every pair are on the two in-process devices; the figure is per QP.
+func TestIdleQPMemory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("creates a thousand QPs")
+	}
+	old := runtime.MemProfileRate
+	runtime.MemProfileRate = 1
+	t.Cleanup(func() { runtime.MemProfileRate = old })
+	const pairs = 250
+	perQP := map[int]float64{}
+	for _, depth := range []int{16, 1024} {
+		nw := newDPNetwork(t)
+		na := newDPNode(t, nw, "10.0.0.1", 1, nil)
+		nb := newDPNode(t, nw, "10.0.0.2", 1, nil)
+		_, pa, qa := idleCtx(t, na, 0)
+		_, pb, qb := idleCtx(t, nb, 0)
+		cp := abi.QPCap{MaxSendWR: uint32(depth), MaxRecvWR: uint32(depth), MaxSendSGE: 1, MaxRecvSGE: 1}
+		// The first pair outside the measurement: maps and per-worker
+		// state that do not grow with the QPs.
+		var qps []*verbs.QP
+		mk := func() {
+			p, err := pa.CreateQP(verbs.QPInitAttr{Type: abi.QPTRC, SendCQ: qa, RecvCQ: qa, Cap: cp})
+			require.NoError(t, err)
+			q, err := pb.CreateQP(verbs.QPInitAttr{Type: abi.QPTRC, SendCQ: qb, RecvCQ: qb, Cap: cp})
+			require.NoError(t, err)
+			connectQPs(t, p, na.gid, q, nb.gid, abi.MTU4096)
+			qps = append(qps, p, q)
+		}
+		mk()
+		waitIdle(t, na)
+		waitIdle(t, nb)
+		before := daemonHeap()
+		for range pairs {
+			mk()
+		}
+		waitIdle(t, na)
+		waitIdle(t, nb)
+		after := daemonHeap()
+		perQP[depth] = float64(after-before) / (2 * pairs)
+		t.Logf("depth %d: %.0f bytes per idle QP", depth, perQP[depth])
+		runtime.KeepAlive(qps)
+	}
+	assert.Less(t, perQP[1024], 1.1*perQP[16], "an idle QP's memory grows with the queue depth")
+	assert.Less(t, perQP[16], 4096.0, "bytes per idle QP")
+}

@@ -1,0 +1,207 @@
+package engine
+
+import "github.com/vrnic/vrnic/abi"
+
+// Activity. A worker services only the QPs that have work, not every QP
+// it owns: a host carries thousands of connections, most of them idle,
+// and a pass over all of them on every loop round made an idle QP cost
+// every active one (BENCHMARKS.md, "Idle QPs").
+//
+// A QP is on its worker's active list from the moment something may give
+// it work until it has none left and has had none for activeLinger:
+//
+//   - a doorbell: Engine.Kick(qpn) queues the QPN for the worker, which
+//     takes the queue at the top of every pass (before it services its
+//     QPs, so the service that follows reads the producer index that made
+//     the doorbell poller kick);
+//   - a frame for the QP (worker.input);
+//   - a timer of the QP that fires (onRetryTimer, onRNRTimer);
+//   - a control operation that changes it (MODIFY_QP).
+//
+// An active QP is serviced every pass, as before: its requester reads the
+// SQ producer index itself, so a QP in steady use (a ping-pong, a stream)
+// never waits for the doorbell poller. It leaves the list when its
+// private send ring is empty (head == tail: nothing fetched and not
+// completed), its responder owes nothing and nothing happened to it for
+// activeLinger. Its timers keep running meanwhile (they are per worker,
+// a heap): an idle QP costs no pass and no poll, only memory.
+//
+// Memory: the private send ring (SQDepth WQE copies with their SGE and
+// inline storage, the only per-QP state that grows with the queue depth)
+// is taken when the requester first needs it and given back when the QP
+// leaves the list; a worker keeps a few rings of recently used shapes for
+// the next QP that becomes active.
+
+// activeLinger is how long a QP with nothing to do stays on the active
+// list after its last activity: a QP used once per round trip (a
+// ping-pong) stays there and is serviced without waiting for a doorbell
+// kick.
+const activeLinger = 1_000_000 // ns
+
+// ringCacheBytes bounds the private send rings a worker keeps for reuse.
+const ringCacheBytes = 4 << 20
+
+// swqeBytes is about the size of one swqe (for the cache's bound).
+const swqeBytes = 176
+
+// sqShape identifies a private send ring's layout.
+type sqShape struct {
+	depth, sges, inline int
+}
+
+// bytes is about what a ring of the shape holds.
+func (s sqShape) bytes() int {
+	return s.depth * (swqeBytes + 16*s.sges + s.inline)
+}
+
+// activate puts qp on the active list (once) and notes the activity.
+func (w *worker) activate(qp *QP) {
+	qp.lastActive = w.now
+	if qp.activeIdx >= 0 {
+		return
+	}
+	qp.activeIdx = int32(len(w.active))
+	w.active = append(w.active, qp)
+	w.Counters.ActiveQPs.Store(int64(len(w.active)))
+}
+
+// deactivate takes the QP at position i off the active list (the last
+// one takes its place) and gives its private send ring back.
+func (w *worker) deactivate(i int) {
+	qp := w.active[i]
+	last := len(w.active) - 1
+	if i != last {
+		w.active[i] = w.active[last]
+		w.active[i].activeIdx = int32(i)
+	}
+	w.active[last] = nil
+	w.active = w.active[:last]
+	qp.activeIdx = -1
+	w.Counters.ActiveQPs.Store(int64(len(w.active)))
+	w.releaseSQ(qp)
+}
+
+// drop takes qp off the active list if it is there (destroy).
+func (w *worker) drop(qp *QP) {
+	if qp.activeIdx >= 0 {
+		w.deactivate(int(qp.activeIdx))
+	}
+}
+
+// settled reports whether qp may leave the active list: nothing fetched
+// and not completed, no response owed, and no activity for activeLinger.
+func (qp *QP) settled(now int64) bool {
+	if qp.head != qp.tail || now-qp.lastActive < activeLinger {
+		return false
+	}
+	r := &qp.resp
+	if r.ackPending || r.nakPending {
+		return false
+	}
+	for i := range r.res {
+		if r.res[i].active {
+			return false
+		}
+	}
+	return true
+}
+
+// serviceActive runs the output machines of every active QP and takes
+// off the list those that settled.
+func (w *worker) serviceActive() {
+	for i := 0; i < len(w.active); {
+		qp := w.active[i]
+		w.service(qp)
+		if qp.activeIdx == int32(i) && qp.settled(w.now) {
+			w.deactivate(i) // the last QP moved to i: serviced next
+			continue
+		}
+		i++
+	}
+}
+
+// settleAll takes off the active list every QP with nothing to do,
+// lingering or not: the worker is about to sleep, and a sleeping worker
+// polls nothing; a doorbell, a frame or a timer brings a QP back.
+func (w *worker) settleAll() {
+	for i := 0; i < len(w.active); {
+		if qp := w.active[i]; qp.settled(qp.lastActive + activeLinger) {
+			w.deactivate(i)
+			continue
+		}
+		i++
+	}
+}
+
+// drainKicks activates the QPs whose doorbells were rung (Engine.Kick).
+func (w *worker) drainKicks() {
+	if w.kickN.Load() == 0 {
+		return
+	}
+	w.kickMu.Lock()
+	q := w.kickQ
+	w.kickQ = w.kickSpare[:0]
+	w.kickN.Store(0)
+	w.kickMu.Unlock()
+	for _, qpn := range q {
+		if qp := w.qps[qpn]; qp != nil {
+			w.activate(qp)
+		}
+	}
+	w.kickSpare = q[:0]
+}
+
+// ensureSQ gives qp its private send ring if it has none.
+func (qp *QP) ensureSQ() {
+	if qp.sq != nil {
+		return
+	}
+	s := sqShape{qp.cfg.SQDepth, qp.cfg.MaxSendSGE, qp.cfg.MaxInline}
+	w := qp.w
+	if l := w.rings[s]; len(l) > 0 {
+		qp.sq = l[len(l)-1]
+		l[len(l)-1] = nil
+		w.rings[s] = l[:len(l)-1]
+		w.ringBytes -= s.bytes()
+		return
+	}
+	qp.sq = newSQRing(s)
+}
+
+// newSQRing allocates a private send ring of shape s, each WQE's SGE and
+// inline storage carved from one slab.
+func newSQRing(s sqShape) []swqe {
+	sq := make([]swqe, s.depth)
+	sges := make([]abi.SGE, s.depth*s.sges)
+	inl := make([]byte, s.depth*s.inline)
+	for i := range sq {
+		sq[i].SGEs = sges[i*s.sges : i*s.sges : (i+1)*s.sges]
+		sq[i].Inline = inl[i*s.inline : i*s.inline : (i+1)*s.inline]
+	}
+	return sq
+}
+
+// releaseSQ takes qp's private send ring (empty: head == tail) and keeps
+// it for reuse while the worker's cache has room.
+func (w *worker) releaseSQ(qp *QP) {
+	sq := qp.sq
+	if sq == nil || qp.head != qp.tail {
+		return
+	}
+	qp.sq = nil
+	s := sqShape{qp.cfg.SQDepth, qp.cfg.MaxSendSGE, qp.cfg.MaxInline}
+	if w.ringBytes+s.bytes() > ringCacheBytes {
+		return
+	}
+	for i := range sq {
+		e := &sq[i]
+		sges, inl := e.SGEs[:0], e.Inline[:0]
+		*e = swqe{}
+		e.SGEs, e.Inline = sges, inl
+	}
+	if w.rings == nil {
+		w.rings = make(map[sqShape][][]swqe)
+	}
+	w.rings[s] = append(w.rings[s], sq)
+	w.ringBytes += s.bytes()
+}
