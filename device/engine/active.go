@@ -41,6 +41,10 @@ const activeLinger = 1_000_000 // ns
 // ringCacheBytes bounds the private send rings a worker keeps for reuse.
 const ringCacheBytes = 4 << 20
 
+// RingCacheBytes is the most a worker keeps of idle QPs' send rings for
+// reuse: memory per worker, not per QP.
+const RingCacheBytes = ringCacheBytes
+
 // swqeBytes is about the size of one swqe (for the cache's bound).
 const swqeBytes = 176
 
