@@ -59,32 +59,48 @@ func newAlarm(clk clock) *alarm {
 	if err != nil {
 		return nil
 	}
-	var ts unix.Timespec
-	if unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts) != nil {
-		unix.Close(fd)
-		return nil
+	// base = CLOCK_MONOTONIC - engine clock, read with the engine clock
+	// taken before the system clock: the engine clock at the system
+	// clock's instant is no earlier, so base is no smaller than the true
+	// offset and an alarm never fires before its deadline (at worst by
+	// the gap between the reads late; the closest of a few tries).
+	var base int64
+	gap := int64(-1)
+	for range 4 {
+		var ts unix.Timespec
+		before := clk.now()
+		if unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts) != nil {
+			unix.Close(fd)
+			return nil
+		}
+		after := clk.now()
+		if gap < 0 || after-before < gap {
+			base, gap = ts.Nano()-before, after-before
+		}
 	}
 	return &alarm{
 		f: os.NewFile(uintptr(fd), "timerfd"), fd: fd,
 		c: make(chan struct{}, 1), done: make(chan struct{}), at: -1,
-		base: ts.Nano() - clk.now(),
+		base: base,
 	}
 }
 
 // set arms the alarm for when (engine clock), replacing what was set (no
-// system call when it is armed for when already); a stale expiry already
-// read is discarded from c.
+// system call when it is armed for when already). A stale expiry already
+// read is discarded from c first: discarding it after arming could take
+// the new deadline's own expiry (a deadline already past fires at once)
+// and leave the waiter without it.
 func (a *alarm) set(when int64) {
+	select {
+	case <-a.c:
+	default:
+	}
 	if when != a.at {
 		its := unix.ItimerSpec{Value: unix.NsecToTimespec(a.base + when)}
 		if unix.TimerfdSettime(a.fd, unix.TFD_TIMER_ABSTIME, &its, nil) != nil {
 			return
 		}
 		a.at = when
-	}
-	select {
-	case <-a.c:
-	default:
 	}
 }
 
