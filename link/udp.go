@@ -569,21 +569,7 @@ func (p *UDPPort) recv(fd uintptr) {
 		if k == 0 {
 			break
 		}
-		got := 0
-		for {
-			r, e := recvmmsg(fd, b.msgs[:k], unix.MSG_DONTWAIT)
-			if e == unix.EINTR {
-				continue
-			}
-			if e != 0 {
-				if e != unix.EAGAIN {
-					c.RecvErrors.Add(1)
-				}
-				r = 0
-			}
-			got = r
-			break
-		}
+		got := recvNow(fd, b.msgs[:k], c)
 		if got < k {
 			drained = true
 		}
@@ -624,5 +610,23 @@ func (p *UDPPort) recv(fd uintptr) {
 	default:
 		// A full batch: more may be waiting.
 		p.signal()
+	}
+}
+
+// recvNow is one recvmmsg into msgs that does not wait (EINTR retried): the
+// datagrams received; 0 when none is queued or on an error (counted).
+func recvNow(fd uintptr, msgs []unix.Mmsghdr, c *UDPCounters) int {
+	for {
+		r, e := recvmmsg(fd, msgs, unix.MSG_DONTWAIT)
+		if e == unix.EINTR {
+			continue
+		}
+		if e != 0 {
+			if e != unix.EAGAIN {
+				c.RecvErrors.Add(1)
+			}
+			return 0
+		}
+		return r
 	}
 }

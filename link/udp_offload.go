@@ -246,21 +246,7 @@ func (p *UDPPort) recvGROBufs(fd uintptr) int {
 		m.Hdr.SetControllen(groCmsgLen)
 		m.Len = 0
 	}
-	got := 0
-	for {
-		r, e := recvmmsg(fd, b.msgs[:n], unix.MSG_DONTWAIT)
-		if e == unix.EINTR {
-			continue
-		}
-		if e != 0 {
-			if e != unix.EAGAIN {
-				c.RecvErrors.Add(1)
-			}
-			r = 0
-		}
-		got = r
-		break
-	}
+	got := recvNow(fd, b.msgs[:n], c)
 	for i := range got {
 		m := &b.msgs[i]
 		l := int(m.Len)

@@ -29,28 +29,10 @@ func TestCQArmNoLostEvent(t *testing.T) {
 	if testing.Short() || raceEnabled {
 		rounds = 5000
 	}
-	// The record's words live in Go memory here, not in a mapped doorbell
-	// page: the race detector tracks synchronisation only through atomics
-	// on Go memory, and the ring below is Go memory.
-	var words [5]atomic.Uint32
-	rec := doorbell.CQRecord{CI: &words[0], Arm: &words[1], PI: &words[2], ArmSNDone: &words[3], Overflow: &words[4]}
-	const count = 8
-	ring := make([]byte, count*abi.SizeofCQE)
-	cq, err := queues.NewCQ(ring, count, queues.CQWords{CI: rec.CI, PI: rec.PI, Overflow: rec.Overflow})
-	require.NoError(t, err)
-	comp, err := doorbell.NewEventFD()
-	require.NoError(t, err)
+	a := newArmRig(t)
+	rec, ring, cq, comp, notifier := a.rec, a.ring, a.cq, a.comp, a.notifier
+	const count = armRigCQEs
 	compFd := comp.Fd()
-	// The events are written by the writer's goroutine, as in the daemon.
-	writer := doorbell.NewEventWriter()
-	writerDone := make(chan struct{})
-	go func() {
-		defer close(writerDone)
-		writer.Run()
-	}()
-	defer func() { writer.Close(); <-writerDone }()
-	notifier := doorbell.NewCQNotifier(rec, comp, writer)
-	defer notifier.Close()
 
 	var stop atomic.Bool
 	var wg sync.WaitGroup
@@ -134,22 +116,9 @@ func TestCQArmNoLostEvent(t *testing.T) {
 func TestCQArmInterleavings(t *testing.T) {
 	for _, order := range []string{"D1 D2 C1 C2", "D1 C1 D2 C2", "D1 C1 C2 D2", "C1 D1 D2 C2", "C1 D1 C2 D2", "C1 C2 D1 D2"} {
 		t.Run(order, func(t *testing.T) {
-			var words [5]atomic.Uint32
-			rec := doorbell.CQRecord{CI: &words[0], Arm: &words[1], PI: &words[2], ArmSNDone: &words[3], Overflow: &words[4]}
-			const count = 8
-			ring := make([]byte, count*abi.SizeofCQE)
-			cq, err := queues.NewCQ(ring, count, queues.CQWords{CI: rec.CI, PI: rec.PI, Overflow: rec.Overflow})
-			require.NoError(t, err)
-			comp, err := doorbell.NewEventFD()
-			require.NoError(t, err)
-			writer := doorbell.NewEventWriter()
-			writerDone := make(chan struct{})
-			go func() {
-				defer close(writerDone)
-				writer.Run()
-			}()
-			notifier := doorbell.NewCQNotifier(rec, comp, writer)
-			defer func() { notifier.Close(); writer.Close(); <-writerDone }()
+			a := newArmRig(t)
+			rec, ring, cq, comp, notifier := a.rec, a.ring, a.cq, a.comp, a.notifier
+			const count = armRigCQEs
 
 			var e abi.CQE
 			signalled, found := false, false
@@ -183,4 +152,44 @@ func TestCQArmInterleavings(t *testing.T) {
 			assert.Equal(t, uint64(7), e.WrID)
 		})
 	}
+}
+
+// armRigCQEs is the size of an armRig's CQ.
+const armRigCQEs = 8
+
+// armRig is a CQ with its doorbell record, a completion eventfd and the
+// daemon's notifier and event writer, as the daemon has them. The
+// record's words live in Go memory, not in a mapped doorbell page: the
+// race detector tracks synchronisation only through atomics on Go memory,
+// and the ring is Go memory too.
+type armRig struct {
+	rec      doorbell.CQRecord
+	ring     []byte
+	cq       *queues.CQ
+	comp     *doorbell.EventFD
+	notifier *doorbell.CQNotifier
+}
+
+// newArmRig makes one; the test's cleanup stops the notifier and the
+// writer's goroutine.
+func newArmRig(t *testing.T) *armRig {
+	t.Helper()
+	var words [5]atomic.Uint32
+	a := &armRig{rec: doorbell.CQRecord{CI: &words[0], Arm: &words[1], PI: &words[2], ArmSNDone: &words[3], Overflow: &words[4]},
+		ring: make([]byte, armRigCQEs*abi.SizeofCQE)}
+	var err error
+	a.cq, err = queues.NewCQ(a.ring, armRigCQEs, queues.CQWords{CI: a.rec.CI, PI: a.rec.PI, Overflow: a.rec.Overflow})
+	require.NoError(t, err)
+	a.comp, err = doorbell.NewEventFD()
+	require.NoError(t, err)
+	// The events are written by the writer's goroutine, as in the daemon.
+	writer := doorbell.NewEventWriter()
+	writerDone := make(chan struct{})
+	go func() {
+		defer close(writerDone)
+		writer.Run()
+	}()
+	a.notifier = doorbell.NewCQNotifier(a.rec, a.comp, writer)
+	t.Cleanup(func() { a.notifier.Close(); writer.Close(); <-writerDone })
+	return a
 }

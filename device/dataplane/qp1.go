@@ -49,6 +49,7 @@ type QP1 struct {
 	free    []uint32         // free send slots
 	sendQ   []uint32         // send slots posted, not yet taken by the worker
 	sendTo  [qp1Slots]uint32 // AH handle of each send slot
+	pending []qp1Pending     // MADs waiting for a free send slot (a burst)
 	recvQ   []uint32         // recv slots posted
 	rxQ     []uint32         // recv slots completed, waiting for run
 	ahByGID map[netip.Addr]uint32
@@ -63,11 +64,17 @@ type QP1 struct {
 	Counters QP1Counters
 }
 
+// qp1Pending is a MAD that found every send slot in use.
+type qp1Pending struct {
+	ah  uint32
+	mad [qp1MADLen]byte
+}
+
 // QP1Counters count QP1's datagrams.
 type QP1Counters struct {
 	Sent        atomic.Uint64 // MADs handed to the engine
 	SendErrors  atomic.Uint64 // MADs that completed with an error
-	SendDropped atomic.Uint64 // MADs refused: no free send slot, no route
+	SendDropped atomic.Uint64 // MADs refused: send slots and backlog full, no route
 	Received    atomic.Uint64 // MADs received and given to an agent
 	Dropped     atomic.Uint64 // MADs received and dropped: no agent for the class, malformed
 	RecvErrors  atomic.Uint64 // receive completions with an error
@@ -83,11 +90,15 @@ const (
 	qp1RecvBase = qp1Slots * qp1MADLen
 	qp1RecvFlag = 1 << 32 // in a WR ID: a receive slot
 	qp1MaxAHs   = 1024    // cached destinations; the cache starts over beyond
-	qp1PD       = 0
+	// qp1MaxPending bounds the MADs waiting for a send slot (256 KiB): a
+	// burst of connections (a thousand REQs at once) waits for slots
+	// rather than being dropped and retried a CM response timeout later.
+	qp1MaxPending = 1024
+	qp1PD         = 0
 )
 
-// ErrQP1Busy: every send slot of QP1 is in use (the MAD is dropped; the
-// CM retransmits).
+// ErrQP1Busy: every send slot of QP1 is in use and its backlog is full
+// (the MAD is dropped; the CM retransmits).
 var ErrQP1Busy = errors.New("dataplane: QP1 send queue full")
 
 // StartQP1 creates QP1 on the engine and brings it to RTS. local is the
@@ -145,6 +156,8 @@ func (q *QP1) Close() {
 		return
 	}
 	q.closed = true
+	q.Counters.SendDropped.Add(uint64(len(q.pending)))
+	q.pending = nil
 	q.mu.Unlock()
 	close(q.stop)
 	<-q.done
@@ -181,6 +194,12 @@ func (q *QP1) SendMAD(dst [16]byte, mad []byte) error {
 		return err
 	}
 	q.mu.Lock()
+	if !q.closed && len(q.free) == 0 && len(q.pending) < qp1MaxPending {
+		// Sent when a send completes and frees a slot (qp1SendSink).
+		q.pending = append(q.pending, qp1Pending{ah: ah, mad: [qp1MADLen]byte(mad)})
+		q.mu.Unlock()
+		return nil
+	}
 	if q.closed || len(q.free) == 0 {
 		q.mu.Unlock()
 		q.Counters.SendDropped.Add(1)
@@ -350,9 +369,25 @@ func (s *qp1SendSink) PushCQE(c *abi.CQE, _ bool) error {
 	if c.WrID&qp1RecvFlag != 0 {
 		return nil
 	}
+	slot := uint32(c.WrID)
 	q.mu.Lock()
-	q.free = append(q.free, uint32(c.WrID))
+	if len(q.pending) == 0 || q.closed {
+		q.free = append(q.free, slot)
+		q.mu.Unlock()
+		return nil
+	}
+	// A MAD of the backlog takes the slot at once.
+	p := &q.pending[0]
+	copy(q.arena[slot*qp1MADLen:(slot+1)*qp1MADLen], p.mad[:])
+	q.sendTo[slot] = p.ah
+	q.sendQ = append(q.sendQ, slot)
+	q.pending = q.pending[1:]
+	if len(q.pending) == 0 {
+		q.pending = nil
+	}
 	q.mu.Unlock()
+	q.Counters.Sent.Add(1)
+	q.eng.Kick(qp1QPN)
 	return nil
 }
 

@@ -80,3 +80,25 @@ func TestQP1ExchangesMADs(t *testing.T) {
 	assert.Zero(t, qa.Counters.SendErrors.Load())
 	assert.Equal(t, uint64(n), qb.Counters.Received.Load())
 }
+
+// TestQP1SendBurst: a burst of MADs far beyond QP1's 64 send slots (a
+// thousand connection requests at once) waits for slots instead of being
+// dropped: every SendMAD succeeds and every MAD is handed to the engine.
+func TestQP1SendBurst(t *testing.T) {
+	nw := newDPNetwork(t)
+	na := newDPNode(t, nw, "10.9.1.1", 1, nil)
+	nb := newDPNode(t, nw, "10.9.1.2", 1, nil)
+	qa := startQP1(t, na)
+	startQP1(t, nb)
+	const n = 600
+	m := make([]byte, 256)
+	m[0], m[1], m[2] = 1, 0x07, 2
+	for i := range n {
+		m[255] = byte(i)
+		require.NoError(t, qa.SendMAD(nb.gid, m), "MAD %d", i)
+	}
+	require.Eventually(t, func() bool { return qa.Counters.Sent.Load() == n }, 10*time.Second, time.Millisecond,
+		"sent %d of %d", qa.Counters.Sent.Load(), n)
+	assert.Zero(t, qa.Counters.SendDropped.Load())
+	assert.Zero(t, qa.Counters.SendErrors.Load())
+}
