@@ -85,10 +85,16 @@ func (q *workQueue) slot() ([]byte, error) {
 func (q *workQueue) publish(c *Context) {
 	q.pi++
 	store32(q.piWord, q.pi)
+	q.mark()
+	c.kick()
+}
+
+// mark marks the queue's record in the doorbell summary (ABI 1.3), after
+// a producer index store.
+func (q *workQueue) mark() {
 	if q.sumWord != nil && load32(q.sumWord)&q.sumBit == 0 {
 		or32(q.sumWord, q.sumBit)
 	}
-	c.kick()
 }
 
 // postRecv writes wr into the next slot of a receive ring (RQ or SRQ)

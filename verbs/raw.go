@@ -14,6 +14,15 @@ func (q *QP) RawDoorbellRecord() []byte { return q.rec }
 // abi.WQEBlock-sized blocks, as the ABI lays them out.
 func (q *QP) RawSQ() []byte { return q.sq.ring.Bytes }
 
+// RawMark marks the QP's doorbell record in the page's summary (ABI 1.3),
+// as the library does after it stores a producer index: a producer index
+// written through RawDoorbellRecord is read by the daemon only once marked
+// (when the context uses the summary).
+func (q *QP) RawMark() {
+	q.sq.mark()
+	q.rq.mark()
+}
+
 // RawDoorbellRecord returns the CQ's doorbell record as mapped.
 func (cq *CQ) RawDoorbellRecord() []byte { return cq.rec }
 

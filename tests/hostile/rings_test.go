@@ -160,6 +160,7 @@ func ringsHostile(sock string) (string, error) {
 	}
 	rec = p.a.RawDoorbellRecord()
 	put32(rec[abi.OffDBSQPI:], get32(rec[abi.OffDBSQCI:])+4*8)
+	p.a.RawMark() // as a post marks it in the doorbell summary (ABI 1.3)
 	c.RawKick()
 	out["sq"] = ringsOutcome(p.a, p.ca)
 
@@ -178,6 +179,7 @@ func ringsHostile(sock string) (string, error) {
 	}
 	garbage[0] = 0xee // an opcode no WR has (the first byte of the slot)
 	put32(rec[abi.OffDBSQPI:], pi+1)
+	p.a.RawMark()
 	c.RawKick()
 	out["wqe"] = ringsOutcome(p.a, p.ca)
 
