@@ -389,16 +389,17 @@ static void unlink_id_locked(struct cma_id *id) {
 		}
 }
 
+/* set_dev ties id to device d (under g_mu: the dispatcher reads id->dev). */
 static void set_dev(struct cma_id *id, struct cma_dev *d) {
+	pthread_mutex_lock(&g_mu);
 	id->dev = d;
 	id->id.verbs = d->verbs;
 	id->id.port_num = 1;
-	pthread_mutex_lock(&g_mu);
 	if (!d->pd)
 		d->pd = ibv_alloc_pd(d->verbs);
-	pthread_mutex_unlock(&g_mu);
 	if (!id->id.pd)
 		id->id.pd = d->pd;
+	pthread_mutex_unlock(&g_mu);
 }
 
 static int create_id2(struct rdma_event_channel *ch, struct rdma_cm_id **out, void *context,
@@ -556,9 +557,13 @@ VR_EXPORT int rdma_resolve_addr(struct rdma_cm_id *cid, struct sockaddr *src_add
 	memcpy(&id->id.route.addr.dst_storage, dst_addr, dlen);
 	fill_ibaddr(id);
 	if (!id->handle) {
-		int ret = create_handle(d, id->id.qp_type, &id->handle);
+		uint32_t h = 0;
+		int ret = create_handle(d, id->id.qp_type, &h);
 		if (ret)
 			return ERRNO(ret);
+		pthread_mutex_lock(&g_mu); /* the dispatcher looks IDs up by handle */
+		id->handle = h;
+		pthread_mutex_unlock(&g_mu);
 	}
 	post_synth(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
 	return cma_complete(id);
