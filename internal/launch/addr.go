@@ -19,8 +19,12 @@ const RoCEPort = 4791
 // found.
 var ErrNoFreeAddress = errors.New("no free loopback addresses with UDP port 4791")
 
-// UDPFree reports whether UDP port 4791 of a can be bound.
+// UDPFree reports whether UDP port 4791 of a can be bound (false for
+// the zero Addr, which would bind every address).
 func UDPFree(a netip.Addr) bool {
+	if !a.IsValid() || a.IsUnspecified() {
+		return false
+	}
 	c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(a, RoCEPort)))
 	if err != nil {
 		return false
@@ -42,7 +46,7 @@ func FreeLoopback() (netip.Addr, error) {
 }
 
 // LoopbackPair returns a and b if UDP port 4791 of both is free, else two
-// other distinct addresses from FreeLoopback.
+// other distinct addresses from FreeLoopback (zero Addrs: always those).
 func LoopbackPair(a, b netip.Addr) (netip.Addr, netip.Addr, error) {
 	if UDPFree(a) && UDPFree(b) {
 		return a, b, nil

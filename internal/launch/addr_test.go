@@ -52,3 +52,15 @@ func TestLoopbackPair(t *testing.T) {
 		}
 	})
 }
+
+// TestLoopbackPairZero: zero addresses ask for any two free ones, never
+// the zero Addr back (which once passed the free check by binding
+// 0.0.0.0:4791 when nothing else held the port).
+func TestLoopbackPairZero(t *testing.T) {
+	assert.False(t, UDPFree(netip.Addr{}))
+	a, b, err := LoopbackPair(netip.Addr{}, netip.Addr{})
+	require.NoError(t, err)
+	assert.True(t, a.IsValid() && a.Is4() && a.IsLoopback(), "%v", a)
+	assert.True(t, b.IsValid() && b.Is4() && b.IsLoopback(), "%v", b)
+	assert.NotEqual(t, a, b)
+}
