@@ -139,20 +139,16 @@ func (w *worker) settleAll() {
 
 // drainKicks activates the QPs whose doorbells were rung (Engine.Kick).
 func (w *worker) drainKicks() {
-	if w.kickN.Load() == 0 {
+	q := w.kicks.take()
+	if q == nil {
 		return
 	}
-	w.kickMu.Lock()
-	q := w.kickQ
-	w.kickQ = w.kickSpare[:0]
-	w.kickN.Store(0)
-	w.kickMu.Unlock()
 	for _, qpn := range q {
 		if qp := w.qps[qpn]; qp != nil {
 			w.activate(qp)
 		}
 	}
-	w.kickSpare = q[:0]
+	w.kicks.recycle(q)
 }
 
 // ensureSQ gives qp its private send ring if it has none.

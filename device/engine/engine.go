@@ -147,14 +147,11 @@ func (e *Engine) Close() error {
 	close(e.stop)
 	e.wg.Wait()
 	for _, w := range e.workers {
-		w.ctlMu.Lock()
-		for _, m := range w.ctlQ {
+		for _, m := range w.ctl.drop() {
 			if m.applied != nil {
 				close(m.applied)
 			}
 		}
-		w.ctlQ = nil
-		w.ctlMu.Unlock()
 	}
 	close(e.exited)
 	e.log.Info("engine stopped")
@@ -180,10 +177,7 @@ func (e *Engine) post(w *worker, m *ctlMsg) bool {
 	if e.closed {
 		return false
 	}
-	w.ctlMu.Lock()
-	w.ctlQ = append(w.ctlQ, m)
-	w.ctlN.Store(int32(len(w.ctlQ)))
-	w.ctlMu.Unlock()
+	w.ctl.push(m)
 	select {
 	case w.ctlWake <- struct{}{}:
 	default:
@@ -276,10 +270,7 @@ func (e *Engine) WorkerCounters(i int) *WorkerCounters { return &e.workers[i].Co
 // never blocks, and allocates only while the worker's queue grows.
 func (e *Engine) Kick(qpn uint32) {
 	w := e.owner(qpn)
-	w.kickMu.Lock()
-	w.kickQ = append(w.kickQ, qpn&roce.QPNMask)
-	w.kickN.Store(int32(len(w.kickQ)))
-	w.kickMu.Unlock()
+	w.kicks.push(qpn & roce.QPNMask)
 	select {
 	case w.kick <- struct{}{}:
 	default:

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"net/netip"
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -106,21 +105,14 @@ type worker struct {
 	now        int64
 	window     uint32
 
-	// Control messages: an unbounded queue (posting never waits for the
-	// worker), its length for the loop's cheap check, and a one-slot wake
-	// channel for a sleeping worker.
-	ctlMu    sync.Mutex
-	ctlQ     []*ctlMsg
-	ctlSpare []*ctlMsg // worker only
-	ctlN     atomic.Int32
-	ctlWake  chan struct{}
-	kick     chan struct{}
+	// Control messages, and a one-slot wake channel for a sleeping
+	// worker.
+	ctl     postQueue[*ctlMsg]
+	ctlWake chan struct{}
+	kick    chan struct{}
 
-	// Doorbells: the QPNs Engine.Kick queued (as the control queue).
-	kickMu    sync.Mutex
-	kickQ     []uint32
-	kickSpare []uint32 // worker only
-	kickN     atomic.Int32
+	// Doorbells: the QPNs Engine.Kick queued.
+	kicks postQueue[uint32]
 
 	// rings are private send rings kept for reuse, by shape, ringBytes
 	// about what they hold (active.go).
@@ -382,19 +374,14 @@ func (w *worker) fire() {
 
 // drainCtl applies the queued control messages, in order.
 func (w *worker) drainCtl() {
-	if w.ctlN.Load() == 0 {
+	q := w.ctl.take()
+	if q == nil {
 		return
 	}
-	w.ctlMu.Lock()
-	q := w.ctlQ
-	w.ctlQ = w.ctlSpare[:0]
-	w.ctlN.Store(0)
-	w.ctlMu.Unlock()
 	for _, m := range q {
 		w.apply(m)
 	}
-	clear(q)
-	w.ctlSpare = q[:0]
+	w.ctl.recycle(q)
 }
 
 func (w *worker) apply(m *ctlMsg) {
