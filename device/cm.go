@@ -471,10 +471,10 @@ func (cn *conn) cmConnect(r *request) (reply, error) {
 		if int(c.SGIDIndex) >= len(d.cfg.Link.GIDs) {
 			return errorf(errInval, "GID index %d", c.SGIDIndex)
 		}
-		if int(c.PrivateDataLen) > abi.CMMaxPrivateData {
-			return errorf(errInval, "private data of %d bytes", c.PrivateDataLen)
+		pd, err := privateData(&c.PrivateData, c.PrivateDataLen)
+		if err != nil {
+			return err
 		}
-		pd := c.PrivateData[:c.PrivateDataLen]
 		timeout, retries := c.CMResponseTimeout, c.MaxCMRetries
 		if timeout == 0 {
 			timeout = cm.CMAResponseTimeout
@@ -483,7 +483,6 @@ func (cn *conn) cmConnect(r *request) (reply, error) {
 			retries = cm.CMAMaxCMRetries
 		}
 		var conn cm.ConnID
-		var err error
 		if id.qpType == abi.QPTUD {
 			conn, err = s.mgr.SIDRRequest(cm.SIDRParams{Peer: cm.GID(c.DGID), ServiceID: c.ServiceID, PKey: cm.DefaultPKey,
 				Timeout: cm.IBADuration(timeout), MaxRetries: retries, PrivateData: pd})
@@ -530,11 +529,10 @@ func (cn *conn) cmAccept(r *request) (reply, error) {
 		if id.conn == 0 || id.active {
 			return errorf(errInval, "CM ID %d has no connection request", id.handle)
 		}
-		if int(c.PrivateDataLen) > abi.CMMaxPrivateData {
-			return errorf(errInval, "private data of %d bytes", c.PrivateDataLen)
+		pd, err := privateData(&c.PrivateData, c.PrivateDataLen)
+		if err != nil {
+			return err
 		}
-		pd := c.PrivateData[:c.PrivateDataLen]
-		var err error
 		if id.qpType == abi.QPTUD {
 			err = s.mgr.SIDRReply(id.conn, cm.SIDRReplyParams{Status: cm.SIDRSuccess, QPN: c.QPN, QKey: c.QKey, PrivateData: pd})
 			if err == nil {
@@ -562,10 +560,17 @@ func (cn *conn) cmPrivate(r *request) (abi.CmdCMPrivateReq, error) {
 	if err := decode(r, &c); err != nil {
 		return c, err
 	}
-	if int(c.PrivateDataLen) > abi.CMMaxPrivateData {
-		return c, errorf(errInval, "private data of %d bytes", c.PrivateDataLen)
+	_, err := privateData(&c.PrivateData, c.PrivateDataLen)
+	return c, err
+}
+
+// privateData is the first n bytes of a command's private data field, or
+// EINVAL when n is past the field.
+func privateData(pd *[abi.CMMaxPrivateData]byte, n uint8) ([]byte, error) {
+	if int(n) > len(pd) {
+		return nil, errorf(errInval, "private data of %d bytes", n)
 	}
-	return c, nil
+	return pd[:n], nil
 }
 
 func (cn *conn) cmReject(r *request) (reply, error) {

@@ -886,6 +886,13 @@ static uint64_t service_id(struct cma_id *id, uint16_t port) {
 	return ((uint64_t)id->id.ps << 16) | port;
 }
 
+/* param_ok: the responder resources and initiator depth asked for are
+ * within the device's (RDMA_MAX_*: as many as it has), as librdmacm checks. */
+static bool param_ok(const struct cma_dev *d, const struct rdma_conn_param *p) {
+	return (p->responder_resources == RDMA_MAX_RESP_RES || p->responder_resources <= d->max_qp_rd_atom) &&
+	       (p->initiator_depth == RDMA_MAX_INIT_DEPTH || p->initiator_depth <= d->max_qp_init_rd_atom);
+}
+
 VR_EXPORT int rdma_connect(struct rdma_cm_id *cid, struct rdma_conn_param *p) {
 	struct cma_id *id = (struct cma_id *)cid;
 	if (!id || !id->dev || !id->handle)
@@ -894,12 +901,8 @@ VR_EXPORT int rdma_connect(struct rdma_cm_id *cid, struct rdma_conn_param *p) {
 	bool ud = id->id.qp_type == IBV_QPT_UD;
 	if (!ud && !id->id.qp && !p)
 		return ERRNO(EINVAL);
-	if (p && !ud) {
-		if (p->responder_resources != RDMA_MAX_RESP_RES && p->responder_resources > d->max_qp_rd_atom)
-			return ERRNO(EINVAL);
-		if (p->initiator_depth != RDMA_MAX_INIT_DEPTH && p->initiator_depth > d->max_qp_init_rd_atom)
-			return ERRNO(EINVAL);
-	}
+	if (p && !ud && !param_ok(d, p))
+		return ERRNO(EINVAL);
 	id->initiator_depth =
 		p && p->initiator_depth != RDMA_MAX_INIT_DEPTH ? p->initiator_depth : d->max_qp_init_rd_atom;
 	id->responder_resources =
@@ -1001,12 +1004,8 @@ VR_EXPORT int rdma_accept(struct rdma_cm_id *cid, struct rdma_conn_param *p) {
 		}
 		return 0;
 	}
-	if (p) {
-		if (p->responder_resources != RDMA_MAX_RESP_RES && p->responder_resources > d->max_qp_rd_atom)
-			return ERRNO(EINVAL);
-		if (p->initiator_depth != RDMA_MAX_INIT_DEPTH && p->initiator_depth > d->max_qp_init_rd_atom)
-			return ERRNO(EINVAL);
-	}
+	if (p && !param_ok(d, p))
+		return ERRNO(EINVAL);
 	if (!p || p->initiator_depth == RDMA_MAX_INIT_DEPTH)
 		id->initiator_depth = id->initiator_depth < d->max_qp_init_rd_atom ? id->initiator_depth
 										  : d->max_qp_init_rd_atom;
