@@ -66,6 +66,53 @@ func (a *Accessor) GatherAt(pd PD, sges []SGE, off uint64, dst []byte) (bad int,
 	return a.copyAt(pd, sges, off, dst, false)
 }
 
+// Sink takes the bytes of a message in order (GatherInto): each Put is
+// the next piece, a slice of client memory valid only during the call,
+// which the sink reads (the client may write it meanwhile) and must not
+// keep or write.
+type Sink interface {
+	Put(b []byte)
+}
+
+// GatherInto is GatherAt handing the n bytes to s instead of copying
+// them: one Put per piece contiguous in the mapping, in message order,
+// inside the accessor's read-side section. The sink copies each piece
+// where it goes and computes over it on the way (a requester places a
+// packet's payload and its ICRC in one read). Checks, errors and bad as
+// GatherAt's; the pieces before a failure have been put.
+func (a *Accessor) GatherInto(pd PD, sges []SGE, off, n uint64, s Sink) (bad int, err error) {
+	a.Enter()
+	defer a.Exit()
+	for i := range sges {
+		if n == 0 {
+			return 0, nil
+		}
+		sg := &sges[i]
+		l := uint64(sg.Length)
+		if off >= l {
+			off -= l
+			continue
+		}
+		k := min(l-off, n)
+		m, err := a.sgeRegion(pd, sg, off, k, 0)
+		if err != nil {
+			return i, err
+		}
+		for iova, left := sg.Addr+off, k; left > 0; {
+			b := m.span(iova, left)
+			s.Put(b)
+			iova += uint64(len(b))
+			left -= uint64(len(b))
+		}
+		n -= k
+		off = 0
+	}
+	if n != 0 {
+		return len(sges), ErrLength
+	}
+	return 0, nil
+}
+
 // ScatterAt copies src into the message described by sges at message
 // offset off (local write access). A responder places each incoming SEND
 // packet, and a completer each READ response, with one call.

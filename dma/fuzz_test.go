@@ -355,6 +355,14 @@ func FuzzSGECopy(f *testing.F) {
 			bad, err = acc.ScatterAt(PD{1, 1}, sges, off, dst)
 		} else {
 			bad, err = acc.GatherAt(PD{1, 1}, sges, off, dst)
+			var sink collectSink
+			ibad, ierr := acc.GatherInto(PD{1, 1}, sges, off, uint64(n), &sink)
+			if ierr != err || ibad != bad || err == nil && !bytes.Equal(sink.b, want) {
+				t.Fatalf("GatherInto: err=%v bad=%d, GatherAt err=%v bad=%d; bytes equal %v", ierr, ibad, err, bad, bytes.Equal(sink.b, want))
+			}
+			if len(sink.b) > len(want) || !bytes.Equal(sink.b, want[:len(sink.b)]) {
+				t.Fatalf("GatherInto put bytes the message does not hold there")
+			}
 		}
 		if !errors.Is(err, wantErr) || (wantErr == nil && err != nil) || (err != nil && bad != wantBad) {
 			t.Fatalf("err=%v bad=%d, model err=%v bad=%d (sges %+v off %d n %d)", err, bad, wantErr, wantBad, sges, off, n)
@@ -375,3 +383,8 @@ func FuzzSGECopy(f *testing.F) {
 		}
 	})
 }
+
+// collectSink is a Sink that appends what it is given.
+type collectSink struct{ b []byte }
+
+func (c *collectSink) Put(b []byte) { c.b = append(c.b, b...) }

@@ -193,8 +193,14 @@ func TestTranslateOutOfOrder4K(t *testing.T) {
 			bad, err := acc.GatherAt(pd, sges, off, dst)
 			require.NoError(t, err, "off %d n %d sge %d", off, n, bad)
 			require.Equal(t, want[off:int(off)+n], dst, "gather off %d n %d", off, n)
+			var sink collectSink
+			bad, err = acc.GatherInto(pd, sges, off, uint64(n), &sink)
+			require.NoError(t, err, "off %d n %d sge %d", off, n, bad)
+			require.Equal(t, want[off:int(off)+n], sink.b, "gather into off %d n %d", off, n)
 		}
 	}
+	_, err = acc.GatherInto(pd, sges, uint64(len(want))-10, 11, new(collectSink))
+	assert.ErrorIs(t, err, ErrLength)
 	_, err = acc.GatherAt(pd, sges, uint64(len(want))-10, make([]byte, 11))
 	assert.ErrorIs(t, err, ErrLength)
 

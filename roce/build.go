@@ -153,33 +153,83 @@ type Headers struct {
 // (headroom or tailroom short, or too long for the IP length fields),
 // ErrBadPath.
 func (p *Path) Build(buf []byte, off, n int, h *Headers) ([]byte, error) {
+	var l frameLayout
+	if err := p.headers(buf, off, n, h, &l); err != nil {
+		return nil, err
+	}
+	icrc := buf[l.off+n+l.pad : l.end]
+	if p.Mode == ModeUDP {
+		ps := p.Pseudo()
+		putICRC(icrc, icrcPseudo(&ps, buf[l.tstart:l.off+n+l.pad]))
+		return buf[l.tstart:l.end], nil
+	}
+	putICRC(icrc, icrcIP(buf[l.ipStart:l.off+n+l.pad], l.v6, l.iphl))
+	l.udpChecksum(buf)
+	return buf[l.start:l.end], nil
+}
+
+// frameLayout is where headers writes a packet's parts in buf: the
+// frame buf[start:end], the IP header at ipStart (iphl bytes; v6 or
+// IPv4), the transport headers at tstart, the payload at off (n bytes),
+// then pad and ICRC. udpSum: the UDP checksum must be computed (IPv6,
+// or Path.UDPChecksum).
+type frameLayout struct {
+	start, ipStart, iphl, tstart, off, n, pad, end int
+	v6, udpSum                                     bool
+}
+
+// udpChecksum stores the UDP checksum of the built packet in buf, if the
+// layout needs one.
+func (l *frameLayout) udpChecksum(buf []byte) {
+	if !l.udpSum {
+		return
+	}
+	u := UDP(buf[l.ipStart+l.iphl : l.tstart])
+	dgram := buf[l.ipStart+l.iphl : l.end]
+	if l.v6 {
+		ip := IPv6(buf[l.ipStart:])
+		u.SetChecksum(UDPChecksum(ip[ipv6Src:ipv6Src+16], ip[ipv6Dst:ipv6Dst+16], dgram))
+	} else {
+		ip := IPv4(buf[l.ipStart:])
+		u.SetChecksum(UDPChecksum(ip[ipv4Src:ipv4Src+4], ip[ipv4Dst:ipv4Dst+4], dgram))
+	}
+}
+
+// headers is Build without the ICRC and the UDP checksum: it checks the
+// arguments, writes every header and the pad (not the payload) and fills
+// l.
+func (p *Path) headers(buf []byte, off, n int, h *Headers, l *frameLayout) error {
 	op := h.BTH.Opcode
 	info := op.Info()
 	if !info.Valid() {
-		return nil, fmt.Errorf("%w: 0x%02x", ErrUnknownOpcode, uint8(op))
+		return fmt.Errorf("%w: 0x%02x", ErrUnknownOpcode, uint8(op))
 	}
 	if n < 0 || off < 0 || (n > 0 && info.Flags&OpPayload == 0) {
-		return nil, fmt.Errorf("%w: %v with %d payload bytes", ErrOpcodeLength, op, n)
+		return fmt.Errorf("%w: %v with %d payload bytes", ErrOpcodeLength, op, n)
 	}
 	pad := -n & 3
 	if pad != 0 && info.Flags&(OpFirst|OpMiddle) != 0 {
 		// Only the last packet of a message may be padded (IBTA 9.2.1.3);
 		// the others carry exactly the path MTU.
-		return nil, fmt.Errorf("%w: %v with %d payload bytes, not a multiple of 4", ErrOpcodeLength, op, n)
+		return fmt.Errorf("%w: %v with %d payload bytes, not a multiple of 4", ErrOpcodeLength, op, n)
 	}
 	end := off + n + pad + ICRCLen
 	if end > len(buf) || end < off {
-		return nil, fmt.Errorf("%w: need %d bytes after offset %d, have %d", ErrNoRoom, n+pad+ICRCLen, off, len(buf)-off)
+		return fmt.Errorf("%w: need %d bytes after offset %d, have %d", ErrNoRoom, n+pad+ICRCLen, off, len(buf)-off)
 	}
 	tstart := off - info.HeaderLen
 	link := p.LinkHeaderLen()
 	start := tstart - link
 	if start < 0 {
-		return nil, fmt.Errorf("%w: need %d bytes of headroom, have %d", ErrNoRoom, link+info.HeaderLen, off)
+		return fmt.Errorf("%w: need %d bytes of headroom, have %d", ErrNoRoom, link+info.HeaderLen, off)
 	}
 	if end-start-EthernetHeaderLen > 0xffff-IPv6HeaderLen {
-		return nil, fmt.Errorf("%w: packet of %d bytes is too long", ErrNoRoom, end-start)
+		return fmt.Errorf("%w: packet of %d bytes is too long", ErrNoRoom, end-start)
 	}
+	if p.Mode != ModeUDP && p.Mode != ModeEthernet {
+		return fmt.Errorf("%w: unknown mode %d", ErrBadPath, p.Mode)
+	}
+	*l = frameLayout{start: start, tstart: tstart, off: off, n: n, pad: pad, end: end}
 
 	// Transport headers.
 	t := buf[tstart:off]
@@ -191,16 +241,8 @@ func (p *Path) Build(buf []byte, off, n int, h *Headers) ([]byte, error) {
 		extCodecs[x].encode(info.ext(t, x), h)
 	}
 	clear(buf[off+n : off+n+pad])
-	body := buf[tstart : off+n+pad]
-	icrc := buf[off+n+pad : end]
-
 	if p.Mode == ModeUDP {
-		ps := p.Pseudo()
-		putICRC(icrc, icrcPseudo(&ps, body))
-		return buf[tstart:end], nil
-	}
-	if p.Mode != ModeEthernet {
-		return nil, fmt.Errorf("%w: unknown mode %d", ErrBadPath, p.Mode)
+		return nil
 	}
 
 	// Ethernet, IP, UDP.
@@ -216,7 +258,7 @@ func (p *Path) Build(buf []byte, off, n int, h *Headers) ([]byte, error) {
 	var iphl int
 	if v6 {
 		if !p.Src.Unmap().Is6() || !p.Dst.Unmap().Is6() {
-			return nil, fmt.Errorf("%w: source %v and destination %v are not both IPv6", ErrBadPath, p.Src, p.Dst)
+			return fmt.Errorf("%w: source %v and destination %v are not both IPv6", ErrBadPath, p.Src, p.Dst)
 		}
 		iphl = IPv6HeaderLen
 		IPv6(buf[ipStart:]).Encode(&IPv6Fields{
@@ -226,7 +268,7 @@ func (p *Path) Build(buf []byte, off, n int, h *Headers) ([]byte, error) {
 	} else {
 		src, dst := p.Src.Unmap(), p.Dst.Unmap()
 		if !src.Is4() || !dst.Is4() {
-			return nil, fmt.Errorf("%w: source %v and destination %v are not both IPv4", ErrBadPath, p.Src, p.Dst)
+			return fmt.Errorf("%w: source %v and destination %v are not both IPv4", ErrBadPath, p.Src, p.Dst)
 		}
 		iphl = IPv4HeaderLen
 		var ff uint16
@@ -242,18 +284,81 @@ func (p *Path) Build(buf []byte, off, n int, h *Headers) ([]byte, error) {
 	if dport == 0 {
 		dport = UDPPort
 	}
-	u := UDP(buf[ipStart+iphl : tstart])
-	u.Encode(&UDPFields{SrcPort: p.SrcPort, DstPort: dport, Length: uint16(udpLen)})
-	putICRC(icrc, icrcIP(buf[ipStart:off+n+pad], v6, iphl))
-	if v6 || p.UDPChecksum {
-		dgram := buf[ipStart+iphl : end]
-		if v6 {
-			ip := IPv6(buf[ipStart:])
-			u.SetChecksum(UDPChecksum(ip[ipv6Src:ipv6Src+16], ip[ipv6Dst:ipv6Dst+16], dgram))
-		} else {
-			ip := IPv4(buf[ipStart:])
-			u.SetChecksum(UDPChecksum(ip[ipv4Src:ipv4Src+4], ip[ipv4Dst:ipv4Dst+4], dgram))
-		}
+	UDP(buf[ipStart+iphl : tstart]).Encode(&UDPFields{SrcPort: p.SrcPort, DstPort: dport, Length: uint16(udpLen)})
+	l.ipStart, l.iphl, l.v6, l.udpSum = ipStart, iphl, v6, v6 || p.UDPChecksum
+	return nil
+}
+
+// Framer builds a packet around a payload copied in piece by piece,
+// computing the ICRC as each byte is stored: the payload is read once,
+// from where it lies (client memory), and the frame written once, with
+// no second pass over it. Path.Begin writes the headers and starts the
+// ICRC, Put copies the payload in order, Finish adds pad and ICRC. The
+// packet is byte for byte the one Build makes around the same payload.
+// A Framer is reused from packet to packet; it does not allocate.
+type Framer struct {
+	buf []byte
+	l   frameLayout
+	pos int    // payload bytes placed
+	crc uint32 // raw ICRC state after the headers and payload[:pos]
+	err bool   // Put was given more than the payload
+}
+
+// Begin starts a packet in buf whose payload of n bytes goes to
+// buf[off:off+n] through f.Put: it writes the headers as Build does and
+// starts the ICRC over them. Errors as Build's; after one, f holds no
+// packet (Finish fails).
+func (p *Path) Begin(f *Framer, buf []byte, off, n int, h *Headers) error {
+	f.buf, f.pos, f.err = nil, 0, false
+	l := &f.l
+	if err := p.headers(buf, off, n, h, l); err != nil {
+		return err
 	}
-	return buf[start:end], nil
+	if p.Mode == ModeUDP {
+		ps := p.Pseudo()
+		th := buf[l.tstart:off]
+		c, skip, mk := pseudoState(&ps, th, l.end-l.tstart)
+		f.crc = crcHead(c, th[skip:], mk, 8)
+	} else {
+		mk := &icrcMasks[16]
+		if !l.v6 {
+			mk = &icrcMasks[l.iphl>>2&0xf]
+		}
+		m := (l.iphl + UDPHeaderLen + bthFB + 1 + 7) &^ 7
+		f.crc = crcHead(^icrcSeed, buf[l.ipStart:off], mk, m)
+	}
+	f.buf = buf
+	return nil
+}
+
+// Put copies src to the next len(src) bytes of the payload, adding them
+// to the ICRC as they are stored: src is read once and only read (it may
+// be memory another process writes meanwhile; the ICRC covers the bytes
+// as stored in the frame). More bytes than the payload has left are not
+// copied, and Finish then fails.
+func (f *Framer) Put(src []byte) {
+	if f.buf == nil || len(src) > f.l.n-f.pos {
+		f.err = true
+		return
+	}
+	at := f.l.off + f.pos
+	f.crc = crcCopy(f.crc, f.buf[at:at+len(src)], src)
+	f.pos += len(src)
+}
+
+// Finish completes the packet once Put has placed the whole payload:
+// pad, ICRC and UDP checksum (when the path needs one). It returns the
+// packet, as Build does. The Framer is then empty.
+func (f *Framer) Finish() ([]byte, error) {
+	buf, l := f.buf, &f.l
+	f.buf = nil
+	if buf == nil || f.err || f.pos != l.n {
+		return nil, fmt.Errorf("%w: payload of %d bytes given %d", ErrOpcodeLength, l.n, f.pos)
+	}
+	p := l.off + l.n
+	c := crcTail(f.crc, buf[p:p+l.pad])
+	putICRC(buf[p+l.pad:l.end], ^c)
+	l.udpChecksum(buf) // none in ModeUDP, where start is tstart
+
+	return buf[l.start:l.end], nil
 }

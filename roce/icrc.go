@@ -130,6 +130,57 @@ func crcMaskedGeneric(c uint32, p []byte, mk *icrcMask, m int) uint32 {
 	return ^crc32.Update(^c, crc32.IEEETable, p[m:])
 }
 
+// crcWords returns the raw CRC-32 state after c over b in slicing-by-16
+// steps: for the few bytes of headers, where hash/crc32's fixed cost per
+// call would dominate.
+func crcWords(c uint32, b []byte) uint32 {
+	le := binary.LittleEndian
+	for len(b) >= 16 {
+		c = crcWord2(c, le.Uint64(b), le.Uint64(b[8:]))
+		b = b[16:]
+	}
+	return crcTail(c, b)
+}
+
+// crcHead is crcMaskedGeneric for headers: the first m bytes of p (m a
+// multiple of 8, at most icrcMaskLen and len(p)) OR-ed with mk, the rest
+// plain, all in slicing-by-16 steps.
+func crcHead(c uint32, p []byte, mk *icrcMask, m int) uint32 {
+	h := p[:m]
+	le := binary.LittleEndian
+	i := 0
+	for ; i+16 <= len(h); i += 16 {
+		c = crcWord2(c, le.Uint64(h[i:])|le.Uint64(mk[i:]), le.Uint64(h[i+8:])|le.Uint64(mk[i+8:]))
+	}
+	if i < len(h) {
+		c = crcWord(c, le.Uint64(h[i:])|le.Uint64(mk[i:]))
+	}
+	return crcWords(c, p[m:])
+}
+
+// crcCopyChunk is how much crcCopyGeneric copies before it reads the
+// copy back: small enough that the bytes are still in the L1 cache.
+const crcCopyChunk = 2048
+
+// crcCopyGeneric is crcCopy in portable Go: copy a chunk, then CRC the
+// copy (dst, daemon memory: the CRC covers exactly the bytes stored even
+// if src, client memory, changes meanwhile).
+func crcCopyGeneric(c uint32, dst, src []byte) uint32 {
+	dst = dst[:len(src)]
+	for len(src) > 0 {
+		k := min(len(src), crcCopyChunk)
+		d := dst[:k]
+		copy(d, src[:k])
+		if k < 64 {
+			c = crcWords(c, d)
+		} else {
+			c = ^crc32.Update(^c, crc32.IEEETable, d)
+		}
+		dst, src = dst[k:], src[k:]
+	}
+	return c
+}
+
 // crcTail advances the raw CRC-32 state c over b, fewer than 16 bytes, in
 // at most four slicing steps (8, 4, 2, 1 bytes).
 func crcTail(c uint32, b []byte) uint32 {
@@ -232,21 +283,32 @@ type Pseudo struct {
 // for the values); the rest of body goes to crcMasked in place. body is
 // only read.
 func icrcPseudo(ps *Pseudo, body []byte) uint32 {
+	c, skip, mk := pseudoState(ps, body, len(body)+ICRCLen)
+	return ^crcMasked(c, body[skip:], mk, 8)
+}
+
+// pseudoState returns the raw CRC state after the pseudo header of ps
+// for a transport packet of tlen bytes (BTH through ICRC) starting with
+// body (at least BTHLen bytes), composed as 8-byte words in registers:
+// over IPv4 the first skip = 4 bytes of body are taken with it (skip is 0
+// over IPv6). The rest of body, from skip, goes on under mask mk (BTH
+// byte 4 masked), its span 8.
+func pseudoState(ps *Pseudo, body []byte, tlen int) (c uint32, skip int, mk *icrcMask) {
 	le := binary.LittleEndian
-	ul := uint64(UDPHeaderLen + len(body) + ICRCLen) // UDP length
+	ul := uint64(UDPHeaderLen + tlen) // UDP length
 	sp, dp := uint64(ps.SrcPort), uint64(ps.DstPort)
 	if dp == 0 {
 		dp = UDPPort
 	}
 	src, dst := ps.Src.Unmap(), ps.Dst.Unmap()
-	c := ^icrcSeed
+	c = ^icrcSeed
 	if src.Is6() || dst.Is6() {
 		s, d := addr16(src), addr16(dst)
 		// 6f ff ff ff | payload length | next header 17 | hop limit ff
 		c = crcWord2(c, 0x6f|0xffffff<<8|netWord(ul)<<32|ProtocolUDP<<48|0xff<<56, le.Uint64(s[0:]))
 		c = crcWord2(c, le.Uint64(s[8:]), le.Uint64(d[0:]))
 		c = crcWord2(c, le.Uint64(d[8:]), netWord(sp)|netWord(dp)<<16|netWord(ul)<<32|0xffff<<48)
-		return ^crcMasked(c, body, &icrcBTHMasks[0], 8)
+		return c, 0, &icrcBTHMasks[0]
 	}
 	s, d := addr4(src), addr4(dst)
 	c = crcWord2(c,
@@ -260,7 +322,7 @@ func icrcPseudo(ps *Pseudo, body []byte) uint32 {
 		// UDP length | checksum ff ff | BTH 0..3
 		netWord(ul)|0xffff<<16|uint64(le.Uint32(body[0:]))<<32)
 	// BTH 4.. with byte 4 masked
-	return ^crcMasked(c, body[4:], &icrcBTHMasks[1], 8)
+	return c, 4, &icrcBTHMasks[1]
 }
 
 // putICRC stores crc little-endian at b[0:4].

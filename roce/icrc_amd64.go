@@ -97,3 +97,28 @@ func crcFolded(c uint32, p []byte, mk *icrcMask, wide bool) uint32 {
 	lo, hi := icrcFold(c, p[:n], mk, wide)
 	return crcTail(crcWord2(0, lo, hi), p[n:])
 }
+
+// icrcFoldCopy is icrcFold without a mask that also copies src to dst
+// (len(dst) >= len(src)), block by block as it loads them: the CRC covers
+// exactly the bytes stored. len(src) must be a multiple of 16 and at
+// least icrcFoldMin, or icrcFoldWideMin when wide.
+//
+//go:noescape
+func icrcFoldCopy(c uint32, dst, src []byte, wide bool) (lo, hi uint64)
+
+// crcCopy copies src to dst (len(dst) >= len(src)) and returns the raw
+// CRC-32 state after c over the bytes stored, reading src once: through
+// icrcFoldCopy from icrcFoldMin bytes (the last len(src)%16 bytes copied
+// and then read back from dst), through crcCopyGeneric below that.
+func crcCopy(c uint32, dst, src []byte) uint32 {
+	n := len(src)
+	if !useFold || n < icrcFoldMin {
+		return crcCopyGeneric(c, dst, src)
+	}
+	dst = dst[:n]
+	k := n &^ 15
+	lo, hi := icrcFoldCopy(c, dst[:k], src[:k], useFoldWide && k >= icrcFoldWideMin)
+	t := dst[k:]
+	copy(t, src[k:])
+	return crcTail(crcWord2(0, lo, hi), t)
+}

@@ -172,3 +172,134 @@ done:
 	MOVQ   AX, lo+48(FP)
 	MOVQ   BX, hi+56(FP)
 	RET
+
+// STORE4 stores X9..X12 at off(DI): the loaded bytes, unmasked.
+#define STORE4(off) \
+	MOVOU X9, off+0(DI); \
+	MOVOU X10, off+16(DI); \
+	MOVOU X11, off+32(DI); \
+	MOVOU X12, off+48(DI)
+
+// icrcFoldCopy is icrcFold without a mask that also stores every block
+// it loads from src at the same offset of dst: the copy and the CRC in
+// one read of src. The CRC covers the values loaded, so it matches what
+// was stored even if src changes meanwhile.
+//
+// func icrcFoldCopy(c uint32, dst, src []byte, wide bool) (lo, hi uint64)
+TEXT ·icrcFoldCopy(SB), NOSPLIT, $0-80
+	MOVQ dst_base+8(FP), DI
+	MOVQ src_base+32(FP), SI
+	MOVQ src_len+40(FP), CX
+	CMPB wide+56(FP), $0
+	JNE  cwide
+
+	// Block 0, the state c added to its first 4 bytes after the store.
+	LOAD4(0)
+	STORE4(0)
+	MOVL  c+0(FP), X13
+	PXOR  X13, X9
+	MOVOA X9, X1
+	MOVOA X10, X2
+	MOVOA X11, X3
+	MOVOA X12, X4
+	ADDQ  $64, SI
+	ADDQ  $64, DI
+	SUBQ  $64, CX
+	MOVOU ·icrcK+0(SB), X0
+
+cloop64:
+	CMPQ CX, $64
+	JB   clanes
+	LOAD4(0)
+	STORE4(0)
+	FOLD4
+	ADDQ $64, SI
+	ADDQ $64, DI
+	SUBQ $64, CX
+	JMP  cloop64
+
+cwide:
+	// Blocks 0..3 (256 bytes), stored, then the state c added.
+	VMOVDQU64 0(SI), Z1
+	VMOVDQU64 64(SI), Z2
+	VMOVDQU64 128(SI), Z3
+	VMOVDQU64 192(SI), Z4
+	VMOVDQU64 Z1, 0(DI)
+	VMOVDQU64 Z2, 64(DI)
+	VMOVDQU64 Z3, 128(DI)
+	VMOVDQU64 Z4, 192(DI)
+	MOVL      c+0(FP), AX
+	VMOVD     AX, X13
+	VPXORQ    Z13, Z1, Z1
+	ADDQ      $256, SI
+	ADDQ      $256, DI
+	SUBQ      $256, CX
+
+	VBROADCASTI32X4 ·icrcK+32(SB), Z0
+
+cwloop256:
+	CMPQ      CX, $256
+	JB        cwfold
+	VMOVDQU64 0(SI), Z9
+	VMOVDQU64 64(SI), Z10
+	VMOVDQU64 128(SI), Z11
+	VMOVDQU64 192(SI), Z12
+	VMOVDQU64 Z9, 0(DI)
+	VMOVDQU64 Z10, 64(DI)
+	VMOVDQU64 Z11, 128(DI)
+	VMOVDQU64 Z12, 192(DI)
+	ZFOLD(Z1, Z5, Z9)
+	ZFOLD(Z2, Z6, Z10)
+	ZFOLD(Z3, Z7, Z11)
+	ZFOLD(Z4, Z8, Z12)
+	ADDQ      $256, SI
+	ADDQ      $256, DI
+	SUBQ      $256, CX
+	JMP       cwloop256
+
+cwfold:
+	VBROADCASTI32X4 ·icrcK+0(SB), Z0
+	ZFOLD(Z1, Z5, Z2)
+	ZFOLD(Z1, Z5, Z3)
+	ZFOLD(Z1, Z5, Z4)
+
+cwloop64:
+	CMPQ      CX, $64
+	JB        cwsplit
+	VMOVDQU64 0(SI), Z9
+	VMOVDQU64 Z9, 0(DI)
+	ZFOLD(Z1, Z5, Z9)
+	ADDQ      $64, SI
+	ADDQ      $64, DI
+	SUBQ      $64, CX
+	JMP       cwloop64
+
+cwsplit:
+	VEXTRACTI32X4 $3, Z1, X4
+	VEXTRACTI32X4 $2, Z1, X3
+	VEXTRACTI32X4 $1, Z1, X2
+	VZEROUPPER
+
+clanes:
+	MOVOU ·icrcK+16(SB), X0
+	FOLD(X1, X5, X2)
+	FOLD(X1, X5, X3)
+	FOLD(X1, X5, X4)
+
+cloop16:
+	CMPQ  CX, $16
+	JB    cdone
+	MOVOU (SI), X9
+	MOVOU X9, (DI)
+	FOLD(X1, X5, X9)
+	ADDQ  $16, SI
+	ADDQ  $16, DI
+	SUBQ  $16, CX
+	JMP   cloop16
+
+cdone:
+	MOVQ   X1, AX
+	PEXTRQ $1, X1, BX
+	MOVQ   AX, lo+64(FP)
+	MOVQ   BX, hi+72(FP)
+	RET

@@ -39,3 +39,23 @@ func TestFoldConstants(t *testing.T) {
 		require.Equal(t, bits.Reverse32(raw), xPowMod(8*k+31), "k=%d", k)
 	}
 }
+
+// archCopyVariants forces each icrcFoldCopy kernel this CPU runs.
+func archCopyVariants() []copyVariant {
+	var vs []copyVariant
+	fold := func(wide bool) func(c uint32, dst, src []byte) uint32 {
+		return func(c uint32, dst, src []byte) uint32 {
+			k := len(src) &^ 15
+			lo, hi := icrcFoldCopy(c, dst[:k], src[:k], wide)
+			copy(dst[k:], src[k:])
+			return crcTail(crcWord2(0, lo, hi), dst[k:len(src)])
+		}
+	}
+	if useFold {
+		vs = append(vs, copyVariant{"narrow", icrcFoldMin, fold(false)})
+	}
+	if useFoldWide {
+		vs = append(vs, copyVariant{"wide", icrcFoldWideMin, fold(true)})
+	}
+	return vs
+}

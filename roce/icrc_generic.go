@@ -9,3 +9,7 @@ package roce
 func crcMasked(c uint32, p []byte, mk *icrcMask, m int) uint32 {
 	return crcMaskedGeneric(c, p, mk, m)
 }
+
+// crcCopy copies src to dst (len(dst) >= len(src)) and returns the raw
+// CRC-32 state after c over the bytes stored.
+func crcCopy(c uint32, dst, src []byte) uint32 { return crcCopyGeneric(c, dst, src) }

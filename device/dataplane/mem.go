@@ -31,8 +31,8 @@ type qpMemory struct {
 
 var _ engine.Memory = (*qpMemory)(nil)
 
-func (m *qpMemory) Gather(sges []abi.SGE, off uint64, dst []byte) error {
-	_, err := m.acc.GatherAt(m.pd, sges, off, dst)
+func (m *qpMemory) GatherTo(sges []abi.SGE, off uint64, n int, s engine.Sink) error {
+	_, err := m.acc.GatherInto(m.pd, sges, off, uint64(n), s)
 	return memErrOf(err)
 }
 

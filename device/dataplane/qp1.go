@@ -452,10 +452,10 @@ func (m *qp1Memory) span(sges []abi.SGE, off uint64, n int) ([]byte, error) {
 	return m.arena[start : start+uint64(n)], nil
 }
 
-func (m *qp1Memory) Gather(sges []abi.SGE, off uint64, dst []byte) error {
-	b, err := m.span(sges, off, len(dst))
+func (m *qp1Memory) GatherTo(sges []abi.SGE, off uint64, n int, s engine.Sink) error {
+	b, err := m.span(sges, off, n)
 	if err == nil {
-		copy(dst, b)
+		s.Put(b)
 	}
 	return err
 }

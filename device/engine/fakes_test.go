@@ -95,10 +95,10 @@ func (m *fakeMem) sgeWalk(sges []abi.SGE, off uint64, n int, access uint32, f fu
 	return nil
 }
 
-func (m *fakeMem) Gather(sges []abi.SGE, off uint64, dst []byte) error {
+func (m *fakeMem) GatherTo(sges []abi.SGE, off uint64, n int, s Sink) error {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	return m.sgeWalk(sges, off, len(dst), 0, func(b []byte, i int) { copy(dst[i:], b) })
+	return m.sgeWalk(sges, off, n, 0, func(b []byte, _ int) { s.Put(b) })
 }
 
 func (m *fakeMem) Scatter(sges []abi.SGE, off uint64, src []byte) error {

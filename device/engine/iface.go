@@ -13,10 +13,14 @@ import (
 // fails. Errors must wrap one of ErrMemProtection, ErrMemLength or
 // ErrMemBounds so the engine can pick the completion status or NAK code.
 type Memory interface {
-	// Gather copies len(dst) bytes of the message described by sges,
-	// starting at message offset off, into dst. The SGEs are checked
-	// against their lkeys (local read needs no access flag).
-	Gather(sges []abi.SGE, off uint64, dst []byte) error
+	// GatherTo hands n bytes of the message described by sges,
+	// starting at message offset off, to s in order, one Put per piece
+	// contiguous in memory (views of client memory, valid during the
+	// call only), instead of copying them: the requester's sink copies
+	// each piece into the frame and computes the ICRC in the same pass.
+	// The SGEs are checked against their lkeys (local read needs no
+	// access flag); on an error, the pieces before it have been put.
+	GatherTo(sges []abi.SGE, off uint64, n int, s Sink) error
 	// Scatter copies src to the message described by sges starting at
 	// message offset off; the MRs need local write access.
 	Scatter(sges []abi.SGE, off uint64, src []byte) error
@@ -36,6 +40,13 @@ type Memory interface {
 	Atomic(rkey uint32, va uint64, cas bool, compare, swap uint64) (uint64, error)
 	// Invalidate invalidates the MR (or memory window) of key.
 	Invalidate(key uint32) error
+}
+
+// Sink takes the pieces of a gather (Memory.GatherTo) in order: it only
+// reads each (client memory: the client may write it meanwhile) and
+// keeps none. *roce.Framer is one.
+type Sink interface {
+	Put(b []byte)
 }
 
 // Sentinel errors a Memory implementation wraps.

@@ -272,6 +272,7 @@ func (qp *QP) reqSend() reqState {
 	o := &qp.w.out
 	*o = packet{psn: e.sendPSN}
 	var n int
+	var poff uint64 // message offset of the payload
 	switch e.Opcode {
 	case abi.WRRDMARead:
 		off := uint64(idx) * uint64(qp.mtu)
@@ -293,17 +294,10 @@ func (qp *QP) reqSend() reqState {
 		if qp.unrel {
 			qp.unreliableHeaders(e, o)
 		}
-		off := uint64(idx) * uint64(qp.mtu)
-		n = int(min(uint64(qp.mtu), e.length-off))
-		payload := qp.payload(buf, o.opcode, n)
-		if payload == nil {
+		poff = uint64(idx) * uint64(qp.mtu)
+		n = int(min(uint64(qp.mtu), e.length-poff))
+		if qp.payload(buf, o.opcode, n) == nil {
 			qp.failWQE(e, abi.WCLocLenErr)
-			return reqExit
-		}
-		if e.Flags&abi.SendInline != 0 {
-			copy(payload, e.Inline[off:])
-		} else if err := qp.cfg.Mem.Gather(e.SGEs, off, payload); err != nil {
-			qp.failWQE(e, localMemStatus(err))
 			return reqExit
 		}
 		info := o.opcode.Info()
@@ -319,7 +313,21 @@ func (qp *QP) reqSend() reqState {
 	if o.ackReq {
 		qp.req.sinceAck = 0
 	}
-	if !qp.w.txQueue(qp, buf, o, n) && qp.unrel {
+	var queued bool
+	if o.opcode.Info().Flags&roce.OpPayload == 0 {
+		queued = qp.w.txQueue(qp, buf, o, 0)
+	} else if queued = qp.w.txBegin(qp, buf, o, n); queued {
+		// The payload goes from the client's memory (or the WQE's inline
+		// data) into the frame in one pass that computes the ICRC too.
+		if e.Flags&abi.SendInline != 0 {
+			qp.w.framer.Put(e.Inline[poff : poff+uint64(n)])
+		} else if err := qp.cfg.Mem.GatherTo(e.SGEs, poff, n, &qp.w.framer); err != nil {
+			qp.failWQE(e, localMemStatus(err))
+			return reqExit
+		}
+		queued = qp.w.txFinish(qp, buf, o.psn)
+	}
+	if !queued && qp.unrel {
 		// Nothing would ever report the packet sent.
 		qp.failWQE(e, abi.WCLocQPOpErr)
 		return reqExit

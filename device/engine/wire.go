@@ -113,6 +113,31 @@ func (qp *QP) useAH(a *AH) {
 // built. A request of a UD or UC QP is reported to the QP once the link
 // took it (flush, sentThrough).
 func (w *worker) txQueue(qp *QP, buf []byte, o *packet, n int) bool {
+	frame, err := qp.path.Build(buf, qp.path.Headroom(o.opcode), n, w.headers(qp, o))
+	return w.txPush(qp, buf, frame, err, o.psn)
+}
+
+// txBegin starts a packet o in buf whose payload of n bytes the caller
+// then puts through w.framer (Put: the payload copied into the frame and
+// the ICRC computed in one pass) before txFinish queues it. False if the
+// headers could not be built (counted as txQueue counts it).
+func (w *worker) txBegin(qp *QP, buf []byte, o *packet, n int) bool {
+	if err := qp.path.Begin(&w.framer, buf, qp.path.Headroom(o.opcode), n, w.headers(qp, o)); err != nil {
+		w.Counters.BuildErrors.Add(1)
+		return false
+	}
+	return true
+}
+
+// txFinish completes the packet txBegin started (pad, ICRC) and queues
+// it as txQueue does.
+func (w *worker) txFinish(qp *QP, buf []byte, psn uint32) bool {
+	frame, err := w.framer.Finish()
+	return w.txPush(qp, buf, frame, err, psn)
+}
+
+// headers sets w.hdrs to the headers of o, sent by qp.
+func (w *worker) headers(qp *QP, o *packet) *roce.Headers {
 	h := &w.hdrs
 	*h = roce.Headers{BTH: roce.BTHFields{
 		Opcode: o.opcode, SE: o.se, PKey: pkeyDefault, DestQP: qp.attr.DestQPN, AckReq: o.ackReq, PSN: o.psn,
@@ -133,8 +158,11 @@ func (w *worker) txQueue(qp *QP, buf []byte, o *packet, n int) bool {
 	}
 	h.AtomicAckETH.OrigRemoteData = o.orig
 	h.Imm, h.InvRKey = o.imm, o.invRKey
-	off := qp.path.Headroom(o.opcode)
-	frame, err := qp.path.Build(buf, off, n, h)
+	return h
+}
+
+// txPush queues frame, built in buf (err: how building it failed).
+func (w *worker) txPush(qp *QP, buf, frame []byte, err error, psn uint32) bool {
 	if err != nil || len(frame) == 0 || &frame[0] != &buf[0] {
 		// A bug, not a wire condition: count it; the packet is lost and
 		// the retry machinery reports it if it matters.
@@ -145,7 +173,7 @@ func (w *worker) txQueue(qp *QP, buf []byte, o *packet, n int) bool {
 	w.txTo[w.txN] = qp.peer
 	w.txUnrel[w.txN] = nil
 	if qp.unrel {
-		w.txUnrel[w.txN], w.txPSN[w.txN] = qp, o.psn
+		w.txUnrel[w.txN], w.txPSN[w.txN] = qp, psn
 	}
 	w.txN++
 	w.busy = true

@@ -145,8 +145,10 @@ type worker struct {
 	in   packet
 	out  packet
 	hdrs roce.Headers
-	cqe  abi.CQE
-	grh  [roce.GRHLen]byte // of a UD receive
+	// framer builds a packet whose payload is copied in (txBegin).
+	framer roce.Framer
+	cqe    abi.CQE
+	grh    [roce.GRHLen]byte // of a UD receive
 
 	Counters WorkerCounters
 }
