@@ -313,3 +313,28 @@ func BenchmarkFramer(b *testing.B) {
 		})
 	}
 }
+
+// TestIPv4Sum checks the 20-byte header sum against the general
+// checksum code on random headers (the checksum field ignored).
+func TestIPv4Sum(t *testing.T) {
+	rng := rand.New(rand.NewPCG(13, 14))
+	h := make([]byte, IPv4HeaderLen)
+	for range 100000 {
+		for i := range h {
+			h[i] = byte(rng.Uint32())
+		}
+		if rng.IntN(4) == 0 {
+			clear(h[rng.IntN(20):])
+		}
+		if rng.IntN(2) == 0 {
+			h[0] = 0x45 // CalculateChecksum's fast path
+		}
+		want := checksumFold(checksumAdd(checksumAdd(0, h[:ipv4Checksum]), h[ipv4Checksum+2:]))
+		if !assert.Equal(t, want, ipv4Sum(h), "% x", h) {
+			return
+		}
+		if h[0] == 0x45 {
+			assert.Equal(t, ^want, IPv4(h).CalculateChecksum())
+		}
+	}
+}

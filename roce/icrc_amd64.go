@@ -31,10 +31,17 @@ var (
 // fold over D bits in the bit-reflected 33-bit form foldK gives: D = 512
 // (narrow loop, folding wide lane groups together), D = 128 (folding
 // lanes together, 16-byte steps), D = 2048 (wide loop).
-var icrcK = [6]uint64{
+//
+// The last three are the final reduction's (REDUCE): x^64 mod P in
+// foldK's form, then, for the Barrett step, the bit-reflected P (33
+// bits) and floor(x^64 / P) bit-reflected (33 bits), the values
+// hash/crc32's amd64 code uses (TestFoldConstants derives them).
+var icrcK = [10]uint64{
 	foldK(4*128 + 32), foldK(4*128 - 32),
 	foldK(128 + 32), foldK(128 - 32),
 	foldK(16*128 + 32), foldK(16*128 - 32),
+	foldK(64), 0,
+	0x1db710641, 0x1f7011641,
 }
 
 // xPowMod returns x^n mod P for the IEEE polynomial P (0x104c11db7), bit
@@ -67,8 +74,7 @@ func foldK(n int) uint64 {
 	return uint64(bits.Reverse32(xPowMod(n))) << 1
 }
 
-// icrcFold returns the 16 bytes (little-endian, first byte lowest) whose
-// CRC from state 0 is the raw CRC-32 state after c over p, with
+// icrcFold returns the raw CRC-32 state after c over p, with
 // p[i]|mk[i] in place of p[i] for i < min(len(p)&^63, icrcMaskLen) (mask
 // bytes past the 64-byte blocks of p are not applied). The mask is OR-ed
 // into registers as the bytes are loaded; p is only read. len(p) must be
@@ -76,7 +82,7 @@ func foldK(n int) uint64 {
 // (the AVX-512 path, which needs useFoldWide).
 //
 //go:noescape
-func icrcFold(c uint32, p []byte, mk *icrcMask, wide bool) (lo, hi uint64)
+func icrcFold(c uint32, p []byte, mk *icrcMask, wide bool) uint32
 
 // crcMasked returns the raw (not inverted) CRC-32 state after c over p,
 // with p[i]|mk[i] in place of p[i] for i < m: m, a multiple of 8 no
@@ -94,8 +100,7 @@ func crcMasked(c uint32, p []byte, mk *icrcMask, m int) uint32 {
 // crcTail for the last len(p)%16 bytes.
 func crcFolded(c uint32, p []byte, mk *icrcMask, wide bool) uint32 {
 	n := len(p) &^ 15
-	lo, hi := icrcFold(c, p[:n], mk, wide)
-	return crcTail(crcWord2(0, lo, hi), p[n:])
+	return crcTail(icrcFold(c, p[:n], mk, wide), p[n:])
 }
 
 // icrcFoldCopy is icrcFold without a mask that also copies src to dst
@@ -104,7 +109,7 @@ func crcFolded(c uint32, p []byte, mk *icrcMask, wide bool) uint32 {
 // least icrcFoldMin, or icrcFoldWideMin when wide.
 //
 //go:noescape
-func icrcFoldCopy(c uint32, dst, src []byte, wide bool) (lo, hi uint64)
+func icrcFoldCopy(c uint32, dst, src []byte, wide bool) uint32
 
 // crcCopy copies src to dst (len(dst) >= len(src)) and returns the raw
 // CRC-32 state after c over the bytes stored, reading src once: through
@@ -117,8 +122,8 @@ func crcCopy(c uint32, dst, src []byte) uint32 {
 	}
 	dst = dst[:n]
 	k := n &^ 15
-	lo, hi := icrcFoldCopy(c, dst[:k], src[:k], useFoldWide && k >= icrcFoldWideMin)
+	c = icrcFoldCopy(c, dst[:k], src[:k], useFoldWide && k >= icrcFoldWideMin)
 	t := dst[k:]
 	copy(t, src[k:])
-	return crcTail(crcWord2(0, lo, hi), t)
+	return crcTail(c, t)
 }

@@ -11,8 +11,8 @@
 // lane. Narrow (SSE): four lanes X1..X4, 64 bytes a step. Wide (AVX-512
 // VPCLMULQDQ): four lanes of four, Z1..Z4, 256 bytes a step, then one
 // zmm, 64 bytes a step, then its quarters become X1..X4. Both end alike:
-// the lanes fold into X1, 16-byte steps follow, and X1 is returned for
-// the caller's final reduction. The mask is OR-ed into the first 128
+// the lanes fold into X1, 16-byte steps follow, and X1 is reduced to the
+// 32-bit CRC state (REDUCE). The mask is OR-ed into the first 128
 // bytes (64 when p is shorter than 128, narrow only) in registers as they
 // are loaded; nothing is stored.
 
@@ -58,8 +58,34 @@
 	VPCLMULQDQ $0x00, Z0, A, A; \
 	VPTERNLOGD $0x96, D, T, A
 
-// func icrcFold(c uint32, p []byte, mk *icrcMask, wide bool) (lo, hi uint64)
-TEXT ·icrcFold(SB), NOSPLIT, $0-64
+// REDUCE leaves in AX the raw CRC-32 state X1 stands for (the message
+// so far, congruent to it modulo P): X1 folded to 64 bits with the
+// 128-bit step's x^64 constant still in X0, then a Barrett reduction
+// (x^64 mod P, then the bit-reflected P and floor(x^64 / P) at icrcK+48
+// and +64), as hash/crc32's amd64 code ends.
+#define REDUCE \
+	PCMPEQB   X3, X3; \
+	PCLMULQDQ $1, X1, X0; \
+	PSRLDQ    $8, X1; \
+	PXOR      X0, X1; \
+	MOVOA     X1, X2; \
+	MOVQ      ·icrcK+48(SB), X0; \
+	PSRLQ     $32, X3; \
+	PSRLDQ    $4, X2; \
+	PAND      X3, X1; \
+	PCLMULQDQ $0, X0, X1; \
+	PXOR      X2, X1; \
+	MOVOU     ·icrcK+64(SB), X0; \
+	MOVOA     X1, X2; \
+	PAND      X3, X1; \
+	PCLMULQDQ $0x10, X0, X1; \
+	PAND      X3, X1; \
+	PCLMULQDQ $0, X0, X1; \
+	PXOR      X2, X1; \
+	PEXTRD    $1, X1, AX
+
+// func icrcFold(c uint32, p []byte, mk *icrcMask, wide bool) uint32
+TEXT ·icrcFold(SB), NOSPLIT, $0-52
 	MOVQ p_base+8(FP), SI
 	MOVQ p_len+16(FP), CX
 	MOVQ mk+32(FP), DX
@@ -167,10 +193,8 @@ loop16:
 	JMP   loop16
 
 done:
-	MOVQ   X1, AX
-	PEXTRQ $1, X1, BX
-	MOVQ   AX, lo+48(FP)
-	MOVQ   BX, hi+56(FP)
+	REDUCE
+	MOVL AX, ret+48(FP)
 	RET
 
 // STORE4 stores X9..X12 at off(DI): the loaded bytes, unmasked.
@@ -185,8 +209,8 @@ done:
 // one read of src. The CRC covers the values loaded, so it matches what
 // was stored even if src changes meanwhile.
 //
-// func icrcFoldCopy(c uint32, dst, src []byte, wide bool) (lo, hi uint64)
-TEXT ·icrcFoldCopy(SB), NOSPLIT, $0-80
+// func icrcFoldCopy(c uint32, dst, src []byte, wide bool) uint32
+TEXT ·icrcFoldCopy(SB), NOSPLIT, $0-68
 	MOVQ dst_base+8(FP), DI
 	MOVQ src_base+32(FP), SI
 	MOVQ src_len+40(FP), CX
@@ -298,8 +322,6 @@ cloop16:
 	JMP   cloop16
 
 cdone:
-	MOVQ   X1, AX
-	PEXTRQ $1, X1, BX
-	MOVQ   AX, lo+64(FP)
-	MOVQ   BX, hi+72(FP)
+	REDUCE
+	MOVL AX, ret+64(FP)
 	RET

@@ -38,6 +38,21 @@ func TestFoldConstants(t *testing.T) {
 		raw := ^crc32.Update(^uint32(0), crc32.IEEETable, msg)
 		require.Equal(t, bits.Reverse32(raw), xPowMod(8*k+31), "k=%d", k)
 	}
+	// REDUCE's Barrett constants: P bit-reflected, and floor(x^64 / P)
+	// bit-reflected, both 33 bits.
+	require.Equal(t, uint64(bits.Reverse64(0x104c11db7)>>31), icrcK[8])
+	q := uint64(0) // x^64 / P by long division over GF(2)
+	r := uint64(1) << 32
+	for i := 32; i >= 0; i-- { // quotient bit i: x^(32+i) term
+		if r&(1<<32) != 0 {
+			q |= 1 << i
+			r ^= 0x104c11db7
+		}
+		if i > 0 {
+			r <<= 1
+		}
+	}
+	require.Equal(t, bits.Reverse64(q)>>31, icrcK[9])
 }
 
 // archCopyVariants forces each icrcFoldCopy kernel this CPU runs.
@@ -46,9 +61,9 @@ func archCopyVariants() []copyVariant {
 	fold := func(wide bool) func(c uint32, dst, src []byte) uint32 {
 		return func(c uint32, dst, src []byte) uint32 {
 			k := len(src) &^ 15
-			lo, hi := icrcFoldCopy(c, dst[:k], src[:k], wide)
+			c = icrcFoldCopy(c, dst[:k], src[:k], wide)
 			copy(dst[k:], src[k:])
-			return crcTail(crcWord2(0, lo, hi), dst[k:len(src)])
+			return crcTail(c, dst[k:len(src)])
 		}
 	}
 	if useFold {

@@ -271,7 +271,7 @@ func (qp *QP) reqSend() reqState {
 	last := idx+1 == e.npkts
 	o := &qp.w.out
 	*o = packet{psn: e.sendPSN}
-	var n int
+	var n, hr int   // payload length, headroom
 	var poff uint64 // message offset of the payload
 	switch e.Opcode {
 	case abi.WRRDMARead:
@@ -296,7 +296,7 @@ func (qp *QP) reqSend() reqState {
 		}
 		poff = uint64(idx) * uint64(qp.mtu)
 		n = int(min(uint64(qp.mtu), e.length-poff))
-		if qp.payload(buf, o.opcode, n) == nil {
+		if hr = qp.path.Headroom(o.opcode); hr+n+roce.MaxTailroom > len(buf) {
 			qp.failWQE(e, abi.WCLocLenErr)
 			return reqExit
 		}
@@ -316,7 +316,7 @@ func (qp *QP) reqSend() reqState {
 	var queued bool
 	if o.opcode.Info().Flags&roce.OpPayload == 0 {
 		queued = qp.w.txQueue(qp, buf, o, 0)
-	} else if queued = qp.w.txBegin(qp, buf, o, n); queued {
+	} else if queued = qp.w.txBegin(qp, buf, o, hr, n); queued {
 		// The payload goes from the client's memory (or the WQE's inline
 		// data) into the frame in one pass that computes the ICRC too.
 		if e.Flags&abi.SendInline != 0 {

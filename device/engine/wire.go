@@ -117,12 +117,13 @@ func (w *worker) txQueue(qp *QP, buf []byte, o *packet, n int) bool {
 	return w.txPush(qp, buf, frame, err, o.psn)
 }
 
-// txBegin starts a packet o in buf whose payload of n bytes the caller
-// then puts through w.framer (Put: the payload copied into the frame and
-// the ICRC computed in one pass) before txFinish queues it. False if the
-// headers could not be built (counted as txQueue counts it).
-func (w *worker) txBegin(qp *QP, buf []byte, o *packet, n int) bool {
-	if err := qp.path.Begin(&w.framer, buf, qp.path.Headroom(o.opcode), n, w.headers(qp, o)); err != nil {
+// txBegin starts a packet o in buf whose payload of n bytes, after hr
+// bytes of headroom (qp.path.Headroom), the caller then puts through
+// w.framer (Put: the payload copied into the frame and the ICRC computed
+// in one pass) before txFinish queues it. False if the headers could not
+// be built (counted as txQueue counts it).
+func (w *worker) txBegin(qp *QP, buf []byte, o *packet, hr, n int) bool {
+	if err := qp.path.Begin(&w.framer, buf, hr, n, w.headers(qp, o)); err != nil {
 		w.Counters.BuildErrors.Add(1)
 		return false
 	}
