@@ -1,6 +1,7 @@
 package roce
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 )
@@ -159,7 +160,7 @@ type Headers struct {
 // ErrBadPath.
 func (p *Path) Build(buf []byte, off, n int, h *Headers) ([]byte, error) {
 	var l frameLayout
-	if err := p.headers(buf, off, n, h, &l); err != nil {
+	if err := p.headers(buf, off, n, h, &l, nil); err != nil {
 		return nil, err
 	}
 	icrc := buf[l.off+n+l.pad : l.end]
@@ -203,7 +204,12 @@ func (l *frameLayout) udpChecksum(buf []byte) {
 // headers is Build without the ICRC and the UDP checksum: it checks the
 // arguments, writes every header and the pad (not the payload) and fills
 // l.
-func (p *Path) headers(buf []byte, off, n int, h *Headers, l *frameLayout) error {
+//
+// With tp (a Framer's), a path equal to the one tp holds gets its link
+// headers (Ethernet, IP, UDP) copied from tp and patched (lengths, IPv4
+// ID and checksum) instead of encoded; any other path is encoded and
+// becomes tp's.
+func (p *Path) headers(buf []byte, off, n int, h *Headers, l *frameLayout, tp *linkTemplate) error {
 	op := h.BTH.Opcode
 	info := op.Info()
 	if !info.Valid() {
@@ -254,6 +260,10 @@ func (p *Path) headers(buf []byte, off, n int, h *Headers, l *frameLayout) error
 	if p.Mode == ModeUDP {
 		return nil
 	}
+	if tp != nil && tp.ok && tp.path == *p {
+		tp.apply(buf, l, h)
+		return nil
+	}
 
 	// Ethernet, IP, UDP.
 	eth := Ethernet(buf[start:])
@@ -295,7 +305,60 @@ func (p *Path) headers(buf []byte, off, n int, h *Headers, l *frameLayout) error
 	}
 	UDP(buf[ipStart+iphl : tstart]).Encode(&UDPFields{SrcPort: p.SrcPort, DstPort: dport, Length: uint16(udpLen)})
 	l.ipStart, l.iphl, l.v6, l.udpSum = ipStart, iphl, v6, v6 || p.UDPChecksum
+	if tp != nil {
+		tp.set(p, buf, l)
+	}
 	return nil
+}
+
+// linkTemplate is the link headers (Ethernet, IP, UDP) of the last path
+// a Framer encoded, for the next packets on the same path (a QP sends
+// many in a row): copied and patched, they cost a fraction of encoding.
+type linkTemplate struct {
+	ok   bool
+	path Path
+	hdr  [EthernetHeaderLen + VLANTagLen + IPv6HeaderLen + UDPHeaderLen]byte
+	n    int // bytes of hdr in use
+	ip   int // offset of the IP header in hdr
+	v6   bool
+	sum  uint64 // IPv4: header sum without total length, ID and checksum
+}
+
+// set makes the link headers just written in buf (layout l) for p the
+// template.
+func (t *linkTemplate) set(p *Path, buf []byte, l *frameLayout) {
+	t.path, t.v6, t.ip = *p, l.v6, l.ipStart-l.start
+	t.n = copy(t.hdr[:], buf[l.start:l.tstart])
+	if !l.v6 {
+		ip := t.hdr[t.ip : t.ip+IPv4HeaderLen]
+		be := binary.BigEndian
+		// ipv4Sum less the two fields that change per packet.
+		t.sum = uint64(ipv4Sum(ip)) + 2*0xffff - uint64(be.Uint16(ip[ipv4TotalLen:])) - uint64(be.Uint16(ip[ipv4ID:]))
+	}
+	t.ok = true
+}
+
+// apply writes the template's link headers in front of the transport
+// headers of layout l (whose link part headers has not filled in),
+// patching the lengths, and for IPv4 the ID and the checksum.
+func (t *linkTemplate) apply(buf []byte, l *frameLayout, h *Headers) {
+	be := binary.BigEndian
+	copy(buf[l.start:l.tstart], t.hdr[:t.n])
+	l.ipStart, l.v6 = l.start+t.ip, t.v6
+	udpLen := l.end - l.tstart + UDPHeaderLen
+	ip := buf[l.ipStart:l.tstart]
+	if t.v6 {
+		l.iphl = IPv6HeaderLen
+		be.PutUint16(ip[ipv6PayloadLn:], uint16(udpLen))
+	} else {
+		l.iphl = IPv4HeaderLen
+		tl := uint16(IPv4HeaderLen + udpLen)
+		be.PutUint16(ip[ipv4TotalLen:], tl)
+		be.PutUint16(ip[ipv4ID:], h.IPID)
+		be.PutUint16(ip[ipv4Checksum:], ^checksumFold(t.sum+uint64(tl)+uint64(h.IPID)))
+	}
+	l.udpSum = t.v6 || t.path.UDPChecksum
+	be.PutUint16(ip[l.iphl+udpLength:], uint16(udpLen))
 }
 
 // Framer builds a packet around a payload copied in piece by piece,
@@ -319,6 +382,7 @@ type Framer struct {
 	fuse bool   // the ICRC is computed as the payload is put
 	udp  bool   // ModeUDP: the ICRC covers ps
 	ps   Pseudo
+	tmpl linkTemplate
 }
 
 // FuseMin is the shortest payload a Framer copies and checksums in one
@@ -332,7 +396,7 @@ const FuseMin = 1024
 func (p *Path) Begin(f *Framer, buf []byte, off, n int, h *Headers) error {
 	f.buf, f.pos, f.err = nil, 0, false
 	l := &f.l
-	if err := p.headers(buf, off, n, h, l); err != nil {
+	if err := p.headers(buf, off, n, h, l, &f.tmpl); err != nil {
 		return err
 	}
 	f.fuse, f.udp = n >= FuseMin, p.Mode == ModeUDP

@@ -338,3 +338,56 @@ func TestIPv4Sum(t *testing.T) {
 		}
 	}
 }
+
+// TestFramerTemplate: one Framer builds packets on paths that change
+// from packet to packet (another path, or the same one with a field
+// changed in place), with random IPv4 IDs and lengths: its link header
+// template must follow, every packet the one Build makes.
+func TestFramerTemplate(t *testing.T) {
+	rng := rand.New(rand.NewPCG(15, 16))
+	var paths []Path
+	for _, p := range framerPaths() {
+		paths = append(paths, p)
+	}
+	var f Framer
+	p := paths[0]
+	for i := range 20000 {
+		switch rng.IntN(6) {
+		case 0:
+			p = paths[rng.IntN(len(paths))]
+		case 1:
+			p.TTL = uint8(rng.Uint32())
+		case 2:
+			p.TOS = uint8(rng.Uint32())
+		case 3:
+			p.DstMAC[rng.IntN(6)] = byte(rng.Uint32())
+		case 4:
+			p.SrcPort = uint16(rng.Uint32())
+		}
+		op := OpRCWriteOnly
+		if rng.IntN(3) == 0 {
+			op = OpRCAck
+		}
+		n := 0
+		if op == OpRCWriteOnly {
+			n = rng.IntN(2000)
+		}
+		h := randomHeaders(rng, op)
+		hr := p.Headroom(op)
+		want := make([]byte, hr+n+MaxTailroom)
+		payload := want[hr : hr+n]
+		for j := range payload {
+			payload[j] = byte(rng.Uint32())
+		}
+		got := bytes.Clone(want)
+		wf, err := p.Build(want, hr, n, &h)
+		require.NoError(t, err)
+		require.NoError(t, p.Begin(&f, got, hr, n, &h))
+		f.Put(bytes.Clone(payload))
+		gf, err := f.Finish()
+		require.NoError(t, err)
+		if !assert.Equal(t, wf, gf, "packet %d, path %+v", i, p) {
+			return
+		}
+	}
+}

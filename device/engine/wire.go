@@ -113,7 +113,12 @@ func (qp *QP) useAH(a *AH) {
 // built. A request of a UD or UC QP is reported to the QP once the link
 // took it (flush, sentThrough).
 func (w *worker) txQueue(qp *QP, buf []byte, o *packet, n int) bool {
-	frame, err := qp.path.Build(buf, qp.path.Headroom(o.opcode), n, w.headers(qp, o))
+	hr := qp.path.Headroom(o.opcode)
+	if n == 0 {
+		// Through the framer, for its link header template.
+		return w.txBegin(qp, buf, o, hr, 0) && w.txFinish(qp, buf, o.psn)
+	}
+	frame, err := qp.path.Build(buf, hr, n, w.headers(qp, o))
 	return w.txPush(qp, buf, frame, err, o.psn)
 }
 
