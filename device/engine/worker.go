@@ -92,6 +92,9 @@ type worker struct {
 	link Link
 	arm  func() // the link's ArmReady, or nil
 	qps  map[uint32]*QP
+	// lastRx is the QP the last received frame was for (nil: none), a
+	// cache in front of qps; a destroyed QP is never left in it.
+	lastRx *QP
 	// active are the QPs with work, serviced every pass (active.go).
 	active []*QP
 	timers timerHeap
@@ -276,7 +279,13 @@ func (w *worker) input(frame []byte, from netip.AddrPort) {
 		}
 		return
 	}
-	qp := w.qps[pkt.BTH.DestQP()]
+	qpn := pkt.BTH.DestQP()
+	qp := w.lastRx
+	if qp == nil || qp.qpn != qpn {
+		// Frames come in runs for one QP: one map lookup per run.
+		qp = w.qps[qpn]
+		w.lastRx = qp
+	}
 	if qp == nil {
 		w.Counters.UnknownQP.Add(1)
 		return
@@ -419,6 +428,9 @@ func (w *worker) apply(m *ctlMsg) {
 		w.forgetTx(qp)
 		w.drop(qp)
 		delete(w.qps, m.qpn)
+		if w.lastRx == qp {
+			w.lastRx = nil
+		}
 	case ctlQuery:
 		r.qp = w.qps[m.qpn]
 		if r.qp == nil {
