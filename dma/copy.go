@@ -176,6 +176,30 @@ func (a *Accessor) ReadRemote(rkey uint32, pd PD, va uint64, dst []byte) error {
 	return a.remoteAt(rkey, pd, va, dst, false)
 }
 
+// ReadRemoteInto is ReadRemote handing the n bytes to s instead of
+// copying them: one Put per piece contiguous in the mapping, in order,
+// inside the accessor's read-side section (an RDMA READ responder puts
+// them into its response frame, computing the ICRC on the way). Nothing
+// is put unless the whole range passes the checks.
+func (a *Accessor) ReadRemoteInto(rkey uint32, pd PD, va, n uint64, s Sink) error {
+	a.Enter()
+	defer a.Exit()
+	m := a.s.lookupRemote(rkey)
+	if m == nil {
+		return ErrBadKey
+	}
+	if err := m.check(pd, va, n, AccessRemoteRead); err != nil {
+		return err
+	}
+	for n > 0 {
+		b := m.span(va, n)
+		s.Put(b)
+		va += uint64(len(b))
+		n -= uint64(len(b))
+	}
+	return nil
+}
+
 // WriteRemote copies src to va of the MR named by rkey (REMOTE_WRITE
 // required): an RDMA WRITE responder.
 func (a *Accessor) WriteRemote(rkey uint32, pd PD, va uint64, src []byte) error {

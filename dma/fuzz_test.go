@@ -384,7 +384,11 @@ func FuzzSGECopy(f *testing.F) {
 	})
 }
 
-// collectSink is a Sink that appends what it is given.
-type collectSink struct{ b []byte }
+// collectSink is a Sink that appends what it is given; n counts the
+// pieces.
+type collectSink struct {
+	b []byte
+	n int
+}
 
-func (c *collectSink) Put(b []byte) { c.b = append(c.b, b...) }
+func (c *collectSink) Put(b []byte) { c.b = append(c.b, b...); c.n++ }

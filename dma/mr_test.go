@@ -230,6 +230,15 @@ func TestTranslateOutOfOrder4K(t *testing.T) {
 	rbuf := make([]byte, len(wbuf)+200)
 	require.NoError(t, acc.ReadRemote(mr.RKey, pd, iova+3900, rbuf))
 	assert.Equal(t, expected(iova+3900, uint64(len(rbuf))), rbuf)
+	var sink collectSink
+	require.NoError(t, acc.ReadRemoteInto(mr.RKey, pd, iova+3900, uint64(len(rbuf)), &sink))
+	assert.Equal(t, rbuf, sink.b)
+	assert.Greater(t, sink.n, 1, "pieces across pages")
+	// A failing check puts nothing.
+	sink = collectSink{}
+	assert.ErrorIs(t, acc.ReadRemoteInto(mr.RKey, pd, iova+length-10, 11, &sink), ErrBounds)
+	assert.ErrorIs(t, acc.ReadRemoteInto(mr.LKey^0xff, pd, iova, 8, &sink), ErrBadKey)
+	assert.Empty(t, sink.b)
 }
 
 // TestTranslate2M uses 2 MiB pages out of order and copies straddling

@@ -45,8 +45,8 @@ func (m *qpMemory) WriteRemote(rkey uint32, va uint64, src []byte) error {
 	return memErrOf(m.acc.WriteRemote(rkey, m.pd, va, src))
 }
 
-func (m *qpMemory) ReadRemote(rkey uint32, va uint64, dst []byte) error {
-	return memErrOf(m.acc.ReadRemote(rkey, m.pd, va, dst))
+func (m *qpMemory) ReadRemoteTo(rkey uint32, va uint64, n int, s engine.Sink) error {
+	return memErrOf(m.acc.ReadRemoteInto(rkey, m.pd, va, uint64(n), s))
 }
 
 func (m *qpMemory) CheckRemote(rkey uint32, va uint64, length uint64, access uint32) error {

@@ -469,7 +469,9 @@ func (m *qp1Memory) Scatter(sges []abi.SGE, off uint64, src []byte) error {
 }
 
 func (*qp1Memory) WriteRemote(uint32, uint64, []byte) error { return engine.ErrMemProtection }
-func (*qp1Memory) ReadRemote(uint32, uint64, []byte) error  { return engine.ErrMemProtection }
+func (*qp1Memory) ReadRemoteTo(uint32, uint64, int, engine.Sink) error {
+	return engine.ErrMemProtection
+}
 func (*qp1Memory) CheckRemote(uint32, uint64, uint64, uint32) error {
 	return engine.ErrMemProtection
 }

@@ -118,14 +118,14 @@ func (m *fakeMem) WriteRemote(rkey uint32, va uint64, src []byte) error {
 	return nil
 }
 
-func (m *fakeMem) ReadRemote(rkey uint32, va uint64, dst []byte) error {
+func (m *fakeMem) ReadRemoteTo(rkey uint32, va uint64, n int, s Sink) error {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	b, err := m.rangeOf(rkey, va, uint64(len(dst)), abi.AccessRemoteRead)
+	b, err := m.rangeOf(rkey, va, uint64(n), abi.AccessRemoteRead)
 	if err != nil {
 		return err
 	}
-	copy(dst, b)
+	s.Put(b)
 	return nil
 }
 

@@ -27,9 +27,11 @@ type Memory interface {
 	// WriteRemote copies src to [va, va+len(src)) of the MR of rkey,
 	// which needs remote write access.
 	WriteRemote(rkey uint32, va uint64, src []byte) error
-	// ReadRemote copies [va, va+len(dst)) of the MR of rkey, which needs
-	// remote read access, into dst.
-	ReadRemote(rkey uint32, va uint64, dst []byte) error
+	// ReadRemoteTo hands [va, va+n) of the MR of rkey, which needs
+	// remote read access, to s in order, as GatherTo does (the READ
+	// responder puts it into the response frame with its ICRC); nothing
+	// is put unless the whole range passes the checks.
+	ReadRemoteTo(rkey uint32, va uint64, n int, s Sink) error
 	// CheckRemote validates a whole remote range [va, va+length) of rkey
 	// for the access flags in access (abi access bits) without copying.
 	CheckRemote(rkey uint32, va uint64, length uint64, access uint32) error

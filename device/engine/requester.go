@@ -315,7 +315,7 @@ func (qp *QP) reqSend() reqState {
 	}
 	var queued bool
 	if o.opcode.Info().Flags&roce.OpPayload == 0 {
-		queued = qp.w.txQueue(qp, buf, o, 0)
+		queued = qp.w.txQueue(qp, buf, o)
 	} else if queued = qp.w.txBegin(qp, buf, o, hr, n); queued {
 		// The payload goes from the client's memory (or the WQE's inline
 		// data) into the frame in one pass that computes the ICRC too.

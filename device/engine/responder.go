@@ -500,7 +500,7 @@ func (qp *QP) respOutput() bool {
 		if r.nakPending {
 			o.syndrome, o.psn = r.nak, r.nakPSN
 		}
-		qp.w.txQueue(qp, buf, o, 0)
+		qp.w.txQueue(qp, buf, o)
 		if h := traceHook.Load(); h != nil {
 			(*h)(qp, "B tx ack %v psn %d", o.syndrome, o.psn)
 		}
@@ -524,7 +524,7 @@ func (qp *QP) sendResponse(s *rdRes) bool {
 	*o = packet{psn: s.cur, msn: r.msn, syndrome: roce.ACKSyndrome(roce.CreditsInvalid)}
 	if s.kind == resAtomic {
 		o.opcode, o.orig = roce.OpRCAtomicAck, s.orig
-		qp.w.txQueue(qp, buf, o, 0)
+		qp.w.txQueue(qp, buf, o)
 		s.active = false
 		return true
 	}
@@ -543,18 +543,23 @@ func (qp *QP) sendResponse(s *rdRes) bool {
 	default:
 		o.opcode = roce.OpRCReadResponseMiddle
 	}
-	payload := qp.payload(buf, o.opcode, int(n))
-	if payload == nil {
+	hr := qp.path.Headroom(o.opcode)
+	if hr+int(n)+roce.MaxTailroom > len(buf) {
 		return false
 	}
-	if n > 0 {
-		if err := qp.cfg.Mem.ReadRemote(s.rkey, s.va, payload); err != nil {
-			s.active = false
-			qp.queueNAK(roce.NAKSyndrome(remoteMemNAK(err)), s.cur, true)
-			return true
+	// The payload goes from the MR into the frame in one pass that
+	// computes the ICRC too, as the requester's does.
+	// A zero-length READ touches no memory (its R_Key is not checked).
+	if qp.w.txBegin(qp, buf, o, hr, int(n)) {
+		if n > 0 {
+			if err := qp.cfg.Mem.ReadRemoteTo(s.rkey, s.va, int(n), &qp.w.framer); err != nil {
+				s.active = false
+				qp.queueNAK(roce.NAKSyndrome(remoteMemNAK(err)), s.cur, true)
+				return true
+			}
 		}
+		qp.w.txFinish(qp, buf, o.psn)
 	}
-	qp.w.txQueue(qp, buf, o, int(n))
 	s.va += uint64(n)
 	s.left -= n
 	s.cur = roce.PSNAdd(s.cur, 1)

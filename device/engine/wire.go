@@ -8,9 +8,9 @@ import (
 // packet is a packet as the step machines see it: the header fields, in
 // host form. A received packet (fill) has them copied out of the roce
 // views and payload is a view into the receive buffer (valid until the
-// worker's next receive); for a packet to send (txQueue) the machines set
-// the fields and the payload is already in the transmit buffer (payload
-// unused).
+// worker's next receive); for a packet to send (txQueue, txBegin) the
+// machines set the fields and put the payload through the worker's
+// framer (payload unused).
 type packet struct {
 	opcode   roce.Opcode
 	psn      uint32
@@ -62,17 +62,6 @@ func (p *packet) fill(pkt *roce.Packet) {
 // pkeyDefault is the only P_Key vrnic uses (the default partition).
 const pkeyDefault = abi.PKeyDefault
 
-// payload returns where the payload of an op packet of n bytes goes in
-// buf: right after the headroom the headers need, so the frame Build
-// returns starts at buf[0]. nil if buf is too small.
-func (qp *QP) payload(buf []byte, op roce.Opcode, n int) []byte {
-	off := qp.path.Headroom(op)
-	if off+n+roce.MaxTailroom > len(buf) {
-		return nil
-	}
-	return buf[off : off+n]
-}
-
 // setPath builds the QP's path (the address vector in roce terms) and
 // its peer, the address beside every frame it sends.
 //
@@ -108,18 +97,13 @@ func (qp *QP) useAH(a *AH) {
 	qp.peer = a.peer
 }
 
-// txQueue builds o around the payload of n bytes already in buf (a
-// buffer txBuf returned) and queues the frame; false if it could not be
-// built. A request of a UD or UC QP is reported to the QP once the link
-// took it (flush, sentThrough).
-func (w *worker) txQueue(qp *QP, buf []byte, o *packet, n int) bool {
-	hr := qp.path.Headroom(o.opcode)
-	if n == 0 {
-		// Through the framer, for its link header template.
-		return w.txBegin(qp, buf, o, hr, 0) && w.txFinish(qp, buf, o.psn)
-	}
-	frame, err := qp.path.Build(buf, hr, n, w.headers(qp, o))
-	return w.txPush(qp, buf, frame, err, o.psn)
+// txQueue builds o, a packet without payload, in buf (a buffer txBuf
+// returned) and queues the frame; false if it could not be built. A
+// request of a UD or UC QP is reported to the QP once the link took it
+// (flush, sentThrough). Packets with a payload go through txBegin, a Put
+// of the payload into w.framer, and txFinish.
+func (w *worker) txQueue(qp *QP, buf []byte, o *packet) bool {
+	return w.txBegin(qp, buf, o, qp.path.Headroom(o.opcode), 0) && w.txFinish(qp, buf, o.psn)
 }
 
 // txBegin starts a packet o in buf whose payload of n bytes, after hr
