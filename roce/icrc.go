@@ -36,8 +36,13 @@ import (
 // same routine folds four zmm registers (16 lanes, 256 bytes a step)
 // instead. The wide form matters because hash/crc32 itself uses
 // VPCLMULQDQ on such CPUs from 1 KiB, where 128-bit PCLMULQDQ alone runs
-// at about half its speed. The last 16 folded bytes and the under-16-byte
-// tail finish in Go with slicing-by-16 steps. Elsewhere, and for short
+// at about half its speed. The folded state is reduced to 32 bits in the
+// assembly (a Barrett reduction); the under-16-byte tail finishes in Go
+// with slicing steps. A packet whose payload is copied in (Framer) has
+// its ICRC computed as it is copied: icrcFoldCopy stores every block it
+// loads, the headers' part coming from slicing steps over the just
+// written headers (crcHead), the state chained from piece to piece
+// (crcCopy). Elsewhere, and for short
 // buffers, the masked prefix is read as 8-byte words, OR-ed in registers
 // and fed to slicing-by-16 steps in Go, the rest going to crc32.Update.
 // Alternatives measured slower: a masked copy on the stack handed to
