@@ -174,9 +174,11 @@ type QP struct {
 	rnrTimer   timer
 
 	// activeIdx is the QP's position on its worker's active list, -1
-	// when it is not there; lastActive the worker's time of its last
-	// activity (active.go).
+	// when it is not there; parkedIdx on its parked list (off the
+	// active list, still holding its send ring), -1 when not there;
+	// lastActive the worker's time of its last activity (active.go).
 	activeIdx  int32
+	parkedIdx  int32
 	lastActive int64
 
 	Counters QPCounters
@@ -210,7 +212,7 @@ func newQP(cfg QPConfig, w *worker) (*QP, error) {
 		return nil, fmt.Errorf("%w: QP %#x: type %d", ErrInvalid, cfg.QPN, cfg.Type)
 	}
 	qp.sqMask = uint32(cfg.SQDepth - 1)
-	qp.activeIdx = -1
+	qp.activeIdx, qp.parkedIdx = -1, -1
 	qp.resp.rqe.SGEs = make([]abi.SGE, 0, cfg.MaxRecvSGE)
 	qp.resp.flushRQE.SGEs = make([]abi.SGE, 0, cfg.MaxRecvSGE)
 	qp.retryTimer = timer{idx: -1, kind: timerRetry, qp: qp}

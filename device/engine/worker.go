@@ -30,6 +30,9 @@ type WorkerCounters struct {
 	// ActiveQPs is the number of QPs on the worker's active list (a
 	// gauge: the QPs each pass services, active.go).
 	ActiveQPs atomic.Int64
+	// RingQPs is the number of the worker's QPs holding a private send
+	// ring (a gauge: active QPs and those parked, active.go).
+	RingQPs atomic.Int64
 	// Sleeps counts the worker's sleeps, Wakes its wake-ups: it is asleep
 	// while Sleeps is ahead of Wakes.
 	Sleeps atomic.Uint64
@@ -114,10 +117,15 @@ type worker struct {
 	// Doorbells: the QPNs Engine.Kick queued.
 	kicks postQueue[uint32]
 
-	// rings are private send rings kept for reuse, by shape, ringBytes
-	// about what they hold (active.go).
-	rings     map[sqShape][][]swqe
-	ringBytes int
+	// parked are the QPs off the active list that still hold their
+	// send rings, the next due to give one back at parkedDue; rings are
+	// private send rings kept for reuse, by shape, ringBytes about what
+	// they hold (active.go).
+	parked     []*QP
+	parkedDue  int64
+	ringLinger int64 // ringLinger (tests change it before the worker starts)
+	rings      map[sqShape][][]swqe
+	ringBytes  int
 
 	// Frames and, beside them, their peers (ModeUDP): rxFrom[i] sent
 	// rx[i], tx[i] goes to txTo[i].
@@ -167,6 +175,8 @@ func newWorker(e *Engine, id int, l Link) *worker {
 		txPSN:   make([]uint32, e.cfg.Batch),
 		udp:     e.cfg.Mode == roce.ModeUDP,
 		local:   e.cfg.Local,
+
+		ringLinger: ringLinger,
 	}
 	if a, ok := l.(ReadyArmer); ok {
 		w.arm = a.ArmReady
@@ -461,6 +471,9 @@ func (w *worker) run(stop <-chan struct{}) {
 		w.drainCtl()
 		w.serviceActive()
 		w.flush()
+		if len(w.parked) > 0 && w.now >= w.parkedDue {
+			w.parkSweep()
+		}
 		if w.busy {
 			lastWork = w.now
 			// A busy worker still lets the goroutines that share its P
