@@ -78,6 +78,6 @@ func TestICRCShiftMatchesZeros(t *testing.T) {
 
 func BenchmarkICRCShift(b *testing.B) {
 	for i := range b.N {
-		_ = NewICRCShift(4000 + i&63).IPv4IDDelta(0, uint16(i))
+		_ = NewICRCShift(4000+i&63).IPv4IDDelta(0, uint16(i))
 	}
 }
