@@ -479,7 +479,7 @@ func (p *TAPPort) splitRead(slot []byte, n int, vh *tap.VnetHdr) (int, bool) {
 	// part the read put in slot goes just before what it put in over.
 	tail := inSlot - first
 	copy(g.over[p.fcap-tail:p.fcap], slot[first:inSlot])
-	g.pendData = g.over[p.fcap-tail : n]
+	g.pendData = g.over[p.fcap-tail : p.fcap+max(0, n-p.fcap)]
 	g.pend = len(g.pendData) > 0
 	fixSegment(slot[:first], h, g.id0)
 	return first, true
