@@ -212,6 +212,7 @@ type linkJSON struct {
 		TxFrames    uint64 `json:"tx_frames"`
 		Wakeups     uint64 `json:"wakeups"`
 		TxGSO       uint64 `json:"tx_gso"`
+		TxGSOFrames uint64 `json:"tx_gso_frames"`
 		RxGSO       uint64 `json:"rx_gso"`
 		RxGSOFrames uint64 `json:"rx_gso_frames"`
 		RxBad       uint64 `json:"rx_bad"`
