@@ -1,8 +1,11 @@
 package link
 
 import (
+	"bytes"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"testing"
@@ -143,5 +146,92 @@ func assertFrames(t *testing.T, want, got [][]byte) {
 	for i := range want {
 		require.NoError(t, roce.Parse(got[i], &pkt), "frame %d: valid RoCE v2 (ICRC over its real headers)", i)
 		require.Equal(t, want[i], got[i], "frame %d", i)
+	}
+}
+
+// TestTAPGSOToKernelUDP (root): segmented writes into a TAP whose kernel
+// side holds the destination address reach the kernel's IP stack whole
+// (the TAP takes USO); the UDP socket, which does not take GSO, gets them
+// cut (udp_rcv_segment) into one datagram per frame, each the frame's UDP
+// payload with the ICRC renumbered for its identification. This is the
+// path a Soft-RoCE (rxe) peer's tunnel socket receives them on: the IPv4
+// header checksum of the segmented packet, its lengths and the partial
+// UDP checksum must all pass the stack's checks. IPv4 and IPv6.
+func TestTAPGSOToKernelUDP(t *testing.T) {
+	testenv.NeedRoot(t, "TAP offload test needs root (network namespace, TAP devices)")
+	testenv.NeedTool(t, "ip")
+	ns := fmt.Sprintf("vrgsk%d", os.Getpid()%100000)
+	ip := func(args ...string) {
+		out, err := exec.Command("ip", args...).CombinedOutput()
+		require.NoError(t, err, "ip %v: %s", args, out)
+	}
+	ip("netns", "add", ns)
+	t.Cleanup(func() {
+		if out, err := exec.Command("ip", "netns", "del", ns).CombinedOutput(); err != nil {
+			t.Errorf("ip netns del %s: %v: %s", ns, err, out)
+		}
+	})
+	h, err := netns.GetFromName(ns)
+	require.NoError(t, err)
+	defer h.Close()
+	nicMAC, kMAC := tap.MAC{2, 0x4c, 0, 0, 0, 0x11}, tap.MAC{2, 0x4c, 0, 0, 0, 0x10}
+	dev, err := tap.Create(tap.Config{Name: "gk", Queues: 1, MAC: nicMAC, LinkMAC: kMAC, NetNS: h})
+	require.NoError(t, err)
+	l, err := NewTAP(dev, TAPConfig{FrameCap: testFrameCap, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		dev.Close()
+	}
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	require.Equal(t, "uso", l.Offload())
+	ip("-n", ns, "link", "set", "lo", "up")
+	ip("-n", ns, "addr", "add", "10.99.0.1/24", "dev", "gk")
+	ip("-n", ns, "addr", "add", "fd99::1/64", "dev", "gk", "nodad")
+	var conns [2]*net.UDPConn
+	inNetns(t, ns, func() {
+		for i, a := range []string{"10.99.0.1:4791", "[fd99::1]:4791"} {
+			c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.MustParseAddrPort(a)))
+			require.NoError(t, err)
+			t.Cleanup(func() { c.Close() })
+			conns[i] = c
+		}
+	})
+	p := l.Ports()[0]
+	for i, v6 := range []bool{false, true} {
+		for _, c := range []struct{ n, seg, last int }{{8, 4096, 1000}, {64, 8, 4}} {
+			t.Run(fmt.Sprintf("v6=%v/%d×%d+%d", v6, c.n, c.seg, c.last), func(t *testing.T) {
+				run := gsoRun(t, v6, c.n, c.seg, c.last)
+				src, dst := "10.99.0.2", "10.99.0.1"
+				if v6 {
+					src, dst = "fd99::2", "fd99::1"
+				}
+				path := tapPath(v6)
+				path.SrcMAC, path.DstMAC = nicMAC, kMAC
+				path.Src, path.Dst = netip.MustParseAddr(src), netip.MustParseAddr(dst)
+				for k := range run {
+					hd := roce.Headers{BTH: roce.BTHFields{Opcode: roce.OpRCWriteMiddle, PKey: 0xffff, DestQP: 0x4711, PSN: uint32(k)}}
+					size := c.seg
+					if k == c.n-1 {
+						size, hd.BTH.Opcode = c.last, roce.OpRCWriteLast
+					}
+					run[k] = bytes.Clone(buildFrame(t, path, &hd, size))
+				}
+				gso := p.Counters.TxGSO.Load()
+				_, err := p.SendBatch(run, nil)
+				require.NoError(t, err)
+				require.Equal(t, gso+1, p.Counters.TxGSO.Load(), "one segmented write")
+				conn := conns[i]
+				require.NoError(t, conn.SetReadDeadline(time.Now().Add(recvTimeout)))
+				buf := make([]byte, 1<<16)
+				for k := range run {
+					n, from, err := conn.ReadFromUDPAddrPort(buf)
+					require.NoError(t, err, "datagram %d of %d", k, c.n)
+					assert.Equal(t, src, from.Addr().Unmap().String())
+					w := wireFrame(run[k], k)
+					hh, _ := parseHdrs(w)
+					require.Equal(t, w[hh.hl:], buf[:n], "datagram %d: the frame's UDP payload, ICRC for identification %d", k, k)
+				}
+			})
+		}
 	}
 }
