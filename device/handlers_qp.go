@@ -83,7 +83,7 @@ func (cn *conn) createQP(r *request) (reply, error) {
 		return reply{}, err
 	}
 	q := &QP{ctx: cx, typ: c.QPType, pd: p, sendCQ: scq, recvCQ: rcq, srq: s, sigAll: c.SQSigAll == 1,
-		cap: cp, sqPA: c.SQPA, rqPA: c.RQPA}
+		sqPA: c.SQPA, rqPA: c.RQPA}
 	q.state.store(StateReset)
 	q.state.q = q
 	q.sqBlocks = abi.SQWQEBlocks(cp.MaxSendSGE, cp.MaxInlineData)
@@ -248,7 +248,7 @@ func (cn *conn) queryQP(r *request) (reply, error) {
 	st := q.state.Load()
 	resp.Attr.QPState = st
 	resp.Attr.CurQPState = st
-	resp.Attr.Cap = q.cap
+	resp.Attr.Cap = q.attr.Cap
 	if q.sigAll {
 		resp.SQSigAll = 1
 	}

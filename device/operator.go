@@ -207,7 +207,7 @@ func (d *Device) listQPs() []any {
 			qi := admin.QPInfo{Ctx: cx.handle, QPN: n, Type: qpTypeName(q.typ), State: q.state.Load().String(),
 				PD: q.pd.handle, SendCQ: q.sendCQ.handle, RecvCQ: q.recvCQ.handle,
 				SQPSN: q.attr.SQPSN, RQPSN: q.attr.RQPSN, DestQPN: q.attr.DestQPNum,
-				PathMTU: q.attr.PathMTU.Bytes(), SendWR: q.cap.MaxSendWR, RecvWR: q.cap.MaxRecvWR,
+				PathMTU: q.attr.PathMTU.Bytes(), SendWR: q.attr.Cap.MaxSendWR, RecvWR: q.attr.Cap.MaxRecvWR,
 				Counters: d.dp.Counters(q)}
 			if q.srq != nil {
 				h := q.srq.handle

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math/bits"
 	"sync/atomic"
+
+	"github.com/vrnic/vrnic/abi"
 )
 
 // consumer is the index logic shared by the work queues: the daemon
@@ -88,3 +90,18 @@ func (c *consumer) Pending() uint32 { return c.tail - c.head }
 
 // Err is the sticky error of a broken ring (nil while healthy).
 func (c *consumer) Err() error { return c.broken }
+
+// MaxSlotBytes is the largest slot of any send or receive queue: a Slot
+// buffer this long (SQConfig.Slot, RecvConfig.Slot) serves every queue.
+func MaxSlotBytes() int {
+	return int(max(SQConfig{MaxSGE: abi.MaxSGE, MaxInline: abi.MaxInline}.Stride(), RecvConfig{MaxSGE: abi.MaxSGE}.Stride()))
+}
+
+// slotBuffer returns the caller's shared slot buffer if it is long
+// enough, else a buffer of the queue's own.
+func slotBuffer(shared []byte, stride uint32) []byte {
+	if uint64(len(shared)) >= uint64(stride) {
+		return shared[:stride:stride]
+	}
+	return make([]byte, stride)
+}

@@ -11,6 +11,10 @@ import (
 type RecvConfig struct {
 	Slots  uint32 // power of two, 1..abi.MaxQPWR (abi.MaxSRQWR for an SRQ)
 	MaxSGE uint32 // <= abi.MaxSGE
+	// Slot is as SQConfig.Slot: a buffer of at least Stride bytes shared
+	// by queues that one goroutine consumes (not an SRQ's, which several
+	// workers consume under its lock).
+	Slot []byte
 }
 
 // Stride is the slot size in bytes.
@@ -57,7 +61,7 @@ func newRecvQueue(ring []byte, cfg RecvConfig, maxSlots uint32, pi, ci *atomic.U
 	if err := q.init(ring, cfg.Slots, cfg.Stride(), maxSlots, pi, ci); err != nil {
 		return nil, err
 	}
-	q.buf = make([]byte, cfg.Stride())
+	q.buf = slotBuffer(cfg.Slot, cfg.Stride())
 	return q, nil
 }
 

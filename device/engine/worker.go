@@ -147,6 +147,9 @@ type worker struct {
 	hdrs roce.Headers
 	cqe  abi.CQE
 	grh  [roce.GRHLen]byte // of a UD receive
+	// flushRQE is where flushRecv takes each posted RQE of a QP in ERR
+	// (room for abi.MaxSGE SGEs): one per worker, not per QP.
+	flushRQE RecvWork
 
 	Counters WorkerCounters
 }
@@ -168,6 +171,7 @@ func newWorker(e *Engine, id int, l Link) *worker {
 		udp:     e.cfg.Mode == roce.ModeUDP,
 		local:   e.cfg.Local,
 	}
+	w.flushRQE.SGEs = make([]abi.SGE, 0, abi.MaxSGE)
 	if a, ok := l.(ReadyArmer); ok {
 		w.arm = a.ArmReady
 	}
@@ -292,11 +296,11 @@ func (w *worker) input(frame []byte, from netip.AddrPort) {
 	src, dst := from.Addr(), w.local.Addr()
 	if !w.udp {
 		src, dst = pkt.Src(), pkt.Dst()
-	} else if from.Port() != qp.peer.Port() {
+	} else if from.Port() != peerOf(&qp.path).Port() {
 		src = netip.Addr{}
 	}
 	if pkt.Info.Service != qp.svc || pkt.BTH.PKey() != pkeyDefault ||
-		src.Unmap() != qp.attr.RemoteAddr.Unmap() || dst.Unmap() != qp.attr.LocalAddr.Unmap() {
+		src.Unmap() != qp.path.Dst.Unmap() || dst.Unmap() != qp.attr.LocalAddr.Unmap() {
 		w.Counters.BadPeer.Add(1)
 		return
 	}
