@@ -82,8 +82,7 @@ func (cn *conn) createQP(r *request) (reply, error) {
 	if err := d.limit(cx, "QPs", cx.counts.QP, d.totals.QP, d.cfg.Limits.PerClient.QP, d.cfg.Limits.PerDevice.QP); err != nil {
 		return reply{}, err
 	}
-	q := &QP{ctx: cx, typ: c.QPType, pd: p, sendCQ: scq, recvCQ: rcq, srq: s, sigAll: c.SQSigAll == 1,
-		sqPA: c.SQPA, rqPA: c.RQPA}
+	q := &QP{ctx: cx, typ: c.QPType, pd: p, sendCQ: scq, recvCQ: rcq, srq: s, sigAll: c.SQSigAll == 1}
 	q.state.store(StateReset)
 	q.state.q = q
 	q.sqBlocks = abi.SQWQEBlocks(cp.MaxSendSGE, cp.MaxInlineData)

@@ -178,23 +178,26 @@ func (a *AH) Path() (local, remote netip.Addr) { return a.local, a.remote }
 // configuration through the accessor methods; they must be called with the
 // device lock held (i.e. from DataPlane calls) or on values copied then,
 // except StateWord, which is shared with the transport (see StateWord).
+//
+// The fields are ordered so that the struct has no padding (an idle QP
+// holds it: BENCHMARKS.md, "Idle QPs"). The rings' addresses are the
+// pins'.
 type QP struct {
 	qpn      uint32
-	ctx      *Context
 	typ      QPType
-	pd       *pd
-	sendCQ   *CQ
-	recvCQ   *CQ
-	srq      *SRQ
-	sigAll   bool
-	sqPA     uint64
-	rqPA     uint64
+	dbIndex  uint32
 	sqBlocks uint32
 	rqSize   uint32
-	sqRing   *pin
-	rqRing   *pin // nil with an SRQ
-	dbIndex  uint32
-	state    StateWord
+	// portMTU is the link's largest MTU: a UD QP's message limit.
+	portMTU abi.MTU
+	ctx     *Context
+	pd      *pd
+	sendCQ  *CQ
+	recvCQ  *CQ
+	srq     *SRQ
+	sqRing  *pin
+	rqRing  *pin // nil with an SRQ
+	state   StateWord
 	// attr are the attributes as last set (QUERY_QP takes the state from
 	// state); attr.Cap the granted capacities.
 	attr abi.QPAttr
@@ -203,12 +206,11 @@ type QP struct {
 	// IPv4-mapped (RoCE v2 GIDs); invalid until an AV is set. The
 	// destination is attr.AHAttr.DGID (Path).
 	local netip.Addr
-	// portMTU is the link's largest MTU: a UD QP's message limit.
-	portMTU abi.MTU
 	// peer is the remote QP this RC or UC QP claimed at RTR (claimed set; see
 	// connect.go).
 	peer    peerKey
 	claimed bool
+	sigAll  bool
 }
 
 // QPN returns the QP number.

@@ -183,25 +183,27 @@ type ctxWriter struct {
 }
 
 // dpQP is the data plane's state of one QP.
+//
+// The fields are ordered so that the struct has no padding (an idle QP
+// holds it: BENCHMARKS.md, "Idle QPs").
 type dpQP struct {
 	qpn   uint32
 	owner device.Owner // its context's (UD: the AH table it holds)
-	ud    bool
-	page  *doorbell.Page
-	rec   doorbell.QPRecord
-	mem   *qpMemory
-	sq    *sqSource
-	rq    *recvSource // own RQ or the shared SRQ source
-	srq   *doorbell.SRQRecord
-	ctrs  *engine.QPCounters
-	sinks [2]qpSink         // send, receive
-	state *device.StateWord // the device's state word of the QP
 	// dbIndex is the QP's doorbell record (its slot in the page's
 	// pageWatch).
 	dbIndex uint32
-
 	// Poller-private: the producer indices seen by the last pass.
 	lastSQ, lastRQ uint32
+	ud             bool
+	page           *doorbell.Page
+	rec            doorbell.QPRecord
+	mem            *qpMemory
+	sq             *sqSource
+	rq             *recvSource // own RQ or the shared SRQ source
+	srq            *doorbell.SRQRecord
+	ctrs           *engine.QPCounters
+	sinks          [2]qpSink         // send, receive
+	state          *device.StateWord // the device's state word of the QP
 }
 
 // New creates a data plane; pass it as device.Config.DataPlane of exactly

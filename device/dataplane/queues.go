@@ -144,12 +144,12 @@ type scratch struct {
 	recv queues.RecvWR
 	// slot is the copy of one ring slot the queues decode from
 	// (queues.SQConfig.Slot): one per worker, not per queue.
-	slot []byte
+	slot queues.SlotBuffer
 }
 
 // newScratch returns a worker's decoding space.
 func newScratch() *scratch {
-	return &scratch{slot: make([]byte, queues.MaxSlotBytes())}
+	return new(scratch)
 }
 
 var _ engine.SendSource = (*sqSource)(nil)
@@ -160,7 +160,7 @@ func newSQSource(ring []byte, c abi.QPCap, rec doorbell.QPRecord, sc *scratch) (
 	if sc == nil {
 		sc = newScratch()
 	}
-	q, err := queues.NewSQ(ring, queues.SQConfig{Slots: c.MaxSendWR, MaxSGE: c.MaxSendSGE, MaxInline: c.MaxInlineData, Slot: sc.slot}, rec.SQPI, rec.SQCI)
+	q, err := queues.NewSQ(ring, queues.SQConfig{Slots: c.MaxSendWR, MaxSGE: c.MaxSendSGE, MaxInline: c.MaxInlineData, Slot: &sc.slot}, rec.SQPI, rec.SQCI)
 	if err != nil {
 		return nil, err
 	}
@@ -214,7 +214,7 @@ func newRQSource(ring []byte, slots, maxSGE uint32, rec doorbell.QPRecord, sc *s
 	if sc == nil {
 		sc = newScratch()
 	}
-	q, err := queues.NewRQ(ring, queues.RecvConfig{Slots: slots, MaxSGE: maxSGE, Slot: sc.slot}, rec.RQPI, rec.RQCI)
+	q, err := queues.NewRQ(ring, queues.RecvConfig{Slots: slots, MaxSGE: maxSGE, Slot: &sc.slot}, rec.RQPI, rec.RQCI)
 	if err != nil {
 		return nil, err
 	}
