@@ -31,7 +31,7 @@ type Context struct {
 	pds        map[uint32]*pd
 	mrs        map[uint32]*mr
 	cqs        map[uint32]*CQ
-	qps        map[uint32]*QP
+	qps        *qpTable[uint32] // by QPN
 	srqs       map[uint32]*SRQ
 	ahs        map[uint32]*AH
 

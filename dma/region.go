@@ -203,6 +203,13 @@ type Pin struct {
 	once   sync.Once
 }
 
+// Bytes returns the pinned range as the daemon maps it, as Slice did
+// (the region stays mapped while the pin is held): a holder need not keep
+// the slice beside the pin. Not valid after Release.
+func (p *Pin) Bytes() []byte {
+	return p.r.mem[p.off : p.off+p.n : p.off+p.n]
+}
+
 // Release drops the pin. Safe to call more than once. Ring views are not
 // covered by the accessor grace period: the ring's user must have stopped
 // touching the slice before it calls Release.
