@@ -30,6 +30,10 @@ type WorkerCounters struct {
 	// ActiveQPs is the number of QPs on the worker's active list (a
 	// gauge: the QPs each pass services, active.go).
 	ActiveQPs atomic.Int64
+	// RingCacheBytes is about what the send rings the worker keeps for
+	// reuse hold (a gauge, at most RingCacheBytes: memory per worker,
+	// not per QP; active.go).
+	RingCacheBytes atomic.Int64
 	// Sleeps counts the worker's sleeps, Wakes its wake-ups: it is asleep
 	// while Sleeps is ahead of Wakes.
 	Sleeps atomic.Uint64
