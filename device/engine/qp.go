@@ -78,11 +78,22 @@ type QPAttr struct {
 }
 
 // QPCounters are per-QP data path counters (atomics: read from any
-// goroutine while the owning worker updates them). The operator's
-// admin.QPCounters lists the same counters in the same order.
+// goroutine while the owning worker updates them). The four that a QP in
+// use counts all the time are here; the ten that count errors and
+// recoveries are in a block the QP gets the first time one of them counts
+// (Rare): a QP that never had one holds a pointer instead of 80 bytes
+// (BENCHMARKS.md, "Idle QPs"). Load reads all of them, in the order of
+// the operator's admin.QPCounters.
 type QPCounters struct {
 	PacketsSent     atomic.Uint64
 	PacketsReceived atomic.Uint64
+	SendCQEs        atomic.Uint64
+	RecvCQEs        atomic.Uint64
+	rare            atomic.Pointer[RareQPCounters]
+}
+
+// RareQPCounters are a QP's counters of errors and recoveries.
+type RareQPCounters struct {
 	Retransmits     atomic.Uint64 // go-back-N restarts
 	RNRNAKsReceived atomic.Uint64
 	Timeouts        atomic.Uint64 // local ACK timeouts
@@ -91,10 +102,68 @@ type QPCounters struct {
 	SeqNAKsSent     atomic.Uint64
 	Duplicates      atomic.Uint64 // duplicate requests received
 	Dropped         atomic.Uint64 // packets dropped by a check
-	SendCQEs        atomic.Uint64
-	RecvCQEs        atomic.Uint64
 	QKeyViolations  atomic.Uint64 // UD: dropped for a Q_Key other than the QP's (also in Dropped)
 	NoRecvWQE       atomic.Uint64 // UD, UC: dropped without a receive WQE posted (also in Dropped)
+}
+
+// noRare is what Load reads for a QP that never counted an error.
+var noRare RareQPCounters
+
+// Rare returns the QP's error and recovery counters, made the first time
+// (one allocation in the QP's life; safe from any goroutine). Readers that
+// only look use Load.
+func (c *QPCounters) Rare() *RareQPCounters {
+	if r := c.rare.Load(); r != nil {
+		return r
+	}
+	r := new(RareQPCounters)
+	if c.rare.CompareAndSwap(nil, r) {
+		return r
+	}
+	return c.rare.Load()
+}
+
+// QPCounterValues are the values of a QP's counters at one moment, in the
+// order of admin.QPCounters.
+type QPCounterValues struct {
+	PacketsSent     uint64
+	PacketsReceived uint64
+	Retransmits     uint64
+	RNRNAKsReceived uint64
+	Timeouts        uint64
+	RNRNAKsSent     uint64
+	SeqNAKsReceived uint64
+	SeqNAKsSent     uint64
+	Duplicates      uint64
+	Dropped         uint64
+	SendCQEs        uint64
+	RecvCQEs        uint64
+	QKeyViolations  uint64
+	NoRecvWQE       uint64
+}
+
+// Load reads every counter (each atomically; not one snapshot of all).
+func (c *QPCounters) Load() QPCounterValues {
+	r := c.rare.Load()
+	if r == nil {
+		r = &noRare
+	}
+	return QPCounterValues{
+		PacketsSent:     c.PacketsSent.Load(),
+		PacketsReceived: c.PacketsReceived.Load(),
+		Retransmits:     r.Retransmits.Load(),
+		RNRNAKsReceived: r.RNRNAKsReceived.Load(),
+		Timeouts:        r.Timeouts.Load(),
+		RNRNAKsSent:     r.RNRNAKsSent.Load(),
+		SeqNAKsReceived: r.SeqNAKsReceived.Load(),
+		SeqNAKsSent:     r.SeqNAKsSent.Load(),
+		Duplicates:      r.Duplicates.Load(),
+		Dropped:         r.Dropped.Load(),
+		SendCQEs:        c.SendCQEs.Load(),
+		RecvCQEs:        c.RecvCQEs.Load(),
+		QKeyViolations:  r.QKeyViolations.Load(),
+		NoRecvWQE:       r.NoRecvWQE.Load(),
+	}
 }
 
 //go:generate go tool stringer -type=wqeState -linecomment

@@ -117,7 +117,7 @@ func (qp *QP) respRx(p *packet) {
 	switch qp.state {
 	case abi.QPSRTR, abi.QPSRTS, abi.QPSSQD:
 	default:
-		qp.Counters.Dropped.Add(1)
+		qp.Counters.Rare().Dropped.Add(1)
 		return
 	}
 	if qp.verbRequestErr() {
@@ -165,7 +165,7 @@ func (qp *QP) queueNAK(s roce.Syndrome, psn uint32, fatal bool) {
 // has been sent (IBTA 9.9.3.1.2: responder class C and D errors).
 func (qp *QP) fatalNAK(c roce.NAKCode, p *packet) respState {
 	qp.queueNAK(roce.NAKSyndrome(c), p.psn, true)
-	qp.Counters.Dropped.Add(1)
+	qp.Counters.Rare().Dropped.Add(1)
 	return respDone
 }
 
@@ -183,10 +183,10 @@ func (qp *QP) respCheckPSN(p *packet) respState {
 	case d > 0:
 		if !r.nakSent {
 			r.nakSent = true
-			qp.Counters.SeqNAKsSent.Add(1)
+			qp.Counters.Rare().SeqNAKsSent.Add(1)
 			qp.queueNAK(roce.NAKSyndrome(roce.NAKPSNSequenceError), r.epsn, false)
 		}
-		qp.Counters.Dropped.Add(1)
+		qp.Counters.Rare().Dropped.Add(1)
 		return respDone
 	}
 	r.nakSent = false
@@ -199,7 +199,7 @@ func (qp *QP) respCheckPSN(p *packet) respState {
 // answered from the saved result, never executed twice.
 func (qp *QP) respDuplicate(p *packet) respState {
 	r := &qp.resp
-	qp.Counters.Duplicates.Add(1)
+	qp.Counters.Rare().Duplicates.Add(1)
 	info := p.opcode.Info()
 	switch {
 	case info.Is(roce.OpRead):
@@ -214,7 +214,7 @@ func (qp *QP) respDuplicate(p *packet) respState {
 			s.cur, s.req, s.va, s.rkey, s.left, s.active = p.psn, p.psn, p.va, p.rkey, p.dmaLen, true
 			return respDone
 		}
-		qp.Counters.Dropped.Add(1)
+		qp.Counters.Rare().Dropped.Add(1)
 	case info.Is(roce.OpAtomic):
 		for i := range r.res {
 			s := &r.res[i]
@@ -223,7 +223,7 @@ func (qp *QP) respDuplicate(p *packet) respState {
 				return respDone
 			}
 		}
-		qp.Counters.Dropped.Add(1)
+		qp.Counters.Rare().Dropped.Add(1)
 	default:
 		r.ackPending = true
 	}
@@ -303,7 +303,7 @@ func (qp *QP) respCheckResource(p *packet) respState {
 			return qp.fatalNAK(recvSourceNAK, p)
 		}
 		if !ok {
-			qp.Counters.RNRNAKsSent.Add(1)
+			qp.Counters.Rare().RNRNAKsSent.Add(1)
 			// The rest of the message now arrives out of sequence;
 			// the RNR NAK is the one NAK of this gap.
 			r.nakSent = true

@@ -319,7 +319,7 @@ func (w *worker) input(frame []byte, from netip.AddrPort) {
 	case pkt.Info.Is(roce.OpResponse):
 		qp.compRx(&w.in)
 	default:
-		qp.Counters.Dropped.Add(1)
+		qp.Counters.Rare().Dropped.Add(1)
 	}
 }
 
