@@ -232,6 +232,7 @@ func (qp *QP) ensureSQ() {
 		l[len(l)-1] = nil
 		w.rings[s] = l[:len(l)-1]
 		w.ringBytes -= s.bytes()
+		w.Counters.RingCacheBytes.Store(int64(w.ringBytes))
 		return
 	}
 	qp.sq = newSQRing(s)
@@ -274,4 +275,5 @@ func (w *worker) releaseSQ(qp *QP) {
 	}
 	w.rings[s] = append(w.rings[s], sq)
 	w.ringBytes += s.bytes()
+	w.Counters.RingCacheBytes.Store(int64(w.ringBytes))
 }

@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"net/netip"
+
 	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/roce"
 )
@@ -73,25 +75,25 @@ func (qp *QP) payload(buf []byte, op roce.Opcode, n int) []byte {
 	return buf[off : off+n]
 }
 
-// setPath builds the QP's path (the address vector in roce terms) and
-// its peer, the address beside every frame it sends.
+// setPath builds the QP's path (the address vector in roce terms) to
+// remote, and its peer, the address beside every frame it sends.
 //
 // In ModeUDP the path's source address and port are the link's: that is
 // where the kernel sends from, so they are what the receiver puts in the
 // pseudo header it checks the ICRC with. (A QP whose source GID is not
 // the link's address receives nothing: see worker.input.) The
 // destination port is 4791.
-func (qp *QP) setPath() {
+func (qp *QP) setPath(remote netip.Addr) {
 	qp.path = roce.Path{
 		Src:     qp.attr.LocalAddr,
-		Dst:     qp.attr.RemoteAddr,
+		Dst:     remote,
 		SrcPort: roce.UDPSrcPort(qp.qpn),
 		TTL:     64,
 		// DF as Linux rxe sets it: RoCE v2 packets are never fragmented.
 		DontFragment: true,
 	}
 	qp.path.Mode, qp.path.SrcMAC = qp.w.e.cfg.Mode, qp.w.e.cfg.MAC
-	qp.peer = pathPeer(&qp.path, &qp.w.e.cfg)
+	pathPeer(&qp.path, &qp.w.e.cfg)
 }
 
 // useAH makes a's path the QP's (UD: every WQE names its AH), with the
@@ -105,7 +107,6 @@ func (qp *QP) useAH(a *AH) {
 	if qp.path.Mode != roce.ModeUDP {
 		qp.path.SrcPort = roce.UDPSrcPort(qp.qpn)
 	}
-	qp.peer = a.peer
 }
 
 // txQueue builds o around the payload of n bytes already in buf (a
@@ -142,7 +143,7 @@ func (w *worker) txQueue(qp *QP, buf []byte, o *packet, n int) bool {
 		return false
 	}
 	w.tx[w.txN] = buf[:len(frame)]
-	w.txTo[w.txN] = qp.peer
+	w.txTo[w.txN] = peerOf(&qp.path)
 	w.txUnrel[w.txN] = nil
 	if qp.unrel {
 		w.txUnrel[w.txN], w.txPSN[w.txN] = qp, o.psn

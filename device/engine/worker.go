@@ -33,6 +33,10 @@ type WorkerCounters struct {
 	// RingQPs is the number of the worker's QPs holding a private send
 	// ring (a gauge: active QPs and those parked, active.go).
 	RingQPs atomic.Int64
+	// RingCacheBytes is about what the send rings the worker keeps for
+	// reuse hold (a gauge, at most RingCacheBytes: memory per worker,
+	// not per QP; active.go).
+	RingCacheBytes atomic.Int64
 	// Sleeps counts the worker's sleeps, Wakes its wake-ups: it is asleep
 	// while Sleeps is ahead of Wakes.
 	Sleeps atomic.Uint64
@@ -155,6 +159,9 @@ type worker struct {
 	hdrs roce.Headers
 	cqe  abi.CQE
 	grh  [roce.GRHLen]byte // of a UD receive
+	// flushRQE is where flushRecv takes each posted RQE of a QP in ERR
+	// (room for abi.MaxSGE SGEs): one per worker, not per QP.
+	flushRQE RecvWork
 
 	Counters WorkerCounters
 }
@@ -178,6 +185,7 @@ func newWorker(e *Engine, id int, l Link) *worker {
 
 		ringLinger: ringLinger,
 	}
+	w.flushRQE.SGEs = make([]abi.SGE, 0, abi.MaxSGE)
 	if a, ok := l.(ReadyArmer); ok {
 		w.arm = a.ArmReady
 	}
@@ -302,11 +310,11 @@ func (w *worker) input(frame []byte, from netip.AddrPort) {
 	src, dst := from.Addr(), w.local.Addr()
 	if !w.udp {
 		src, dst = pkt.Src(), pkt.Dst()
-	} else if from.Port() != qp.peer.Port() {
+	} else if from.Port() != peerOf(&qp.path).Port() {
 		src = netip.Addr{}
 	}
 	if pkt.Info.Service != qp.svc || pkt.BTH.PKey() != pkeyDefault ||
-		src.Unmap() != qp.attr.RemoteAddr.Unmap() || dst.Unmap() != qp.attr.LocalAddr.Unmap() {
+		src.Unmap() != qp.path.Dst.Unmap() || dst.Unmap() != qp.attr.LocalAddr.Unmap() {
 		w.Counters.BadPeer.Add(1)
 		return
 	}
@@ -321,7 +329,7 @@ func (w *worker) input(frame []byte, from netip.AddrPort) {
 	case pkt.Info.Is(roce.OpResponse):
 		qp.compRx(&w.in)
 	default:
-		qp.Counters.Dropped.Add(1)
+		qp.Counters.Rare().Dropped.Add(1)
 	}
 }
 
