@@ -11,6 +11,9 @@ type LinkStats struct {
 	Link      string `json:"link"`
 	Interface string `json:"interface"`
 	MAC       string `json:"mac"`
+	// Offload is the TAP link's UDP segmentation offload: "uso", or
+	// "off: " and why.
+	Offload string `json:"offload,omitempty"`
 	// Queues: per queue, the frames the steering program put there and
 	// what the link did with them.
 	Queues []QueueStats `json:"queues"`
@@ -47,4 +50,12 @@ type TAPQueueStats struct {
 	TxBytes     uint64 `json:"tx_bytes"`
 	TxErrors    uint64 `json:"tx_errors"`
 	Wakeups     uint64 `json:"wakeups"`
+	// UDP segmentation offload: segmented writes and the frames they
+	// carried, segmented packets read and the frames cut from them, reads
+	// dropped as bad input (virtio-net header or segmented packet).
+	TxGSO       uint64 `json:"tx_gso"`
+	TxGSOFrames uint64 `json:"tx_gso_frames"`
+	RxGSO       uint64 `json:"rx_gso"`
+	RxGSOFrames uint64 `json:"rx_gso_frames"`
+	RxBad       uint64 `json:"rx_bad"`
 }

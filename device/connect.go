@@ -45,18 +45,23 @@ func (d *Device) claimPeer(q *QP, cur, next QPState, mask AttrMask, a *abi.QPAtt
 	if mask&AttrDestQPN != 0 {
 		k.qpn = a.DestQPNum
 	}
-	if h := d.peers[k]; h != nil && h != q {
+	if h := d.peers.get(k); h != nil && h != q {
 		return errorf(errAddrInUse, "remote QP %#x at %v is connected to QP %#x of this device already", k.qpn, netip.AddrFrom16(k.gid).Unmap(), h.qpn)
 	}
-	d.peers[k] = q
+	if q.claimed {
+		// Claimed already (the table is keyed by q.peer): drop the
+		// old claim first.
+		d.releasePeer(q)
+	}
 	q.peer, q.claimed = k, true
+	d.peers.put(q)
 	return nil
 }
 
 // releasePeer drops q's claim (RESET, destroy).
 func (d *Device) releasePeer(q *QP) {
-	if q.claimed && d.peers[q.peer] == q {
-		delete(d.peers, q.peer)
+	if q.claimed && d.peers.get(q.peer) == q {
+		d.peers.delete(q.peer)
 	}
 	q.claimed = false
 }

@@ -13,9 +13,7 @@ package device
 // QPs destroyed so far. Called with d.mu held.
 func (d *Device) dataPathTotalsLocked() QPCounters {
 	t := d.dpRetired
-	for _, q := range d.qps {
-		t.Add(d.dp.Counters(q))
-	}
+	d.qps.each(func(q *QP) { t.Add(d.dp.Counters(q)) })
 	return t
 }
 

@@ -147,12 +147,12 @@ type Device struct {
 	mu       sync.Mutex
 	contexts map[uint32]*Context
 	nextCtx  uint32
-	qps      map[uint32]*QP // by QPN, device-wide
-	qpnRand  *rand.Rand     // allocQPN (ChaCha8 seeded from the OS CSPRNG)
+	qps      *qpTable[uint32] // by QPN, device-wide
+	qpnRand  *rand.Rand       // allocQPN (ChaCha8 seeded from the OS CSPRNG)
 	// peers holds, for every connected RC QP (RTR and after, until RESET
 	// or destroy), the remote end it is connected to: one remote QP is
 	// claimed by at most one local QP (connect.go).
-	peers  map[peerKey]*QP
+	peers  *qpTable[peerKey] // by QP.peer
 	totals ResourceCounts
 	// dpRetired sums the engine counters of the QPs destroyed so far
 	// (counters.go).
@@ -229,9 +229,9 @@ func New(cfg Config) (*Device, error) {
 		dp:       cfg.DataPlane,
 		start:    time.Now(),
 		contexts: make(map[uint32]*Context),
-		qps:      make(map[uint32]*QP),
+		qps:      qpnTable(),
 		qpnRand:  rand.New(rand.NewChaCha8(seed)),
-		peers:    make(map[peerKey]*QP),
+		peers:    peerTable(),
 		lns:      make(map[Listener]struct{}),
 		conns:    make(map[*net.UnixConn]struct{}),
 		accounts: make(map[uint32]*account),

@@ -6,7 +6,8 @@ package device
 func (d *Device) StoreQPState(qpn uint32, s QPState) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	q, ok := d.qps[qpn]
+	q := d.qps.get(qpn)
+	ok := q != nil
 	if ok {
 		q.StateWord().TransportState(s)
 	}

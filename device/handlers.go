@@ -82,7 +82,7 @@ func (cn *conn) openContext(r *request) (reply, error) {
 		pds:     map[uint32]*pd{},
 		mrs:     map[uint32]*mr{},
 		cqs:     map[uint32]*CQ{},
-		qps:     map[uint32]*QP{},
+		qps:     qpnTable(),
 		srqs:    map[uint32]*SRQ{},
 		ahs:     map[uint32]*AH{},
 	}

@@ -82,8 +82,7 @@ func (cn *conn) createQP(r *request) (reply, error) {
 	if err := d.limit(cx, "QPs", cx.counts.QP, d.totals.QP, d.cfg.Limits.PerClient.QP, d.cfg.Limits.PerDevice.QP); err != nil {
 		return reply{}, err
 	}
-	q := &QP{ctx: cx, typ: c.QPType, pd: p, sendCQ: scq, recvCQ: rcq, srq: s, sigAll: c.SQSigAll == 1,
-		cap: cp, sqPA: c.SQPA, rqPA: c.RQPA}
+	q := &QP{ctx: cx, typ: c.QPType, pd: p, sendCQ: scq, recvCQ: rcq, srq: s, sigAll: c.SQSigAll == 1}
 	q.state.store(StateReset)
 	q.state.q = q
 	q.sqBlocks = abi.SQWQEBlocks(cp.MaxSendSGE, cp.MaxInlineData)
@@ -112,8 +111,8 @@ func (cn *conn) createQP(r *request) (reply, error) {
 		d.unpinQP(q)
 		return reply{}, errorf(errNoMem, "data plane: %v", err)
 	}
-	d.qps[q.qpn] = q
-	cx.qps[q.qpn] = q
+	d.qps.put(q)
+	cx.qps.put(q)
 	p.users++
 	scq.users++
 	rcq.users++
@@ -134,7 +133,7 @@ func (cn *conn) createQP(r *request) (reply, error) {
 func (d *Device) allocQPN() uint32 {
 	for {
 		n := firstQPN + d.qpnRand.Uint32N(roce.QPNMask+1-firstQPN)
-		if _, used := d.qps[n]; !used {
+		if d.qps.get(n) == nil {
 			return n
 		}
 	}
@@ -170,12 +169,29 @@ func lookupArg[T any](r *request, table map[uint32]T, what string) (T, error) {
 	return lookup(table, what, h)
 }
 
+// lookupQP finds QP qpn of the context (errNoEnt as lookup's).
+func (cx *Context) lookupQP(qpn uint32) (*QP, error) {
+	if q := cx.qps.get(qpn); q != nil {
+		return q, nil
+	}
+	return nil, errorf(errNoEnt, "QP %d not found", qpn)
+}
+
+// lookupQPArg is lookupArg for the context's QPs.
+func lookupQPArg(r *request, cx *Context) (*QP, error) {
+	h, err := handleArg(r)
+	if err != nil {
+		return nil, err
+	}
+	return cx.lookupQP(h)
+}
+
 func (cn *conn) modifyQP(r *request) (reply, error) {
 	var c abi.CmdModifyQPReq
 	if err := decode(r, &c); err != nil {
 		return reply{}, err
 	}
-	q, err := lookup(cn.ctx.qps, "QP", c.QPN)
+	q, err := cn.ctx.lookupQP(c.QPN)
 	if err != nil {
 		return reply{}, err
 	}
@@ -228,7 +244,7 @@ func (d *Device) modifyQPLocked(q *QP, mask AttrMask, a *abi.QPAttr) error {
 }
 
 func (cn *conn) queryQP(r *request) (reply, error) {
-	q, err := lookupArg(r, cn.ctx.qps, "QP")
+	q, err := lookupQPArg(r, cn.ctx)
 	if err != nil {
 		return reply{}, err
 	}
@@ -248,7 +264,7 @@ func (cn *conn) queryQP(r *request) (reply, error) {
 	st := q.state.Load()
 	resp.Attr.QPState = st
 	resp.Attr.CurQPState = st
-	resp.Attr.Cap = q.cap
+	resp.Attr.Cap = q.attr.Cap
 	if q.sigAll {
 		resp.SQSigAll = 1
 	}
@@ -259,7 +275,7 @@ func (cn *conn) queryQP(r *request) (reply, error) {
 }
 
 func (cn *conn) destroyQP(r *request) (reply, error) {
-	q, err := lookupArg(r, cn.ctx.qps, "QP")
+	q, err := lookupQPArg(r, cn.ctx)
 	if err != nil {
 		return reply{}, err
 	}
@@ -278,8 +294,8 @@ func (d *Device) freeQP(cx *Context, q *QP) {
 		d.unpinQP(q)
 		cx.db.Free(q.dbIndex)
 	})
-	delete(d.qps, q.qpn)
-	delete(cx.qps, q.qpn)
+	d.qps.delete(q.qpn)
+	cx.qps.delete(q.qpn)
 	q.pd.users--
 	q.sendCQ.users--
 	q.recvCQ.users--
@@ -442,7 +458,7 @@ func (d *Device) freeAH(cx *Context, a *AH) {
 func (d *Device) releaseContextLocked(cx *Context, why string) {
 	d.releaseCM(cx)
 	cx.closeEvents()
-	for _, q := range cx.qps {
+	for _, q := range cx.qps.list() {
 		d.freeQP(cx, q)
 	}
 	for _, a := range cx.ahs {

@@ -32,15 +32,14 @@ func wrapDMA(err error) error {
 }
 
 // pin holds a range of host memory (a ring) in place: while it is held the
-// region cannot be removed. release is idempotent.
-type pin struct {
-	b []byte
-	p *dma.Pin
-}
+// region cannot be removed. release is idempotent. It is the dma pin
+// itself, which gives the bytes back (no copy of the slice beside it: a
+// QP holds two).
+type pin dma.Pin
 
-// bytes is the pinned range as mapped in the daemon.
-func (p *pin) bytes() []byte { return p.b }
-func (p *pin) release()      { p.p.Release() }
+// bytes is the pinned range as mapped in the daemon (while it is held).
+func (p *pin) bytes() []byte { return (*dma.Pin)(p).Bytes() }
+func (p *pin) release()      { (*dma.Pin)(p).Release() }
 
 // addRegion registers the memfd fd (length bytes) for owner. The space
 // duplicates fd; the caller still owns (and closes) fd.
@@ -57,11 +56,11 @@ func (m memory) removeRegion(o Owner, handle uint32) error {
 
 // pinRange pins [pa, pa+length), which must lie in one region of owner.
 func (m memory) pinRange(o Owner, pa, length uint64) (*pin, error) {
-	b, p, err := m.s.Slice(o, pa, length)
+	_, p, err := m.s.Slice(o, pa, length)
 	if err != nil {
 		return nil, wrapDMA(err)
 	}
-	return &pin{b: b, p: p}, nil
+	return (*pin)(p), nil
 }
 
 // registerMR registers an MR from a page list; its lkey names it for

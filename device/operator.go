@@ -6,6 +6,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -202,12 +203,14 @@ func (d *Device) listCQs() []any {
 func (d *Device) listQPs() []any {
 	var out []any
 	for _, cx := range d.sortedContexts() {
-		for _, n := range sortedKeys(cx.qps) {
-			q := cx.qps[n]
+		qs := cx.qps.list()
+		slices.SortFunc(qs, func(a, b *QP) int { return cmp.Compare(a.qpn, b.qpn) })
+		for _, q := range qs {
+			n := q.qpn
 			qi := admin.QPInfo{Ctx: cx.handle, QPN: n, Type: qpTypeName(q.typ), State: q.state.Load().String(),
 				PD: q.pd.handle, SendCQ: q.sendCQ.handle, RecvCQ: q.recvCQ.handle,
 				SQPSN: q.attr.SQPSN, RQPSN: q.attr.RQPSN, DestQPN: q.attr.DestQPNum,
-				PathMTU: q.attr.PathMTU.Bytes(), SendWR: q.cap.MaxSendWR, RecvWR: q.cap.MaxRecvWR,
+				PathMTU: q.attr.PathMTU.Bytes(), SendWR: q.attr.Cap.MaxSendWR, RecvWR: q.attr.Cap.MaxRecvWR,
 				Counters: d.dp.Counters(q)}
 			if q.srq != nil {
 				h := q.srq.handle

@@ -96,8 +96,8 @@ func (d *Device) applyAttr(q *QP, next QPState, mask AttrMask, a *abi.QPAttr) {
 	if next == StateReset {
 		// RESET returns the QP to its state after creation (IBTA 10.3.1:
 		// the QP's attributes are reset to their initial values).
-		*t = abi.QPAttr{PortNum: devicePort, Cap: q.cap}
-		q.local, q.remote = netip.Addr{}, netip.Addr{}
+		*t = abi.QPAttr{PortNum: devicePort, Cap: t.Cap}
+		q.local = netip.Addr{}
 		return
 	}
 	if mask&AttrAccessFlags != 0 {
@@ -116,7 +116,6 @@ func (d *Device) applyAttr(q *QP, next QPState, mask AttrMask, a *abi.QPAttr) {
 		t.AHAttr = a.AHAttr
 		// checkAH made sure the source GID index is in the table.
 		q.local = netip.AddrFrom16(d.cfg.Link.GIDs[a.AHAttr.SGIDIndex]).Unmap()
-		q.remote = netip.AddrFrom16(a.AHAttr.DGID).Unmap()
 	}
 	if mask&AttrPathMTU != 0 {
 		t.PathMTU = a.PathMTU

@@ -40,14 +40,17 @@ func FuzzModifyQP(f *testing.F) {
 			return
 		}
 		abi.Unmarshal(attr, &a)
-		q := &QP{typ: QPType(typ), cap: abi.QPCap{MaxSendWR: 1}}
+		q := &QP{typ: QPType(typ), attr: abi.QPAttr{Cap: abi.QPCap{MaxSendWR: 1}}}
 		q.state.store(QPState(cur % numStates))
 		type snapshot struct {
 			state         QPState
 			attr          abi.QPAttr
 			local, remote netip.Addr
 		}
-		snap := func() snapshot { return snapshot{q.state.Load(), q.attr, q.local, q.remote} }
+		snap := func() snapshot {
+			local, remote := q.Path()
+			return snapshot{q.state.Load(), q.attr, local, remote}
+		}
 		before := snap()
 		err := d.modifyQPLocked(q, AttrMask(mask), &a)
 		if err != nil {

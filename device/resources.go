@@ -31,7 +31,7 @@ type Context struct {
 	pds        map[uint32]*pd
 	mrs        map[uint32]*mr
 	cqs        map[uint32]*CQ
-	qps        map[uint32]*QP
+	qps        *qpTable[uint32] // by QPN
 	srqs       map[uint32]*SRQ
 	ahs        map[uint32]*AH
 
@@ -178,36 +178,39 @@ func (a *AH) Path() (local, remote netip.Addr) { return a.local, a.remote }
 // configuration through the accessor methods; they must be called with the
 // device lock held (i.e. from DataPlane calls) or on values copied then,
 // except StateWord, which is shared with the transport (see StateWord).
+//
+// The fields are ordered so that the struct has no padding (an idle QP
+// holds it: BENCHMARKS.md, "Idle QPs"). The rings' addresses are the
+// pins'.
 type QP struct {
 	qpn      uint32
-	ctx      *Context
 	typ      QPType
-	pd       *pd
-	sendCQ   *CQ
-	recvCQ   *CQ
-	srq      *SRQ
-	sigAll   bool
-	cap      abi.QPCap
-	sqPA     uint64
-	rqPA     uint64
+	dbIndex  uint32
 	sqBlocks uint32
 	rqSize   uint32
-	sqRing   *pin
-	rqRing   *pin // nil with an SRQ
-	dbIndex  uint32
-	state    StateWord
-	attr     abi.QPAttr // the attributes as last set (QUERY_QP takes the state from state)
-	// local and remote are the path's addresses, from the address vector
-	// (the source GID looked up in the device's GID table, the destination
-	// GID), as IPv4 when they are IPv4-mapped (RoCE v2 GIDs); invalid
-	// until an AV is set.
-	local, remote netip.Addr
 	// portMTU is the link's largest MTU: a UD QP's message limit.
 	portMTU abi.MTU
+	ctx     *Context
+	pd      *pd
+	sendCQ  *CQ
+	recvCQ  *CQ
+	srq     *SRQ
+	sqRing  *pin
+	rqRing  *pin // nil with an SRQ
+	state   StateWord
+	// attr are the attributes as last set (QUERY_QP takes the state from
+	// state); attr.Cap the granted capacities.
+	attr abi.QPAttr
+	// local is the path's source address, the source GID of the address
+	// vector looked up in the device's GID table, as IPv4 when it is
+	// IPv4-mapped (RoCE v2 GIDs); invalid until an AV is set. The
+	// destination is attr.AHAttr.DGID (Path).
+	local netip.Addr
 	// peer is the remote QP this RC or UC QP claimed at RTR (claimed set; see
 	// connect.go).
 	peer    peerKey
 	claimed bool
+	sigAll  bool
 }
 
 // QPN returns the QP number.
@@ -228,13 +231,18 @@ func (q *QP) StateWord() *StateWord { return &q.state }
 
 // Path returns the addresses of the QP's path (see QP.local); both are
 // invalid before an address vector was set.
-func (q *QP) Path() (local, remote netip.Addr) { return q.local, q.remote }
+func (q *QP) Path() (local, remote netip.Addr) {
+	if !q.local.IsValid() {
+		return netip.Addr{}, netip.Addr{}
+	}
+	return q.local, netip.AddrFrom16(q.attr.AHAttr.DGID).Unmap()
+}
 
 // Attr returns the attributes as last set by MODIFY_QP.
 func (q *QP) Attr() abi.QPAttr { return q.attr }
 
 // Cap returns the granted capacities (ring slot counts, SGEs, inline).
-func (q *QP) Cap() abi.QPCap { return q.cap }
+func (q *QP) Cap() abi.QPCap { return q.attr.Cap }
 
 // SQ returns the send ring bytes (pinned while the QP exists) and the
 // slot size in 64-byte blocks.

@@ -2,7 +2,9 @@ package dma
 
 import (
 	"fmt"
+	"math"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -196,28 +198,40 @@ func (s *Space) RemoveRegion(o Owner, handle uint32) error {
 // Pin keeps a region mapped while a ring view of it is in use. Release it
 // when the ring is destroyed; the []byte from Slice must not be touched
 // after that.
+//
+// Every QP holds two (its rings): the fields fit 32 bytes.
 type Pin struct {
-	s      *Space
-	r      *region
-	off, n uint64 // the pinned range of r
-	once   sync.Once
+	s    *Space
+	r    *region
+	off  uint64        // the pinned range of r: [off, off+n)
+	n    uint32        // a ring is far below 4 GiB (Slice checks)
+	done atomic.Uint32 // Release ran
+}
+
+// Bytes returns the pinned range as the daemon maps it, as Slice did
+// (the region stays mapped while the pin is held): a holder need not keep
+// the slice beside the pin. Not valid after Release.
+func (p *Pin) Bytes() []byte {
+	end := p.off + uint64(p.n)
+	return p.r.mem[p.off:end:end]
 }
 
 // Release drops the pin. Safe to call more than once. Ring views are not
 // covered by the accessor grace period: the ring's user must have stopped
 // touching the slice before it calls Release.
 func (p *Pin) Release() {
-	p.once.Do(func() {
-		s := p.s
-		s.mu.Lock()
-		s.unpinRange(p.r, p.off, p.n)
-		p.r.pins--
-		last := p.r.dead && p.r.pins == 0
-		s.mu.Unlock()
-		if last {
-			s.retire(&retireList{regions: []*region{p.r}})
-		}
-	})
+	if !p.done.CompareAndSwap(0, 1) {
+		return
+	}
+	s := p.s
+	s.mu.Lock()
+	s.unpinRange(p.r, p.off, uint64(p.n))
+	p.r.pins--
+	last := p.r.dead && p.r.pins == 0
+	s.mu.Unlock()
+	if last {
+		s.retire(&retireList{regions: []*region{p.r}})
+	}
 }
 
 // Slice returns the bytes of [pa, pa+length) for a ring of owner, which
@@ -229,6 +243,9 @@ func (p *Pin) Release() {
 func (s *Space) Slice(o Owner, pa, length uint64) ([]byte, *Pin, error) {
 	if length == 0 {
 		return nil, nil, fmt.Errorf("%w: zero-length slice", ErrInvalid)
+	}
+	if length > math.MaxUint32 {
+		return nil, nil, fmt.Errorf("%w: ring of %d bytes", ErrTooLarge, length)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -244,7 +261,7 @@ func (s *Space) Slice(o Owner, pa, length uint64) ([]byte, *Pin, error) {
 		return nil, nil, fmt.Errorf("ring at PA %#x (%d bytes): %w", pa, length, err)
 	}
 	r.pins++
-	return r.mem[off : off+length : off+length], &Pin{s: s, r: r, off: off, n: length}, nil
+	return r.mem[off : off+length : off+length], &Pin{s: s, r: r, off: off, n: uint32(length)}, nil
 }
 
 // ReadPageList copies n little-endian u64 page addresses stored at pa in

@@ -56,6 +56,11 @@ type TAPCounters struct {
 	TxBytes     atomic.Uint64 // their bytes
 	TxErrors    atomic.Uint64 // frames the kernel refused (dropped)
 	Wakeups     atomic.Uint64 // Ready signals (a sleeping worker woken by a frame)
+	TxGSO       atomic.Uint64 // segmented writes (several frames in one write)
+	TxGSOFrames atomic.Uint64 // the frames they carried
+	RxGSO       atomic.Uint64 // segmented packets read
+	RxGSOFrames atomic.Uint64 // the frames cut from them
+	RxBad       atomic.Uint64 // reads dropped: bad virtio-net header or segmented packet
 }
 
 // TAPQueueStats is a snapshot of one port's counters: the operator's type
@@ -74,6 +79,9 @@ type TAPLink struct {
 	once  sync.Once
 	err   error
 	close func() error // closes the queues (ends blocked reads)
+
+	offload   atomic.Pointer[string] // the offload's state, for the stats
+	refusedMu sync.Once              // logs the first refused segmented write
 }
 
 // TAPPort is one worker's queue; it implements the engine's Link.
@@ -108,6 +116,7 @@ type TAPPort struct {
 
 	// Owner-private.
 	sizes []int
+	gso   *tapGSO // nil without the offload
 
 	Counters TAPCounters
 }
@@ -133,9 +142,39 @@ func NewTAP(dev *tap.Device, cfg TAPConfig) (*TAPLink, error) {
 		return nil, err
 	}
 	l.dev = dev
-	l.cfg.Logger.Info("link: TAP link up", "device", dev.Name(), "queues", dev.NumQueues(), "frame_cap", cfg.FrameCap)
+	uso, msg := dev.Offload()
+	if uso {
+		for i, p := range l.ports {
+			p.gso = newTapGSO(dev.Queue(i), cfg.FrameCap)
+		}
+	}
+	l.offload.Store(&msg)
+	l.cfg.Logger.Info("link: TAP link up", "device", dev.Name(), "queues", dev.NumQueues(), "frame_cap", cfg.FrameCap,
+		"offload", msg)
 	return l, nil
 }
+
+// Offload says whether the link moves runs of frames as segmented packets
+// (UDP segmentation offload): "uso", or "off: " and why (the device has no
+// offload, or the kernel refused a segmented write).
+func (l *TAPLink) Offload() string {
+	if s := l.offload.Load(); s != nil {
+		return *s
+	}
+	return "off (no device)"
+}
+
+// gsoRefused records that the kernel refused a segmented write on a port
+// (which then writes one frame per write).
+func (l *TAPLink) gsoRefused(port int, err error) {
+	l.refusedMu.Do(func() {
+		msg := "off: the kernel refused a segmented write: " + err.Error()
+		l.offload.Store(&msg)
+		l.cfg.Logger.Warn("link: TAP segmentation offload refused; one frame per write", "queue", port, "err", err)
+	})
+}
+
+func errTAPClosed(err error) error { return fmt.Errorf("%w: %v", ErrTAPClosed, err) }
 
 // newTAPLink builds the ports over qs; closeQueues must make blocked
 // ReadBatch calls return an error.
@@ -184,6 +223,8 @@ func (l *TAPLink) Stats() []TAPQueueStats {
 			Queue: i, RxFrames: c.RxFrames.Load(), RxBytes: c.RxBytes.Load(), RxNeighbor: c.RxNeighbor.Load(),
 			RxOther: c.RxOther.Load(), RxMisqueued: c.RxMisqueued.Load(), ReadErrors: c.ReadErrors.Load(),
 			TxFrames: c.TxFrames.Load(), TxBytes: c.TxBytes.Load(), TxErrors: c.TxErrors.Load(), Wakeups: c.Wakeups.Load(),
+			TxGSO: c.TxGSO.Load(), TxGSOFrames: c.TxGSOFrames.Load(), RxGSO: c.RxGSO.Load(), RxGSOFrames: c.RxGSOFrames.Load(),
+			RxBad: c.RxBad.Load(),
 		}
 	}
 	return out
@@ -325,6 +366,9 @@ func (p *TAPPort) RecvBatch(frames [][]byte, _ []netip.AddrPort) (int, error) {
 		}
 		frames[i] = frames[i][:cap(frames[i])]
 	}
+	if p.gso != nil {
+		return p.recvOffload(frames, want)
+	}
 	n, err := p.q.TryReadBatch(frames[:want], p.sizes, 0)
 	if err != nil {
 		if errors.Is(err, os.ErrClosed) {
@@ -354,6 +398,9 @@ func (p *TAPPort) RecvBatch(frames [][]byte, _ []netip.AddrPort) (int, error) {
 // stall the worker; after Close it fails with ErrTAPClosed. Frames are
 // whole Ethernet frames: peers is not read (may be nil).
 func (p *TAPPort) SendBatch(frames [][]byte, _ []netip.AddrPort) (int, error) {
+	if p.gso != nil {
+		return p.sendOffload(frames)
+	}
 	sent := 0
 	for sent < len(frames) {
 		n, err := p.q.WriteBatch(frames[sent:], 0)

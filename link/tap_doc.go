@@ -15,13 +15,19 @@
 // port or a host interface, and nothing is synthesized.
 //
 // Receive: RecvBatch reads the queue itself, non-blocking, into the
-// worker's own buffers (tap.Queue.TryReadBatch), classifies what it read
-// and returns the RoCE frames; a waiter goroutine per queue watches the
-// queue only while the worker sleeps (ArmReady, see TAPPort).
-// Send: SendBatch writes the caller's frames (the kernel copies, one
-// write per frame: a TAP without a virtio-net header has no batched
-// write); a frame the kernel refuses is counted and dropped so that it
-// cannot stall the worker. Neither path allocates.
+// worker's own buffers, classifies what it read and returns the RoCE
+// frames; a waiter goroutine per queue watches the queue only while the
+// worker sleeps (ArmReady, see TAPPort).
+// Send: SendBatch writes the caller's frames (the kernel copies); a frame
+// the kernel refuses is counted and dropped so that it cannot stall the
+// worker. Neither path allocates.
+//
+// With the device's UDP segmentation offload (tap.Device.Offload, on by
+// default) a run of frames to one QP goes as one segmented write and a
+// read may return a whole run, which the port splits into frames with the
+// headers the kernel's segmentation would have written (tap_gso.go,
+// kernel-notes/tap-offload.md). Without it, one write and one read per
+// frame.
 //
 // The link owns the device: Close stops the waiters and closes the
 // device, which removes the interface (and the programs attached to it).

@@ -408,3 +408,11 @@ func TestNoAllocPerWQE(t *testing.T) {
 	assert.Zero(t, allocs)
 	assert.Equal(t, s.post, s.ci.Load())
 }
+
+func TestMaxSlotBytes(t *testing.T) {
+	sq := SQConfig{MaxSGE: abi.MaxSGE, MaxInline: abi.MaxInline}.Stride()
+	rq := RecvConfig{MaxSGE: abi.MaxSGE}.Stride()
+	if MaxSlotBytes != max(sq, rq) {
+		t.Fatalf("MaxSlotBytes %d, largest slot %d", MaxSlotBytes, max(sq, rq))
+	}
+}

@@ -4,18 +4,24 @@ import (
 	"fmt"
 	"math/bits"
 	"sync/atomic"
+
+	"github.com/vrnic/vrnic/abi"
 )
 
 // consumer is the index logic shared by the work queues: the daemon
 // consumes slots the client produced.
+//
+// The fields are ordered so that the struct has no padding (every QP
+// holds two).
 type consumer struct {
-	ring   []byte // exactly slots*stride bytes of client memory
-	slots  uint32 // power of two, private
-	mask   uint32
-	stride uint32 // slot size in bytes, private
+	ring []byte // exactly slots*stride bytes of client memory
 
 	pi *atomic.Uint32 // client-written producer index (doorbell record)
 	ci *atomic.Uint32 // daemon-written consumer index (doorbell record)
+
+	slots  uint32 // power of two, private
+	mask   uint32
+	stride uint32 // slot size in bytes, private
 
 	head      uint32 // next index to consume
 	tail      uint32 // producer index validated by the last poll
@@ -88,3 +94,21 @@ func (c *consumer) Pending() uint32 { return c.tail - c.head }
 
 // Err is the sticky error of a broken ring (nil while healthy).
 func (c *consumer) Err() error { return c.broken }
+
+// MaxSlotBytes is the largest slot of any send or receive queue (the
+// largest WQE: abi.MaxSGE SGEs or abi.MaxInline inline bytes).
+const MaxSlotBytes = (1 + max((abi.MaxSGE+abi.SGEsPerBlock-1)/abi.SGEsPerBlock, (abi.MaxInline+abi.WQEBlock-1)/abi.WQEBlock)) * abi.WQEBlock
+
+// SlotBuffer is the private copy of one slot a queue decodes a WQE from;
+// queues consumed by one goroutine may share one (SQConfig.Slot,
+// RecvConfig.Slot).
+type SlotBuffer [MaxSlotBytes]byte
+
+// slotBuffer returns the caller's shared slot buffer, or one of the
+// queue's own.
+func slotBuffer(shared *SlotBuffer) *SlotBuffer {
+	if shared != nil {
+		return shared
+	}
+	return new(SlotBuffer)
+}

@@ -11,6 +11,10 @@ import (
 type RecvConfig struct {
 	Slots  uint32 // power of two, 1..abi.MaxQPWR (abi.MaxSRQWR for an SRQ)
 	MaxSGE uint32 // <= abi.MaxSGE
+	// Slot is as SQConfig.Slot: a buffer shared by queues that one
+	// goroutine consumes (not an SRQ's, which several
+	// workers consume under its lock).
+	Slot *SlotBuffer
 }
 
 // Stride is the slot size in bytes.
@@ -34,7 +38,7 @@ func (wr *RecvWR) SGEs() []abi.SGE { return wr.SGE[:wr.NumSGE] }
 type RecvQueue struct {
 	consumer
 	maxSGE uint32
-	buf    []byte
+	buf    *SlotBuffer // private copy of one slot (RecvConfig.Slot: shared)
 }
 
 // NewRQ returns a receive queue over ring whose producer index is pi (rq_pi)
@@ -57,7 +61,7 @@ func newRecvQueue(ring []byte, cfg RecvConfig, maxSlots uint32, pi, ci *atomic.U
 	if err := q.init(ring, cfg.Slots, cfg.Stride(), maxSlots, pi, ci); err != nil {
 		return nil, err
 	}
-	q.buf = make([]byte, cfg.Stride())
+	q.buf = slotBuffer(cfg.Slot)
 	return q, nil
 }
 
@@ -78,7 +82,7 @@ func (q *RecvQueue) Next(wr *RecvWR) (bool, error) {
 	slot := q.ring[off : off+q.stride]
 	copy(q.buf[:abi.SizeofRecvWQE], slot)
 	var h abi.RecvWQE
-	h.Decode(q.buf)
+	h.Decode(q.buf[:])
 	wr.WrID, wr.NumSGE, wr.Length = h.WrID, 0, 0
 	r := ReasonNone
 	switch {

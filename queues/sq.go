@@ -12,6 +12,12 @@ type SQConfig struct {
 	Slots     uint32 // power of two, 1..abi.MaxQPWR
 	MaxSGE    uint32 // <= abi.MaxSGE
 	MaxInline uint32 // <= abi.MaxInline
+	// Slot, if set, is the private copy of one slot the queue decodes each
+	// WQE from, instead of a buffer of its own: queues consumed by one
+	// goroutine one WQE at a time may share one (a worker's), so that an
+	// idle queue holds none.
+	// SendWR.Inline aliases it until the next Next of any queue sharing it.
+	Slot *SlotBuffer
 }
 
 // Stride is the slot size in bytes.
@@ -40,7 +46,7 @@ type SQ struct {
 	consumer
 	maxSGE    uint32
 	maxInline uint32
-	buf       []byte // private copy of one slot
+	buf       *SlotBuffer // private copy of one slot (SQConfig.Slot: shared)
 }
 
 // NewSQ returns a send queue over ring (client memory, at least
@@ -55,9 +61,12 @@ func NewSQ(ring []byte, cfg SQConfig, pi, ci *atomic.Uint32) (*SQ, error) {
 	if err := q.init(ring, cfg.Slots, cfg.Stride(), abi.MaxQPWR, pi, ci); err != nil {
 		return nil, err
 	}
-	q.buf = make([]byte, cfg.Stride())
+	q.buf = slotBuffer(cfg.Slot)
 	return q, nil
 }
+
+// Ring returns the client memory the queue reads its slots from.
+func (q *SQ) Ring() []byte { return q.ring }
 
 // Poll loads the client's producer index once and returns how many WQEs are
 // ready. An impossible index returns ErrIndex (sticky): the QP must move to
@@ -79,7 +88,7 @@ func (q *SQ) Next(wr *SendWR) (bool, error) {
 	slot := q.ring[off : off+q.stride]
 	// Copy the control block once; decide everything on the copy.
 	copy(q.buf[:abi.SizeofSendWQE], slot)
-	wr.SendWQE.Decode(q.buf)
+	wr.SendWQE.Decode(q.buf[:])
 	wr.Inline = nil
 	wr.Length = 0
 	if r := q.check(wr, slot); r != ReasonNone {

@@ -61,6 +61,12 @@ type Config struct {
 	NetNS netns.NsHandle
 	// Neighbor sets ARP/ND timing.
 	Neighbor NeighborConfig
+	// NoOffload creates the device without a virtio-net header (each
+	// read and write exactly one frame, no checksum or segmentation
+	// offload), as before the offload existed. By default the device has
+	// IFF_VNET_HDR and asks for TUN_F_CSUM|TUN_F_USO4|TUN_F_USO6
+	// (Device.Offload says what it got).
+	NoOffload bool
 }
 
 // Device is a multi-queue TAP device and the emulated NIC's view of it.
@@ -72,6 +78,10 @@ type Device struct {
 	queues []*Queue
 	gids   *GIDTable
 	neigh  *Neighbors
+
+	vnet       int    // VnetHdrLen with IFF_VNET_HDR, else 0
+	uso        bool   // TUNSETOFFLOAD took the checksum and USO offloads
+	offloadMsg string // what Offload reports
 
 	closeOnce sync.Once
 	closeErr  error
@@ -111,18 +121,39 @@ func Create(cfg Config) (*Device, error) {
 		files []*os.File
 		name  string
 		index int
+		vnet  bool
 	)
 	err = inNetNS(cfg.NetNS, func(h *netlink.Handle) error {
 		var err error
-		files, name, index, err = createLink(h, cfg)
+		files, name, index, err = createLink(h, cfg, !cfg.NoOffload)
+		vnet = !cfg.NoOffload
+		if err != nil && !cfg.NoOffload {
+			// A kernel that refuses IFF_VNET_HDR: the plain device.
+			files, name, index, err = createLink(h, cfg, false)
+			vnet = false
+		}
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
 	d := &Device{name: name, index: index, mtu: cfg.MTU, mac: cfg.MAC, gids: gids}
+	switch {
+	case cfg.NoOffload:
+		d.offloadMsg = "off (not asked for)"
+	case !vnet:
+		d.offloadMsg = "off: the kernel refused IFF_VNET_HDR"
+	default:
+		d.vnet = VnetHdrLen
+		if oerr := setOffload(files[0]); oerr != nil {
+			d.offloadMsg = "off: " + oerr.Error()
+		} else {
+			d.uso = true
+			d.offloadMsg = "uso"
+		}
+	}
 	for i, f := range files {
-		q, err := newQueue(i, f)
+		q, err := newQueue(i, f, d.vnet)
 		if err != nil {
 			for _, f := range files {
 				f.Close()
@@ -132,20 +163,23 @@ func Create(cfg Config) (*Device, error) {
 		d.queues = append(d.queues, q)
 	}
 	d.neigh = NewNeighbors(cfg.MAC, cfg.Addrs, cfg.Neighbor, d.queues[0].WriteFrame)
-	slog.Info("tap device created", "name", name, "queues", cfg.Queues, "mtu", cfg.MTU, "mac", cfg.MAC.String())
+	slog.Info("tap device created", "name", name, "queues", cfg.Queues, "mtu", cfg.MTU, "mac", cfg.MAC.String(), "offload", d.offloadMsg)
 	return d, nil
 }
 
 // createLink runs in the target namespace: creates the non-persistent
 // multi-queue TAP, verifies its flags and configures the link. On error
 // the fds are closed, which removes the device.
-func createLink(h *netlink.Handle, cfg Config) (files []*os.File, name string, index int, err error) {
+func createLink(h *netlink.Handle, cfg Config, vnet bool) (files []*os.File, name string, index int, err error) {
 	tt := &netlink.Tuntap{
 		LinkAttrs:  netlink.LinkAttrs{Name: cfg.Name},
 		Mode:       netlink.TUNTAP_MODE_TAP,
 		Flags:      netlink.TUNTAP_MULTI_QUEUE_DEFAULTS | netlink.TUNTAP_NO_PI,
 		Queues:     cfg.Queues,
 		NonPersist: true,
+	}
+	if vnet {
+		tt.Flags |= netlink.TUNTAP_VNET_HDR
 	}
 	if err := h.LinkAdd(tt); err != nil {
 		return nil, "", 0, fmt.Errorf("tap: create %q: %w", cfg.Name, err)
@@ -163,7 +197,7 @@ func createLink(h *netlink.Handle, cfg Config) (files []*os.File, name string, i
 		return nil, "", 0, fmt.Errorf("tap: create: got %d fds for %d queues", len(files), cfg.Queues)
 	}
 	name = tt.Name
-	if err := checkFlags(files[0]); err != nil {
+	if err := checkFlags(files[0], vnet); err != nil {
 		return nil, "", 0, err
 	}
 	link, err := h.LinkByName(name)
@@ -185,9 +219,9 @@ func createLink(h *netlink.Handle, cfg Config) (files []*os.File, name string, i
 }
 
 // checkFlags reads the device flags back (TUNGETIFF): a TAP, multi-queue,
-// no packet-information header and no virtio-net header, so each read or
-// write is exactly one Ethernet frame.
-func checkFlags(f *os.File) error {
+// no packet-information header, and a virtio-net header exactly when vnet,
+// so each read or write is one Ethernet frame, after the header if any.
+func checkFlags(f *os.File, vnet bool) error {
 	var flags uint16
 	var ierr error
 	rc, err := f.SyscallConn()
@@ -210,11 +244,54 @@ func checkFlags(f *os.File) error {
 		return fmt.Errorf("tap: TUNGETIFF: %w", ierr)
 	}
 	const want = unix.IFF_TAP | unix.IFF_MULTI_QUEUE | unix.IFF_NO_PI
-	if flags&want != want || flags&unix.IFF_VNET_HDR != 0 || flags&unix.IFF_TUN != 0 {
+	if flags&want != want || (flags&unix.IFF_VNET_HDR != 0) != vnet || flags&unix.IFF_TUN != 0 {
 		return fmt.Errorf("tap: unexpected device flags %#x", flags)
 	}
 	return nil
 }
+
+// setOffload configures the virtio-net header of a device created with
+// IFF_VNET_HDR (any queue's fd configures the device): little-endian
+// fields, VnetHdrLen bytes, and the checksum and UDP segmentation
+// offloads (offloadFlags; USO needs Linux 6.2). An error means the frames
+// keep the header but are never segmented (the kernel refused).
+func setOffload(f *os.File) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var ierr error
+	if err := rc.Control(func(fd uintptr) {
+		if ierr = unix.IoctlSetPointerInt(int(fd), unix.TUNSETVNETLE, 1); ierr != nil {
+			ierr = fmt.Errorf("TUNSETVNETLE: %w", ierr)
+			return
+		}
+		if ierr = unix.IoctlSetPointerInt(int(fd), unix.TUNSETVNETHDRSZ, VnetHdrLen); ierr != nil {
+			ierr = fmt.Errorf("TUNSETVNETHDRSZ: %w", ierr)
+			return
+		}
+		var sz int
+		if sz, ierr = unix.IoctlGetInt(int(fd), unix.TUNGETVNETHDRSZ); ierr == nil && sz != VnetHdrLen {
+			ierr = fmt.Errorf("virtio-net header of %d bytes, want %d", sz, VnetHdrLen)
+		}
+		if ierr != nil {
+			return
+		}
+		if ierr = unix.IoctlSetInt(int(fd), unix.TUNSETOFFLOAD, offloadFlags); ierr != nil {
+			ierr = fmt.Errorf("TUNSETOFFLOAD csum+uso4+uso6: %w", ierr)
+			// Leave no offload half on: the kernel finishes every frame.
+			unix.IoctlSetInt(int(fd), unix.TUNSETOFFLOAD, 0)
+		}
+	}); err != nil {
+		return err
+	}
+	return ierr
+}
+
+// Offload reports whether the device takes and gives UDP packets still to
+// be segmented (USO) with a virtio-net header in front of every frame,
+// and a word for the log and the stats: "uso", or "off: " and why.
+func (d *Device) Offload() (bool, string) { return d.uso, d.offloadMsg }
 
 // inNetNS runs fn with a netlink handle for ns (the current namespace if
 // ns is 0) on an OS thread switched into ns, because TUNSETIFF creates the

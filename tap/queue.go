@@ -43,14 +43,31 @@ type Queue struct {
 	wn      int
 	werr    error
 	writeFn func(fd uintptr) bool
+
+	// vnet is the length of the virtio-net header in front of every
+	// frame (VnetHdrLen on a device with the offload, else 0).
+	vnet int
+	rhdr [VnetHdrLen]byte // the header of a frame ReadBatch reads (dropped)
+	whdr [VnetHdrLen]byte // the header of a frame WriteBatch writes: zeros
+	riov [maxParts]unix.Iovec
+	wiov [maxParts]unix.Iovec
+
+	// One-packet read and write state (TryReadPacket, WritePacket).
+	pparts   [][]byte
+	pn       int
+	perr     error
+	pktRead  func(fd uintptr)
+	pktWrite func(fd uintptr) bool
 }
 
-func newQueue(index int, f *os.File) (*Queue, error) {
+func newQueue(index int, f *os.File, vnet int) (*Queue, error) {
 	rc, err := f.SyscallConn()
 	if err != nil {
 		return nil, fmt.Errorf("tap: queue %d: %w", index, err)
 	}
-	q := &Queue{index: index, file: f, rc: rc}
+	q := &Queue{index: index, file: f, rc: rc, vnet: vnet}
+	q.pktRead = q.readPacket
+	q.pktWrite = q.writePacket
 	q.readFn = q.read
 	q.tryFn = func(fd uintptr) { q.read(fd) }
 	q.wait = fdwait.New(rc)
@@ -60,6 +77,13 @@ func newQueue(index int, f *os.File) (*Queue, error) {
 
 // Index returns the queue number.
 func (q *Queue) Index() int { return q.index }
+
+// VnetHdrLen returns the length of the virtio-net header that precedes
+// every frame on the queue's fd: VnetHdrLen when the device was created
+// with the offload (Device.Offload), else 0. ReadBatch, TryReadBatch,
+// WriteBatch and WriteFrame add and drop it themselves; TryReadPacket and
+// WritePacket leave it to the caller.
+func (q *Queue) VnetHdrLen() int { return q.vnet }
 
 // ReadBatch waits until at least one frame is queued, then reads up to
 // len(bufs) frames without waiting more: frame i goes to bufs[i][offset:]
@@ -128,7 +152,19 @@ func (q *Queue) WaitReadable() error {
 // to wait (returns false) only when none was there.
 func (q *Queue) read(fd uintptr) bool {
 	for q.rn < len(q.rbufs) {
-		n, err := unix.Read(int(fd), q.rbufs[q.rn][q.roff:])
+		var (
+			n   int
+			err error
+		)
+		if q.vnet == 0 {
+			n, err = unix.Read(int(fd), q.rbufs[q.rn][q.roff:])
+		} else {
+			q.riov[0].Base, q.riov[1].Base = &q.rhdr[0], &q.rbufs[q.rn][q.roff]
+			q.riov[0].SetLen(q.vnet)
+			q.riov[1].SetLen(len(q.rbufs[q.rn]) - q.roff)
+			n, err = readv(fd, &q.riov, 2)
+			n -= q.vnet
+		}
 		if err == unix.EINTR {
 			continue
 		}
@@ -138,6 +174,9 @@ func (q *Queue) read(fd uintptr) bool {
 		if err != nil {
 			q.rerr = err
 			return true
+		}
+		if n < 0 { // shorter than the virtio-net header: not a frame
+			continue
 		}
 		q.rsizes[q.rn] = n
 		q.rn++
@@ -171,7 +210,20 @@ func (q *Queue) WriteBatch(bufs [][]byte, offset int) (int, error) {
 
 func (q *Queue) write(fd uintptr) bool {
 	for q.wn < len(q.wbufs) {
-		_, err := unix.Write(int(fd), q.wbufs[q.wn][q.woff:])
+		var err error
+		if b := q.wbufs[q.wn][q.woff:]; q.vnet == 0 {
+			_, err = unix.Write(int(fd), b)
+		} else {
+			q.wiov[0].Base = &q.whdr[0]
+			q.wiov[0].SetLen(q.vnet)
+			n := 1
+			if len(b) > 0 {
+				q.wiov[1].Base = &b[0]
+				q.wiov[1].SetLen(len(b))
+				n++
+			}
+			_, err = writev(fd, &q.wiov, n)
+		}
 		if err == unix.EINTR {
 			continue
 		}
@@ -192,9 +244,15 @@ func (q *Queue) write(fd uintptr) bool {
 // call; it allocates.
 func (q *Queue) WriteFrame(frame []byte) error {
 	var werr error
+	var hdr [VnetHdrLen]byte
+	parts := [][]byte{hdr[:q.vnet], frame}
 	err := q.rc.Write(func(fd uintptr) bool {
 		for {
-			_, werr = unix.Write(int(fd), frame)
+			if q.vnet == 0 {
+				_, werr = unix.Write(int(fd), frame)
+			} else {
+				_, werr = unix.Writev(int(fd), parts)
+			}
 			if werr != unix.EINTR {
 				return werr != unix.EAGAIN
 			}
@@ -207,6 +265,87 @@ func (q *Queue) WriteFrame(frame []byte) error {
 		return q.wrapErr("write", err)
 	}
 	return nil
+}
+
+// TryReadPacket reads one packet that is queued now into parts (scattered
+// in order: readv(2)) and returns its length, the virtio-net header
+// included (VnetHdrLen), or 0 and no error when the queue is empty. It
+// never waits and never allocates. A packet longer than the parts is
+// truncated by the kernel. It must not run concurrently with the other
+// reads; len(parts) is at most 258.
+func (q *Queue) TryReadPacket(parts [][]byte) (int, error) {
+	if len(parts) > maxParts {
+		return 0, fmt.Errorf("%w: %d parts", ErrConfig, len(parts))
+	}
+	q.pparts, q.pn, q.perr = parts, 0, nil
+	err := q.rc.Control(q.pktRead)
+	n, perr := q.pn, q.perr
+	q.pparts = nil
+	if err != nil {
+		return 0, q.wrapErr("read", err)
+	}
+	if perr != nil {
+		return 0, q.wrapErr("read", perr)
+	}
+	return n, nil
+}
+
+func (q *Queue) readPacket(fd uintptr) {
+	k := iovecs(&q.riov, q.pparts)
+	if k == 0 {
+		return
+	}
+	for {
+		n, err := readv(fd, &q.riov, k)
+		switch err {
+		case nil:
+			q.pn = n
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+		default:
+			q.perr = err
+		}
+		return
+	}
+}
+
+// WritePacket writes one packet gathered from parts (writev(2)), waiting
+// while the queue cannot take it. On a device with a virtio-net header
+// the packet starts with it (parts[0]). It must not run concurrently with
+// WriteBatch or itself; it never allocates. len(parts) is at most 258.
+func (q *Queue) WritePacket(parts [][]byte) error {
+	if len(parts) > maxParts {
+		return fmt.Errorf("%w: %d parts", ErrConfig, len(parts))
+	}
+	q.pparts, q.perr = parts, nil
+	err := q.rc.Write(q.pktWrite)
+	perr := q.perr
+	q.pparts = nil
+	if err != nil {
+		return q.wrapErr("write", err)
+	}
+	if perr != nil {
+		return q.wrapErr("write", perr)
+	}
+	return nil
+}
+
+func (q *Queue) writePacket(fd uintptr) bool {
+	k := iovecs(&q.wiov, q.pparts)
+	for {
+		_, err := writev(fd, &q.wiov, k)
+		switch err {
+		case nil:
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return false
+		default:
+			q.perr = err
+		}
+		return true
+	}
 }
 
 func (q *Queue) wrapErr(op string, err error) error {

@@ -17,7 +17,7 @@ import (
 func seqpacketQueue(t *testing.T) (*Queue, int) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	require.NoError(t, err)
-	q, err := newQueue(0, os.NewFile(uintptr(fds[0]), "seqpacket"))
+	q, err := newQueue(0, os.NewFile(uintptr(fds[0]), "seqpacket"), 0)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		q.close()

@@ -440,7 +440,10 @@ func TestRootDeviceFlagsAndLifecycle(t *testing.T) {
 		assert.Equal(t, netlink.TUNTAP_MODE_TAP, tt.Mode)
 		assert.NotZero(t, tt.Flags&netlink.TUNTAP_MULTI_QUEUE)
 		assert.NotZero(t, tt.Flags&netlink.TUNTAP_NO_PI)
-		assert.Zero(t, tt.Flags&netlink.TUNTAP_VNET_HDR)
+		assert.NotZero(t, tt.Flags&netlink.TUNTAP_VNET_HDR, "virtio-net header (the offload is on by default)")
+		uso, msg := r.dev.Offload()
+		assert.True(t, uso, "offload: %s", msg)
+		assert.Equal(t, tap.VnetHdrLen, r.dev.Queue(0).VnetHdrLen())
 		assert.True(t, tt.NonPersist, "non-persistent")
 		assert.Equal(t, 3, tt.Queues)
 

@@ -67,11 +67,15 @@ func showLink(sock string, asJSON bool, w io.Writer) error {
 
 func printLink(w io.Writer, st *admin.LinkStats) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "link\t%s\ninterface\t%s\nmac\t%s\n\n", st.Link, st.Interface, st.MAC)
-	fmt.Fprintln(tw, "QUEUE\tSTEERED\tRX_FRAMES\tRX_BYTES\tRX_NEIGHBOR\tRX_OTHER\tRX_MISQUEUED\tTX_FRAMES\tTX_BYTES\tTX_ERRORS\tREAD_ERRORS")
+	fmt.Fprintf(tw, "link\t%s\ninterface\t%s\nmac\t%s\n", st.Link, st.Interface, st.MAC)
+	if st.Offload != "" {
+		fmt.Fprintf(tw, "offload\t%s\n", st.Offload)
+	}
+	fmt.Fprintln(tw)
+	fmt.Fprintln(tw, "QUEUE\tSTEERED\tRX_FRAMES\tRX_BYTES\tRX_NEIGHBOR\tRX_OTHER\tRX_MISQUEUED\tTX_FRAMES\tTX_BYTES\tTX_ERRORS\tREAD_ERRORS\tTX_GSO\tTX_GSO_FRAMES\tRX_GSO\tRX_GSO_FRAMES\tRX_BAD")
 	for _, q := range st.Queues {
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", q.Queue, q.Steered, q.RxFrames, q.RxBytes, q.RxNeighbor,
-			q.RxOther, q.RxMisqueued, q.TxFrames, q.TxBytes, q.TxErrors, q.ReadErrors)
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", q.Queue, q.Steered, q.RxFrames, q.RxBytes, q.RxNeighbor,
+			q.RxOther, q.RxMisqueued, q.TxFrames, q.TxBytes, q.TxErrors, q.ReadErrors, q.TxGSO, q.TxGSOFrames, q.RxGSO, q.RxGSOFrames, q.RxBad)
 	}
 	fmt.Fprintf(tw, "\nsteer_non_roce\t%d\nfilter_dropped\t%d\n", st.SteerNonRoCE, st.FilterDropped)
 	for _, m := range []struct {

@@ -257,7 +257,7 @@ func (t *tapLink) close() error {
 // stats reads the counters (steering counters net of the start-up
 // verification runs).
 func (t *tapLink) stats() (any, error) {
-	st := admin.LinkStats{Link: "tap", Interface: t.dev.Name(), MAC: t.dev.MAC().String(), Filter: map[string]uint64{}, Neighbors: counterMap(t.dev.Neighbors().Stats())}
+	st := admin.LinkStats{Link: "tap", Interface: t.dev.Name(), MAC: t.dev.MAC().String(), Offload: t.link.Offload(), Filter: map[string]uint64{}, Neighbors: counterMap(t.dev.Neighbors().Stats())}
 	ss, err := t.progs.SteerStats()
 	if err != nil {
 		return nil, err

@@ -107,9 +107,11 @@ type DataPlane struct {
 	log    *slog.Logger
 	poller *doorbell.Poller
 
-	mu      sync.Mutex // guards qps, pages, cqs, srqs, writers; taken under the device lock
-	qps     map[uint32]*dpQP
-	pages   map[*doorbell.Page]*pageWatch // the served pages (doorbells.go)
+	mu sync.Mutex // guards pages, cqs, srqs, writers; taken under the device lock
+	// pages are the served pages (doorbells.go); a QP is found in its
+	// page's table by its doorbell record index (qpLocked): no table by
+	// QPN.
+	pages   map[*doorbell.Page]*pageWatch
 	cqs     map[*device.CQ]*cqSink
 	srqs    map[*device.SRQ]*recvSource
 	writers map[*doorbell.Page]*ctxWriter
@@ -129,7 +131,7 @@ type DataPlane struct {
 	// the WQE decoding space the worker's QPs share (an idle QP holds
 	// neither).
 	accs    []*dma.Accessor
-	scratch []scratch
+	scratch []*scratch
 
 	// ksig raises completion eventfds from the kernel (nil: the kernel
 	// cannot, or Config.EventWriters; then each context's ctxWriter does).
@@ -181,26 +183,27 @@ type ctxWriter struct {
 }
 
 // dpQP is the data plane's state of one QP.
+//
+// The fields are ordered so that the struct has no padding (an idle QP
+// holds it: BENCHMARKS.md, "Idle QPs").
 type dpQP struct {
-	qpn    uint32
-	owner  device.Owner // its context's (UD: the AH table it holds)
-	ud     bool
-	sqRing []byte // the client's send ring as the daemon maps it (QPRings in tests)
-	page   *doorbell.Page
-	rec    doorbell.QPRecord
-	mem    *qpMemory
-	sq     *sqSource
-	rq     *recvSource // own RQ or the shared SRQ source
-	srq    *doorbell.SRQRecord
-	ctrs   *engine.QPCounters
-	sinks  [2]qpSink         // send, receive
-	state  *device.StateWord // the device's state word of the QP
+	qpn   uint32
+	owner device.Owner // its context's (UD: the AH table it holds)
 	// dbIndex is the QP's doorbell record (its slot in the page's
 	// pageWatch).
 	dbIndex uint32
-
 	// Poller-private: the producer indices seen by the last pass.
 	lastSQ, lastRQ uint32
+	ud             bool
+	page           *doorbell.Page
+	rec            doorbell.QPRecord
+	mem            *qpMemory
+	sq             *sqSource
+	rq             *recvSource // own RQ or the shared SRQ source
+	srq            *doorbell.SRQRecord
+	ctrs           *engine.QPCounters
+	sinks          [2]qpSink         // send, receive
+	state          *device.StateWord // the device's state word of the QP
 }
 
 // New creates a data plane; pass it as device.Config.DataPlane of exactly
@@ -223,13 +226,16 @@ func New(cfg Config) (*DataPlane, error) {
 	}
 	dp := &DataPlane{
 		cfg: cfg, eng: cfg.Engine, space: cfg.Space, log: cfg.Logger,
-		qps: map[uint32]*dpQP{}, pages: map[*doorbell.Page]*pageWatch{},
-		cqs: map[*device.CQ]*cqSink{}, srqs: map[*device.SRQ]*recvSource{},
+		pages: map[*doorbell.Page]*pageWatch{},
+		cqs:   map[*device.CQ]*cqSink{}, srqs: map[*device.SRQ]*recvSource{},
 		writers: map[*doorbell.Page]*ctxWriter{},
 		ahs:     map[device.Owner]*ahTable{},
 	}
 	dp.watch.Store(&[]*pageWatch{})
-	dp.scratch = make([]scratch, dp.eng.Workers())
+	dp.scratch = make([]*scratch, dp.eng.Workers())
+	for i := range dp.scratch {
+		dp.scratch[i] = newScratch()
+	}
 	for range dp.eng.Workers() {
 		dp.accs = append(dp.accs, dp.space.NewAccessor())
 	}
@@ -370,9 +376,9 @@ func (dp *DataPlane) CreateQP(q *device.QP) error {
 	}
 	qpn, cp := q.QPN(), q.Cap()
 	sqRing, _ := q.SQ()
-	x := &dpQP{qpn: qpn, page: page, rec: rec, sqRing: sqRing, state: q.StateWord(), owner: q.Owner(), ud: q.Type() == abi.QPTUD}
+	x := &dpQP{qpn: qpn, page: page, rec: rec, state: q.StateWord(), owner: q.Owner(), ud: q.Type() == abi.QPTUD}
 	owner := dp.eng.Owner(qpn)
-	if x.sq, err = newSQSource(sqRing, cp, rec, &dp.scratch[owner]); err != nil {
+	if x.sq, err = newSQSource(sqRing, cp, rec, dp.scratch[owner]); err != nil {
 		return err
 	}
 	maxRecvSGE := cp.MaxRecvSGE
@@ -385,7 +391,7 @@ func (dp *DataPlane) CreateQP(q *device.QP) error {
 		x.srq = &r
 	} else {
 		rqRing, _ := q.RQ()
-		if x.rq, err = newRQSource(rqRing, cp.MaxRecvWR, cp.MaxRecvSGE, rec, &dp.scratch[owner]); err != nil {
+		if x.rq, err = newRQSource(rqRing, cp.MaxRecvWR, cp.MaxRecvSGE, rec, dp.scratch[owner]); err != nil {
 			return err
 		}
 	}
@@ -418,7 +424,6 @@ func (dp *DataPlane) CreateQP(q *device.QP) error {
 		}
 		return err
 	}
-	dp.qps[qpn] = x
 	dp.addQPLocked(x, q.DBIndex())
 	return nil
 }
@@ -557,7 +562,7 @@ func (dp *DataPlane) ReleaseSRQ(s *device.SRQ) {
 // as the device stored them, for the QP's worker.
 func (dp *DataPlane) ModifyQP(q *device.QP, prev device.QPState, mask device.AttrMask) {
 	dp.mu.Lock()
-	x := dp.qps[q.QPN()]
+	x := dp.qpLocked(q)
 	dp.mu.Unlock()
 	if x == nil {
 		return
@@ -633,12 +638,11 @@ func (dp *DataPlane) toError(x *dpQP) {
 // memory the worker is using mapped until then, dma.Accessor).
 func (dp *DataPlane) DestroyQP(q *device.QP) <-chan device.QPCounters {
 	dp.mu.Lock()
-	x := dp.qps[q.QPN()]
+	x := dp.qpLocked(q)
 	if x == nil {
 		dp.mu.Unlock()
 		return nil
 	}
-	delete(dp.qps, q.QPN())
 	if x.ud {
 		// The engine's QP keeps the table it was given; a later AH of
 		// the context goes into a new one only if no QP holds this.
@@ -668,7 +672,7 @@ func (dp *DataPlane) DestroyQP(q *device.QP) <-chan device.QPCounters {
 func (dp *DataPlane) Counters(q *device.QP) device.QPCounters {
 	dp.mu.Lock()
 	defer dp.mu.Unlock()
-	if x := dp.qps[q.QPN()]; x != nil {
+	if x := dp.qpLocked(q); x != nil {
 		return countersOf(x.ctrs)
 	}
 	return device.QPCounters{}

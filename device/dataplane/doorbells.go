@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/device"
 	"github.com/vrnic/vrnic/doorbell"
 )
 
@@ -78,6 +79,19 @@ func (dp *DataPlane) addQPLocked(x *dpQP, idx uint32) {
 		pw.hi.Store(idx + 1)
 	}
 	pw.n++
+}
+
+// qpLocked returns the data plane's QP of q (nil if it has none): the one
+// in q's page's table at q's doorbell record.
+func (dp *DataPlane) qpLocked(q *device.QP) *dpQP {
+	pw := dp.pages[q.Doorbells()]
+	if pw == nil || q.DBIndex() >= uint32(len(pw.qps)) {
+		return nil
+	}
+	if x := pw.qps[q.DBIndex()].Load(); x != nil && x.qpn == q.QPN() {
+		return x
+	}
+	return nil
 }
 
 // removeQPLocked takes x out of its page's table; it reports whether that

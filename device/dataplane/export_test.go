@@ -41,11 +41,14 @@ func (dp *DataPlane) Armed() bool {
 func (dp *DataPlane) QPRings(qpn uint32) (doorbell.QPRecord, []byte, bool) {
 	dp.mu.Lock()
 	defer dp.mu.Unlock()
-	x := dp.qps[qpn]
-	if x == nil {
-		return doorbell.QPRecord{}, nil, false
+	for _, pw := range dp.pages {
+		for i := range pw.qps {
+			if x := pw.qps[i].Load(); x != nil && x.qpn == qpn {
+				return x.rec, x.sq.q.Ring(), true
+			}
+		}
 	}
-	return x.rec, x.sqRing, true
+	return doorbell.QPRecord{}, nil, false
 }
 
 // KickQP wakes the worker that owns qpn, as a client's kick does.

@@ -142,6 +142,14 @@ type sqSource struct {
 type scratch struct {
 	send queues.SendWR
 	recv queues.RecvWR
+	// slot is the copy of one ring slot the queues decode from
+	// (queues.SQConfig.Slot): one per worker, not per queue.
+	slot queues.SlotBuffer
+}
+
+// newScratch returns a worker's decoding space.
+func newScratch() *scratch {
+	return new(scratch)
 }
 
 var _ engine.SendSource = (*sqSource)(nil)
@@ -149,12 +157,12 @@ var _ engine.SendSource = (*sqSource)(nil)
 // newSQSource builds the send source of a QP; sc is its worker's scratch
 // (nil: one of its own).
 func newSQSource(ring []byte, c abi.QPCap, rec doorbell.QPRecord, sc *scratch) (*sqSource, error) {
-	q, err := queues.NewSQ(ring, queues.SQConfig{Slots: c.MaxSendWR, MaxSGE: c.MaxSendSGE, MaxInline: c.MaxInlineData}, rec.SQPI, rec.SQCI)
+	if sc == nil {
+		sc = newScratch()
+	}
+	q, err := queues.NewSQ(ring, queues.SQConfig{Slots: c.MaxSendWR, MaxSGE: c.MaxSendSGE, MaxInline: c.MaxInlineData, Slot: &sc.slot}, rec.SQPI, rec.SQCI)
 	if err != nil {
 		return nil, err
-	}
-	if sc == nil {
-		sc = new(scratch)
 	}
 	return &sqSource{q: q, wr: &sc.send}, nil
 }
@@ -203,12 +211,12 @@ var _ engine.RecvSource = (*recvSource)(nil)
 // newRQSource builds the receive source of a QP's own RQ; sc is its
 // worker's scratch (nil: one of its own).
 func newRQSource(ring []byte, slots, maxSGE uint32, rec doorbell.QPRecord, sc *scratch) (*recvSource, error) {
-	q, err := queues.NewRQ(ring, queues.RecvConfig{Slots: slots, MaxSGE: maxSGE}, rec.RQPI, rec.RQCI)
+	if sc == nil {
+		sc = newScratch()
+	}
+	q, err := queues.NewRQ(ring, queues.RecvConfig{Slots: slots, MaxSGE: maxSGE, Slot: &sc.slot}, rec.RQPI, rec.RQCI)
 	if err != nil {
 		return nil, err
-	}
-	if sc == nil {
-		sc = new(scratch)
 	}
 	return &recvSource{q: q, wr: &sc.recv}, nil
 }

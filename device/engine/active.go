@@ -28,15 +28,25 @@ import "github.com/vrnic/vrnic/abi"
 //
 // Memory: the private send ring (SQDepth WQE copies with their SGE and
 // inline storage, the only per-QP state that grows with the queue depth)
-// is taken when the requester first needs it and given back when the QP
-// leaves the list; a worker keeps a few rings of recently used shapes for
-// the next QP that becomes active.
+// is taken when the requester first needs it and given back ringLinger
+// after the QP's last activity: a QP that leaves the list is parked with
+// its ring, and the worker's sweep (parkSweep, due at parkedDue, which
+// bounds the worker's sleep) releases the rings of those still idle. A QP
+// used in turn with many others (a round robin over hundreds of QPs, a
+// worker that sleeps between requests) keeps its ring between turns
+// instead of allocating and clearing it each time; one idle for longer
+// holds none. A worker keeps a few released rings of recently used
+// shapes for the next QP that becomes active.
 
 // activeLinger is how long a QP with nothing to do stays on the active
 // list after its last activity: a QP used once per round trip (a
 // ping-pong) stays there and is serviced without waiting for a doorbell
 // kick.
 const activeLinger = 1_000_000 // ns
+
+// ringLinger is how long a QP off the active list keeps its private send
+// ring after its last activity.
+const ringLinger = 10_000_000 // ns
 
 // ringCacheBytes bounds the private send rings a worker keeps for reuse.
 const ringCacheBytes = 4 << 20
@@ -64,13 +74,17 @@ func (w *worker) activate(qp *QP) {
 	if qp.activeIdx >= 0 {
 		return
 	}
+	if qp.parkedIdx >= 0 {
+		w.unpark(qp) // its ring goes on serving it
+	}
 	qp.activeIdx = int32(len(w.active))
 	w.active = append(w.active, qp)
 	w.Counters.ActiveQPs.Store(int64(len(w.active)))
 }
 
 // deactivate takes the QP at position i off the active list (the last
-// one takes its place) and gives its private send ring back.
+// one takes its place) and parks it with its private send ring, if it
+// has one.
 func (w *worker) deactivate(i int) {
 	qp := w.active[i]
 	last := len(w.active) - 1
@@ -82,13 +96,67 @@ func (w *worker) deactivate(i int) {
 	w.active = w.active[:last]
 	qp.activeIdx = -1
 	w.Counters.ActiveQPs.Store(int64(len(w.active)))
-	w.releaseSQ(qp)
+	if qp.sq != nil {
+		w.park(qp)
+	}
 }
 
-// drop takes qp off the active list if it is there (destroy).
+// park puts qp, just off the active list with its send ring, on the
+// parked list, and brings the next sweep forward to its release time.
+func (w *worker) park(qp *QP) {
+	qp.parkedIdx = int32(len(w.parked))
+	w.parked = append(w.parked, qp)
+	if due := qp.lastActive + w.ringLinger; len(w.parked) == 1 || due < w.parkedDue {
+		w.parkedDue = due
+	}
+}
+
+// unpark takes qp off the parked list (the last one takes its place).
+func (w *worker) unpark(qp *QP) {
+	i, last := int(qp.parkedIdx), len(w.parked)-1
+	if i != last {
+		w.parked[i] = w.parked[last]
+		w.parked[i].parkedIdx = int32(i)
+	}
+	w.parked[last] = nil
+	w.parked = w.parked[:last]
+	qp.parkedIdx = -1
+}
+
+// parkSweep gives back the send rings of the parked QPs idle for
+// ringLinger and sets the next sweep for the earliest of the others.
+// Run when parkedDue has passed: the parked list holds only QPs active
+// within the last ringLinger, so its length is bounded by the activity.
+func (w *worker) parkSweep() {
+	next := int64(0)
+	for i := 0; i < len(w.parked); {
+		qp := w.parked[i]
+		if due := qp.lastActive + w.ringLinger; due > w.now {
+			if next == 0 || due < next {
+				next = due
+			}
+			i++
+			continue
+		}
+		w.unpark(qp) // the last QP moved to i: looked at next
+		w.releaseSQ(qp)
+	}
+	w.parkedDue = next
+}
+
+// drop takes qp off the active and parked lists and gives its send ring
+// back (destroy).
 func (w *worker) drop(qp *QP) {
 	if qp.activeIdx >= 0 {
 		w.deactivate(int(qp.activeIdx))
+	}
+	if qp.parkedIdx >= 0 {
+		w.unpark(qp)
+	}
+	w.releaseSQ(qp)
+	if qp.sq != nil { // WQEs still fetched: the ring goes with the QP
+		qp.sq = nil
+		w.Counters.RingQPs.Add(-1)
 	}
 }
 
@@ -158,11 +226,13 @@ func (qp *QP) ensureSQ() {
 	}
 	s := sqShape{qp.cfg.SQDepth, qp.cfg.MaxSendSGE, qp.cfg.MaxInline}
 	w := qp.w
+	w.Counters.RingQPs.Add(1)
 	if l := w.rings[s]; len(l) > 0 {
 		qp.sq = l[len(l)-1]
 		l[len(l)-1] = nil
 		w.rings[s] = l[:len(l)-1]
 		w.ringBytes -= s.bytes()
+		w.Counters.RingCacheBytes.Store(int64(w.ringBytes))
 		return
 	}
 	qp.sq = newSQRing(s)
@@ -189,6 +259,7 @@ func (w *worker) releaseSQ(qp *QP) {
 		return
 	}
 	qp.sq = nil
+	w.Counters.RingQPs.Add(-1)
 	s := sqShape{qp.cfg.SQDepth, qp.cfg.MaxSendSGE, qp.cfg.MaxInline}
 	if w.ringBytes+s.bytes() > ringCacheBytes {
 		return
@@ -204,4 +275,5 @@ func (w *worker) releaseSQ(qp *QP) {
 	}
 	w.rings[s] = append(w.rings[s], sq)
 	w.ringBytes += s.bytes()
+	w.Counters.RingCacheBytes.Store(int64(w.ringBytes))
 }

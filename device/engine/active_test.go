@@ -1,8 +1,10 @@
 package engine
 
 import (
+	"net/netip"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -85,4 +87,65 @@ func TestIdleQPsAreNotServiced(t *testing.T) {
 	require.True(t, q.scq.wait(1, waitFor), "completion of the idle QP's WRITE")
 	require.Equal(t, abi.WCSuccess, q.scq.all()[0].Status)
 	waitActive(t, na, 0)
+}
+
+// TestSendRingParked: a QP that leaves the active list keeps its private
+// send ring for ringLinger (so a QP used in turn with others does not
+// allocate and clear it on every turn), and gives it back after that,
+// the worker waking for it once, then sleeping without a deadline; a
+// destroyed QP gives its ring back at once.
+func TestSendRingParked(t *testing.T) {
+	t.Run("given back", func(t *testing.T) {
+		e, sleeps := sleepingEngine(t)
+		require.Equal(t, time.Duration(-1), nextSleep(t, sleeps), "nothing due: a sleep without deadline")
+		qp := localInvQP(t, e)
+		// The worker goes to sleep with the QP parked: a deadline no
+		// later than ringLinger; then, the ring given back, no deadline.
+		var parkedSleep bool
+		for {
+			d := nextSleep(t, sleeps)
+			if d < 0 {
+				if parkedSleep {
+					break
+				}
+				continue // woken by the kick or the control messages before the QP settled
+			}
+			assert.LessOrEqual(t, d, time.Duration(ringLinger), "a parked ring is given back within ringLinger")
+			parkedSleep = true
+		}
+		w := &e.workers[0].Counters
+		assert.Zero(t, w.RingQPs.Load(), "the idle QP's send ring was given back")
+		assert.Zero(t, w.ActiveQPs.Load())
+		_ = qp
+	})
+	t.Run("destroyed while parked", func(t *testing.T) {
+		// A linger longer than the test: the ring stays parked until
+		// the QP is destroyed.
+		e, _ := sleepingEngineWith(t, func(w *worker) { w.ringLinger = int64(time.Hour) })
+		qp := localInvQP(t, e)
+		w := &e.workers[0].Counters
+		require.Eventually(t, func() bool { return w.ActiveQPs.Load() == 0 }, waitFor, time.Millisecond, "the QP settles")
+		require.Equal(t, int64(1), w.RingQPs.Load(), "parked with its ring")
+		<-e.DestroyQP(qp.qpn)
+		assert.Zero(t, w.RingQPs.Load(), "a destroyed QP holds no ring")
+		assert.Zero(t, w.ActiveQPs.Load())
+	})
+}
+
+// localInvQP makes an RC QP in RTS on e (its peer absent) and runs one
+// LOCAL_INV through it: the QP becomes active and fetches the WQE into
+// its send ring, and the WQE completes without the peer.
+func localInvQP(t *testing.T, e *Engine) *tqp {
+	qp := &tqp{n: &node{eng: e, mem: newFakeMem(), addr: netip.MustParseAddr("10.0.0.1")}, qpn: 0x11,
+		sq: newFakeSQ(16), rq: newFakeRQ(16), scq: newFakeCQ(16), rcq: newFakeCQ(16)}
+	_, err := e.CreateQP(QPConfig{QPN: qp.qpn, SQ: qp.sq, RQ: qp.rq, SendCQ: qp.scq, RecvCQ: qp.rcq, Mem: qp.n.mem, SQDepth: 16,
+		MaxSendSGE: 1, MaxRecvSGE: 1})
+	require.NoError(t, err)
+	peer := &tqp{n: &node{addr: netip.MustParseAddr("10.0.0.2")}, qpn: 0x22}
+	bringUp(t, qp, peer, defaultOpts(), abi.QPSRTS)
+	mr := qp.n.buffer(64, 0x1000, abi.AccessAll, 1)
+	qp.send(t, abi.SendWQE{WrID: 1, Opcode: abi.WRLocalInv, Flags: abi.SendSignaled, InvalidateRKey: mr.key})
+	require.True(t, qp.scq.wait(1, waitFor))
+	require.Equal(t, abi.WCSuccess, qp.scq.all()[0].Status)
+	return qp
 }

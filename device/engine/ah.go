@@ -86,6 +86,13 @@ func pathPeer(p *roce.Path, cfg *Config) netip.AddrPort {
 	if f := cfg.PathFixup; f != nil {
 		f(p)
 	}
+	return peerOf(p)
+}
+
+// peerOf is the destination beside the frames of path p, once pathPeer
+// set it up: the QP keeps no copy (it depends on p.Dst and p.DstPort only,
+// which useAH copies from the AH's path).
+func peerOf(p *roce.Path) netip.AddrPort {
 	port := p.DstPort
 	if port == 0 {
 		port = roce.UDPPort

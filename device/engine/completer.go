@@ -64,7 +64,7 @@ type completer struct {
 // compRx handles one response packet.
 func (qp *QP) compRx(p *packet) {
 	if qp.state != abi.QPSRTS && qp.state != abi.QPSSQD {
-		qp.Counters.Dropped.Add(1)
+		qp.Counters.Rare().Dropped.Add(1)
 		return
 	}
 	st := compCheckPSN
@@ -94,7 +94,7 @@ func (qp *QP) compRx(p *packet) {
 		case compNAKErr:
 			st = qp.compNAKErr(p)
 		case compDrop:
-			qp.Counters.Dropped.Add(1)
+			qp.Counters.Rare().Dropped.Add(1)
 			st = compDone
 		}
 	}
@@ -320,7 +320,7 @@ func (qp *QP) finishReadAtomic(e *swqe) {
 // acknowledges every PSN before it, and the requester retransmits from
 // that PSN.
 func (qp *QP) compNAKSeq(p *packet) compState {
-	qp.Counters.SeqNAKsReceived.Add(1)
+	qp.Counters.Rare().SeqNAKsReceived.Add(1)
 	if qp.comp.rnrWait {
 		// Answers packets sent before the RNR NAK; the RNR timer
 		// decides when to resend.
@@ -340,7 +340,7 @@ func (qp *QP) compNAKSeq(p *packet) compState {
 // the requester waits at least the advertised RNR timer, then resends from
 // the NAKed PSN, at most rnr_retry times (7: forever).
 func (qp *QP) compRNR(p *packet) compState {
-	qp.Counters.RNRNAKsReceived.Add(1)
+	qp.Counters.Rare().RNRNAKsReceived.Add(1)
 	if !qp.ackThrough(roce.PSNAdd(p.psn, roce.PSNMask)) {
 		return compDone
 	}
@@ -423,7 +423,7 @@ func (qp *QP) onRetryTimer() {
 	if qp.state != abi.QPSRTS && qp.state != abi.QPSSQD || !qp.outstanding() || qp.comp.rnrWait {
 		return
 	}
-	qp.Counters.Timeouts.Add(1)
+	qp.Counters.Rare().Timeouts.Add(1)
 	qp.startRetry(true)
 }
 
@@ -482,7 +482,7 @@ func (qp *QP) onRNRTimer() {
 // rewind points the requester back at psn: the WQE holding it resumes
 // there, every later assigned WQE from its first PSN.
 func (qp *QP) rewind(psn uint32) {
-	qp.Counters.Retransmits.Add(1)
+	qp.Counters.Rare().Retransmits.Add(1)
 	k := qp.tail
 	for i := qp.head; i != qp.tail; i++ {
 		e := &qp.sq[i&qp.sqMask]

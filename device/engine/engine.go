@@ -53,7 +53,9 @@ type Config struct {
 	// PathFixup, when set, adjusts every QP's path after the engine built
 	// it from the QP attributes (when the address vector is set): the TAP
 	// link writes the MAC addresses (its own and the peer's, from its
-	// neighbour cache) here.
+	// neighbour cache) here. It must leave Dst as it is: the QP keeps no
+	// other copy of its destination address (it checks received frames
+	// against it).
 	PathFixup func(*roce.Path)
 }
 

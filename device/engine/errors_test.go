@@ -30,10 +30,10 @@ func TestRNR(t *testing.T) {
 		ca, err := a.n.eng.Counters(a.qpn)
 		require.NoError(t, err)
 		deadline := time.Now().Add(waitFor)
-		for ca.RNRNAKsReceived.Load() < 20 && time.Now().Before(deadline) {
+		for ca.Rare().RNRNAKsReceived.Load() < 20 && time.Now().Before(deadline) {
 			time.Sleep(time.Millisecond)
 		}
-		require.GreaterOrEqual(t, ca.RNRNAKsReceived.Load(), uint64(20), "RNR NAKs while no RECV is posted")
+		require.GreaterOrEqual(t, ca.Rare().RNRNAKsReceived.Load(), uint64(20), "RNR NAKs while no RECV is posted")
 		assert.Zero(t, a.scq.count.Load(), "the SEND waits for a RECV")
 		b.recv(t, 2, dst.sge(0, 3000))
 		require.True(t, a.scq.wait(1, waitFor))
@@ -59,7 +59,7 @@ func TestRNR(t *testing.T) {
 		wantCQE(t, a.scq.all()[0], abi.CQE{WrID: 1, Status: abi.WCRNRRetryExcErr, Opcode: abi.WCSend, QPNum: a.qpn})
 		ca, err := a.n.eng.Counters(a.qpn)
 		require.NoError(t, err)
-		assert.Equal(t, uint64(3), ca.RNRNAKsReceived.Load(), "rnr_retry 2: the first try and two retries")
+		assert.Equal(t, uint64(3), ca.Rare().RNRNAKsReceived.Load(), "rnr_retry 2: the first try and two retries")
 		// The QP is in ERR: later WRs and RECVs are flushed.
 		a.send(t, abi.SendWQE{WrID: 2, Opcode: abi.WRSend}, src.sge(0, 100))
 		a.recv(t, 3, src.sge(0, 100))
@@ -104,8 +104,8 @@ func TestDeadPeer(t *testing.T) {
 			wantCQE(t, cq[1], abi.CQE{WrID: 2, Status: abi.WCWRFlushErr, Opcode: abi.WCSend, QPNum: a.qpn})
 			ca, err := a.n.eng.Counters(a.qpn)
 			require.NoError(t, err)
-			assert.Equal(t, uint64(retry)+1, ca.Timeouts.Load(), "retry_cnt %d: %d retries, the next timeout fails", retry, retry)
-			assert.Equal(t, uint64(retry), ca.Retransmits.Load(), "one go-back-N restart per retry")
+			assert.Equal(t, uint64(retry)+1, ca.Rare().Timeouts.Load(), "retry_cnt %d: %d retries, the next timeout fails", retry, retry)
+			assert.Equal(t, uint64(retry), ca.Rare().Retransmits.Load(), "one go-back-N restart per retry")
 			assert.GreaterOrEqual(t, elapsed, time.Duration(retry+1)*time.Duration(ackTimeout(o.timeout)), "%d timeouts of 4.096 us * 2^%d", retry+1, o.timeout)
 			require.True(t, a.rcq.wait(1, waitFor))
 			wantCQE(t, a.rcq.all()[0], abi.CQE{WrID: 9, Status: abi.WCWRFlushErr, Opcode: abi.WCRecv, QPNum: a.qpn})

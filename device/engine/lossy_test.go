@@ -78,12 +78,12 @@ func TestLossy(t *testing.T) {
 			cb, err := b.n.eng.Counters(b.qpn)
 			require.NoError(t, err)
 			t.Logf("A: sent %d retransmits %d timeouts %d seqNAKs rcvd %d; B: dups %d seqNAKs sent %d; icrc errors %d/%d",
-				ca.PacketsSent.Load(), ca.Retransmits.Load(), ca.Timeouts.Load(), ca.SeqNAKsReceived.Load(),
-				cb.Duplicates.Load(), cb.SeqNAKsSent.Load(),
+				ca.PacketsSent.Load(), ca.Rare().Retransmits.Load(), ca.Rare().Timeouts.Load(), ca.Rare().SeqNAKsReceived.Load(),
+				cb.Rare().Duplicates.Load(), cb.Rare().SeqNAKsSent.Load(),
 				a.n.eng.WorkerCounters(0).ICRCErrors.Load()+a.n.eng.WorkerCounters(1).ICRCErrors.Load(),
 				b.n.eng.WorkerCounters(0).ICRCErrors.Load()+b.n.eng.WorkerCounters(1).ICRCErrors.Load())
 			if tc.loss >= 0.1 {
-				assert.NotZero(t, ca.Retransmits.Load(), "the faults must have caused retransmissions")
+				assert.NotZero(t, ca.Rare().Retransmits.Load(), "the faults must have caused retransmissions")
 			}
 		})
 	}

@@ -13,6 +13,9 @@ import (
 // the QPN, the queues and the memory comes later with ModifyQP.
 type QPConfig struct {
 	QPN uint32
+	// PD is the QP's protection domain handle: a UD WQE's address handle
+	// must be of the same PD (UD only).
+	PD uint32
 	// SQ, RQ: where the engine takes send and receive WQEs. RQ may be an
 	// SRQ source shared with other QPs (it must then be safe for
 	// concurrent use by several workers).
@@ -29,20 +32,17 @@ type QPConfig struct {
 	MaxSendSGE int
 	MaxRecvSGE int
 	MaxInline  int
-	// SigAll: every send WR completes signaled (sq_sig_all).
-	SigAll bool
+	// AHs resolves the address handles named by UD WQEs: the table of
+	// the QP's context (UD only; nil: every UD WQE fails).
+	AHs *AHTable
 	// State, if set, is told when the engine moves the QP to ERR (or a
 	// UD or UC QP to SQE) on its own (see StateObserver).
 	State StateObserver
 	// Type is the transport service: abi.QPTRC (also the zero value),
 	// abi.QPTUC or abi.QPTUD.
 	Type abi.QPType
-	// PD is the QP's protection domain handle: a UD WQE's address handle
-	// must be of the same PD (UD only).
-	PD uint32
-	// AHs resolves the address handles named by UD WQEs: the table of
-	// the QP's context (UD only; nil: every UD WQE fails).
-	AHs *AHTable
+	// SigAll: every send WR completes signaled (sq_sig_all).
+	SigAll bool
 	// PortMTU is the largest UD message (UD only; 0: 1024): a UD QP has
 	// no path MTU attribute, its messages are limited by the port's MTU
 	// (IBTA 9.8.1: a UD message is one packet; Linux rxe takes the
@@ -78,11 +78,22 @@ type QPAttr struct {
 }
 
 // QPCounters are per-QP data path counters (atomics: read from any
-// goroutine while the owning worker updates them). The operator's
-// admin.QPCounters lists the same counters in the same order.
+// goroutine while the owning worker updates them). The four that a QP in
+// use counts all the time are here; the ten that count errors and
+// recoveries are in a block the QP gets the first time one of them counts
+// (Rare): a QP that never had one holds a pointer instead of 80 bytes
+// (BENCHMARKS.md, "Idle QPs"). Load reads all of them, in the order of
+// the operator's admin.QPCounters.
 type QPCounters struct {
 	PacketsSent     atomic.Uint64
 	PacketsReceived atomic.Uint64
+	SendCQEs        atomic.Uint64
+	RecvCQEs        atomic.Uint64
+	rare            atomic.Pointer[RareQPCounters]
+}
+
+// RareQPCounters are a QP's counters of errors and recoveries.
+type RareQPCounters struct {
 	Retransmits     atomic.Uint64 // go-back-N restarts
 	RNRNAKsReceived atomic.Uint64
 	Timeouts        atomic.Uint64 // local ACK timeouts
@@ -91,10 +102,68 @@ type QPCounters struct {
 	SeqNAKsSent     atomic.Uint64
 	Duplicates      atomic.Uint64 // duplicate requests received
 	Dropped         atomic.Uint64 // packets dropped by a check
-	SendCQEs        atomic.Uint64
-	RecvCQEs        atomic.Uint64
 	QKeyViolations  atomic.Uint64 // UD: dropped for a Q_Key other than the QP's (also in Dropped)
 	NoRecvWQE       atomic.Uint64 // UD, UC: dropped without a receive WQE posted (also in Dropped)
+}
+
+// noRare is what Load reads for a QP that never counted an error.
+var noRare RareQPCounters
+
+// Rare returns the QP's error and recovery counters, made the first time
+// (one allocation in the QP's life; safe from any goroutine). Readers that
+// only look use Load.
+func (c *QPCounters) Rare() *RareQPCounters {
+	if r := c.rare.Load(); r != nil {
+		return r
+	}
+	r := new(RareQPCounters)
+	if c.rare.CompareAndSwap(nil, r) {
+		return r
+	}
+	return c.rare.Load()
+}
+
+// QPCounterValues are the values of a QP's counters at one moment, in the
+// order of admin.QPCounters.
+type QPCounterValues struct {
+	PacketsSent     uint64
+	PacketsReceived uint64
+	Retransmits     uint64
+	RNRNAKsReceived uint64
+	Timeouts        uint64
+	RNRNAKsSent     uint64
+	SeqNAKsReceived uint64
+	SeqNAKsSent     uint64
+	Duplicates      uint64
+	Dropped         uint64
+	SendCQEs        uint64
+	RecvCQEs        uint64
+	QKeyViolations  uint64
+	NoRecvWQE       uint64
+}
+
+// Load reads every counter (each atomically; not one snapshot of all).
+func (c *QPCounters) Load() QPCounterValues {
+	r := c.rare.Load()
+	if r == nil {
+		r = &noRare
+	}
+	return QPCounterValues{
+		PacketsSent:     c.PacketsSent.Load(),
+		PacketsReceived: c.PacketsReceived.Load(),
+		Retransmits:     r.Retransmits.Load(),
+		RNRNAKsReceived: r.RNRNAKsReceived.Load(),
+		Timeouts:        r.Timeouts.Load(),
+		RNRNAKsSent:     r.RNRNAKsSent.Load(),
+		SeqNAKsReceived: r.SeqNAKsReceived.Load(),
+		SeqNAKsSent:     r.SeqNAKsSent.Load(),
+		Duplicates:      r.Duplicates.Load(),
+		Dropped:         r.Dropped.Load(),
+		SendCQEs:        c.SendCQEs.Load(),
+		RecvCQEs:        c.RecvCQEs.Load(),
+		QKeyViolations:  r.QKeyViolations.Load(),
+		NoRecvWQE:       r.NoRecvWQE.Load(),
+	}
 }
 
 //go:generate go tool stringer -type=wqeState -linecomment
@@ -131,6 +200,28 @@ type swqe struct {
 	result  uint64       // atomic original value
 }
 
+// qpAttrs are the attributes a QP keeps of what ModifyQP set (QPAttr
+// without its mask, the state, which is QP.state, and the destination
+// address, which is the path's Dst).
+type qpAttrs struct {
+	PathMTU         roce.MTU
+	Timeout         uint8
+	RetryCnt        uint8
+	RNRRetry        uint8
+	MinRNRTimer     uint8
+	MaxRdAtomic     uint8
+	MaxDestRdAtomic uint8
+	DestQPN         uint32
+	RQPSN           uint32
+	SQPSN           uint32
+	AccessFlags     uint32
+	QKey            uint32
+	// LocalAddr is the source address of the address vector: in ModeUDP
+	// the path's source is the link's, and a QP whose source GID is not
+	// the link's address receives nothing (worker.input).
+	LocalAddr netip.Addr
+}
+
 func (e *swqe) isReadAtomic() bool {
 	op := e.Opcode
 	return op == abi.WRRDMARead || op == abi.WRAtomicCmpAndSwp || op == abi.WRAtomicFetchAdd
@@ -138,25 +229,24 @@ func (e *swqe) isReadAtomic() bool {
 
 // QP is the transport state of one queue pair (RC, UC or UD). It is
 // owned by one worker; only that worker touches it after creation.
+//
+// The fields are ordered so that the struct has no padding (an idle QP
+// holds it: BENCHMARKS.md, "Idle QPs").
 type QP struct {
 	qpn   uint32
 	state abi.QPState
-	cfg   QPConfig
-	attr  QPAttr
 	mtu   uint32
-	w     *worker
-	path  roce.Path
-	peer  netip.AddrPort // the destination beside its frames (ModeUDP)
-
-	svc roce.Service // the opcodes' service: RC, UC or UD
-	// unrel: UC or UD, no acknowledgements: a send WQE is done once its
-	// last packet was handed to the link (worker.flush, sentThrough).
-	unrel bool
-	// ah is the address handle path and peer were last set from (UD).
-	ah *AH
-
 	// lastCompPSN is comp.psn when the retry timer was last updated.
 	lastCompPSN uint32
+	cfg         QPConfig
+	attr        qpAttrs
+	w           *worker
+	// path builds its frames; its Dst is the destination address of the
+	// address vector (RC, UC) or of the AH last used (UD), and the
+	// destination beside the frames (ModeUDP) is peerOf(&path).
+	path roce.Path
+	// ah is the address handle path was last set from (UD).
+	ah *AH
 
 	// Send queue: a private ring of copies. head: oldest WQE not yet
 	// completed (completer); next: the WQE the requester works on; tail:
@@ -170,13 +260,20 @@ type QP struct {
 	resp responder
 	comp completer
 
+	// activeIdx is the QP's position on its worker's active list, -1
+	// when it is not there; parkedIdx on its parked list (off the
+	// active list, still holding its send ring), -1 when not there;
+	// lastActive the worker's time of its last activity (active.go).
+	activeIdx int32
+	parkedIdx int32
+
+	svc roce.Service // the opcodes' service: RC, UC or UD
+	// unrel: UC or UD, no acknowledgements: a send WQE is done once its
+	// last packet was handed to the link (worker.flush, sentThrough).
+	unrel bool
+
 	retryTimer timer
 	rnrTimer   timer
-
-	// activeIdx is the QP's position on its worker's active list, -1
-	// when it is not there; lastActive the worker's time of its last
-	// activity (active.go).
-	activeIdx  int32
 	lastActive int64
 
 	Counters QPCounters
@@ -210,9 +307,8 @@ func newQP(cfg QPConfig, w *worker) (*QP, error) {
 		return nil, fmt.Errorf("%w: QP %#x: type %d", ErrInvalid, cfg.QPN, cfg.Type)
 	}
 	qp.sqMask = uint32(cfg.SQDepth - 1)
-	qp.activeIdx = -1
+	qp.activeIdx, qp.parkedIdx = -1, -1
 	qp.resp.rqe.SGEs = make([]abi.SGE, 0, cfg.MaxRecvSGE)
-	qp.resp.flushRQE.SGEs = make([]abi.SGE, 0, cfg.MaxRecvSGE)
 	qp.retryTimer = timer{idx: -1, kind: timerRetry, qp: qp}
 	qp.rnrTimer = timer{idx: -1, kind: timerRNR, qp: qp}
 	qp.attr.PathMTU = roce.MTU1024
@@ -279,8 +375,8 @@ func (qp *QP) modify(a *QPAttr) error {
 		qp.resp.setResources(int(qp.attr.MaxDestRdAtomic))
 	}
 	if m&abi.QPAttrAV != 0 && qp.svc != roce.ServiceUD {
-		qp.attr.LocalAddr, qp.attr.RemoteAddr = a.LocalAddr, a.RemoteAddr
-		qp.setPath()
+		qp.attr.LocalAddr = a.LocalAddr
+		qp.setPath(a.RemoteAddr)
 	}
 	if m&abi.QPAttrState != 0 {
 		switch a.State {
@@ -294,7 +390,7 @@ func (qp *QP) modify(a *QPAttr) error {
 			}
 			// A UD QP has no path of its own: every WQE names an
 			// address handle.
-			if (a.State == abi.QPSRTS || a.State == abi.QPSRTR) && qp.svc != roce.ServiceUD && !qp.attr.RemoteAddr.IsValid() {
+			if (a.State == abi.QPSRTS || a.State == abi.QPSRTR) && qp.svc != roce.ServiceUD && !qp.path.Dst.IsValid() {
 				return fmt.Errorf("%w: QP %#x: %v needs an address vector", ErrInvalid, qp.qpn, a.State)
 			}
 			qp.state = a.State
@@ -418,7 +514,7 @@ func (qp *QP) flushRecv() {
 		qp.completeRecv(&qp.resp.rqe, abi.WCWRFlushErr, abi.WCRecv, 0, 0, 0, false)
 	}
 	for range qp.cfg.SQDepth + 1024 {
-		r := &qp.resp.flushRQE
+		r := &qp.w.flushRQE
 		r.SGEs = r.SGEs[:0]
 		ok, err := qp.cfg.RQ.PollRecv(r)
 		if !ok && err == nil {

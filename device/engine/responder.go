@@ -62,14 +62,15 @@ type responder struct {
 	epsn    uint32 // expected PSN
 	msn     uint32 // message sequence number (24 bits)
 	nakSent bool   // a NAK-sequence error for epsn is out
+	resN    uint8  // max_dest_rd_atomic: the slots res has or will have
 
 	// message in progress
 	inSend, inWrite bool
 	ucDrop          bool     // UC: the message in progress lost packets; wait for FIRST/ONLY
+	rqeValid        bool     // rqe holds an RQE
 	rqe             RecvWork // the RQE of the SEND / WRITE-with-imm in progress
-	rqeValid        bool
-	off             uint64 // bytes placed of the message in progress
-	wVA             uint64 // RDMA WRITE in progress
+	off             uint64   // bytes placed of the message in progress
+	wVA             uint64   // RDMA WRITE in progress
 	wRKey           uint32
 	wLen            uint32
 
@@ -79,17 +80,28 @@ type responder struct {
 	nak        roce.Syndrome
 	nakPSN     uint32
 
+	// res is allocated (resN slots) by the first READ or atomic request
+	// the QP answers (slot): a QP that never serves one holds none.
 	res     []rdRes
 	resNext int // slot the next READ/atomic takes (the oldest)
-
-	flushRQE RecvWork
 }
 
 func (r *responder) setResources(n int) {
-	if len(r.res) != n {
-		r.res = make([]rdRes, n)
+	if int(r.resN) != n {
+		r.resN = uint8(n)
+		r.res = nil
 		r.resNext = 0
 	}
+}
+
+// slot returns the resource the next READ or atomic request takes,
+// allocating the QP's resources the first time (once per QP, not per
+// request).
+func (r *responder) slot() *rdRes {
+	if r.res == nil {
+		r.res = make([]rdRes, r.resN)
+	}
+	return &r.res[r.resNext]
 }
 
 func (r *responder) clear(epsn uint32) {
@@ -105,7 +117,7 @@ func (qp *QP) respRx(p *packet) {
 	switch qp.state {
 	case abi.QPSRTR, abi.QPSRTS, abi.QPSSQD:
 	default:
-		qp.Counters.Dropped.Add(1)
+		qp.Counters.Rare().Dropped.Add(1)
 		return
 	}
 	if qp.verbRequestErr() {
@@ -153,7 +165,7 @@ func (qp *QP) queueNAK(s roce.Syndrome, psn uint32, fatal bool) {
 // has been sent (IBTA 9.9.3.1.2: responder class C and D errors).
 func (qp *QP) fatalNAK(c roce.NAKCode, p *packet) respState {
 	qp.queueNAK(roce.NAKSyndrome(c), p.psn, true)
-	qp.Counters.Dropped.Add(1)
+	qp.Counters.Rare().Dropped.Add(1)
 	return respDone
 }
 
@@ -171,10 +183,10 @@ func (qp *QP) respCheckPSN(p *packet) respState {
 	case d > 0:
 		if !r.nakSent {
 			r.nakSent = true
-			qp.Counters.SeqNAKsSent.Add(1)
+			qp.Counters.Rare().SeqNAKsSent.Add(1)
 			qp.queueNAK(roce.NAKSyndrome(roce.NAKPSNSequenceError), r.epsn, false)
 		}
-		qp.Counters.Dropped.Add(1)
+		qp.Counters.Rare().Dropped.Add(1)
 		return respDone
 	}
 	r.nakSent = false
@@ -187,7 +199,7 @@ func (qp *QP) respCheckPSN(p *packet) respState {
 // answered from the saved result, never executed twice.
 func (qp *QP) respDuplicate(p *packet) respState {
 	r := &qp.resp
-	qp.Counters.Duplicates.Add(1)
+	qp.Counters.Rare().Duplicates.Add(1)
 	info := p.opcode.Info()
 	switch {
 	case info.Is(roce.OpRead):
@@ -202,7 +214,7 @@ func (qp *QP) respDuplicate(p *packet) respState {
 			s.cur, s.req, s.va, s.rkey, s.left, s.active = p.psn, p.psn, p.va, p.rkey, p.dmaLen, true
 			return respDone
 		}
-		qp.Counters.Dropped.Add(1)
+		qp.Counters.Rare().Dropped.Add(1)
 	case info.Is(roce.OpAtomic):
 		for i := range r.res {
 			s := &r.res[i]
@@ -211,7 +223,7 @@ func (qp *QP) respDuplicate(p *packet) respState {
 				return respDone
 			}
 		}
-		qp.Counters.Dropped.Add(1)
+		qp.Counters.Rare().Dropped.Add(1)
 	default:
 		r.ackPending = true
 	}
@@ -291,7 +303,7 @@ func (qp *QP) respCheckResource(p *packet) respState {
 			return qp.fatalNAK(recvSourceNAK, p)
 		}
 		if !ok {
-			qp.Counters.RNRNAKsSent.Add(1)
+			qp.Counters.Rare().RNRNAKsSent.Add(1)
 			// The rest of the message now arrives out of sequence;
 			// the RNR NAK is the one NAK of this gap.
 			r.nakSent = true
@@ -430,7 +442,7 @@ func (qp *QP) respExecute(p *packet) respState {
 		}
 	case info.Is(roce.OpRead):
 		np := readPackets(p.dmaLen, qp.mtu)
-		s := &r.res[r.resNext]
+		s := r.slot()
 		*s = rdRes{kind: resRead, active: true, first: p.psn, last: roce.PSNAdd(p.psn, np-1),
 			cur: p.psn, req: p.psn, va: p.va, rkey: p.rkey, left: p.dmaLen}
 		r.resNext = (r.resNext + 1) % len(r.res)
@@ -448,7 +460,7 @@ func (qp *QP) respExecute(p *packet) respState {
 		if err != nil {
 			return qp.fatalNAK(remoteMemNAK(err), p)
 		}
-		s := &r.res[r.resNext]
+		s := r.slot()
 		*s = rdRes{kind: resAtomic, active: true, first: p.psn, last: p.psn, cur: p.psn, orig: orig}
 		r.resNext = (r.resNext + 1) % len(r.res)
 		r.epsn = roce.PSNAdd(r.epsn, 1)

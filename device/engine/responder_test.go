@@ -148,7 +148,7 @@ func TestResponderDuplicates(t *testing.T) {
 	assert.Equal(t, []sent{{op: roce.OpRCAck, psn: 100, syn: ack, msn: 1}}, got, "re-ACK")
 	assert.Len(t, r.rcq.all(), 1, "no second receive completion")
 	assert.Equal(t, first, r.mem[:200], "the duplicate's bytes are not placed")
-	assert.Equal(t, uint64(1), r.qp.Counters.Duplicates.Load())
+	assert.Equal(t, uint64(1), r.qp.Counters.Rare().Duplicates.Load())
 
 	// RDMA WRITE 100 bytes at PSN 101, then a duplicate with other bytes.
 	wr := pattern(100, 2)
@@ -207,6 +207,6 @@ func TestResponderDuplicates(t *testing.T) {
 	assert.Empty(t, r.in(t, roce.OpRCWriteOnly, 110, wr, reth), "one NAK per gap")
 	assert.Equal(t, []sent{{op: roce.OpRCAck, psn: 107, syn: ack, msn: 6}}, r.in(t, roce.OpRCWriteOnly, 107, wr, reth))
 	assert.Equal(t, abi.QPSRTS, r.qp.state)
-	assert.Equal(t, uint64(1), r.qp.Counters.SeqNAKsSent.Load())
+	assert.Equal(t, uint64(1), r.qp.Counters.Rare().SeqNAKsSent.Load())
 	assert.Len(t, r.rcq.all(), 1, "one receive completion in all")
 }

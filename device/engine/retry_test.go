@@ -40,7 +40,7 @@ func TestProgressRestartsAckTimer(t *testing.T) {
 	w.now = timeout + 1
 	qp.progress(105)
 	w.fire()
-	assert.Zero(t, qp.Counters.Timeouts.Load(), "progress in the same round: no timeout")
+	assert.Zero(t, qp.Counters.Rare().Timeouts.Load(), "progress in the same round: no timeout")
 	assert.Equal(t, uint8(7), qp.comp.retryLeft)
 	require.True(t, qp.retryTimer.armed())
 	assert.Equal(t, w.now+timeout, qp.retryTimer.when, "restarted at the progress")
@@ -48,7 +48,7 @@ func TestProgressRestartsAckTimer(t *testing.T) {
 	// Without progress the timer still expires.
 	w.now += timeout
 	w.fire()
-	assert.Equal(t, uint64(1), qp.Counters.Timeouts.Load())
+	assert.Equal(t, uint64(1), qp.Counters.Rare().Timeouts.Load())
 	assert.Equal(t, uint8(6), qp.comp.retryLeft)
 }
 
@@ -110,7 +110,7 @@ func TestBackpressureDoesNotWaitForTimer(t *testing.T) {
 	assert.Equal(t, sum(src.b), sum(dst.b))
 	ca, err := ea.Counters(a.qpn)
 	require.NoError(t, err)
-	assert.Zero(t, ca.Timeouts.Load(), "no ACK timeout for frames held back by the link")
+	assert.Zero(t, ca.Rare().Timeouts.Load(), "no ACK timeout for frames held back by the link")
 }
 
 // TestAckTimeout: the local ACK timeout of a timeout code is 4.096 us *

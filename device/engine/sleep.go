@@ -155,6 +155,11 @@ func (w *worker) sleep(stop <-chan struct{}) bool {
 			return true
 		}
 	}
+	if len(w.parked) > 0 && (at < 0 || w.parkedDue < at) {
+		// Parked send rings to give back: wake for the sweep (once
+		// per ringLinger at most; with none left, no deadline).
+		at = max(w.parkedDue, now)
+	}
 	if w.txN > 0 && (at < 0 || at-now > int64(txPoll)) {
 		// Frames the link did not take: offer them again soon,
 		// whatever the next timer. (Sleeping until the timer left a

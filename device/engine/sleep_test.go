@@ -16,8 +16,17 @@ import (
 // frame and delivers none; every sleep of the worker is reported on the
 // returned channel with its wait (-1: none).
 func sleepingEngine(t *testing.T) (*Engine, <-chan time.Duration) {
+	return sleepingEngineWith(t, nil)
+}
+
+// sleepingEngineWith is sleepingEngine with set (if not nil) applied to
+// the worker before it starts.
+func sleepingEngineWith(t *testing.T, set func(*worker)) (*Engine, <-chan time.Duration) {
 	e, err := New(Config{Links: []Link{&nullLink{ready: make(chan struct{}, 1)}}, Mode: roce.ModeEthernet})
 	require.NoError(t, err)
+	if set != nil {
+		set(e.workers[0])
+	}
 	sleeps := make(chan time.Duration, 1024)
 	e.workers[0].sleepHook = func(d time.Duration) {
 		select {

@@ -231,7 +231,7 @@ func TestRecvSourceError(t *testing.T) {
 			wantCQE(t, b.scq.all()[0], abi.CQE{WrID: 30, Status: abi.WCWRFlushErr, Opcode: abi.WCSend, QPNum: b.qpn})
 			cb, err := b.n.eng.Counters(b.qpn)
 			require.NoError(t, err)
-			assert.Zero(t, cb.RNRNAKsSent.Load(), "an error, not a missing receive")
+			assert.Zero(t, cb.Rare().RNRNAKsSent.Load(), "an error, not a missing receive")
 		})
 	}
 }

@@ -19,7 +19,7 @@ const (
 // timer is one QP timer. idx is its heap position, -1 when not armed.
 type timer struct {
 	when int64
-	idx  int
+	idx  int32
 	kind timerKind
 	qp   *QP
 }
@@ -35,8 +35,8 @@ func (th *timerHeap) less(i, j int) bool { return th.h[i].when < th.h[j].when }
 
 func (th *timerHeap) swap(i, j int) {
 	th.h[i], th.h[j] = th.h[j], th.h[i]
-	th.h[i].idx = i
-	th.h[j].idx = j
+	th.h[i].idx = int32(i)
+	th.h[j].idx = int32(j)
 }
 
 func (th *timerHeap) up(i int) {
@@ -73,18 +73,18 @@ func (th *timerHeap) down(i int) {
 func (th *timerHeap) set(t *timer, when int64) {
 	t.when = when
 	if t.idx >= 0 {
-		th.up(t.idx)
-		th.down(t.idx)
+		th.up(int(t.idx))
+		th.down(int(t.idx))
 		return
 	}
-	t.idx = len(th.h)
+	t.idx = int32(len(th.h))
 	th.h = append(th.h, t)
-	th.up(t.idx)
+	th.up(int(t.idx))
 }
 
 // stop disarms t.
 func (th *timerHeap) stop(t *timer) {
-	i := t.idx
+	i := int(t.idx)
 	if i < 0 {
 		return
 	}

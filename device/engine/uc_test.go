@@ -111,10 +111,10 @@ func TestUCDropAndResync(t *testing.T) {
 			assert.Equal(t, src.b[16384:16384+800], dst.b[0xc000:0xc000+800])
 			ctr, err := b.n.eng.Counters(b.qpn)
 			require.NoError(t, err)
-			assert.Equal(t, uint64(3), ctr.Dropped.Load(), "frame 5, 8 and 9: the rest of the two broken messages")
+			assert.Equal(t, uint64(3), ctr.Rare().Dropped.Load(), "frame 5, 8 and 9: the rest of the two broken messages")
 			ca, err := a.n.eng.Counters(a.qpn)
 			require.NoError(t, err)
-			assert.Zero(t, ca.Retransmits.Load())
+			assert.Zero(t, ca.Rare().Retransmits.Load())
 			assert.Equal(t, uint64(11), ca.PacketsSent.Load())
 		})
 	}

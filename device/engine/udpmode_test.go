@@ -124,7 +124,7 @@ func TestUDPPath(t *testing.T) {
 	} {
 		require.NoError(t, qp.modify(&a))
 	}
-	assert.Equal(t, netip.MustParseAddrPort("10.0.0.2:4791"), qp.peer)
+	assert.Equal(t, netip.MustParseAddrPort("10.0.0.2:4791"), peerOf(&qp.path))
 	// An ACK for a duplicate: the responder answers at once.
 	qp.resp.ackPending = true
 	w.service(qp)

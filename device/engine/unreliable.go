@@ -130,16 +130,16 @@ func (w *worker) inputUD(qp *QP, pkt *roce.Packet, frameLen int, from netip.Addr
 	switch qp.state {
 	case abi.QPSRTR, abi.QPSRTS, abi.QPSSQD, abi.QPSSQE:
 	default:
-		qp.Counters.Dropped.Add(1)
+		qp.Counters.Rare().Dropped.Add(1)
 		return
 	}
 	if pkt.DETH.QKey() != qp.attr.QKey {
-		qp.Counters.QKeyViolations.Add(1)
-		qp.Counters.Dropped.Add(1)
+		qp.Counters.Rare().QKeyViolations.Add(1)
+		qp.Counters.Rare().Dropped.Add(1)
 		return
 	}
 	if len(pkt.Payload) > int(qp.mtu) {
-		qp.Counters.Dropped.Add(1)
+		qp.Counters.Rare().Dropped.Add(1)
 		return
 	}
 	r := &qp.resp
@@ -152,8 +152,8 @@ func (w *worker) inputUD(qp *QP, pkt *roce.Packet, frameLen int, from netip.Addr
 	}
 	if !ok {
 		// UD has no RNR NAK: the packet is dropped.
-		qp.Counters.NoRecvWQE.Add(1)
-		qp.Counters.Dropped.Add(1)
+		qp.Counters.Rare().NoRecvWQE.Add(1)
+		qp.Counters.Rare().Dropped.Add(1)
 		return
 	}
 	grh := w.grh[:]
@@ -219,7 +219,7 @@ func (qp *QP) ucRx(p *packet) {
 	switch qp.state {
 	case abi.QPSRTR, abi.QPSRTS, abi.QPSSQD, abi.QPSSQE:
 	default:
-		qp.Counters.Dropped.Add(1)
+		qp.Counters.Rare().Dropped.Add(1)
 		return
 	}
 	qp.w.busy = true
@@ -230,7 +230,7 @@ func (qp *QP) ucRx(p *packet) {
 	switch {
 	case d < 0:
 		// Older than expected: a duplicate (UC never retransmits).
-		qp.Counters.Duplicates.Add(1)
+		qp.Counters.Rare().Duplicates.Add(1)
 		return
 	case d > 0 || r.ucDrop:
 		if !start {
@@ -259,7 +259,7 @@ func (qp *QP) ucRx(p *packet) {
 
 // ucDropMessage drops p and the rest of its message.
 func (qp *QP) ucDropMessage(p *packet) {
-	qp.Counters.Dropped.Add(1)
+	qp.Counters.Rare().Dropped.Add(1)
 	qp.ucAbort()
 	qp.resp.ucDrop = true
 	qp.resp.epsn = roce.PSNAdd(p.psn, 1)
@@ -308,7 +308,7 @@ func (qp *QP) ucCheck(p *packet, info *roce.OpInfo) bool {
 			return false
 		}
 		if !ok {
-			qp.Counters.NoRecvWQE.Add(1)
+			qp.Counters.Rare().NoRecvWQE.Add(1)
 			return false
 		}
 		r.rqeValid = true

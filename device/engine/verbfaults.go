@@ -114,7 +114,7 @@ func (qp *QP) verbRequestErr() bool {
 	if _, hit := h.f.VerbFault(VerbQPErr, qp.qpn, 0); !hit {
 		return false
 	}
-	qp.Counters.Dropped.Add(1)
+	qp.Counters.Rare().Dropped.Add(1)
 	qp.enterError()
 	return true
 }

@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"net/netip"
+
 	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/roce"
 )
@@ -62,25 +64,25 @@ func (p *packet) fill(pkt *roce.Packet) {
 // pkeyDefault is the only P_Key vrnic uses (the default partition).
 const pkeyDefault = abi.PKeyDefault
 
-// setPath builds the QP's path (the address vector in roce terms) and
-// its peer, the address beside every frame it sends.
+// setPath builds the QP's path (the address vector in roce terms) to
+// remote, and its peer, the address beside every frame it sends.
 //
 // In ModeUDP the path's source address and port are the link's: that is
 // where the kernel sends from, so they are what the receiver puts in the
 // pseudo header it checks the ICRC with. (A QP whose source GID is not
 // the link's address receives nothing: see worker.input.) The
 // destination port is 4791.
-func (qp *QP) setPath() {
+func (qp *QP) setPath(remote netip.Addr) {
 	qp.path = roce.Path{
 		Src:     qp.attr.LocalAddr,
-		Dst:     qp.attr.RemoteAddr,
+		Dst:     remote,
 		SrcPort: roce.UDPSrcPort(qp.qpn),
 		TTL:     64,
 		// DF as Linux rxe sets it: RoCE v2 packets are never fragmented.
 		DontFragment: true,
 	}
 	qp.path.Mode, qp.path.SrcMAC = qp.w.e.cfg.Mode, qp.w.e.cfg.MAC
-	qp.peer = pathPeer(&qp.path, &qp.w.e.cfg)
+	pathPeer(&qp.path, &qp.w.e.cfg)
 }
 
 // useAH makes a's path the QP's (UD: every WQE names its AH), with the
@@ -94,7 +96,6 @@ func (qp *QP) useAH(a *AH) {
 	if qp.path.Mode != roce.ModeUDP {
 		qp.path.SrcPort = roce.UDPSrcPort(qp.qpn)
 	}
-	qp.peer = a.peer
 }
 
 // txQueue builds o, a packet without payload, in buf (a buffer txBuf
@@ -160,7 +161,7 @@ func (w *worker) txPush(qp *QP, buf, frame []byte, err error, psn uint32) bool {
 		return false
 	}
 	w.tx[w.txN] = buf[:len(frame)]
-	w.txTo[w.txN] = qp.peer
+	w.txTo[w.txN] = peerOf(&qp.path)
 	w.txUnrel[w.txN] = nil
 	if qp.unrel {
 		w.txUnrel[w.txN], w.txPSN[w.txN] = qp, psn

@@ -30,6 +30,13 @@ type WorkerCounters struct {
 	// ActiveQPs is the number of QPs on the worker's active list (a
 	// gauge: the QPs each pass services, active.go).
 	ActiveQPs atomic.Int64
+	// RingQPs is the number of the worker's QPs holding a private send
+	// ring (a gauge: active QPs and those parked, active.go).
+	RingQPs atomic.Int64
+	// RingCacheBytes is about what the send rings the worker keeps for
+	// reuse hold (a gauge, at most RingCacheBytes: memory per worker,
+	// not per QP; active.go).
+	RingCacheBytes atomic.Int64
 	// Sleeps counts the worker's sleeps, Wakes its wake-ups: it is asleep
 	// while Sleeps is ahead of Wakes.
 	Sleeps atomic.Uint64
@@ -117,10 +124,15 @@ type worker struct {
 	// Doorbells: the QPNs Engine.Kick queued.
 	kicks postQueue[uint32]
 
-	// rings are private send rings kept for reuse, by shape, ringBytes
-	// about what they hold (active.go).
-	rings     map[sqShape][][]swqe
-	ringBytes int
+	// parked are the QPs off the active list that still hold their
+	// send rings, the next due to give one back at parkedDue; rings are
+	// private send rings kept for reuse, by shape, ringBytes about what
+	// they hold (active.go).
+	parked     []*QP
+	parkedDue  int64
+	ringLinger int64 // ringLinger (tests change it before the worker starts)
+	rings      map[sqShape][][]swqe
+	ringBytes  int
 
 	// Frames and, beside them, their peers (ModeUDP): rxFrom[i] sent
 	// rx[i], tx[i] goes to txTo[i].
@@ -152,6 +164,9 @@ type worker struct {
 	framer roce.Framer
 	cqe    abi.CQE
 	grh    [roce.GRHLen]byte // of a UD receive
+	// flushRQE is where flushRecv takes each posted RQE of a QP in ERR
+	// (room for abi.MaxSGE SGEs): one per worker, not per QP.
+	flushRQE RecvWork
 
 	Counters WorkerCounters
 }
@@ -172,7 +187,10 @@ func newWorker(e *Engine, id int, l Link) *worker {
 		txPSN:   make([]uint32, e.cfg.Batch),
 		udp:     e.cfg.Mode == roce.ModeUDP,
 		local:   e.cfg.Local,
+
+		ringLinger: ringLinger,
 	}
+	w.flushRQE.SGEs = make([]abi.SGE, 0, abi.MaxSGE)
 	if a, ok := l.(ReadyArmer); ok {
 		w.arm = a.ArmReady
 	}
@@ -303,11 +321,11 @@ func (w *worker) input(frame []byte, from netip.AddrPort) {
 	src, dst := from.Addr(), w.local.Addr()
 	if !w.udp {
 		src, dst = pkt.Src(), pkt.Dst()
-	} else if from.Port() != qp.peer.Port() {
+	} else if from.Port() != peerOf(&qp.path).Port() {
 		src = netip.Addr{}
 	}
 	if pkt.Info.Service != qp.svc || pkt.BTH.PKey() != pkeyDefault ||
-		src.Unmap() != qp.attr.RemoteAddr.Unmap() || dst.Unmap() != qp.attr.LocalAddr.Unmap() {
+		src.Unmap() != qp.path.Dst.Unmap() || dst.Unmap() != qp.attr.LocalAddr.Unmap() {
 		w.Counters.BadPeer.Add(1)
 		return
 	}
@@ -322,7 +340,7 @@ func (w *worker) input(frame []byte, from netip.AddrPort) {
 	case pkt.Info.Is(roce.OpResponse):
 		qp.compRx(&w.in)
 	default:
-		qp.Counters.Dropped.Add(1)
+		qp.Counters.Rare().Dropped.Add(1)
 	}
 }
 
@@ -475,6 +493,9 @@ func (w *worker) run(stop <-chan struct{}) {
 		w.drainCtl()
 		w.serviceActive()
 		w.flush()
+		if len(w.parked) > 0 && w.now >= w.parkedDue {
+			w.parkSweep()
+		}
 		if w.busy {
 			lastWork = w.now
 			// A busy worker still lets the goroutines that share its P

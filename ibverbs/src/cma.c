@@ -378,15 +378,51 @@ static struct cma_id *alloc_id(struct rdma_event_channel *ch, void *context, enu
 
 static void link_id_locked(struct cma_id *id) {
 	id->next = g_ids;
+	if (g_ids)
+		g_ids->pprev = &id->next;
+	id->pprev = &g_ids;
 	g_ids = id;
 }
 
 static void unlink_id_locked(struct cma_id *id) {
-	for (struct cma_id **pp = &g_ids; *pp; pp = &(*pp)->next)
-		if (*pp == id) {
-			*pp = id->next;
-			return;
+	if (!id->pprev)
+		return;
+	*id->pprev = id->next;
+	if (id->next)
+		id->next->pprev = id->pprev;
+	id->next = NULL;
+	id->pprev = NULL;
+}
+
+/* The handle table: every daemon CM handle the library holds (an ID's
+ * connection handle, each of a listener's), by device and handle, so the
+ * dispatcher finds an event's ID without walking every ID (a host with
+ * thousands of connections gets an event per connection and request).
+ * Under g_mu. */
+#define CMA_HBUCKETS 4096
+static struct cma_hent *g_htab[CMA_HBUCKETS];
+
+static unsigned hbucket(const struct cma_dev *d, uint32_t handle) {
+	uint64_t k = (uint64_t)(uintptr_t)d ^ ((uint64_t)handle * 0x9e3779b97f4a7c15ull);
+	return (unsigned)((k ^ (k >> 29)) % CMA_HBUCKETS);
+}
+
+static void hadd_locked(struct cma_hent *h, struct cma_dev *d, uint32_t handle, bool listener, struct cma_id *id) {
+	*h = (struct cma_hent){ .dev = d, .handle = handle, .listener = listener, .id = id };
+	unsigned b = hbucket(d, handle);
+	h->next = g_htab[b];
+	g_htab[b] = h;
+}
+
+static void hdel_locked(struct cma_hent *h) {
+	if (!h->id)
+		return;
+	for (struct cma_hent **pp = &g_htab[hbucket(h->dev, h->handle)]; *pp; pp = &(*pp)->next)
+		if (*pp == h) {
+			*pp = h->next;
+			break;
 		}
+	h->id = NULL;
 }
 
 /* set_dev ties id to device d (under g_mu: the dispatcher reads id->dev). */
@@ -445,6 +481,9 @@ VR_EXPORT int rdma_destroy_id(struct rdma_cm_id *cid) {
 	struct cma_event *gone = NULL;
 	pthread_mutex_lock(&g_mu);
 	unlink_id_locked(id);
+	hdel_locked(&id->hconn);
+	for (int i = 0; i < id->nlistens; i++)
+		hdel_locked(&id->listens[i].h);
 	id->handle = 0;
 	id->nlistens = 0;
 	unlink_locked(chan_of(id->id.channel), ev_of_owner, id, &gone);
@@ -563,6 +602,7 @@ VR_EXPORT int rdma_resolve_addr(struct rdma_cm_id *cid, struct sockaddr *src_add
 			return ERRNO(ret);
 		pthread_mutex_lock(&g_mu); /* the dispatcher looks IDs up by handle */
 		id->handle = h;
+		hadd_locked(&id->hconn, d, h, false, id);
 		pthread_mutex_unlock(&g_mu);
 	}
 	post_synth(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
@@ -965,7 +1005,10 @@ VR_EXPORT int rdma_listen(struct rdma_cm_id *cid, int backlog) {
 		}
 		if (!r) {
 			pthread_mutex_lock(&g_mu);
-			id->listens[id->nlistens++] = (struct cma_listen){ d, h };
+			struct cma_listen *ls = &id->listens[id->nlistens++];
+			ls->dev = d;
+			ls->handle = h;
+			hadd_locked(&ls->h, d, h, true, id);
 			pthread_mutex_unlock(&g_mu);
 			ret = 0;
 		} else if (ret) {
@@ -1124,15 +1167,9 @@ VR_EXPORT int rdma_set_option(struct rdma_cm_id *cid, int level, int optname, vo
 /* ----------------------------------------------------------------- events */
 
 static struct cma_id *find_locked(struct cma_dev *d, uint32_t handle, bool listener) {
-	for (struct cma_id *id = g_ids; id; id = id->next) {
-		if (listener) {
-			for (int i = 0; i < id->nlistens; i++)
-				if (id->listens[i].dev == d && id->listens[i].handle == handle)
-					return id;
-		} else if (id->dev == d && id->handle == handle) {
-			return id;
-		}
-	}
+	for (struct cma_hent *h = g_htab[hbucket(d, handle)]; h; h = h->next)
+		if (h->dev == d && h->handle == handle && h->listener == listener)
+			return h->id;
 	return NULL;
 }
 
@@ -1205,6 +1242,7 @@ static void dispatch(struct cma_dev *d, const struct vrnic_cm_event *r) {
 		struct cma_id *c = l ? child_of(l, d, r) : NULL;
 		if (c) {
 			link_id_locked(c);
+			hadd_locked(&c->hconn, d, c->handle, false, c);
 			e->owner = l;
 			e->child = c;
 			queue_locked(chan_of(l->id.channel), e);

@@ -57,9 +57,21 @@ struct cma_dev {
 };
 
 /* A listener on one device (wildcard listeners have one per device). */
+/* A daemon CM handle on a device, indexed for the dispatcher (the
+ * handle table in cma.c): an ID's connection handle, or one of a
+ * listener's. */
+struct cma_hent {
+	struct cma_dev *dev;
+	uint32_t handle;
+	bool listener;
+	struct cma_id *id;
+	struct cma_hent *next; /* in its bucket */
+};
+
 struct cma_listen {
 	struct cma_dev *dev;
 	uint32_t handle;
+	struct cma_hent h;
 };
 
 struct cma_chan {
@@ -88,7 +100,8 @@ struct cma_id {
 	uint32_t psn;              /* the first PSN our QP sends */
 	int delivered, acked;      /* events handed to the program, and acked */
 	struct ibv_qp_init_attr *qp_init_attr; /* rdma_create_ep, passive */
-	struct cma_id *next;
+	struct cma_hent hconn;  /* handle's entry in the handle table, while handle != 0 */
+	struct cma_id *next, **pprev; /* every ID (g_ids) */
 };
 
 struct cma_event {

@@ -35,6 +35,11 @@ type benchEnv struct {
 	rawA   *tap.Device
 	rawB   *tap.Device
 	rawMAC [2]tap.MAC
+	// The batched baseline: two more TAPs with the offload, the writer
+	// putting 64 frames (at most 64 KiB) in one segmented write, the
+	// reader reading them whole.
+	gsoA, gsoB *tap.Device
+	gsoMAC     [2]tap.MAC
 }
 
 type benchSide struct {
@@ -70,10 +75,26 @@ func newBenchEnv(b *testing.B) *benchEnv {
 	ns, err := netns.GetFromName(tp.nsBr)
 	require.NoError(b, err)
 	defer ns.Close()
-	for i, name := range []string{"vra", "vrb"} {
-		env.rawMAC[i] = tap.MAC{2, 0x52, 0, 0, 0, byte(i + 1)}
-		d, err := tap.Create(tap.Config{Name: name, Queues: 1, MAC: env.rawMAC[i], NetNS: ns})
+	for i, name := range []string{"vra", "vrb", "vga", "vgb"} {
+		mac := tap.MAC{2, 0x52, 0, 0, 0, byte(i + 1)}
+		// vra, vrb: the baseline as it always was, one frame per write
+		// and read, no virtio-net header.
+		d, err := tap.Create(tap.Config{Name: name, Queues: 1, MAC: mac, NetNS: ns, NoOffload: i < 2})
 		require.NoError(b, err)
+		if i >= 2 {
+			uso, msg := d.Offload()
+			require.True(b, uso, "offload: %s", msg)
+			env.gsoMAC[i-2] = mac
+			if i == 2 {
+				env.gsoA = d
+			} else {
+				env.gsoB = d
+			}
+			b.Cleanup(func() { d.Close() })
+			ipCmd(b, "-n", tp.nsBr, "link", "set", "dev", name, "txqueuelen", "4096", "master", "br0")
+			continue
+		}
+		env.rawMAC[i] = mac
 		b.Cleanup(func() { d.Close() })
 		ipCmd(b, "-n", tp.nsBr, "link", "set", "dev", name, "txqueuelen", "4096", "master", "br0")
 		if i == 0 {
@@ -221,9 +242,111 @@ func (e *benchEnv) rawForward(b *testing.B, count int, op roce.Opcode, payload i
 	return d
 }
 
+// rawForwardGSO is rawForward with segmented writes and reads: the
+// writer puts runs of frames (64, at most a 64 KiB datagram) in one write
+// on gsoA, as the TAP link does, and a reader counts the frames of what
+// it reads on gsoB (whole runs: gsoB takes USO).
+func (e *benchEnv) rawForwardGSO(b *testing.B, count int, op roce.Opcode, payload int) time.Duration {
+	path := roce.Path{Mode: roce.ModeEthernet, SrcMAC: e.gsoMAC[0], DstMAC: e.gsoMAC[1],
+		Src: netip.MustParseAddr("10.77.0.203"), Dst: netip.MustParseAddr("10.77.0.204"), SrcPort: 0xc002, TTL: 64, DontFragment: true}
+	buf := make([]byte, 8192)
+	h := &roce.Headers{BTH: roce.BTHFields{Opcode: op, PKey: 0xffff, DestQP: 0x11}, RETH: roce.RETHFields{VA: 0x1000, RKey: 1, DMALength: uint32(payload)}}
+	frame, err := path.Build(buf, path.Headroom(op), payload, h)
+	require.NoError(b, err)
+	const hl = roce.EthernetHeaderLen + roce.IPv4HeaderLen + roce.UDPHeaderLen
+	seg := len(frame) - hl
+	per := min(64, (0xffff-hl+roce.EthernetHeaderLen)/seg)
+	hp := path
+	hp.SrcMAC, hp.DstMAC, hp.Src, hp.Dst = e.gsoMAC[1], e.gsoMAC[0], path.Dst, path.Src
+	hello, err := hp.Build(make([]byte, 512), hp.Headroom(roce.OpRCAck), 0, &roce.Headers{BTH: roce.BTHFields{Opcode: roce.OpRCAck, PKey: 0xffff}})
+	require.NoError(b, err)
+	require.NoError(b, e.gsoB.Queue(0).WriteFrame(hello))
+	time.Sleep(10 * time.Millisecond)
+	drainAll(b, e.gsoA)
+	drainAll(b, e.gsoB)
+
+	// The segmented packet: virtio-net header, the frame's headers with
+	// the whole datagram's lengths, per payloads.
+	head := make([]byte, tap.VnetHdrLen+hl)
+	(&tap.VnetHdr{Flags: tap.VnetFlagNeedsCsum, GSOType: tap.VnetGSOUDPL4, HdrLen: hl, GSOSize: uint16(seg),
+		CsumStart: hl - roce.UDPHeaderLen, CsumOffset: 6}).Encode(head)
+	copy(head[tap.VnetHdrLen:], frame[:hl])
+	ip := roce.IPv4(head[tap.VnetHdrLen+roce.EthernetHeaderLen:])
+	ip.SetTotalLength(uint16(roce.IPv4HeaderLen + roce.UDPHeaderLen + per*seg))
+	ip.SetChecksum(ip.CalculateChecksum())
+	u := roce.UDP(head[tap.VnetHdrLen+hl-roce.UDPHeaderLen:])
+	u.SetLength(uint16(roce.UDPHeaderLen + per*seg))
+	var ps uint32 // pseudo-header sum
+	for i := 12; i < 20; i += 2 {
+		ps += uint32(ip[i])<<8 | uint32(ip[i+1])
+	}
+	ps += roce.ProtocolUDP + uint32(roce.UDPHeaderLen+per*seg)
+	for ps > 0xffff {
+		ps = ps>>16 + ps&0xffff
+	}
+	u.SetChecksum(uint16(ps))
+	parts := [][]byte{head}
+	for range per {
+		parts = append(parts, frame[hl:])
+	}
+
+	var got atomic.Int64
+	stop := make(chan struct{})
+	readDone := make(chan struct{})
+	go func() {
+		defer close(readDone)
+		rbuf := make([]byte, 1<<17)
+		rparts := [][]byte{rbuf}
+		q := e.gsoB.Queue(0)
+		for got.Load() < int64(count) {
+			n, err := q.TryReadPacket(rparts)
+			if err != nil {
+				return
+			}
+			if n == 0 {
+				if q.WaitReadable() != nil {
+					return
+				}
+				continue
+			}
+			var vh tap.VnetHdr
+			vh.Decode(rbuf)
+			n -= tap.VnetHdrLen
+			switch {
+			case vh.GSOType == tap.VnetGSOUDPL4 && vh.GSOSize == uint16(seg):
+				got.Add(int64((n - hl + seg - 1) / seg))
+			case n == len(frame):
+				got.Add(1)
+			}
+		}
+	}()
+	start := time.Now()
+	q := e.gsoA.Queue(0)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if err := q.WritePacket(parts); err != nil {
+				return
+			}
+		}
+	}()
+	select {
+	case <-readDone:
+	case <-time.After(time.Minute):
+		b.Fatalf("raw segmented forwarding: %d of %d frames\n%s", got.Load(), count, ipCmd(b, "-n", e.tp.nsBr, "-s", "link"))
+	}
+	d := time.Since(start)
+	close(stop)
+	return d
+}
+
 // drainAll reads d's queue 0 until it is empty.
 func drainAll(b *testing.B, d *tap.Device) {
-	bufs := [][]byte{make([]byte, d.MaxFrameSize())}
+	bufs := [][]byte{make([]byte, 1<<17)}
 	sizes := []int{0}
 	for {
 		n, err := d.Queue(0).TryReadBatch(bufs, sizes, 0)
@@ -259,6 +382,7 @@ func BenchmarkTAPWrite1MiB(b *testing.B) {
 	// counts, so that a drift of the shared machine during the run does
 	// not land on one side of the ratio.
 	raw1 := e.rawForward(b, frames, roce.OpRCWriteMiddle, 4096)
+	gso1 := e.rawForwardGSO(b, frames, roce.OpRCWriteMiddle, 4096)
 	b.ReportAllocs()
 	b.SetBytes(size)
 	b.ResetTimer()
@@ -266,12 +390,16 @@ func BenchmarkTAPWrite1MiB(b *testing.B) {
 	b.StopTimer()
 	rdma := b.Elapsed()
 	raw2 := e.rawForward(b, frames, roce.OpRCWriteMiddle, 4096)
+	gso2 := e.rawForwardGSO(b, frames, roce.OpRCWriteMiddle, 4096)
 	rdmaMBs := float64(b.N) * size / rdma.Seconds() / 1e6
 	rawMBs := (rate(frames, raw1) + rate(frames, raw2)) / 2 * 4096 / 1e6
+	gsoMBs := (rate(frames, gso1) + rate(frames, gso2)) / 2 * 4096 / 1e6
 	e.reportRetrans(b)
 	b.ReportMetric(rdmaMBs, "MB/s")
 	b.ReportMetric(rawMBs, "raw-MB/s")
 	b.ReportMetric(rdmaMBs/rawMBs, "ratio")
+	b.ReportMetric(gsoMBs, "rawgso-MB/s")
+	b.ReportMetric(rdmaMBs/gsoMBs, "ratio-gso")
 }
 
 // BenchmarkTAPWrite8B: 8-byte RDMA WRITE message rate (64 in flight)
@@ -281,18 +409,23 @@ func BenchmarkTAPWrite8B(b *testing.B) {
 	e := newBenchEnv(b)
 	e.writes(b, 1000, 8, 64) // warm up
 	raw1 := e.rawForward(b, b.N, roce.OpRCWriteOnly, 8)
+	gso1 := e.rawForwardGSO(b, b.N, roce.OpRCWriteOnly, 8)
 	b.ReportAllocs()
 	b.ResetTimer()
 	e.writes(b, b.N, 8, 64)
 	b.StopTimer()
 	rdma := b.Elapsed()
 	raw2 := e.rawForward(b, b.N, roce.OpRCWriteOnly, 8)
+	gso2 := e.rawForwardGSO(b, b.N, roce.OpRCWriteOnly, 8)
 	rdmaRate := float64(b.N) / rdma.Seconds()
 	rawRate := (rate(b.N, raw1) + rate(b.N, raw2)) / 2
+	gsoRate := (rate(b.N, gso1) + rate(b.N, gso2)) / 2
 	e.reportRetrans(b)
 	b.ReportMetric(rdmaRate/1e6, "Mmsg/s")
 	b.ReportMetric(rawRate/1e6, "raw-Mframes/s")
 	b.ReportMetric(rdmaRate/rawRate, "ratio")
+	b.ReportMetric(gsoRate/1e6, "rawgso-Mframes/s")
+	b.ReportMetric(rdmaRate/gsoRate, "ratio-gso")
 }
 
 // rate is n per d, per second.
@@ -306,10 +439,12 @@ func (e *benchEnv) reportRetrans(b *testing.B) {
 	b.ReportMetric(float64(r.Retransmits), "retrans")
 	// Frames the responder sent (ACKs) per frame the requester sent,
 	// over the whole run.
-	var ta, tb, wa, wb uint64
+	var ta, tb, wa, wb, ga, gfa uint64
 	for _, q := range linkStats(b, e.da).Queues {
 		ta += q.TxFrames
 		wa += q.Wakeups
+		ga += q.TxGSO
+		gfa += q.TxGSOFrames
 	}
 	for _, q := range linkStats(b, e.db).Queues {
 		tb += q.TxFrames
@@ -321,5 +456,8 @@ func (e *benchEnv) reportRetrans(b *testing.B) {
 		// frame: how often the requester (a) and responder (b) slept.
 		b.ReportMetric(float64(wa)/float64(ta), "a-wakeups/frame")
 		b.ReportMetric(float64(wb)/float64(ta), "b-wakeups/frame")
+		// Request frames per write(2) of the requester (segmented
+		// writes carry several).
+		b.ReportMetric(float64(ta)/float64(ta-gfa+ga), "a-frames/write")
 	}
 }

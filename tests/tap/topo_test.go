@@ -211,7 +211,13 @@ type linkJSON struct {
 		TxErrors    uint64 `json:"tx_errors"`
 		TxFrames    uint64 `json:"tx_frames"`
 		Wakeups     uint64 `json:"wakeups"`
+		TxGSO       uint64 `json:"tx_gso"`
+		TxGSOFrames uint64 `json:"tx_gso_frames"`
+		RxGSO       uint64 `json:"rx_gso"`
+		RxGSOFrames uint64 `json:"rx_gso_frames"`
+		RxBad       uint64 `json:"rx_bad"`
 	} `json:"queues"`
+	Offload       string            `json:"offload"`
 	SteerNonRoCE  uint64            `json:"steer_non_roce"`
 	Filter        map[string]uint64 `json:"filter"`
 	FilterDropped uint64            `json:"filter_dropped"`
