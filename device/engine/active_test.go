@@ -118,6 +118,24 @@ func TestSendRingParked(t *testing.T) {
 		assert.Zero(t, w.ActiveQPs.Load())
 		_ = qp
 	})
+	t.Run("none without a WQE", func(t *testing.T) {
+		// A QP made active by its MODIFY_QPs polls its SQ, finds
+		// nothing, settles: it never took a ring (a linger longer than
+		// the test would keep one in sight).
+		e, _ := sleepingEngineWith(t, func(w *worker) { w.ringLinger = int64(time.Hour) })
+		qp := &tqp{n: &node{eng: e, mem: newFakeMem(), addr: netip.MustParseAddr("10.0.0.1")}, qpn: 0x11,
+			sq: newFakeSQ(16), rq: newFakeRQ(16), scq: newFakeCQ(16), rcq: newFakeCQ(16)}
+		_, err := e.CreateQP(QPConfig{QPN: qp.qpn, SQ: qp.sq, RQ: qp.rq, SendCQ: qp.scq, RecvCQ: qp.rcq, Mem: qp.n.mem, SQDepth: 16,
+			MaxSendSGE: 1, MaxRecvSGE: 1})
+		require.NoError(t, err)
+		peer := &tqp{n: &node{addr: netip.MustParseAddr("10.0.0.2")}, qpn: 0x22}
+		bringUp(t, qp, peer, defaultOpts(), abi.QPSRTS)
+		_, err = e.Counters(qp.qpn) // waits for the worker: the MODIFY_QPs are applied, the QP active
+		require.NoError(t, err)
+		w := &e.workers[0].Counters
+		require.Eventually(t, func() bool { return w.ActiveQPs.Load() == 0 }, waitFor, time.Millisecond, "the QP settles")
+		assert.Zero(t, w.RingQPs.Load(), "a QP that fetched no WQE holds no send ring")
+	})
 	t.Run("destroyed while parked", func(t *testing.T) {
 		// A linger longer than the test: the ring stays parked until
 		// the QP is destroyed.

@@ -106,12 +106,30 @@ func (qp *QP) reqFetch() reqState {
 	if qp.tail-qp.head >= uint32(qp.cfg.SQDepth) {
 		return reqExit // private ring full: wait for completions
 	}
-	qp.ensureSQ()
-	e := &qp.sq[qp.tail&qp.sqMask]
-	e.SGEs, e.Inline = e.SGEs[:0], e.Inline[:0]
-	ok, err := qp.pollSend(&e.SendWork)
-	if !ok && err == nil {
-		return reqExit
+	var e *swqe
+	var ok bool
+	var err error
+	if qp.sq == nil {
+		// No send ring (the QP was idle): poll into the worker's probe
+		// entry and take a ring only for a WQE, so that a QP active
+		// for anything else (a MODIFY_QP, frames for its responder)
+		// holds none.
+		p := &qp.w.probe
+		p.SGEs, p.Inline = p.SGEs[:0], p.Inline[:0]
+		if ok, err = qp.pollSend(p); !ok && err == nil {
+			return reqExit
+		}
+		qp.ensureSQ()
+		e = &qp.sq[qp.tail&qp.sqMask]
+		sges, inl := e.SGEs[:0], e.Inline[:0]
+		e.SendWork = *p
+		e.SGEs, e.Inline = append(sges, p.SGEs...), append(inl, p.Inline...)
+	} else {
+		e = &qp.sq[qp.tail&qp.sqMask]
+		e.SGEs, e.Inline = e.SGEs[:0], e.Inline[:0]
+		if ok, err = qp.pollSend(&e.SendWork); !ok && err == nil {
+			return reqExit
+		}
 	}
 	qp.tail++
 	e.state, e.status, e.rcvd, e.rdAtom, e.result = wqePosted, abi.WCSuccess, 0, false, 0

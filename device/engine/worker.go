@@ -167,6 +167,9 @@ type worker struct {
 	// flushRQE is where flushRecv takes each posted RQE of a QP in ERR
 	// (room for abi.MaxSGE SGEs): one per worker, not per QP.
 	flushRQE RecvWork
+	// probe is where the requester polls the SQ of a QP without a send
+	// ring (active.go: a ring is taken only for a WQE).
+	probe SendWork
 
 	Counters WorkerCounters
 }
@@ -191,6 +194,7 @@ func newWorker(e *Engine, id int, l Link) *worker {
 		ringLinger: ringLinger,
 	}
 	w.flushRQE.SGEs = make([]abi.SGE, 0, abi.MaxSGE)
+	w.probe.SGEs, w.probe.Inline = make([]abi.SGE, 0, abi.MaxSGE), make([]byte, 0, abi.MaxInline)
 	if a, ok := l.(ReadyArmer); ok {
 		w.arm = a.ArmReady
 	}
