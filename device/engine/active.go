@@ -87,14 +87,7 @@ func (w *worker) activate(qp *QP) {
 // has one.
 func (w *worker) deactivate(i int) {
 	qp := w.active[i]
-	last := len(w.active) - 1
-	if i != last {
-		w.active[i] = w.active[last]
-		w.active[i].activeIdx = int32(i)
-	}
-	w.active[last] = nil
-	w.active = w.active[:last]
-	qp.activeIdx = -1
+	removeAt(&w.active, i, activePos)
 	w.Counters.ActiveQPs.Store(int64(len(w.active)))
 	if qp.sq != nil {
 		w.park(qp)
@@ -112,15 +105,26 @@ func (w *worker) park(qp *QP) {
 }
 
 // unpark takes qp off the parked list (the last one takes its place).
-func (w *worker) unpark(qp *QP) {
-	i, last := int(qp.parkedIdx), len(w.parked)-1
+func (w *worker) unpark(qp *QP) { removeAt(&w.parked, int(qp.parkedIdx), parkedPos) }
+
+// activePos and parkedPos give the field holding a QP's position on the
+// active and the parked list.
+func activePos(qp *QP) *int32 { return &qp.activeIdx }
+func parkedPos(qp *QP) *int32 { return &qp.parkedIdx }
+
+// removeAt takes the QP at position i off the list l in O(1): the last
+// one takes its place (its position, pos, updated) and the QP's own
+// position becomes -1.
+func removeAt(l *[]*QP, i int, pos func(*QP) *int32) {
+	s := *l
+	qp, last := s[i], len(s)-1
 	if i != last {
-		w.parked[i] = w.parked[last]
-		w.parked[i].parkedIdx = int32(i)
+		s[i] = s[last]
+		*pos(s[i]) = int32(i)
 	}
-	w.parked[last] = nil
-	w.parked = w.parked[:last]
-	qp.parkedIdx = -1
+	s[last] = nil
+	*l = s[:last]
+	*pos(qp) = -1
 }
 
 // parkSweep gives back the send rings of the parked QPs idle for

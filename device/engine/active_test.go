@@ -123,14 +123,8 @@ func TestSendRingParked(t *testing.T) {
 		// nothing, settles: it never took a ring (a linger longer than
 		// the test would keep one in sight).
 		e, _ := sleepingEngineWith(t, func(w *worker) { w.ringLinger = int64(time.Hour) })
-		qp := &tqp{n: &node{eng: e, mem: newFakeMem(), addr: netip.MustParseAddr("10.0.0.1")}, qpn: 0x11,
-			sq: newFakeSQ(16), rq: newFakeRQ(16), scq: newFakeCQ(16), rcq: newFakeCQ(16)}
-		_, err := e.CreateQP(QPConfig{QPN: qp.qpn, SQ: qp.sq, RQ: qp.rq, SendCQ: qp.scq, RecvCQ: qp.rcq, Mem: qp.n.mem, SQDepth: 16,
-			MaxSendSGE: 1, MaxRecvSGE: 1})
-		require.NoError(t, err)
-		peer := &tqp{n: &node{addr: netip.MustParseAddr("10.0.0.2")}, qpn: 0x22}
-		bringUp(t, qp, peer, defaultOpts(), abi.QPSRTS)
-		_, err = e.Counters(qp.qpn) // waits for the worker: the MODIFY_QPs are applied, the QP active
+		qp := rtsQP(t, e, defaultOpts())
+		_, err := e.Counters(qp.qpn) // waits for the worker: the MODIFY_QPs are applied, the QP active
 		require.NoError(t, err)
 		w := &e.workers[0].Counters
 		require.Eventually(t, func() bool { return w.ActiveQPs.Load() == 0 }, waitFor, time.Millisecond, "the QP settles")
@@ -154,16 +148,24 @@ func TestSendRingParked(t *testing.T) {
 // LOCAL_INV through it: the QP becomes active and fetches the WQE into
 // its send ring, and the WQE completes without the peer.
 func localInvQP(t *testing.T, e *Engine) *tqp {
+	qp := rtsQP(t, e, defaultOpts())
+	mr := qp.n.buffer(64, 0x1000, abi.AccessAll, 1)
+	qp.send(t, abi.SendWQE{WrID: 1, Opcode: abi.WRLocalInv, Flags: abi.SendSignaled, InvalidateRKey: mr.key})
+	require.True(t, qp.scq.wait(1, waitFor))
+	require.Equal(t, abi.WCSuccess, qp.scq.all()[0].Status)
+	return qp
+}
+
+// rtsQP makes RC QP 0x11 (depth 16, one SGE) on e and brings it to RTS
+// with options o, connected to a peer that does not exist (10.0.0.2,
+// QP 0x22): what it sends goes nowhere.
+func rtsQP(t *testing.T, e *Engine, o qpOpts) *tqp {
 	qp := &tqp{n: &node{eng: e, mem: newFakeMem(), addr: netip.MustParseAddr("10.0.0.1")}, qpn: 0x11,
 		sq: newFakeSQ(16), rq: newFakeRQ(16), scq: newFakeCQ(16), rcq: newFakeCQ(16)}
 	_, err := e.CreateQP(QPConfig{QPN: qp.qpn, SQ: qp.sq, RQ: qp.rq, SendCQ: qp.scq, RecvCQ: qp.rcq, Mem: qp.n.mem, SQDepth: 16,
 		MaxSendSGE: 1, MaxRecvSGE: 1})
 	require.NoError(t, err)
 	peer := &tqp{n: &node{addr: netip.MustParseAddr("10.0.0.2")}, qpn: 0x22}
-	bringUp(t, qp, peer, defaultOpts(), abi.QPSRTS)
-	mr := qp.n.buffer(64, 0x1000, abi.AccessAll, 1)
-	qp.send(t, abi.SendWQE{WrID: 1, Opcode: abi.WRLocalInv, Flags: abi.SendSignaled, InvalidateRKey: mr.key})
-	require.True(t, qp.scq.wait(1, waitFor))
-	require.Equal(t, abi.WCSuccess, qp.scq.all()[0].Status)
+	bringUp(t, qp, peer, o, abi.QPSRTS)
 	return qp
 }

@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"net/netip"
 	"testing"
 	"time"
 
@@ -62,15 +61,9 @@ func TestIdleWorkerSleeps(t *testing.T) {
 
 	// An RC QP in RTS whose WRITE goes nowhere: its ACK timer (code 20,
 	// 4.3 s) is the only thing due.
-	qp := &tqp{n: &node{eng: e, mem: newFakeMem(), addr: netip.MustParseAddr("10.0.0.1")}, qpn: 0x11,
-		sq: newFakeSQ(16), rq: newFakeRQ(16), scq: newFakeCQ(16), rcq: newFakeCQ(16)}
-	_, err := e.CreateQP(QPConfig{QPN: qp.qpn, SQ: qp.sq, RQ: qp.rq, SendCQ: qp.scq, RecvCQ: qp.rcq, Mem: qp.n.mem, SQDepth: 16,
-		MaxSendSGE: 1, MaxRecvSGE: 1})
-	require.NoError(t, err)
-	peer := &tqp{n: &node{addr: netip.MustParseAddr("10.0.0.2")}, qpn: 0x22}
 	o := defaultOpts()
 	o.timeout = 20
-	bringUp(t, qp, peer, o, abi.QPSRTS)
+	qp := rtsQP(t, e, o)
 	src := qp.n.buffer(8, 0x1000, abi.AccessAll, 1)
 	qp.send(t, abi.SendWQE{WrID: 1, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: 0x1000, RKey: 1}, src.sge(0, 8))
 
