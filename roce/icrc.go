@@ -123,15 +123,7 @@ func icrcIP(pkt []byte, v6 bool, iphl int) uint32 {
 // words, OR-ed with mk and fed to slicing-by-16 steps; the rest goes to
 // hash/crc32 in place, or under 64 bytes to slicing steps too.
 func crcMaskedGeneric(c uint32, p []byte, mk *icrcMask, m int) uint32 {
-	h := p[:m]
-	le := binary.LittleEndian
-	i := 0
-	for ; i+16 <= len(h); i += 16 {
-		c = crcWord2(c, le.Uint64(h[i:])|le.Uint64(mk[i:]), le.Uint64(h[i+8:])|le.Uint64(mk[i+8:]))
-	}
-	if i < len(h) {
-		c = crcWord(c, le.Uint64(h[i:])|le.Uint64(mk[i:]))
-	}
+	c = crcMaskedWords(c, p[:m], mk)
 	if rest := p[m:]; len(rest) < 64 {
 		// Slicing steps beat hash/crc32's fixed cost per call here (an
 		// ACK: 44 bytes, 4 past the mask).
@@ -156,7 +148,13 @@ func crcWords(c uint32, b []byte) uint32 {
 // multiple of 8, at most icrcMaskLen and len(p)) OR-ed with mk, the rest
 // plain, all in slicing-by-16 steps.
 func crcHead(c uint32, p []byte, mk *icrcMask, m int) uint32 {
-	h := p[:m]
+	return crcWords(crcMaskedWords(c, p[:m], mk), p[m:])
+}
+
+// crcMaskedWords returns the raw CRC-32 state after c over h (its length
+// a multiple of 8, at most icrcMaskLen) with mk OR-ed in, read as 8-byte
+// words in slicing-by-16 steps.
+func crcMaskedWords(c uint32, h []byte, mk *icrcMask) uint32 {
 	le := binary.LittleEndian
 	i := 0
 	for ; i+16 <= len(h); i += 16 {
@@ -165,7 +163,7 @@ func crcHead(c uint32, p []byte, mk *icrcMask, m int) uint32 {
 	if i < len(h) {
 		c = crcWord(c, le.Uint64(h[i:])|le.Uint64(mk[i:]))
 	}
-	return crcWords(c, p[m:])
+	return c
 }
 
 // crcCopyChunk is how much crcCopyGeneric copies before it reads the
