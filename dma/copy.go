@@ -81,36 +81,14 @@ type Sink interface {
 // packet's payload and its ICRC in one read). Checks, errors and bad as
 // GatherAt's; the pieces before a failure have been put.
 func (a *Accessor) GatherInto(pd PD, sges []SGE, off, n uint64, s Sink) (bad int, err error) {
-	a.Enter()
-	defer a.Exit()
-	for i := range sges {
-		if n == 0 {
-			return 0, nil
-		}
-		sg := &sges[i]
-		l := uint64(sg.Length)
-		if off >= l {
-			off -= l
-			continue
-		}
-		k := min(l-off, n)
-		m, err := a.sgeRegion(pd, sg, off, k, 0)
-		if err != nil {
-			return i, err
-		}
-		for iova, left := sg.Addr+off, k; left > 0; {
+	return a.walkSGEs(pd, sges, off, n, 0, func(m *memRegion, iova, k uint64) {
+		for left := k; left > 0; {
 			b := m.span(iova, left)
 			s.Put(b)
 			iova += uint64(len(b))
 			left -= uint64(len(b))
 		}
-		n -= k
-		off = 0
-	}
-	if n != 0 {
-		return len(sges), ErrLength
-	}
-	return 0, nil
+	})
 }
 
 // ScatterAt copies src into the message described by sges at message
@@ -124,14 +102,33 @@ func (a *Accessor) ScatterAt(pd PD, sges []SGE, off uint64, src []byte) (bad int
 // ScatterAt (toSGEs true: buf into the SGEs' memory, which needs local
 // write access).
 func (a *Accessor) copyAt(pd PD, sges []SGE, off uint64, buf []byte, toSGEs bool) (int, error) {
-	a.Enter()
-	defer a.Exit()
 	want := Access(0)
 	if toSGEs {
 		want = AccessLocalWrite
 	}
+	return a.walkSGEs(pd, sges, off, uint64(len(buf)), want, func(m *memRegion, iova, k uint64) {
+		if toSGEs {
+			copyIn(m, iova, buf[:k])
+		} else {
+			copyOut(m, iova, buf[:k])
+		}
+		buf = buf[k:]
+	})
+}
+
+// walkSGEs hands visit, in message order and inside the accessor's
+// read-side section, each SGE's part of the n bytes at message offset
+// off of the message sges describes: its region (checked for pd and the
+// access bits want, sgeRegion) and the part's address and length. The
+// parts before a failing SGE have been visited; it returns that SGE's
+// index and the error, or len(sges) and ErrLength when the SGEs hold
+// fewer than off+n bytes. GatherInto, GatherAt and ScatterAt are its
+// visits.
+func (a *Accessor) walkSGEs(pd PD, sges []SGE, off, n uint64, want Access, visit func(m *memRegion, iova, k uint64)) (int, error) {
+	a.Enter()
+	defer a.Exit()
 	for i := range sges {
-		if len(buf) == 0 {
+		if n == 0 {
 			return 0, nil
 		}
 		sg := &sges[i]
@@ -140,20 +137,16 @@ func (a *Accessor) copyAt(pd PD, sges []SGE, off uint64, buf []byte, toSGEs bool
 			off -= l
 			continue
 		}
-		n := min(l-off, uint64(len(buf)))
-		m, err := a.sgeRegion(pd, sg, off, n, want)
+		k := min(l-off, n)
+		m, err := a.sgeRegion(pd, sg, off, k, want)
 		if err != nil {
 			return i, err
 		}
-		if toSGEs {
-			copyIn(m, sg.Addr+off, buf[:n])
-		} else {
-			copyOut(m, sg.Addr+off, buf[:n])
-		}
-		buf = buf[n:]
+		visit(m, sg.Addr+off, k)
+		n -= k
 		off = 0
 	}
-	if len(buf) != 0 {
+	if n != 0 {
 		return len(sges), ErrLength
 	}
 	return 0, nil
