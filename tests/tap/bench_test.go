@@ -192,7 +192,6 @@ func (e *benchEnv) rawForward(b *testing.B, count int, op roce.Opcode, payload i
 	drainAll(b, e.rawB) // what an earlier run left queued must not count
 
 	var got atomic.Int64
-	stop := make(chan struct{})
 	readDone := make(chan struct{})
 	go func() {
 		defer close(readDone)
@@ -218,8 +217,21 @@ func (e *benchEnv) rawForward(b *testing.B, count int, op roce.Opcode, payload i
 	for i := range batch {
 		batch[i] = frame
 	}
-	start := time.Now()
 	q := e.rawA.Queue(0)
+	return e.timeForward(b, "raw forwarding", count, &got, readDone, func() error {
+		_, err := q.WriteBatch(batch, 0)
+		return err
+	})
+}
+
+// timeForward calls write in a loop, from the time it is called until
+// the reader has counted count frames in got and closed readDone, and
+// returns that time; what names the run when the frames do not all
+// arrive within a minute.
+func (e *benchEnv) timeForward(b *testing.B, what string, count int, got *atomic.Int64, readDone <-chan struct{}, write func() error) time.Duration {
+	start := time.Now()
+	stop := make(chan struct{})
+	defer close(stop)
 	go func() {
 		for {
 			select {
@@ -227,7 +239,7 @@ func (e *benchEnv) rawForward(b *testing.B, count int, op roce.Opcode, payload i
 				return
 			default:
 			}
-			if _, err := q.WriteBatch(batch, 0); err != nil {
+			if write() != nil {
 				return
 			}
 		}
@@ -235,11 +247,9 @@ func (e *benchEnv) rawForward(b *testing.B, count int, op roce.Opcode, payload i
 	select {
 	case <-readDone:
 	case <-time.After(time.Minute):
-		b.Fatalf("raw forwarding: %d of %d frames\n%s", got.Load(), count, ipCmd(b, "-n", e.tp.nsBr, "-s", "link"))
+		b.Fatalf("%s: %d of %d frames\n%s", what, got.Load(), count, ipCmd(b, "-n", e.tp.nsBr, "-s", "link"))
 	}
-	d := time.Since(start)
-	close(stop)
-	return d
+	return time.Since(start)
 }
 
 // rawForwardGSO is rawForward with segmented writes and reads: the
@@ -291,7 +301,6 @@ func (e *benchEnv) rawForwardGSO(b *testing.B, count int, op roce.Opcode, payloa
 	}
 
 	var got atomic.Int64
-	stop := make(chan struct{})
 	readDone := make(chan struct{})
 	go func() {
 		defer close(readDone)
@@ -320,28 +329,8 @@ func (e *benchEnv) rawForwardGSO(b *testing.B, count int, op roce.Opcode, payloa
 			}
 		}
 	}()
-	start := time.Now()
 	q := e.gsoA.Queue(0)
-	go func() {
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if err := q.WritePacket(parts); err != nil {
-				return
-			}
-		}
-	}()
-	select {
-	case <-readDone:
-	case <-time.After(time.Minute):
-		b.Fatalf("raw segmented forwarding: %d of %d frames\n%s", got.Load(), count, ipCmd(b, "-n", e.tp.nsBr, "-s", "link"))
-	}
-	d := time.Since(start)
-	close(stop)
-	return d
+	return e.timeForward(b, "raw segmented forwarding", count, &got, readDone, func() error { return q.WritePacket(parts) })
 }
 
 // drainAll reads d's queue 0 until it is empty.
