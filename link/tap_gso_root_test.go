@@ -6,8 +6,6 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"os"
-	"os/exec"
 	"testing"
 	"time"
 
@@ -33,17 +31,7 @@ import (
 func TestTAPGSORealDevices(t *testing.T) {
 	testenv.NeedRoot(t, "TAP offload test needs root (network namespace, TAP devices)")
 	testenv.NeedTool(t, "ip")
-	ns := fmt.Sprintf("vrgso%d", os.Getpid()%100000)
-	ip := func(args ...string) {
-		out, err := exec.Command("ip", args...).CombinedOutput()
-		require.NoError(t, err, "ip %v: %s", args, out)
-	}
-	ip("netns", "add", ns)
-	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", ns).CombinedOutput(); err != nil {
-			t.Errorf("ip netns del %s: %v: %s", ns, err, out)
-		}
-	})
+	ns, ip := testNetns(t, "vrgst")
 	ip("-n", ns, "link", "add", "br0", "type", "bridge")
 	ip("-n", ns, "link", "set", "br0", "up")
 	h, err := netns.GetFromName(ns)
@@ -160,17 +148,7 @@ func assertFrames(t *testing.T, want, got [][]byte) {
 func TestTAPGSOToKernelUDP(t *testing.T) {
 	testenv.NeedRoot(t, "TAP offload test needs root (network namespace, TAP devices)")
 	testenv.NeedTool(t, "ip")
-	ns := fmt.Sprintf("vrgsk%d", os.Getpid()%100000)
-	ip := func(args ...string) {
-		out, err := exec.Command("ip", args...).CombinedOutput()
-		require.NoError(t, err, "ip %v: %s", args, out)
-	}
-	ip("netns", "add", ns)
-	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", ns).CombinedOutput(); err != nil {
-			t.Errorf("ip netns del %s: %v: %s", ns, err, out)
-		}
-	})
+	ns, ip := testNetns(t, "vrgsk")
 	h, err := netns.GetFromName(ns)
 	require.NoError(t, err)
 	defer h.Close()

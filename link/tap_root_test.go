@@ -22,13 +22,7 @@ func newRootTAPPair(t *testing.T, queues int) (*TAPLink, *TAPLink) {
 	t.Helper()
 	testenv.NeedRoot(t, "TAP link test needs root (network namespace, TAP devices)")
 	testenv.NeedTool(t, "ip")
-	ns := fmt.Sprintf("vrlink%d", os.Getpid()%100000)
-	ip := func(args ...string) {
-		out, err := exec.Command("ip", args...).CombinedOutput()
-		require.NoError(t, err, "ip %v: %s", args, out)
-	}
-	ip("netns", "add", ns)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	ns, ip := testNetns(t, "vrlink")
 	ip("-n", ns, "link", "add", "br0", "type", "bridge")
 	ip("-n", ns, "link", "set", "br0", "up")
 	h, err := netns.GetFromName(ns)
@@ -108,4 +102,25 @@ func TestTAPRealDevices(t *testing.T) {
 		round()
 	}
 	assert.Zero(t, testing.AllocsPerRun(200, round), "send, bridge, receive: no allocation per frame")
+}
+
+// testNetns makes a network namespace named prefix and this process's
+// PID for the test, deleted when it ends (a failure to delete fails the
+// test), and returns its name and a runner of ip(8) that fails the test
+// on an error.
+func testNetns(t *testing.T, prefix string) (string, func(args ...string)) {
+	t.Helper()
+	ns := fmt.Sprintf("%s%d", prefix, os.Getpid()%100000)
+	ip := func(args ...string) {
+		t.Helper()
+		out, err := exec.Command("ip", args...).CombinedOutput()
+		require.NoError(t, err, "ip %v: %s", args, out)
+	}
+	ip("netns", "add", ns)
+	t.Cleanup(func() {
+		if out, err := exec.Command("ip", "netns", "del", ns).CombinedOutput(); err != nil {
+			t.Errorf("ip netns del %s: %v: %s", ns, err, out)
+		}
+	})
+	return ns, ip
 }

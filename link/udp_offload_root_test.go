@@ -3,10 +3,8 @@ package link
 import (
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"runtime"
 	"testing"
 	"time"
@@ -39,13 +37,7 @@ import (
 func TestUDPOffloadWireHeaders(t *testing.T) {
 	testenv.NeedRoot(t, "needs root (network namespace, TUN device)")
 	testenv.NeedTool(t, "ip")
-	ns := fmt.Sprintf("vrgso%d", os.Getpid()%100000)
-	ip := func(args ...string) {
-		out, err := exec.Command("ip", args...).CombinedOutput()
-		require.NoError(t, err, "ip %v: %s", args, out)
-	}
-	ip("netns", "add", ns)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	ns, ip := testNetns(t, "vrgso")
 
 	local4, peer4 := netip.MustParseAddrPort("10.99.0.1:4791"), netip.MustParseAddrPort("10.99.0.2:4791")
 	local6, peer6 := netip.MustParseAddrPort("[fd99::1]:4791"), netip.MustParseAddrPort("[fd99::2]:4791")
