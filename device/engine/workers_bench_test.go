@@ -60,27 +60,11 @@ func (r *workerRig) run(msgs int) {
 			defer wg.Done()
 			for range per {
 				for i := d; i < len(r.pairs); i += 2 {
-					a := r.pairs[i][0]
 					wr := abi.SendWQE{Opcode: abi.WRRDMAWrite, RemoteAddr: r.dst[i].va, RKey: r.dst[i].key}
-					sges := []abi.SGE{r.src[i].sge(0, 8)}
-					for k := range batch {
-						w := wr
-						if k == batch-1 {
-							w.Flags = abi.SendSignaled
-						}
-						for a.sq.post(w, sges, nil) != nil {
-							a.n.eng.Kick(a.qpn)
-						}
-					}
-					a.n.eng.Kick(a.qpn)
+					r.pairs[i][0].postBatch(wr, []abi.SGE{r.src[i].sge(0, 8)}, batch)
 				}
 				for i := d; i < len(r.pairs); i += 2 {
-					r.sig[i]++
-					r.pairs[i][0].scq.spin(r.sig[i])
-					if r.sig[i]%4096 == 0 {
-						r.pairs[i][0].scq.reset()
-						r.sig[i] = 0
-					}
+					r.pairs[i][0].waitSignaled(&r.sig[i])
 				}
 			}
 		}()
