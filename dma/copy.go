@@ -156,11 +156,22 @@ func (a *Accessor) walkSGEs(pd PD, sges []SGE, off, n uint64, want Access, visit
 // the access bits want, without touching memory: a responder checks a
 // whole RDMA WRITE or READ request on its first packet.
 func (a *Accessor) CheckRemote(rkey uint32, pd PD, va, length uint64, want Access) error {
+	_, err := a.remoteRegion(rkey, pd, va, length, want)
+	return err
+}
+
+// remoteRegion returns the MR named by rkey once [va, va+n) of it is
+// checked for pd and the access bits want: ErrBadKey for no such MR, the
+// check's error otherwise.
+func (a *Accessor) remoteRegion(rkey uint32, pd PD, va, n uint64, want Access) (*memRegion, error) {
 	m := a.s.lookupRemote(rkey)
 	if m == nil {
-		return ErrBadKey
+		return nil, ErrBadKey
 	}
-	return m.check(pd, va, length, want)
+	if err := m.check(pd, va, n, want); err != nil {
+		return nil, err
+	}
+	return m, nil
 }
 
 // ReadRemote copies len(dst) bytes at va of the MR named by rkey into dst
@@ -177,11 +188,8 @@ func (a *Accessor) ReadRemote(rkey uint32, pd PD, va uint64, dst []byte) error {
 func (a *Accessor) ReadRemoteInto(rkey uint32, pd PD, va, n uint64, s Sink) error {
 	a.Enter()
 	defer a.Exit()
-	m := a.s.lookupRemote(rkey)
-	if m == nil {
-		return ErrBadKey
-	}
-	if err := m.check(pd, va, n, AccessRemoteRead); err != nil {
+	m, err := a.remoteRegion(rkey, pd, va, n, AccessRemoteRead)
+	if err != nil {
 		return err
 	}
 	for n > 0 {
@@ -208,11 +216,8 @@ func (a *Accessor) remoteAt(rkey uint32, pd PD, va uint64, buf []byte, toMR bool
 	if toMR {
 		want = AccessRemoteWrite
 	}
-	m := a.s.lookupRemote(rkey)
-	if m == nil {
-		return ErrBadKey
-	}
-	if err := m.check(pd, va, uint64(len(buf)), want); err != nil {
+	m, err := a.remoteRegion(rkey, pd, va, uint64(len(buf)), want)
+	if err != nil {
 		return err
 	}
 	if len(buf) > 0 {
@@ -251,11 +256,8 @@ func (a *Accessor) copyRemote(pd PD, sges []SGE, rkey uint32, rpd PD, va uint64,
 	if err != nil {
 		return 0, bad, err
 	}
-	rm := a.s.lookupRemote(rkey)
-	if rm == nil {
-		return 0, BadRemote, ErrBadKey
-	}
-	if err := rm.check(rpd, va, total, rwant); err != nil {
+	rm, err := a.remoteRegion(rkey, rpd, va, total, rwant)
+	if err != nil {
 		return 0, BadRemote, err
 	}
 	done := uint64(0)
