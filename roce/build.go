@@ -163,15 +163,27 @@ func (p *Path) Build(buf []byte, off, n int, h *Headers) ([]byte, error) {
 	if err := p.headers(buf, off, n, h, &l, nil); err != nil {
 		return nil, err
 	}
-	icrc := buf[l.off+n+l.pad : l.end]
 	if p.Mode == ModeUDP {
 		ps := p.Pseudo()
-		putICRC(icrc, icrcPseudo(&ps, buf[l.tstart:l.off+n+l.pad]))
-		return buf[l.tstart:l.end], nil
+		return l.seal(buf, &ps), nil
 	}
-	putICRC(icrc, icrcIP(buf[l.ipStart:l.off+n+l.pad], l.v6, l.iphl))
+	return l.seal(buf, nil), nil
+}
+
+// seal stores the ICRC of the packet laid out in buf, over the pseudo
+// header ps in ModeUDP (ps not nil) or its IP header otherwise, and its
+// UDP checksum if it needs one, and returns the packet (in ModeUDP start
+// is tstart: the UDP payload).
+func (l *frameLayout) seal(buf []byte, ps *Pseudo) []byte {
+	p := l.off + l.n
+	icrc := buf[p+l.pad : l.end]
+	if ps != nil {
+		putICRC(icrc, icrcPseudo(ps, buf[l.tstart:p+l.pad]))
+	} else {
+		putICRC(icrc, icrcIP(buf[l.ipStart:p+l.pad], l.v6, l.iphl))
+	}
 	l.udpChecksum(buf)
-	return buf[l.start:l.end], nil
+	return buf[l.start:l.end]
 }
 
 // frameLayout is where headers writes a packet's parts in buf: the
@@ -449,17 +461,15 @@ func (f *Framer) Finish() ([]byte, error) {
 	if buf == nil || f.err || f.pos != l.n {
 		return nil, fmt.Errorf("%w: payload of %d bytes given %d", ErrOpcodeLength, l.n, f.pos)
 	}
-	p := l.off + l.n
-	icrc := buf[p+l.pad : l.end]
 	switch {
 	case f.fuse:
-		putICRC(icrc, ^crcTail(f.crc, buf[p:p+l.pad]))
+		p := l.off + l.n
+		putICRC(buf[p+l.pad:l.end], ^crcTail(f.crc, buf[p:p+l.pad]))
+		l.udpChecksum(buf) // none in ModeUDP, where start is tstart
+		return buf[l.start:l.end], nil
 	case f.udp:
-		putICRC(icrc, icrcPseudo(&f.ps, buf[l.tstart:p+l.pad]))
+		return l.seal(buf, &f.ps), nil
 	default:
-		putICRC(icrc, icrcIP(buf[l.ipStart:p+l.pad], l.v6, l.iphl))
+		return l.seal(buf, nil), nil
 	}
-	l.udpChecksum(buf) // none in ModeUDP, where start is tstart
-
-	return buf[l.start:l.end], nil
 }
