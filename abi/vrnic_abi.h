@@ -162,9 +162,11 @@ struct vrnic_resp_open_context {
  * client only reads: one datagram per event, struct vrnic_async_event. One
  * per context (a second OPEN_EVENTS fails with EBUSY); it lives as long as
  * the context. The daemon never waits on it: when its receive buffer is
- * full an event is dropped (and counted: vrnicctl counters,
- * async_events_dropped). End of file on it means the daemon is gone (what
- * libibverbs reports as IBV_EVENT_DEVICE_FATAL). */
+ * full, events wait in the daemon, in order, and are sent as the client
+ * reads; beyond 4 MiB waiting per context an event is dropped (and
+ * counted: vrnicctl counters, async_events_dropped). End of file on it
+ * means the daemon is gone (what libibverbs reports as
+ * IBV_EVENT_DEVICE_FATAL). */
 enum vrnic_event_type {               /* = enum ibv_event_type */
 	VRNIC_EVENT_CQ_ERR                = 0,  /* element: CQ handle; the CQ overflowed */
 	VRNIC_EVENT_QP_FATAL              = 1,  /* element: QPN; the transport moved the QP to ERR */
@@ -225,8 +227,10 @@ struct vrnic_async_event {
  * the two apart by the type (or the datagram's length: 16 bytes for
  * struct vrnic_async_event). Only a context that created a CM ID gets CM
  * events. The daemon never waits on the socket: a CM event that does not
- * fit is dropped and counted (async_events_dropped); the connection's
- * timers go on (a lost CONNECT_REQUEST ends in a timeout at the peer).
+ * fit waits in the daemon with the others (see OPEN_EVENTS). While a
+ * CONNECT_REQUEST is not answered, the daemon answers the peer's repeated
+ * REQs with an MRA (service timeout 24, about 69 s), as rdma_cm does, so a
+ * listener that falls behind is not taken for an unreachable one.
  * ------------------------------------------------------------------------ */
 
 #define VRNIC_CM_MAX_PRIVATE_DATA 224 /* bytes of private_data below */

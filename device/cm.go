@@ -168,6 +168,14 @@ func (s *cmState) handle(ev *cm.Event) {
 			s.qpAttr(&out, ev.Conn, cm.QPStateInit, cm.QPStateRTR)
 		}
 		s.post(id, &out, ev)
+		if !sidr {
+			// As rdma_cm (cma_ib_req_handler): while the program has
+			// not answered, a repeated REQ gets an MRA that extends the
+			// peer's wait by the service timeout (about 69 s), so a
+			// listener that falls behind a burst of requests is not
+			// taken for an unreachable one.
+			_ = s.mgr.MRA(ev.Conn, cm.CMAMRAServiceTimeout, true, nil)
+		}
 		return
 	}
 	id := s.byConn[ev.Conn]
@@ -306,11 +314,11 @@ func (cx *Context) postCMEvent(ev *abi.CMEvent) {
 	if s == nil {
 		return
 	}
-	var b [abi.SizeofCMEvent]byte
-	if _, err := abi.Marshal(b[:], ev); err != nil {
+	b := make([]byte, abi.SizeofCMEvent)
+	if _, err := abi.Marshal(b, ev); err != nil {
 		return
 	}
-	s.postBytes(b[:])
+	s.postBytes(b)
 }
 
 // newCMID creates a CM ID of cx (cmState.mu held).

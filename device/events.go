@@ -2,7 +2,9 @@ package device
 
 import (
 	"encoding/binary"
+	"os"
 	"sync"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -25,56 +27,154 @@ import (
 //   - SRQ_LIMIT_REACHED: an armed SRQ (srq_limit > 0) holds fewer WQEs
 //     than its limit; the limit is disarmed (0), as IBTA 11.5.2.3 says.
 //
-// The device never waits on the socket: a send is MSG_DONTWAIT, and an
-// event that does not fit the client's receive buffer is dropped and
-// counted (async_events_dropped), so a client that does not read its
-// events loses its own events only. The socket is the client's only
-// through its own end; the flags of the device's end are the device's.
-// End of file on it tells the client the daemon is gone
-// (IBV_EVENT_DEVICE_FATAL in libibverbs).
+// The device never waits on the socket. What the socket does not take
+// (its buffer holds about 160 CM events) waits in the sink's backlog, in
+// order, and a goroutine of the sink's own sends it as the client reads:
+// so a listener that reads more slowly than requests arrive still sees
+// every connect request (the kernel's ucma and uverbs queue their events
+// the same way, in lists of the kernel's memory). The backlog is bounded
+// (eventBacklogMax bytes per context): an event beyond it is dropped and
+// counted (async_events_dropped), so a client that never reads its events
+// loses its own events only and holds a bounded share of the daemon's
+// memory. The socket is the client's only through its own end; the flags
+// of the device's end are the device's. End of file on it tells the
+// client the daemon is gone (IBV_EVENT_DEVICE_FATAL in libibverbs).
 type eventSink struct {
-	d  *Device
-	mu sync.Mutex // orders sends against close (a closed fd number may be reused)
-	fd int        // the device's end; -1 once closed
+	d *Device
+	// f is the device's end, non-blocking and in the runtime's poller;
+	// rc its raw connection. A send goes through rc, which holds the
+	// descriptor open for its duration, so a closed number is never
+	// reused under it.
+	f  *os.File
+	rc syscall.RawConn
+
+	mu       sync.Mutex
+	closed   bool
+	backlog  [][]byte // events the socket has not taken yet, oldest first
+	queued   int      // their bytes
+	flushing bool     // the flush goroutine runs
 }
 
-// post sends one event; it never blocks. Safe from any goroutine.
+// eventBacklogMax bounds the bytes of a context's events waiting for room
+// in its socket: about 11,900 CM events or 262,144 asynchronous events.
+var eventBacklogMax = 4 << 20
+
+func newEventSink(d *Device, fd int) (*eventSink, error) {
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), "events")
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return &eventSink{d: d, f: f, rc: rc}, nil
+}
+
+// post sends one asynchronous event (struct vrnic_async_event); it never
+// blocks. Safe from any goroutine.
 func (s *eventSink) post(t abi.EventType, element uint64) {
-	var b [16]byte // struct vrnic_async_event
+	b := make([]byte, 16)
 	binary.LittleEndian.PutUint32(b[0:], uint32(t))
 	binary.LittleEndian.PutUint64(b[8:], element)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.fd < 0 {
-		return
-	}
-	if err := unix.Send(s.fd, b[:], unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL); err != nil {
-		s.d.counters.AsyncEventsDropped.Add(1)
-		return
-	}
-	s.d.counters.AsyncEvents.Add(1)
+	s.postBytes(b)
 }
 
-// postBytes sends one datagram (a CM event); it never blocks.
+// send tries to send one datagram now: nil when it went, unix.EAGAIN when
+// the socket is full.
+func (s *eventSink) send(b []byte) error {
+	var serr error
+	if err := s.rc.Write(func(fd uintptr) bool {
+		serr = unix.Send(int(fd), b, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+		return true
+	}); err != nil {
+		return err
+	}
+	return serr
+}
+
+// postBytes sends one datagram, b, which it keeps (a CM event or an
+// asynchronous event); it never blocks. Safe from any goroutine.
 func (s *eventSink) postBytes(b []byte) {
+	c := &s.d.counters
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.fd < 0 {
+	if s.closed {
 		return
 	}
-	if err := unix.Send(s.fd, b, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL); err != nil {
-		s.d.counters.AsyncEventsDropped.Add(1)
+	if len(s.backlog) == 0 {
+		err := s.send(b)
+		if err == nil {
+			c.AsyncEvents.Add(1)
+			return
+		}
+		if err != unix.EAGAIN {
+			c.AsyncEventsDropped.Add(1) // the client closed its end
+			return
+		}
+	}
+	if s.queued+len(b) > eventBacklogMax {
+		c.AsyncEventsDropped.Add(1)
 		return
 	}
-	s.d.counters.AsyncEvents.Add(1)
+	s.backlog = append(s.backlog, b)
+	s.queued += len(b)
+	if !s.flushing {
+		s.flushing = true
+		go s.flush()
+	}
+}
+
+// flush sends the backlog as the socket makes room, then ends; it ends
+// too when the sink closes or the client's end is gone (what is left is
+// counted dropped).
+func (s *eventSink) flush() {
+	c := &s.d.counters
+	for {
+		s.mu.Lock()
+		if s.closed || len(s.backlog) == 0 {
+			s.flushing = false
+			s.mu.Unlock()
+			return
+		}
+		// Only this goroutine takes from the backlog; posts only add.
+		b := s.backlog[0]
+		s.mu.Unlock()
+		var serr error
+		err := s.rc.Write(func(fd uintptr) bool {
+			serr = unix.Send(int(fd), b, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+			return serr != unix.EAGAIN // wait for room, then try again
+		})
+		if err == nil {
+			err = serr
+		}
+		s.mu.Lock()
+		if err != nil {
+			c.AsyncEventsDropped.Add(uint64(len(s.backlog)))
+			s.backlog, s.queued, s.flushing = nil, 0, false
+			s.mu.Unlock()
+			return
+		}
+		c.AsyncEvents.Add(1)
+		s.backlog[0] = nil
+		s.backlog = s.backlog[1:]
+		s.queued -= len(b)
+		if len(s.backlog) == 0 {
+			s.backlog = nil // let go of the array
+		}
+		s.mu.Unlock()
+	}
 }
 
 func (s *eventSink) close() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.fd >= 0 {
-		unix.Close(s.fd)
-		s.fd = -1
+	if !s.closed {
+		s.closed = true
+		s.backlog, s.queued = nil, 0
+		s.f.Close() // wakes the flush goroutine if it waits for room
 	}
 }
 
@@ -102,7 +202,12 @@ func (cn *conn) openEvents(r *request) (reply, error) {
 	// Only the device sends; the client only reads.
 	unix.Shutdown(fds[0], unix.SHUT_RD)
 	unix.Shutdown(fds[1], unix.SHUT_WR)
-	cx.events.Store(&eventSink{d: d, fd: fds[0]})
+	sink, err := newEventSink(d, fds[0])
+	if err != nil {
+		unix.Close(fds[1])
+		return reply{}, errorf(errNoMem, "event socket: %v", err)
+	}
+	cx.events.Store(sink)
 	return reply{fds: []int{fds[1]}, handOff: true}, nil
 }
 

@@ -13,3 +13,11 @@ func (d *Device) StoreQPState(qpn uint32, s QPState) bool {
 	}
 	return ok
 }
+
+// SetEventBacklogMax bounds the bytes of a context's events waiting for
+// room in its socket until the returned function restores the bound.
+func SetEventBacklogMax(n int) (restore func()) {
+	old := eventBacklogMax
+	eventBacklogMax = n
+	return func() { eventBacklogMax = old }
+}

@@ -234,3 +234,65 @@ func TestCMConnectTwoDaemons(t *testing.T) {
 		return a.Connections == 0 && b.Connections == 0 && a.Total == 0 && b.Total == 0
 	}, 5*time.Second, 20*time.Millisecond)
 }
+
+// TestCMSlowListener: 300 connect requests reach a listener whose program
+// reads nothing for longer than the clients' CM would wait (response
+// timeout 18 and 2 retries: about 2.4 s), and more requests than its event
+// socket holds. The listening daemon answers each repeated REQ with an
+// MRA, as rdma_cm does, so no client gives up; when the program reads it
+// gets all 300 requests (none dropped), and every connection it accepts
+// is established.
+func TestCMSlowListener(t *testing.T) {
+	sockA, gidA := cmDaemon(t, "cma")
+	sockB, _ := cmDaemon(t, "cmb")
+	srv, cli := openCMSide(t, sockA), openCMSide(t, sockB)
+	lid, err := srv.c.CreateCMID(abi.QPTRC)
+	require.NoError(t, err)
+	require.NoError(t, lid.Listen(testService, 1024))
+
+	const n = 300
+	cids := make(map[uint32]*verbs.CMID, n)
+	for i := range n {
+		cid, err := cli.c.CreateCMID(abi.QPTRC)
+		require.NoError(t, err)
+		require.NoError(t, cid.Connect(verbs.ConnectParams{QPN: 0x100 + uint32(i), StartingPSN: uint32(i), ServiceID: testService,
+			DGID: gidA, ResponseTimeout: 18, MaxCMRetries: 2}))
+		cids[cid.Handle] = cid
+	}
+	// Each REQ is repeated and each repeat answered with an MRA: the
+	// client's daemon receives n MADs while the listener reads nothing.
+	if !assert.Eventually(t, func() bool { return cmInfo(t, sockB).MADsReceived >= n }, 15*time.Second, 20*time.Millisecond,
+		"MRAs for the repeated REQs") {
+		ia, ib := cmInfo(t, sockA), cmInfo(t, sockB)
+		ia.IDs, ib.IDs = nil, nil
+		t.Fatalf("listener's CM %+v\nclients' CM %+v", ia, ib)
+	}
+	// Past the time the clients would have waited without them.
+	time.Sleep(3 * time.Second)
+
+	seen := map[uint32]bool{}
+	for range n {
+		req := nextCM(t, srv, abi.CMEventConnectRequest)
+		require.False(t, seen[req.PeerQPN], "request from QPN %#x twice", req.PeerQPN)
+		seen[req.PeerQPN] = true
+		sid := srv.c.CMIDFromEvent(&req)
+		require.NoError(t, sid.Accept(verbs.AcceptParams{QPN: 0x800 + req.PeerQPN, StartingPSN: 1, ResponderResources: 1, InitiatorDepth: 1}))
+		rep := nextCM(t, cli, abi.CMEventConnectResponse)
+		cid := cids[rep.CMID]
+		require.NotNil(t, cid, "response for CM ID %d", rep.CMID)
+		require.NoError(t, cid.Establish())
+		nextCM(t, cli, abi.CMEventEstablished)
+	}
+	for range n {
+		nextCM(t, srv, abi.CMEventEstablished)
+	}
+	for _, sock := range []string{sockA, sockB} {
+		a, err := admin.Dial(sock)
+		require.NoError(t, err)
+		info, err := a.Info()
+		a.Close()
+		require.NoError(t, err)
+		assert.Zero(t, info.Counters["async_events_dropped"], "%s", sock)
+	}
+	assert.GreaterOrEqual(t, cmInfo(t, sockB).Retransmissions, uint64(n), "every REQ was repeated")
+}

@@ -22,7 +22,7 @@ import (
 //
 //	arena (daemon memory, lkey qp1LKey, addresses are arena offsets)
 //	  send slots  [0, qp1Slots)        256 bytes each: one MAD
-//	  recv slots  [0, qp1Slots)        40 + 256 bytes: GRH, then the MAD
+//	  recv slots  [0, qp1RecvSlots)    40 + 256 bytes: GRH, then the MAD
 //
 //	SendMAD ──► free send slot ──► sendQ ──► PollSend (worker) ──► link
 //	link ──► PollRecv (worker) ──► recv slot ──► PushCQE ──► rxQ ──► run
@@ -81,15 +81,20 @@ type QP1Counters struct {
 }
 
 const (
-	qp1Slots    = 64
-	qp1MADLen   = 256
-	qp1RecvLen  = roce.GRHLen + qp1MADLen
-	qp1LKey     = 0x1
-	qp1QKey     = 0x80010000
-	qp1QPN      = 1
-	qp1RecvBase = qp1Slots * qp1MADLen
-	qp1RecvFlag = 1 << 32 // in a WR ID: a receive slot
-	qp1MaxAHs   = 1024    // cached destinations; the cache starts over beyond
+	qp1Slots = 64
+	// qp1RecvSlots is as many receives as Linux posts on its QP1
+	// (IB_MAD_QP_RECV_SIZE): a burst of MADs (hundreds of REQs, or of
+	// the MRAs and REPs that answer them) waits in them for run
+	// rather than being dropped by the transport for want of a receive.
+	qp1RecvSlots = 512
+	qp1MADLen    = 256
+	qp1RecvLen   = roce.GRHLen + qp1MADLen
+	qp1LKey      = 0x1
+	qp1QKey      = 0x80010000
+	qp1QPN       = 1
+	qp1RecvBase  = qp1Slots * qp1MADLen
+	qp1RecvFlag  = 1 << 32 // in a WR ID: a receive slot
+	qp1MaxAHs    = 1024    // cached destinations; the cache starts over beyond
 	// qp1MaxPending bounds the MADs waiting for a send slot (256 KiB): a
 	// burst of connections (a thousand REQs at once) waits for slots
 	// rather than being dropped and retried a CM response timeout later.
@@ -107,7 +112,7 @@ var ErrQP1Busy = errors.New("dataplane: QP1 send queue full")
 func (dp *DataPlane) StartQP1(local netip.Addr) (*QP1, error) {
 	q := &QP1{
 		eng: dp.eng, local: local, resolve: dp.resolve,
-		arena:   make([]byte, qp1Slots*qp1MADLen+qp1Slots*qp1RecvLen),
+		arena:   make([]byte, qp1Slots*qp1MADLen+qp1RecvSlots*qp1RecvLen),
 		ahByGID: map[netip.Addr]uint32{},
 		agents:  map[uint8]func([16]byte, []byte){},
 		rxWake:  make(chan struct{}, 1),
@@ -116,6 +121,8 @@ func (dp *DataPlane) StartQP1(local netip.Addr) (*QP1, error) {
 	}
 	for i := range uint32(qp1Slots) {
 		q.free = append(q.free, i)
+	}
+	for i := range uint32(qp1RecvSlots) {
 		q.recvQ = append(q.recvQ, i)
 	}
 	src := (*qp1Source)(q)

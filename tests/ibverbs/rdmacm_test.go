@@ -106,6 +106,17 @@ func TestRdmaCMFlood(t *testing.T) {
 		}
 		assert.Equal(t, before[i], fds(pids[i]), "daemon %d descriptors", i)
 	}
+	// No event may be lost on the way to either program, however far
+	// behind its reading it fell.
+	for i, s := range socks {
+		a, err := admin.Dial(s)
+		require.NoError(t, err)
+		di, err := a.Info()
+		a.Close()
+		require.NoError(t, err)
+		assert.Zero(t, di.Counters["async_events_dropped"], "daemon %d events dropped", i)
+		assert.GreaterOrEqual(t, di.Counters["async_events"], int64(1000), "daemon %d events", i)
+	}
 	info, err := cmprogs.CMInfo(socks[1])
 	require.NoError(t, err)
 	assert.GreaterOrEqual(t, info.MADsReceived, uint64(3000), "REQ, RTU and DREQ/DREP per connection")
