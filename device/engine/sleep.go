@@ -132,26 +132,19 @@ func (a *alarm) close() {
 	<-a.done
 }
 
-// timerNear reports whether the next timer is due within wakeLead: the
-// idle worker then polls without giving its CPU away (sched_yield hands it
-// to another thread for as long as the kernel likes, far past a deadline
-// tens of µs ahead).
-func (w *worker) timerNear() bool {
-	when, ok := w.timers.next()
-	return ok && when-w.now <= int64(wakeLead)
-}
-
 // sleep is an idle worker's wait: until the next timer is nearly due (see
 // wakeLead), or, with frames the link did not take, txPoll; until a kick,
 // a frame, a control message or stop otherwise. Within wakeLead of the
-// next deadline it does not sleep but yields and returns, so the loop
-// polls through the last stretch. It returns false on stop.
+// next deadline it does not sleep but yields (to the goroutines of its P
+// and to the threads of its CPU, osYield) and returns, so the loop polls
+// through the last stretch. It returns false on stop.
 func (w *worker) sleep(stop <-chan struct{}) bool {
 	now := w.clk.now()
 	at := int64(-1) // no deadline
 	if when, ok := w.timers.next(); ok {
 		if at = when - int64(wakeLead); at <= now {
 			runtime.Gosched()
+			osYield()
 			return true
 		}
 	}

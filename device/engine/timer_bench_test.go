@@ -127,7 +127,7 @@ func (p *timeProbe) samples() int {
 
 // probePair is a connected pair whose requester side a sends through
 // probe.
-func probePair(b *testing.B, probe *timeProbe, o qpOpts) (*tqp, *tqp) {
+func probePair(b testing.TB, probe *timeProbe, o qpOpts) (*tqp, *tqp) {
 	nw := newNetwork(b)
 	na := newNodeWrap(b, nw, "10.0.0.1", 1, nil, func(l Link) Link { probe.Link = l; return probe })
 	nb := newNode(b, nw, "10.0.0.2", 1, nil)
@@ -137,27 +137,43 @@ func probePair(b *testing.B, probe *timeProbe, o qpOpts) (*tqp, *tqp) {
 }
 
 func benchAckTimer(b *testing.B, code uint8) {
-	o := defaultOpts()
-	o.timeout = code
-	probe := &timeProbe{dropFirst: true, wait: time.Duration(ackTimeout(code)), first: map[uint32]time.Time{}, timed: map[uint32]bool{}}
-	a, c := probePair(b, probe, o)
-	src := a.n.buffer(64, 0x1000, abi.AccessAll, 1)
-	dst := c.n.buffer(64, 0x1000, abi.AccessAll, 2)
 	n := max(b.N, 20)
-	b.ResetTimer()
 	if code == 0 {
-		a.send(b, abi.SendWQE{WrID: 1, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: dst.va, RKey: dst.key}, src.sge(0, 8))
-		require.False(b, a.scq.wait(1, 100*time.Millisecond), "code 0: no timer, the dropped WRITE is never retransmitted")
+		ackTimerRun(b, code, n)
 		b.ReportMetric(0, "retransmissions")
 		return
 	}
-	for i := range n {
-		a.send(b, abi.SendWQE{WrID: uint64(i), Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: dst.va, RKey: dst.key}, src.sge(0, 8))
-		require.True(b, a.scq.wait(i+1, waitFor), "WRITE %d completes after its retransmission", i)
-		require.Equal(b, abi.WCSuccess, a.scq.all()[i].Status, "WRITE %d", i)
-	}
+	probe := ackTimerRun(b, code, n)
 	b.StopTimer()
 	reportDelays(b, probe, n)
+}
+
+// ackTimerRun runs n 8-byte WRITEs on a pair whose requester has ACK
+// timeout code, the first transmission of each dropped: each must
+// complete successfully after its retransmission. Code 0 (no timer): one
+// WRITE, which must not complete within 100 ms. It returns the probe
+// with the delays.
+func ackTimerRun(tb testing.TB, code uint8, n int) *timeProbe {
+	o := defaultOpts()
+	o.timeout = code
+	probe := &timeProbe{dropFirst: true, wait: time.Duration(ackTimeout(code)), first: map[uint32]time.Time{}, timed: map[uint32]bool{}}
+	a, c := probePair(tb, probe, o)
+	src := a.n.buffer(64, 0x1000, abi.AccessAll, 1)
+	dst := c.n.buffer(64, 0x1000, abi.AccessAll, 2)
+	if b, ok := tb.(*testing.B); ok {
+		b.ResetTimer()
+	}
+	if code == 0 {
+		a.send(tb, abi.SendWQE{WrID: 1, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: dst.va, RKey: dst.key}, src.sge(0, 8))
+		require.False(tb, a.scq.wait(1, 100*time.Millisecond), "code 0: no timer, the dropped WRITE is never retransmitted")
+		return probe
+	}
+	for i := range n {
+		a.send(tb, abi.SendWQE{WrID: uint64(i), Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: dst.va, RKey: dst.key}, src.sge(0, 8))
+		require.True(tb, a.scq.wait(i+1, waitFor), "WRITE %d completes after its retransmission", i)
+		require.Equal(tb, abi.WCSuccess, a.scq.all()[i].Status, "WRITE %d", i)
+	}
+	return probe
 }
 
 func benchRNRTimer(b *testing.B, code uint8) {

@@ -49,6 +49,15 @@ type WorkerCounters struct {
 // busy threads (clients polling their CQs, the other daemon of a pair) a
 // worker that spun without it kept a client that had work off the CPU for
 // the whole spin, tens of microseconds per hop of a ping-pong.
+//
+// It yields too while it polls through the last stretch before a near
+// deadline (sleep): the kernel often wakes a thread onto the CPU of the
+// thread that woke it, so the two workers of a pair can share one CPU
+// while the other idles, and a requester polling toward a 65 µs ACK
+// timeout without yielding kept the responder beside it off the CPU for
+// its whole time slice (1 to 3 ms): every retransmission went unanswered
+// and the WRITE ended in RETRY_EXC_ERR (TestShortAckTimeoutSharedCPU). A
+// yield costs the deadline no more than the other thread's turn.
 func osYield() { unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }
 
 // busyYieldEvery is how many busy passes a worker makes between two
@@ -519,9 +528,7 @@ func (w *worker) run(stop <-chan struct{}) {
 		// clients in the same process) run on this P meanwhile.
 		if w.now-lastWork < spinNanos {
 			runtime.Gosched()
-			if !w.timerNear() {
-				osYield()
-			}
+			osYield()
 			continue
 		}
 		w.settleAll()
