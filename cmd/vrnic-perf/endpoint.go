@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/internal/osyield"
 	"github.com/vrnic/vrnic/internal/rcpair"
 	"github.com/vrnic/vrnic/verbs"
 	"golang.org/x/sys/unix"
@@ -252,9 +253,8 @@ func (e *endpoint) pollCQ() (int, error) {
 // daemon from running until the scheduler's time slice ends.
 const yieldEvery = 64
 
-// yield is a raw system call: it returns at once, so the Go scheduler
-// need not hand the P to another thread (which would allocate a new M).
-func yield() { unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }
+// yield is osyield.Yield.
+func yield() { osyield.Yield() }
 
 // checkCQE turns a failed completion into an error naming the QP, the
 // work request and the status.

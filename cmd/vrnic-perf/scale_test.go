@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -34,48 +35,16 @@ func scaleQPs(b *testing.B) int {
 }
 
 // scaleDaemons starts two vrnicd (UDP link, one worker each) that accept
-// many QPs.
-func scaleDaemons(b *testing.B) (*daemon, *daemon) {
+// many QPs, on the loopback addresses given or, if one is taken, two free
+// ones.
+func scaleDaemons(b *testing.B, addrA, addrB string) (*daemon, *daemon) {
 	cfg := filepath.Join(b.TempDir(), "limits.json")
 	require.NoError(b, os.WriteFile(cfg, []byte(scaleLimits), 0o600))
-	a, c, err := launch.LoopbackPair(netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("127.0.0.2"))
+	a, c, err := launch.LoopbackPair(netip.MustParseAddr(addrA), netip.MustParseAddr(addrB))
 	require.NoError(b, err)
 	da := startDaemon(b, "scale-a", "-config", cfg, "-link", "udp", "-local", netip.AddrPortFrom(a, launch.RoCEPort).String())
 	dc := startDaemon(b, "scale-b", "-config", cfg, "-link", "udp", "-local", netip.AddrPortFrom(c, launch.RoCEPort).String())
 	return da, dc
-}
-
-// holdIdle creates pairs connected idle QP pairs between the two daemons
-// (scale -hold, in this process) and returns a function that destroys
-// them and waits for the end.
-func holdIdle(b *testing.B, da, dc *daemon, pairs int) func() *scaleReport {
-	inR, inW := io.Pipe()
-	outR, outW := io.Pipe()
-	type res struct {
-		r   *scaleReport
-		err error
-	}
-	done := make(chan res, 1)
-	go func() {
-		r, err := runScale(&scaleConfig{devA: da.sock, devB: dc.sock, pidA: da.pid, pidB: dc.pid, pairs: pairs,
-			depth: 16, block: min(1000, pairs), perContext: 1000, hold: true, stdin: inR}, outW)
-		outW.Close()
-		done <- res{r, err}
-	}()
-	line, err := bufio.NewReader(outR).ReadString('\n')
-	if strings.TrimSpace(line) != "ready" {
-		r := <-done
-		require.NoError(b, r.err)
-		require.NoError(b, err)
-		b.Fatalf("scale printed %q", line)
-	}
-	go io.Copy(io.Discard, outR)
-	return func() *scaleReport {
-		inW.Write([]byte("\n"))
-		r := <-done
-		require.NoError(b, r.err)
-		return r.r
-	}
 }
 
 // sendLatP runs send_lat (8 bytes) and returns its p50 and p99 in ns.
@@ -87,38 +56,114 @@ func sendLatP(b *testing.B, da, dc *daemon, iters int) [2]float64 {
 	return [2]float64{float64(l.P50), float64(l.P99)}
 }
 
+// median is the middle value of v, or the mean of the two middle ones.
 func median(v []float64) float64 {
 	s := slices.Clone(v)
 	slices.Sort(s)
-	return s[len(s)/2]
+	n := len(s)
+	if n%2 == 0 {
+		return (s[n/2-1] + s[n/2]) / 2
+	}
+	return s[n/2]
 }
 
-// BenchmarkUDPSendLatIdleQPs measures send_lat (as BenchmarkUDPSendLat)
-// between two vrnicd over the UDP link with no other QP, then with
+// BenchmarkUDPSendLatIdleQPs measures send_lat (8 bytes, 20,000
+// iterations) between two vrnicd over the UDP link that hold
 // VRNIC_SCALE_QPS (default 100,000) connected idle QP pairs (one QP of
-// each pair on each daemon, 1000 per context, depth 16), then again
-// without them, and reports the p50 and p99 with the idle QPs over the
-// same without (the mean of the two runs without): the cost of an idle QP
-// to an active one.
+// each pair on each daemon, 1000 per context, depth 16, held by a process
+// of their own), against the same between a second pair of vrnicd, same
+// binary and configuration, that holds none. The two pairs run one after
+// the other, VRNIC_IDLE_ROUNDS rounds (default 8), the order alternating
+// (ABBA), so that the machine's drift falls on both alike. It reports,
+// for p50 and p99, the median over the rounds of the round's ratio (idle
+// over none) and the median of each pair's figures. The idle pair is
+// measured too before its QPs exist and after they are gone.
 func BenchmarkUDPSendLatIdleQPs(b *testing.B) {
-	da, dc := scaleDaemons(b)
-	iters := max(b.N, 5000)
+	da, dc := scaleDaemons(b, "127.0.0.1", "127.0.0.2")
+	ea, ec := scaleDaemons(b, "127.0.0.3", "127.0.0.4")
+	rounds := 8
+	if v := os.Getenv("VRNIC_IDLE_ROUNDS"); v != "" {
+		var err error
+		rounds, err = strconv.Atoi(v)
+		require.NoError(b, err, "VRNIC_IDLE_ROUNDS")
+	}
+	iters := max(b.N, 20000)
 	b.ResetTimer()
-	none1 := sendLatP(b, da, dc, iters)
-	release := holdIdle(b, da, dc, scaleQPs(b))
-	idle1 := sendLatP(b, da, dc, iters)
-	idle2 := sendLatP(b, da, dc, iters)
-	r := release()
-	none2 := sendLatP(b, da, dc, iters)
+	before := sendLatP(b, da, dc, iters)
+	pairs := scaleQPs(b)
+	release := holdIdleProc(b, da, dc, pairs)
+	var idle, none, ratio [2][]float64
+	for r := range rounds {
+		var pi, pn [2]float64
+		if r%2 == 0 {
+			pi = sendLatP(b, da, dc, iters)
+			pn = sendLatP(b, ea, ec, iters)
+		} else {
+			pn = sendLatP(b, ea, ec, iters)
+			pi = sendLatP(b, da, dc, iters)
+		}
+		for i := range 2 {
+			idle[i], none[i] = append(idle[i], pi[i]), append(none[i], pn[i])
+			ratio[i] = append(ratio[i], pi[i]/pn[i])
+		}
+	}
+	release()
+	after := sendLatP(b, da, dc, iters)
 	b.StopTimer()
 	for i, name := range []string{"p50", "p99"} {
-		base := (none1[i] + none2[i]) / 2
-		idle := (idle1[i] + idle2[i]) / 2
-		b.ReportMetric(base, name+"-none-ns")
-		b.ReportMetric(idle, name+"-idle-ns")
-		b.ReportMetric(idle/base, name+"-ratio")
-		b.Logf("%s: without idle QPs %.1f, %.1f µs; with %d idle pairs %.1f, %.1f µs; ratio %.2f",
-			name, none1[i]/1e3, none2[i]/1e3, r.Pairs, idle1[i]/1e3, idle2[i]/1e3, idle/base)
+		mi, mn, mr := median(idle[i]), median(none[i]), median(ratio[i])
+		b.ReportMetric(mn, name+"-none-ns")
+		b.ReportMetric(mi, name+"-idle-ns")
+		b.ReportMetric(mr, name+"-ratio")
+		b.Logf("%s µs: %d idle pairs %v; none %v; median ratio of the rounds %.2f (of the medians %.2f); the idle pair before %.1f, after %.1f",
+			name, pairs, toMicros(idle[i]), toMicros(none[i]), mr, mi/mn, before[i]/1e3, after[i]/1e3)
+	}
+}
+
+// toMicros converts ns to µs, one decimal.
+func toMicros(ns []float64) []float64 {
+	r := make([]float64, len(ns))
+	for i, v := range ns {
+		r[i] = float64(int(v/100)) / 10
+	}
+	return r
+}
+
+// holdIdleProc is holdIdle in a child process (this binary running
+// vrnic-perf scale -hold): the idle QPs' client side lives apart from
+// the measuring process, as another program's would.
+func holdIdleProc(b *testing.B, da, dc *daemon, pairs int) (release func()) {
+	cmd := exec.Command(os.Args[0], "scale", "-dev-a", da.sock, "-dev-b", dc.sock, "-qps", strconv.Itoa(pairs),
+		"-depth", "16", "-per-context", "1000", "-hold")
+	cmd.Env = append(os.Environ(), mainEnv+"=1")
+	in, err := cmd.StdinPipe()
+	require.NoError(b, err)
+	out, err := cmd.StdoutPipe()
+	require.NoError(b, err)
+	var errOut strings.Builder
+	cmd.Stderr = &errOut
+	require.NoError(b, cmd.Start())
+	done := false
+	b.Cleanup(func() {
+		if !done {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	rd := bufio.NewReader(out)
+	for {
+		line, err := rd.ReadString('\n')
+		require.NoError(b, err, "scale -hold: %s", errOut.String())
+		if strings.TrimSpace(line) == "ready" {
+			break
+		}
+	}
+	go io.Copy(io.Discard, rd)
+	return func() {
+		in.Write([]byte("\n"))
+		in.Close()
+		require.NoError(b, cmd.Wait(), "scale -hold: %s", errOut.String())
+		done = true
 	}
 }
 
@@ -131,7 +176,7 @@ func BenchmarkUDPSendLatIdleQPs(b *testing.B) {
 // each daemon's anonymous resident memory per idle QP (RssAnon with every
 // pair over before the first, divided by the pairs).
 func BenchmarkQPScale(b *testing.B) {
-	da, dc := scaleDaemons(b)
+	da, dc := scaleDaemons(b, "127.0.0.1", "127.0.0.2")
 	pairs := scaleQPs(b)
 	b.ResetTimer()
 	r, err := runScale(&scaleConfig{devA: da.sock, devB: dc.sock, pidA: da.pid, pidB: dc.pid, pairs: pairs,
@@ -157,7 +202,7 @@ func BenchmarkQPScale(b *testing.B) {
 // all of them), interleaved, two rounds each, and reports the many-QP
 // aggregate over the one-QP rate (medians).
 func BenchmarkUDPWriteBWManyQPs(b *testing.B) {
-	da, dc := scaleDaemons(b)
+	da, dc := scaleDaemons(b, "127.0.0.1", "127.0.0.2")
 	many := 1000
 	if v := os.Getenv("VRNIC_MANY_QPS"); v != "" {
 		var err error

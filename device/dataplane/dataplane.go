@@ -118,14 +118,23 @@ type DataPlane struct {
 	ahs     map[device.Owner]*ahTable    // per context: its AHs and UD QPs
 	watch   atomic.Pointer[[]*pageWatch] // immutable list of pages for the poller
 
-	// Poller-private: the CQEs written at the last pass, the first page
-	// of the next read without summary (doorbells.go).
-	lastCQEs     uint64
-	unmarkedNext int
-	passReads    uint64
-	// recordReads counts the QP records the poller read (for tests: a pass
-	// reads only what clients marked).
+	// Poller-private (doorbells.go): the CQEs written at the last pass;
+	// the hot and cold pages, the served list they were made from, the
+	// next cold page to read; whether the last pass read every page
+	// before a sleep; the pass's legacy budget and counts.
+	lastCQEs  uint64
+	hot, cold []*pageWatch
+	tiered    *[]*pageWatch
+	coldNext  int
+	slept     bool
+	budget    int
+	passReads uint64
+	passPages uint64
+	// recordReads and pageReads count the QP records and the pages the
+	// poller read (for tests: a pass reads only what clients marked, in
+	// the pages they used lately).
 	recordReads atomic.Uint64
+	pageReads   atomic.Uint64
 
 	// accs and scratch are per engine worker: the memory accessor and
 	// the WQE decoding space the worker's QPs share (an idle QP holds

@@ -186,3 +186,51 @@ func TestDoorbellPollerStaysAwake(t *testing.T) {
 		})
 	}
 }
+
+// TestDoorbellIdlePagesCold: a pass reads the pages with recent posts and
+// a few of the others, not every page. 40 idle contexts (a page each) and
+// an idle connected client c sit beside a client a that writes without
+// pause; once their pages have gone cold (hotPasses passes without a
+// post), a pass reads a's page and coldBatch of the others, on average
+// far fewer than the 42 pages served. A post to c's QP, in a cold page
+// and off every worker's active list, is still found by the poller.
+func TestDoorbellIdlePagesCold(t *testing.T) {
+	nw := newDPNetwork(t)
+	na := newDPNode(t, nw, "10.0.0.1", 1, nil)
+	nb := newDPNode(t, nw, "10.0.0.2", 1, nil)
+	a, b := newDPClient(t, na, 64), newDPClient(t, nb, 64)
+	connectRC(t, a, b, abi.MTU1024)
+	c, d := newDPClient(t, na, 64), newDPClient(t, nb, 64)
+	connectRC(t, c, d, abi.MTU1024)
+	const idle = 40
+	for range idle {
+		idleCtx(t, na, 4)
+	}
+	served := idle + 2
+	// Write until the poller has made enough passes for every page but
+	// a's to go cold (the poller counts passes only while awake, which
+	// a's completions keep it).
+	start := na.dp.PollerPasses()
+	deadline := time.Now().Add(time.Minute)
+	id := uint64(0)
+	for na.dp.PollerPasses()-start < 3*dataplane.HotPasses {
+		require.True(t, time.Now().Before(deadline), "the poller made %d passes in a minute", na.dp.PollerPasses()-start)
+		writeOnce(t, a, b, id)
+		id++
+	}
+	pages0, passes0 := na.dp.PageReads(), na.dp.PollerPasses()
+	for range 200 {
+		writeOnce(t, a, b, id)
+		id++
+	}
+	pages, passes := na.dp.PageReads()-pages0, na.dp.PollerPasses()-passes0
+	perPass := float64(pages) / float64(passes)
+	t.Logf("%d pages read in %d passes (%.1f a pass, %d pages served)", pages, passes, perPass, served)
+	require.Greater(t, passes, uint64(100), "the poller ran")
+	assert.Less(t, perPass, float64(served)/2, "a pass reads the cold pages in turn, not all of them")
+
+	// c's QP had no work since it was connected: a post to it is found
+	// by the poller, in its cold page.
+	waitIdle(t, na)
+	writeOnce(t, c, d, 1)
+}

@@ -57,5 +57,11 @@ func (dp *DataPlane) KickQP(qpn uint32) { dp.eng.Kick(qpn) }
 // RecordReads is the number of QP doorbell records the poller has read.
 func (dp *DataPlane) RecordReads() uint64 { return dp.recordReads.Load() }
 
+// PageReads is the number of doorbell pages the poller read.
+func (dp *DataPlane) PageReads() uint64 { return dp.pageReads.Load() }
+
 // PollerPasses is the number of doorbell poller passes so far.
 func (dp *DataPlane) PollerPasses() uint64 { return dp.poller.Stats().Passes }
+
+// HotPasses is how many passes without a post a doorbell page stays hot.
+const HotPasses = hotPasses

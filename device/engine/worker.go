@@ -7,9 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/internal/osyield"
 	"github.com/vrnic/vrnic/roce"
 )
 
@@ -43,8 +42,7 @@ type WorkerCounters struct {
 	Wakes  atomic.Uint64
 }
 
-// osYield gives this thread's CPU to another runnable thread, if the
-// kernel has one (sched_yield(2)); it returns at once otherwise. An idle
+// osYield is osyield.Yield. An idle
 // worker polls with it between passes: on a machine with fewer cores than
 // busy threads (clients polling their CQs, the other daemon of a pair) a
 // worker that spun without it kept a client that had work off the CPU for
@@ -58,7 +56,7 @@ type WorkerCounters struct {
 // its whole time slice (1 to 3 ms): every retransmission went unanswered
 // and the WRITE ended in RETRY_EXC_ERR (TestShortAckTimeoutSharedCPU). A
 // yield costs the deadline no more than the other thread's turn.
-func osYield() { unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }
+func osYield() { osyield.Yield() }
 
 // busyYieldEvery is how many busy passes a worker makes between two
 // yields to the goroutines sharing its P.
