@@ -188,8 +188,14 @@ func TestEventWriterBlockedClient(t *testing.T) {
 	}
 	assert.Equal(t, uint64(1), hw.Stats().Unstuck)
 	assert.Equal(t, uint64(20), vw.Stats().Writes)
-	// The drain emptied the counter and the blocked write added its 1.
-	assert.Equal(t, uint64(1), clientCount(t, hostile.client))
+	// The blocked write completed (a write, not an error) once a drain
+	// emptied the counter. The counter holds its 1, or 0 when the
+	// unstick loop drained once more between the write's return and the
+	// writer's marking it done (the loop cannot tell the two apart, and
+	// a signal after Close is owed to nobody).
+	assert.Equal(t, uint64(1), hw.Stats().Writes)
+	assert.Zero(t, hw.Stats().Errors)
+	assert.LessOrEqual(t, clientCount(t, hostile.client), uint64(1))
 	assert.Equal(t, -1, hostile.comp.Fd(), "the daemon's descriptor is closed")
 }
 
