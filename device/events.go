@@ -55,6 +55,10 @@ type eventSink struct {
 	flushing bool     // the flush goroutine runs
 }
 
+// eventAfterSend, if set (tests), runs in a flush goroutine after each
+// send, unlocked, with the sink's close.
+var eventAfterSend func(closeSink func())
+
 // eventBacklogMax bounds the bytes of a context's events waiting for room
 // in its socket: about 11,900 CM events or 262,144 asynchronous events.
 var eventBacklogMax = 4 << 20
@@ -150,7 +154,16 @@ func (s *eventSink) flush() {
 		if err == nil {
 			err = serr
 		}
+		if eventAfterSend != nil {
+			eventAfterSend(s.close)
+		}
 		s.mu.Lock()
+		if s.closed {
+			// Closed meanwhile (close let go of the backlog).
+			s.flushing = false
+			s.mu.Unlock()
+			return
+		}
 		if err != nil {
 			c.AsyncEventsDropped.Add(uint64(len(s.backlog)))
 			s.backlog, s.queued, s.flushing = nil, 0, false

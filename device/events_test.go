@@ -1,6 +1,7 @@
 package device_test
 
 import (
+	"sync"
 	"testing"
 	"time"
 
@@ -98,4 +99,37 @@ func TestAsyncEventBacklogBound(t *testing.T) {
 	require.NoError(t, c2.Close())
 	_, err = ev2.Get(time.Second)
 	require.NoError(t, err, "what the socket took is still there")
+}
+
+// TestEventSinkClosedDuringFlush: the context's event sink closes right
+// after its flush goroutine sent an event of the backlog, before it takes
+// the event off (a hook there closes the sink): the goroutine sees the
+// sink closed and ends, the daemon goes on (TestMain checks that no
+// goroutine is left).
+func TestEventSinkClosedDuringFlush(t *testing.T) {
+	var once sync.Once
+	closed := make(chan struct{})
+	t.Cleanup(device.SetEventAfterSend(func(closeSink func()) {
+		once.Do(func() { closeSink(); close(closed) })
+	}))
+	s := startServer(t, device.Limits{})
+	c := open(t, s)
+	ev, err := c.OpenAsyncEvents()
+	require.NoError(t, err)
+	defer ev.Close()
+	qpsToErr(t, c, 600) // more than the socket holds: a backlog
+	// Reading makes room (the socket counts as writable again once it
+	// holds a quarter of its buffer): the flush goroutine sends.
+	for done := false; !done; {
+		select {
+		case <-closed:
+			done = true
+		default:
+			_, err = ev.Get(time.Second)
+			require.NoError(t, err, "the flush goroutine sent nothing")
+		}
+	}
+	// The daemon still answers.
+	_, err = c.AllocPD()
+	require.NoError(t, err)
 }

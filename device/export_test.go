@@ -21,3 +21,11 @@ func SetEventBacklogMax(n int) (restore func()) {
 	eventBacklogMax = n
 	return func() { eventBacklogMax = old }
 }
+
+// SetEventAfterSend makes the event sinks' flush goroutines call f after
+// each send, with the sink's close, until the returned function restores
+// the default.
+func SetEventAfterSend(f func(closeSink func())) (restore func()) {
+	eventAfterSend = f
+	return func() { eventAfterSend = nil }
+}
