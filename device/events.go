@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -56,8 +57,9 @@ type eventSink struct {
 }
 
 // eventAfterSend, if set (tests), runs in a flush goroutine after each
-// send, unlocked, with the sink's close.
-var eventAfterSend func(closeSink func())
+// send, unlocked, with the sink's close. Atomic: flush goroutines of
+// closed contexts may still read it when a test sets it.
+var eventAfterSend atomic.Pointer[func(closeSink func())]
 
 // eventBacklogMax bounds the bytes of a context's events waiting for room
 // in its socket: about 11,900 CM events or 262,144 asynchronous events.
@@ -154,8 +156,8 @@ func (s *eventSink) flush() {
 		if err == nil {
 			err = serr
 		}
-		if eventAfterSend != nil {
-			eventAfterSend(s.close)
+		if f := eventAfterSend.Load(); f != nil {
+			(*f)(s.close)
 		}
 		s.mu.Lock()
 		if s.closed {

@@ -26,6 +26,6 @@ func SetEventBacklogMax(n int) (restore func()) {
 // each send, with the sink's close, until the returned function restores
 // the default.
 func SetEventAfterSend(f func(closeSink func())) (restore func()) {
-	eventAfterSend = f
-	return func() { eventAfterSend = nil }
+	eventAfterSend.Store(&f)
+	return func() { eventAfterSend.Store(nil) }
 }
