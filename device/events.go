@@ -88,13 +88,14 @@ func (s *eventSink) post(t abi.EventType, element uint64) {
 	s.postBytes(b)
 }
 
-// send tries to send one datagram now: nil when it went, unix.EAGAIN when
-// the socket is full.
-func (s *eventSink) send(b []byte) error {
+// send sends one datagram: nil when it went. Without wait it returns
+// unix.EAGAIN when the socket is full; with wait it waits for room (in
+// the runtime's poller) until the sink closes.
+func (s *eventSink) send(b []byte, wait bool) error {
 	var serr error
 	if err := s.rc.Write(func(fd uintptr) bool {
 		serr = unix.Send(int(fd), b, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
-		return true
+		return !wait || serr != unix.EAGAIN
 	}); err != nil {
 		return err
 	}
@@ -111,7 +112,7 @@ func (s *eventSink) postBytes(b []byte) {
 		return
 	}
 	if len(s.backlog) == 0 {
-		err := s.send(b)
+		err := s.send(b, false)
 		if err == nil {
 			c.AsyncEvents.Add(1)
 			return
@@ -148,14 +149,7 @@ func (s *eventSink) flush() {
 		// Only this goroutine takes from the backlog; posts only add.
 		b := s.backlog[0]
 		s.mu.Unlock()
-		var serr error
-		err := s.rc.Write(func(fd uintptr) bool {
-			serr = unix.Send(int(fd), b, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
-			return serr != unix.EAGAIN // wait for room, then try again
-		})
-		if err == nil {
-			err = serr
-		}
+		err := s.send(b, true)
 		if f := eventAfterSend.Load(); f != nil {
 			(*f)(s.close)
 		}

@@ -10,8 +10,20 @@ import (
 
 	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/device/devicetest"
 	"github.com/vrnic/vrnic/verbs"
 )
+
+// openWithEvents opens a context on s with its event socket; t's cleanup
+// closes the socket.
+func openWithEvents(t *testing.T, s *devicetest.Server) (*verbs.Context, *verbs.AsyncEvents) {
+	t.Helper()
+	c := open(t, s)
+	ev, err := c.OpenAsyncEvents()
+	require.NoError(t, err)
+	t.Cleanup(func() { ev.Close() })
+	return c, ev
+}
 
 // qpsToErr creates n RC QPs with an SRQ on c and moves each to ERR by its
 // client: n QP_LAST_WQE_REACHED events. It returns their QPNs in order.
@@ -55,10 +67,7 @@ func readEvents(t *testing.T, ev *verbs.AsyncEvents, qpns []uint32) {
 // reads it gets all 600, in order.
 func TestAsyncEventsNeverBlock(t *testing.T) {
 	s := startServer(t, device.Limits{})
-	c := open(t, s)
-	ev, err := c.OpenAsyncEvents()
-	require.NoError(t, err)
-	defer ev.Close()
+	c, ev := openWithEvents(t, s)
 	const n = 600
 	qpns := qpsToErr(t, c, n)
 	ctr := s.Device.Counters()
@@ -77,10 +86,7 @@ func TestAsyncEventBacklogBound(t *testing.T) {
 	const kept = 100
 	t.Cleanup(device.SetEventBacklogMax(kept * 16)) // after the server stops
 	s := startServer(t, device.Limits{})
-	c := open(t, s)
-	ev, err := c.OpenAsyncEvents()
-	require.NoError(t, err)
-	defer ev.Close()
+	c, ev := openWithEvents(t, s)
 	const n = 600
 	qpns := qpsToErr(t, c, n)
 	ctr := s.Device.Counters()
@@ -91,13 +97,10 @@ func TestAsyncEventBacklogBound(t *testing.T) {
 	assert.Equal(t, uint64(inSocket+kept), ctr.AsyncEvents.Load())
 
 	// Another context fills its socket and backlog, then goes.
-	c2 := open(t, s)
-	ev2, err := c2.OpenAsyncEvents()
-	require.NoError(t, err)
-	defer ev2.Close()
+	c2, ev2 := openWithEvents(t, s)
 	qpsToErr(t, c2, inSocket+kept/2)
 	require.NoError(t, c2.Close())
-	_, err = ev2.Get(time.Second)
+	_, err := ev2.Get(time.Second)
 	require.NoError(t, err, "what the socket took is still there")
 }
 
@@ -113,15 +116,13 @@ func TestEventSinkClosedDuringFlush(t *testing.T) {
 		once.Do(func() { closeSink(); close(closed) })
 	}))
 	s := startServer(t, device.Limits{})
-	c := open(t, s)
-	ev, err := c.OpenAsyncEvents()
-	require.NoError(t, err)
-	defer ev.Close()
+	c, ev := openWithEvents(t, s)
 	qpsToErr(t, c, 600) // more than the socket holds: a backlog
 	// Reading makes room (the socket counts as writable again once it
 	// holds a quarter of its buffer): the flush goroutine sends, the
 	// hook closes the sink, and the client reads what the socket held,
 	// then end of file.
+	var err error
 	for {
 		if _, err = ev.Get(time.Second); err != nil {
 			break
