@@ -3,7 +3,6 @@ package link
 import (
 	"bytes"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/netip"
 	"testing"
@@ -11,9 +10,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"github.com/vishvananda/netns"
 
-	"github.com/vrnic/vrnic/internal/testenv"
 	"github.com/vrnic/vrnic/roce"
 	"github.com/vrnic/vrnic/tap"
 )
@@ -29,14 +26,8 @@ import (
 // kernel's segmentation writes), each a valid RoCE v2 frame; IPv4 and
 // IPv6, long frames (runs cut at 64 KiB) and short ones (64 frames).
 func TestTAPGSORealDevices(t *testing.T) {
-	testenv.NeedRoot(t, "TAP offload test needs root (network namespace, TAP devices)")
-	testenv.NeedTool(t, "ip")
-	ns, ip := testNetns(t, "vrgst")
-	ip("-n", ns, "link", "add", "br0", "type", "bridge")
-	ip("-n", ns, "link", "set", "br0", "up")
-	h, err := netns.GetFromName(ns)
-	require.NoError(t, err)
-	defer h.Close()
+	ns, ip, h := rootNetns(t, "vrgst", "TAP offload test needs root (network namespace, TAP devices)")
+	addBridge(ns, ip)
 	var links []*TAPLink
 	for i, name := range []string{"ga", "gb"} {
 		dev, err := tap.Create(tap.Config{Name: name, Queues: 1, MAC: tap.MAC{2, 0x4c, 0, 0, 0, byte(i + 1)}, NetNS: h})
@@ -44,13 +35,8 @@ func TestTAPGSORealDevices(t *testing.T) {
 		uso, msg := dev.Offload()
 		require.True(t, uso, "offload on %s: %s", name, msg)
 		ip("-n", ns, "link", "set", name, "master", "br0")
-		l, err := NewTAP(dev, TAPConfig{FrameCap: testFrameCap, Logger: slog.New(slog.DiscardHandler)})
-		if err != nil {
-			dev.Close()
-		}
-		require.NoError(t, err)
+		l := tapLinkOn(t, dev)
 		require.Equal(t, "uso", l.Offload())
-		t.Cleanup(func() { l.Close() })
 		links = append(links, l)
 	}
 	plain, err := tap.Create(tap.Config{Name: "gc", Queues: 1, MAC: tap.MAC{2, 0x4c, 0, 0, 0, 3}, NetNS: h, NoOffload: true})
@@ -146,21 +132,11 @@ func assertFrames(t *testing.T, want, got [][]byte) {
 // header checksum of the segmented packet, its lengths and the partial
 // UDP checksum must all pass the stack's checks. IPv4 and IPv6.
 func TestTAPGSOToKernelUDP(t *testing.T) {
-	testenv.NeedRoot(t, "TAP offload test needs root (network namespace, TAP devices)")
-	testenv.NeedTool(t, "ip")
-	ns, ip := testNetns(t, "vrgsk")
-	h, err := netns.GetFromName(ns)
-	require.NoError(t, err)
-	defer h.Close()
+	ns, ip, h := rootNetns(t, "vrgsk", "TAP offload test needs root (network namespace, TAP devices)")
 	nicMAC, kMAC := tap.MAC{2, 0x4c, 0, 0, 0, 0x11}, tap.MAC{2, 0x4c, 0, 0, 0, 0x10}
 	dev, err := tap.Create(tap.Config{Name: "gk", Queues: 1, MAC: nicMAC, LinkMAC: kMAC, NetNS: h})
 	require.NoError(t, err)
-	l, err := NewTAP(dev, TAPConfig{FrameCap: testFrameCap, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		dev.Close()
-	}
-	require.NoError(t, err)
-	t.Cleanup(func() { l.Close() })
+	l := tapLinkOn(t, dev)
 	require.Equal(t, "uso", l.Offload())
 	ip("-n", ns, "link", "set", "lo", "up")
 	ip("-n", ns, "addr", "add", "10.99.0.1/24", "dev", "gk")

@@ -20,29 +20,50 @@ import (
 // multi-queue TAP devices on it, each behind a TAP link (root only).
 func newRootTAPPair(t *testing.T, queues int) (*TAPLink, *TAPLink) {
 	t.Helper()
-	testenv.NeedRoot(t, "TAP link test needs root (network namespace, TAP devices)")
-	testenv.NeedTool(t, "ip")
-	ns, ip := testNetns(t, "vrlink")
-	ip("-n", ns, "link", "add", "br0", "type", "bridge")
-	ip("-n", ns, "link", "set", "br0", "up")
-	h, err := netns.GetFromName(ns)
-	require.NoError(t, err)
-	defer h.Close()
+	ns, ip, h := rootNetns(t, "vrlink", "TAP link test needs root (network namespace, TAP devices)")
+	addBridge(ns, ip)
 	var links []*TAPLink
 	for i, name := range []string{"lta", "ltb"} {
 		mac := tap.MAC{2, 0x4c, 0, 0, 0, byte(i + 1)}
 		dev, err := tap.Create(tap.Config{Name: name, Queues: queues, MAC: mac, NetNS: h})
 		require.NoError(t, err)
 		ip("-n", ns, "link", "set", name, "master", "br0")
-		l, err := NewTAP(dev, TAPConfig{FrameCap: testFrameCap, Logger: slog.New(slog.DiscardHandler)})
-		if err != nil {
-			dev.Close()
-		}
-		require.NoError(t, err)
-		t.Cleanup(func() { l.Close() })
-		links = append(links, l)
+		links = append(links, tapLinkOn(t, dev))
 	}
 	return links[0], links[1]
+}
+
+// rootNetns skips t unless root (why says what for) and the ip tool are
+// there, then makes a network namespace as testNetns does and returns
+// it with a handle of it, closed by t's cleanup.
+func rootNetns(t *testing.T, prefix, why string) (string, func(args ...string), netns.NsHandle) {
+	t.Helper()
+	testenv.NeedRoot(t, why)
+	testenv.NeedTool(t, "ip")
+	ns, ip := testNetns(t, prefix)
+	h, err := netns.GetFromName(ns)
+	require.NoError(t, err)
+	t.Cleanup(func() { h.Close() })
+	return ns, ip, h
+}
+
+// addBridge adds bridge br0 to namespace ns, up.
+func addBridge(ns string, ip func(args ...string)) {
+	ip("-n", ns, "link", "add", "br0", "type", "bridge")
+	ip("-n", ns, "link", "set", "br0", "up")
+}
+
+// tapLinkOn makes dev a TAP link, closed by t's cleanup (dev is closed
+// if the link cannot be made).
+func tapLinkOn(t *testing.T, dev *tap.Device) *TAPLink {
+	t.Helper()
+	l, err := NewTAP(dev, TAPConfig{FrameCap: testFrameCap, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		dev.Close()
+	}
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	return l
 }
 
 // rootFrame is a RoCE frame from link a's NIC to link b's NIC.
