@@ -216,15 +216,8 @@ func recvGSOAll(t *testing.T, p *TAPPort, n int) [][]byte {
 	bufs := newBufs(7)
 	var out [][]byte
 	for tries := 0; len(out) < n && tries < 100; tries++ {
-		for i := range bufs {
-			bufs[i] = bufs[i][:cap(bufs[i])]
-		}
-		k, err := p.RecvBatch(bufs, nil)
-		require.NoError(t, err)
-		for i := range k {
-			out = append(out, bytes.Clone(bufs[i]))
-		}
-		if k == 0 {
+		var k int
+		if out, k = recvCopies(t, p, bufs, out); k == 0 {
 			break
 		}
 	}

@@ -196,15 +196,8 @@ func recvTAP(t testing.TB, p *TAPPort, n int) [][]byte {
 	deadline := time.NewTimer(recvTimeout)
 	defer deadline.Stop()
 	for len(out) < n {
-		for i := range bufs {
-			bufs[i] = bufs[i][:cap(bufs[i])]
-		}
-		k, err := p.RecvBatch(bufs, nil)
-		require.NoError(t, err)
-		for i := range k {
-			out = append(out, bytes.Clone(bufs[i]))
-		}
-		if k > 0 {
+		var k int
+		if out, k = recvCopies(t, p, bufs, out); k > 0 {
 			continue
 		}
 		p.ArmReady()
@@ -215,6 +208,21 @@ func recvTAP(t testing.TB, p *TAPPort, n int) [][]byte {
 		}
 	}
 	return out
+}
+
+// recvCopies makes one RecvBatch on p into bufs (each first stretched to
+// its capacity) and appends copies of the k frames it got to out.
+func recvCopies(t testing.TB, p *TAPPort, bufs, out [][]byte) ([][]byte, int) {
+	t.Helper()
+	for i := range bufs {
+		bufs[i] = bufs[i][:cap(bufs[i])]
+	}
+	k, err := p.RecvBatch(bufs, nil)
+	require.NoError(t, err)
+	for i := range k {
+		out = append(out, bytes.Clone(bufs[i]))
+	}
+	return out, k
 }
 
 func TestTAPReceive(t *testing.T) {

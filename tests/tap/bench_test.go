@@ -168,24 +168,31 @@ func (e *benchEnv) writes(b *testing.B, n, size, depth int) {
 	}
 }
 
+// benchFrames builds the raw benchmarks' frame, a RoCE v2 request of op
+// with payload bytes from macs[0] at src to macs[1] at dst, and hello, an
+// ACK the other way that teaches the bridge where macs[1] is. Real
+// frames (valid IP and UDP headers: a bridge may pass IPv4 through
+// netfilter, which drops malformed headers).
+func benchFrames(b *testing.B, macs [2]tap.MAC, src, dst string, srcPort uint16, op roce.Opcode, payload int) (frame, hello []byte) {
+	path := roce.Path{Mode: roce.ModeEthernet, SrcMAC: macs[0], DstMAC: macs[1],
+		Src: netip.MustParseAddr(src), Dst: netip.MustParseAddr(dst), SrcPort: srcPort, TTL: 64, DontFragment: true}
+	h := &roce.Headers{BTH: roce.BTHFields{Opcode: op, PKey: 0xffff, DestQP: 0x11}, RETH: roce.RETHFields{VA: 0x1000, RKey: 1, DMALength: uint32(payload)}}
+	frame, err := path.Build(make([]byte, 8192), path.Headroom(op), payload, h)
+	require.NoError(b, err)
+	hp := path
+	hp.SrcMAC, hp.DstMAC, hp.Src, hp.Dst = macs[1], macs[0], path.Dst, path.Src
+	hello, err = hp.Build(make([]byte, 512), hp.Headroom(roce.OpRCAck), 0, &roce.Headers{BTH: roce.BTHFields{Opcode: roce.OpRCAck, PKey: 0xffff}})
+	require.NoError(b, err)
+	return frame, hello
+}
+
 // rawForward writes RoCE frames (op, payload bytes) on rawA until rawB read
 // count of them (the kernel may drop some at a full queue: the writer
 // keeps going), and returns the time it took.
 func (e *benchEnv) rawForward(b *testing.B, count int, op roce.Opcode, payload int) time.Duration {
-	// Real RoCE v2 frames (valid IP and UDP headers: a bridge may pass
-	// IPv4 through netfilter, which drops malformed headers).
-	path := roce.Path{Mode: roce.ModeEthernet, SrcMAC: e.rawMAC[0], DstMAC: e.rawMAC[1],
-		Src: netip.MustParseAddr("10.77.0.201"), Dst: netip.MustParseAddr("10.77.0.202"), SrcPort: 0xc001, TTL: 64, DontFragment: true}
-	buf := make([]byte, 8192)
-	h := &roce.Headers{BTH: roce.BTHFields{Opcode: op, PKey: 0xffff, DestQP: 0x11}, RETH: roce.RETHFields{VA: 0x1000, RKey: 1, DMALength: uint32(payload)}}
-	frame, err := path.Build(buf, path.Headroom(op), payload, h)
-	require.NoError(b, err)
+	frame, hello := benchFrames(b, e.rawMAC, "10.77.0.201", "10.77.0.202", 0xc001, op, payload)
 	frameLen := len(frame)
 	// Teach the bridge where rawB is.
-	hp := path
-	hp.SrcMAC, hp.DstMAC, hp.Src, hp.Dst = e.rawMAC[1], e.rawMAC[0], path.Dst, path.Src
-	hello, err := hp.Build(make([]byte, 512), hp.Headroom(roce.OpRCAck), 0, &roce.Headers{BTH: roce.BTHFields{Opcode: roce.OpRCAck, PKey: 0xffff}})
-	require.NoError(b, err)
 	require.NoError(b, e.rawB.Queue(0).WriteFrame(hello))
 	time.Sleep(10 * time.Millisecond)
 	drain(e.rawA)
@@ -257,19 +264,10 @@ func (e *benchEnv) timeForward(b *testing.B, what string, count int, got *atomic
 // on gsoA, as the TAP link does, and a reader counts the frames of what
 // it reads on gsoB (whole runs: gsoB takes USO).
 func (e *benchEnv) rawForwardGSO(b *testing.B, count int, op roce.Opcode, payload int) time.Duration {
-	path := roce.Path{Mode: roce.ModeEthernet, SrcMAC: e.gsoMAC[0], DstMAC: e.gsoMAC[1],
-		Src: netip.MustParseAddr("10.77.0.203"), Dst: netip.MustParseAddr("10.77.0.204"), SrcPort: 0xc002, TTL: 64, DontFragment: true}
-	buf := make([]byte, 8192)
-	h := &roce.Headers{BTH: roce.BTHFields{Opcode: op, PKey: 0xffff, DestQP: 0x11}, RETH: roce.RETHFields{VA: 0x1000, RKey: 1, DMALength: uint32(payload)}}
-	frame, err := path.Build(buf, path.Headroom(op), payload, h)
-	require.NoError(b, err)
+	frame, hello := benchFrames(b, e.gsoMAC, "10.77.0.203", "10.77.0.204", 0xc002, op, payload)
 	const hl = roce.EthernetHeaderLen + roce.IPv4HeaderLen + roce.UDPHeaderLen
 	seg := len(frame) - hl
 	per := min(64, (0xffff-hl+roce.EthernetHeaderLen)/seg)
-	hp := path
-	hp.SrcMAC, hp.DstMAC, hp.Src, hp.Dst = e.gsoMAC[1], e.gsoMAC[0], path.Dst, path.Src
-	hello, err := hp.Build(make([]byte, 512), hp.Headroom(roce.OpRCAck), 0, &roce.Headers{BTH: roce.BTHFields{Opcode: roce.OpRCAck, PKey: 0xffff}})
-	require.NoError(b, err)
 	require.NoError(b, e.gsoB.Queue(0).WriteFrame(hello))
 	time.Sleep(10 * time.Millisecond)
 	drainAll(b, e.gsoA)
