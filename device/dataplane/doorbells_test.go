@@ -93,7 +93,9 @@ func TestDoorbellSummaryReadsOnlyMarked(t *testing.T) {
 			}
 			reads, passes := na.dp.RecordReads()-reads0, na.dp.PollerPasses()-passes0
 			t.Logf("%d records read in %d poller passes for %d posts", reads, passes, writes)
-			require.Greater(t, passes, uint64(writes)/2, "the poller ran")
+			// The poller ran (a loaded machine gives it fewer passes:
+			// 91 for 200 posts once in CI).
+			require.Greater(t, passes, uint64(20), "the poller ran")
 			if tc.summary {
 				// At most one marked group of abi.DBSummaryGroup records
 				// per post, plus the re-checks before the poller slept.

@@ -318,7 +318,19 @@ func TestClientSIGKILLReleasesEverything(t *testing.T) {
 		return err == nil && i.Connections == 1 && i.Resources == admin.ResourceCounts{}
 	}
 	require.Eventually(t, quiescent, 10*time.Second, 10*time.Millisecond)
+	// A connection the daemon has accepted but not yet counted (the one
+	// that probed its socket at start-up) holds a descriptor while the
+	// counts already say quiescent: take the baseline once the fd count
+	// holds still.
 	baseAll, baseFiles := fdCount(t, pid)
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		time.Sleep(100 * time.Millisecond)
+		all, files := fdCount(t, pid)
+		if all == baseAll && files == baseFiles {
+			break
+		}
+		baseAll, baseFiles = all, files
+	}
 
 	for round := range 3 {
 		c := startClient(t, d.socket, "hold")
