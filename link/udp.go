@@ -51,16 +51,60 @@ type UDPConfig struct {
 	// (UDP_SEGMENT, UDP_GRO; see udp_offload.go): one datagram per frame
 	// both ways, as on a kernel without them.
 	NoOffload bool
-	// SegmentIPv4 lets an IPv4 link send with UDP_SEGMENT too. Off by
-	// default: the kernel gives segment k of a message the IPv4
-	// identification k, which the ICRC covers, so every segment but the
-	// first leaves with an ICRC that does not match its headers: vrnic
-	// peers accept it (they check the ICRC over identification 0), Soft-RoCE,
-	// hardware RNICs and tshark do not (kernel-notes/udp-offload.md).
-	// IPv6 has no identification: an IPv6 link segments by default.
-	SegmentIPv4 bool
+	// SegmentIPv4 says whether an IPv4 link sends with UDP_SEGMENT too
+	// (IPv6 has no identification: an IPv6 link always does). The
+	// kernel gives segment k of a message the IPv4 identification k,
+	// which the ICRC covers, so a segment after the first that is cut
+	// where a RoCE checker can read it (Soft-RoCE, a hardware RNIC,
+	// tshark on a real interface) fails its ICRC; vrnic peers accept it
+	// (they check the ICRC over identification 0). The default,
+	// SegmentLoopback, segments when Local is a loopback address: every
+	// datagram then crosses lo, which carries a message whole, and the
+	// only place it is ever cut is inside the receiving socket, where no
+	// identification is seen (kernel-notes/udp-offload.md).
+	SegmentIPv4 SegmentPolicy
 	// Logger gets lifecycle messages. Default slog.Default().
 	Logger *slog.Logger
+}
+
+// SegmentPolicy is when an IPv4 UDP link sends a message's frames as one
+// UDP_SEGMENT datagram (UDPConfig.SegmentIPv4).
+type SegmentPolicy uint8
+
+const (
+	// SegmentLoopback segments when the link's address is a loopback
+	// address (127.0.0.0/8): the default.
+	SegmentLoopback SegmentPolicy = iota
+	// SegmentAlways segments on any address: for links whose peers are
+	// all vrnic daemons.
+	SegmentAlways
+	// SegmentNever sends one datagram per frame.
+	SegmentNever
+)
+
+// String returns the policy's name as the -udp-segment-ipv4 flag spells
+// it: auto, true or false.
+func (s SegmentPolicy) String() string {
+	switch s {
+	case SegmentLoopback:
+		return "auto"
+	case SegmentAlways:
+		return "true"
+	case SegmentNever:
+		return "false"
+	}
+	return fmt.Sprintf("SegmentPolicy(%d)", uint8(s))
+}
+
+// segments reports whether a link on local segments under s.
+func (s SegmentPolicy) segments(local netip.Addr) bool {
+	switch s {
+	case SegmentAlways:
+		return true
+	case SegmentLoopback:
+		return local.Unmap().IsLoopback()
+	}
+	return false
 }
 
 // UDPCounters count what a UDP port did. All are atomic: read them from
@@ -218,6 +262,9 @@ func NewUDP(cfg UDPConfig) (*UDPLink, error) {
 	if cfg.FrameCap < udpMinPayload {
 		return nil, fmt.Errorf("%w: frame capacity %d, need at least %d", ErrInvalid, cfg.FrameCap, udpMinPayload)
 	}
+	if cfg.SegmentIPv4 > SegmentNever {
+		return nil, fmt.Errorf("%w: segmentation policy %v", ErrInvalid, cfg.SegmentIPv4)
+	}
 	if cfg.SendBuffer < 0 || cfg.RecvBuffer < 0 {
 		return nil, fmt.Errorf("%w: socket buffer sizes %d, %d", ErrInvalid, cfg.SendBuffer, cfg.RecvBuffer)
 	}
@@ -269,7 +316,7 @@ func NewUDP(cfg UDPConfig) (*UDPLink, error) {
 			if p.gso, gro = setOffload(fd, cfg.Workers == 1); gro {
 				p.groRx = newGRORx(cfg.Batch)
 			}
-			p.gso = p.gso && (v6 || cfg.SegmentIPv4)
+			p.gso = p.gso && (v6 || cfg.SegmentIPv4.segments(a))
 		}
 		p.file = os.NewFile(uintptr(fd), fmt.Sprintf("udp:%v#%d", local, i))
 		rc, err := p.file.SyscallConn()

@@ -49,7 +49,7 @@ func TestUDPOffloadWireHeaders(t *testing.T) {
 		ip("-n", ns, "link", "set", "vrgso0", "up")
 		ip("-n", ns, "addr", "add", "10.99.0.1/24", "dev", "vrgso0")
 		ip("-n", ns, "addr", "add", "fd99::1/64", "dev", "vrgso0", "nodad")
-		l4 = newTestLink(t, local4, 1, func(c *UDPConfig) { c.SegmentIPv4 = true })
+		l4 = newTestLink(t, local4, 1, func(c *UDPConfig) { c.SegmentIPv4 = SegmentAlways })
 		l6 = newTestLink(t, local6, 1, nil)
 	})
 	t.Cleanup(func() { tun.Close() })

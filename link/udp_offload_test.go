@@ -43,16 +43,38 @@ func offloadBatch(t *testing.T, from netip.AddrPort, to [2]netip.AddrPort) ([][]
 	return frames, peers
 }
 
-// TestIPv4SegmentsOnlyWhenAsked: an IPv4 link does not segment unless
-// SegmentIPv4 is set (segment k would carry IPv4 identification k, which
-// its ICRC does not cover); an IPv6 link does.
-func TestIPv4SegmentsOnlyWhenAsked(t *testing.T) {
-	probe := newTestLink(t, loopback4(t), 1, func(c *UDPConfig) { c.SegmentIPv4 = true }).Ports()[0]
+// TestIPv4SegmentPolicy: an IPv4 link segments by default only on a
+// loopback address (off loopback, segment k would be cut where a checker
+// reads its IPv4 identification k, which its ICRC does not cover), always
+// when asked, never when told not to; an IPv6 link segments whatever the
+// IPv4 policy.
+func TestIPv4SegmentPolicy(t *testing.T) {
+	for _, tc := range []struct {
+		p    SegmentPolicy
+		addr string
+		want bool
+	}{
+		{SegmentLoopback, "127.0.0.1", true},
+		{SegmentLoopback, "127.9.8.7", true},
+		{SegmentLoopback, "::ffff:127.0.0.1", true},
+		{SegmentLoopback, "10.0.0.1", false},
+		{SegmentLoopback, "192.168.1.1", false},
+		{SegmentAlways, "10.0.0.1", true},
+		{SegmentNever, "127.0.0.1", false},
+	} {
+		assert.Equal(t, tc.want, tc.p.segments(netip.MustParseAddr(tc.addr)), "%v on %s", tc.p, tc.addr)
+	}
+	probe := newTestLink(t, loopback4(t), 1, func(c *UDPConfig) { c.SegmentIPv4 = SegmentAlways }).Ports()[0]
 	if !probe.gso {
 		t.Skip("the kernel has no UDP_SEGMENT")
 	}
-	assert.False(t, newTestLink(t, loopback4(t), 1, nil).Ports()[0].gso, "IPv4 by default")
-	assert.True(t, newTestLink(t, freePort(t, loopback6(t).Addr()), 1, nil).Ports()[0].gso, "IPv6 by default")
+	assert.True(t, newTestLink(t, loopback4(t), 1, nil).Ports()[0].gso, "IPv4 loopback by default")
+	assert.False(t, newTestLink(t, loopback4(t), 1, func(c *UDPConfig) { c.SegmentIPv4 = SegmentNever }).Ports()[0].gso,
+		"IPv4 loopback, SegmentNever")
+	assert.True(t, newTestLink(t, freePort(t, loopback6(t).Addr()), 1, func(c *UDPConfig) { c.SegmentIPv4 = SegmentNever }).Ports()[0].gso,
+		"IPv6, SegmentNever (an IPv4 policy)")
+	_, err := NewUDP(UDPConfig{Local: loopback4(t), FrameCap: 4200, SegmentIPv4: SegmentNever + 1})
+	assert.ErrorIs(t, err, ErrInvalid, "an unknown policy")
 }
 
 // TestUDPOffload: over IPv4 and IPv6, a batch sent with UDP_SEGMENT
@@ -67,7 +89,7 @@ func TestUDPOffload(t *testing.T) {
 	}{{"IPv4", loopback4}, {"IPv6", func(tb testing.TB) netip.AddrPort { return freePort(tb, loopback6(t).Addr()) }}} {
 		t.Run(fam.name, func(t *testing.T) {
 			aAddr, bAddr, cAddr := fam.addr(t), fam.addr(t), fam.addr(t)
-			big := func(c *UDPConfig) { c.RecvBuffer, c.SendBuffer, c.SegmentIPv4 = 1<<20, 1<<20, true }
+			big := func(c *UDPConfig) { c.RecvBuffer, c.SendBuffer, c.SegmentIPv4 = 1<<20, 1<<20, SegmentAlways }
 			a := newTestLink(t, aAddr, 1, big).Ports()[0]
 			b := newTestLink(t, bAddr, 1, big).Ports()[0]
 			c := newTestLink(t, cAddr, 1, func(c *UDPConfig) { big(c); c.NoOffload = true }).Ports()[0]
@@ -141,7 +163,7 @@ func recvBatches(t *testing.T, p *UDPPort, n, batch int) []datagram {
 // nothing is lost or counted as an error.
 func TestUDPOffloadRefused(t *testing.T) {
 	aAddr, bAddr := loopback4(t), loopback4(t)
-	big := func(c *UDPConfig) { c.RecvBuffer, c.SendBuffer, c.SegmentIPv4 = 1<<20, 1<<20, true }
+	big := func(c *UDPConfig) { c.RecvBuffer, c.SendBuffer, c.SegmentIPv4 = 1<<20, 1<<20, SegmentAlways }
 	a := newTestLink(t, aAddr, 1, big).Ports()[0]
 	b := newTestLink(t, bAddr, 1, big).Ports()[0]
 	if !a.gso {
@@ -174,7 +196,7 @@ func TestUDPOffloadRefused(t *testing.T) {
 // mix QPs).
 func TestUDPSteeringSegmented(t *testing.T) {
 	aAddr, bAddr := loopback4(t), loopback4(t)
-	a := newTestLink(t, aAddr, 1, func(c *UDPConfig) { c.SegmentIPv4 = true }).Ports()[0]
+	a := newTestLink(t, aAddr, 1, func(c *UDPConfig) { c.SegmentIPv4 = SegmentAlways }).Ports()[0]
 	lb := newTestLink(t, bAddr, 2, nil)
 	if !a.gso {
 		t.Skip("the kernel has no UDP_SEGMENT")

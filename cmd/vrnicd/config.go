@@ -78,11 +78,14 @@ type LinkConfig struct {
 	Peers []string `json:"peers,omitempty"`
 	// MTU is the largest path MTU in bytes (256..4096, default 4096).
 	MTU int `json:"mtu,omitempty"`
-	// SegmentIPv4 lets the IPv4 UDP link send a message's frames as one
-	// UDP_SEGMENT datagram (faster; but segment k leaves with IPv4
-	// identification k, which its ICRC does not cover: only vrnic peers
-	// accept it). IPv6 links segment anyway.
-	SegmentIPv4 bool `json:"segment_ipv4,omitempty"`
+	// SegmentIPv4 says whether the IPv4 UDP link sends a message's
+	// frames as one UDP_SEGMENT datagram: true on any address (faster;
+	// but a segment after the first leaves with IPv4 identification k,
+	// which its ICRC does not cover: only vrnic peers accept it off
+	// loopback), false never, absent on a loopback address only, where
+	// no segment is ever cut where it could be read. IPv6 links segment
+	// anyway.
+	SegmentIPv4 *bool `json:"segment_ipv4,omitempty"`
 	// TAP configures the TAP link.
 	TAP TAPConfig `json:"tap,omitempty"`
 }
@@ -142,7 +145,7 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 		link     = fs.String("link", "udp", "link type: udp, mem or tap")
 		local    = fs.String("udp-local", "127.0.0.1:4791", "UDP link: local ip:port (its IP is GID 0)")
 		mtu      = fs.Int("mtu", 4096, "largest path MTU in bytes")
-		seg4     = fs.Bool("udp-segment-ipv4", false, "UDP link on IPv4: send a message's frames as one UDP_SEGMENT datagram (faster; only vrnic peers accept the ICRC of segments after the first)")
+		seg4     optBool
 		workers  = fs.Int("workers", 0, "engine workers (default: number of CPUs)")
 		pollSpin = fs.String("poll-spin", "", "how long the doorbell poller keeps polling after the last traffic before clients must kick it, e.g. 1ms (default 1ms)")
 		level    = fs.String("log-level", "info", "log level: debug, info, warn, error")
@@ -160,6 +163,7 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 	)
 	fs.Var(&tapAddr, "tap-addr", "TAP link: the NIC's address/prefix, e.g. 10.77.0.1/24 (repeatable; the first is GID 0)")
 	fs.StringVar(local, "local", "127.0.0.1:4791", "same as -udp-local")
+	fs.Var(&seg4, "udp-segment-ipv4", "UDP link on IPv4: send a message's frames as one UDP_SEGMENT datagram: true (faster; off loopback only vrnic peers accept the ICRC of segments after the first), false, or auto: on a loopback address only")
 	fs.Var(&peers, "udp-peer", "UDP link: a peer's ip:port (repeatable; peers are also found from the QPs' destination GIDs)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -168,7 +172,7 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
 	tapCfg := TAPConfig{Name: *tapName, Addrs: tapAddr, MAC: *tapMAC, NetNS: *tapNS, VerifySteering: *tapVer}
-	c := &Config{Name: *name, Link: LinkConfig{Type: *link, Local: *local, MTU: *mtu, SegmentIPv4: *seg4, TAP: tapCfg}, LogLevel: *level, Workers: *workers, PollSpin: *pollSpin,
+	c := &Config{Name: *name, Link: LinkConfig{Type: *link, Local: *local, MTU: *mtu, SegmentIPv4: seg4.v, TAP: tapCfg}, LogLevel: *level, Workers: *workers, PollSpin: *pollSpin,
 		OperatorGroup: *opGroup}
 	if *cfgFile != "" {
 		fileCfg := Config{}
@@ -211,7 +215,7 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 			merged.Link.Peers = peers
 		}
 		if set["udp-segment-ipv4"] {
-			merged.Link.SegmentIPv4 = *seg4
+			merged.Link.SegmentIPv4 = seg4.v
 		}
 		if set["tap-name"] {
 			merged.Link.TAP.Name = *tapName
@@ -350,3 +354,31 @@ func (c *Config) pollSpin() (time.Duration, error) {
 	}
 	return d, nil
 }
+
+// optBool is a boolean flag that may also be left to its default (auto):
+// -f and -f=true set it, -f=false clears it, -f=auto (or not giving it)
+// leaves v nil.
+type optBool struct{ v *bool }
+
+func (o *optBool) String() string {
+	if o == nil || o.v == nil {
+		return "auto"
+	}
+	return strconv.FormatBool(*o.v)
+}
+
+func (o *optBool) Set(s string) error {
+	if s == "auto" {
+		o.v = nil
+		return nil
+	}
+	b, err := strconv.ParseBool(s)
+	if err != nil {
+		return fmt.Errorf("want true, false or auto: %q", s)
+	}
+	o.v = &b
+	return nil
+}
+
+// IsBoolFlag lets the flag be given bare (-f means -f=true).
+func (o *optBool) IsBoolFlag() bool { return true }

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/device"
+	"github.com/vrnic/vrnic/link"
 )
 
 func writeFile(t *testing.T, body string) string {
@@ -59,6 +60,32 @@ func TestParseConfigFile(t *testing.T) {
 	assert.Equal(t, "debug", c.LogLevel)
 }
 
+// TestSegmentIPv4Config: -udp-segment-ipv4 is auto (the link's loopback
+// default) unless given; bare or =true is always, =false never; the flag
+// wins over the file's segment_ipv4, an absent flag leaves the file's.
+func TestSegmentIPv4Config(t *testing.T) {
+	yes := writeFile(t, `{"name":"x","link":{"type":"udp","segment_ipv4":true}}`)
+	no := writeFile(t, `{"name":"x","link":{"type":"udp","segment_ipv4":false}}`)
+	for _, tc := range []struct {
+		args []string
+		want link.SegmentPolicy
+	}{
+		{nil, link.SegmentLoopback},
+		{[]string{"-udp-segment-ipv4"}, link.SegmentAlways},
+		{[]string{"-udp-segment-ipv4=true"}, link.SegmentAlways},
+		{[]string{"-udp-segment-ipv4=false"}, link.SegmentNever},
+		{[]string{"-udp-segment-ipv4=auto"}, link.SegmentLoopback},
+		{[]string{"-config", yes}, link.SegmentAlways},
+		{[]string{"-config", no}, link.SegmentNever},
+		{[]string{"-config", no, "-udp-segment-ipv4"}, link.SegmentAlways},
+		{[]string{"-config", yes, "-udp-segment-ipv4=auto"}, link.SegmentLoopback},
+	} {
+		c, err := parseConfig(tc.args, io.Discard)
+		require.NoError(t, err, "%q", tc.args)
+		assert.Equal(t, tc.want, segmentPolicy(c.Link.SegmentIPv4), "%q", tc.args)
+	}
+}
+
 func TestParseConfigErrors(t *testing.T) {
 	cases := []struct {
 		name string
@@ -83,6 +110,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"negative limit", nil, `{"name":"x","link":{"type":"udp"},"limits":{"per_device":{"qp":-1}}}`, "negative"},
 		{"negative per-uid limit", nil, `{"name":"x","link":{"type":"udp"},"limits":{"per_uid":{"connections":-1}}}`, "negative"},
 		{"args", []string{"extra"}, "", "unexpected arguments"},
+		{"segment", []string{"-udp-segment-ipv4=sometimes"}, "", "true, false or auto"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -92,7 +92,7 @@ func newDataPlane(cfg *Config, li device.LinkInfo, space *dma.Space, workers int
 			// silently on loopback and costs a go-back-N retransmission.
 			// The kernel caps these at net.core.[rw]mem_max.
 			SendBuffer: udpSocketBuffer, RecvBuffer: udpSocketBuffer,
-			SegmentIPv4: cfg.Link.SegmentIPv4,
+			SegmentIPv4: segmentPolicy(cfg.Link.SegmentIPv4),
 		})
 		if err != nil {
 			return nil, err
@@ -180,3 +180,16 @@ func (p *dataPlane) stop() error {
 
 // udpSocketBuffer is the SO_SNDBUF/SO_RCVBUF asked for each UDP link socket.
 const udpSocketBuffer = 4 << 20
+
+// segmentPolicy is the UDP link's IPv4 segmentation policy for the
+// config's segment_ipv4: absent is the link's default (on a loopback
+// address).
+func segmentPolicy(v *bool) link.SegmentPolicy {
+	switch {
+	case v == nil:
+		return link.SegmentLoopback
+	case *v:
+		return link.SegmentAlways
+	}
+	return link.SegmentNever
+}
