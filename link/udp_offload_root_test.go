@@ -3,6 +3,7 @@ package link
 import (
 	"encoding/binary"
 	"errors"
+	"net"
 	"net/netip"
 	"os"
 	"runtime"
@@ -185,3 +186,87 @@ func etherOf(pkt []byte) []byte {
 	}
 	return append(f, pkt...)
 }
+
+// TestLoopbackSegmentsStayWhole checks why an IPv4 link on a loopback
+// address segments by default (kernel-notes/udp-offload.md): in a private
+// network namespace, a link on 127.0.0.1 sends a run of frames to one on
+// 127.0.0.2 (the default policy, so one UDP_SEGMENT message), a packet
+// socket on lo records every IPv4 datagram to port 4791 that crosses it,
+// and the test checks that the message crossed lo whole, as one datagram
+// of identification 0 (no segment with identification k exists where a
+// capture can read it), while the receiver still gets every frame with
+// its ICRC intact.
+func TestLoopbackSegmentsStayWhole(t *testing.T) {
+	testenv.NeedRoot(t, "needs root (network namespace, packet socket)")
+	testenv.NeedTool(t, "ip")
+	ns, ip := testNetns(t, "vrlo")
+	a, b := netip.MustParseAddrPort("127.0.0.1:4791"), netip.MustParseAddrPort("127.0.0.2:4791")
+	var la, lb *UDPLink
+	var cap int
+	inNetns(t, ns, func() {
+		ip("-n", ns, "link", "set", "lo", "up")
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ALL)))
+		require.NoError(t, err)
+		cap = fd
+		lo, err := net.InterfaceByName("lo")
+		require.NoError(t, err)
+		require.NoError(t, unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: lo.Index}))
+		require.NoError(t, unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Usec: 200_000}))
+		la, lb = newTestLink(t, a, 1, nil), newTestLink(t, b, 1, nil)
+	})
+	t.Cleanup(func() { unix.Close(cap) })
+	pa := la.Ports()[0]
+	if !pa.gso {
+		t.Skip("the kernel has no UDP_SEGMENT")
+	}
+
+	var frames [][]byte
+	path := pathBetween(a, b)
+	total := 0
+	for i := range 6 {
+		op, n := roce.OpRCWriteMiddle, 1000
+		if i == 5 {
+			op, n = roce.OpRCWriteLast, 200
+		}
+		h := roce.Headers{BTH: roce.BTHFields{Opcode: op, PKey: 0xffff, DestQP: 9, PSN: uint32(i)}}
+		frames = append(frames, buildFrame(t, path, &h, n))
+		total += len(frames[i])
+	}
+	sendAll(t, pa, frames, b)
+	require.Equal(t, uint64(1), pa.Counters.TxGSO.Load(), "one segmented message")
+
+	got := recvN(t, lb.Ports()[0], len(frames))
+	var pkt roce.Packet
+	for k, d := range got {
+		assert.Equal(t, frames[k], d.b, "frame %d", k)
+		assert.NoError(t, parseFrom(d.b, d.from, b, &pkt), "frame %d: ICRC", k)
+	}
+
+	// What crossed lo: every IPv4 datagram to port 4791 (a packet socket
+	// sees each twice, leaving and arriving).
+	buf := make([]byte, 1<<17)
+	seen := 0
+	for {
+		n, _, err := unix.Recvfrom(cap, buf, 0)
+		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
+			break
+		}
+		require.NoError(t, err)
+		p := buf[:n]
+		if n < roce.IPv4HeaderLen+roce.UDPHeaderLen || p[0]>>4 != 4 || p[9] != unix.IPPROTO_UDP {
+			continue
+		}
+		udp := p[int(p[0]&0xf)*4:]
+		if binary.BigEndian.Uint16(udp[2:]) != roce.UDPPort {
+			continue
+		}
+		seen++
+		h := roce.IPv4(p)
+		assert.Zero(t, h.ID(), "identification of a datagram on lo")
+		assert.Equal(t, roce.UDPHeaderLen+total, int(binary.BigEndian.Uint16(udp[4:])), "the message crossed lo as one datagram")
+	}
+	assert.Positive(t, seen, "the packet socket saw the message")
+}
+
+// htons is the network byte order of a 16-bit protocol number.
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
