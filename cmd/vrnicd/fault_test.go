@@ -29,7 +29,7 @@ import (
 type daemon struct {
 	sock  string
 	local netip.AddrPort // its address (GID 0), and UDP port on the UDP link
-	logs  *strings.Builder
+	logs  *syncWriter // over a strings.Builder
 	stop  func()
 }
 
@@ -46,10 +46,10 @@ func startDaemonArgs(t *testing.T, name string, local netip.AddrPort, args []str
 	t.Helper()
 	dir := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
-	logs := &strings.Builder{}
+	logs := &syncWriter{w: &strings.Builder{}}
 	done := make(chan error, 1)
 	args = append([]string{"-name", name, "-runtime-dir", dir, "-workers", "2"}, args...)
-	go func() { done <- run(ctx, args, &syncWriter{w: logs}) }()
+	go func() { done <- run(ctx, args, logs) }()
 	stopped := false
 	d := &daemon{sock: admin.SocketPath(dir, name), local: local, logs: logs}
 	d.stop = func() {
@@ -168,6 +168,15 @@ func TestFaultDropNthPacketOfMthWriteTAP(t *testing.T) {
 	tapDaemon := func(name, addr string) *daemon {
 		d := startDaemonArgs(t, name, netip.AddrPortFrom(netip.MustParseAddr(addr), 4791),
 			[]string{"-link", "tap", "-tap-netns", ns, "-tap-addr", addr + "/24"})
+		// The daemon created the interface in ns before it answered; if
+		// ip(8) cannot see it there, say where it is.
+		if out, err := exec.Command("ip", "-n", ns, "link", "show", name).CombinedOutput(); err != nil {
+			inNS, _ := exec.Command("ip", "-n", ns, "-br", "link").CombinedOutput()
+			inRoot, _ := exec.Command("ip", "-br", "link").CombinedOutput()
+			nss, _ := exec.Command("ip", "netns", "list").CombinedOutput()
+			t.Fatalf("%s not in netns %s: %v: %s\nlinks there:\n%s\nlinks in this namespace:\n%s\nnamespaces:\n%s\ndaemon log:\n%s",
+				name, ns, err, out, inNS, inRoot, nss, d.logs)
+		}
 		ip("-n", ns, "link", "set", name, "master", "br0")
 		ip("-n", ns, "link", "set", name, "up")
 		return d
