@@ -29,7 +29,7 @@ import (
 type daemon struct {
 	sock  string
 	local netip.AddrPort // its address (GID 0), and UDP port on the UDP link
-	logs  *syncWriter // over a strings.Builder
+	logs  *syncWriter    // over a strings.Builder
 	stop  func()
 }
 
