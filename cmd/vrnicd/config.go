@@ -147,7 +147,7 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 		mtu      = fs.Int("mtu", 4096, "largest path MTU in bytes")
 		seg4     optBool
 		workers  = fs.Int("workers", 0, "engine workers (default: number of CPUs)")
-		pollSpin = fs.String("poll-spin", "", "how long the doorbell poller keeps polling after the last traffic before clients must kick it, e.g. 1ms (default 1ms)")
+		pollSpin = fs.String("poll-spin", "", "how long the doorbell poller keeps polling after the last traffic before clients must kick it, e.g. 1ms (default 200µs)")
 		level    = fs.String("log-level", "info", "log level: debug, info, warn, error")
 		peers    stringList
 		tapName  = fs.String("tap-name", "", "TAP link: interface name (default: the device name)")
