@@ -42,9 +42,10 @@
 // QP. See udp_steer.go and kernel-notes/udp-reuseport.md.
 //
 // Offload: SendBatch packs runs of equal frames for one peer and QP into
-// UDP_SEGMENT messages, and a one-worker link receives with UDP_GRO; see
-// udp_offload.go and kernel-notes/udp-offload.md (UDPConfig.NoOffload
-// turns both off).
+// UDP_SEGMENT messages (over IPv6, and over IPv4 as
+// UDPConfig.SegmentIPv4 says: by default on a loopback address only), and
+// a one-worker link receives with UDP_GRO; see udp_offload.go and
+// kernel-notes/udp-offload.md (UDPConfig.NoOffload turns both off).
 //
 // Wake-ups: one goroutine per port waits on the Go netpoller and signals
 // Ready; see UDPPort. Close stops them and closes every socket.

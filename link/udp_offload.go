@@ -61,7 +61,10 @@ import (
 // over IPv4 segment k carries identification k, which the ICRC (computed
 // with 0) does not match for k > 0 — the sender could precompute it, but
 // a receiving socket cannot learn the identification of a datagram, so
-// the link could not verify it. See kernel-notes/udp-offload.md.
+// the link could not verify it. Hence the IPv4 default
+// (UDPConfig.SegmentIPv4): segment on a loopback address, where lo
+// carries the message whole and no segment is ever cut where its headers
+// can be read. See kernel-notes/udp-offload.md.
 
 const (
 	// gsoMaxSegs is the most frames of one message: the kernel's
