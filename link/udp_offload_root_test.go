@@ -202,19 +202,19 @@ func TestLoopbackSegmentsStayWhole(t *testing.T) {
 	ns, ip := testNetns(t, "vrlo")
 	a, b := netip.MustParseAddrPort("127.0.0.1:4791"), netip.MustParseAddrPort("127.0.0.2:4791")
 	var la, lb *UDPLink
-	var cap int
+	var pfd int
 	inNetns(t, ns, func() {
 		ip("-n", ns, "link", "set", "lo", "up")
 		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ALL)))
 		require.NoError(t, err)
-		cap = fd
+		t.Cleanup(func() { unix.Close(fd) })
+		pfd = fd
 		lo, err := net.InterfaceByName("lo")
 		require.NoError(t, err)
 		require.NoError(t, unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: lo.Index}))
 		require.NoError(t, unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Usec: 200_000}))
 		la, lb = newTestLink(t, a, 1, nil), newTestLink(t, b, 1, nil)
 	})
-	t.Cleanup(func() { unix.Close(cap) })
 	pa := la.Ports()[0]
 	if !pa.gso {
 		t.Skip("the kernel has no UDP_SEGMENT")
@@ -247,7 +247,7 @@ func TestLoopbackSegmentsStayWhole(t *testing.T) {
 	buf := make([]byte, 1<<17)
 	seen := 0
 	for {
-		n, _, err := unix.Recvfrom(cap, buf, 0)
+		n, _, err := unix.Recvfrom(pfd, buf, 0)
 		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
 			break
 		}
