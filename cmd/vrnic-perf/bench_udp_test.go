@@ -32,12 +32,13 @@ import (
 //
 // Every iteration is one round: the baselines (sendmmsg/recvmmsg;
 // UDP_SEGMENT/UDP_GRO; UDP_SEGMENT/UDP_GRO with the per-frame work of
-// building, checking and placing the frames, rawGSOWork), the vrnic run,
-// the baselines again; each baseline's figure is the mean of its two runs
-// (the machine drifts within a round). Reported per sub-benchmark:
-// vrnic's rate, the baselines' and vrnic's ratio to each (ratio-mmsg,
-// ratio-gso, ratio-gso+work), averaged over the rounds; -benchtime 1x
-// -count N gives N rounds as N lines.
+// building, checking and placing the frames, rawGSOWork; the same with
+// only the two copies, rawGSOCopy), the vrnic run, the baselines again;
+// each baseline's figure is the mean of its two runs (the machine drifts
+// within a round). Reported per sub-benchmark: vrnic's rate, the
+// baselines' and vrnic's ratio to each (ratio-mmsg, ratio-gso,
+// ratio-gso+work, ratio-gso+copy), averaged over the rounds; -benchtime
+// 1x -count N gives N rounds as N lines.
 func BenchmarkUDPWrite(b *testing.B) {
 	// The default on a loopback address: UDP_SEGMENT and UDP_GRO.
 	b.Run("default", func(b *testing.B) { benchUDPWrite(b) })
@@ -74,11 +75,11 @@ func benchUDPWrite(b *testing.B, extra ...string) {
 // and c, goods of each frame counting (payload bytes, or 1 per message).
 func benchUDPWriteCase(b *testing.B, da, dc *daemon, a, c netip.Addr, size, depth, frame, goods int, cl []string) {
 	const vrnicTime, rawTime = 2 * time.Second, time.Second
-	modes := []rawMode{rawMmsg, rawGSO, rawGSOWork}
-	var base, ratio, sum [3]float64
+	modes := []rawMode{rawMmsg, rawGSO, rawGSOWork, rawGSOCopy}
+	var base, ratio, sum [4]float64
 	var vsum float64
 	for range b.N {
-		base = [3]float64{}
+		base = [4]float64{}
 		for _, m := range modes {
 			base[m] += rawUDP(b, a, c, frame, m, rawTime) / 2
 		}
@@ -100,7 +101,8 @@ func benchUDPWriteCase(b *testing.B, da, dc *daemon, a, c netip.Addr, size, dept
 			ratio[m] += v / base[m]
 			msg += fmt.Sprintf(", raw %s %.4g (ratio %.2f)", m, base[m], v/base[m])
 		}
-		b.Logf("%s; gso+work/gso %.2f; retransmissions %d", msg, base[rawGSOWork]/base[rawGSO], rs[0].Retransmits)
+		b.Logf("%s; gso+work/gso %.2f, gso+copy/gso %.2f; retransmissions %d", msg,
+			base[rawGSOWork]/base[rawGSO], base[rawGSOCopy]/base[rawGSO], rs[0].Retransmits)
 	}
 	unit := "B/s"
 	if goods == 1 {

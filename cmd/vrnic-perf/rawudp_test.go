@@ -36,6 +36,10 @@ import (
 //     1 MiB region. No QP, no WQE, no acknowledgement: what is left of
 //     rawGSO once the ICRC and the two copies to and from memory are
 //     paid, the ceiling of a software RoCE link over these sockets.
+//   - rawGSOCopy: rawGSOWork without the ICRC: the sender copies each
+//     payload from the region into its frame, the receiver copies it
+//     out, nothing is built, parsed or checked. What the ceiling would be
+//     if the ICRC cost nothing.
 //
 // The sender stays at most rawWindow frames ahead of what the receiver
 // counted, as a transport's window keeps it (RC: 512 PSNs), so the
@@ -48,9 +52,10 @@ const (
 	rawMmsg rawMode = iota
 	rawGSO
 	rawGSOWork
+	rawGSOCopy
 )
 
-func (m rawMode) String() string { return [...]string{"mmsg", "gso", "gso+work"}[m] }
+func (m rawMode) String() string { return [...]string{"mmsg", "gso", "gso+work", "gso+copy"}[m] }
 
 const (
 	rawWindow = 512
@@ -82,14 +87,15 @@ func rawUDP(tb testing.TB, a, b netip.Addr, frameLen int, mode rawMode, d time.D
 	sfd, _ := rawSocket(tb, a)
 	rfd, to := rawSocket(tb, b)
 	segs := 1
-	gso := mode == rawGSO || mode == rawGSOWork
+	gso := mode >= rawGSO
 	if gso {
 		segs = min(64, maxUDP4/frameLen)
 		require.NoError(tb, unix.SetsockoptInt(rfd, unix.SOL_UDP, unix.UDP_GRO, 1))
 	}
 	var work *rawWork
-	if mode == rawGSOWork {
+	if mode == rawGSOWork || mode == rawGSOCopy {
 		work = newRawWork(tb, sfd, a, to, frameLen)
+		work.copyOnly = mode == rawGSOCopy
 	}
 	var received atomic.Int64
 	var stop atomic.Bool
@@ -236,7 +242,8 @@ func rawSockaddr(ap netip.AddrPort) unix.RawSockaddrInet4 {
 
 // rawWork is the per-frame work of rawGSOWork: building frames from a
 // source region on the sender's side, parsing, checking and placing them
-// into a destination region on the receiver's. Each side's half is used
+// into a destination region on the receiver's (of rawGSOCopy: only the
+// two copies). Each side's half is used
 // by one goroutine.
 type rawWork struct {
 	path   roce.Path
@@ -250,6 +257,8 @@ type rawWork struct {
 	dst    []byte
 	dstOff int
 	bad    atomic.Int64
+	// copyOnly: only the copies, no header, no ICRC (rawGSOCopy).
+	copyOnly bool
 }
 
 // newRawWork prepares the work for frames of frameLen bytes from the
@@ -288,6 +297,11 @@ func (w *rawWork) build(tb testing.TB, buf []byte) {
 		if w.srcOff+w.n > len(w.src) {
 			w.srcOff = 0
 		}
+		if w.copyOnly {
+			copy(buf[at+hl:at+hl+w.n], w.src[w.srcOff:w.srcOff+w.n])
+			w.srcOff += w.n
+			continue
+		}
 		w.hdr.BTH.PSN = (w.hdr.BTH.PSN + 1) & roce.PSNMask
 		if err := w.path.Begin(&w.f, buf[at:at+l], hl, w.n, &w.hdr); err != nil {
 			tb.Fatalf("building a frame: %v", err)
@@ -303,14 +317,20 @@ func (w *rawWork) build(tb testing.TB, buf []byte) {
 // place parses the frames of a datagram (segment size seg), checks their
 // ICRC and copies their payloads into the destination region.
 func (w *rawWork) place(d []byte, seg int) {
+	hl := w.hdr.BTH.Opcode.HeaderLen()
 	for at := 0; at < len(d); at += seg {
-		if err := roce.ParseUDP(d[at:min(at+seg, len(d))], &w.ps, &w.pkt); err != nil {
-			w.bad.Add(1)
-			continue
+		f := d[at:min(at+seg, len(d))]
+		payload := f[min(hl, len(f)):max(hl, len(f)-roce.ICRCLen)]
+		if !w.copyOnly {
+			if err := roce.ParseUDP(f, &w.ps, &w.pkt); err != nil {
+				w.bad.Add(1)
+				continue
+			}
+			payload = w.pkt.Payload
 		}
-		if w.dstOff+len(w.pkt.Payload) > len(w.dst) {
+		if w.dstOff+len(payload) > len(w.dst) {
 			w.dstOff = 0
 		}
-		w.dstOff += copy(w.dst[w.dstOff:], w.pkt.Payload)
+		w.dstOff += copy(w.dst[w.dstOff:], payload)
 	}
 }
