@@ -163,7 +163,7 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 	)
 	fs.Var(&tapAddr, "tap-addr", "TAP link: the NIC's address/prefix, e.g. 10.77.0.1/24 (repeatable; the first is GID 0)")
 	fs.StringVar(local, "local", "127.0.0.1:4791", "same as -udp-local")
-	fs.Var(&seg4, "udp-segment-ipv4", "UDP link on IPv4: send a message's frames as one UDP_SEGMENT datagram: true (faster; off loopback only vrnic peers accept the ICRC of segments after the first), false, or auto: on a loopback address only")
+	fs.Var(&seg4, "udp-segment-ipv4", "UDP link on IPv4: send a message's frames as one UDP_SEGMENT datagram: true (faster; off loopback only vrnic peers accept the ICRC of segments after the first), false, or auto (the default): on a loopback address only")
 	fs.Var(&peers, "udp-peer", "UDP link: a peer's ip:port (repeatable; peers are also found from the QPs' destination GIDs)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
