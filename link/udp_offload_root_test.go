@@ -64,18 +64,7 @@ func TestUDPOffloadWireHeaders(t *testing.T) {
 			if !c.p.gso {
 				t.Skip("the kernel has no UDP_SEGMENT")
 			}
-			// Five WRITE Middle frames and a shorter WRITE Last: one
-			// segmented datagram.
-			var frames [][]byte
-			path := pathBetween(c.local, c.peer)
-			for i := range 6 {
-				op, n := roce.OpRCWriteMiddle, 1000
-				if i == 5 {
-					op, n = roce.OpRCWriteLast, 200
-				}
-				h := roce.Headers{BTH: roce.BTHFields{Opcode: op, PKey: 0xffff, DestQP: 9, PSN: uint32(i)}}
-				frames = append(frames, buildFrame(t, path, &h, n))
-			}
+			frames := segmentRun(t, pathBetween(c.local, c.peer))
 			sendAll(t, c.p, frames, c.peer)
 			require.Equal(t, uint64(1), c.p.Counters.TxGSO.Load(), "one segmented datagram")
 
@@ -220,17 +209,10 @@ func TestLoopbackSegmentsStayWhole(t *testing.T) {
 		t.Skip("the kernel has no UDP_SEGMENT")
 	}
 
-	var frames [][]byte
-	path := pathBetween(a, b)
+	frames := segmentRun(t, pathBetween(a, b))
 	total := 0
-	for i := range 6 {
-		op, n := roce.OpRCWriteMiddle, 1000
-		if i == 5 {
-			op, n = roce.OpRCWriteLast, 200
-		}
-		h := roce.Headers{BTH: roce.BTHFields{Opcode: op, PKey: 0xffff, DestQP: 9, PSN: uint32(i)}}
-		frames = append(frames, buildFrame(t, path, &h, n))
-		total += len(frames[i])
+	for _, f := range frames {
+		total += len(f)
 	}
 	sendAll(t, pa, frames, b)
 	require.Equal(t, uint64(1), pa.Counters.TxGSO.Load(), "one segmented message")
@@ -270,3 +252,18 @@ func TestLoopbackSegmentsStayWhole(t *testing.T) {
 
 // htons is the network byte order of a 16-bit protocol number.
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// segmentRun builds five WRITE Middle frames of 1000 bytes and a WRITE
+// Last of 200 for QP 9 on path: one segmented datagram.
+func segmentRun(t *testing.T, path *roce.Path) [][]byte {
+	var frames [][]byte
+	for i := range 6 {
+		op, n := roce.OpRCWriteMiddle, 1000
+		if i == 5 {
+			op, n = roce.OpRCWriteLast, 200
+		}
+		h := roce.Headers{BTH: roce.BTHFields{Opcode: op, PKey: 0xffff, DestQP: 9, PSN: uint32(i)}}
+		frames = append(frames, buildFrame(t, path, &h, n))
+	}
+	return frames
+}
