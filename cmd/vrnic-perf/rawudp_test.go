@@ -272,8 +272,8 @@ func newRawWork(tb testing.TB, sfd int, a netip.Addr, to netip.AddrPort, frameLe
 		path: roce.Path{Mode: roce.ModeUDP, Src: a, Dst: to.Addr(), SrcPort: from.Port(), DstPort: to.Port()},
 		src:  make([]byte, 1<<20),
 		dst:  make([]byte, 1<<20),
-		ps:   roce.Pseudo{Src: a, SrcPort: from.Port(), Dst: to.Addr(), DstPort: to.Port()},
 	}
+	w.ps = w.path.Pseudo() // what the receiving socket sees: the same pair
 	w.hdr.BTH = roce.BTHFields{Opcode: roce.OpRCWriteMiddle, PKey: 0xffff, DestQP: 0x11}
 	if frameLen < roce.BTHLen+4096+roce.ICRCLen {
 		w.hdr.BTH.Opcode = roce.OpRCWriteOnly
