@@ -128,6 +128,19 @@ func (a *Client) Info() (Info, error) {
 	return info, json.Unmarshal(b, &info)
 }
 
+// Serving asks the daemon at path for its summary on a connection of its
+// own. A daemon listens on its control socket before its link is up (a
+// name clash is reported before the link is touched), so a connect alone
+// does not say the device is ready; an answer does.
+func Serving(path string) (Info, error) {
+	a, err := Dial(path)
+	if err != nil {
+		return Info{}, err
+	}
+	defer a.Close()
+	return a.Info()
+}
+
 // List fetches every page of an operator list command and returns the raw
 // JSON items.
 func (a *Client) List(op abi.Cmd) ([]json.RawMessage, error) {

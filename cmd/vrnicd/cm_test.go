@@ -35,12 +35,8 @@ func cmDaemon(t *testing.T, name string) (sock string, gid [16]byte) {
 	})
 	sock = admin.SocketPath(dir, name)
 	require.Eventually(t, func() bool {
-		a, err := admin.Dial(sock)
-		if err != nil {
-			return false
-		}
-		a.Close()
-		return true
+		_, err := admin.Serving(sock)
+		return err == nil
 	}, 5*time.Second, 10*time.Millisecond)
 	return sock, local.Addr().As16()
 }

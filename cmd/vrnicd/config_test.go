@@ -176,12 +176,7 @@ func TestRunLifecycle(t *testing.T) {
 	}()
 	sock := admin.SocketPath(dir, "r0")
 	require.Eventually(t, func() bool {
-		a, err := admin.Dial(sock)
-		if err != nil {
-			return false
-		}
-		defer a.Close()
-		info, err := a.Info()
+		info, err := admin.Serving(sock)
 		return err == nil && info.Device == "r0"
 	}, 5*time.Second, 10*time.Millisecond)
 	assert.FileExists(t, filepath.Join(dir, "r0.lock"))
@@ -212,12 +207,7 @@ func startRun(t *testing.T, dir, name string) (stop func()) {
 	}
 	t.Cleanup(stop)
 	require.Eventually(t, func() bool {
-		a, err := admin.Dial(admin.SocketPath(dir, name))
-		if err != nil {
-			return false
-		}
-		defer a.Close()
-		info, err := a.Info()
+		info, err := admin.Serving(admin.SocketPath(dir, name))
 		return err == nil && info.Device == name
 	}, 5*time.Second, 10*time.Millisecond, "%s", &logs)
 	return stop

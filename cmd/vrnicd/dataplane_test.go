@@ -65,12 +65,8 @@ func loopbackTraffic(t *testing.T, extra []string) {
 	defer stop()
 	sock := admin.SocketPath(dir, "m0")
 	require.Eventually(t, func() bool {
-		a, err := admin.Dial(sock)
-		if err != nil {
-			return false
-		}
-		a.Close()
-		return true
+		_, err := admin.Serving(sock)
+		return err == nil
 	}, 5*time.Second, 10*time.Millisecond)
 
 	type side struct {
@@ -171,12 +167,8 @@ func TestRunUDPLink(t *testing.T) {
 	}()
 	sock := admin.SocketPath(dir, "u0")
 	require.Eventually(t, func() bool {
-		a, err := admin.Dial(sock)
-		if err != nil {
-			return false
-		}
-		a.Close()
-		return true
+		_, err := admin.Serving(sock)
+		return err == nil
 	}, 5*time.Second, 10*time.Millisecond, "%s", &logs)
 	_, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(local))
 	assert.True(t, errors.Is(err, syscall.EADDRINUSE), "the link holds %v: %v", local, err)

@@ -61,12 +61,8 @@ func startDaemonArgs(t *testing.T, name string, local netip.AddrPort, args []str
 	}
 	t.Cleanup(d.stop)
 	require.Eventually(t, func() bool {
-		a, err := admin.Dial(d.sock)
-		if err != nil {
-			return false
-		}
-		a.Close()
-		return true
+		_, err := admin.Serving(d.sock)
+		return err == nil
 	}, 5*time.Second, 10*time.Millisecond, "%s", logs)
 	return d
 }

@@ -62,12 +62,8 @@ var ErrExited = errors.New("exited during start-up")
 func WaitReady(ctx context.Context, p *Proc, sock string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		if a, err := admin.Dial(sock); err == nil {
-			_, err = a.Info()
-			a.Close()
-			if err == nil {
-				return nil
-			}
+		if _, err := admin.Serving(sock); err == nil {
+			return nil
 		}
 		if !p.Running() {
 			return fmt.Errorf("%s %w:\n%s", p.Name, ErrExited, p.Tail(10))

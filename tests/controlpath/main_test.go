@@ -188,12 +188,8 @@ func startDaemon(t *testing.T, dir, name string, extra ...string) *daemon {
 	d := &daemon{cmd: cmd, name: name, socket: admin.SocketPath(dir, name), stderr: &stderr}
 	t.Cleanup(func() { d.stop(t) })
 	require.Eventually(t, func() bool {
-		a, err := admin.Dial(d.socket)
-		if err != nil {
-			return false
-		}
-		a.Close()
-		return true
+		_, err := admin.Serving(d.socket)
+		return err == nil
 	}, 10*time.Second, 10*time.Millisecond, "vrnicd %s did not come up: %s", name, &stderr)
 	return d
 }
