@@ -29,13 +29,12 @@ func readNowait(fd int, iov *unix.Iovec) error {
 // Linux AIO (KernelSignaller), as include/uapi/linux/aio_abi.h and
 // fs/aio.c define it.
 const (
-	iocbCmdPoll    = 5 // IOCB_CMD_POLL
-	iocbFlagResfd  = 1 // IOCB_FLAG_RESFD
-	aioRingMagic   = 0xa10a10a1
-	aioRingHeader  = 32 // sizeof(struct aio_ring) before io_events
-	sizeofIocb     = 64
-	sizeofAIORing  = 32
-	sizeofIocbPtrs = 8
+	iocbCmdPoll   = 5 // IOCB_CMD_POLL
+	iocbFlagResfd = 1 // IOCB_FLAG_RESFD
+	aioRingMagic  = 0xa10a10a1
+	aioRingHeader = 32 // sizeof(struct aio_ring) before io_events
+	sizeofIocb    = 64
+	sizeofAIORing = 32
 )
 
 // iocb is struct iocb in its little-endian layout (aio_key before
@@ -66,7 +65,8 @@ var (
 	_ [sizeofIocb - unsafe.Sizeof(iocb{})]byte
 	_ [unsafe.Sizeof(iocb{}) - sizeofIocb]byte
 	_ [sizeofAIORing - unsafe.Sizeof(aioRing{})]byte
-	_ [unsafe.Sizeof([1]*iocb{}) - sizeofIocbPtrs]byte
+	// io_submit's array holds native pointers (compat_uptr_t for a 32-bit
+	// process on a 64-bit kernel), which is what [1]*iocb is everywhere.
 )
 
 // ioSetup is io_setup(2) for nr events; it returns the context id.

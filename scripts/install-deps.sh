@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the tests use. Safe to run again: it only
-# installs what is missing. Needs root (CI runs as root); without root it
+# Installs the Debian packages the tests use, and mounts tracefs where it
+# is not. Safe to run again: it only installs what is missing. Needs root (CI runs as root); without root it
 # says what is missing and exits 0, and the tests that need those tools skip
 # (under CI=true they fail instead: see internal/testenv). As root, a failed
 # installation, or a package still missing afterwards, exits non-zero.
@@ -22,6 +22,24 @@ pkgs=(
 installed() {
 	dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "ok installed"
 }
+
+# tracefs: TestPostSyscalls counts a thread's system calls with perf events
+# on syscall tracepoints, whose ids it reads from tracefs. Some machines
+# boot without it mounted at /sys/kernel/tracing; as root, mount it there.
+mount_tracefs() {
+	local dir=/sys/kernel/tracing
+	[ -e "$dir/events/raw_syscalls" ] || [ -e /sys/kernel/debug/tracing/events/raw_syscalls ] && return 0
+	if [ "$(id -u)" -ne 0 ] || [ ! -d "$dir" ] || ! grep -qw tracefs /proc/filesystems; then
+		echo "install-deps: tracefs is not mounted and cannot be mounted here (the syscall-count test will skip)" >&2
+		return 0
+	fi
+	if mount -t tracefs nodev "$dir"; then
+		echo "install-deps: mounted tracefs on $dir"
+	else
+		echo "install-deps: mount -t tracefs nodev $dir failed (the syscall-count test will skip)" >&2
+	fi
+}
+mount_tracefs
 
 missing=()
 for p in "${pkgs[@]}"; do
