@@ -41,8 +41,10 @@ type UDPConfig struct {
 	// than FrameCap are dropped (RxTruncated).
 	FrameCap int
 	// SendBuffer and RecvBuffer set SO_SNDBUF and SO_RCVBUF (bytes);
-	// 0 keeps the kernel default. The kernel caps them at
-	// net.core.wmem_max and net.core.rmem_max.
+	// 0 keeps the kernel default. With CAP_NET_ADMIN they are set with
+	// SO_SNDBUFFORCE / SO_RCVBUFFORCE; without it the kernel caps them at
+	// net.core.wmem_max and net.core.rmem_max, and the link logs a
+	// warning saying so.
 	SendBuffer, RecvBuffer int
 	// Batch is the largest number of frames per sendmmsg or recvmmsg
 	// call. Default 64.
@@ -339,8 +341,15 @@ func NewUDP(cfg UDPConfig) (*UDPLink, error) {
 		l.wg.Add(1)
 		go p.waiter(l.done)
 	}
+	snd, rcv := sockBuffers(fds[0])
 	cfg.Logger.Info("link: UDP link up", "local", local, "workers", cfg.Workers, "frame_cap", cfg.FrameCap,
-		"gso", l.ports[0].gso, "gro", l.ports[0].groRx != nil)
+		"gso", l.ports[0].gso, "gro", l.ports[0].groRx != nil, "sndbuf", snd, "rcvbuf", rcv)
+	if rcv < cfg.RecvBuffer || snd < cfg.SendBuffer {
+		// A receive buffer smaller than a burst drops frames in the
+		// kernel: RC retransmits them (go-back-N), UC loses the message.
+		cfg.Logger.Warn("link: the kernel capped the UDP socket buffers; without CAP_NET_ADMIN raise net.core.rmem_max and net.core.wmem_max for fewer drops under load",
+			"rcvbuf", rcv, "rcvbuf_asked", cfg.RecvBuffer, "sndbuf", snd, "sndbuf_asked", cfg.SendBuffer)
+	}
 	return l, nil
 }
 
@@ -362,7 +371,7 @@ func udpSocket(v6 bool, cfg *UDPConfig, reuse bool) (int, error) {
 		level, name, val int
 		what             string
 	}
-	opts := make([]opt, 0, 5)
+	opts := make([]opt, 0, 3)
 	if reuse {
 		opts = append(opts, opt{unix.SOL_SOCKET, unix.SO_REUSEPORT, 1, "SO_REUSEPORT"})
 	}
@@ -375,19 +384,53 @@ func udpSocket(v6 bool, cfg *UDPConfig, reuse bool) (int, error) {
 		// packets are never fragmented (the path MTU bounds them).
 		opts = append(opts, opt{unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO, "IP_MTU_DISCOVER"})
 	}
-	if cfg != nil && cfg.SendBuffer > 0 {
-		opts = append(opts, opt{unix.SOL_SOCKET, unix.SO_SNDBUF, cfg.SendBuffer, "SO_SNDBUF"})
-	}
-	if cfg != nil && cfg.RecvBuffer > 0 {
-		opts = append(opts, opt{unix.SOL_SOCKET, unix.SO_RCVBUF, cfg.RecvBuffer, "SO_RCVBUF"})
-	}
 	for _, o := range opts {
 		if err := unix.SetsockoptInt(fd, o.level, o.name, o.val); err != nil {
 			unix.Close(fd)
 			return -1, fmt.Errorf("%s: %w", o.what, err)
 		}
 	}
+	if cfg != nil {
+		for _, b := range []struct {
+			size, force, name int
+			what              string
+		}{
+			{cfg.SendBuffer, unix.SO_SNDBUFFORCE, unix.SO_SNDBUF, "SO_SNDBUF"},
+			{cfg.RecvBuffer, unix.SO_RCVBUFFORCE, unix.SO_RCVBUF, "SO_RCVBUF"},
+		} {
+			if err := setSockBuffer(fd, b.size, b.force, b.name); err != nil {
+				unix.Close(fd)
+				return -1, fmt.Errorf("%s: %w", b.what, err)
+			}
+		}
+	}
 	return fd, nil
+}
+
+// setSockBuffer sets a socket buffer (SO_SNDBUF or SO_RCVBUF, name) to
+// size bytes; 0 keeps the kernel's default. With CAP_NET_ADMIN the
+// *BUFFORCE option (force) sets it past net.core.wmem_max / rmem_max;
+// without it the plain option does, and the kernel caps it there (the
+// link reports what it got: sockBuffers).
+func setSockBuffer(fd, size, force, name int) error {
+	if size <= 0 {
+		return nil
+	}
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, force, size); err == nil {
+		return nil
+	} else if !errors.Is(err, unix.EPERM) {
+		return err
+	}
+	return unix.SetsockoptInt(fd, unix.SOL_SOCKET, name, size)
+}
+
+// sockBuffers returns the send and receive buffer sizes the kernel gave
+// fd, in bytes the application asked for (the kernel reports twice the
+// value set, its bookkeeping overhead included).
+func sockBuffers(fd int) (snd, rcv int) {
+	snd, _ = unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF)
+	rcv, _ = unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF)
+	return snd / 2, rcv / 2
 }
 
 // probeFree binds a socket without SO_REUSEPORT to sa and closes it.

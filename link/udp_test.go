@@ -5,9 +5,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -513,6 +516,60 @@ func TestNewUDPErrors(t *testing.T) {
 		assert.NoError(t, probeFree(false, sockaddrOf(ok)), "sockets closed")
 	})
 	assert.Equal(t, fds, openFDs(t), "no fd left by failed NewUDP")
+}
+
+// TestUDPSocketBuffersPastMax: a buffer larger than net.core.rmem_max /
+// wmem_max is granted whole with CAP_NET_ADMIN (SO_*BUFFORCE); without
+// it the kernel caps it at the maximum and the link warns, naming the
+// sysctls.
+func TestUDPSocketBuffersPastMax(t *testing.T) {
+	sysMax := func(name string) int {
+		b, err := os.ReadFile("/proc/sys/net/core/" + name)
+		require.NoError(t, err)
+		n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		require.NoError(t, err)
+		return n
+	}
+	rmax, wmax := sysMax("rmem_max"), sysMax("wmem_max")
+	var logs bytes.Buffer // written by NewUDP, on this goroutine
+	l := newTestLink(t, loopback4(t), 2, func(c *UDPConfig) {
+		c.RecvBuffer, c.SendBuffer = 2*rmax, 2*wmax
+		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	})
+	privileged := hasCap(t, unix.CAP_NET_ADMIN)
+	for _, p := range l.Ports() {
+		var snd, rcv int
+		require.NoError(t, p.rc.Control(func(fd uintptr) { snd, rcv = sockBuffers(int(fd)) }))
+		if privileged {
+			assert.Equal(t, 2*rmax, rcv, "SO_RCVBUFFORCE")
+			assert.Equal(t, 2*wmax, snd, "SO_SNDBUFFORCE")
+		} else {
+			assert.Equal(t, rmax, rcv, "capped at rmem_max")
+			assert.Equal(t, wmax, snd, "capped at wmem_max")
+		}
+	}
+	if privileged {
+		assert.NotContains(t, logs.String(), "capped")
+	} else {
+		assert.Contains(t, logs.String(), "net.core.rmem_max")
+	}
+	t.Logf("privileged %v: %s", privileged, logs.String())
+}
+
+// hasCap reports whether this process has capability c in its effective
+// set (/proc/self/status CapEff).
+func hasCap(t *testing.T, c int) bool {
+	b, err := os.ReadFile("/proc/self/status")
+	require.NoError(t, err)
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "CapEff:"); ok {
+			m, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			require.NoError(t, err)
+			return m&(1<<uint(c)) != 0
+		}
+	}
+	t.Fatal("no CapEff in /proc/self/status")
+	return false
 }
 
 // TestUDPSocketBuffers: configured buffer sizes reach the sockets (the
