@@ -1,5 +1,5 @@
 // Package ebpf holds the BPF programs vrnic attaches to its multi-queue TAP
-// devices and their Go loader. Of vrnic's packages it imports only roce
+// devices, its kernel-side fault injector, and their Go loaders. Of vrnic's packages it imports only roce
 // (SteerQueue, which the steering program must agree with); the loader is
 // built on github.com/cilium/ebpf.
 //
@@ -15,7 +15,23 @@
 //     ARP and neighbour discovery for the device's addresses and RoCE v2 to
 //     them, and drops everything else, counting each verdict by reason.
 //
-// Maps (all created by Load, owned by Programs, freed by Close):
+// A third program, the kernel-side fault injector (tcfault.c, a
+// BPF_PROG_TYPE_SCHED_CLS program attached with tcx, or as a cls_bpf
+// filter on a clsact qdisc where tcx is missing), runs on the ingress or
+// egress hook of any interface and drops, corrupts, duplicates or
+// ECN-marks RoCE v2 frames by BTH destination QP, opcode and PSN, with
+// seeded probabilities user space can predict (TCFaultTakes): it faults
+// traffic vrnic does not build itself (AttachTCFaults, TCFaults). Its
+// maps, per attachment:
+//
+//	tcfault_rules   array[16]  struct tcfault_rule, written by SetRules
+//	tcfault_counts  array[16]  {matched, taken, applied, failed} u64,
+//	                           atomic adds (the match index must be global
+//	                           for the draws to be reproducible)
+//	tcfault_conf    array[1]   {ingress u32}
+//
+// Maps of the TAP programs (all created by Load, owned by Programs, freed
+// by Close):
 //
 //	steer_conf    array[1]            {queues u32}, written by Load
 //	steer_stats   percpu array[257]   u64: [q] RoCE frames steered to q,
@@ -29,7 +45,8 @@
 // called, even after Close (the counters are then no longer readable).
 //
 // The objects are built by bpf2go from the C sources and committed
-// (steer_bpfel.o, filter_bpfel.o and their Go wrappers); regenerate with
+// (steer_bpfel.o, filter_bpfel.o, tcfault_bpfel.o and their Go wrappers);
+// regenerate with
 // `go generate ./ebpf` (which also regenerates FilterReason's String,
 // stats_string.go) and check with scripts/check-bpf.sh.
 package ebpf

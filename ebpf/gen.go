@@ -8,3 +8,4 @@ package ebpf
 //
 //go:generate go tool bpf2go -cc clang-14 -strip llvm-strip-14 -target bpfel -no-global-types -type steer_config steer bpf/steer.c -- -O2 -Wall -Werror -Ibpf
 //go:generate go tool bpf2go -cc clang-14 -strip llvm-strip-14 -target bpfel -no-global-types -type filter_reason filter bpf/filter.c -- -O2 -Wall -Werror -Ibpf
+//go:generate go tool bpf2go -cc clang-14 -strip llvm-strip-14 -target bpfel -no-global-types -type tcfault_rule -type tcfault_count -type tcfault_config tcfault bpf/tcfault.c -- -O2 -Wall -Werror -mcpu=v3 -Ibpf

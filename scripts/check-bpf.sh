@@ -20,7 +20,7 @@ fi
 
 go generate ./ebpf/
 
-generated=(ebpf/steer_bpfel.go ebpf/steer_bpfel.o ebpf/filter_bpfel.go ebpf/filter_bpfel.o)
+generated=(ebpf/steer_bpfel.go ebpf/steer_bpfel.o ebpf/filter_bpfel.go ebpf/filter_bpfel.o ebpf/tcfault_bpfel.go ebpf/tcfault_bpfel.o)
 if ! git diff --quiet --exit-code -- "${generated[@]}"; then
 	echo "check-bpf: regenerated eBPF objects differ from the committed ones:" >&2
 	git diff --stat -- "${generated[@]}" >&2

@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR MIT) */
 /*
- * Shared definitions of the vrnic TAP programs (steer.c, filter.c).
- *
- * The programs are BPF_PROG_TYPE_SOCKET_FILTER programs run by the tun
- * driver on every frame the kernel transmits to the TAP device (that is, on
- * every frame the emulated NIC receives). The frame starts at the Ethernet
- * header.
+ * Shared definitions of the vrnic eBPF programs: steer.c and filter.c are
+ * BPF_PROG_TYPE_SOCKET_FILTER programs run by the tun driver on every frame
+ * the kernel transmits to the TAP device (that is, on every frame the
+ * emulated NIC receives); tcfault.c is a BPF_PROG_TYPE_SCHED_CLS program
+ * on the tc ingress or egress hook of any interface. The frame starts at
+ * the Ethernet header in both.
  *
  * This header carries its own copy of the few kernel ABI definitions the
  * programs use instead of including <linux/bpf.h>: the uapi headers pull in
@@ -27,13 +27,19 @@ typedef __u16 __be16;
 typedef __u32 __be32;
 typedef __u32 __wsum;
 
-/* include/uapi/linux/bpf.h: only the leading fields are read. */
+/* include/uapi/linux/bpf.h: only the leading fields are used. */
 struct __sk_buff {
 	__u32 len;
 	__u32 pkt_type;
 	__u32 mark;
 	__u32 queue_mapping;
 	__u32 protocol;
+	__u32 vlan_present;
+	__u32 vlan_tci;
+	__u32 vlan_proto;
+	__u32 priority;
+	__u32 ingress_ifindex;
+	__u32 ifindex;
 };
 
 enum {
@@ -45,6 +51,15 @@ enum {
 enum {
 	BPF_ANY = 0,
 };
+
+/* Helper flags (include/uapi/linux/bpf.h). */
+#define BPF_F_RECOMPUTE_CSUM (1ULL << 0)
+#define BPF_F_INGRESS (1ULL << 0)
+#define BPF_F_MARK_MANGLED_0 (1ULL << 5)
+
+/* tc verdicts (include/uapi/linux/pkt_cls.h; tcx's TCX_NEXT, TCX_DROP). */
+#define TC_ACT_UNSPEC (-1)
+#define TC_ACT_SHOT 2
 
 /* bpf_skb_load_bytes_relative() start_header values. */
 enum {

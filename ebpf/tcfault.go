@@ -1,0 +1,463 @@
+package ebpf
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"runtime"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/rlimit"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// The kernel-side fault injector (bpf/tcfault.c): a tc program on the
+// ingress or egress hook of any interface that drops, corrupts, duplicates
+// or ECN-marks RoCE v2 frames, for traffic vrnic does not build itself
+// (Soft-RoCE, a hardware RNIC, a bridge between daemons). The engine's own
+// injector (package faults) sees QPs and messages; this one sees only
+// frames, but any frames.
+
+// MaxTCFaultRules is the number of rules one attachment holds.
+const MaxTCFaultRules = 16
+
+// MaxTCFaultCopies is the most extra copies a duplicate rule makes.
+const MaxTCFaultCopies = 8
+
+// TCFaultMark is the packet mark a duplicate carries while it re-enters
+// the hook (the program clears it there).
+const TCFaultMark = 0x76726366
+
+// TCFaultAction is what a rule does to the frames it takes.
+type TCFaultAction uint8
+
+// Actions (enum tcfault_action).
+const (
+	TCDrop      TCFaultAction = 1 + iota // drop the frame
+	TCCorrupt                            // XOR one byte (the ICRC then fails)
+	TCDuplicate                          // send Copies more copies
+	TCECN                                // set the IP ECN field to CE
+)
+
+var tcActionNames = [...]string{TCDrop: "drop", TCCorrupt: "corrupt", TCDuplicate: "duplicate", TCECN: "ecn"}
+
+// String returns the action's name as ParseTCFaultAction takes it.
+func (a TCFaultAction) String() string {
+	if int(a) < len(tcActionNames) && tcActionNames[a] != "" {
+		return tcActionNames[a]
+	}
+	return fmt.Sprintf("TCFaultAction(%d)", uint8(a))
+}
+
+// ParseTCFaultAction returns the action named s (drop, corrupt, duplicate,
+// ecn).
+func ParseTCFaultAction(s string) (TCFaultAction, error) {
+	for a, n := range tcActionNames {
+		if n != "" && n == s {
+			return TCFaultAction(a), nil
+		}
+	}
+	return 0, fmt.Errorf("%w: unknown action %q (drop, corrupt, duplicate, ecn)", ErrConfig, s)
+}
+
+// Rule flags (enum tcfault_flag).
+const (
+	tcFlagQPN  = 1 << 0
+	tcFlagPSN  = 1 << 1
+	tcFlagProb = 1 << 2
+)
+
+// TCFaultRule is one rule of a TCFaults. A frame matches when every field
+// set matches; the rule then counts the match (its index k from 0), lets
+// the first Skip matches through, takes match k with probability Prob
+// (drawn from Seed and k: TCFaultTakes), and applies Action to at most
+// Limit frames. Rules are tried in order; the first that applies ends the
+// frame's turn.
+type TCFaultRule struct {
+	Action TCFaultAction
+	// QPN, if set, is the BTH destination QP (24 bits).
+	QPN *uint32
+	// Opcode and OpcodeMask match BTH opcodes with (op & mask) == (Opcode
+	// & mask): mask 0xff one opcode, 0xe0 a transport (0x00 RC, 0x20 UC,
+	// 0x60 UD), 0 every opcode.
+	Opcode, OpcodeMask uint8
+	// PSN, if set, is an inclusive range [first, last] of BTH PSNs.
+	PSN *[2]uint32
+	// Prob in (0, 1) takes that fraction of the matches, drawn from Seed;
+	// 0 and 1 take every match.
+	Prob float64
+	Seed uint64
+	// Skip lets the first Skip matches through ("the 3rd frame": Skip 2,
+	// Limit 1).
+	Skip uint32
+	// Limit is the most frames the action is applied to; 0 is no limit.
+	Limit uint32
+	// CorruptOffset is the byte TCCorrupt changes: from the BTH when >= 0,
+	// from the end of the frame when < 0 (-1 is the ICRC's last byte).
+	CorruptOffset int32
+	// CorruptXOR is what the byte is XORed with; 0 means 0xff.
+	CorruptXOR uint8
+	// Copies is the number of extra copies TCDuplicate sends, 1 to
+	// MaxTCFaultCopies; 0 means 1.
+	Copies uint32
+}
+
+// TCFaultCount is what a rule did since SetRules installed it.
+type TCFaultCount struct {
+	Matched uint64 // frames that matched its fields
+	Taken   uint64 // of those, past Skip and the draw (Limit counts these)
+	Applied uint64 // frames the action was applied to
+	Failed  uint64 // the kernel refused the action (a helper failed)
+}
+
+// TCFaultDraw is the program's k-th draw for seed: splitmix64 of seed +
+// (k+1) times the golden ratio, high 32 bits.
+func TCFaultDraw(seed, k uint64) uint32 {
+	z := seed + (k+1)*0x9E3779B97F4A7C15
+	z = (z ^ z>>30) * 0xBF58476D1CE4E5B9
+	z = (z ^ z>>27) * 0x94D049BB133111EB
+	return uint32((z ^ z>>31) >> 32)
+}
+
+// TCFaultTakes reports whether r takes its match number k (from 0),
+// before its Limit: what the program decides, computed in user space.
+func TCFaultTakes(r TCFaultRule, k uint64) bool {
+	if k < uint64(r.Skip) {
+		return false
+	}
+	threshold, ok := probThreshold(r.Prob)
+	return !ok || TCFaultDraw(r.Seed, k) < threshold
+}
+
+// probThreshold returns prob as a fraction of 2^32 and whether a draw is
+// needed at all.
+func probThreshold(p float64) (uint32, bool) {
+	if p <= 0 || p >= 1 {
+		return 0, false
+	}
+	return uint32(math.Min(p*(1<<32), math.MaxUint32)), true
+}
+
+// encode checks r and returns it in the program's layout.
+func (r TCFaultRule) encode() (tcfaultTcfaultRule, error) {
+	e := tcfaultTcfaultRule{Action: uint8(r.Action), Opcode: r.Opcode, OpcodeMask: r.OpcodeMask,
+		Skip: r.Skip, Limit: r.Limit, Seed: r.Seed}
+	switch r.Action {
+	case TCDrop, TCECN:
+	case TCCorrupt:
+		e.CorruptOff, e.CorruptXor = r.CorruptOffset, r.CorruptXOR
+		if e.CorruptXor == 0 {
+			e.CorruptXor = 0xff
+		}
+	case TCDuplicate:
+		e.Copies = max(r.Copies, 1)
+		if e.Copies > MaxTCFaultCopies {
+			return e, fmt.Errorf("%w: %d copies (1..%d)", ErrConfig, r.Copies, MaxTCFaultCopies)
+		}
+	default:
+		return e, fmt.Errorf("%w: unknown action %d", ErrConfig, r.Action)
+	}
+	if r.QPN != nil {
+		if *r.QPN > 0xffffff {
+			return e, fmt.Errorf("%w: QPN %#x is wider than 24 bits", ErrConfig, *r.QPN)
+		}
+		e.Flags |= tcFlagQPN
+		e.Qpn = *r.QPN
+	}
+	if r.PSN != nil {
+		if r.PSN[0] > r.PSN[1] || r.PSN[1] > 0xffffff {
+			return e, fmt.Errorf("%w: PSN range %d-%d (24-bit, first <= last)", ErrConfig, r.PSN[0], r.PSN[1])
+		}
+		e.Flags |= tcFlagPSN
+		e.PsnFirst, e.PsnLast = r.PSN[0], r.PSN[1]
+	}
+	if math.IsNaN(r.Prob) || r.Prob < 0 || r.Prob > 1 {
+		return e, fmt.Errorf("%w: probability %v (0..1)", ErrConfig, r.Prob)
+	}
+	if t, ok := probThreshold(r.Prob); ok {
+		e.Flags |= tcFlagProb
+		e.Prob = t
+	}
+	return e, nil
+}
+
+// TCFaultConfig says where to attach a TCFaults.
+type TCFaultConfig struct {
+	// Interface is the name of the interface, in Netns.
+	Interface string
+	// Netns is the network namespace of the interface; 0 is the
+	// caller's.
+	Netns netns.NsHandle
+	// Ingress attaches to the ingress hook (frames the interface
+	// receives), else to egress (frames it sends).
+	Ingress bool
+	// Legacy attaches as a cls_bpf filter on a clsact qdisc even where
+	// tcx (Linux 6.6) exists. Without tcx that is what happens anyway.
+	Legacy bool
+}
+
+// TCFaults is one attachment of the kernel-side fault injector. Its
+// methods may be called from several goroutines. The program stays
+// attached until Close (or until the interface is removed).
+type TCFaults struct {
+	cfg     TCFaultConfig
+	ifindex int
+	objs    tcfaultObjects
+
+	mu     sync.Mutex // serialises SetRules and Close
+	tcx    link.Link
+	filter *netlink.BpfFilter // the cls_bpf filter (Legacy, or no tcx)
+	qdisc  netlink.Qdisc      // the clsact qdisc, if attachClsBPF added it
+	closed bool
+}
+
+// AttachTCFaults loads the injector with no rules and attaches it. Needs
+// CAP_NET_ADMIN and CAP_BPF (or root).
+func AttachTCFaults(cfg TCFaultConfig) (*TCFaults, error) {
+	if cfg.Interface == "" {
+		return nil, fmt.Errorf("%w: no interface", ErrConfig)
+	}
+	f, err := loadTCFaults(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := inNetns(cfg.Netns, f.attach); err != nil {
+		f.objs.Close()
+		return nil, fmt.Errorf("ebpf: attach tc fault program to %s %s: %w", cfg.Interface, f.Hook(), err)
+	}
+	return f, nil
+}
+
+// loadTCFaults loads the program and its maps for cfg, unattached.
+func loadTCFaults(cfg TCFaultConfig) (*TCFaults, error) {
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return nil, fmt.Errorf("ebpf: raise memlock limit: %w", err)
+	}
+	f := &TCFaults{cfg: cfg}
+	if err := loadTcfaultObjects(&f.objs, nil); err != nil {
+		return nil, fmt.Errorf("ebpf: load tc fault program: %w", err)
+	}
+	var ingress uint32
+	if cfg.Ingress {
+		ingress = 1
+	}
+	if err := f.objs.TcfaultConf.Put(uint32(0), tcfaultTcfaultConfig{Ingress: ingress}); err != nil {
+		f.objs.Close()
+		return nil, fmt.Errorf("ebpf: tc fault config: %w", err)
+	}
+	return f, nil
+}
+
+// attach runs in the interface's namespace: tcx first (unless Legacy),
+// cls_bpf on clsact where tcx is missing.
+func (f *TCFaults) attach(h *netlink.Handle) error {
+	l, err := h.LinkByName(f.cfg.Interface)
+	if err != nil {
+		return err
+	}
+	f.ifindex = l.Attrs().Index
+	if !f.cfg.Legacy {
+		at := ebpf.AttachTCXEgress
+		if f.cfg.Ingress {
+			at = ebpf.AttachTCXIngress
+		}
+		tl, err := link.AttachTCX(link.TCXOptions{Interface: f.ifindex, Program: f.objs.VrnicTcfault, Attach: at})
+		if err == nil {
+			f.tcx = tl
+			return nil
+		}
+		if !errors.Is(err, ebpf.ErrNotSupported) && !errors.Is(err, unix.EINVAL) {
+			return fmt.Errorf("tcx: %w", err)
+		}
+	}
+	return f.attachClsBPF(h)
+}
+
+// attachClsBPF adds a clsact qdisc if the interface has none and a
+// direct-action cls_bpf filter on its ingress or egress, with a priority
+// the kernel picks; the filter is then found again by program id.
+func (f *TCFaults) attachClsBPF(h *netlink.Handle) error {
+	q := &netlink.GenericQdisc{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: f.ifindex,
+		Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}, QdiscType: "clsact"}
+	switch err := h.QdiscAdd(q); {
+	case err == nil:
+		f.qdisc = q
+	case !errors.Is(err, unix.EEXIST):
+		return fmt.Errorf("clsact qdisc: %w", err)
+	}
+	parent := uint32(netlink.HANDLE_MIN_EGRESS)
+	if f.cfg.Ingress {
+		parent = netlink.HANDLE_MIN_INGRESS
+	}
+	info, err := f.objs.VrnicTcfault.Info()
+	if err != nil {
+		return err
+	}
+	id, _ := info.ID()
+	filter := &netlink.BpfFilter{FilterAttrs: netlink.FilterAttrs{LinkIndex: f.ifindex, Parent: parent,
+		Protocol: unix.ETH_P_ALL}, Fd: f.objs.VrnicTcfault.FD(), Name: "vrnic_tcfault", DirectAction: true}
+	if err := h.FilterAdd(filter); err != nil {
+		f.delQdisc(h)
+		return fmt.Errorf("cls_bpf filter: %w", err)
+	}
+	list, err := h.FilterList(f.dummy(), parent)
+	if err == nil {
+		for _, x := range list {
+			if b, ok := x.(*netlink.BpfFilter); ok && b.Id == int(id) {
+				f.filter = b
+				return nil
+			}
+		}
+		err = fmt.Errorf("the cls_bpf filter of program %d is not listed after adding it", id)
+	}
+	h.FilterDel(filter)
+	f.delQdisc(h)
+	return err
+}
+
+// dummy names the interface for netlink's per-link calls.
+func (f *TCFaults) dummy() netlink.Link {
+	return &netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Index: f.ifindex}}
+}
+
+// delQdisc removes the clsact qdisc attachClsBPF added, if no filter is
+// left on either of its hooks (another program's filters keep it).
+func (f *TCFaults) delQdisc(h *netlink.Handle) error {
+	if f.qdisc == nil {
+		return nil
+	}
+	for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
+		if l, err := h.FilterList(f.dummy(), parent); err != nil || len(l) > 0 {
+			return err
+		}
+	}
+	if err := h.QdiscDel(f.qdisc); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENODEV) {
+		return fmt.Errorf("ebpf: remove clsact qdisc: %w", err)
+	}
+	return nil
+}
+
+// inNetns runs fn with a netlink handle on an OS thread in ns (0: the
+// caller's namespace). tcx resolves the interface index in the namespace
+// of the calling thread; the thread is not returned to the scheduler.
+func inNetns(ns netns.NsHandle, fn func(*netlink.Handle) error) error {
+	errc := make(chan error, 1)
+	go func() {
+		if ns != 0 {
+			runtime.LockOSThread() // not unlocked: the thread dies with the goroutine
+			if err := netns.Set(ns); err != nil {
+				errc <- fmt.Errorf("enter netns: %w", err)
+				return
+			}
+		}
+		h, err := netlink.NewHandle()
+		if err != nil {
+			errc <- fmt.Errorf("netlink: %w", err)
+			return
+		}
+		defer h.Close()
+		errc <- fn(h)
+	}()
+	return <-errc
+}
+
+// Hook names the attachment point: "ingress" or "egress".
+func (f *TCFaults) Hook() string {
+	if f.cfg.Ingress {
+		return "ingress"
+	}
+	return "egress"
+}
+
+// Mode is "tcx" or "cls_bpf", how the program is attached.
+func (f *TCFaults) Mode() string {
+	if f.tcx != nil {
+		return "tcx"
+	}
+	return "cls_bpf"
+}
+
+// ErrTCFaultsClosed is returned by the methods of a closed TCFaults.
+var ErrTCFaultsClosed = errors.New("ebpf: tc fault injector closed")
+
+// SetRules replaces the rules and resets their counters. At most
+// MaxTCFaultRules; none removes every rule. An invalid rule changes
+// nothing.
+func (f *TCFaults) SetRules(rules []TCFaultRule) error {
+	if len(rules) > MaxTCFaultRules {
+		return fmt.Errorf("%w: %d rules (at most %d)", ErrConfig, len(rules), MaxTCFaultRules)
+	}
+	enc := make([]tcfaultTcfaultRule, MaxTCFaultRules)
+	for i, r := range rules {
+		var err error
+		if enc[i], err = r.encode(); err != nil {
+			return fmt.Errorf("rule %d: %w", i, err)
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return ErrTCFaultsClosed
+	}
+	// A slot is emptied (action 0) before its counters are reset and the
+	// new rule written, so no frame is counted against the old rule after
+	// the reset or sees a half-written rule with an action.
+	for i := range uint32(MaxTCFaultRules) {
+		if err := f.objs.TcfaultRules.Put(i, tcfaultTcfaultRule{}); err != nil {
+			return fmt.Errorf("ebpf: clear rule %d: %w", i, err)
+		}
+		if err := f.objs.TcfaultCounts.Put(i, tcfaultTcfaultCount{}); err != nil {
+			return fmt.Errorf("ebpf: reset counters %d: %w", i, err)
+		}
+	}
+	for i := range rules {
+		if err := f.objs.TcfaultRules.Put(uint32(i), enc[i]); err != nil {
+			return fmt.Errorf("ebpf: write rule %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// Counts returns the counters of the first n rules (as SetRules numbered
+// them).
+func (f *TCFaults) Counts(n int) ([]TCFaultCount, error) {
+	if n < 0 || n > MaxTCFaultRules {
+		return nil, fmt.Errorf("%w: %d rules", ErrConfig, n)
+	}
+	out := make([]TCFaultCount, n)
+	for i := range out {
+		var c tcfaultTcfaultCount
+		if err := f.objs.TcfaultCounts.Lookup(uint32(i), &c); err != nil {
+			return nil, fmt.Errorf("ebpf: read counters %d: %w", i, err)
+		}
+		out[i] = TCFaultCount{Matched: c.Matched, Taken: c.Taken, Applied: c.Applied, Failed: c.Failed}
+	}
+	return out, nil
+}
+
+// Close detaches the program and frees it and its maps.
+func (f *TCFaults) Close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return nil
+	}
+	f.closed = true
+	var err error
+	if f.tcx != nil {
+		err = f.tcx.Close()
+	}
+	if f.filter != nil {
+		err = inNetns(f.cfg.Netns, func(h *netlink.Handle) error {
+			if e := h.FilterDel(f.filter); e != nil && !errors.Is(e, unix.ENOENT) && !errors.Is(e, unix.ENODEV) {
+				return fmt.Errorf("ebpf: remove cls_bpf filter: %w", e)
+			}
+			return f.delQdisc(h)
+		})
+	}
+	return errors.Join(err, f.objs.Close())
+}
