@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"runtime"
 	"sync"
 
@@ -198,7 +200,24 @@ type TCFaultConfig struct {
 	// Legacy attaches as a cls_bpf filter on a clsact qdisc even where
 	// tcx (Linux 6.6) exists. Without tcx that is what happens anyway.
 	Legacy bool
+	// PinDir, if set, is a directory to create on a BPF file system
+	// (bpffs) where the attachment is pinned (its program, maps and tcx
+	// link), so that it outlives the process: OpenTCFaults finds it
+	// again, Close leaves it attached, Detach removes it.
+	PinDir string
 }
+
+// Names of the pinned objects in TCFaultConfig.PinDir.
+const (
+	pinProg   = "prog"
+	pinLink   = "link"
+	pinRules  = "rules"
+	pinCounts = "counts"
+	pinConf   = "conf"
+)
+
+// ErrTCFaultsPinned: PinDir exists (the attachment is there already).
+var ErrTCFaultsPinned = errors.New("ebpf: a tc fault injector is pinned there already")
 
 // TCFaults is one attachment of the kernel-side fault injector. Its
 // methods may be called from several goroutines. The program stays
@@ -208,11 +227,11 @@ type TCFaults struct {
 	ifindex int
 	objs    tcfaultObjects
 
-	mu     sync.Mutex // serialises SetRules and Close
-	tcx    link.Link
-	filter *netlink.BpfFilter // the cls_bpf filter (Legacy, or no tcx)
-	qdisc  netlink.Qdisc      // the clsact qdisc, if attachClsBPF added it
-	closed bool
+	mu        sync.Mutex // serialises SetRules, AddRule, Close and Detach
+	tcx       link.Link
+	clsBPF    bool // attached as a cls_bpf filter
+	ownsQdisc bool // attachClsBPF added the clsact qdisc
+	closed    bool
 }
 
 // AttachTCFaults loads the injector with no rules and attaches it. Needs
@@ -221,13 +240,120 @@ func AttachTCFaults(cfg TCFaultConfig) (*TCFaults, error) {
 	if cfg.Interface == "" {
 		return nil, fmt.Errorf("%w: no interface", ErrConfig)
 	}
+	if cfg.PinDir != "" {
+		if err := os.Mkdir(cfg.PinDir, 0o700); err != nil {
+			if errors.Is(err, os.ErrExist) {
+				return nil, fmt.Errorf("%w: %s", ErrTCFaultsPinned, cfg.PinDir)
+			}
+			return nil, fmt.Errorf("ebpf: pin directory: %w", err)
+		}
+	}
 	f, err := loadTCFaults(cfg)
+	if err == nil {
+		if err = inNetns(cfg.Netns, f.attach); err != nil {
+			f.objs.Close()
+			err = fmt.Errorf("ebpf: attach tc fault program to %s %s: %w", cfg.Interface, f.Hook(), err)
+		}
+	}
+	if err == nil {
+		if err = f.writeConf(); err == nil && cfg.PinDir != "" {
+			err = f.pin()
+		}
+		if err != nil {
+			f.detach()
+		}
+	}
 	if err != nil {
+		if cfg.PinDir != "" {
+			os.RemoveAll(cfg.PinDir)
+		}
 		return nil, err
 	}
-	if err := inNetns(cfg.Netns, f.attach); err != nil {
+	return f, nil
+}
+
+// writeConf records where the program is attached in its config map.
+func (f *TCFaults) writeConf() error {
+	c := tcfaultTcfaultConfig{Ifindex: uint32(f.ifindex)}
+	if f.cfg.Ingress {
+		c.Ingress = 1
+	}
+	if f.ownsQdisc {
+		c.OwnsQdisc = 1
+	}
+	if err := f.objs.TcfaultConf.Put(uint32(0), c); err != nil {
+		return fmt.Errorf("ebpf: tc fault config: %w", err)
+	}
+	return nil
+}
+
+// pin pins the program, the maps and the tcx link in cfg.PinDir.
+func (f *TCFaults) pin() error {
+	for _, o := range []struct {
+		name string
+		pin  func(string) error
+	}{
+		{pinProg, f.objs.VrnicTcfault.Pin},
+		{pinRules, f.objs.TcfaultRules.Pin},
+		{pinCounts, f.objs.TcfaultCounts.Pin},
+		{pinConf, f.objs.TcfaultConf.Pin},
+	} {
+		if err := o.pin(filepath.Join(f.cfg.PinDir, o.name)); err != nil {
+			return fmt.Errorf("ebpf: pin %s: %w", o.name, err)
+		}
+	}
+	if f.tcx != nil {
+		if err := f.tcx.Pin(filepath.Join(f.cfg.PinDir, pinLink)); err != nil {
+			return fmt.Errorf("ebpf: pin %s: %w", pinLink, err)
+		}
+	}
+	return nil
+}
+
+// OpenTCFaults opens the attachment pinned in cfg.PinDir by
+// AttachTCFaults. cfg.Netns must be the interface's namespace (Detach of
+// a cls_bpf attachment removes its filter there); the hook, the
+// interface index and the mode are read from the pinned objects.
+func OpenTCFaults(cfg TCFaultConfig) (*TCFaults, error) {
+	if cfg.PinDir == "" {
+		return nil, fmt.Errorf("%w: no pin directory", ErrConfig)
+	}
+	f := &TCFaults{cfg: cfg}
+	var err error
+	load := func(name string) *ebpf.Map {
+		if err != nil {
+			return nil
+		}
+		var m *ebpf.Map
+		if m, err = ebpf.LoadPinnedMap(filepath.Join(cfg.PinDir, name), nil); err != nil {
+			err = fmt.Errorf("ebpf: open pinned %s: %w", name, err)
+		}
+		return m
+	}
+	f.objs.TcfaultRules, f.objs.TcfaultCounts, f.objs.TcfaultConf = load(pinRules), load(pinCounts), load(pinConf)
+	if err == nil {
+		if f.objs.VrnicTcfault, err = ebpf.LoadPinnedProgram(filepath.Join(cfg.PinDir, pinProg), nil); err != nil {
+			err = fmt.Errorf("ebpf: open pinned %s: %w", pinProg, err)
+		}
+	}
+	var c tcfaultTcfaultConfig
+	if err == nil {
+		err = f.objs.TcfaultConf.Lookup(uint32(0), &c)
+	}
+	if err == nil {
+		f.ifindex, f.cfg.Ingress, f.ownsQdisc = int(c.Ifindex), c.Ingress == 1, c.OwnsQdisc == 1
+		switch l, lerr := link.LoadPinnedLink(filepath.Join(cfg.PinDir, pinLink), nil); {
+		case lerr == nil:
+			f.tcx = l
+		case errors.Is(lerr, os.ErrNotExist):
+			f.clsBPF = true
+		default:
+			err = fmt.Errorf("ebpf: open pinned %s: %w", pinLink, lerr)
+		}
+	}
+	if err != nil {
 		f.objs.Close()
-		return nil, fmt.Errorf("ebpf: attach tc fault program to %s %s: %w", cfg.Interface, f.Hook(), err)
+		return nil, err
 	}
 	return f, nil
 }
@@ -241,13 +367,9 @@ func loadTCFaults(cfg TCFaultConfig) (*TCFaults, error) {
 	if err := loadTcfaultObjects(&f.objs, nil); err != nil {
 		return nil, fmt.Errorf("ebpf: load tc fault program: %w", err)
 	}
-	var ingress uint32
-	if cfg.Ingress {
-		ingress = 1
-	}
-	if err := f.objs.TcfaultConf.Put(uint32(0), tcfaultTcfaultConfig{Ingress: ingress}); err != nil {
+	if err := f.writeConf(); err != nil {
 		f.objs.Close()
-		return nil, fmt.Errorf("ebpf: tc fault config: %w", err)
+		return nil, err
 	}
 	return f, nil
 }
@@ -285,38 +407,51 @@ func (f *TCFaults) attachClsBPF(h *netlink.Handle) error {
 		Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}, QdiscType: "clsact"}
 	switch err := h.QdiscAdd(q); {
 	case err == nil:
-		f.qdisc = q
+		f.ownsQdisc = true
 	case !errors.Is(err, unix.EEXIST):
 		return fmt.Errorf("clsact qdisc: %w", err)
 	}
-	parent := uint32(netlink.HANDLE_MIN_EGRESS)
-	if f.cfg.Ingress {
-		parent = netlink.HANDLE_MIN_INGRESS
-	}
-	info, err := f.objs.VrnicTcfault.Info()
-	if err != nil {
-		return err
-	}
-	id, _ := info.ID()
-	filter := &netlink.BpfFilter{FilterAttrs: netlink.FilterAttrs{LinkIndex: f.ifindex, Parent: parent,
+	filter := &netlink.BpfFilter{FilterAttrs: netlink.FilterAttrs{LinkIndex: f.ifindex, Parent: f.hookParent(),
 		Protocol: unix.ETH_P_ALL}, Fd: f.objs.VrnicTcfault.FD(), Name: "vrnic_tcfault", DirectAction: true}
 	if err := h.FilterAdd(filter); err != nil {
 		f.delQdisc(h)
 		return fmt.Errorf("cls_bpf filter: %w", err)
 	}
-	list, err := h.FilterList(f.dummy(), parent)
-	if err == nil {
-		for _, x := range list {
-			if b, ok := x.(*netlink.BpfFilter); ok && b.Id == int(id) {
-				f.filter = b
-				return nil
-			}
-		}
-		err = fmt.Errorf("the cls_bpf filter of program %d is not listed after adding it", id)
+	f.clsBPF = true
+	if _, err := f.findFilter(h); err != nil {
+		h.FilterDel(filter)
+		f.delQdisc(h)
+		return err
 	}
-	h.FilterDel(filter)
-	f.delQdisc(h)
-	return err
+	return nil
+}
+
+// hookParent is the clsact parent of the hook.
+func (f *TCFaults) hookParent() uint32 {
+	if f.cfg.Ingress {
+		return netlink.HANDLE_MIN_INGRESS
+	}
+	return netlink.HANDLE_MIN_EGRESS
+}
+
+// findFilter returns the cls_bpf filter that runs f's program (the kernel
+// picked its priority and handle).
+func (f *TCFaults) findFilter(h *netlink.Handle) (*netlink.BpfFilter, error) {
+	info, err := f.objs.VrnicTcfault.Info()
+	if err != nil {
+		return nil, err
+	}
+	id, _ := info.ID()
+	list, err := h.FilterList(f.dummy(), f.hookParent())
+	if err != nil {
+		return nil, fmt.Errorf("list filters: %w", err)
+	}
+	for _, x := range list {
+		if b, ok := x.(*netlink.BpfFilter); ok && b.Id == int(id) {
+			return b, nil
+		}
+	}
+	return nil, fmt.Errorf("no cls_bpf filter of program %d on %s", id, f.Hook())
 }
 
 // dummy names the interface for netlink's per-link calls.
@@ -327,7 +462,7 @@ func (f *TCFaults) dummy() netlink.Link {
 // delQdisc removes the clsact qdisc attachClsBPF added, if no filter is
 // left on either of its hooks (another program's filters keep it).
 func (f *TCFaults) delQdisc(h *netlink.Handle) error {
-	if f.qdisc == nil {
+	if !f.ownsQdisc {
 		return nil
 	}
 	for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
@@ -335,7 +470,9 @@ func (f *TCFaults) delQdisc(h *netlink.Handle) error {
 			return err
 		}
 	}
-	if err := h.QdiscDel(f.qdisc); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENODEV) {
+	q := &netlink.GenericQdisc{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: f.ifindex,
+		Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}, QdiscType: "clsact"}
+	if err := h.QdiscDel(q); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENODEV) {
 		return fmt.Errorf("ebpf: remove clsact qdisc: %w", err)
 	}
 	return nil
@@ -375,11 +512,14 @@ func (f *TCFaults) Hook() string {
 
 // Mode is "tcx" or "cls_bpf", how the program is attached.
 func (f *TCFaults) Mode() string {
-	if f.tcx != nil {
-		return "tcx"
+	if f.clsBPF {
+		return "cls_bpf"
 	}
-	return "cls_bpf"
+	return "tcx"
 }
+
+// Ifindex is the interface's index in its namespace.
+func (f *TCFaults) Ifindex() int { return f.ifindex }
 
 // ErrTCFaultsClosed is returned by the methods of a closed TCFaults.
 var ErrTCFaultsClosed = errors.New("ebpf: tc fault injector closed")
@@ -439,7 +579,8 @@ func (f *TCFaults) Counts(n int) ([]TCFaultCount, error) {
 	return out, nil
 }
 
-// Close detaches the program and frees it and its maps.
+// Close releases f. An attachment without PinDir is detached and freed;
+// a pinned one stays attached (Detach removes it).
 func (f *TCFaults) Close() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -447,17 +588,121 @@ func (f *TCFaults) Close() error {
 		return nil
 	}
 	f.closed = true
+	if f.cfg.PinDir != "" {
+		var err error
+		if f.tcx != nil {
+			err = f.tcx.Close()
+		}
+		return errors.Join(err, f.objs.Close())
+	}
+	return f.detach()
+}
+
+// Detach removes the program from the hook, removes the pins (if any)
+// and frees f.
+func (f *TCFaults) Detach() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return ErrTCFaultsClosed
+	}
+	f.closed = true
+	return f.detach()
+}
+
+// detach: see Detach (f.mu held, or f not yet shared).
+func (f *TCFaults) detach() error {
 	var err error
 	if f.tcx != nil {
-		err = f.tcx.Close()
+		if f.cfg.PinDir != "" {
+			err = f.tcx.Unpin()
+		}
+		err = errors.Join(err, f.tcx.Close())
 	}
-	if f.filter != nil {
-		err = inNetns(f.cfg.Netns, func(h *netlink.Handle) error {
-			if e := h.FilterDel(f.filter); e != nil && !errors.Is(e, unix.ENOENT) && !errors.Is(e, unix.ENODEV) {
+	if f.clsBPF {
+		err = errors.Join(err, inNetns(f.cfg.Netns, func(h *netlink.Handle) error {
+			filter, e := f.findFilter(h)
+			if e == nil {
+				e = h.FilterDel(filter)
+			}
+			if e != nil && !errors.Is(e, unix.ENOENT) && !errors.Is(e, unix.ENODEV) {
 				return fmt.Errorf("ebpf: remove cls_bpf filter: %w", e)
 			}
 			return f.delQdisc(h)
-		})
+		}))
+	}
+	if f.cfg.PinDir != "" {
+		if e := os.RemoveAll(f.cfg.PinDir); e != nil {
+			err = errors.Join(err, fmt.Errorf("ebpf: remove pins: %w", e))
+		}
 	}
 	return errors.Join(err, f.objs.Close())
+}
+
+// Rules returns the installed rules, in order.
+func (f *TCFaults) Rules() ([]TCFaultRule, error) {
+	var out []TCFaultRule
+	for i := range uint32(MaxTCFaultRules) {
+		var e tcfaultTcfaultRule
+		if err := f.objs.TcfaultRules.Lookup(i, &e); err != nil {
+			return nil, fmt.Errorf("ebpf: read rule %d: %w", i, err)
+		}
+		if e.Action == 0 {
+			break
+		}
+		out = append(out, decodeRule(e))
+	}
+	return out, nil
+}
+
+// decodeRule is encode's inverse.
+func decodeRule(e tcfaultTcfaultRule) TCFaultRule {
+	r := TCFaultRule{Action: TCFaultAction(e.Action), Opcode: e.Opcode, OpcodeMask: e.OpcodeMask,
+		Skip: e.Skip, Limit: e.Limit, Seed: e.Seed}
+	switch r.Action {
+	case TCCorrupt:
+		r.CorruptOffset, r.CorruptXOR = e.CorruptOff, e.CorruptXor
+	case TCDuplicate:
+		r.Copies = e.Copies
+	}
+	if e.Flags&tcFlagQPN != 0 {
+		q := e.Qpn
+		r.QPN = &q
+	}
+	if e.Flags&tcFlagPSN != 0 {
+		r.PSN = &[2]uint32{e.PsnFirst, e.PsnLast}
+	}
+	if e.Flags&tcFlagProb != 0 {
+		r.Prob = float64(e.Prob) / (1 << 32)
+	}
+	return r
+}
+
+// AddRule appends r after the installed rules, with counters from zero,
+// and returns its index; the others keep theirs.
+func (f *TCFaults) AddRule(r TCFaultRule) (int, error) {
+	e, err := r.encode()
+	if err != nil {
+		return 0, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return 0, ErrTCFaultsClosed
+	}
+	n, err := f.Rules()
+	if err != nil {
+		return 0, err
+	}
+	i := uint32(len(n))
+	if i == MaxTCFaultRules {
+		return 0, fmt.Errorf("%w: %d rules installed already", ErrConfig, MaxTCFaultRules)
+	}
+	if err := f.objs.TcfaultCounts.Put(i, tcfaultTcfaultCount{}); err != nil {
+		return 0, fmt.Errorf("ebpf: reset counters %d: %w", i, err)
+	}
+	if err := f.objs.TcfaultRules.Put(i, e); err != nil {
+		return 0, fmt.Errorf("ebpf: write rule %d: %w", i, err)
+	}
+	return int(i), nil
 }

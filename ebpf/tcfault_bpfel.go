@@ -14,9 +14,11 @@ import (
 )
 
 type tcfaultTcfaultConfig struct {
-	_       structs.HostLayout
-	Ingress uint32
-	Pad     uint32
+	_         structs.HostLayout
+	Ingress   uint32
+	Ifindex   uint32
+	OwnsQdisc uint32
+	Pad       uint32
 }
 
 type tcfaultTcfaultCount struct {

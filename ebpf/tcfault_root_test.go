@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"testing"
@@ -299,6 +300,95 @@ func TestTCFaultsVeth(t *testing.T) {
 					assert.NotEqual(t, "clsact", q.Type(), "the clsact qdisc the injector added is gone")
 				}
 			})
+		})
+	}
+}
+
+// bpffs mounts a BPF file system on a new temporary directory (unmounted
+// at cleanup) and returns it.
+func bpffs(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	require.NoError(t, unix.Mount("bpf", dir, "bpf", 0, ""), "mount bpffs on %s", dir)
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	return dir
+}
+
+// TestTCFaultsPinned: a pinned attachment outlives its handle: after
+// Close the rules still act, OpenTCFaults finds the rules and counters
+// again and can add to them, a second attach to the same pins is
+// refused, and Detach removes the program, the pins and (cls_bpf) the
+// filter and qdisc.
+func TestTCFaultsPinned(t *testing.T) {
+	for _, legacy := range []bool{false, true} {
+		t.Run(fmt.Sprintf("legacy=%v", legacy), func(t *testing.T) {
+			p := newVethPair(t)
+			pins := filepath.Join(bpffs(t), "tfa-egress")
+			cfg := TCFaultConfig{Interface: "tfa", Netns: p.nsA, Legacy: legacy, PinDir: pins}
+			f, err := AttachTCFaults(cfg)
+			require.NoError(t, err)
+			rule := TCFaultRule{Action: TCDrop, QPN: u32(tcTestQPN), PSN: &[2]uint32{0, 99}, Prob: 0.5, Seed: 3}
+			require.NoError(t, f.SetRules([]TCFaultRule{rule}))
+			require.NoError(t, f.Close(), "a pinned attachment stays")
+			_, err = AttachTCFaults(cfg)
+			assert.ErrorIs(t, err, ErrTCFaultsPinned)
+
+			tx := udpSocketIn(t, p.nsA, p.a, tcTestSrcPort)
+			rx := udpSocketIn(t, p.nsB, p.b, roce.UDPPort)
+			var kept []uint32
+			for k := range uint32(tcTestFrames) {
+				if k >= 100 || !TCFaultTakes(rule, uint64(k)) {
+					kept = append(kept, k)
+				}
+			}
+			p.sendFrames(t, tx, tcTestFrames)
+			assert.Equal(t, kept, psns(p.recvFrames(t, rx, len(kept)), all), "the rule acts with no handle open")
+
+			g, err := OpenTCFaults(TCFaultConfig{Netns: p.nsA, PinDir: pins})
+			require.NoError(t, err)
+			assert.Equal(t, "egress", g.Hook())
+			assert.Equal(t, map[bool]string{false: "tcx", true: "cls_bpf"}[legacy], g.Mode())
+			rules, err := g.Rules()
+			require.NoError(t, err)
+			assert.Equal(t, []TCFaultRule{rule}, rules)
+			i, err := g.AddRule(TCFaultRule{Action: TCECN})
+			require.NoError(t, err)
+			assert.Equal(t, 1, i)
+			c, err := g.Counts(2)
+			require.NoError(t, err)
+			dropped := uint64(tcTestFrames - len(kept))
+			assert.Equal(t, []TCFaultCount{{Matched: 100, Taken: dropped, Applied: dropped}, {}}, c)
+			p.sendFrames(t, tx, 10)
+			c, err = g.Counts(2)
+			require.NoError(t, err)
+			assert.Equal(t, uint64(110), c[0].Matched, "counters go on")
+			left := 10 - int(c[0].Applied-dropped)
+			assert.Equal(t, uint64(left), c[1].Applied, "what the first rule left, the second marks")
+			got := p.recvFrames(t, rx, left)
+			assert.Len(t, got, left)
+			assert.Len(t, psns(got, func(r received) bool { return r.ecn == 3 }), left)
+
+			require.NoError(t, g.Detach())
+			_, err = os.Stat(pins)
+			assert.ErrorIs(t, err, os.ErrNotExist, "pins removed")
+			p.sendFrames(t, tx, tcTestFrames)
+			assert.Equal(t, psns(p.recvFrames(t, rx, tcTestFrames), all), func() []uint32 {
+				e := make([]uint32, tcTestFrames)
+				for i := range e {
+					e[i] = uint32(i)
+				}
+				return e
+			}(), "detached")
+			h, err := netlink.NewHandleAt(p.nsA)
+			require.NoError(t, err)
+			defer h.Close()
+			l, err := h.LinkByName("tfa")
+			require.NoError(t, err)
+			qs, err := h.QdiscList(l)
+			require.NoError(t, err)
+			for _, q := range qs {
+				assert.NotEqual(t, "clsact", q.Type())
+			}
 		})
 	}
 }

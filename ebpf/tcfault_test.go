@@ -361,3 +361,29 @@ func TestTCFaultSetRulesLimits(t *testing.T) {
 	_, err := f.Counts(MaxTCFaultRules + 1)
 	assert.ErrorIs(t, err, ErrConfig)
 }
+
+// TestTCFaultRuleRoundTrip: what Rules reads back is what was written
+// (defaults filled in).
+func TestTCFaultRuleRoundTrip(t *testing.T) {
+	for _, r := range []TCFaultRule{
+		{Action: TCDrop},
+		{Action: TCDrop, QPN: u32(0xabcdef), PSN: &[2]uint32{1, 0xffffff}, Opcode: 0x60, OpcodeMask: 0xe0, Prob: 0.25, Seed: 1 << 60, Skip: 3, Limit: 9},
+		{Action: TCCorrupt, CorruptOffset: -1, CorruptXOR: 0x10},
+		{Action: TCDuplicate, Copies: 8},
+		{Action: TCECN, Prob: 1},
+	} {
+		e, err := r.encode()
+		require.NoError(t, err)
+		want := r
+		if want.Prob == 1 {
+			want.Prob = 0
+		}
+		assert.Equal(t, want, decodeRule(e))
+	}
+	e, err := TCFaultRule{Action: TCDuplicate}.encode()
+	require.NoError(t, err)
+	assert.Equal(t, uint32(1), decodeRule(e).Copies, "copies default to 1")
+	e, err = TCFaultRule{Action: TCCorrupt}.encode()
+	require.NoError(t, err)
+	assert.Equal(t, uint8(0xff), decodeRule(e).CorruptXOR, "xor defaults to 0xff")
+}

@@ -77,9 +77,13 @@ struct tcfault_count {
 	__u64 failed;  /* the action could not be applied (a helper failed) */
 };
 
-/* The program's attachment point, set by user space before it attaches. */
+/* The program's attachment point, set by user space before it attaches.
+ * Only ingress is read here; the rest lets user space find a pinned
+ * attachment's filter again. */
 struct tcfault_config {
-	__u32 ingress; /* 1: ingress hook (duplicates go to BPF_F_INGRESS) */
+	__u32 ingress;	  /* 1: ingress hook (duplicates go to BPF_F_INGRESS) */
+	__u32 ifindex;	  /* the interface, in its namespace */
+	__u32 owns_qdisc; /* cls_bpf: the loader added the clsact qdisc */
 	__u32 pad;
 };
 
