@@ -110,10 +110,10 @@ type TCFaultRule struct {
 
 // TCFaultCount is what a rule did since SetRules installed it.
 type TCFaultCount struct {
-	Matched uint64 // frames that matched its fields
-	Taken   uint64 // of those, past Skip and the draw (Limit counts these)
-	Applied uint64 // frames the action was applied to
-	Failed  uint64 // the kernel refused the action (a helper failed)
+	Matched uint64 `json:"matched"` // frames that matched its fields
+	Taken   uint64 `json:"taken"`   // of those, past Skip and the draw (Limit counts these)
+	Applied uint64 `json:"applied"` // frames the action was applied to
+	Failed  uint64 `json:"failed"`  // the kernel refused the action (a helper failed)
 }
 
 // TCFaultDraw is the program's k-th draw for seed: splitmix64 of seed +

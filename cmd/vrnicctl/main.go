@@ -26,6 +26,14 @@
 // daemon (fault list|add|set|del|clear; "vrnicctl fault" prints the keys
 // of a rule): see README.md and package faults.
 //
+// tcfault attaches the kernel-side fault injector (package ebpf, a tc
+// program) to an interface's ingress or egress hook, where it drops,
+// corrupts, duplicates or ECN-marks the RoCE v2 frames of any sender
+// (Soft-RoCE, a hardware RNIC, a bridge between daemons) by QP, opcode
+// and PSN with seeded probabilities; it stays attached, pinned on a bpffs,
+// until "tcfault detach" (tcfault attach|add|list|clear|detach;
+// "vrnicctl tcfault" prints the keys). It needs no daemon, and root.
+//
 // cm lists the communication manager's CM IDs (context, role, service
 // ID, connection state, peer, last event) and the counters of QP1 and of
 // the CM's MADs (sent, retransmitted, received, dropped).
@@ -88,10 +96,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	capCount := fs.Int("c", 0, "capture: stop after this many frames (0: no bound)")
 	capFor := fs.Duration("t", 0, "capture: stop after this long (0: no bound; at least one of -c and -t)")
 	capSnap := fs.Int("snaplen", 0, "capture: bytes kept of each frame (0: all)")
+	bpfRoot := fs.String("bpffs", "/sys/fs/bpf", "tcfault: the BPF file system the injectors are pinned on (mounted there if it is not one)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: vrnicctl [flags] devices|info|counters|link|cm|contexts|pds|mrs|cqs|qps|srqs|ahs|hostmem|accounts")
 		fmt.Fprintln(stderr, "       vrnicctl [-d name|-s socket] -w FILE [-c N] [-t DURATION] [-snaplen N] capture")
 		fmt.Fprintln(stderr, "       vrnicctl [-d name|-s socket] fault list|add|set|del|clear ...   (vrnicctl fault: its usage)")
+		fmt.Fprintln(stderr, "       vrnicctl [-bpffs DIR] tcfault attach|add|list|clear|detach ...   (vrnicctl tcfault: its usage)")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -103,6 +113,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 			err = runFault(path, fs.Args()[1:], *asJSON, stdout)
 		}
 		if err != nil {
+			fmt.Fprintln(stderr, "vrnicctl:", err)
+			return 1
+		}
+		return 0
+	}
+	if fs.NArg() >= 1 && fs.Arg(0) == "tcfault" {
+		if err := runTCFault(*bpfRoot, fs.Args()[1:], *asJSON, stdout); err != nil {
 			fmt.Fprintln(stderr, "vrnicctl:", err)
 			return 1
 		}
