@@ -75,6 +75,23 @@ type Info struct {
 	// DataPath sums the engine's per-QP counters over every QP, live or
 	// destroyed, since the device started.
 	DataPath QPCounters `json:"data_path"`
+	// Wire sums the engine workers' frame counters: what reached no QP.
+	Wire WireCounters `json:"wire"`
+}
+
+// WireCounters are the engine's per-device frame counters, summed over
+// its workers since the device started: frames in and out, and the
+// received frames dropped before any QP saw them, by reason.
+type WireCounters struct {
+	RxFrames    uint64 `json:"rx_frames"`
+	TxFrames    uint64 `json:"tx_frames"`
+	ParseErrors uint64 `json:"parse_errors"` // malformed frames
+	ICRCErrors  uint64 `json:"icrc_errors"`  // ICRC mismatches
+	UnknownQP   uint64 `json:"unknown_qp"`   // no such destination QP
+	BadPeer     uint64 `json:"bad_peer"`     // not from the QP's peer, wrong P_Key or service
+	CQOverflows uint64 `json:"cq_overflows"`
+	BuildErrors uint64 `json:"build_errors"` // frames the engine could not build
+	LinkErrors  uint64 `json:"link_errors"`  // frames the link refused
 }
 
 // ContextInfo describes one client context.

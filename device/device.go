@@ -37,6 +37,7 @@ type (
 	Limits         = admin.Limits
 	UIDLimits      = admin.UIDLimits
 	QPCounters     = admin.QPCounters
+	WireCounters   = admin.WireCounters
 )
 
 // DefaultLimits are the limits used for zero fields of Config.Limits. A

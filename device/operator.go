@@ -123,6 +123,7 @@ func (d *Device) infoLocked() admin.Info {
 		},
 		Connections: c.ConnectionsOpen.Load(),
 		DataPath:    d.dataPathTotalsLocked(),
+		Wire:        d.dp.WireCounters(),
 	}
 }
 

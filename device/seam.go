@@ -81,6 +81,8 @@ type DataPlane interface {
 	// doorbell record freed: the data plane drops what it built over it.
 	ReleaseCQ(c *CQ)
 	ReleaseSRQ(s *SRQ)
+	// WireCounters returns the engine's frame counters (vrnicctl info).
+	WireCounters() WireCounters
 }
 
 // noDataPlane is the data plane of a device that moves no data
@@ -98,6 +100,7 @@ func (noDataPlane) AddAH(*AH) error                                             
 func (noDataPlane) RemoveAH(*AH)                                                     {}
 func (noDataPlane) ReleaseCQ(*CQ)                                                    {}
 func (noDataPlane) ReleaseSRQ(*SRQ)                                                  {}
+func (noDataPlane) WireCounters() WireCounters                                       { return WireCounters{} }
 
 var _ DataPlane = noDataPlane{}
 

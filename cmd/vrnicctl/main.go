@@ -372,6 +372,11 @@ func printInfo(w io.Writer, i admin.Info) error {
 		dp = append(dp, fmt.Sprintf("%s=%d", kv.name, kv.value))
 	}
 	fmt.Fprintf(tw, "data_path\t%s\n", strings.Join(dp, " "))
+	var wire []string
+	for _, kv := range jsonFields(i.Wire) {
+		wire = append(wire, fmt.Sprintf("%s=%d", kv.name, kv.value))
+	}
+	fmt.Fprintf(tw, "wire\t%s\n", strings.Join(wire, " "))
 	keys := make([]string, 0, len(i.Counters))
 	for k := range i.Counters {
 		keys = append(keys, k)
@@ -390,7 +395,11 @@ type counterField struct {
 
 // dataPathFields returns the device's data-path totals by their JSON
 // names, in declaration order (the names -json uses).
-func dataPathFields(c admin.QPCounters) []counterField {
+func dataPathFields(c admin.QPCounters) []counterField { return jsonFields(c) }
+
+// jsonFields returns the unsigned fields of a counters struct by their
+// JSON names, in declaration order.
+func jsonFields(c any) []counterField {
 	raw, err := json.Marshal(c)
 	if err != nil {
 		return nil

@@ -150,9 +150,18 @@ func TestFaultDropNthPacketOfMthWrite(t *testing.T) {
 // over the TAP link: two daemons whose TAPs are ports of a bridge in a
 // network namespace (root only).
 func TestFaultDropNthPacketOfMthWriteTAP(t *testing.T) {
+	a, b, _ := tapPair(t, "vrflt")
+	dropNthWrite(t, a, b)
+}
+
+// tapPair starts two daemons on the TAP link, vfa (10.79.0.1) and vfb
+// (10.79.0.2), whose TAPs are ports of a bridge in a network namespace
+// named after prefix (removed at cleanup), and returns them and the
+// namespace's name. Root only.
+func tapPair(t *testing.T, prefix string) (a, b *daemon, ns string) {
 	testenv.NeedRoot(t, "the TAP link needs root (CAP_NET_ADMIN, CAP_BPF)")
 	testenv.NeedTool(t, "ip")
-	ns := fmt.Sprintf("vrflt%d", os.Getpid())
+	ns = fmt.Sprintf("%s%d", prefix, os.Getpid())
 	ip := func(args ...string) {
 		out, err := exec.Command("ip", args...).CombinedOutput()
 		require.NoError(t, err, "ip %v: %s", args, out)
@@ -177,8 +186,7 @@ func TestFaultDropNthPacketOfMthWriteTAP(t *testing.T) {
 		ip("-n", ns, "link", "set", name, "up")
 		return d
 	}
-	a, b := tapDaemon("vfa", "10.79.0.1"), tapDaemon("vfb", "10.79.0.2")
-	dropNthWrite(t, a, b)
+	return tapDaemon("vfa", "10.79.0.1"), tapDaemon("vfb", "10.79.0.2"), ns
 }
 
 // dropNthWrite is the body of TestFaultDropNthPacketOfMthWrite on a and b.

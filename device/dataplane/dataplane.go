@@ -688,6 +688,24 @@ func (dp *DataPlane) DestroyQP(q *device.QP) <-chan device.QPCounters {
 	return final
 }
 
+// WireCounters implements device.DataPlane: the workers' counters summed.
+func (dp *DataPlane) WireCounters() device.WireCounters {
+	var c device.WireCounters
+	for i := range dp.eng.Workers() {
+		w := dp.eng.WorkerCounters(i)
+		c.RxFrames += w.RxFrames.Load()
+		c.TxFrames += w.TxFrames.Load()
+		c.ParseErrors += w.ParseErrors.Load()
+		c.ICRCErrors += w.ICRCErrors.Load()
+		c.UnknownQP += w.UnknownQP.Load()
+		c.BadPeer += w.BadPeer.Load()
+		c.CQOverflows += w.CQOverflows.Load()
+		c.BuildErrors += w.BuildErrors.Load()
+		c.LinkErrors += w.LinkErrors.Load()
+	}
+	return c
+}
+
 // Counters implements device.DataPlane.
 func (dp *DataPlane) Counters(q *device.QP) device.QPCounters {
 	dp.mu.Lock()

@@ -118,5 +118,6 @@ func (NopDataPlane) AddAH(*device.AH) error                               { retu
 func (NopDataPlane) RemoveAH(*device.AH)                                  {}
 func (NopDataPlane) ReleaseCQ(*device.CQ)                                 {}
 func (NopDataPlane) ReleaseSRQ(*device.SRQ)                               {}
+func (NopDataPlane) WireCounters() device.WireCounters                    { return device.WireCounters{} }
 
 var _ device.DataPlane = NopDataPlane{}
