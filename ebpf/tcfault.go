@@ -78,7 +78,9 @@ const (
 // the first Skip matches through, takes match k with probability Prob
 // (drawn from Seed and k: TCFaultTakes), and applies Action to at most
 // Limit frames. Rules are tried in order; the first that applies ends the
-// frame's turn.
+// frame's turn. A GSO packet (frames the kernel has not segmented yet) is
+// one frame: its first frame's headers are matched, the action applies to
+// all of it.
 type TCFaultRule struct {
 	Action TCFaultAction
 	// QPN, if set, is the BTH destination QP (24 bits).

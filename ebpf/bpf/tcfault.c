@@ -22,6 +22,10 @@
  * same frames in the same order give the same faults, and user space can
  * compute them (ebpf.TCFaultDraw).
  *
+ * A GSO packet (a run of frames the kernel has not cut yet) is one frame
+ * here: its first frame's headers are matched and the action applies to
+ * the whole packet.
+ *
  * Frames that are not RoCE v2, and those no rule takes, go on (TC_ACT_UNSPEC:
  * the next tcx program or tc filter, else the kernel's default). A
  * duplicate is a clone redirected to the same hook of the same device
