@@ -1,7 +1,8 @@
 // Package ebpf holds the BPF programs vrnic attaches to its multi-queue TAP
-// devices, its kernel-side fault injector, and their Go loaders. Of vrnic's packages it imports only roce
-// (SteerQueue, which the steering program must agree with); the loader is
-// built on github.com/cilium/ebpf.
+// devices, its kernel-side fault injector, and their Go loaders. Of vrnic's
+// packages it imports only roce (SteerQueue, which the steering program
+// must agree with) and internal/nsrun; the loaders are built on
+// github.com/cilium/ebpf and github.com/vishvananda/netlink.
 //
 // Two BPF_PROG_TYPE_SOCKET_FILTER programs run in the tun driver on every
 // frame the kernel sends to the device (frames the emulated NIC receives):

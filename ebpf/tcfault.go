@@ -6,7 +6,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sync"
 
 	"github.com/cilium/ebpf"
@@ -15,6 +14,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/vrnic/vrnic/internal/nsrun"
 )
 
 // The kernel-side fault injector (bpf/tcfault.c): a tc program on the
@@ -223,7 +224,8 @@ var ErrTCFaultsPinned = errors.New("ebpf: a tc fault injector is pinned there al
 
 // TCFaults is one attachment of the kernel-side fault injector. Its
 // methods may be called from several goroutines. The program stays
-// attached until Close (or until the interface is removed).
+// attached until Close, or with a PinDir until Detach (or until the
+// interface is removed).
 type TCFaults struct {
 	cfg     TCFaultConfig
 	ifindex int
@@ -252,7 +254,7 @@ func AttachTCFaults(cfg TCFaultConfig) (*TCFaults, error) {
 	}
 	f, err := loadTCFaults(cfg)
 	if err == nil {
-		if err = inNetns(cfg.Netns, f.attach); err != nil {
+		if err = nsrun.Run(cfg.Netns, f.attach); err != nil {
 			f.objs.Close()
 			err = fmt.Errorf("ebpf: attach tc fault program to %s %s: %w", cfg.Interface, f.Hook(), err)
 		}
@@ -480,30 +482,6 @@ func (f *TCFaults) delQdisc(h *netlink.Handle) error {
 	return nil
 }
 
-// inNetns runs fn with a netlink handle on an OS thread in ns (0: the
-// caller's namespace). tcx resolves the interface index in the namespace
-// of the calling thread; the thread is not returned to the scheduler.
-func inNetns(ns netns.NsHandle, fn func(*netlink.Handle) error) error {
-	errc := make(chan error, 1)
-	go func() {
-		if ns != 0 {
-			runtime.LockOSThread() // not unlocked: the thread dies with the goroutine
-			if err := netns.Set(ns); err != nil {
-				errc <- fmt.Errorf("enter netns: %w", err)
-				return
-			}
-		}
-		h, err := netlink.NewHandle()
-		if err != nil {
-			errc <- fmt.Errorf("netlink: %w", err)
-			return
-		}
-		defer h.Close()
-		errc <- fn(h)
-	}()
-	return <-errc
-}
-
 // Hook names the attachment point: "ingress" or "egress".
 func (f *TCFaults) Hook() string {
 	if f.cfg.Ingress {
@@ -622,7 +600,7 @@ func (f *TCFaults) detach() error {
 		err = errors.Join(err, f.tcx.Close())
 	}
 	if f.clsBPF {
-		err = errors.Join(err, inNetns(f.cfg.Netns, func(h *netlink.Handle) error {
+		err = errors.Join(err, nsrun.Run(f.cfg.Netns, func(h *netlink.Handle) error {
 			filter, e := f.findFilter(h)
 			if e == nil {
 				e = h.FilterDel(filter)

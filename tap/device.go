@@ -8,13 +8,14 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"runtime"
 	"strings"
 	"sync"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/vrnic/vrnic/internal/nsrun"
 )
 
 // ErrConfig reports an invalid configuration or argument.
@@ -123,7 +124,7 @@ func Create(cfg Config) (*Device, error) {
 		index int
 		vnet  bool
 	)
-	err = inNetNS(cfg.NetNS, func(h *netlink.Handle) error {
+	err = nsrun.Run(cfg.NetNS, func(h *netlink.Handle) error {
 		var err error
 		files, name, index, err = createLink(h, cfg, !cfg.NoOffload)
 		vnet = !cfg.NoOffload
@@ -292,37 +293,6 @@ func setOffload(f *os.File) error {
 // be segmented (USO) with a virtio-net header in front of every frame,
 // and a word for the log and the stats: "uso", or "off: " and why.
 func (d *Device) Offload() (bool, string) { return d.uso, d.offloadMsg }
-
-// inNetNS runs fn with a netlink handle for ns (the current namespace if
-// ns is 0) on an OS thread switched into ns, because TUNSETIFF creates the
-// device in the namespace of the calling thread. The thread is never
-// returned to the scheduler: it exits with the goroutine.
-func inNetNS(ns netns.NsHandle, fn func(*netlink.Handle) error) error {
-	if ns == 0 {
-		h, err := netlink.NewHandle()
-		if err != nil {
-			return fmt.Errorf("tap: netlink: %w", err)
-		}
-		defer h.Close()
-		return fn(h)
-	}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // not unlocked: the thread dies with the goroutine
-		if err := netns.Set(ns); err != nil {
-			errc <- fmt.Errorf("tap: enter netns: %w", err)
-			return
-		}
-		h, err := netlink.NewHandle()
-		if err != nil {
-			errc <- fmt.Errorf("tap: netlink: %w", err)
-			return
-		}
-		defer h.Close()
-		errc <- fn(h)
-	}()
-	return <-errc
-}
 
 // Name returns the interface name.
 func (d *Device) Name() string { return d.name }
