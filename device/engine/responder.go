@@ -120,6 +120,14 @@ func (qp *QP) respRx(p *packet) {
 		qp.Counters.Rare().Dropped.Add(1)
 		return
 	}
+	if qp.resp.nakPending && qp.resp.nakFatal {
+		// A class C/D error was decided (IBTA 9.9.3.1.2): the QP is
+		// bound for ERR and executes nothing more, though the NAK may
+		// wait for a transmit buffer. Without this a retransmission of
+		// the failed request would take the next receive WQE.
+		qp.Counters.Rare().Dropped.Add(1)
+		return
+	}
 	if qp.verbRequestErr() {
 		return
 	}

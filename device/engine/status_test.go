@@ -235,3 +235,50 @@ func TestRecvSourceError(t *testing.T) {
 		})
 	}
 }
+
+// TestFatalNAKPendingDropsRequests: once the responder has decided a
+// fatal NAK (here: a malformed receive WQE), the QP is bound for ERR and
+// takes no further request, even before the NAK is out: a retransmission
+// of the request and the next request arriving in that window (in the
+// same receive batch, or while the link pushes back) consume no receive
+// WQE and draw no RNR NAK; the next WQE is flushed when the QP reaches
+// ERR. The worker is driven by hand so that both arrive in the window.
+func TestFatalNAKPendingDropsRequests(t *testing.T) {
+	e, err := New(Config{Links: []Link{&nullLink{ready: make(chan struct{}, 1)}}, Mode: roce.ModeUDP, Local: fuzzLocal})
+	require.NoError(t, err)
+	w := e.workers[0]
+	mem := newFakeMem()
+	mem.reg(make([]byte, 1<<16), 0x1000, abi.AccessAll) // key 0x200
+	rq, rcq := newFakeRQ(8), newFakeCQ(16)
+	require.NoError(t, rq.postErr(7, &queues.WQEError{WrID: 7, Reason: queues.ReasonTooManySGE}))
+	require.NoError(t, rq.post(8, abi.SGE{Addr: 0x1000, Length: 1024, LKey: 0x200}))
+	qp := createOn(t, w, QPConfig{QPN: 0x11, SQ: newFakeSQ(16), RQ: rq, SendCQ: newFakeCQ(16), RecvCQ: rcq,
+		Mem: mem, SQDepth: 16, MaxSendSGE: 4, MaxRecvSGE: 4})
+	for _, a := range []QPAttr{
+		{Mask: abi.QPAttrState | abi.QPAttrAccessFlags, State: abi.QPSInit, AccessFlags: abi.AccessAll},
+		{Mask: abi.QPAttrState | abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrDestQPN | abi.QPAttrRQPSN | abi.QPAttrMaxDestRdAtomic,
+			State: abi.QPSRTR, LocalAddr: fuzzLocal.Addr(), RemoteAddr: fuzzPeer.Addr(),
+			PathMTU: roce.MTU1024, DestQPN: 0x22, RQPSN: 100, MaxDestRdAtomic: 4},
+	} {
+		require.NoError(t, qp.modify(&a))
+	}
+	send := func(psn uint32) {
+		f := seedFrame(t, roce.ModeUDP, roce.OpRCSendOnly, psn, 100, roce.Headers{})
+		buf := make([]byte, DefaultFrameCap)
+		w.input(buf[:copy(buf, f)], fuzzPeer)
+	}
+	send(100) // takes WQE 7: malformed, the fatal NAK is queued
+	require.True(t, qp.resp.nakPending && qp.resp.nakFatal)
+	send(100) // a retransmission before the NAK is out
+	send(101) // the next request
+	send(100)
+	assert.Equal(t, 1, rq.head, "WQE 8 was not taken")
+	assert.Zero(t, qp.Counters.Rare().RNRNAKsSent.Load(), "no RNR NAK")
+	require.Len(t, rcq.all(), 1)
+	wantCQE(t, rcq.all()[0], abi.CQE{WrID: 7, Status: abi.WCLocLenErr, Opcode: abi.WCRecv, QPNum: 0x11})
+	w.service(qp) // the NAK goes out, the QP to ERR
+	assert.Equal(t, abi.QPSErr, qp.state)
+	w.service(qp) // a QP in ERR flushes its queues
+	require.Len(t, rcq.all(), 2)
+	wantCQE(t, rcq.all()[1], abi.CQE{WrID: 8, Status: abi.WCWRFlushErr, Opcode: abi.WCRecv, QPNum: 0x11})
+}
