@@ -136,7 +136,7 @@ func runTCFault(root string, args []string, asJSON bool, stdout io.Writer) error
 		if err != nil {
 			return err
 		}
-		return withTCFaults(root, x, func(f *ebpf.TCFaults) error {
+		return withTCFaults(root, x, false, func(f *ebpf.TCFaults) error {
 			i, err := f.AddRule(r)
 			if err != nil {
 				return err
@@ -158,7 +158,18 @@ func runTCFault(root string, args []string, asJSON bool, stdout io.Writer) error
 		if err != nil {
 			return err
 		}
-		return withTCFaults(root, x, func(f *ebpf.TCFaults) error {
+		if op == "detach" && x.netns != "" {
+			if _, err := os.Stat(filepath.Join("/run/netns", x.netns)); errors.Is(err, os.ErrNotExist) {
+				// The namespace and its interfaces are gone, and with
+				// them the hook: only the pins hold the program now.
+				if err := os.RemoveAll(x.pinDir(root)); err != nil {
+					return err
+				}
+				fmt.Fprintf(stdout, "netns %s is gone: removed the pins of %s\n", x.netns, x)
+				return nil
+			}
+		}
+		return withTCFaults(root, x, op == "detach", func(f *ebpf.TCFaults) error {
 			if op == "clear" {
 				return f.SetRules(nil)
 			}
@@ -232,14 +243,19 @@ func tcAttach(root string, x tcTarget, legacy bool, stdout io.Writer) error {
 	return f.Close()
 }
 
-// withTCFaults opens the pinned attachment of x and runs fn on it.
-func withTCFaults(root string, x tcTarget, fn func(*ebpf.TCFaults) error) error {
-	ns, err := netnsOf(x.netns)
-	if err != nil {
-		return err
-	}
-	if ns != 0 {
-		defer ns.Close()
+// withTCFaults opens the pinned attachment of x and runs fn on it; with
+// inNS it opens x's network namespace too (what Detach of a cls_bpf
+// filter needs; reading rules and counters does not).
+func withTCFaults(root string, x tcTarget, inNS bool, fn func(*ebpf.TCFaults) error) error {
+	var ns netns.NsHandle
+	if inNS {
+		var err error
+		if ns, err = netnsOf(x.netns); err != nil {
+			return err
+		}
+		if ns != 0 {
+			defer ns.Close()
+		}
 	}
 	f, err := ebpf.OpenTCFaults(ebpf.TCFaultConfig{Interface: x.dev, Netns: ns, PinDir: x.pinDir(root)})
 	if errors.Is(err, os.ErrNotExist) {
@@ -283,7 +299,7 @@ func tcList(root string, x tcTarget, asJSON bool, stdout io.Writer) error {
 	}
 	out := []tcListing{}
 	for _, t := range targets {
-		err := withTCFaults(root, t, func(f *ebpf.TCFaults) error {
+		err := withTCFaults(root, t, false, func(f *ebpf.TCFaults) error {
 			rules, err := f.Rules()
 			if err != nil {
 				return err

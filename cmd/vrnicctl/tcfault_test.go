@@ -2,7 +2,9 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 
@@ -12,6 +14,7 @@ import (
 
 	"github.com/vrnic/vrnic/ebpf"
 	"github.com/vrnic/vrnic/internal/nettest"
+	"github.com/vrnic/vrnic/internal/testenv"
 )
 
 // TestTCFaultCLI: "vrnicctl tcfault" attaches the injector to a veth in
@@ -130,4 +133,42 @@ func TestParseTCRule(t *testing.T) {
 		_, _, err := parseTCRule(bad)
 		assert.Error(t, err, "%v", bad)
 	}
+}
+
+// TestTCFaultCLINetnsGone: an injector whose namespace was deleted is
+// still listed (its pins hold it), and detach removes its pins.
+func TestTCFaultCLINetnsGone(t *testing.T) {
+	testenv.NeedRoot(t, "needs root (network namespaces, tc programs, bpffs)")
+	testenv.NeedTool(t, "ip")
+	ns := fmt.Sprintf("vrgone%d", os.Getpid())
+	for _, args := range [][]string{{"netns", "add", ns}, {"-n", ns, "link", "add", "gone0", "type", "veth", "peer", "name", "gone1"}} {
+		b, err := exec.Command("ip", args...).CombinedOutput()
+		require.NoError(t, err, "ip %v: %s", args, b)
+		if args[0] == "netns" {
+			t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+		}
+	}
+	root := t.TempDir()
+	t.Cleanup(func() { unix.Unmount(root, unix.MNT_DETACH) })
+	for _, mode := range []string{"tcx", "cls_bpf"} {
+		at := []string{"dev=gone0", "hook=" + map[string]string{"tcx": "ingress", "cls_bpf": "egress"}[mode], "netns=" + ns}
+		rc, out, errs := ctl(append([]string{"-bpffs", root, "tcfault", "attach", "mode=" + mode}, at...)...)
+		require.Equal(t, 0, rc, "%s%s", out, errs)
+		rc, out, errs = ctl(append([]string{"-bpffs", root, "tcfault", "add", "action=drop"}, at...)...)
+		require.Equal(t, 0, rc, "%s%s", out, errs)
+	}
+	b, err := exec.Command("ip", "netns", "del", ns).CombinedOutput()
+	require.NoError(t, err, "%s", b)
+	rc, out, errs := ctl("-bpffs", root, "tcfault", "list")
+	require.Equal(t, 0, rc, "%s%s", out, errs)
+	assert.Contains(t, out, "gone0 ingress (netns "+ns+") (tcx): 1 rules")
+	assert.Contains(t, out, "gone0 egress (netns "+ns+") (cls_bpf): 1 rules")
+	for _, hook := range []string{"ingress", "egress"} {
+		rc, out, errs = ctl("-bpffs", root, "tcfault", "detach", "dev=gone0", "hook="+hook, "netns="+ns)
+		require.Equal(t, 0, rc, "%s%s", out, errs)
+		assert.Contains(t, out, "is gone: removed the pins")
+	}
+	ents, err := os.ReadDir(filepath.Join(root, tcfaultDirName))
+	require.NoError(t, err)
+	assert.Empty(t, ents)
 }
