@@ -4,8 +4,9 @@
  *
  * Attached to the ingress or egress hook of any interface (a TAP, a veth,
  * a bridge port, a physical NIC), it faults RoCE v2 frames that vrnic did
- * not build itself: Soft-RoCE's, a hardware RNIC's, another daemon's. Each
- * frame that is RoCE v2 (Ethernet, optional 802.1Q tag, IPv4 without
+ * not build itself: Soft-RoCE's, a hardware RNIC's, another daemon's. The
+ * rules fill tcfault_rules from slot 0 up (the first empty slot ends
+ * them). Each frame that is RoCE v2 (Ethernet, optional 802.1Q tag, IPv4 without
  * fragments or IPv6 without extension headers, UDP to port 4791, a whole
  * BTH) is offered to the rules of tcfault_rules in index order:
  *
@@ -285,12 +286,17 @@ SEC("tc")
 int vrnic_tcfault(struct __sk_buff *skb)
 {
 	struct roce_frame f = {};
-	__u32 i;
+	struct tcfault_rule *first;
+	__u32 i, zero = 0;
 
 	if (skb->mark == TCFAULT_MARK) {
 		skb->mark = 0; /* a duplicate this program made */
 		return TC_ACT_UNSPEC;
 	}
+	/* Rules fill the slots from 0 up: no rule, no parsing. */
+	first = bpf_map_lookup_elem(&tcfault_rules, &zero);
+	if (!first || first->action == TCFAULT_NONE)
+		return TC_ACT_UNSPEC;
 	if (parse_roce(skb, &f))
 		return TC_ACT_UNSPEC;
 	for (i = 0; i < TCFAULT_MAX_RULES; i++) {
@@ -298,11 +304,16 @@ int vrnic_tcfault(struct __sk_buff *skb)
 		 * verifier tracks, so it sees the loop end. */
 		__u32 key = i;
 		struct tcfault_rule *r = bpf_map_lookup_elem(&tcfault_rules, &key);
-		struct tcfault_count *c = bpf_map_lookup_elem(&tcfault_counts, &key);
+		struct tcfault_count *c;
 		__u64 k;
 		int err;
 
-		if (!r || !c || r->action == TCFAULT_NONE || !matches(r, &f))
+		if (!r || r->action == TCFAULT_NONE)
+			break; /* the first empty slot ends the rules */
+		if (!matches(r, &f))
+			continue;
+		c = bpf_map_lookup_elem(&tcfault_counts, &key);
+		if (!c)
 			continue;
 		k = __sync_fetch_and_add(&c->matched, 1);
 		if (k < r->skip)
