@@ -27,14 +27,7 @@ func BenchmarkSteerProgram(b *testing.B) {
 	}
 	defer base.Close()
 	frame := buildRoCEFrame(roceFrame{src: src6, dst: dst6, vlan: true, qpn: 0x123456, payload: 256})
-	const repeat = 1000
-	perRun := func(prog *ebpf.Program) time.Duration {
-		_, d, err := prog.Benchmark(frame, repeat, nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		return d
-	}
+	perRun := func(prog *ebpf.Program) time.Duration { return testRunTime(b, prog, frame) }
 	var steer, baseline time.Duration
 	b.ReportAllocs()
 	for b.Loop() {
@@ -76,14 +69,7 @@ func BenchmarkTCFaultProgram(b *testing.B) {
 		q := uint32(0x200 + i)
 		miss[i] = TCFaultRule{Action: TCDrop, QPN: &q, Prob: 0.5, Seed: uint64(i)}
 	}
-	const repeat = 1000
-	perRun := func(prog *ebpf.Program) time.Duration {
-		_, d, err := prog.Benchmark(frame, repeat, nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		return d
-	}
+	perRun := func(prog *ebpf.Program) time.Duration { return testRunTime(b, prog, frame) }
 	for _, c := range []struct {
 		name  string
 		rules []TCFaultRule
@@ -102,4 +88,14 @@ func BenchmarkTCFaultProgram(b *testing.B) {
 			b.ReportMetric(float64(prog)/float64(baseline), "ratio_vs_empty")
 		})
 	}
+}
+
+// testRunTime is the time per run of prog on frame over 1000 runs of
+// BPF_PROG_TEST_RUN inside the kernel (one system call).
+func testRunTime(b *testing.B, prog *ebpf.Program, frame []byte) time.Duration {
+	_, d, err := prog.Benchmark(frame, 1000, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return d
 }
