@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/internal/osyield"
 	"github.com/vrnic/vrnic/roce"
 )
 
@@ -113,4 +114,33 @@ func TestAlarmNeverEarly(t *testing.T) {
 		a.expired()
 		assert.GreaterOrEqual(t, clk.now(), at, "alarm for +%v", d)
 	}
+}
+
+// TestNearDeadlineYields: a worker whose next timer is due within
+// wakeLead does not sleep but polls, and gives its CPU away each time
+// (sched_yield), so that a responder the kernel woke onto the same CPU
+// can answer before the deadline; with a later timer it sleeps and does
+// not yield first.
+func TestNearDeadlineYields(t *testing.T) {
+	w, _ := fuzzWorker(t, roce.ModeEthernet)
+	yields := 0
+	osYield = func() { yields++ }
+	t.Cleanup(func() { osYield = osyield.Yield })
+	stop := make(chan struct{})
+
+	near := timer{idx: -1}
+	w.timers.set(&near, w.clk.now()+int64(wakeLead/2))
+	require.True(t, w.sleep(stop))
+	assert.Equal(t, 1, yields, "polling toward a deadline within wakeLead yields the CPU")
+	require.True(t, w.sleep(stop))
+	assert.Equal(t, 2, yields, "every pass")
+
+	w.timers.stop(&near)
+	w.sleepTimer = time.NewTimer(time.Hour) // as run makes it
+	far := timer{idx: -1}
+	w.timers.set(&far, w.clk.now()+int64(wakeLead)+int64(2*time.Millisecond))
+	start := time.Now()
+	require.True(t, w.sleep(stop))
+	assert.GreaterOrEqual(t, time.Since(start), 2*time.Millisecond, "a later deadline: the worker slept")
+	assert.Equal(t, 2, yields, "no yield before a sleep")
 }

@@ -54,9 +54,10 @@ type WorkerCounters struct {
 // while the other idles, and a requester polling toward a 65 µs ACK
 // timeout without yielding kept the responder beside it off the CPU for
 // its whole time slice (1 to 3 ms): every retransmission went unanswered
-// and the WRITE ended in RETRY_EXC_ERR (TestShortAckTimeoutSharedCPU). A
-// yield costs the deadline no more than the other thread's turn.
-func osYield() { osyield.Yield() }
+// and the WRITE ended in RETRY_EXC_ERR (TestNearDeadlineYields). A yield
+// costs the deadline no more than the other thread's turn. A variable, so
+// that a test can count the yields.
+var osYield = osyield.Yield
 
 // busyYieldEvery is how many busy passes a worker makes between two
 // yields to the goroutines sharing its P.
