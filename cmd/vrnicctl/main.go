@@ -5,7 +5,9 @@
 // device's data-path totals (data_path: packets sent and received,
 // retransmissions, ACK timeouts, RNR and sequence NAKs, duplicates, drops,
 // completions), the engine's per-QP counters summed over every QP the
-// device has had.
+// device has had, and its wire counters (frames in and out, and the
+// received frames dropped before any QP saw them: malformed, bad ICRC,
+// unknown QP, not from the QP's peer).
 //
 //	vrnicctl [flags] devices
 //	vrnicctl [flags] info | counters | contexts | pds | mrs | cqs | qps | srqs | ahs | hostmem
