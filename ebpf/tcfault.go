@@ -362,7 +362,9 @@ func OpenTCFaults(cfg TCFaultConfig) (*TCFaults, error) {
 	return f, nil
 }
 
-// loadTCFaults loads the program and its maps for cfg, unattached.
+// loadTCFaults loads the program and its maps for cfg, unattached and
+// with an empty config (AttachTCFaults writes it once attached: until
+// rules are added the program reads nothing else).
 func loadTCFaults(cfg TCFaultConfig) (*TCFaults, error) {
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, fmt.Errorf("ebpf: raise memlock limit: %w", err)
@@ -370,10 +372,6 @@ func loadTCFaults(cfg TCFaultConfig) (*TCFaults, error) {
 	f := &TCFaults{cfg: cfg}
 	if err := loadTcfaultObjects(&f.objs, nil); err != nil {
 		return nil, fmt.Errorf("ebpf: load tc fault program: %w", err)
-	}
-	if err := f.writeConf(); err != nil {
-		f.objs.Close()
-		return nil, err
 	}
 	return f, nil
 }
@@ -407,9 +405,7 @@ func (f *TCFaults) attach(h *netlink.Handle) error {
 // direct-action cls_bpf filter on its ingress or egress, with a priority
 // the kernel picks; the filter is then found again by program id.
 func (f *TCFaults) attachClsBPF(h *netlink.Handle) error {
-	q := &netlink.GenericQdisc{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: f.ifindex,
-		Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}, QdiscType: "clsact"}
-	switch err := h.QdiscAdd(q); {
+	switch err := h.QdiscAdd(f.clsact()); {
 	case err == nil:
 		f.ownsQdisc = true
 	case !errors.Is(err, unix.EEXIST):
@@ -458,6 +454,12 @@ func (f *TCFaults) findFilter(h *netlink.Handle) (*netlink.BpfFilter, error) {
 	return nil, fmt.Errorf("no cls_bpf filter of program %d on %s", id, f.Hook())
 }
 
+// clsact is the interface's clsact qdisc, as netlink adds and removes it.
+func (f *TCFaults) clsact() netlink.Qdisc {
+	return &netlink.GenericQdisc{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: f.ifindex,
+		Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}, QdiscType: "clsact"}
+}
+
 // dummy names the interface for netlink's per-link calls.
 func (f *TCFaults) dummy() netlink.Link {
 	return &netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Index: f.ifindex}}
@@ -474,9 +476,7 @@ func (f *TCFaults) delQdisc(h *netlink.Handle) error {
 			return err
 		}
 	}
-	q := &netlink.GenericQdisc{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: f.ifindex,
-		Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}, QdiscType: "clsact"}
-	if err := h.QdiscDel(q); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENODEV) {
+	if err := h.QdiscDel(f.clsact()); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENODEV) {
 		return fmt.Errorf("ebpf: remove clsact qdisc: %w", err)
 	}
 	return nil
@@ -523,21 +523,30 @@ func (f *TCFaults) SetRules(rules []TCFaultRule) error {
 	if f.closed {
 		return ErrTCFaultsClosed
 	}
-	// A slot is emptied (action 0) before its counters are reset and the
-	// new rule written, so no frame is counted against the old rule after
-	// the reset or sees a half-written rule with an action.
+	// Every slot is emptied (action 0) first, so no frame is counted
+	// against an old rule after its counters are reset or sees a
+	// half-written rule with an action; then each slot gets its counters
+	// from zero and its rule (empty past the last).
 	for i := range uint32(MaxTCFaultRules) {
 		if err := f.objs.TcfaultRules.Put(i, tcfaultTcfaultRule{}); err != nil {
 			return fmt.Errorf("ebpf: clear rule %d: %w", i, err)
 		}
-		if err := f.objs.TcfaultCounts.Put(i, tcfaultTcfaultCount{}); err != nil {
-			return fmt.Errorf("ebpf: reset counters %d: %w", i, err)
+	}
+	for i := range uint32(MaxTCFaultRules) {
+		if err := f.putRule(i, enc[i]); err != nil {
+			return err
 		}
 	}
-	for i := range rules {
-		if err := f.objs.TcfaultRules.Put(uint32(i), enc[i]); err != nil {
-			return fmt.Errorf("ebpf: write rule %d: %w", i, err)
-		}
+	return nil
+}
+
+// putRule resets the counters of slot i and writes rule e there.
+func (f *TCFaults) putRule(i uint32, e tcfaultTcfaultRule) error {
+	if err := f.objs.TcfaultCounts.Put(i, tcfaultTcfaultCount{}); err != nil {
+		return fmt.Errorf("ebpf: reset counters %d: %w", i, err)
+	}
+	if err := f.objs.TcfaultRules.Put(i, e); err != nil {
+		return fmt.Errorf("ebpf: write rule %d: %w", i, err)
 	}
 	return nil
 }
@@ -678,11 +687,8 @@ func (f *TCFaults) AddRule(r TCFaultRule) (int, error) {
 	if i == MaxTCFaultRules {
 		return 0, fmt.Errorf("%w: %d rules installed already", ErrConfig, MaxTCFaultRules)
 	}
-	if err := f.objs.TcfaultCounts.Put(i, tcfaultTcfaultCount{}); err != nil {
-		return 0, fmt.Errorf("ebpf: reset counters %d: %w", i, err)
-	}
-	if err := f.objs.TcfaultRules.Put(i, e); err != nil {
-		return 0, fmt.Errorf("ebpf: write rule %d: %w", i, err)
+	if err := f.putRule(i, e); err != nil {
+		return 0, err
 	}
 	return int(i), nil
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/vrnic/vrnic/internal/nettest"
@@ -125,16 +126,7 @@ func TestTCFaultsVeth(t *testing.T) {
 				assert.ErrorIs(t, f.SetRules(nil), ErrTCFaultsClosed)
 				fl.Send(t, tcTestFrames)
 				assert.Equal(t, every, nettest.PSNs(fl.Recv(t, tcTestFrames), nil), "detached: everything passes")
-				h, err := netlink.NewHandleAt(cfg.Netns)
-				require.NoError(t, err)
-				defer h.Close()
-				l, err := h.LinkByName(cfg.Interface)
-				require.NoError(t, err)
-				qs, err := h.QdiscList(l)
-				require.NoError(t, err)
-				for _, q := range qs {
-					assert.NotEqual(t, "clsact", q.Type(), "the clsact qdisc the injector added is gone")
-				}
+				assertNoClsact(t, cfg.Netns, cfg.Interface)
 			})
 		})
 	}
@@ -208,16 +200,23 @@ func TestTCFaultsPinned(t *testing.T) {
 			assert.ErrorIs(t, err, os.ErrNotExist, "pins removed")
 			fl.Send(t, tcTestFrames)
 			assert.Equal(t, nettest.Seq(tcTestFrames), nettest.PSNs(fl.Recv(t, tcTestFrames), nil), "detached")
-			h, err := netlink.NewHandleAt(p.NsA)
-			require.NoError(t, err)
-			defer h.Close()
-			l, err := h.LinkByName(p.IfA)
-			require.NoError(t, err)
-			qs, err := h.QdiscList(l)
-			require.NoError(t, err)
-			for _, q := range qs {
-				assert.NotEqual(t, "clsact", q.Type())
-			}
+			assertNoClsact(t, p.NsA, p.IfA)
 		})
+	}
+}
+
+// assertNoClsact checks that interface dev in ns has no clsact qdisc
+// (the one the injector added is gone).
+func assertNoClsact(t *testing.T, ns netns.NsHandle, dev string) {
+	t.Helper()
+	h, err := netlink.NewHandleAt(ns)
+	require.NoError(t, err)
+	defer h.Close()
+	l, err := h.LinkByName(dev)
+	require.NoError(t, err)
+	qs, err := h.QdiscList(l)
+	require.NoError(t, err)
+	for _, q := range qs {
+		assert.NotEqual(t, "clsact", q.Type(), "the clsact qdisc the injector added is gone")
 	}
 }
