@@ -289,8 +289,10 @@ func show(path, what string, asJSON bool, w io.Writer) error {
 				"cq": r.CQ, "qp": r.QP, "srq": r.SRQ, "ah": r.AH} {
 				c["resources."+k] = int64(v)
 			}
-			for _, kv := range dataPathFields(info.DataPath) {
-				c["data_path."+kv.name] = int64(kv.value)
+			for _, g := range counterGroups(info) {
+				for _, kv := range g.fields {
+					c[g.name+"."+kv.name] = int64(kv.value)
+				}
 			}
 			if asJSON {
 				return writeJSON(w, c)
@@ -369,16 +371,13 @@ func printInfo(w io.Writer, i admin.Info) error {
 	r := i.Resources
 	fmt.Fprintf(tw, "resources\tcontexts=%d hostmem=%d pd=%d mr=%d cq=%d qp=%d srq=%d ah=%d\n",
 		r.Contexts, r.HostMem, r.PD, r.MR, r.CQ, r.QP, r.SRQ, r.AH)
-	var dp []string
-	for _, kv := range dataPathFields(i.DataPath) {
-		dp = append(dp, fmt.Sprintf("%s=%d", kv.name, kv.value))
+	for _, g := range counterGroups(i) {
+		words := make([]string, len(g.fields))
+		for k, kv := range g.fields {
+			words[k] = fmt.Sprintf("%s=%d", kv.name, kv.value)
+		}
+		fmt.Fprintf(tw, "%s\t%s\n", g.name, strings.Join(words, " "))
 	}
-	fmt.Fprintf(tw, "data_path\t%s\n", strings.Join(dp, " "))
-	var wire []string
-	for _, kv := range jsonFields(i.Wire) {
-		wire = append(wire, fmt.Sprintf("%s=%d", kv.name, kv.value))
-	}
-	fmt.Fprintf(tw, "wire\t%s\n", strings.Join(wire, " "))
 	keys := make([]string, 0, len(i.Counters))
 	for k := range i.Counters {
 		keys = append(keys, k)
@@ -395,9 +394,17 @@ type counterField struct {
 	value uint64
 }
 
-// dataPathFields returns the device's data-path totals by their JSON
-// names, in declaration order (the names -json uses).
-func dataPathFields(c admin.QPCounters) []counterField { return jsonFields(c) }
+// counterGroup is a named set of counters of admin.Info.
+type counterGroup struct {
+	name   string
+	fields []counterField
+}
+
+// counterGroups returns the device's data-path totals and wire counters
+// by their JSON names, in declaration order (the names -json uses).
+func counterGroups(i admin.Info) []counterGroup {
+	return []counterGroup{{"data_path", jsonFields(i.DataPath)}, {"wire", jsonFields(i.Wire)}}
+}
 
 // jsonFields returns the unsigned fields of a counters struct by their
 // JSON names, in declaration order.

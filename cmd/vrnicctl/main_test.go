@@ -97,6 +97,12 @@ func TestVrnicctl(t *testing.T) {
 		assert.True(t, ok, "data_path.%s", k)
 		assert.Zero(t, v)
 	}
+	for _, k := range []string{"rx_frames", "tx_frames", "parse_errors", "icrc_errors", "unknown_qp", "bad_peer",
+		"cq_overflows", "build_errors", "link_errors"} {
+		v, ok := counters["wire."+k]
+		assert.True(t, ok, "wire.%s", k)
+		assert.Zero(t, v)
+	}
 	// PDs, MRs and CQs, as tables and as JSON.
 	rc, out, _ = ctl("-s", s.SocketPath, "pds")
 	require.Equal(t, 0, rc)
