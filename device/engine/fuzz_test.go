@@ -27,16 +27,22 @@ var (
 // its only worker, driven directly by the test; in ModeUDP the links'
 // address is fuzzLocal.
 func fuzzWorker(t testing.TB, mode roce.Mode) (*worker, *QP) {
+	rq := newFakeRQ(64)
+	for i := range 32 {
+		require.NoError(t, rq.post(uint64(i), abi.SGE{Addr: 0x1000, Length: 1 << 15, LKey: 0x200}))
+	}
+	return fuzzWorkerRQ(t, mode, rq)
+}
+
+// fuzzWorkerRQ is fuzzWorker with the QP's receive queue rq, whose SGEs
+// may name the 64 KiB registered at 0x1000 with key 0x200.
+func fuzzWorkerRQ(t testing.TB, mode roce.Mode, rq *fakeRQ) (*worker, *QP) {
 	e, err := New(Config{Links: []Link{&nullLink{ready: make(chan struct{}, 1)}}, Mode: mode, Local: fuzzLocal})
 	require.NoError(t, err)
 	w := e.workers[0]
 	mem := newFakeMem()
 	buf := make([]byte, 1<<16)
 	mem.reg(buf, 0x1000, abi.AccessAll) // key 0x200
-	rq := newFakeRQ(64)
-	for i := range 32 {
-		require.NoError(t, rq.post(uint64(i), abi.SGE{Addr: 0x1000, Length: 1 << 15, LKey: 0x200}))
-	}
 	qp := createOn(t, w, QPConfig{QPN: 0x11, SQ: newFakeSQ(16), RQ: rq, SendCQ: newFakeCQ(1024), RecvCQ: newFakeCQ(1024),
 		Mem: mem, SQDepth: 16, MaxSendSGE: 4, MaxRecvSGE: 4})
 	for _, a := range []QPAttr{

@@ -244,24 +244,11 @@ func TestRecvSourceError(t *testing.T) {
 // WQE and draw no RNR NAK; the next WQE is flushed when the QP reaches
 // ERR. The worker is driven by hand so that both arrive in the window.
 func TestFatalNAKPendingDropsRequests(t *testing.T) {
-	e, err := New(Config{Links: []Link{&nullLink{ready: make(chan struct{}, 1)}}, Mode: roce.ModeUDP, Local: fuzzLocal})
-	require.NoError(t, err)
-	w := e.workers[0]
-	mem := newFakeMem()
-	mem.reg(make([]byte, 1<<16), 0x1000, abi.AccessAll) // key 0x200
-	rq, rcq := newFakeRQ(8), newFakeCQ(16)
+	rq := newFakeRQ(8)
 	require.NoError(t, rq.postErr(7, &queues.WQEError{WrID: 7, Reason: queues.ReasonTooManySGE}))
 	require.NoError(t, rq.post(8, abi.SGE{Addr: 0x1000, Length: 1024, LKey: 0x200}))
-	qp := createOn(t, w, QPConfig{QPN: 0x11, SQ: newFakeSQ(16), RQ: rq, SendCQ: newFakeCQ(16), RecvCQ: rcq,
-		Mem: mem, SQDepth: 16, MaxSendSGE: 4, MaxRecvSGE: 4})
-	for _, a := range []QPAttr{
-		{Mask: abi.QPAttrState | abi.QPAttrAccessFlags, State: abi.QPSInit, AccessFlags: abi.AccessAll},
-		{Mask: abi.QPAttrState | abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrDestQPN | abi.QPAttrRQPSN | abi.QPAttrMaxDestRdAtomic,
-			State: abi.QPSRTR, LocalAddr: fuzzLocal.Addr(), RemoteAddr: fuzzPeer.Addr(),
-			PathMTU: roce.MTU1024, DestQPN: 0x22, RQPSN: 100, MaxDestRdAtomic: 4},
-	} {
-		require.NoError(t, qp.modify(&a))
-	}
+	w, qp := fuzzWorkerRQ(t, roce.ModeUDP, rq)
+	rcq := qp.cfg.RecvCQ.(*fakeCQ)
 	send := func(psn uint32) {
 		f := seedFrame(t, roce.ModeUDP, roce.OpRCSendOnly, psn, 100, roce.Headers{})
 		buf := make([]byte, DefaultFrameCap)
