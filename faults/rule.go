@@ -90,21 +90,10 @@ type action struct {
 	verb    string
 }
 
-// opNames maps the opcode table's names to opcodes.
-var opNames = func() map[string]roce.Opcode {
-	m := map[string]roce.Opcode{}
-	for i := range 256 {
-		if op := roce.Opcode(i); op.Valid() {
-			m[op.Info().Name] = op
-		}
-	}
-	return m
-}()
-
 // opSet returns the opMatch bits of an opcode name or class.
 func opSet(name string) (*[256]uint8, error) {
 	var s [256]uint8
-	if op, ok := opNames[strings.ToUpper(name)]; ok {
+	if op, ok := roce.OpcodeByName(name); ok {
 		s[op] = opAny
 		return &s, nil
 	}

@@ -3,6 +3,7 @@ package roce
 import (
 	"math/bits"
 	"strconv"
+	"strings"
 )
 
 //go:generate go tool stringer -type=Service -trimprefix=Service
@@ -215,6 +216,24 @@ func (op Opcode) Info() *OpInfo {
 
 // Valid reports whether op is a known opcode.
 func (op Opcode) Valid() bool { return opTable[op].Name != "" }
+
+// opByName maps the table's names to opcodes (OpcodeByName).
+var opByName = func() map[string]Opcode {
+	m := map[string]Opcode{}
+	for i := range 256 {
+		if op := Opcode(i); op.Valid() {
+			m[op.Info().Name] = op
+		}
+	}
+	return m
+}()
+
+// OpcodeByName returns the opcode whose IBTA name (OpInfo.Name, e.g.
+// "RC_SEND_ONLY") is name, in any letter case.
+func OpcodeByName(name string) (Opcode, bool) {
+	op, ok := opByName[strings.ToUpper(name)]
+	return op, ok
+}
 
 // Service returns the transport service bits of op.
 func (op Opcode) Service() Service { return Service(op >> opServiceShift) }

@@ -187,3 +187,27 @@ func TestEnumNames(t *testing.T) {
 		assert.Equal(t, c.want, c.v.String())
 	}
 }
+
+// TestOpcodeByName: every opcode of the table is found by its name, in
+// any letter case; nothing else is.
+func TestOpcodeByName(t *testing.T) {
+	n := 0
+	for i := range 256 {
+		op := Opcode(i)
+		if !op.Valid() {
+			continue
+		}
+		n++
+		got, ok := OpcodeByName(op.Info().Name)
+		require.True(t, ok, "%v", op)
+		assert.Equal(t, op, got)
+		got, ok = OpcodeByName(strings.ToLower(op.Info().Name))
+		require.True(t, ok, "%v in lower case", op)
+		assert.Equal(t, op, got)
+	}
+	assert.Len(t, opByName, n)
+	for _, bad := range []string{"", "RC_SEND", "SEND_ONLY", "0x04", "RC_SEND_ONLY "} {
+		_, ok := OpcodeByName(bad)
+		assert.False(t, ok, "%q", bad)
+	}
+}

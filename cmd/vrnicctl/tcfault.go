@@ -16,6 +16,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/ebpf"
 	"github.com/vrnic/vrnic/roce"
 )
@@ -343,17 +344,6 @@ func tcList(root string, x tcTarget, asJSON bool, stdout io.Writer) error {
 	return nil
 }
 
-// tcOpcodes maps the IBTA opcode names to opcodes.
-var tcOpcodes = func() map[string]uint8 {
-	m := map[string]uint8{}
-	for i := range 256 {
-		if op := roce.Opcode(i); op.Valid() {
-			m[op.Info().Name] = uint8(i)
-		}
-	}
-	return m
-}()
-
 // tcTransports are the op= classes: the transport bits of the opcode.
 var tcTransports = map[string]uint8{"rc": 0x00, "uc": 0x20, "ud": 0x60}
 
@@ -401,16 +391,11 @@ func parseTCRule(kv map[string]string) (r ebpf.TCFaultRule, seeded bool, err err
 		}
 	}
 	if v, ok := kv["psn"]; ok {
-		a, b, isRange := strings.Cut(v, "-")
-		first, err1 := strconv.ParseUint(a, 0, 24)
-		last, err2 := first, error(nil)
-		if isRange {
-			last, err2 = strconv.ParseUint(b, 0, 24)
+		first, last, err := admin.ParseFaultPSN(v)
+		if err != nil {
+			return r, false, err
 		}
-		if err := errors.Join(err1, err2); err != nil {
-			return r, false, fmt.Errorf("psn=%q: a 24-bit PSN or range A-B: %w", v, err)
-		}
-		r.PSN = &[2]uint32{uint32(first), uint32(last)}
+		r.PSN = &[2]uint32{first, last}
 	}
 	if v, ok := kv["prob"]; ok {
 		if r.Prob, err = strconv.ParseFloat(v, 64); err != nil {
@@ -473,8 +458,8 @@ func parseTCOp(v string) (op, mask uint8, err error) {
 	if m, ok := tcTransports[strings.ToLower(v)]; ok {
 		return m, 0xe0, nil
 	}
-	if o, ok := tcOpcodes[strings.ToUpper(v)]; ok {
-		return o, 0xff, nil
+	if o, ok := roce.OpcodeByName(v); ok {
+		return uint8(o), 0xff, nil
 	}
 	a, b, hasMask := strings.Cut(v, "/")
 	o, err1 := strconv.ParseUint(a, 0, 8)

@@ -77,7 +77,7 @@ func TestTCFaultCLI(t *testing.T) {
 		{append([]string{"add", "action=drop", "colour=red"}, at...), `unknown key "colour"`},
 		{append([]string{"add"}, at...), "action= is required"},
 		{append([]string{"add", "action=drop", "prob=2"}, at...), "probability 2"},
-		{append([]string{"add", "action=drop", "psn=9-3"}, at...), "PSN range 9-3"},
+		{append([]string{"add", "action=drop", "psn=9-3"}, at...), `psn range "9-3" is empty`},
 		{append([]string{"add", "action=drop", "offset=3"}, at...), "offset and xor are for action=corrupt"},
 		{[]string{"attach", "dev=" + p.IfA, "hook=sideways"}, "hook=ingress|egress are required"},
 		{[]string{"attach", "dev=nosuch", "hook=egress"}, "nosuch"},
