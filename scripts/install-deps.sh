@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests use, and mounts tracefs where it
-# is not. Safe to run again: it only installs what is missing. Needs root (CI runs as root); without root it
-# says what is missing and exits 0, and the tests that need those tools skip
-# (under CI=true they fail instead: see internal/testenv). As root, a failed
+# is not. Safe to run again: it only installs what is missing. Needs root
+# (CI runs as root); without root it says what is missing and exits 0, and
+# the tests that need those tools skip (under CI=true they fail instead:
+# see internal/testenv). As root, a failed
 # installation, or a package still missing afterwards, exits non-zero.
 set -euo pipefail
 
