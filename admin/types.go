@@ -194,6 +194,7 @@ type AccountInfo struct {
 	HostMemBytes uint64         `json:"host_mem_bytes"`
 	FDs          int            `json:"fds"`      // descriptors the daemon holds for the uid (UIDLimits.FDs)
 	MRPages      uint64         `json:"mr_pages"` // page-table entries of the uid's MRs
+	CMIDs        int            `json:"cm_ids"`   // CM IDs of the uid's contexts (UIDLimits.CMIDs)
 	// Refused counts the connections of this uid refused at the per-uid
 	// connection limit while the account was live (it ends when the
 	// uid's last connection closes).
@@ -254,6 +255,11 @@ type UIDLimits struct {
 	// channel (its eventfd). ADD_HOST_MEM or CREATE_CQ past it fails with
 	// EMFILE. Default: 16 per context of PerUID.Contexts, at least 1024.
 	FDs int `json:"fds"`
+	// CMIDs bounds the CM IDs of the uid's contexts (rdma_cm IDs: each
+	// listener, connection and connect request received for its
+	// listeners). CM_CREATE_ID past it fails with EAGAIN, and a connect
+	// request is rejected (no resources). Default 16384.
+	CMIDs int `json:"cm_ids"`
 }
 
 // QPCounters are one QP's data-path counters as the operator sees them

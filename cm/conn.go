@@ -4,8 +4,7 @@ import "github.com/vrnic/vrnic/roce"
 
 import "time"
 
-// conn is one connection (or SIDR request) of a Manager, guarded by the
-// Manager's lock.
+// conn is one connection (or SIDR request) of a Manager.
 type conn struct {
 	id       uint32 // local communication ID
 	remoteID uint32 // the peer's, 0 until known
@@ -114,9 +113,7 @@ func (m *Manager) stopTimers(c *conn) {
 
 // outExpired runs when c's request got no answer in time.
 func (m *Manager) outExpired(c *conn, gen uint64) {
-	m.mu.Lock()
 	if m.closed || gen != c.outGen || c.out == nil || m.conns[c.id] != c {
-		m.mu.Unlock()
 		return
 	}
 	defer m.unlock()
@@ -187,9 +184,7 @@ func (m *Manager) enterTimeWait(c *conn) {
 }
 
 func (m *Manager) timeWaitExpired(c *conn) {
-	m.mu.Lock()
 	if m.closed || c.state != StateTimeWait || m.conns[c.id] != c {
-		m.mu.Unlock()
 		return
 	}
 	defer m.unlock()

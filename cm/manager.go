@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	mrand "math/rand/v2"
-	"sync"
 	"time"
 
 	"github.com/vrnic/vrnic/roce"
@@ -17,7 +16,7 @@ import (
 // with its QP1: one UD SEND to destination QP 1 with Q_Key QP1QKey and
 // P_Key DefaultPKey, addressed (GRH / IP header) to the GID dst. It may
 // drop the MAD (the Manager retransmits); it must not block for long.
-// The Manager never calls it with its lock held, so it may call back into
+// It is called from the Manager's owner goroutine and may call back into
 // the Manager.
 type Sender interface {
 	SendMAD(dst GID, mad []byte) error
@@ -42,9 +41,10 @@ type Config struct {
 	Sender Sender
 	// Clock drives the timers; nil means SystemClock.
 	Clock Clock
-	// Handler receives the events, in order, never with the Manager's
-	// lock held (it may call the Manager). It must not block for long:
-	// while it runs, MADs and events queued by other goroutines wait.
+	// Handler receives the events, in order, on the owner's goroutine,
+	// after the call that caused them has done its work (it may call
+	// the Manager). It must not block: nothing else of the CM runs
+	// meanwhile.
 	Handler func(Event)
 	// Seed makes the communication IDs and transaction IDs
 	// reproducible; 0 draws them from the OS random source.
@@ -197,17 +197,18 @@ type action struct {
 // duplicates, and reports what the owner must do. It never changes a QP:
 // the owner does, with the attributes QPAttr returns.
 //
-// Concurrency: every field is guarded by mu, one mutex for the whole
-// Manager; API calls, HandleMAD and timer callbacks take it. MADs to send
-// and events to report are queued under mu and handed to the Sender and
-// the Handler after mu is released, by one goroutine at a time, in the
-// order they were queued.
+// Concurrency: none. A Manager belongs to one goroutine (its owner: the
+// Service's, or a test's), which makes every call, feeds it every MAD
+// and runs its timers: the Clock's callbacks must reach that goroutine
+// (Service does it through its inbox; FakeClock.Advance runs them in the
+// caller's goroutine). MADs to send and events to report are queued while
+// a call works and handed to the Sender and the Handler when it ends, in
+// the order they were queued.
 type Manager struct {
 	cfg   Config
 	clock Clock
 	log   *slog.Logger
 
-	mu         sync.Mutex
 	closed     bool
 	conns      map[uint32]*conn
 	byRemote   map[remoteKey]*conn
@@ -261,10 +262,8 @@ func NewManager(cfg Config) (*Manager, error) {
 }
 
 // Close stops every timer and refuses further calls; no event is reported
-// after it returns (except those already being delivered).
+// after it returns.
 func (m *Manager) Close() {
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	if m.closed {
 		return
 	}
@@ -275,36 +274,30 @@ func (m *Manager) Close() {
 	m.queue = nil
 }
 
-// lock takes the Manager's lock; it fails after Close.
+// lock starts a call; it fails after Close.
 func (m *Manager) lock() error {
-	m.mu.Lock()
 	if m.closed {
-		m.mu.Unlock()
 		return ErrClosed
 	}
 	return nil
 }
 
-// unlock releases the lock and, unless another goroutine is already at
-// it, performs the queued sends and event reports, in order, without the
-// lock held.
+// unlock ends a call: unless an outer call is already at it (a Handler
+// that called back), it performs the queued sends and event reports, in
+// order, including those that the Handler's calls queue meanwhile.
 func (m *Manager) unlock() {
 	if m.draining {
-		m.mu.Unlock()
 		return
 	}
 	m.draining = true
 	for len(m.queue) > 0 && !m.closed {
 		q := m.queue
 		m.queue = nil
-		m.mu.Unlock()
 		for i := range q {
 			m.perform(&q[i])
 		}
-		m.mu.Lock()
 	}
 	m.draining = false
-	m.mu.Unlock()
 }
 
 func (m *Manager) perform(a *action) {
@@ -316,17 +309,13 @@ func (m *Manager) perform(a *action) {
 	}
 	err := m.cfg.Sender.SendMAD(a.dst, a.mad)
 	if err != nil {
-		m.mu.Lock()
 		m.stats.SendErrors++
-		m.mu.Unlock()
 		m.log.Warn("cm: send failed", "attr", a.attr, "dst", a.dst, "err", err)
 	}
 }
 
 // Stats returns the counters.
 func (m *Manager) Stats() Stats {
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	return m.stats
 }
 
@@ -408,8 +397,6 @@ func (m *Manager) get(id ConnID) (*conn, error) {
 
 // State returns the state of a connection.
 func (m *Manager) State(id ConnID) (State, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	c := m.conns[uint32(id)]
 	if c == nil {
 		return StateIdle, fmt.Errorf("%w: %d", ErrUnknownConn, id)
@@ -420,8 +407,6 @@ func (m *Manager) State(id ConnID) (State, error) {
 // QPNInTimeWait reports whether a connection in TimeWait still holds the
 // local QPN qpn: the owner must not give that number to a new QP yet.
 func (m *Manager) QPNInTimeWait(qpn uint32) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	return m.twQPN[qpn] > 0
 }
 

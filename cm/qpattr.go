@@ -69,8 +69,6 @@ type QPAttr struct {
 // RTS's SQPSN is 0 and the owner uses the StartingPSN it will pass to
 // Accept (rdma_cm does the same with its own sequence number).
 func (m *Manager) QPAttr(id ConnID, state QPState) (QPAttr, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	c := m.conns[uint32(id)]
 	if c == nil || c.destroyed {
 		return QPAttr{}, fmt.Errorf("%w: %d", ErrUnknownConn, id)

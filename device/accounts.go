@@ -95,6 +95,12 @@ func fillUIDLimits(l *Limits) {
 	if l.PerUID.Connections == 0 {
 		l.PerUID.Connections = 2*l.PerUID.Contexts + 16
 	}
+	if l.PerUID.CMIDs == 0 {
+		// The CM IDs of four full contexts (cm.ServiceConfig's default
+		// per context, 4096): a uid's connections and requests are
+		// bounded even when it opens every context it may.
+		l.PerUID.CMIDs = 4 * 4096
+	}
 	if l.PerUID.FDs == 0 {
 		l.PerUID.FDs = max(1024, 16*l.PerUID.Contexts)
 	}
@@ -300,7 +306,8 @@ func (d *Device) operatorDenied(cn *conn, op abi.Cmd) error {
 func (d *Device) listAccounts() []any {
 	byUID := map[uint32]*admin.AccountInfo{}
 	for uid, a := range d.accounts {
-		byUID[uid] = &admin.AccountInfo{UID: uid, Connections: a.conns, FDs: a.conns, Refused: a.refused}
+		byUID[uid] = &admin.AccountInfo{UID: uid, Connections: a.conns, FDs: a.conns, Refused: a.refused,
+			CMIDs: d.cmIDsOf(uid)}
 	}
 	for _, cx := range d.contexts {
 		ai := byUID[cx.uid]

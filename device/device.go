@@ -91,10 +91,10 @@ type Config struct {
 	// (package faults: faults.Injector.Serve); nil: the device has no
 	// fault layer and FaultCmd fails with EOPNOTSUPP.
 	Faults func(admin.FaultRequest) (admin.FaultReply, error)
-	// GSI is the device's QP1 (dataplane.QP1): with it the device runs
-	// the communication manager (cm.go) and serves the CM commands; nil:
-	// they fail with EOPNOTSUPP.
-	GSI GSI
+	// CM is the communication manager (cm.Service over the device's
+	// QP1), to which the CM commands are routed (cmseam.go); nil: they
+	// fail with EOPNOTSUPP.
+	CM CM
 }
 
 // DeviceCounters are the device's control-path counters.
@@ -165,7 +165,13 @@ type Device struct {
 	// (accounts.go).
 	accounts map[uint32]*account
 
-	cm *cmState // nil without Config.GSI
+	// cmIDs counts the CM IDs of each uid (CMClient.CMChargeID). Its
+	// own lock, never held across anything: the CM charges from its
+	// goroutine without the device lock.
+	cmIDs struct {
+		mu    sync.Mutex
+		byUID map[uint32]int
+	}
 
 	euid     uint32        // the daemon's effective uid: an operator
 	done     chan struct{} // closed by Close
@@ -239,13 +245,7 @@ func New(cfg Config) (*Device, error) {
 		euid:     uint32(os.Geteuid()),
 		done:     make(chan struct{}),
 	}
-	if cfg.GSI != nil {
-		s, err := newCMState(d, cfg.GSI)
-		if err != nil {
-			return nil, err
-		}
-		d.cm = s
-	}
+	d.cmIDs.byUID = map[uint32]int{}
 	return d, nil
 }
 
@@ -354,9 +354,6 @@ func (d *Device) Close() error {
 	}
 	d.mu.Unlock()
 	d.wg.Wait()
-	if d.cm != nil {
-		d.cm.close()
-	}
 	d.log.Info("device closed")
 	return nil
 }

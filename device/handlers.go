@@ -69,6 +69,7 @@ func (cn *conn) openContext(r *request) (reply, error) {
 	}
 	cx := &Context{
 		handle: h,
+		dev:    d,
 		// The owner id is unique for the daemon's lifetime (handles are
 		// reused, owners must not be: a dead client's memory must never
 		// be attributed to a new one).
@@ -107,8 +108,8 @@ func (cn *conn) queryDevice(r *request) (reply, error) {
 	d := cn.d
 	l := d.cfg.Limits
 	a := &abi.DeviceAttr{
-		NodeGUID:        nodeGUID(d.cfg.Name),
-		SysImageGUID:    nodeGUID(d.cfg.Name),
+		NodeGUID:        NodeGUID(d.cfg.Name),
+		SysImageGUID:    NodeGUID(d.cfg.Name),
 		MaxMRSize:       abi.MaxMRSize,
 		PageSizeCap:     1<<abi.PageShift4K | 1<<abi.PageShift2M,
 		VendorID:        0x1ded, // Alibaba's PCI vendor id, as eRDMA reports
@@ -137,7 +138,9 @@ func (cn *conn) queryDevice(r *request) (reply, error) {
 	return reply{body: a}, nil
 }
 
-func nodeGUID(name string) uint64 {
+// NodeGUID is the node (and CA) GUID of the device named name, as
+// QUERY_DEVICE reports it and the communication manager sends it.
+func NodeGUID(name string) uint64 {
 	// FNV-1a of the device name: stable across restarts, distinct per name.
 	h := uint64(14695981039346656037)
 	for i := 0; i < len(name); i++ {

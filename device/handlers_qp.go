@@ -456,7 +456,9 @@ func (d *Device) freeAH(cx *Context, a *AH) {
 // order, and closes its doorbell page. Called when the connection ends
 // (client exit or death) and at shutdown.
 func (d *Device) releaseContextLocked(cx *Context, why string) {
-	d.releaseCM(cx)
+	if d.cfg.CM != nil {
+		d.cfg.CM.Release(cx)
+	}
 	cx.closeEvents()
 	for _, q := range cx.qps.list() {
 		d.freeQP(cx, q)

@@ -50,9 +50,8 @@ type Context struct {
 	events   atomic.Pointer[eventSink]
 	deferred []func()
 
-	// cmIDs are the context's CM IDs (cm.go), guarded by cmState.mu.
-	cmIDs    map[uint32]*cmID
-	nextCMID uint32
+	// dev is the context's device (CMClient: the uid's CM ID account).
+	dev *Device
 }
 
 // newHandle returns a handle not used by any object of the context (all

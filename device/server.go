@@ -106,15 +106,15 @@ func init() {
 		abi.CmdDestroySRQ:    {handle, 0, 0, true, (*conn).destroySRQ},
 		abi.CmdCreateAH:      {sz(&abi.CmdCreateAHReq{}), 0, 0, true, (*conn).createAH},
 		abi.CmdDestroyAH:     {handle, 0, 0, true, (*conn).destroyAH},
-		abi.CmdCMCreateID:    {sz(&abi.CmdCMCreateIDReq{}), 0, 0, true, (*conn).cmCreateID},
-		abi.CmdCMDestroyID:   {handle, 0, 0, true, (*conn).cmDestroyID},
-		abi.CmdCMListen:      {sz(&abi.CmdCMListenReq{}), 0, 0, true, (*conn).cmListen},
-		abi.CmdCMConnect:     {sz(&abi.CmdCMConnectReq{}), 0, 0, true, (*conn).cmConnect},
-		abi.CmdCMAccept:      {sz(&abi.CmdCMAcceptReq{}), 0, 0, true, (*conn).cmAccept},
-		abi.CmdCMReject:      {sz(&abi.CmdCMPrivateReq{}), 0, 0, true, (*conn).cmReject},
-		abi.CmdCMEstablish:   {handle, 0, 0, true, (*conn).cmEstablish},
-		abi.CmdCMDisconnect:  {sz(&abi.CmdCMPrivateReq{}), 0, 0, true, (*conn).cmDisconnect},
-		abi.CmdCMInitQPAttr:  {sz(&abi.CmdCMInitQPAttrReq{}), 0, 0, true, (*conn).cmInitQPAttr},
+		abi.CmdCMCreateID:    {sz(&abi.CmdCMCreateIDReq{}), 0, 0, true, (*conn).cmCommand},
+		abi.CmdCMDestroyID:   {handle, 0, 0, true, (*conn).cmCommand},
+		abi.CmdCMListen:      {sz(&abi.CmdCMListenReq{}), 0, 0, true, (*conn).cmCommand},
+		abi.CmdCMConnect:     {sz(&abi.CmdCMConnectReq{}), 0, 0, true, (*conn).cmCommand},
+		abi.CmdCMAccept:      {sz(&abi.CmdCMAcceptReq{}), 0, 0, true, (*conn).cmCommand},
+		abi.CmdCMReject:      {sz(&abi.CmdCMPrivateReq{}), 0, 0, true, (*conn).cmCommand},
+		abi.CmdCMEstablish:   {handle, 0, 0, true, (*conn).cmCommand},
+		abi.CmdCMDisconnect:  {sz(&abi.CmdCMPrivateReq{}), 0, 0, true, (*conn).cmCommand},
+		abi.CmdCMInitQPAttr:  {sz(&abi.CmdCMInitQPAttrReq{}), 0, 0, true, (*conn).cmCommand},
 	}
 	for op := range adminTable {
 		cmdTable[op] = cmdSpec{-1, 0, 0, false, (*conn).admin}
@@ -243,6 +243,10 @@ func (cn *conn) dispatch(hdr *abi.MsgHdr, m *rawMsg) (reply, error) {
 			return reply{}, errorf(errBadFd, "%v: %d fds attached, want %d", hdr.Opcode, n, spec.minFds)
 		}
 		return reply{}, errorf(errBadFd, "%v: %d fds attached, want %d to %d", hdr.Opcode, n, spec.minFds, spec.maxFds)
+	}
+	if hdr.Opcode >= abi.CmdCMCreateID && hdr.Opcode <= abi.CmdCMInitQPAttr {
+		// The CM has its own owner and never takes the device lock.
+		return cn.cmCommand(&request{hdr: *hdr, payload: payload, msg: m})
 	}
 	cn.d.mu.Lock()
 	defer cn.d.mu.Unlock()

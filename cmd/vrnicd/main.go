@@ -77,8 +77,10 @@ import (
 
 	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/admin"
+	"github.com/vrnic/vrnic/cm"
 	"github.com/vrnic/vrnic/device"
 	"github.com/vrnic/vrnic/dma"
+	"github.com/vrnic/vrnic/roce"
 	"golang.org/x/sys/unix"
 )
 
@@ -220,6 +222,21 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	defer qp1.Close()
+	// The communication manager: one goroutine owns it; QP1 hands it the
+	// CM MADs, the device routes it the CM commands.
+	cmSvc, err := cm.NewService(cm.ServiceConfig{
+		CM:     cm.Config{CAGUID: device.NodeGUID(cfg.Name), AckDelay: cm.RXEAckDelay},
+		GSI:    qp1,
+		GIDs:   li.GIDs,
+		MaxMTU: roce.MTU(li.MaxMTU),
+		Logger: log.With("device", cfg.Name),
+	})
+	if err != nil {
+		l.Close()
+		return err
+	}
+	defer cmSvc.Close()
+	qp1.RegisterAgent(cm.MgmtClassCM, cmSvc.HandleMAD)
 	dev, err := device.New(device.Config{
 		Name:       cfg.Name,
 		NumWorkers: workers,
@@ -232,7 +249,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		OperatorGroup: opGroup,
 		Capture:       plane.capture(log),
 		Faults:        plane.faults.Serve,
-		GSI:           qp1,
+		CM:            cmSvc,
 	})
 	if err != nil {
 		l.Close()

@@ -25,13 +25,14 @@ import (
 //	  recv slots  [0, qp1RecvSlots)    40 + 256 bytes: GRH, then the MAD
 //
 //	SendMAD ──► free send slot ──► sendQ ──► PollSend (worker) ──► link
-//	link ──► PollRecv (worker) ──► recv slot ──► PushCQE ──► rxQ ──► run
-//	run: source GID from the GRH, agent by management class, slot reposted
+//	link ──► PollRecv (worker) ──► recv slot ──► PushCQE: source GID from
+//	         the GRH, agent by management class, slot reposted
 //
 // Every hand-over between the daemon's goroutines and the worker goes
 // through q.mu (the queues), so a slot's bytes are written before the
-// other side may read them. The worker never blocks: PushCQE only queues
-// the slot and signals run's channel.
+// other side may read them. The worker never blocks: the agent takes a
+// copy of the MAD into its own inbox without waiting (the communication
+// manager's Service.HandleMAD), and the slot is posted again at once.
 //
 // Received MADs go to the agent registered for their management class
 // (RegisterAgent: the communication manager for class 0x07); MADs of any
@@ -51,15 +52,10 @@ type QP1 struct {
 	sendTo  [qp1Slots]uint32 // AH handle of each send slot
 	pending []qp1Pending     // MADs waiting for a free send slot (a burst)
 	recvQ   []uint32         // recv slots posted
-	rxQ     []uint32         // recv slots completed, waiting for run
 	ahByGID map[netip.Addr]uint32
 	nextAH  uint32
 	agents  map[uint8]func(src [16]byte, mad []byte)
 	closed  bool
-
-	rxWake chan struct{}
-	stop   chan struct{}
-	done   chan struct{}
 
 	Counters QP1Counters
 }
@@ -83,9 +79,8 @@ type QP1Counters struct {
 const (
 	qp1Slots = 64
 	// qp1RecvSlots is as many receives as Linux posts on its QP1
-	// (IB_MAD_QP_RECV_SIZE): a burst of MADs (hundreds of REQs, or of
-	// the MRAs and REPs that answer them) waits in them for run
-	// rather than being dropped by the transport for want of a receive.
+	// (IB_MAD_QP_RECV_SIZE); a slot is posted again as soon as its MAD
+	// was handed to its agent.
 	qp1RecvSlots = 512
 	qp1MADLen    = 256
 	qp1RecvLen   = roce.GRHLen + qp1MADLen
@@ -115,9 +110,6 @@ func (dp *DataPlane) StartQP1(local netip.Addr) (*QP1, error) {
 		arena:   make([]byte, qp1Slots*qp1MADLen+qp1RecvSlots*qp1RecvLen),
 		ahByGID: map[netip.Addr]uint32{},
 		agents:  map[uint8]func([16]byte, []byte){},
-		rxWake:  make(chan struct{}, 1),
-		stop:    make(chan struct{}),
-		done:    make(chan struct{}),
 	}
 	for i := range uint32(qp1Slots) {
 		q.free = append(q.free, i)
@@ -137,7 +129,6 @@ func (dp *DataPlane) StartQP1(local netip.Addr) (*QP1, error) {
 	if err := q.up(); err != nil {
 		return nil, err
 	}
-	go q.run()
 	return q, nil
 }
 
@@ -155,7 +146,7 @@ func (q *QP1) up() error {
 	return nil
 }
 
-// Close stops the dispatch goroutine and removes QP1 from the engine.
+// Close removes QP1 from the engine.
 func (q *QP1) Close() {
 	q.mu.Lock()
 	if q.closed {
@@ -166,8 +157,6 @@ func (q *QP1) Close() {
 	q.Counters.SendDropped.Add(uint64(len(q.pending)))
 	q.pending = nil
 	q.mu.Unlock()
-	close(q.stop)
-	<-q.done
 	<-q.eng.DestroyQP(qp1QPN)
 }
 
@@ -179,8 +168,9 @@ func (q *QP1) Stats() admin.QP1Stats {
 }
 
 // RegisterAgent makes h receive every MAD of management class class, with
-// the GID it came from. h runs on QP1's dispatch goroutine, one MAD at a
-// time; mad is valid only during the call.
+// the GID it came from. h runs on the engine worker that owns QP1, one
+// MAD at a time: it must not block (take a copy and queue it); mad is
+// valid only during the call.
 func (q *QP1) RegisterAgent(class uint8, h func(src [16]byte, mad []byte)) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -266,41 +256,6 @@ func (q *QP1) ah(dst netip.Addr) (uint32, error) {
 	q.ahByGID[dst] = h
 	q.ahs.Set(h, a)
 	return h, nil
-}
-
-// run dispatches received MADs to the agents.
-func (q *QP1) run() {
-	defer close(q.done)
-	var mad [qp1MADLen]byte
-	for {
-		select {
-		case <-q.stop:
-			return
-		case <-q.rxWake:
-		}
-		for {
-			q.mu.Lock()
-			if len(q.rxQ) == 0 {
-				q.mu.Unlock()
-				break
-			}
-			s := q.rxQ[0]
-			q.rxQ = q.rxQ[1:]
-			b := q.arena[qp1RecvBase+s*qp1RecvLen : qp1RecvBase+(s+1)*qp1RecvLen]
-			src, ok := grhSource(b[:roce.GRHLen])
-			copy(mad[:], b[roce.GRHLen:])
-			h := q.agents[mad[1]] // base version, management class, ...
-			q.recvQ = append(q.recvQ, s)
-			q.mu.Unlock()
-			q.eng.Kick(qp1QPN)
-			if !ok || h == nil {
-				q.Counters.Dropped.Add(1)
-				continue
-			}
-			q.Counters.Received.Add(1)
-			h(src, mad[:])
-		}
-	}
 }
 
 // grhSource returns the source GID of the GRH a UD receive starts with:
@@ -405,22 +360,30 @@ type qp1RecvSink QP1
 func (s *qp1RecvSink) PushCQE(c *abi.CQE, _ bool) error {
 	q := (*QP1)(s)
 	slot := uint32(c.WrID &^ qp1RecvFlag)
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if c.Status != abi.WCSuccess || c.ByteLen != qp1RecvLen {
-		if c.Status != abi.WCSuccess {
-			q.Counters.RecvErrors.Add(1)
+	switch {
+	case c.Status != abi.WCSuccess:
+		q.Counters.RecvErrors.Add(1)
+	case c.ByteLen != qp1RecvLen:
+		q.Counters.Dropped.Add(1)
+	default:
+		b := q.arena[qp1RecvBase+slot*qp1RecvLen : qp1RecvBase+(slot+1)*qp1RecvLen]
+		src, ok := grhSource(b[:roce.GRHLen])
+		mad := b[roce.GRHLen:]
+		q.mu.Lock()
+		h := q.agents[mad[1]] // base version, management class, ...
+		q.mu.Unlock()
+		if ok && h != nil {
+			q.Counters.Received.Add(1)
+			h(src, mad)
 		} else {
 			q.Counters.Dropped.Add(1)
 		}
-		q.recvQ = append(q.recvQ, slot)
-		return nil
 	}
-	q.rxQ = append(q.rxQ, slot)
-	select {
-	case q.rxWake <- struct{}{}:
-	default:
-	}
+	q.mu.Lock()
+	q.recvQ = append(q.recvQ, slot)
+	q.mu.Unlock()
+	// The slot is posted again; the engine takes it at its next pass
+	// (this runs on QP1's own worker).
 	return nil
 }
 
