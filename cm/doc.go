@@ -1,9 +1,47 @@
 // Package cm is the InfiniBand Communication Manager (IBTA vol. 1,
 // chapter 12) of vrnic: the protocol rdma_cm programs and Linux hosts
 // (Soft-RoCE included) use to connect RC and UC QPs and to resolve UD
-// service IDs. It is transport-agnostic: it builds and parses MADs and
-// runs the state machines; the daemon carries the MADs on its QP1 and
-// changes its QPs.
+// service IDs. Its semantics are Linux's (ib_cm, rdma_cm, librdmacm).
+//
+// # States of a connection
+//
+//	                          active side                          passive side
+//	                             IDLE                                  IDLE
+//	              Connect: REQ ──►│                                     │◄── REQ (listener): EventConnectRequest
+//	                          REQ_SENT ──MRA──► MRA_REQ_RCVD        REQ_RCVD ──MRA──► MRA_REQ_SENT
+//	                     REP: EventREPReceived │                        │ Accept: REP
+//	                          REP_RCVD ──MRA──► MRA_REP_SENT        REP_SENT ──MRA──► MRA_REP_RCVD
+//	                       RTU ──►│                                     │◄── RTU (or a packet: NotifyEstablished)
+//	                              └──────────► ESTABLISHED ◄────────────┘
+//	                 Disconnect: DREQ ──►│            │◄── DREQ: EventDisconnectRequest
+//	                                 DREQ_SENT    DREQ_RCVD
+//	                        DREP (or timeout) │            │ Disconnect: DREP
+//	                                          └─► TIMEWAIT ◄┘ ──timer──► IDLE (forgotten)
+//
+//	SIDR: IDLE ──SIDRRequest──► SIDR_REQ_SENT ──SIDR_REP──► IDLE
+//	      IDLE ──SIDR_REQ────► SIDR_REQ_RCVD ──SIDRReply──► IDLE
+//
+// A REJ, or a request that got no answer after its retries, returns a
+// handshake to IDLE (a stale connection REJ, or one after REP_SENT, goes
+// through TIMEWAIT); Destroy ends a connection from any state (recv.go,
+// manager.go: every transition is in the function of the message or call
+// that causes it).
+//
+// # Parts
+//
+// Service (service*.go) is the CM of one device: one goroutine and one
+// inbox own a Manager and the CM IDs of every client, so neither has a
+// lock and the order of events is the order of the inbox: client commands
+// (the CM_* commands of the ABI, routed by the device through its CM
+// interface), MADs from QP1 (HandleMAD, called by QP1's engine worker: it
+// copies the MAD into the inbox and never blocks), timer expiries (the
+// Manager's Clock posts them) and the release of a context. Events go to
+// the clients' event sockets as struct vrnic_cm_event. Errors keep their
+// cause and carry the errno the client gets.
+//
+// Manager (manager.go, recv.go, conn.go, qpattr.go) is transport-agnostic:
+// it builds and parses MADs and runs the state machines; it belongs to one
+// goroutine.
 //
 // # Wire format
 //
@@ -20,9 +58,9 @@
 // data, and the path rdma_cm builds for RoCE v2 (IPv4-mapped GIDs,
 // permissive LIDs, hop limit, traffic class, flow label from the ports).
 //
-// # Plugging it in
+// # Plugging a Manager in
 //
-// The owner (the daemon, per port) creates a Manager with a Sender (send
+// The owner (the Service, per port) creates a Manager with a Sender (send
 // a MAD to QP1 of the port with a given GID), a Clock (SystemClock, or a
 // FakeClock in tests) and a Handler for events, and feeds it every MAD
 // its QP1 receives with HandleMAD(sourceGID, mad). It drives connections
@@ -87,10 +125,10 @@
 //
 // # Concurrency
 //
-// One mutex guards all of a Manager's state. MADs and events produced
-// under it are queued and handed to the Sender and the Handler after it
-// is released, in order, by one goroutine at a time; both may call back
-// into the Manager.
+// A Manager has no lock: its owner (the Service's goroutine, or a test)
+// makes every call and runs its timers. MADs and events a call produces
+// are queued and handed to the Sender and the Handler when the call ends,
+// in order; both may call back into the Manager.
 //
 // # Not implemented
 //
