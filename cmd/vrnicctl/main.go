@@ -337,7 +337,7 @@ func printAccounts(w io.Writer, raw []json.RawMessage) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "UID\tUSER\tCONNECTIONS\tCONTEXTS\tHOSTMEM\tHOSTMEM_BYTES\tMRS\tMR_PAGES\tPDS\tCQS\tQPS\tSRQS\tAHS\tFDS\tREFUSED")
+	fmt.Fprintln(tw, "UID\tUSER\tCONNECTIONS\tCONTEXTS\tHOSTMEM\tHOSTMEM_BYTES\tMRS\tMR_PAGES\tPDS\tCQS\tQPS\tSRQS\tAHS\tCM_IDS\tFDS\tREFUSED")
 	for _, r := range raw {
 		var a admin.AccountInfo
 		if err := json.Unmarshal(r, &a); err != nil {
@@ -348,8 +348,8 @@ func printAccounts(w io.Writer, raw []json.RawMessage) error {
 			name = u.Username
 		}
 		c := a.Resources
-		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", a.UID, name, a.Connections, c.Contexts,
-			c.HostMem, a.HostMemBytes, c.MR, a.MRPages, c.PD, c.CQ, c.QP, c.SRQ, c.AH, a.FDs, a.Refused)
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", a.UID, name, a.Connections, c.Contexts,
+			c.HostMem, a.HostMemBytes, c.MR, a.MRPages, c.PD, c.CQ, c.QP, c.SRQ, c.AH, a.CMIDs, a.FDs, a.Refused)
 	}
 	return tw.Flush()
 }

@@ -57,6 +57,9 @@ func clientMain(mode, sock string) int {
 	if err != nil {
 		return fail(err)
 	}
+	if mode == "cm" {
+		return cmClientMain(c)
+	}
 	hm, err := c.AddHostMem(2 << 20)
 	if err != nil {
 		return fail(err)
@@ -519,4 +522,31 @@ func TestConfigFile(t *testing.T) {
 	out, err := exec.Command(vrnicd, "-config", bad, "-runtime-dir", dir).CombinedOutput()
 	require.Error(t, err)
 	assert.Contains(t, string(out), `unknown field "bogus"`)
+}
+
+// cmClientMain (mode "cm") creates three CM IDs, tries to listen on a
+// privileged port and then on an unprivileged one, prints what each got
+// ("PRIV <error>", "READY") and waits to be killed.
+func cmClientMain(c *verbs.Context) int {
+	if _, err := c.OpenAsyncEvents(); err != nil {
+		fmt.Println("ERROR", err)
+		return 1
+	}
+	var ids []*verbs.CMID
+	for range 3 {
+		id, err := c.CreateCMID(abi.QPTRC)
+		if err != nil {
+			fmt.Println("ERROR", err)
+			return 1
+		}
+		ids = append(ids, id)
+	}
+	const psTCP = 0x0106
+	fmt.Println("PRIV", ids[0].Listen(psTCP<<16|80, 8))
+	if err := ids[1].Listen(psTCP<<16|18999, 8); err != nil {
+		fmt.Println("ERROR", err)
+		return 1
+	}
+	fmt.Println("READY")
+	select {} // until killed
 }

@@ -1,6 +1,8 @@
 package controlpath
 
 import (
+	"bufio"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/internal/testenv"
 )
 
@@ -68,6 +71,43 @@ func TestUnprivilegedDaemon(t *testing.T) {
 	out, err = c.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	assert.True(t, strings.HasPrefix(string(out), "READY "), "%s", out)
+
+	// An rdma_cm client of that user: listening on port 80 needs
+	// CAP_NET_BIND_SERVICE, as in Linux; its CM IDs are in its uid's
+	// account until it goes.
+	c = exec.Command(clientBin, "-test.run=^$")
+	c.Env = append(env, "VRNIC_TEST_CLIENT=cm", "VRNIC_TEST_SOCKET="+sock)
+	c.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: gid}}
+	cout, err := c.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, c.Start())
+	t.Cleanup(func() {
+		if c.ProcessState == nil {
+			c.Process.Kill()
+			c.Wait()
+		}
+	})
+	lines := bufio.NewScanner(cout)
+	require.True(t, lines.Scan())
+	assert.Regexp(t, `^PRIV .*port 80 is below 1024.*CAP_NET_BIND_SERVICE`, lines.Text())
+	require.True(t, lines.Scan())
+	require.Equal(t, "READY", lines.Text())
+	cmIDs := func() int {
+		out, err := exec.Command(vrnicctl, "-s", sock, "-json", "accounts").Output()
+		require.NoError(t, err, "%s", out)
+		var accts []admin.AccountInfo
+		require.NoError(t, json.Unmarshal(out, &accts), "%s", out)
+		for _, a := range accts {
+			if a.UID == uid {
+				return a.CMIDs
+			}
+		}
+		return 0
+	}
+	assert.Equal(t, 3, cmIDs())
+	require.NoError(t, c.Process.Kill())
+	c.Wait()
+	require.Eventually(t, func() bool { return cmIDs() == 0 }, 10*time.Second, 20*time.Millisecond)
 
 	require.NoError(t, d.Process.Signal(syscall.SIGINT))
 	require.NoError(t, d.Wait(), "%s", &stderr)
