@@ -366,3 +366,47 @@ func TestPrivilegedPort(t *testing.T) {
 		assert.Equal(t, tc.want, privilegedPort(tc.sid), fmt.Sprintf("%#x", tc.sid))
 	}
 }
+
+// TestServiceRequestOfGoneClient: a server that creates the QP of a
+// connect request whose client has gone meanwhile (killed right after
+// rdma_connect: its context's release rejects the request) gets the QP's
+// INIT attributes, as it would have a moment earlier; moving it further,
+// or accepting, fails with EINVAL, and the server has its REJECTED event.
+func TestServiceRequestOfGoneClient(t *testing.T) {
+	n := &svcNet{svcs: map[GID]*Service{}}
+	a := n.add(t, "10.9.2.1", 0xa)
+	b := n.add(t, "10.9.2.2", 0xb)
+	server, client := newSvcClient(1), newSvcClient(2)
+	sid := ServiceID(PortSpaceTCP, 7001)
+	lid := createID(t, b, server, abi.QPTRC)
+	_, err := cmd(t, b, server, abi.CmdCMListen, &abi.CmdCMListenReq{CMID: lid, ServiceID: sid})
+	require.NoError(t, err)
+	id := createID(t, a, client, abi.QPTRC)
+	_, err = cmd(t, a, client, abi.CmdCMConnect, &abi.CmdCMConnectReq{CMID: id, QPN: 0x42, ServiceID: sid,
+		DGID: GIDFromIP(netip.MustParseAddr("10.9.2.2")), ResponderResources: 1, InitiatorDepth: 1})
+	require.NoError(t, err)
+	var req abi.CMEvent
+	select {
+	case req = <-server.conns:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no connect request")
+	}
+	a.Release(client) // the client is killed
+	ev := server.wait(t, req.CMID)
+	require.Equal(t, abi.CMEventRejected, ev.Type)
+	assert.EqualValues(t, RejectTimeout, ev.Status)
+
+	r, err := cmd(t, b, server, abi.CmdCMInitQPAttr, &abi.CmdCMInitQPAttrReq{CMID: req.CMID, QPState: abi.QPSInit})
+	require.NoError(t, err, "rdma_create_qp on the request's ID")
+	init := r.(*abi.CMQPAttr)
+	assert.Equal(t, abi.QPSInit, init.QPState)
+	assert.Equal(t, req.QPAttr.QPAccessFlags, init.QPAccessFlags)
+	assert.NotZero(t, init.QPAccessFlags&abi.AccessRemoteRead, "the REQ offered responder resources")
+	_, err = cmd(t, b, server, abi.CmdCMInitQPAttr, &abi.CmdCMInitQPAttrReq{CMID: req.CMID, QPState: abi.QPSRTR})
+	assert.ErrorIs(t, err, unix.EINVAL)
+	_, err = cmd(t, b, server, abi.CmdCMAccept, &abi.CmdCMAcceptReq{CMID: req.CMID, QPN: 0x99})
+	assert.ErrorIs(t, err, unix.EINVAL)
+	_, err = cmd(t, b, server, abi.CmdCMDestroyID, &abi.CmdHandleReq{Handle: req.CMID})
+	assert.NoError(t, err)
+	assert.Equal(t, 1, server.liveIDs())
+}
