@@ -127,6 +127,19 @@ const (
 	QPTUD QPType = 4
 )
 
+// String returns "RC", "UC", "UD", or "type N" for another value.
+func (t QPType) String() string {
+	switch t {
+	case QPTRC:
+		return "RC"
+	case QPTUC:
+		return "UC"
+	case QPTUD:
+		return "UD"
+	}
+	return "type " + strconv.FormatUint(uint64(t), 10)
+}
+
 // QPState is enum vrnic_qp_state (IBV_QPS_*).
 type QPState uint32
 

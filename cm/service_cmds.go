@@ -243,16 +243,26 @@ func (s *Service) connOf(c Client, handle uint32) (*cmID, error) {
 	return id, nil
 }
 
-func (s *Service) cmdReject(c Client, payload []byte) (any, error) {
+// privateCmd decodes a CM_REJECT or CM_DISCONNECT: the connection of its
+// CM ID and its private data.
+func (s *Service) privateCmd(c Client, op abi.Cmd, payload []byte) (*cmID, []byte, error) {
 	var r abi.CmdCMPrivateReq
-	if err := decode(abi.CmdCMReject, payload, &r); err != nil {
-		return nil, err
+	if err := decode(op, payload, &r); err != nil {
+		return nil, nil, err
 	}
 	pd, err := privateData(&r.PrivateData, r.PrivateDataLen)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	id, err := s.connOf(c, r.CMID)
+	if err != nil {
+		return nil, nil, err
+	}
+	return id, pd, nil
+}
+
+func (s *Service) cmdReject(c Client, payload []byte) (any, error) {
+	id, pd, err := s.privateCmd(c, abi.CmdCMReject, payload)
 	if err != nil {
 		return nil, err
 	}
@@ -287,15 +297,7 @@ func (s *Service) cmdEstablish(c Client, payload []byte) (any, error) {
 }
 
 func (s *Service) cmdDisconnect(c Client, payload []byte) (any, error) {
-	var r abi.CmdCMPrivateReq
-	if err := decode(abi.CmdCMDisconnect, payload, &r); err != nil {
-		return nil, err
-	}
-	pd, err := privateData(&r.PrivateData, r.PrivateDataLen)
-	if err != nil {
-		return nil, err
-	}
-	id, err := s.connOf(c, r.CMID)
+	id, pd, err := s.privateCmd(c, abi.CmdCMDisconnect, payload)
 	if err != nil {
 		return nil, err
 	}

@@ -331,7 +331,7 @@ func (s *Service) Info() admin.CMInfo {
 }
 
 func (s *Service) idInfo(id *cmID) admin.CMIDInfo {
-	e := admin.CMIDInfo{Ctx: id.cl.c.CMContext(), ID: id.handle, QPType: qpTypeName(id.qpType),
+	e := admin.CMIDInfo{Ctx: id.cl.c.CMContext(), ID: id.handle, QPType: id.qpType.String(),
 		LastEvent: id.last, ServiceID: id.serviceID}
 	switch {
 	case id.listening:
@@ -351,16 +351,4 @@ func (s *Service) idInfo(id *cmID) admin.CMIDInfo {
 		e.Peer = fmt.Sprint(GID(id.peer))
 	}
 	return e
-}
-
-func qpTypeName(t abi.QPType) string {
-	switch t {
-	case abi.QPTRC:
-		return "RC"
-	case abi.QPTUC:
-		return "UC"
-	case abi.QPTUD:
-		return "UD"
-	}
-	return fmt.Sprintf("QPType(%d)", t)
 }

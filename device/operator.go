@@ -208,7 +208,7 @@ func (d *Device) listQPs() []any {
 		slices.SortFunc(qs, func(a, b *QP) int { return cmp.Compare(a.qpn, b.qpn) })
 		for _, q := range qs {
 			n := q.qpn
-			qi := admin.QPInfo{Ctx: cx.handle, QPN: n, Type: qpTypeName(q.typ), State: q.state.Load().String(),
+			qi := admin.QPInfo{Ctx: cx.handle, QPN: n, Type: q.typ.String(), State: q.state.Load().String(),
 				PD: q.pd.handle, SendCQ: q.sendCQ.handle, RecvCQ: q.recvCQ.handle,
 				SQPSN: q.attr.SQPSN, RQPSN: q.attr.RQPSN, DestQPN: q.attr.DestQPNum,
 				PathMTU: q.attr.PathMTU.Bytes(), SendWR: q.attr.Cap.MaxSendWR, RecvWR: q.attr.Cap.MaxRecvWR,

@@ -118,19 +118,6 @@ const (
 	QPTypeUD = abi.QPTUD
 )
 
-// qpTypeName names a QP type for messages.
-func qpTypeName(t QPType) string {
-	switch t {
-	case QPTypeRC:
-		return "RC"
-	case QPTypeUC:
-		return "UC"
-	case QPTypeUD:
-		return "UD"
-	}
-	return fmt.Sprintf("type %d", uint32(t))
-}
-
 // qpTypeIndex maps the supported QP types to a column of the tables.
 func qpTypeIndex(t QPType) (int, bool) {
 	switch t {
@@ -266,7 +253,7 @@ func curStateAllowed(cur, next QPState) bool {
 func checkTransition(t QPType, cur, next QPState, mask AttrMask) error {
 	col, ok := qpTypeIndex(t)
 	if !ok {
-		return errorf(errInval, "QP type %s not supported", qpTypeName(t))
+		return errorf(errInval, "QP type %s not supported", t.String())
 	}
 	if !validState(cur) || !validState(next) {
 		return errorf(errInval, "invalid QP state %v -> %v", cur, next)
@@ -276,7 +263,7 @@ func checkTransition(t QPType, cur, next QPState, mask AttrMask) error {
 	}
 	tr := qpTransitions[cur][next]
 	if !tr.valid || (t == QPTypeRC && cur == StateSQE) { // an RC QP is never in SQE
-		return errorf(errInval, "illegal QP state transition %v -> %v for %s QP", cur, next, qpTypeName(t))
+		return errorf(errInval, "illegal QP state transition %v -> %v for %s QP", cur, next, t.String())
 	}
 	req := tr.required[col]
 	opt := tr.optional[col] | AttrState
@@ -284,10 +271,10 @@ func checkTransition(t QPType, cur, next QPState, mask AttrMask) error {
 		opt |= AttrCurState
 	}
 	if missing := req &^ mask; missing != 0 {
-		return errorf(errInval, "%v -> %v on %s QP: missing required attribute %v", cur, next, qpTypeName(t), missing)
+		return errorf(errInval, "%v -> %v on %s QP: missing required attribute %v", cur, next, t.String(), missing)
 	}
 	if extra := mask &^ (req | opt); extra != 0 {
-		return errorf(errInval, "%v -> %v on %s QP: attribute %v not allowed", cur, next, qpTypeName(t), extra)
+		return errorf(errInval, "%v -> %v on %s QP: attribute %v not allowed", cur, next, t.String(), extra)
 	}
 	return nil
 }

@@ -44,7 +44,7 @@ func TestCheckTransitionLegal(t *testing.T) {
 	lt := legalTransitions()
 	require.Len(t, lt, 20+23+23) // RC: no SQE row; UD and UC: every row
 	for _, tr := range lt {
-		t.Run(fmt.Sprintf("%s/%v-%v", qpTypeName(tr.typ), tr.cur, tr.next), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s/%v-%v", tr.typ.String(), tr.cur, tr.next), func(t *testing.T) {
 			// Required only, and required plus every optional attribute.
 			assert.NoError(t, checkTransition(tr.typ, tr.cur, tr.next, AttrState|tr.req))
 			assert.NoError(t, checkTransition(tr.typ, tr.cur, tr.next, AttrState|tr.req|tr.opt))
@@ -102,11 +102,11 @@ func TestCheckTransitionIllegal(t *testing.T) {
 		{QPTypeUC, StateSQE, StateSQD},
 	}
 	for _, c := range cases {
-		t.Run(fmt.Sprintf("%s/%v-%v", qpTypeName(c.typ), c.cur, c.next), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s/%v-%v", c.typ.String(), c.cur, c.next), func(t *testing.T) {
 			err := checkTransition(c.typ, c.cur, c.next, AttrState)
 			require.Error(t, err)
 			assert.ErrorIs(t, err, errInval)
-			assert.Equal(t, fmt.Sprintf("illegal QP state transition %v -> %v for %s QP", c.cur, c.next, qpTypeName(c.typ)), err.Error())
+			assert.Equal(t, fmt.Sprintf("illegal QP state transition %v -> %v for %s QP", c.cur, c.next, c.typ.String()), err.Error())
 		})
 	}
 	legal := map[[3]uint32]bool{}
@@ -123,7 +123,7 @@ func TestCheckTransitionIllegal(t *testing.T) {
 				illegal++
 				// Whatever attributes come with it.
 				err := checkTransition(typ, cur, next, attrAll)
-				assert.ErrorIs(t, err, errInval, "%s %v->%v", qpTypeName(typ), cur, next)
+				assert.ErrorIs(t, err, errInval, "%s %v->%v", typ.String(), cur, next)
 				assert.Contains(t, err.Error(), "illegal QP state transition")
 			}
 		}
