@@ -3,8 +3,6 @@ package engine
 import (
 	"fmt"
 	"net/netip"
-	"sync"
-	"sync/atomic"
 
 	"github.com/vrnic/vrnic/roce"
 )
@@ -14,11 +12,11 @@ import (
 // A UD WQE names its destination by an address handle of the QP's
 // context (ah_handle, IBTA 10.2.2.2 / 11.2.2 "Address Handle"). The
 // control path creates and destroys AHs; the worker that sends the WQE
-// resolves the handle without a lock: an AHTable is an immutable map
-// published with one atomic store (copy on write), and an AH is immutable
-// once built (NewAH). The worker keeps the *AH of a WQE it fetched, so a
-// DESTROY_AH racing with the WQE's send is harmless (the IBTA leaves that
-// case undefined; here the WQE goes to the address the AH had).
+// resolves the handle without a lock in the context's AHTable
+// (ahtable.go), and an AH is immutable once built (NewAH). The worker
+// keeps the *AH of a WQE it fetched, so a DESTROY_AH racing with the
+// WQE's send is harmless (the IBTA leaves that case undefined; here the
+// WQE goes to the address the AH had).
 
 // AHAttr is an address vector as the control path validated it.
 type AHAttr struct {
@@ -98,56 +96,4 @@ func peerOf(p *roce.Path) netip.AddrPort {
 		port = roce.UDPPort
 	}
 	return netip.AddrPortFrom(p.Dst.Unmap(), port)
-}
-
-// AHTable is the address handles of one context. Lookup is for the
-// workers (lock-free, no allocation); Set and Delete for the control path
-// (serialised by the table's mutex; each copies the map, which is fine at
-// the rate AHs are created, bounded by the per-client AH limit).
-type AHTable struct {
-	mu sync.Mutex
-	m  atomic.Pointer[map[uint32]*AH]
-}
-
-// Lookup returns the AH of handle h, or nil.
-func (t *AHTable) Lookup(h uint32) *AH {
-	if t == nil {
-		return nil
-	}
-	m := t.m.Load()
-	if m == nil {
-		return nil
-	}
-	return (*m)[h]
-}
-
-// Set publishes a (nil: removes h).
-func (t *AHTable) Set(h uint32, a *AH) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	var old map[uint32]*AH
-	if p := t.m.Load(); p != nil {
-		old = *p
-	}
-	m := make(map[uint32]*AH, len(old)+1)
-	for k, v := range old {
-		m[k] = v
-	}
-	if a != nil {
-		m[h] = a
-	} else {
-		delete(m, h)
-	}
-	t.m.Store(&m)
-}
-
-// Delete removes handle h.
-func (t *AHTable) Delete(h uint32) { t.Set(h, nil) }
-
-// Len returns the number of AHs.
-func (t *AHTable) Len() int {
-	if m := t.m.Load(); m != nil {
-		return len(*m)
-	}
-	return 0
 }

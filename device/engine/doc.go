@@ -3,7 +3,8 @@
 // completer, run by N worker goroutines over links that carry RoCE v2
 // frames. RC is the reliable service; UC and UD (unreliable.go) reuse the
 // requester without acknowledgements, and have a responder of their own:
-// UD QPs send through address handles (ah.go) and receive with the GRH.
+// UD QPs send through address handles (ah.go; their table, ahtable.go)
+// and receive with the GRH.
 //
 // # Workers
 //
