@@ -228,6 +228,6 @@ func TestAccounts(t *testing.T) {
 	if u, err := user.LookupId(strconv.Itoa(uid)); err == nil {
 		name = u.Username
 	}
-	assert.Regexp(t, fmt.Sprintf(`\n%d\s+%s\s+\d+\s+2\s+%d\s+%d\s+2\s+6\s+2\s+0\s+0\s+0\s+0\s+\d+\s+0\n`, uid, regexp.QuoteMeta(name),
+	assert.Regexp(t, fmt.Sprintf(`\n%d\s+%s\s+\d+\s+2\s+%d\s+%d\s+2\s+6\s+2\s+0\s+0\s+0\s+0\s+0\s+\d+\s+0\n`, uid, regexp.QuoteMeta(name),
 		a.Resources.HostMem, a.HostMemBytes), out)
 }
