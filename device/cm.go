@@ -89,6 +89,12 @@ func newCMState(d *Device, gsi GSI) (*cmState, error) {
 		Clock:    cm.SystemClock{},
 		Handler:  s.queue,
 		Logger:   d.log,
+
+		// The port and device the Manager speaks for: it clamps what a
+		// peer offers to them.
+		PortMTU:         roceMTU(d.cfg.Link.MaxMTU),
+		MaxRdAtomic:     d.cfg.MaxRdAtomic,
+		MaxInitRdAtomic: d.cfg.MaxRdAtomic,
 	})
 	if err != nil {
 		return nil, err
@@ -162,10 +168,13 @@ func (s *cmState) handle(ev *cm.Event) {
 		s.byConn[ev.Conn] = id
 		out = abi.CMEvent{Type: abi.CMEventConnectRequest, CMID: id.handle, ListenID: l.handle}
 		if r := ev.REQ; r != nil {
+			// PeerPSN is the REQ's Starting PSN: the PSN the peer
+			// expects, this side's SQ PSN (qp_attr's RTS sq_psn); the
+			// RTR rq_psn is this side's own, which CM_ACCEPT announces.
 			out.PeerQPN, out.PeerPSN = r.LocalQPN, r.StartingPSN
 			out.ResponderResources, out.InitiatorDepth = r.ResponderResources, r.InitiatorDepth
 			out.RetryCount, out.RNRRetryCount, out.SRQ = r.RetryCount, r.RNRRetryCount, b2u(r.SRQ)
-			s.qpAttr(&out, ev.Conn, cm.QPStateInit, cm.QPStateRTR)
+			s.qpAttr(&out, ev.Conn, cm.QPStateInit, cm.QPStateRTR, cm.QPStateRTS)
 		}
 		s.post(id, &out, ev)
 		if !sidr {
@@ -188,6 +197,8 @@ func (s *cmState) handle(ev *cm.Event) {
 	case cm.EventREPReceived:
 		out.Type = abi.CMEventConnectResponse
 		if r := ev.REP; r != nil {
+			// The REP's Starting PSN: the PSN the peer expects, this
+			// side's SQ PSN (qp_attr's RTS sq_psn).
 			out.PeerQPN, out.PeerPSN = r.LocalQPN, r.StartingPSN
 			out.ResponderResources, out.InitiatorDepth = r.ResponderResources, r.InitiatorDepth
 			out.RNRRetryCount, out.SRQ = r.RNRRetryCount, b2u(r.SRQ)
