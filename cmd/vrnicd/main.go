@@ -233,6 +233,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		Capture:       plane.capture(log),
 		Faults:        plane.faults.Serve,
 		GSI:           qp1,
+		MaxRdAtomic:   uint8(cfg.MaxRdAtomic),
 	})
 	if err != nil {
 		l.Close()
@@ -293,7 +294,7 @@ func maxInt(a, b int) int {
 // linkInfo derives the port description from the link configuration.
 func linkInfo(cfg *Config) (device.LinkInfo, error) {
 	code, _ := mtuCode(cfg.Link.MTU)
-	li := device.LinkInfo{MaxMTU: abi.MTU(code), SpeedMbps: 10000}
+	li := device.LinkInfo{MaxMTU: abi.MTU(activeMTU(cfg, code)), SpeedMbps: 10000}
 	switch cfg.Link.Type {
 	case "udp":
 		li.Type = abi.LinkUDP
