@@ -132,27 +132,31 @@ func TestCMConnectTwoDaemons(t *testing.T) {
 	assert.Equal(t, "hello from the client", string(req.Private()[:21]))
 	assert.Equal(t, cli.qp.QPN, req.QPAttr.DestQPNum)
 	sid := srv.c.CMIDFromEvent(&req)
-	// As librdmacm: INIT and RTR before the REP; the RQ PSN is the
-	// client's starting PSN (its send PSN, which the REQ announced), and
-	// the server announces its own send PSN in the REP.
+	// As librdmacm: INIT, RTR and RTS before the REP. As in Linux, the
+	// REQ's starting PSN is the PSN the client expects: the server sends
+	// from it (RTS); the server expects a PSN of its own (RTR, drawn by
+	// the daemon), which its REP announces.
 	applyAttr(t, sid, srv.qp, abi.QPSInit)
 	rtr, err := sid.InitQPAttr(abi.QPSRTR)
 	require.NoError(t, err)
 	assert.Equal(t, req.QPAttr.DestQPNum, rtr.DestQPNum)
-	assert.Equal(t, uint32(0x1234), rtr.RQPSN)
+	assert.Equal(t, req.QPAttr.RQPSN, rtr.RQPSN)
+	assert.Equal(t, uint32(0x1234), req.QPAttr.SQPSN)
 	require.NoError(t, srv.qp.ApplyQPAttr(&rtr))
-	require.NoError(t, sid.Accept(verbs.AcceptParams{QPN: srv.qp.QPN, StartingPSN: 0x5678, ResponderResources: 1, InitiatorDepth: 1,
-		RNRRetryCount: 7, PrivateData: []byte("welcome")}))
 	a, err := sid.InitQPAttr(abi.QPSRTS)
 	require.NoError(t, err)
-	assert.Equal(t, uint32(0x5678), a.SQPSN)
+	assert.Equal(t, uint32(0x1234), a.SQPSN, "the server sends from the PSN the client expects")
 	require.NoError(t, srv.qp.ApplyQPAttr(&a))
+	require.NoError(t, sid.Accept(verbs.AcceptParams{QPN: srv.qp.QPN, StartingPSN: rtr.RQPSN, ResponderResources: 1, InitiatorDepth: 1,
+		RNRRetryCount: 7, PrivateData: []byte("welcome")}))
 
 	rep := nextCM(t, cli, abi.CMEventConnectResponse)
 	assert.Equal(t, srv.qp.QPN, rep.PeerQPN)
-	assert.Equal(t, uint32(0x5678), rep.PeerPSN)
+	assert.Equal(t, rtr.RQPSN, rep.PeerPSN, "the REP announces the PSN the server expects")
 	assert.Equal(t, "welcome", string(rep.Private()[:7]))
 	assert.Equal(t, srv.qp.QPN, rep.QPAttr.DestQPNum)
+	assert.Equal(t, uint32(0x1234), rep.QPAttr.RQPSN, "the client expects the PSN its REQ announced")
+	assert.Equal(t, rtr.RQPSN, rep.QPAttr.SQPSN, "and sends from the one the server expects")
 	applyAttr(t, cid, cli.qp, abi.QPSRTR, abi.QPSRTS)
 	require.NoError(t, cid.Establish())
 	nextCM(t, cli, abi.CMEventEstablished)
