@@ -183,6 +183,10 @@ type Device struct {
 // ErrClosed is returned by Serve after Close.
 var ErrClosed = errors.New("device closed")
 
+// MaxRdAtomic returns the device's max_qp_rd_atom and max_qp_init_rd_atom
+// (Config.MaxRdAtomic, or its default).
+func (d *Device) MaxRdAtomic() int { return int(d.cfg.MaxRdAtomic) }
+
 // New creates a device. It does not listen; call Serve with a listener.
 func New(cfg Config) (*Device, error) {
 	if cfg.Name == "" {

@@ -262,7 +262,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		where = nil
 	}
 	log.Info("vrnicd started", append(append([]any{"device", cfg.Name, "socket", sock, "link", cfg.Link.Type}, where...),
-		"workers", workers, "data_path", true, "pid", os.Getpid(), "abi", fmt.Sprintf("%d.%d", abi.VersionMajor, abi.VersionMinor))...)
+		"workers", workers, "mtu", li.MaxMTU.Bytes(), "max_rd_atomic", dev.MaxRdAtomic(), "data_path", true, "pid", os.Getpid(),
+		"abi", fmt.Sprintf("%d.%d", abi.VersionMajor, abi.VersionMinor))...)
 	done := make(chan error, 1)
 	go func() { done <- dev.Serve(l) }()
 	select {
