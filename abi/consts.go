@@ -28,7 +28,7 @@ const (
 	MaxCQE         = 32768   // CQEs per CQ
 	MaxQPWR        = 16384   // WRs per SQ or RQ
 	MaxSRQWR       = 16384   // WRs per SRQ
-	MaxRdAtomic    = 16      // max_rd_atomic / max_dest_rd_atomic
+	MaxRdAtomic    = 16      // max_rd_atomic / max_dest_rd_atomic by default (QUERY_DEVICE: the device's)
 	MaxMRSize      = 1 << 40 // bytes
 	MaxMsgBytes    = 1 << 31 // largest RDMA message
 	InlinePages    = 64      // page list inline in REG_MR

@@ -20,7 +20,8 @@ type conn struct {
 	localQPN, remoteQPN uint32
 	remoteCAGUID        uint64
 	// sqPSN is the first PSN this side sends, rqPSN the first it
-	// expects (each side announces its rqPSN: REQ and REP Starting PSN).
+	// expects. Each side announces its rqPSN (the REQ's and the REP's
+	// Starting PSN) and sends from the peer's, as Linux does.
 	sqPSN, rqPSN       uint32
 	pathMTU            roce.MTU
 	pkey               uint16

@@ -82,6 +82,28 @@
 //	EventSIDRRequest        SIDRReply
 //	EventSIDRReply          UD peer resolved (or not: Status)
 //
+// # PSNs, path MTU and depths
+//
+// These follow Linux (ib_cm cm.c, rdma_cm cma.c), which the captures of
+// two Soft-RoCE hosts in testdata/rxe confirm (golden_rxe_test.go):
+//
+//   - The Starting PSN a side puts in its REQ or REP is the PSN it
+//     expects to receive, its QP's RQ PSN; the other side sends from it
+//     (its SQ PSN). The active side's comes from ConnectParams (rdma_cm:
+//     the ID's random seq_num); the passive side's is drawn when the REQ
+//     arrives (rdma_cm: the new connection ID's seq_num), QPAttr's RTR
+//     gives it, and Accept must announce it in the REP. RTS's SQPSN is
+//     the REQ's Starting PSN on the passive side (cm_req_handler) and the
+//     REP's on the active side (cm_rep_handler).
+//   - The REQ offers the smaller of the route's MTU and the port's
+//     (Config.PortMTU); the passive side's QP uses the smaller of the
+//     REQ's and its port's.
+//   - Each side's initiator depth is the peer's responder resources and
+//     the other way round (cm_req_handler, cm_rep_handler); QPAttr clamps
+//     them to the device's max_qp_init_rd_atom and max_qp_rd_atom
+//     (Config.MaxInitRdAtomic, Config.MaxRdAtomic) rather than giving
+//     attributes the device refuses.
+//
 // # States
 //
 // Active side: IDLE → REQ_SENT [→ MRA_REQ_RCVD] → REP_RCVD [→

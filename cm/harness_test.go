@@ -61,14 +61,23 @@ func newNet(t *testing.T) *fakeNet {
 }
 
 func (n *fakeNet) add(name, ip string, guid uint64, auto bool) *node {
+	return n.addWith(name, ip, guid, auto, nil)
+}
+
+// addWith is add with the Manager's configuration changed by cfg.
+func (n *fakeNet) addWith(name, ip string, guid uint64, auto bool, cfg func(*Config)) *node {
 	nd := &node{name: name, gid: GIDFromIP(netip.MustParseAddr(ip)), net: n, auto: auto,
 		accept: AcceptParams{QPN: 0x200, StartingPSN: 0x222222, ResponderResources: 4, InitiatorDepth: 4,
 			RNRRetryCount: 7}}
-	m, err := NewManager(Config{
+	c := Config{
 		CAGUID: guid, AckDelay: RXEAckDelay, Clock: n.clock, Seed: guid,
 		Sender:  SenderFunc(func(dst GID, mad []byte) error { n.send(nd.gid, dst, mad); return nil }),
 		Handler: nd.handle,
-	})
+	}
+	if cfg != nil {
+		cfg(&c)
+	}
+	m, err := NewManager(c)
 	require.NoError(n.t, err)
 	nd.m = m
 	n.nodes[nd.gid] = nd

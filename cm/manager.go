@@ -46,8 +46,19 @@ type Config struct {
 	// the Manager). It must not block: nothing else of the CM runs
 	// meanwhile.
 	Handler func(Event)
-	// Seed makes the communication IDs and transaction IDs
-	// reproducible; 0 draws them from the OS random source.
+	// PortMTU is the port's active MTU (ibv_port_attr active_mtu, as the
+	// link gives it): a REQ offers at most it, and the passive side's QP
+	// uses at most it whatever the REQ offers. 0: no limit.
+	PortMTU roce.MTU
+	// MaxRdAtomic and MaxInitRdAtomic are the device's max_qp_rd_atom
+	// (responder resources) and max_qp_init_rd_atom (initiator depth):
+	// QPAttr programs at most these, whatever the peer's REQ or REP
+	// offers, as librdmacm clamps what a peer offers to its device
+	// instead of refusing it. 0: no limit.
+	MaxRdAtomic, MaxInitRdAtomic uint8
+	// Seed makes the communication IDs, transaction IDs and the passive
+	// side's receive PSNs reproducible; 0 draws them from the OS random
+	// source.
 	Seed uint64
 	// Logger receives lifecycle messages; nil discards them.
 	Logger *slog.Logger
@@ -76,8 +87,10 @@ type ConnectParams struct {
 	// QPN is the local QP's number; QPType TransportRC or TransportUC.
 	QPN    uint32
 	QPType TransportType
-	// StartingPSN is the PSN this side sends first (its QP's SQ PSN; the
-	// peer's RQ PSN), as in Linux's ib_cm_req_param.
+	// StartingPSN is the PSN this side expects to receive first: its
+	// QP's RQ PSN (QPAttr RTR) and the peer's SQ PSN, as in Linux's
+	// ib_cm_req_param (ib_send_cm_req keeps it as rq_psn; rdma_cm fills
+	// it from the ID's random seq_num).
 	StartingPSN        uint32
 	ResponderResources uint8
 	InitiatorDepth     uint8
@@ -101,8 +114,13 @@ type ConnectParams struct {
 // AcceptParams are what Accept puts into the REP (struct
 // ib_cm_rep_param).
 type AcceptParams struct {
-	QPN                uint32
-	StartingPSN        uint32 // the PSN this side sends first (its SQ PSN)
+	QPN uint32
+	// StartingPSN is the PSN this side expects to receive first: its
+	// QP's RQ PSN, the one QPAttr(RTR) gave (ib_send_cm_rep keeps it as
+	// rq_psn; rdma_cm's cma_accept_ib sends the ID's seq_num, which
+	// rdma_init_qp_attr put in the RTR attributes). The peer sends from
+	// it.
+	StartingPSN        uint32
 	ResponderResources uint8
 	InitiatorDepth     uint8
 	FlowControl        bool
@@ -219,6 +237,7 @@ type Manager struct {
 	nextID     uint32
 	idXor      uint32
 	tidHigh    uint64
+	rng        *mrand.Rand // the passive side's receive PSNs
 	stats      Stats
 	queue      []action
 	draining   bool
@@ -231,6 +250,9 @@ func NewManager(cfg Config) (*Manager, error) {
 	}
 	if cfg.AckDelay > 31 {
 		return nil, fmt.Errorf("%w: AckDelay %d", ErrInvalidParam, cfg.AckDelay)
+	}
+	if cfg.PortMTU != 0 && !cfg.PortMTU.Valid() {
+		return nil, fmt.Errorf("%w: PortMTU code %d", ErrInvalidParam, cfg.PortMTU)
 	}
 	m := &Manager{
 		cfg: cfg, clock: cfg.Clock, log: cfg.Logger,
@@ -258,6 +280,7 @@ func NewManager(cfg Config) (*Manager, error) {
 	m.idXor = r.Uint32()
 	m.nextID = r.Uint32()
 	m.tidHigh = uint64(r.Uint32())
+	m.rng = r
 	return m, nil
 }
 
@@ -466,6 +489,18 @@ func checkBits(name string, v uint64, width int) error {
 
 func checkAll(errs ...error) error { return errors.Join(errs...) }
 
+// portMTU returns mtu, at most Config.PortMTU.
+func (m *Manager) portMTU(mtu roce.MTU) roce.MTU {
+	if m.cfg.PortMTU != 0 && mtu > m.cfg.PortMTU {
+		return m.cfg.PortMTU
+	}
+	return mtu
+}
+
+// randPSN draws a 24-bit PSN (mu held), as rdma_cm draws an ID's seq_num
+// (__rdma_create_id: get_random_bytes, masked to 24 bits).
+func (m *Manager) randPSN() uint32 { return m.rng.Uint32() & roce.PSNMask }
+
 func checkPrivate(pd []byte, max int) error {
 	if len(pd) > max {
 		return fmt.Errorf("%w: %d bytes, at most %d", ErrPrivateDataLen, len(pd), max)
@@ -476,7 +511,11 @@ func checkPrivate(pd []byte, max int) error {
 // Connect sends a REQ and returns the new connection, in REQ_SENT. The
 // REQ is formatted as Linux cm_format_req does: permissive LIDs and
 // subnet local 0 when the hop limit exceeds 1 (RoCE v2), the local ACK
-// timeout from Config.AckDelay and the path's packet life time.
+// timeout from Config.AckDelay and the path's packet life time. Its path
+// MTU is the smaller of the path's and Config.PortMTU (rdma_cm's route
+// carries the net device's MTU, iboe_get_mtu). Its Starting PSN is
+// p.StartingPSN, the PSN this side expects to receive (Linux
+// ib_send_cm_req keeps it as the RQ PSN).
 func (m *Manager) Connect(p ConnectParams) (ConnID, error) {
 	pa := &p.Path
 	err := checkAll(
@@ -498,6 +537,7 @@ func (m *Manager) Connect(p ConnectParams) (ConnID, error) {
 	if !pa.MTU.Valid() {
 		return 0, fmt.Errorf("%w: MTU code %d", ErrInvalidParam, pa.MTU)
 	}
+	mtu := m.portMTU(pa.MTU)
 	if err := m.lock(); err != nil {
 		return 0, err
 	}
@@ -508,7 +548,7 @@ func (m *Manager) Connect(p ConnectParams) (ConnID, error) {
 	c := &conn{
 		id: m.allocID(), state: StateREQSent, active: true, peer: pa.DGID,
 		serviceID: p.ServiceID, qpType: p.QPType, localQPN: p.QPN,
-		sqPSN: p.StartingPSN, pathMTU: pa.MTU, pkey: pa.PKey,
+		rqPSN: p.StartingPSN, pathMTU: mtu, pkey: pa.PKey,
 		responderResources: p.ResponderResources, initiatorDepth: p.InitiatorDepth,
 		retryCount: p.RetryCount, rnrRetryCount: p.RNRRetryCount,
 		path: *pa, ackTimeout: pa.PacketLifeTime + 1, maxRetries: p.MaxCMRetries,
@@ -521,7 +561,7 @@ func (m *Manager) Connect(p ConnectParams) (ConnID, error) {
 		RemoteCMResponseTimeout: p.RemoteCMResponseTimeout, TransportServiceType: p.QPType,
 		EndToEndFlowControl: p.FlowControl, StartingPSN: p.StartingPSN,
 		LocalCMResponseTimeout: p.LocalCMResponseTimeout, RetryCount: p.RetryCount,
-		PKey: pa.PKey, PathMTU: pa.MTU, RNRRetryCount: p.RNRRetryCount,
+		PKey: pa.PKey, PathMTU: mtu, RNRRetryCount: p.RNRRetryCount,
 		MaxCMRetries: p.MaxCMRetries, SRQ: p.SRQ,
 		Primary: Path{
 			LocalGID: pa.SGID, RemoteGID: pa.DGID, FlowLabel: pa.FlowLabel, PacketRate: pa.Rate,
@@ -535,6 +575,7 @@ func (m *Manager) Connect(p ConnectParams) (ConnID, error) {
 		req.Primary.LocalLID, req.Primary.RemoteLID = PermissiveLID, PermissiveLID
 	}
 	copy(req.PrivateData[:], p.PrivateData)
+	c.path.MTU = mtu
 	m.conns[c.id] = c
 	m.startOut(c, m.send(c.peer, c.tid, req), c.timeout)
 	m.log.Debug("cm: REQ sent", "conn", c.id, "service", p.ServiceID, "peer", c.peer)
@@ -543,7 +584,9 @@ func (m *Manager) Connect(p ConnectParams) (ConnID, error) {
 
 // Accept sends the REP answering a connect request (REQ_RCVD or
 // MRA_REQ_SENT → REP_SENT). Move the QP to RTR and RTS first, with
-// QPAttr, as rdma_accept does.
+// QPAttr, as rdma_accept does, and pass the RQ PSN of the RTR attributes
+// as p.StartingPSN: the REP announces the PSN this side expects to
+// receive (Linux ib_send_cm_rep keeps the REP's Starting PSN as rq_psn).
 func (m *Manager) Accept(id ConnID, p AcceptParams) error {
 	err := checkAll(
 		checkBits("QPN", uint64(p.QPN), 24), checkBits("StartingPSN", uint64(p.StartingPSN), 24),
@@ -570,7 +613,7 @@ func (m *Manager) Accept(id ConnID, p AcceptParams) error {
 		copy(rep.PrivateData[:], p.PrivateData)
 		c.state = StateREPSent
 		c.localQPN = p.QPN
-		c.sqPSN = p.StartingPSN
+		c.rqPSN = p.StartingPSN
 		c.initiatorDepth = p.InitiatorDepth
 		c.responderResources = p.ResponderResources
 		m.startOut(c, m.send(c.peer, c.tid, rep), c.timeout)

@@ -82,15 +82,16 @@ func TestConnectAcceptEstablishDisconnect(t *testing.T) {
 	assert.Equal(t, a.gid, rtr.AH.DGID)
 	assert.Equal(t, b.gid, rtr.AH.SGID)
 	assert.Equal(t, uint8(64), rtr.AH.HopLimit)
-	assert.Equal(t, uint32(0x111111), rtr.RQPSN, "B expects the PSN A sends first (the REQ's starting PSN)")
+	assert.NotEqual(t, uint32(0x111111), rtr.RQPSN, "B expects a PSN of its own, not the one A expects")
+	bPSN := rtr.RQPSN
 	rts, err := b.m.QPAttr(cb, QPStateRTS)
 	require.NoError(t, err)
-	assert.Zero(t, rts.SQPSN, "B's own send PSN is chosen when it accepts")
+	assert.Equal(t, uint32(0x111111), rts.SQPSN, "B sends from the PSN A's REQ says A expects (cm_req_handler)")
 	assert.Equal(t, uint8(17), rts.Timeout)
 	assert.Equal(t, uint8(2), rts.MaxRdAtomic, "B's initiator depth = A's responder resources")
 	assert.Equal(t, uint8(7), rts.RetryCount)
 
-	require.NoError(t, b.m.Accept(cb, AcceptParams{QPN: 0x200, StartingPSN: 0x222222, ResponderResources: 3,
+	require.NoError(t, b.m.Accept(cb, AcceptParams{QPN: 0x200, StartingPSN: bPSN, ResponderResources: 3,
 		InitiatorDepth: 2, RNRRetryCount: 6, PrivateData: []byte("rep")}))
 	n.run()
 	assert.Equal(t, []string{"B>A REP", "A>B RTU"}, n.drain())
@@ -99,22 +100,26 @@ func TestConnectAcceptEstablishDisconnect(t *testing.T) {
 	assert.Equal(t, "rep", string(evA[0].PrivateData[:3]))
 	assert.Equal(t, uint32(0x200), evA[0].REP.LocalQPN)
 	assert.Equal(t, uint8(RXEAckDelay), evA[0].REP.TargetACKDelay)
+	assert.Equal(t, bPSN, evA[0].REP.StartingPSN, "the REP announces the PSN B's RTR expects")
 	evB = b.takeEvents()
 	require.Equal(t, []EventType{EventEstablished}, types(evB))
 	assert.Equal(t, cb, evB[0].Conn)
 	rts, err = b.m.QPAttr(cb, QPStateRTS)
 	require.NoError(t, err)
-	assert.Equal(t, uint32(0x222222), rts.SQPSN, "B sends from the PSN its REP announced")
+	assert.Equal(t, uint32(0x111111), rts.SQPSN, "B still sends from the REQ's PSN")
+	rtr, err = b.m.QPAttr(cb, QPStateRTR)
+	require.NoError(t, err)
+	assert.Equal(t, bPSN, rtr.RQPSN, "B expects the PSN its REP announced")
 
 	// A's QP attributes after the REP.
 	rtr, err = a.m.QPAttr(ca, QPStateRTR)
 	require.NoError(t, err)
 	assert.Equal(t, uint32(0x200), rtr.DestQPN)
-	assert.Equal(t, uint32(0x222222), rtr.RQPSN, "A expects the PSN B sends first (the REP's starting PSN)")
+	assert.Equal(t, uint32(0x111111), rtr.RQPSN, "A expects the PSN its REQ announced (ib_send_cm_req: rq_psn)")
 	assert.Equal(t, uint8(2), rtr.MaxDestRdAtomic, "A's responder resources = B's initiator depth")
 	rts, err = a.m.QPAttr(ca, QPStateRTS)
 	require.NoError(t, err)
-	assert.Equal(t, uint32(0x111111), rts.SQPSN, "A sends from the PSN its REQ announced")
+	assert.Equal(t, bPSN, rts.SQPSN, "A sends from the PSN B's REP says B expects (cm_rep_handler)")
 	assert.Equal(t, uint8(17), rts.Timeout, "cm_ack_timeout(15, 16)")
 	assert.Equal(t, uint8(6), rts.RNRRetry)
 	assert.Equal(t, uint8(3), rts.MaxRdAtomic, "A's initiator depth = B's responder resources")
@@ -708,4 +713,89 @@ func TestAPIChecks(t *testing.T) {
 	a.m.Close()
 	_, err = a.m.Connect(connectParams(a, b, 2))
 	assert.ErrorIs(t, err, ErrClosed)
+}
+
+// TestQPAttrPortLimits: a peer whose port and device are bigger offers
+// path MTU 4096 and 128 outstanding reads each way; the side of MTU 1024
+// and 16 resources gives its QP at most its own (the REQ it answers and
+// the REP it gets are not refused), and its own REQ offers at most its
+// port's MTU.
+func TestQPAttrPortLimits(t *testing.T) {
+	n := newNet(t)
+	big := n.addWith("A", "10.0.0.1", guidA, false, func(c *Config) {
+		c.PortMTU, c.MaxRdAtomic, c.MaxInitRdAtomic = roce.MTU4096, 128, 128
+	})
+	small := n.addWith("B", "10.0.0.2", guidB, false, func(c *Config) {
+		c.PortMTU, c.MaxRdAtomic, c.MaxInitRdAtomic = roce.MTU1024, 16, 16
+	})
+	require.NoError(t, small.m.Listen(ServiceID(PortSpaceTCP, 7471), 0))
+	require.NoError(t, big.m.Listen(ServiceID(PortSpaceTCP, 7472), 0))
+
+	// The big side connects: MTU 4096, 128/128.
+	p := connectParams(big, small, 0x100)
+	p.Path.MTU, p.ResponderResources, p.InitiatorDepth = roce.MTU4096, 128, 128
+	cb, err := big.m.Connect(p)
+	require.NoError(t, err)
+	pkts := n.take()
+	require.Len(t, pkts, 1)
+	_, msg, err := Decode(pkts[0].mad)
+	require.NoError(t, err)
+	assert.Equal(t, roce.MTU4096, msg.(*REQ).PathMTU)
+	n.deliver(pkts[0])
+	evs := small.takeEvents()
+	require.Len(t, evs, 1)
+	cs := evs[0].Conn
+	rtr, err := small.m.QPAttr(cs, QPStateRTR)
+	require.NoError(t, err)
+	assert.Equal(t, roce.MTU1024, rtr.PathMTU, "the smaller of the REQ's MTU and the port's")
+	assert.Equal(t, uint8(16), rtr.MaxDestRdAtomic)
+	rts, err := small.m.QPAttr(cs, QPStateRTS)
+	require.NoError(t, err)
+	assert.Equal(t, uint8(16), rts.MaxRdAtomic)
+	// It accepts offering 128 back (a responder may offer more than the
+	// requester asked); the big side keeps 128 for its own QP.
+	require.NoError(t, small.m.Accept(cs, AcceptParams{QPN: 0x200, StartingPSN: rtr.RQPSN, ResponderResources: 16,
+		InitiatorDepth: 16, RNRRetryCount: 7}))
+	n.run()
+	rtr, err = big.m.QPAttr(cb, QPStateRTR)
+	require.NoError(t, err)
+	assert.Equal(t, roce.MTU4096, rtr.PathMTU, "the active side uses the MTU it offered")
+	assert.Equal(t, uint8(16), rtr.MaxDestRdAtomic)
+	require.Equal(t, []EventType{EventREPReceived}, types(big.takeEvents()))
+
+	// The small side connects to the big one: its REQ offers its port's
+	// 1024 whatever the route says; the big side answers 128/128 and the
+	// small side's QP gets 16.
+	p = connectParams(small, big, 0x300)
+	p.ServiceID = ServiceID(PortSpaceTCP, 7472)
+	p.Path.MTU, p.ResponderResources, p.InitiatorDepth = roce.MTU4096, 16, 16
+	cs, err = small.m.Connect(p)
+	require.NoError(t, err)
+	pkts = n.take()
+	require.Len(t, pkts, 1)
+	_, msg, err = Decode(pkts[0].mad)
+	require.NoError(t, err)
+	assert.Equal(t, roce.MTU1024, msg.(*REQ).PathMTU, "a REQ offers at most the port's active MTU")
+	n.deliver(pkts[0])
+	evs = big.takeEvents()
+	require.Len(t, evs, 1)
+	cb = evs[0].Conn
+	rtr, err = big.m.QPAttr(cb, QPStateRTR)
+	require.NoError(t, err)
+	assert.Equal(t, roce.MTU1024, rtr.PathMTU)
+	require.NoError(t, big.m.Accept(cb, AcceptParams{QPN: 0x400, StartingPSN: rtr.RQPSN, ResponderResources: 128,
+		InitiatorDepth: 128, RNRRetryCount: 7}))
+	n.run()
+	evs = small.takeEvents()
+	require.Len(t, evs, 1)
+	require.Equal(t, EventREPReceived, evs[0].Type)
+	assert.Equal(t, uint8(128), evs[0].REP.ResponderResources)
+	rtr, err = small.m.QPAttr(cs, QPStateRTR)
+	require.NoError(t, err)
+	assert.Equal(t, roce.MTU1024, rtr.PathMTU)
+	assert.Equal(t, uint8(16), rtr.MaxDestRdAtomic, "the REP's initiator depth 128, clamped")
+	rts, err = small.m.QPAttr(cs, QPStateRTS)
+	require.NoError(t, err)
+	assert.Equal(t, uint8(16), rts.MaxRdAtomic, "the REP's responder resources 128, clamped")
+	assert.Equal(t, rtr.RQPSN, uint32(0x111111), "the PSN its REQ announced")
 }

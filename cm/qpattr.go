@@ -61,13 +61,25 @@ type QPAttr struct {
 // QPAttr returns the attributes the owner applies to the connection's QP
 // to move it to state: INIT in any handshake state or ESTABLISHED, RTR
 // and RTS once the peer's QPN is known (REQ_RCVD onwards on the passive
-// side, REP_RCVD onwards on the active side), as Linux allows.
+// side, REP_RCVD onwards on the active side), as Linux allows
+// (ib_cm_init_qp_attr: cm_init_qp_init_attr, cm_init_qp_rtr_attr,
+// cm_init_qp_rts_attr; rdma_init_qp_attr on top).
 //
-// Each side's StartingPSN (REQ, REP) is the PSN it sends first: the REQ's
-// becomes the passive side's RQ PSN at once, the REP's the active side's.
-// The passive side chooses its own send PSN when it accepts: until Accept,
-// RTS's SQPSN is 0 and the owner uses the StartingPSN it will pass to
-// Accept (rdma_cm does the same with its own sequence number).
+// PSNs, as in Linux: the Starting PSN a side puts in its REQ or REP is
+// the PSN it expects to receive. So RTR's RQPSN is this side's own
+// (active: ConnectParams.StartingPSN, which its REQ announced; passive:
+// the PSN the Manager drew when the REQ arrived, as rdma_cm draws a
+// connection ID's seq_num, which Accept must announce in the REP), and
+// RTS's SQPSN is the peer's: the REQ's Starting PSN on the passive side
+// (known from REQ_RCVD on, so RTS may precede the REP), the REP's on the
+// active side.
+//
+// Limits: the path MTU is at most Config.PortMTU (the passive side's QP
+// uses the smaller of the REQ's MTU and its port's), and MaxDestRdAtomic
+// and MaxRdAtomic are at most Config.MaxRdAtomic and
+// Config.MaxInitRdAtomic: what the peer offers is clamped to what the
+// device supports, not refused (librdmacm clamps in rdma_accept; the
+// kernel's rxe refuses a max_rd_atomic past the device's).
 func (m *Manager) QPAttr(id ConnID, state QPState) (QPAttr, error) {
 	c := m.conns[uint32(id)]
 	if c == nil || c.destroyed {
@@ -97,11 +109,11 @@ func (m *Manager) QPAttr(id ConnID, state QPState) (QPAttr, error) {
 		p := &c.path
 		a.AH = AHAttr{DGID: p.DGID, SGID: p.SGID, FlowLabel: p.FlowLabel, HopLimit: p.HopLimit,
 			TrafficClass: p.TrafficClass, SL: p.SL, StaticRate: p.Rate}
-		a.PathMTU = c.pathMTU
+		a.PathMTU = m.portMTU(c.pathMTU)
 		a.DestQPN = c.remoteQPN
 		a.RQPSN = c.rqPSN
 		if c.qpType == TransportRC {
-			a.MaxDestRdAtomic = c.responderResources
+			a.MaxDestRdAtomic = clampDepth(c.responderResources, m.cfg.MaxRdAtomic)
 		}
 	case QPStateRTS:
 		if !known {
@@ -112,10 +124,18 @@ func (m *Manager) QPAttr(id ConnID, state QPState) (QPAttr, error) {
 		if c.qpType == TransportRC {
 			a.RetryCount = c.retryCount
 			a.RNRRetry = c.rnrRetryCount
-			a.MaxRdAtomic = c.initiatorDepth
+			a.MaxRdAtomic = clampDepth(c.initiatorDepth, m.cfg.MaxInitRdAtomic)
 		}
 	default:
 		return QPAttr{}, fmt.Errorf("%w: QP state %d", ErrInvalidParam, state)
 	}
 	return a, nil
+}
+
+// clampDepth returns v, at most limit (0: no limit).
+func clampDepth(v, limit uint8) uint8 {
+	if limit != 0 && v > limit {
+		return limit
+	}
+	return v
 }

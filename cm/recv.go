@@ -113,7 +113,12 @@ func (m *Manager) recvREQ(src GID, h *Header, req *REQ) {
 		id: m.allocID(), remoteID: req.LocalCommID, state: StateREQRcvd, peer: src,
 		serviceID: req.ServiceID, qpType: req.TransportServiceType, tid: h.TID,
 		remoteQPN: req.LocalQPN, remoteCAGUID: req.LocalCAGUID,
-		rqPSN: req.StartingPSN, pathMTU: req.PathMTU, pkey: req.PKey,
+		// The REQ's Starting PSN is the PSN the peer expects: this
+		// side sends from it (Linux cm_req_handler: sq_psn). This side
+		// expects a PSN of its own, drawn as rdma_cm draws the new
+		// connection ID's seq_num (rdma_init_qp_attr puts it in RTR);
+		// Accept announces it in the REP.
+		sqPSN: req.StartingPSN, rqPSN: m.randPSN(), pathMTU: req.PathMTU, pkey: req.PKey,
 		// This side's initiator depth is the peer's responder
 		// resources and the other way round.
 		initiatorDepth: req.ResponderResources, responderResources: req.InitiatorDepth,
@@ -236,7 +241,9 @@ func (m *Manager) recvREP(src GID, h *Header, rep *REP) {
 	c.remoteID = rep.LocalCommID
 	c.remoteCAGUID = rep.LocalCAGUID
 	c.remoteQPN = rep.LocalQPN
-	c.rqPSN = rep.StartingPSN
+	// The REP's Starting PSN is the PSN the peer expects: this side
+	// sends from it (Linux cm_rep_handler: sq_psn).
+	c.sqPSN = rep.StartingPSN
 	c.initiatorDepth = rep.ResponderResources
 	c.responderResources = rep.InitiatorDepth
 	c.rnrRetryCount = rep.RNRRetryCount

@@ -50,7 +50,7 @@ type Client = interface {
 // ServiceConfig configures a Service.
 type ServiceConfig struct {
 	// CM configures the Manager; the Service sets its Sender, Clock,
-	// Handler and Logger.
+	// Handler and Logger, and its PortMTU to MaxMTU if it has none.
 	CM Config
 	// GSI carries the MADs. Required.
 	GSI GSI
@@ -134,6 +134,9 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 		clients: map[Client]*clientIDs{}, byConn: map[ConnID]*cmID{}, listeners: map[uint64]*cmID{},
 	}
 	mc := cfg.CM
+	if mc.PortMTU == 0 {
+		mc.PortMTU = cfg.MaxMTU
+	}
 	clock := mc.Clock
 	if clock == nil {
 		clock = SystemClock{}

@@ -137,6 +137,8 @@ func (s *Service) handle(ev Event) {
 	case EventREPReceived:
 		out.Type = abi.CMEventConnectResponse
 		if r := ev.REP; r != nil {
+			// The REP's Starting PSN: the PSN the peer expects, this
+			// side's SQ PSN (the RTS sq_psn).
 			out.PeerQPN, out.PeerPSN = r.LocalQPN, r.StartingPSN
 			out.ResponderResources, out.InitiatorDepth = r.ResponderResources, r.InitiatorDepth
 			out.RNRRetryCount, out.SRQ = r.RNRRetryCount, b2u(r.SRQ)
@@ -204,10 +206,13 @@ func (s *Service) connectRequest(ev *Event) {
 	s.byConn[ev.Conn] = id
 	out := abi.CMEvent{Type: abi.CMEventConnectRequest, CMID: id.handle, ListenID: l.handle}
 	if r := ev.REQ; r != nil {
+		// PeerPSN is the REQ's Starting PSN: the PSN the peer expects,
+		// this side's SQ PSN (the RTS sq_psn); the RTR rq_psn is this
+		// side's own, which CM_ACCEPT announces.
 		out.PeerQPN, out.PeerPSN = r.LocalQPN, r.StartingPSN
 		out.ResponderResources, out.InitiatorDepth = r.ResponderResources, r.InitiatorDepth
 		out.RetryCount, out.RNRRetryCount, out.SRQ = r.RetryCount, r.RNRRetryCount, b2u(r.SRQ)
-		s.qpAttr(id, &out.QPAttr, ev.Conn, QPStateInit, QPStateRTR)
+		s.qpAttr(id, &out.QPAttr, ev.Conn, QPStateInit, QPStateRTR, QPStateRTS)
 	}
 	s.post(id, &out, ev)
 	if !sidr {

@@ -95,6 +95,12 @@ type Config struct {
 	// QP1), to which the CM commands are routed (cmseam.go); nil: they
 	// fail with EOPNOTSUPP.
 	CM CM
+	// MaxRdAtomic is how many RDMA READ and atomic operations a QP may
+	// have outstanding as requester (max_qp_init_rd_atom, MODIFY_QP's
+	// max_rd_atomic) and serve at once as responder (max_qp_rd_atom,
+	// max_dest_rd_atomic); 0 means abi.MaxRdAtomic (16). Soft-RoCE
+	// reports 128.
+	MaxRdAtomic uint8
 }
 
 // DeviceCounters are the device's control-path counters.
@@ -183,6 +189,10 @@ type Device struct {
 // ErrClosed is returned by Serve after Close.
 var ErrClosed = errors.New("device closed")
 
+// MaxRdAtomic returns the device's max_qp_rd_atom and max_qp_init_rd_atom
+// (Config.MaxRdAtomic, or its default).
+func (d *Device) MaxRdAtomic() int { return int(d.cfg.MaxRdAtomic) }
+
 // New creates a device. It does not listen; call Serve with a listener.
 func New(cfg Config) (*Device, error) {
 	if cfg.Name == "" {
@@ -199,6 +209,9 @@ func New(cfg Config) (*Device, error) {
 	}
 	if cfg.Link.MaxMTU < abi.MTU256 || cfg.Link.MaxMTU > abi.MTU4096 {
 		return nil, fmt.Errorf("device: invalid MTU %d", cfg.Link.MaxMTU)
+	}
+	if cfg.MaxRdAtomic == 0 {
+		cfg.MaxRdAtomic = abi.MaxRdAtomic
 	}
 	if len(cfg.Link.GIDs) > abi.GIDTableLen {
 		return nil, fmt.Errorf("device: %d GIDs, at most %d", len(cfg.Link.GIDs), abi.GIDTableLen)

@@ -8,6 +8,7 @@ package device_test
 
 import (
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -296,4 +297,42 @@ func TestCreateAndPostAtABILimits(t *testing.T) {
 		require.NoError(t, err)
 		checkRecvRing(t, q, abi.MaxSRQWR, 7, mr)
 	})
+}
+
+// TestMaxRdAtomicConfig: a device configured for 128 outstanding READs
+// and atomics (Config.MaxRdAtomic, as Soft-RoCE reports) says so in
+// QUERY_DEVICE, and MODIFY_QP takes max_rd_atomic and max_dest_rd_atomic
+// up to it, and refuses one more.
+func TestMaxRdAtomicConfig(t *testing.T) {
+	s, err := devicetest.Start(devicetest.Options{MaxRdAtomic: 128})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, s.Close()) })
+	c, err := verbs.Open(s.SocketPath, verbs.WithClientName(t.Name()))
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	a, err := c.QueryDevice()
+	require.NoError(t, err)
+	assert.Equal(t, uint32(128), a.MaxQPRdAtom)
+	assert.Equal(t, uint32(128), a.MaxQPInitRdAtom)
+
+	qp := newQPEnv(t, c).qp(t, abi.QPTRC)
+	require.NoError(t, modify(qp, abi.QPSInit, rcInit))
+	rtr := fullAttr(abi.QPSRTR)
+	rtr.MaxDestRdAtomic = 129
+	err = qp.Modify(&rtr, abi.QPAttrState|rcRTR)
+	assert.Equal(t, syscall.EINVAL, errno(t, err))
+	assert.Contains(t, err.Error(), "MAX_DEST_RD_ATOMIC 129 out of range (at most max_qp_rd_atom, 128)")
+	rtr.MaxDestRdAtomic = 128
+	require.NoError(t, qp.Modify(&rtr, abi.QPAttrState|rcRTR))
+	rts := fullAttr(abi.QPSRTS)
+	rts.MaxRdAtomic = 129
+	err = qp.Modify(&rts, abi.QPAttrState|rcRTS)
+	assert.Equal(t, syscall.EINVAL, errno(t, err))
+	assert.Contains(t, err.Error(), "MAX_QP_RD_ATOMIC 129 out of range")
+	rts.MaxRdAtomic = 128
+	require.NoError(t, qp.Modify(&rts, abi.QPAttrState|rcRTS))
+	q, err := qp.Query()
+	require.NoError(t, err)
+	assert.Equal(t, uint8(128), q.Attr.MaxRdAtomic)
+	assert.Equal(t, uint8(128), q.Attr.MaxDestRdAtomic)
 }

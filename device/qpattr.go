@@ -2,6 +2,7 @@ package device
 
 import (
 	"net/netip"
+	"strconv"
 
 	"github.com/vrnic/vrnic/abi"
 )
@@ -59,6 +60,7 @@ func (d *Device) checkAttrValues(q *QP, cur QPState, mask AttrMask, a *abi.QPAtt
 		msg string
 		arg any
 	}
+	rdAtom := strconv.Itoa(int(d.cfg.MaxRdAtomic))
 	checks := [...]check{
 		{AttrCurState, a.CurQPState != cur, "CUR_STATE %v does not match the QP's state", a.CurQPState},
 		{AttrAccessFlags, a.QPAccessFlags&^abi.AccessAll != 0, "ACCESS_FLAGS %#x: unknown bits", a.QPAccessFlags},
@@ -70,8 +72,8 @@ func (d *Device) checkAttrValues(q *QP, cur QPState, mask AttrMask, a *abi.QPAtt
 		{AttrRNRRetry, a.RNRRetry > maxRetry3, "RNR_RETRY %d out of range (0..7)", a.RNRRetry},
 		{AttrRQPSN, a.RQPSN > maxPSN, "RQ_PSN %#x out of range (24 bits)", a.RQPSN},
 		{AttrSQPSN, a.SQPSN > maxPSN, "SQ_PSN %#x out of range (24 bits)", a.SQPSN},
-		{AttrMaxQPRdAtomic, a.MaxRdAtomic > abi.MaxRdAtomic, "MAX_QP_RD_ATOMIC %d out of range (at most 16)", a.MaxRdAtomic},
-		{AttrMaxDestRdAtomic, a.MaxDestRdAtomic > abi.MaxRdAtomic, "MAX_DEST_RD_ATOMIC %d out of range (at most 16)", a.MaxDestRdAtomic},
+		{AttrMaxQPRdAtomic, a.MaxRdAtomic > d.cfg.MaxRdAtomic, "MAX_QP_RD_ATOMIC %d out of range (at most max_qp_init_rd_atom, " + rdAtom + ")", a.MaxRdAtomic},
+		{AttrMaxDestRdAtomic, a.MaxDestRdAtomic > d.cfg.MaxRdAtomic, "MAX_DEST_RD_ATOMIC %d out of range (at most max_qp_rd_atom, " + rdAtom + ")", a.MaxDestRdAtomic},
 		{AttrMinRNRTimer, a.MinRNRTimer > maxTimer5, "MIN_RNR_TIMER %d out of range (5 bits)", a.MinRNRTimer},
 		{AttrDestQPN, a.DestQPNum > maxQPN24, "DEST_QPN %#x out of range (24 bits)", a.DestQPNum},
 		{AttrEnSQDAsync, a.EnSQDAsyncNotify > 1, "EN_SQD_ASYNC_NOTIFY %d: must be 0 or 1", a.EnSQDAsyncNotify},

@@ -48,8 +48,13 @@ func (id *CMID) Listen(serviceID uint64, backlog int) error {
 
 // ConnectParams are what Connect sends (see struct vrnic_cmd_cm_connect).
 type ConnectParams struct {
-	QPN                uint32
-	StartingPSN        uint32 // the first PSN the QP sends (its SQ PSN)
+	QPN uint32
+	// StartingPSN is the first PSN the QP expects to receive: its RQ PSN,
+	// which the RTR attributes after CONNECT_RESPONSE carry, and the
+	// PSN the peer sends from (Linux semantics: rdma_cm puts the ID's
+	// random seq_num here). The QP sends from the PSN in the peer's REP
+	// (the RTS attributes' SQPSN).
+	StartingPSN        uint32
 	ServiceID          uint64
 	DGID               [16]byte
 	ResponderResources uint8
@@ -57,7 +62,7 @@ type ConnectParams struct {
 	RetryCount         uint8
 	RNRRetryCount      uint8
 	SRQ                bool
-	PathMTU            abi.MTU // 0: the port's
+	PathMTU            abi.MTU // 0: the port's; the REQ offers at most the port's active MTU
 	// ResponseTimeout (exponent, 0: 20) and MaxCMRetries (0: 15) bound
 	// how long the request waits for an answer.
 	ResponseTimeout uint8
@@ -89,8 +94,13 @@ func (id *CMID) Connect(p ConnectParams) error {
 
 // AcceptParams are what Accept sends (struct vrnic_cmd_cm_accept).
 type AcceptParams struct {
-	QPN                uint32
-	StartingPSN        uint32 // the first PSN the QP sends (its SQ PSN)
+	QPN uint32
+	// StartingPSN is the first PSN the QP expects to receive: the RQPSN
+	// of its RTR attributes (the CONNECT_REQUEST's QPAttr, or
+	// InitQPAttr(abi.QPSRTR)), which the daemon drew when the REQ
+	// arrived; the peer sends from it. The QP sends from the PSN the
+	// REQ announced (the RTS attributes' SQPSN, the event's PeerPSN).
+	StartingPSN        uint32
 	QKey               uint32 // UD
 	ResponderResources uint8
 	InitiatorDepth     uint8

@@ -18,8 +18,8 @@ import (
 )
 
 // cmDaemon runs a daemon with the UDP link on a free loopback address and
-// returns its socket and GID.
-func cmDaemon(t *testing.T, name string) (sock string, gid [16]byte) {
+// returns its socket and GID; args are added to its command line.
+func cmDaemon(t *testing.T, name string, args ...string) (sock string, gid [16]byte) {
 	t.Helper()
 	local := freeLoopback(t)
 	dir := t.TempDir()
@@ -27,7 +27,8 @@ func cmDaemon(t *testing.T, name string) (sock string, gid [16]byte) {
 	var logs strings.Builder
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"-name", name, "-runtime-dir", dir, "-link", "udp", "-local", local.String(), "-workers", "2"}, &syncWriter{w: &logs})
+		done <- run(ctx, append([]string{"-name", name, "-runtime-dir", dir, "-link", "udp", "-local", local.String(), "-workers", "2"}, args...),
+			&syncWriter{w: &logs})
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -132,27 +133,31 @@ func TestCMConnectTwoDaemons(t *testing.T) {
 	assert.Equal(t, "hello from the client", string(req.Private()[:21]))
 	assert.Equal(t, cli.qp.QPN, req.QPAttr.DestQPNum)
 	sid := srv.c.CMIDFromEvent(&req)
-	// As librdmacm: INIT and RTR before the REP; the RQ PSN is the
-	// client's starting PSN (its send PSN, which the REQ announced), and
-	// the server announces its own send PSN in the REP.
+	// As librdmacm: INIT, RTR and RTS before the REP. As in Linux, the
+	// REQ's starting PSN is the PSN the client expects: the server sends
+	// from it (RTS); the server expects a PSN of its own (RTR, drawn by
+	// the daemon), which its REP announces.
 	applyAttr(t, sid, srv.qp, abi.QPSInit)
 	rtr, err := sid.InitQPAttr(abi.QPSRTR)
 	require.NoError(t, err)
 	assert.Equal(t, req.QPAttr.DestQPNum, rtr.DestQPNum)
-	assert.Equal(t, uint32(0x1234), rtr.RQPSN)
+	assert.Equal(t, req.QPAttr.RQPSN, rtr.RQPSN)
+	assert.Equal(t, uint32(0x1234), req.QPAttr.SQPSN)
 	require.NoError(t, srv.qp.ApplyQPAttr(&rtr))
-	require.NoError(t, sid.Accept(verbs.AcceptParams{QPN: srv.qp.QPN, StartingPSN: 0x5678, ResponderResources: 1, InitiatorDepth: 1,
-		RNRRetryCount: 7, PrivateData: []byte("welcome")}))
 	a, err := sid.InitQPAttr(abi.QPSRTS)
 	require.NoError(t, err)
-	assert.Equal(t, uint32(0x5678), a.SQPSN)
+	assert.Equal(t, uint32(0x1234), a.SQPSN, "the server sends from the PSN the client expects")
 	require.NoError(t, srv.qp.ApplyQPAttr(&a))
+	require.NoError(t, sid.Accept(verbs.AcceptParams{QPN: srv.qp.QPN, StartingPSN: rtr.RQPSN, ResponderResources: 1, InitiatorDepth: 1,
+		RNRRetryCount: 7, PrivateData: []byte("welcome")}))
 
 	rep := nextCM(t, cli, abi.CMEventConnectResponse)
 	assert.Equal(t, srv.qp.QPN, rep.PeerQPN)
-	assert.Equal(t, uint32(0x5678), rep.PeerPSN)
+	assert.Equal(t, rtr.RQPSN, rep.PeerPSN, "the REP announces the PSN the server expects")
 	assert.Equal(t, "welcome", string(rep.Private()[:7]))
 	assert.Equal(t, srv.qp.QPN, rep.QPAttr.DestQPNum)
+	assert.Equal(t, uint32(0x1234), rep.QPAttr.RQPSN, "the client expects the PSN its REQ announced")
+	assert.Equal(t, rtr.RQPSN, rep.QPAttr.SQPSN, "and sends from the one the server expects")
 	applyAttr(t, cid, cli.qp, abi.QPSRTR, abi.QPSRTS)
 	require.NoError(t, cid.Establish())
 	nextCM(t, cli, abi.CMEventEstablished)
@@ -291,4 +296,161 @@ func TestCMSlowListener(t *testing.T) {
 		assert.Zero(t, info.Counters["async_events_dropped"], "%s", sock)
 	}
 	assert.GreaterOrEqual(t, cmInfo(t, sockB).Retransmissions, uint64(n), "every REQ was repeated")
+}
+
+// cmTraffic runs a SEND, an RDMA WRITE and an RDMA READ of size bytes
+// from one side to the other and checks the bytes that arrive. Each
+// side's buffer: the data to send at 0, what arrives at 4096.
+func cmTraffic(t *testing.T, from, to *cmSide, size uint32, tag byte) {
+	t.Helper()
+	fill := func(b []byte, seed byte) {
+		for i := range b {
+			b[i] = seed + byte(i*7)
+		}
+	}
+	want := make([]byte, size)
+	fill(want, tag)
+	copy(from.buf.Bytes[:size], want)
+
+	clear(to.buf.Bytes[4096:])
+	require.NoError(t, to.qp.PostRecv(&verbs.RecvWR{WrID: 10, SGL: []abi.SGE{to.mr.SGE(4096, size)}}))
+	require.NoError(t, from.qp.PostSend(&verbs.SendWR{WrID: 11, Opcode: abi.WRSend, SGL: []abi.SGE{from.mr.SGE(0, size)}}))
+	require.Equal(t, abi.WCSuccess, pollCQ(t, from.cq).Status, "SEND of %d bytes", size)
+	rc := pollCQ(t, to.cq)
+	require.Equal(t, abi.WCSuccess, rc.Status)
+	require.Equal(t, size, rc.ByteLen)
+	require.Equal(t, want, to.buf.Bytes[4096:4096+size], "SEND")
+
+	clear(to.buf.Bytes[4096:])
+	require.NoError(t, from.qp.PostSend(&verbs.SendWR{WrID: 12, Opcode: abi.WRRDMAWrite, SGL: []abi.SGE{from.mr.SGE(0, size)},
+		RemoteAddr: to.mr.Addr + 4096, RKey: to.mr.RKey}))
+	require.Equal(t, abi.WCSuccess, pollCQ(t, from.cq).Status, "WRITE of %d bytes", size)
+	require.Equal(t, want, to.buf.Bytes[4096:4096+size], "WRITE")
+
+	fill(want, tag+1)
+	copy(to.buf.Bytes[:size], want)
+	clear(from.buf.Bytes[4096:])
+	require.NoError(t, from.qp.PostSend(&verbs.SendWR{WrID: 13, Opcode: abi.WRRDMARead, SGL: []abi.SGE{from.mr.SGE(4096, size)},
+		RemoteAddr: to.mr.Addr, RKey: to.mr.RKey}))
+	require.Equal(t, abi.WCSuccess, pollCQ(t, from.cq).Status, "READ of %d bytes", size)
+	require.Equal(t, want, from.buf.Bytes[4096:4096+size], "READ")
+}
+
+// TestCMPeerOffersMore: a daemon offering what Soft-RoCE offers (128
+// outstanding READs and atomics each way; its loopback port carries path
+// MTU 4096) and one of vrnic's defaults on a port of MTU 1024 (16 each
+// way) connect through the CM, each side once the active one. The REQ and
+// REP carry Starting PSNs, depths and an MTU the other side did not
+// choose; each side takes the PSNs as Linux does (it sends from the PSN
+// the peer's message announced and expects the PSN its own announced),
+// and programs its QP with at most its own port's MTU and device's
+// depths, not refusing what the peer offers. SENDs, WRITEs and READs then
+// cross both ways.
+func TestCMPeerOffersMore(t *testing.T) {
+	sockBig, gidBig := cmDaemon(t, "cmbig", "-max-rd-atomic", "128")
+	sockSmall, gidSmall := cmDaemon(t, "cmsmall", "-mtu", "1024")
+	big, small := openCMSide(t, sockBig), openCMSide(t, sockSmall)
+	for _, s := range []struct {
+		side *cmSide
+		rd   uint32
+	}{{big, 128}, {small, 16}} {
+		a, err := s.side.c.QueryDevice()
+		require.NoError(t, err)
+		require.Equal(t, s.rd, a.MaxQPRdAtom)
+		require.Equal(t, s.rd, a.MaxQPInitRdAtom)
+	}
+
+	// connect runs the handshake from act to pas (listening on svc) as
+	// librdmacm would with the given Starting PSN, depths and path MTU
+	// on the active side and depths on the passive side; it returns the
+	// attributes each side moved its QP with.
+	type attrs struct{ rtr, rts abi.CMQPAttr }
+	connect := func(act, pas *cmSide, svc uint64, dgid [16]byte, psn uint32, rr, id uint8, mtu abi.MTU, accRR, accID uint8) (a, p attrs) {
+		lid, err := pas.c.CreateCMID(abi.QPTRC)
+		require.NoError(t, err)
+		t.Cleanup(func() { lid.Destroy() })
+		require.NoError(t, lid.Listen(svc, 4))
+		cid, err := act.c.CreateCMID(abi.QPTRC)
+		require.NoError(t, err)
+		t.Cleanup(func() { cid.Destroy() })
+		require.NoError(t, act.qp.ToInit(abi.AccessAll, 0))
+		require.NoError(t, cid.Connect(verbs.ConnectParams{QPN: act.qp.QPN, StartingPSN: psn, ServiceID: svc, DGID: dgid,
+			ResponderResources: rr, InitiatorDepth: id, RetryCount: 7, RNRRetryCount: 7, PathMTU: mtu}))
+
+		req := nextCM(t, pas, abi.CMEventConnectRequest)
+		assert.Equal(t, psn, req.PeerPSN)
+		assert.Equal(t, rr, req.ResponderResources)
+		assert.Equal(t, id, req.InitiatorDepth)
+		sid := pas.c.CMIDFromEvent(&req)
+		t.Cleanup(func() { sid.Destroy() })
+		applyAttr(t, sid, pas.qp, abi.QPSInit)
+		var err2 error
+		// As librdmacm's rdma_accept (ucma_modify_qp_rtr,
+		// ucma_modify_qp_rts): the CM's attributes, with the depths the
+		// program accepts with.
+		p.rtr, err2 = sid.InitQPAttr(abi.QPSRTR)
+		require.NoError(t, err2)
+		rtr := p.rtr
+		rtr.MaxDestRdAtomic = accRR
+		require.NoError(t, pas.qp.ApplyQPAttr(&rtr), "the passive side's RTR")
+		p.rts, err2 = sid.InitQPAttr(abi.QPSRTS)
+		require.NoError(t, err2)
+		rts := p.rts
+		rts.MaxRdAtomic = accID
+		require.NoError(t, pas.qp.ApplyQPAttr(&rts), "the passive side's RTS")
+		assert.Equal(t, p.rtr.RQPSN, req.QPAttr.RQPSN, "the event's RTR attributes")
+		assert.Equal(t, psn, p.rts.SQPSN, "the passive side sends from the PSN the REQ announced")
+		assert.NotEqual(t, psn, p.rtr.RQPSN, "and expects one of its own")
+		require.NoError(t, sid.Accept(verbs.AcceptParams{QPN: pas.qp.QPN, StartingPSN: p.rtr.RQPSN,
+			ResponderResources: accRR, InitiatorDepth: accID, RNRRetryCount: 7}))
+
+		rep := nextCM(t, act, abi.CMEventConnectResponse)
+		assert.Equal(t, p.rtr.RQPSN, rep.PeerPSN, "the REP announces the PSN the passive side expects")
+		assert.Equal(t, accRR, rep.ResponderResources)
+		assert.Equal(t, accID, rep.InitiatorDepth)
+		applyAttr(t, cid, act.qp, abi.QPSInit)
+		a.rtr, err2 = cid.InitQPAttr(abi.QPSRTR)
+		require.NoError(t, err2)
+		require.NoError(t, act.qp.ApplyQPAttr(&a.rtr), "the active side's RTR")
+		a.rts, err2 = cid.InitQPAttr(abi.QPSRTS)
+		require.NoError(t, err2)
+		require.NoError(t, act.qp.ApplyQPAttr(&a.rts), "the active side's RTS")
+		assert.Equal(t, psn, a.rtr.RQPSN, "the active side expects the PSN its REQ announced")
+		assert.Equal(t, p.rtr.RQPSN, a.rts.SQPSN, "and sends from the one the REP announced")
+		require.NoError(t, cid.Establish())
+		nextCM(t, act, abi.CMEventEstablished)
+		nextCM(t, pas, abi.CMEventEstablished)
+		return a, p
+	}
+
+	// The big side connects, offering path MTU 4096 and 128/128; the
+	// small side's QP gets 1024 and 16/16, and it accepts with 16/16
+	// (what librdmacm's rdma_accept gives without a choice of the
+	// program: the offer, at most the device's).
+	a, p := connect(big, small, testService, gidSmall, 0xabcdef, 128, 128, abi.MTU4096, 16, 16)
+	assert.Equal(t, abi.MTU1024, p.rtr.PathMTU, "the smaller of the REQ's MTU and the port's")
+	assert.Equal(t, uint8(16), p.rtr.MaxDestRdAtomic, "128 offered, 16 supported")
+	assert.Equal(t, uint8(16), p.rts.MaxRdAtomic, "128 offered, 16 supported")
+	assert.Equal(t, abi.MTU4096, a.rtr.PathMTU, "the active side keeps the MTU it offered")
+	assert.Equal(t, uint8(16), a.rtr.MaxDestRdAtomic)
+	assert.Equal(t, uint8(16), a.rts.MaxRdAtomic)
+	// The two QPs' MTUs differ: messages of one packet cross both ways.
+	cmTraffic(t, big, small, 1000, 0x10)
+	cmTraffic(t, small, big, 1000, 0x20)
+
+	// The small side connects with its defaults (MTU 0: its port's, 1024)
+	// and 16/16; the big side accepts with 128/128, as perftest does on
+	// Soft-RoCE. The small side's QP gets 16/16 from the REP's 128/128
+	// instead of a MODIFY_QP the device refuses. (New QPs: a REQ from a
+	// QP the peer holds a connection with is a stale connection.)
+	big, small = openCMSide(t, sockBig), openCMSide(t, sockSmall)
+	a, p = connect(small, big, testService+1, gidBig, 0x000102, 16, 16, 0, 128, 128)
+	assert.Equal(t, abi.MTU1024, p.rtr.PathMTU, "the REQ offered the small port's 1024")
+	assert.Equal(t, abi.MTU1024, a.rtr.PathMTU)
+	assert.Equal(t, uint8(16), a.rtr.MaxDestRdAtomic, "the REP's initiator depth 128, at most 16")
+	assert.Equal(t, uint8(16), a.rts.MaxRdAtomic, "the REP's responder resources 128, at most 16")
+	assert.Equal(t, uint8(16), p.rtr.MaxDestRdAtomic, "before the REP: the REQ's initiator depth")
+	// Multi-packet messages at MTU 1024, both ways.
+	cmTraffic(t, small, big, 4000, 0x30)
+	cmTraffic(t, big, small, 4000, 0x40)
 }

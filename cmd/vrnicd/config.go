@@ -46,6 +46,14 @@ type Config struct {
 	LogLevel string `json:"log_level,omitempty"`
 	// Limits bounds clients and the device; zero fields take defaults.
 	Limits device.Limits `json:"limits"`
+	// MaxRdAtomic is how many RDMA READs and atomics a QP may have
+	// outstanding, as requester and as responder: the device's
+	// max_qp_rd_atom and max_qp_init_rd_atom, and the most MODIFY_QP
+	// takes for max_rd_atomic and max_dest_rd_atomic (1..255; default
+	// 16). Soft-RoCE offers 128; rdma_cm programs such as perftest
+	// offer their device's value, and the CM clamps what a peer offers
+	// to this one.
+	MaxRdAtomic int `json:"max_rd_atomic,omitempty"`
 	// OperatorGroup names a group whose members may use the operator
 	// commands (vrnicctl) besides root and the daemon's own uid; empty:
 	// none. An unknown group is an error at start.
@@ -77,6 +85,8 @@ type LinkConfig struct {
 	// Peers are the ip:port of the other devices on the UDP link.
 	Peers []string `json:"peers,omitempty"`
 	// MTU is the largest path MTU in bytes (256..4096, default 4096).
+	// The port's active MTU is the smaller of it and what the link
+	// carries (see mtu.go): a 1500-byte interface gives 1024.
 	MTU int `json:"mtu,omitempty"`
 	// SegmentIPv4 says whether the IPv4 UDP link sends a message's
 	// frames as one UDP_SEGMENT datagram: true on any address (faster;
@@ -108,6 +118,11 @@ type TAPConfig struct {
 	// VerifySteering runs the steering program on test frames at start
 	// and refuses to start if it disagrees with the engine's QP owners.
 	VerifySteering bool `json:"verify_steering,omitempty"`
+	// MTU is the interface's MTU in bytes (1280..4200; default 4200,
+	// which carries path MTU 4096). Set it to the network's (1500 for
+	// Ethernet peers such as Soft-RoCE hosts): the port's active MTU
+	// follows it (1500: path MTU 1024).
+	MTU int `json:"mtu,omitempty"`
 }
 
 // loadConfigFile decodes a config file strictly.
@@ -154,12 +169,14 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 		tapMAC   = fs.String("tap-mac", "", "TAP link: the NIC's MAC address (default: derived from the device name)")
 		tapNS    = fs.String("tap-netns", "", "TAP link: network namespace (ip netns name) to create the interface in")
 		tapVer   = fs.Bool("tap-verify-steering", false, "TAP link: check the eBPF steering program against the engine's QP owners at start")
+		tapMTU   = fs.Int("tap-mtu", 0, "TAP link: the interface's MTU, 1280..4200 (default 4200; 1500 gives path MTU 1024)")
 		tapAddr  stringList
 		cpuProf  = fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
 		traceTo  = fs.String("trace", "", "write a Go execution trace of the run to this file")
 		opGroup  = fs.String("operator-group", "", "group whose members may use the operator commands (vrnicctl) besides root and the daemon's uid")
 		fltFile  = fs.String("faults", "", "fault scenario file (JSON, or YAML by its .yaml/.yml name): the seed and the fault rules installed at start")
 		fltSeed  = fs.Uint64("fault-seed", 0, "seed of every fault decision (default: the scenario's, else drawn from the clock; logged)")
+		rdAtom   = fs.Int("max-rd-atomic", 0, "outstanding RDMA READs and atomics per QP, each way: max_qp_rd_atom and max_qp_init_rd_atom, 1..255 (default 16; Soft-RoCE has 128)")
 	)
 	fs.Var(&tapAddr, "tap-addr", "TAP link: the NIC's address/prefix, e.g. 10.77.0.1/24 (repeatable; the first is GID 0)")
 	fs.StringVar(local, "local", "127.0.0.1:4791", "same as -udp-local")
@@ -171,9 +188,9 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
-	tapCfg := TAPConfig{Name: *tapName, Addrs: tapAddr, MAC: *tapMAC, NetNS: *tapNS, VerifySteering: *tapVer}
+	tapCfg := TAPConfig{Name: *tapName, Addrs: tapAddr, MAC: *tapMAC, NetNS: *tapNS, VerifySteering: *tapVer, MTU: *tapMTU}
 	c := &Config{Name: *name, Link: LinkConfig{Type: *link, Local: *local, MTU: *mtu, SegmentIPv4: seg4.v, TAP: tapCfg}, LogLevel: *level, Workers: *workers, PollSpin: *pollSpin,
-		OperatorGroup: *opGroup}
+		OperatorGroup: *opGroup, MaxRdAtomic: *rdAtom}
 	if *cfgFile != "" {
 		fileCfg := Config{}
 		if err := loadConfigFile(*cfgFile, &fileCfg); err != nil {
@@ -232,8 +249,14 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 		if set["tap-verify-steering"] {
 			merged.Link.TAP.VerifySteering = *tapVer
 		}
+		if set["tap-mtu"] {
+			merged.Link.TAP.MTU = *tapMTU
+		}
 		if set["operator-group"] {
 			merged.OperatorGroup = *opGroup
+		}
+		if set["max-rd-atomic"] {
+			merged.MaxRdAtomic = *rdAtom
 		}
 		c = &merged
 	} else {
@@ -282,6 +305,9 @@ func (c *Config) validate() error {
 	}
 	if _, ok := mtuCode(c.Link.MTU); !ok {
 		return fmt.Errorf("mtu %d: want 256, 512, 1024, 2048 or 4096", c.Link.MTU)
+	}
+	if c.MaxRdAtomic < 0 || c.MaxRdAtomic > 255 {
+		return fmt.Errorf("max_rd_atomic %d: want 1..255 (0: the default, 16)", c.MaxRdAtomic)
 	}
 	if c.Workers < 0 || c.Workers > 1024 {
 		return fmt.Errorf("workers %d out of range", c.Workers)

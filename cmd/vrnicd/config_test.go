@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"io"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/device"
 	"github.com/vrnic/vrnic/link"
@@ -111,6 +113,9 @@ func TestParseConfigErrors(t *testing.T) {
 		{"negative per-uid limit", nil, `{"name":"x","link":{"type":"udp"},"limits":{"per_uid":{"connections":-1}}}`, "negative"},
 		{"args", []string{"extra"}, "", "unexpected arguments"},
 		{"segment", []string{"-udp-segment-ipv4=sometimes"}, "", "true, false or auto"},
+		{"max-rd-atomic", []string{"-max-rd-atomic", "256"}, "", "max_rd_atomic 256"},
+		{"max_rd_atomic", nil, `{"name":"x","link":{"type":"udp"},"max_rd_atomic":-1}`, "max_rd_atomic -1"},
+		{"tap-mtu", []string{"-link", "tap", "-tap-addr", "10.0.0.1/24", "-tap-mtu", "9000"}, "", "tap-mtu 9000"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -250,4 +255,58 @@ func TestRunRemovesRuntimeDirItCreated(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "note"), nil, 0o600))
 	stop4()
 	assert.FileExists(t, filepath.Join(dir, "note"))
+}
+
+// TestMaxRdAtomicConfig: max_rd_atomic comes from the config file or the
+// flag (which wins); absent, it is 0 and the device takes its default.
+func TestMaxRdAtomicConfig(t *testing.T) {
+	c, err := parseConfig([]string{"-max-rd-atomic", "128"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, 128, c.MaxRdAtomic)
+	p := writeFile(t, `{"name":"x","link":{"type":"udp"},"max_rd_atomic":64}`)
+	c, err = parseConfig([]string{"-config", p}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, 64, c.MaxRdAtomic)
+	c, err = parseConfig([]string{"-config", p, "-max-rd-atomic", "128"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, 128, c.MaxRdAtomic)
+	c, err = parseConfig(nil, io.Discard)
+	require.NoError(t, err)
+	assert.Zero(t, c.MaxRdAtomic)
+}
+
+// TestActiveMTU: the port's MTU follows the link as Soft-RoCE's follows
+// its net device (1500 bytes: 1024), capped by -mtu.
+func TestActiveMTU(t *testing.T) {
+	for _, tc := range []struct {
+		ifMTU int
+		code  uint32
+	}{{1500, 3}, {1280, 3}, {2128, 4}, {2127, 3}, {4176, 5}, {4200, 5}, {65536, 5}, {9000, 5}, {600, 2}, {336, 1}, {335, 0}} {
+		assert.Equal(t, tc.code, ibMTUFor(tc.ifMTU), "interface MTU %d", tc.ifMTU)
+	}
+	lo, ok := localIfMTU(netip.MustParseAddr("127.0.0.2"))
+	require.True(t, ok, "the loopback interface")
+	assert.Positive(t, lo)
+	_, ok = localIfMTU(netip.MustParseAddr("192.0.2.77"))
+	assert.False(t, ok, "an address no interface holds")
+
+	// UDP on loopback: what loopback carries (65536: 4096), at most -mtu.
+	for _, tc := range []struct {
+		args []string
+		want abi.MTU
+	}{
+		{[]string{"-udp-local", "127.0.0.1:4791"}, abi.MTU(min(ibMTUFor(lo), 5))},
+		{[]string{"-udp-local", "127.0.0.1:4791", "-mtu", "1024"}, abi.MTU1024},
+		{[]string{"-udp-local", "192.0.2.77:4791", "-mtu", "2048"}, abi.MTU2048},
+		// A TAP device of Ethernet's 1500 bytes: 1024, as rxe's active MTU.
+		{[]string{"-link", "tap", "-tap-addr", "10.0.0.1/24", "-tap-mtu", "1500"}, abi.MTU1024},
+		{[]string{"-link", "tap", "-tap-addr", "10.0.0.1/24"}, abi.MTU4096},
+		{[]string{"-link", "tap", "-tap-addr", "10.0.0.1/24", "-mtu", "512"}, abi.MTU512},
+	} {
+		c, err := parseConfig(tc.args, io.Discard)
+		require.NoError(t, err, "%v", tc.args)
+		li, err := linkInfo(c)
+		require.NoError(t, err)
+		assert.Equal(t, tc.want, li.MaxMTU, "%v", tc.args)
+	}
 }

@@ -222,10 +222,17 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	defer qp1.Close()
+	rdAtomic := uint8(cfg.MaxRdAtomic)
+	if rdAtomic == 0 {
+		rdAtomic = abi.MaxRdAtomic
+	}
 	// The communication manager: one goroutine owns it; QP1 hands it the
 	// CM MADs, the device routes it the CM commands.
 	cmSvc, err := cm.NewService(cm.ServiceConfig{
-		CM:     cm.Config{CAGUID: device.NodeGUID(cfg.Name), AckDelay: cm.RXEAckDelay},
+		// The port and device the CM speaks for: it clamps what a peer
+		// offers to them.
+		CM: cm.Config{CAGUID: device.NodeGUID(cfg.Name), AckDelay: cm.RXEAckDelay,
+			MaxRdAtomic: rdAtomic, MaxInitRdAtomic: rdAtomic},
 		GSI:    qp1,
 		GIDs:   li.GIDs,
 		MaxMTU: roce.MTU(li.MaxMTU),
@@ -250,6 +257,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		Capture:       plane.capture(log),
 		Faults:        plane.faults.Serve,
 		CM:            cmSvc,
+		MaxRdAtomic:   rdAtomic,
 	})
 	if err != nil {
 		l.Close()
@@ -278,7 +286,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		where = nil
 	}
 	log.Info("vrnicd started", append(append([]any{"device", cfg.Name, "socket", sock, "link", cfg.Link.Type}, where...),
-		"workers", workers, "data_path", true, "pid", os.Getpid(), "abi", fmt.Sprintf("%d.%d", abi.VersionMajor, abi.VersionMinor))...)
+		"workers", workers, "mtu", li.MaxMTU.Bytes(), "max_rd_atomic", dev.MaxRdAtomic(), "data_path", true, "pid", os.Getpid(),
+		"abi", fmt.Sprintf("%d.%d", abi.VersionMajor, abi.VersionMinor))...)
 	done := make(chan error, 1)
 	go func() { done <- dev.Serve(l) }()
 	select {
@@ -310,7 +319,7 @@ func maxInt(a, b int) int {
 // linkInfo derives the port description from the link configuration.
 func linkInfo(cfg *Config) (device.LinkInfo, error) {
 	code, _ := mtuCode(cfg.Link.MTU)
-	li := device.LinkInfo{MaxMTU: abi.MTU(code), SpeedMbps: 10000}
+	li := device.LinkInfo{MaxMTU: abi.MTU(activeMTU(cfg, code)), SpeedMbps: 10000}
 	switch cfg.Link.Type {
 	case "udp":
 		li.Type = abi.LinkUDP

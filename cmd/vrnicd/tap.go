@@ -41,6 +41,9 @@ func (c *TAPConfig) validate() error {
 	if strings.ContainsAny(c.NetNS, "/\x00") {
 		return fmt.Errorf("tap-netns %q: not a namespace name", c.NetNS)
 	}
+	if c.MTU != 0 && (c.MTU < 1280 || c.MTU > tap.DefaultMTU) {
+		return fmt.Errorf("tap-mtu %d: want 1280..%d", c.MTU, tap.DefaultMTU)
+	}
 	return nil
 }
 
@@ -123,7 +126,8 @@ func openTAP(cfg *Config, mac [6]byte, workers, frameCap int, log *slog.Logger) 
 		}
 		defer ns.Close()
 	}
-	dev, err := tap.Create(tap.Config{Name: cfg.tapIfName(), Queues: workers, MAC: tap.MAC(mac), Addrs: addrs, NetNS: ns})
+	dev, err := tap.Create(tap.Config{Name: cfg.tapIfName(), Queues: workers, MAC: tap.MAC(mac), Addrs: addrs, NetNS: ns,
+		MTU: tc.mtu()})
 	if err != nil {
 		return nil, fmt.Errorf("%w (the TAP link needs CAP_NET_ADMIN: run vrnicd as root)", err)
 	}

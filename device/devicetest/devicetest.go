@@ -42,6 +42,8 @@ type Options struct {
 	// Faults serves the fault-rule commands (device.Config.Faults); nil:
 	// none.
 	Faults func(admin.FaultRequest) (admin.FaultReply, error)
+	// MaxRdAtomic is device.Config.MaxRdAtomic (0: the default, 16).
+	MaxRdAtomic uint8
 }
 
 // Start creates a device listening on a socket in a new temporary
@@ -71,6 +73,8 @@ func Start(o Options) (*Server, error) {
 		DataPlane: o.DataPlane,
 		Logger:    o.Logger,
 		Faults:    o.Faults,
+
+		MaxRdAtomic: o.MaxRdAtomic,
 	})
 	if err != nil {
 		space.Close()

@@ -368,10 +368,10 @@ func (qp *QP) modify(a *QPAttr) error {
 		qp.attr.MinRNRTimer = a.MinRNRTimer & 0x1f
 	}
 	if m&abi.QPAttrMaxQPRdAtomic != 0 {
-		qp.attr.MaxRdAtomic = max(1, min(a.MaxRdAtomic, abi.MaxRdAtomic))
+		qp.attr.MaxRdAtomic = max(1, a.MaxRdAtomic)
 	}
 	if m&abi.QPAttrMaxDestRdAtomic != 0 {
-		qp.attr.MaxDestRdAtomic = max(1, min(a.MaxDestRdAtomic, abi.MaxRdAtomic))
+		qp.attr.MaxDestRdAtomic = max(1, a.MaxDestRdAtomic)
 		qp.resp.setResources(int(qp.attr.MaxDestRdAtomic))
 	}
 	if m&abi.QPAttrAV != 0 && qp.svc != roce.ServiceUD {

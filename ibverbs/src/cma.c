@@ -927,8 +927,11 @@ static uint64_t service_id(struct cma_id *id, uint16_t port) {
 }
 
 /* param_ok: the responder resources and initiator depth asked for are
- * within the device's (RDMA_MAX_*: as many as it has), as librdmacm checks. */
-static bool param_ok(const struct cma_dev *d, const struct rdma_conn_param *p) {
+ * within the device's (RDMA_MAX_*: as many as it has), as librdmacm's
+ * ucma_valid_param checks for the TCP port space (only). */
+static bool param_ok(const struct cma_id *id, const struct cma_dev *d, const struct rdma_conn_param *p) {
+	if (id->id.ps != RDMA_PS_TCP)
+		return true;
 	return (p->responder_resources == RDMA_MAX_RESP_RES || p->responder_resources <= d->max_qp_rd_atom) &&
 	       (p->initiator_depth == RDMA_MAX_INIT_DEPTH || p->initiator_depth <= d->max_qp_init_rd_atom);
 }
@@ -941,7 +944,7 @@ VR_EXPORT int rdma_connect(struct rdma_cm_id *cid, struct rdma_conn_param *p) {
 	bool ud = id->id.qp_type == IBV_QPT_UD;
 	if (!ud && !id->id.qp && !p)
 		return ERRNO(EINVAL);
-	if (p && !ud && !param_ok(d, p))
+	if (p && !ud && !param_ok(id, d, p))
 		return ERRNO(EINVAL);
 	id->initiator_depth =
 		p && p->initiator_depth != RDMA_MAX_INIT_DEPTH ? p->initiator_depth : d->max_qp_init_rd_atom;
@@ -952,6 +955,10 @@ VR_EXPORT int rdma_connect(struct rdma_cm_id *cid, struct rdma_conn_param *p) {
 	c.cm_id = id->handle;
 	c.qpn = id->id.qp ? id->id.qp->qp_num : p ? p->qp_num : 0;
 	c.srq = id->id.qp ? id->id.qp->srq != NULL : p ? p->srq : 0;
+	/* The REQ's Starting PSN is the PSN this side expects to receive:
+	 * random, as the kernel's rdma_cm draws an ID's seq_num
+	 * (__rdma_create_id) and cma_connect_ib sends it; the daemon's RTR
+	 * attributes give it back as rq_psn, and the peer sends from it. */
 	id->psn = rand24();
 	c.starting_psn = id->psn;
 	c.service_id = service_id(id, cma_port(&id->id.route.addr.dst_addr));
@@ -959,6 +966,10 @@ VR_EXPORT int rdma_connect(struct rdma_cm_id *cid, struct rdma_conn_param *p) {
 	c.sgid_index = id->sgid_index;
 	c.hop_limit = 64;
 	c.traffic_class = id->tos;
+	/* The route's MTU (the port's active MTU, rdma_resolve_route); the
+	 * daemon's CM offers at most its port's. */
+	if (id->id.route.path_rec)
+		c.path_mtu = (uint8_t)id->id.route.path_rec->mtu;
 	c.responder_resources = id->responder_resources;
 	c.initiator_depth = id->initiator_depth;
 	c.retry_count = p ? p->retry_count : 7;
@@ -1047,8 +1058,11 @@ VR_EXPORT int rdma_accept(struct rdma_cm_id *cid, struct rdma_conn_param *p) {
 		}
 		return 0;
 	}
-	if (p && !param_ok(d, p))
+	if (p && !param_ok(id, d, p))
 		return ERRNO(EINVAL);
+	/* As librdmacm's rdma_accept: what the peer offered (the
+	 * CONNECT_REQUEST's depths, seen from this side), at most the
+	 * device's, unless the program asks for its own. */
 	if (!p || p->initiator_depth == RDMA_MAX_INIT_DEPTH)
 		id->initiator_depth = id->initiator_depth < d->max_qp_init_rd_atom ? id->initiator_depth
 										  : d->max_qp_init_rd_atom;
@@ -1059,13 +1073,23 @@ VR_EXPORT int rdma_accept(struct rdma_cm_id *cid, struct rdma_conn_param *p) {
 											: d->max_qp_rd_atom;
 	else
 		id->responder_resources = p->responder_resources;
-	id->psn = rand24();
+	/* The REP's Starting PSN is the PSN this side expects to receive:
+	 * the rq_psn of the RTR attributes, which the daemon drew when the
+	 * REQ arrived (the kernel's rdma_init_qp_attr gives the ID's seq_num,
+	 * and cma_accept_ib announces the same). The RTS attributes' sq_psn
+	 * is the REQ's Starting PSN, the PSN the peer expects. */
+	struct ibv_qp_attr rtr = { .qp_state = IBV_QPS_RTR };
+	int rtr_mask = 0;
+	if (rdma_init_qp_attr(&id->id, &rtr, &rtr_mask))
+		return -1;
+	id->psn = rtr.rq_psn;
 	if (id->id.qp) {
-		/* As librdmacm: INIT again with the CM's access flags, RTR, then
-		 * RTS with the PSN the REP announces, all before the REP. */
+		/* As librdmacm (ucma_modify_qp_rtr, ucma_modify_qp_rts): INIT
+		 * again with the CM's access flags, RTR, then RTS, all before the
+		 * REP. */
 		if (modify_to(id, IBV_QPS_INIT, -1, 0, false) ||
 		    modify_to(id, IBV_QPS_RTR, id->responder_resources, 0, false) ||
-		    modify_to(id, IBV_QPS_RTS, id->initiator_depth, id->psn, true))
+		    modify_to(id, IBV_QPS_RTS, id->initiator_depth, 0, false))
 			return -1;
 	}
 	c.starting_psn = id->psn;
@@ -1223,7 +1247,9 @@ static struct cma_id *child_of(struct cma_id *l, struct cma_dev *d, const struct
 	uint8_t gi = 0;
 	if (dev_by_addr(&a->src_addr, &gi) == d)
 		c->sgid_index = gi;
-	/* From the passive side's view (as the kernel reports it). */
+	/* From the passive side's view (as the kernel reports it), kept as
+	 * librdmacm's ucma_process_conn_req keeps the event's: rdma_accept
+	 * clamps them to the device's when the program does not choose. */
 	c->initiator_depth = r->responder_resources;
 	c->responder_resources = r->initiator_depth;
 	return c;

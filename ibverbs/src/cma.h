@@ -97,7 +97,7 @@ struct cma_id {
 	bool ack_timeout_set;
 	uint8_t initiator_depth;
 	uint8_t responder_resources;
-	uint32_t psn;              /* the first PSN our QP sends */
+	uint32_t psn;              /* the first PSN our QP expects (its rq_psn), which our REQ or REP announces */
 	int delivered, acked;      /* events handed to the program, and acked */
 	struct ibv_qp_init_attr *qp_init_attr; /* rdma_create_ep, passive */
 	struct cma_hent hconn;  /* handle's entry in the handle table, while handle != 0 */

@@ -74,7 +74,7 @@
 #define VRNIC_MAX_CQE           32768u   /* CQEs per CQ */
 #define VRNIC_MAX_QP_WR         16384u   /* WRs per SQ or RQ */
 #define VRNIC_MAX_SRQ_WR        16384u   /* WRs per SRQ */
-#define VRNIC_MAX_RD_ATOMIC     16u      /* max_rd_atomic / max_dest_rd_atomic */
+#define VRNIC_MAX_RD_ATOMIC     16u      /* max_rd_atomic / max_dest_rd_atomic by default (QUERY_DEVICE: the device's) */
 #define VRNIC_MAX_MR_SIZE       (1ull << 40)
 #define VRNIC_MAX_MSG_BYTES     (1u << 31) /* largest RDMA message */
 #define VRNIC_INLINE_PAGES      64u      /* page list inline in REG_MR */
@@ -271,12 +271,12 @@ struct vrnic_cmd_cm_listen {
 
 /* CM_CONNECT. No reply struct. Sends the REQ (RC, UC) or the SIDR_REQ
  * (UD) to the CM of the port with GID dgid. The REQ carries the QP's
- * number, starting_psn (the first PSN this QP sends: its sq_psn, which
- * becomes the peer's rq_psn; each side announces its own, as Linux's CM
- * and rdma_cm do, and the peer's becomes this side's rq_psn in the RTR
- * attributes),
- * the path (the device's GID sgid_index, dgid, hop_limit, traffic_class,
- * flow_label, path_mtu: 0 means the port's active MTU), responder
+ * number, starting_psn (the first PSN this QP expects to receive: its
+ * rq_psn in the RTR attributes, and the peer's sq_psn; each side
+ * announces the PSN it expects and sends from the peer's, as Linux's CM
+ * and rdma_cm do), the path (the device's GID sgid_index, dgid,
+ * hop_limit, traffic_class, flow_label, path_mtu: 0 means the port's
+ * active MTU, and the REQ offers at most the port's active MTU), responder
  * resources, initiator depth, retry_count, rnr_retry_count, srq and
  * private data (REQ: at most 92 bytes, SIDR_REQ 216; librdmacm puts a
  * cma_hdr first). cm_response_timeout is the CM response timeout exponent
@@ -309,9 +309,10 @@ struct vrnic_cmd_cm_connect {
 };
 
 /* CM_ACCEPT. No reply struct. For a CONNECT_REQUEST's CM ID: sends the
- * REP with the QP's number, starting_psn (the first PSN it sends: the
- * sq_psn it moves its QP to RTS with; its rq_psn came with the REQ),
- * responder resources, initiator depth, rnr_retry_count, srq and private
+ * REP with the QP's number, starting_psn (the first PSN it expects to
+ * receive: the rq_psn of the RTR attributes, which the daemon drew when
+ * the REQ arrived; the sq_psn of the RTS attributes is the REQ's
+ * starting PSN), responder resources, initiator depth, rnr_retry_count, srq and private
  * data (at most 196 bytes). For a UD ID: the SIDR_REP, status 0, with qpn
  * and qkey (private data at most 136 bytes). */
 struct vrnic_cmd_cm_accept {
@@ -399,14 +400,16 @@ enum vrnic_cm_event_type {   /* VRNIC_CM_EVENT_BASE + enum rdma_cm_event_type */
 /* One datagram on the event socket per CM event. Fields not listed for
  * an event are 0. peer_* are the peer's values from the message the
  * event reports (CONNECT_REQUEST: the REQ or SIDR_REQ; CONNECT_RESPONSE:
- * the REP or SIDR_REP). qp_attr holds the attributes of the ID's QP for
- * RTR and RTS (CONNECT_REQUEST of RC/UC: INIT and RTR, with rq_psn 0:
- * the passive side picks its receive PSN, moves to RTR with it and passes
- * it to CM_ACCEPT; after CM_ACCEPT, CM_INIT_QP_ATTR gives RTR and RTS
- * complete, sq_psn being the REQ's starting PSN; CONNECT_RESPONSE: INIT,
- * RTR and RTS, all set); its
- * attr_mask says which are set. private_data_len is the message's whole
- * private data field (the wire carries no length). */
+ * the REP or SIDR_REP); peer_psn is its starting PSN, the PSN the peer
+ * expects to receive: this side's sq_psn. qp_attr holds the attributes
+ * of the ID's QP (CONNECT_REQUEST of RC/UC and CONNECT_RESPONSE: INIT,
+ * RTR and RTS; rq_psn is this side's own receive PSN, which a
+ * CONNECT_REQUEST's CM_ACCEPT passes as starting_psn); its attr_mask says
+ * which are set. The path MTU is at most the port's active MTU, and
+ * max_dest_rd_atomic and max_rd_atomic at most the device's
+ * max_qp_rd_atom and max_qp_init_rd_atom, whatever the peer offered.
+ * private_data_len is the message's whole private data field (the wire
+ * carries no length). */
 struct vrnic_cm_event {
 	uint32_t event_type;          /* enum vrnic_cm_event_type */
 	uint32_t cm_id;
@@ -415,7 +418,7 @@ struct vrnic_cm_event {
 	uint64_t service_id;
 	uint8_t  peer_gid[16];        /* the peer port's GID */
 	uint32_t peer_qpn;
-	uint32_t peer_psn;            /* the peer's starting PSN */
+	uint32_t peer_psn;            /* the peer's starting PSN: the PSN it expects, this side's sq_psn */
 	uint32_t peer_qkey;           /* SIDR_REP */
 	uint8_t  responder_resources; /* the peer's */
 	uint8_t  initiator_depth;     /* the peer's */

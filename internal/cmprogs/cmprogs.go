@@ -121,23 +121,7 @@ func Cases() []Case {
 			return nil
 		}
 	}
-	perf := func(prog string, extra ...string) Case {
-		return Case{Name: prog + "_R", Prog: prog, PS: PSTCP,
-			Server: func(a, p string) []string {
-				return append([]string{prog, "-R", "-p", p}, extra...)
-			},
-			Client: func(a, p string) []string {
-				return append(append([]string{prog, "-R", "-p", p}, extra...), a)
-			},
-			Check: func(s, c string) error {
-				for _, o := range []string{s, c} {
-					if !perfRow.MatchString(o) {
-						return fmt.Errorf("%s: no report line in:\n%s", prog, o)
-					}
-				}
-				return nil
-			}}
-	}
+	perf := Perftest
 	return []Case{
 		{Name: "rping", Prog: "rping", PS: PSTCP,
 			Server: func(a, p string) []string { return []string{"rping", "-s", "-a", a, "-p", p, "-C", "100", "-v"} },
@@ -172,6 +156,27 @@ func Cases() []Case {
 		perf("ib_write_lat", "-n", "500", "-s", "8"),
 		perf("ib_read_bw", "-n", "500", "-s", "65536"),
 	}
+}
+
+// Perftest is the case of perftest program prog with -R (rdma_cm) and
+// extra arguments (they must make it report a line for 65536 or 8 bytes
+// and 500 iterations): both sides must print it.
+func Perftest(prog string, extra ...string) Case {
+	return Case{Name: prog + "_R", Prog: prog, PS: PSTCP,
+		Server: func(a, p string) []string {
+			return append([]string{prog, "-R", "-p", p}, extra...)
+		},
+		Client: func(a, p string) []string {
+			return append(append([]string{prog, "-R", "-p", p}, extra...), a)
+		},
+		Check: func(s, c string) error {
+			for _, o := range []string{s, c} {
+				if !perfRow.MatchString(o) {
+					return fmt.Errorf("%s: no report line in:\n%s", prog, o)
+				}
+			}
+			return nil
+		}}
 }
 
 var perfRow = regexp.MustCompile(`(?m)^ (65536|8)[ \t]+500[ \t]+[0-9.]+`)

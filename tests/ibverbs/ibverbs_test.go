@@ -63,6 +63,13 @@ type pair struct {
 
 func startPair(t *testing.T, daemonArgs ...string) *pair {
 	t.Helper()
+	return startPairArgs(t, daemonArgs, daemonArgs)
+}
+
+// startPairArgs is startPair with arguments of each daemon's own (a's,
+// then b's).
+func startPairArgs(t *testing.T, argsA, argsB []string) *pair {
+	t.Helper()
 	p := &pair{dir: t.TempDir()}
 	a, b, err := launch.LoopbackPair(netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("127.0.0.2"))
 	require.NoError(t, err)
@@ -71,7 +78,7 @@ func startPair(t *testing.T, daemonArgs ...string) *pair {
 		p.logs[i] = &launch.Buffer{}
 		proc, err := launch.Start(launch.Spec{Name: "vrnicd " + name, Bin: filepath.Join(bin, "vrnicd"),
 			Args: append([]string{"-name", name, "-runtime-dir", p.dir, "-link", "udp", "-workers", "1",
-				"-local", p.addr[i].String() + ":4791"}, daemonArgs...), Stderr: p.logs[i]})
+				"-local", p.addr[i].String() + ":4791"}, [][]string{argsA, argsB}[i]...), Stderr: p.logs[i]})
 		require.NoError(t, err)
 		t.Cleanup(func() {
 			if err := proc.Stop(0, 10*time.Second); !p.killed[i] && (err != nil || proc.Killed()) {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -247,5 +248,57 @@ func TestSanitizedRdmaCM(t *testing.T) {
 				assert.Contains(t, cout.String(), "test complete")
 			}
 		})
+	}
+}
+
+// TestRdmaCMReadDepth runs perftest's READ and atomic tests (-R, unmodified)
+// between a daemon offering 128 outstanding READs and atomics each way, as
+// Soft-RoCE does (-max-rd-atomic 128), and one of the default 16: each
+// program offers its own device's depth in its REQ or REP, and the side of
+// 16 clamps the 128 it is offered instead of failing MODIFY_QP. Both ways:
+// the 128 side as server and as client.
+func TestRdmaCMReadDepth(t *testing.T) {
+	testenv.NeedTool(t, "cc")
+	cases := []cmprogs.Case{
+		cmprogs.Perftest("ib_read_bw", "-n", "500", "-s", "65536"),
+		cmprogs.Perftest("ib_read_lat", "-n", "500", "-s", "8"),
+		cmprogs.Perftest("ib_atomic_bw", "-n", "500"),
+	}
+	// ib_read_lat's server only answers READs: the client alone reports.
+	readLat := cases[1].Check
+	cases[1].Check = func(s, c string) error { return readLat(c, c) }
+	for _, c := range cases {
+		testenv.NeedTool(t, c.Prog)
+	}
+	p := startPairArgs(t, nil, []string{"-max-rd-atomic", "128"}) // a: 16, b: 128
+	env := pairEnv(t, p)
+	for _, dir := range []struct {
+		name               string
+		server, client     string
+		addr               string
+		socks              []string
+		serverRd, clientRd string
+	}{
+		{"server128", "b", "a", p.addr[1].String(), env.Socks, "128", "16"},
+		{"client128", "a", "b", p.addr[0].String(), []string{env.Socks[1], env.Socks[0]}, "16", "128"},
+	} {
+		e := env
+		e.ServerDev, e.ClientDev, e.Addr, e.Socks = dir.server, dir.client, dir.addr, dir.socks
+		for _, c := range cases {
+			check := c.Check
+			c.Check = func(s, cl string) error {
+				if err := check(s, cl); err != nil {
+					return err
+				}
+				// perftest reports its own device's depth.
+				for _, o := range []struct{ out, rd string }{{s, dir.serverRd}, {cl, dir.clientRd}} {
+					if !regexp.MustCompile(`(?m)^ Outstand reads\s+: ` + o.rd + `$`).MatchString(o.out) {
+						return fmt.Errorf("no \"Outstand reads : %s\" in:\n%s", o.rd, o.out)
+					}
+				}
+				return nil
+			}
+			t.Run(dir.name+"/"+c.Name, func(t *testing.T) { cmprogs.Run(t, e, c) })
+		}
 	}
 }
