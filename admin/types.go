@@ -298,7 +298,10 @@ type CMInfo struct {
 	MADsReceived    uint64     `json:"mads_received"`   // CM MADs decoded
 	Duplicates      uint64     `json:"duplicates"`      // received and recognised as repeats
 	Invalid         uint64     `json:"invalid"`         // malformed or unsupported CM MADs
-	Unmatched       uint64     `json:"unmatched"`       // CM MADs for no known connection
+	Unmatched       uint64     `json:"unmatched"`       // CM MADs for no known connection, or not from its peer
+	HalfOpen        int        `json:"half_open"`       // connect requests received, not yet established
+	Shed            uint64     `json:"shed"`            // half-open connections dropped to admit a newer request
+	Expired         uint64     `json:"expired"`         // connect requests dropped unanswered after the peer's wait
 	Connections     int        `json:"connections"`     // connections the CM IDs hold
 	Total           int        `json:"total"`           // CM IDs
 	Next            int        `json:"next,omitempty"`

@@ -148,7 +148,11 @@ func (s *cmState) handle(ev *cm.Event) {
 	case cm.EventConnectRequest, cm.EventSIDRRequest:
 		l := s.listeners[ev.ServiceID]
 		sidr := ev.Type == cm.EventSIDRRequest
-		if l == nil || l.pending >= l.backlog || len(l.cx.cmIDs) >= maxCMIDs || (l.qpType == abi.QPTUD) != sidr {
+		// No check of l.pending against l.backlog: the Manager holds the
+		// listener to its backlog (ListenBacklog), shedding its oldest
+		// half-open requests (they come here as EventRejected) rather
+		// than turning the newest away.
+		if l == nil || len(l.cx.cmIDs) >= maxCMIDs || (l.qpType == abi.QPTUD) != sidr {
 			if sidr {
 				_ = s.mgr.SIDRReply(ev.Conn, cm.SIDRReplyParams{Status: cm.SIDRReject})
 			} else {
@@ -450,13 +454,14 @@ func (cn *conn) cmListen(r *request) (reply, error) {
 		if s.listeners[c.ServiceID] != nil {
 			return errorf(errAddrInUse, "service ID %#x has a listener", c.ServiceID)
 		}
-		if err := s.mgr.Listen(c.ServiceID, 0); err != nil {
+		backlog := int(c.Backlog)
+		if backlog <= 0 {
+			backlog = abi.CMDefaultBacklog
+		}
+		if err := s.mgr.ListenBacklog(c.ServiceID, 0, backlog); err != nil {
 			return cmErr(err)
 		}
-		id.listening, id.serviceID, id.backlog = true, c.ServiceID, int(c.Backlog)
-		if id.backlog <= 0 {
-			id.backlog = abi.CMDefaultBacklog
-		}
+		id.listening, id.serviceID, id.backlog = true, c.ServiceID, backlog
 		id.last = "LISTEN"
 		s.listeners[c.ServiceID] = id
 		return nil
@@ -689,6 +694,7 @@ func (d *Device) cmInfoLocked() admin.CMInfo {
 		info.Duplicates += st.Duplicates[i]
 	}
 	info.Invalid, info.Unmatched = st.Invalid+st.Unsupported, st.Unmatched
+	info.HalfOpen, info.Shed, info.Expired = st.HalfOpen, st.Shed, st.Expired
 	info.IDs = []admin.CMIDInfo{}
 	s.mu.Lock()
 	defer s.mu.Unlock()
