@@ -313,9 +313,11 @@ type QP1Stats struct {
 	Sent        uint64 `json:"sent"`         // MADs handed to the transport
 	SendErrors  uint64 `json:"send_errors"`  // MADs whose send failed
 	SendDropped uint64 `json:"send_dropped"` // MADs refused: send queue full, no route
+	Overflow    uint64 `json:"overflow"`     // answers (REJ, MRA, RTU, DREP, SIDR_REP) queued past the send backlog's bound
 	Received    uint64 `json:"received"`     // MADs received and given to an agent
 	Dropped     uint64 `json:"dropped"`      // MADs received and dropped: no agent for the class, malformed
 	RecvErrors  uint64 `json:"recv_errors"`  // receive completions with an error
+	NoRecvSlot  uint64 `json:"no_recv_slot"` // MADs the transport dropped: every receive slot held a MAD the CM had not taken yet
 }
 
 // CMIDInfo is one CM ID in CMInfo.

@@ -37,6 +37,19 @@ import (
 // (RegisterAgent: the communication manager for class 0x07); MADs of any
 // other class, and malformed ones, are dropped and counted. QP1 answers
 // nothing by itself.
+//
+// Bursts: a MAD that finds every send slot in use waits in pending. A
+// request the CM repeats until answered (REQ, REP, DREQ, SIDR_REQ, and
+// any MAD of another class) is dropped and counted (SendDropped) when
+// qp1MaxPending wait already: the CM sends it again. A message the CM
+// sends once (REJ, MRA, RTU, DREP, SIDR_REP: qp1Answer) always waits,
+// past the bound if need be (Overflow counts those): dropping it would
+// lose it for good (a REJ for each of thousands of connections closed at
+// once). Their number stays bounded: those the CM sends on its own
+// (closing, expiring) are bounded by its connections, and those that
+// answer a received MAD by run, which takes no more received MADs while
+// the backlog is at its bound, so a flood of requests waits in QP1's
+// receive slots and, past them, is dropped by the transport, at the door.
 type QP1 struct {
 	eng     *engine.Engine
 	resolve func(what string, peer netip.Addr) error
@@ -44,6 +57,7 @@ type QP1 struct {
 
 	arena []byte
 	ahs   engine.AHTable
+	qpc   *engine.QPCounters // the engine's counters of QP1
 
 	mu      sync.Mutex
 	free    []uint32         // free send slots
@@ -60,6 +74,9 @@ type QP1 struct {
 	rxWake chan struct{}
 	stop   chan struct{}
 	done   chan struct{}
+	// drained: the send backlog went below qp1MaxPending (run waits
+	// for it).
+	drained chan struct{}
 
 	Counters QP1Counters
 }
@@ -75,6 +92,7 @@ type QP1Counters struct {
 	Sent        atomic.Uint64 // MADs handed to the engine
 	SendErrors  atomic.Uint64 // MADs that completed with an error
 	SendDropped atomic.Uint64 // MADs refused: send slots and backlog full, no route
+	Overflow    atomic.Uint64 // answers queued past the backlog's bound (qp1Answer)
 	Received    atomic.Uint64 // MADs received and given to an agent
 	Dropped     atomic.Uint64 // MADs received and dropped: no agent for the class, malformed
 	RecvErrors  atomic.Uint64 // receive completions with an error
@@ -116,6 +134,7 @@ func (dp *DataPlane) StartQP1(local netip.Addr) (*QP1, error) {
 		ahByGID: map[netip.Addr]uint32{},
 		agents:  map[uint8]func([16]byte, []byte){},
 		rxWake:  make(chan struct{}, 1),
+		drained: make(chan struct{}, 1),
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
@@ -126,7 +145,8 @@ func (dp *DataPlane) StartQP1(local netip.Addr) (*QP1, error) {
 		q.recvQ = append(q.recvQ, i)
 	}
 	src := (*qp1Source)(q)
-	_, err := dp.eng.CreateQP(engine.QPConfig{
+	var err error
+	q.qpc, err = dp.eng.CreateQP(engine.QPConfig{
 		QPN: qp1QPN, SQ: src, RQ: (*qp1RecvSource)(q), SendCQ: (*qp1SendSink)(q), RecvCQ: (*qp1RecvSink)(q),
 		Mem: (*qp1Memory)(q), SQDepth: qp1Slots, MaxSendSGE: 1, MaxRecvSGE: 1, SigAll: true,
 		State: (*qp1State)(q), Type: abi.QPTUD, PD: qp1PD, AHs: &q.ahs, PortMTU: roce.MTU256, GSI: true,
@@ -175,7 +195,8 @@ func (q *QP1) Close() {
 func (q *QP1) Stats() admin.QP1Stats {
 	c := &q.Counters
 	return admin.QP1Stats{Sent: c.Sent.Load(), SendErrors: c.SendErrors.Load(), SendDropped: c.SendDropped.Load(),
-		Received: c.Received.Load(), Dropped: c.Dropped.Load(), RecvErrors: c.RecvErrors.Load()}
+		Overflow: c.Overflow.Load(), Received: c.Received.Load(), Dropped: c.Dropped.Load(), RecvErrors: c.RecvErrors.Load(),
+		NoRecvSlot: q.qpc.Load().NoRecvWQE}
 }
 
 // RegisterAgent makes h receive every MAD of management class class, with
@@ -189,7 +210,8 @@ func (q *QP1) RegisterAgent(class uint8, h func(src [16]byte, mad []byte)) {
 
 // SendMAD sends a 256-byte MAD to QP1 of the port with GID dst (UDP link:
 // port 4791 of that address). It never waits for the engine; it fails
-// when every send slot is in use or dst cannot be reached.
+// when dst cannot be reached, or when every send slot is in use, the
+// backlog is full and the MAD is not an answer (qp1Answer).
 func (q *QP1) SendMAD(dst [16]byte, mad []byte) error {
 	if len(mad) != qp1MADLen {
 		q.Counters.SendDropped.Add(1)
@@ -201,8 +223,11 @@ func (q *QP1) SendMAD(dst [16]byte, mad []byte) error {
 		return err
 	}
 	q.mu.Lock()
-	if !q.closed && len(q.free) == 0 && len(q.pending) < qp1MaxPending {
+	if !q.closed && len(q.free) == 0 && (len(q.pending) < qp1MaxPending || qp1Answer(mad)) {
 		// Sent when a send completes and frees a slot (qp1SendSink).
+		if len(q.pending) >= qp1MaxPending {
+			q.Counters.Overflow.Add(1)
+		}
 		q.pending = append(q.pending, qp1Pending{ah: ah, mad: [qp1MADLen]byte(mad)})
 		q.mu.Unlock()
 		return nil
@@ -224,6 +249,21 @@ func (q *QP1) SendMAD(dst [16]byte, mad []byte) error {
 	q.Counters.Sent.Add(1)
 	q.eng.Kick(qp1QPN)
 	return nil
+}
+
+// qp1Answer reports whether mad is a CM message (management class 0x07)
+// the CM sends once and never repeats by itself: MRA, REJ, RTU, DREP or
+// SIDR_REP (attribute IDs 0x11, 0x12, 0x14, 0x16, 0x18, bytes 16-17 of
+// the MAD header). QP1 never drops one for want of room (see QP1).
+func qp1Answer(mad []byte) bool {
+	if mad[1] != 0x07 {
+		return false
+	}
+	switch uint16(mad[16])<<8 | uint16(mad[17]) {
+	case 0x0011, 0x0012, 0x0014, 0x0016, 0x0018:
+		return true
+	}
+	return false
 }
 
 // ah returns the handle of QP1's address handle to dst, building it.
@@ -283,6 +323,17 @@ func (q *QP1) run() {
 			if len(q.rxQ) == 0 {
 				q.mu.Unlock()
 				break
+			}
+			if len(q.pending) >= qp1MaxPending && !q.closed {
+				// The answers to what came before wait for send
+				// slots: take nothing more until they drain.
+				q.mu.Unlock()
+				select {
+				case <-q.stop:
+					return
+				case <-q.drained:
+				}
+				continue
 			}
 			s := q.rxQ[0]
 			q.rxQ = q.rxQ[1:]
@@ -391,6 +442,12 @@ func (s *qp1SendSink) PushCQE(c *abi.CQE, _ bool) error {
 	q.pending = q.pending[1:]
 	if len(q.pending) == 0 {
 		q.pending = nil
+	}
+	if len(q.pending) < qp1MaxPending {
+		select {
+		case q.drained <- struct{}{}:
+		default:
+		}
 	}
 	q.mu.Unlock()
 	q.Counters.Sent.Add(1)
