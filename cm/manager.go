@@ -343,7 +343,9 @@ func (m *Manager) perform(a *action) {
 		m.mu.Lock()
 		m.stats.SendErrors++
 		m.mu.Unlock()
-		m.log.Warn("cm: send failed", "attr", a.attr, "dst", a.dst, "err", err)
+		// Counted, logged at debug level only: a flood would make
+		// this a line per MAD (the CM repeats what it must).
+		m.log.Debug("cm: send failed", "attr", a.attr, "dst", a.dst, "err", err)
 	}
 }
 
