@@ -64,7 +64,8 @@ type conn struct {
 	// Half-open bookkeeping of a passive connection (halfopen.go): the
 	// listener its request came for, its class and links, its deadline;
 	// when the request arrived, and the active side's REQ timeout and
-	// number of attempts (0 for SIDR).
+	// number of attempts (0 for SIDR); whether an MRA for the REQ went
+	// out.
 	ln         *listener
 	ho         hoClass
 	hoLinks    [2]hoLink
@@ -73,6 +74,7 @@ type conn struct {
 	arrived    time.Time
 	reqAttempt time.Duration
 	reqTries   int
+	mraSent    bool
 }
 
 // startOut sends mad as c's outstanding request: it is retransmitted

@@ -101,7 +101,7 @@
 // and is admitted; the owner gets EventRejected with RejectNoResources.
 // An unanswered request expires once its active side has given up: its
 // REQ's Max CM Retries + 1 times its REQ timeout (or the wait an MRA
-// asks for, if the owner sent one) plus a round trip, at most
+// asks for, once one went out) plus a round trip, at most
 // Config.MaxHalfOpenTime (DefaultMaxHalfOpenTime, 2 minutes); its peer
 // gets a REJ (no resources), the owner EventRejected with RejectTimeout
 // and the peer's CA GUID as ARI, as when an active side gives up. An

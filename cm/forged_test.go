@@ -285,6 +285,25 @@ func TestHalfOpenExpires(t *testing.T) {
 	require.Equal(t, []EventType{EventRejected}, types(evs))
 	assert.Equal(t, RejectNoResources, evs[0].Reason)
 	assert.Zero(t, b.m.Stats().HalfOpen)
+
+	// An MRA the owner asked for but that never went out (A's repeats
+	// are lost) changes nothing: A gives up on its own schedule.
+	n.filter = func(p packet, seq int) int {
+		if p.from == a.gid && p.attr() == AttrREQ && seq > 0 {
+			return 0
+		}
+		return 1
+	}
+	n.sent = 0
+	_, err = a.m.Connect(connectParams(a, b, 0x102))
+	require.NoError(t, err)
+	n.run()
+	cb = b.takeEvents()[0].Conn
+	require.NoError(t, b.m.MRA(cb, CMAMRAServiceTimeout, true, nil))
+	n.advance(wait - time.Millisecond)
+	assert.Empty(t, b.takeEvents())
+	n.advance(time.Millisecond)
+	assert.Equal(t, []EventType{EventRejected}, types(b.takeEvents()))
 }
 
 // TestHalfOpenBacklogSheds: a listener at its backlog admits a new

@@ -39,8 +39,9 @@ import (
 // Each half-open connection has a deadline (hoTimer). An unanswered
 // request expires when its active side has given up on it: after the
 // REQ's Max CM Retries + 1 attempts of its REQ timeout (2 × packet life
-// time + remote CM response timeout), or of the MRA's wait if the owner
-// asked for more time, plus a round trip; at most Config.MaxHalfOpenTime.
+// time + remote CM response timeout), or of the MRA's wait once an MRA
+// went out (the owner asked for more time), plus a round trip; at most
+// Config.MaxHalfOpenTime.
 // It then gets a REJ (no resources; the peer's REJ "timeout" would name
 // the wrong side) and its owner EventRejected with RejectTimeout and the
 // peer's CA GUID as ARI, as if the active side had given up and said so
@@ -218,9 +219,9 @@ func (m *Manager) requestWait(c *conn) time.Duration {
 		return m.maxHalfOpenTime
 	}
 	per := c.reqAttempt
-	if c.state == StateMRAREQSent {
-		// The owner asked for more time: the active side's wait after
-		// the MRA (recvMRA's arithmetic).
+	if c.mraSent {
+		// The owner asked for more time and the MRA went out: the
+		// active side's wait after it (recvMRA's arithmetic).
 		per = max(per, mraWait(c.serviceTimeout, c.ackTimeout))
 	}
 	w := time.Duration(c.reqTries)*per + IBADuration(min(c.ackTimeout, MaxPeerACKTimeout))

@@ -706,10 +706,6 @@ func (m *Manager) MRA(id ConnID, serviceTimeout uint8, delayed bool, privateData
 		if !delayed {
 			m.sendMRA(c)
 		}
-		if c.ho == hoUnanswered {
-			// The active side will wait longer: so does the request.
-			m.hoArm(c)
-		}
 		return nil
 	})
 }
@@ -718,6 +714,11 @@ func (m *Manager) sendMRA(c *conn) {
 	mra := &MRA{LocalCommID: c.id, RemoteCommID: c.remoteID, MessageMRAed: c.mraMsg, ServiceTimeout: c.serviceTimeout}
 	copy(mra.PrivateData[:], c.privateData)
 	m.send(c.peer, c.tid, mra)
+	if c.ho == hoUnanswered && !c.mraSent {
+		// The active side now waits longer: so does the request.
+		c.mraSent = true
+		m.hoArm(c)
+	}
 }
 
 // RTU sends the RTU after the REP (REP_RCVD or MRA_REP_SENT →
