@@ -41,9 +41,9 @@ import (
 // REQ's Max CM Retries + 1 attempts of its REQ timeout (2 × packet life
 // time + remote CM response timeout), or of the MRA's wait once an MRA
 // went out (the owner asked for more time), plus a round trip; at most
-// Config.MaxHalfOpenTime.
-// It then gets a REJ (no resources; the peer's REJ "timeout" would name
-// the wrong side) and its owner EventRejected with RejectTimeout and the
+// Config.MaxHalfOpenTime. It then gets a REJ (no resources; the REJ
+// reason "timeout" would name the wrong side: its ARI is the GUID of the
+// side that gave up) and its owner EventRejected with RejectTimeout and the
 // peer's CA GUID as ARI, as if the active side had given up and said so
 // (Linux cm_destroy_id from REQ_SENT; rdma_cm reports it as
 // RDMA_CM_EVENT_REJECTED). An answered one is given up on
