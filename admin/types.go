@@ -304,7 +304,10 @@ type CMInfo struct {
 	MADsReceived    uint64     `json:"mads_received"`   // CM MADs decoded
 	Duplicates      uint64     `json:"duplicates"`      // received and recognised as repeats
 	Invalid         uint64     `json:"invalid"`         // malformed or unsupported CM MADs
-	Unmatched       uint64     `json:"unmatched"`       // CM MADs for no known connection
+	Unmatched       uint64     `json:"unmatched"`       // CM MADs for no known connection, or not from its peer
+	HalfOpen        int        `json:"half_open"`       // connect requests received, not yet established
+	Shed            uint64     `json:"shed"`            // half-open connections dropped to admit a newer request
+	Expired         uint64     `json:"expired"`         // connect requests dropped unanswered after the peer's wait
 	Connections     int        `json:"connections"`     // connections the CM IDs hold
 	Total           int        `json:"total"`           // CM IDs
 	Next            int        `json:"next,omitempty"`
@@ -316,9 +319,11 @@ type QP1Stats struct {
 	Sent        uint64 `json:"sent"`         // MADs handed to the transport
 	SendErrors  uint64 `json:"send_errors"`  // MADs whose send failed
 	SendDropped uint64 `json:"send_dropped"` // MADs refused: send queue full, no route
+	Overflow    uint64 `json:"overflow"`     // answers (REJ, MRA, RTU, DREP, SIDR_REP) queued past the send backlog's bound
 	Received    uint64 `json:"received"`     // MADs received and given to an agent
 	Dropped     uint64 `json:"dropped"`      // MADs received and dropped: no agent for the class, malformed
 	RecvErrors  uint64 `json:"recv_errors"`  // receive completions with an error
+	NoRecvSlot  uint64 `json:"no_recv_slot"` // MADs the transport dropped: every receive slot held a MAD the CM had not taken yet
 }
 
 // CMIDInfo is one CM ID in CMInfo.

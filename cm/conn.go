@@ -60,6 +60,21 @@ type conn struct {
 	inRemote, inRemoteQP bool
 	inSIDR               bool
 	sidrKey              sidrKey
+
+	// Half-open bookkeeping of a passive connection (halfopen.go): the
+	// listener its request came for, its class and links, its deadline;
+	// when the request arrived, and the active side's REQ timeout and
+	// number of attempts (0 for SIDR); whether an MRA for the REQ went
+	// out.
+	ln         *listener
+	ho         hoClass
+	hoLinks    [2]hoLink
+	hoTimer    Timer
+	hoGen      uint64
+	arrived    time.Time
+	reqAttempt time.Duration
+	reqTries   int
+	mraSent    bool
 }
 
 // startOut sends mad as c's outstanding request: it is retransmitted
@@ -110,6 +125,10 @@ func (m *Manager) stopTimers(c *conn) {
 		c.twTimer.Stop()
 		c.twTimer = nil
 	}
+	if c.hoTimer != nil {
+		c.hoTimer.Stop()
+		c.hoTimer = nil
+	}
 }
 
 // outExpired runs when c's request got no answer in time.
@@ -148,8 +167,9 @@ func (m *Manager) toIdle(c *conn) {
 }
 
 func (m *Manager) unlink(c *conn) {
+	m.hoUpdate(c)
 	if c.inRemote {
-		delete(m.byRemote, remoteKey{c.remoteID, c.remoteCAGUID})
+		delete(m.byRemote, remoteKey{c.remoteID, c.remoteCAGUID, c.peer})
 		c.inRemote = false
 	}
 	m.unlinkQP(c)
@@ -161,16 +181,17 @@ func (m *Manager) unlink(c *conn) {
 
 func (m *Manager) unlinkQP(c *conn) {
 	if c.inRemoteQP {
-		delete(m.byRemoteQP, qpKey{c.remoteQPN, c.remoteCAGUID})
+		delete(m.byRemoteQP, qpKey{c.remoteQPN, c.remoteCAGUID, c.peer})
 		c.inRemoteQP = false
 	}
 }
 
 // enterTimeWait moves c to TIMEWAIT for IBADuration(ackTimeout) (Linux
-// cm_enter_timewait). The peer's QP leaves the stale-connection table at
-// once; c keeps its local comm ID, its local QPN and its entry under the
-// peer's comm ID (a repeated REQ is answered with a stale connection
-// REJ) until the timer fires.
+// cm_enter_timewait; the exponent clamped to MaxPeerACKTimeout). The
+// peer's QP leaves the stale-connection table at once; c keeps its local
+// comm ID, its local QPN and its entry under the peer's comm ID (a
+// repeated REQ is answered with a stale connection REJ) until the timer
+// fires.
 func (m *Manager) enterTimeWait(c *conn) {
 	m.cancelOut(c)
 	m.unlinkQP(c)
@@ -178,10 +199,11 @@ func (m *Manager) enterTimeWait(c *conn) {
 		return
 	}
 	c.state = StateTimeWait
+	m.hoUpdate(c)
 	if c.localQPN != 0 {
 		m.twQPN[c.localQPN]++
 	}
-	c.twTimer = m.clock.AfterFunc(IBADuration(c.ackTimeout), func() { m.timeWaitExpired(c) })
+	c.twTimer = m.clock.AfterFunc(IBADuration(min(c.ackTimeout, MaxPeerACKTimeout)), func() { m.timeWaitExpired(c) })
 }
 
 func (m *Manager) timeWaitExpired(c *conn) {

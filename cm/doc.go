@@ -64,17 +64,18 @@
 // a MAD to QP1 of the port with a given GID), a Clock (SystemClock, or a
 // FakeClock in tests) and a Handler for events, and feeds it every MAD
 // its QP1 receives with HandleMAD(sourceGID, mad). It drives connections
-// with Listen, Connect, Accept, Reject, MRA, RTU, NotifyEstablished,
-// Disconnect, Destroy, SIDRRequest and SIDRReply, and reads the QP
-// attributes for INIT, RTR and RTS with QPAttr (what rdma_init_qp_attr
-// returns). The Manager never modifies a QP; it says what to do through
-// events:
+// with Listen (or ListenBacklog), Connect, Accept, Reject, MRA, RTU,
+// NotifyEstablished, Disconnect, Destroy, SIDRRequest and SIDRReply, and
+// reads the QP attributes for INIT, RTR and RTS with QPAttr (what
+// rdma_init_qp_attr returns). The Manager never modifies a QP; it says
+// what to do through events:
 //
 //	event                   owner (as rdma_cm does)
 //	EventConnectRequest     create a QP, INIT/RTR/RTS from QPAttr, Accept (or Reject, or MRA)
 //	EventREPReceived        RTR/RTS from QPAttr, then RTU (or Reject)
 //	EventEstablished        connection usable
-//	EventRejected           report REJECTED (consumer reject: Reason 28 + PrivateData)
+//	EventRejected           report REJECTED (consumer reject: Reason 28 + PrivateData;
+//	                        a half-open request shed or expired: 3 or 4)
 //	EventDisconnectRequest  QP to ERROR, then Disconnect (sends the DREP)
 //	EventDisconnected       QP to ERROR
 //	EventTimeWaitExit       the QPN may be reused
@@ -119,15 +120,53 @@
 // Received messages find their connection by local comm ID (checked
 // against the peer's comm ID), a REQ by the peer's comm ID and CA GUID
 // (repeats), by the peer's QPN and CA GUID (stale connections), and by
-// service ID (listeners). Repeats are answered per state, as Linux does:
-// a repeated REQ gets the MRA again (MRA_REQ_SENT), the REP again
-// (REP_SENT, MRA_REP_RCVD) or a stale connection REJ (TIMEWAIT); a
-// repeated REP gets the RTU or MRA again; a repeated DREQ gets the DREP
-// again (TIMEWAIT) or, for a connection already forgotten, a DREP built
-// from the DREQ. A REQ from a peer QP that already has a connection is
+// service ID (listeners). Unlike Linux, every one of these lookups also
+// takes the MAD's source GID (HandleMAD's src): a message acts on a
+// connection only if it comes from the connection's peer. A REQ from
+// another address that names an existing connection's peer IDs or QPN is
+// a new request for the listener (or a REJ, invalid service ID); an MRA,
+// REJ, REP, RTU, DREQ, DREP or SIDR_REP from another address is counted
+// unmatched and changes nothing (a DREQ gets the DREP built from it that
+// any DREQ for an unknown connection gets, so the answer tells nothing).
+// Repeats are answered per state, as Linux does: a repeated REQ gets the
+// MRA again (MRA_REQ_SENT), the REP again (REP_SENT, MRA_REP_RCVD) or a
+// stale connection REJ (TIMEWAIT); a repeated REP gets the RTU or MRA
+// again; a repeated DREQ gets the DREP again (TIMEWAIT) or, for a
+// connection already forgotten, a DREP built from the DREQ. A REQ from a
+// peer QP that already has a connection here, from the same address, is
 // rejected (stale connection) and the old connection gets a DREQ; no
 // listener: REJ invalid service ID; a transport other than RC and UC:
 // REJ invalid transport type.
+//
+// Comm IDs are drawn from ChaCha8 seeded from the OS random source
+// (Config.Seed for reproducible tests), nonzero and held by no other
+// connection, TimeWait included: one ID tells nothing of another (Linux
+// allocates them cyclically under a random XOR, so consecutive IDs differ
+// in their low bits). A transaction ID is a random high word and the
+// local comm ID (Linux cm_form_tid: the MAD agent's number and the comm
+// ID).
+//
+// # Half-open connections
+//
+// A passive connection is half open from its REQ (or SIDR_REQ) until it
+// is established: unanswered (REQ_RCVD, MRA_REQ_SENT, SIDR_REQ_RCVD) or
+// answered (REP_SENT, MRA_REP_RCVD). Anyone can make them, from any
+// address, so they are bounded (halfopen.go): at most the listener's
+// backlog (ListenBacklog; DefaultBacklog for Listen) and
+// Config.MaxHalfOpen (DefaultMaxHalfOpen) for the whole Manager. A
+// request that finds a bound reached sheds the oldest answered one (REJ
+// no resources, TimeWait: a genuine peer answers a REP with an RTU within
+// a round trip, a forged source never does), else the oldest unanswered
+// one (no REJ: its peer repeats its REQ, which is then a new request),
+// and is admitted; the owner gets EventRejected with RejectNoResources.
+// An unanswered request expires once its active side has given up: its
+// REQ's Max CM Retries + 1 times its REQ timeout (or the wait an MRA
+// asks for, once one went out) plus a round trip, at most
+// Config.MaxHalfOpenTime (DefaultMaxHalfOpenTime, 2 minutes); its peer
+// gets a REJ (no resources), the owner EventRejected with RejectTimeout
+// and the peer's CA GUID as ARI, as when an active side gives up. An
+// answered one is given up on (EventUnreachable) at most MaxHalfOpenTime
+// after its REP. Stats reports HalfOpen, Shed and Expired.
 //
 // # Timers
 //
@@ -142,8 +181,17 @@
 // TimeWait lasts the path's ACK timeout (cm_ack_timeout of the CA ACK
 // delay and packet life time: 2^(17-8) ms with rxe's values); during it
 // the connection keeps its local comm ID and its local QPN
-// (QPNInTimeWait). Comm IDs are allocated cyclically under a random XOR,
-// so one comes back only after 2^32 others.
+// (QPNInTimeWait).
+//
+// What a peer's messages ask of these timers is clamped (timeout.go),
+// where Linux takes it as it comes (a REQ could keep a REP repeating for
+// 37 hours): the REQ's local CM response timeout at most
+// MaxPeerResponseTimeout (23: 32.8 s per attempt), its Max CM Retries at
+// most what fits MaxHalfOpenTime (2 retries at 32.8 s, all 15 at
+// rdma_cm's 4.1 s), an MRA's service timeout at most
+// MaxPeerServiceTimeout (24, rdma_cm's own: 67 s), the ACK timeout where
+// it sets TimeWait or an MRA's round trip at most MaxPeerACKTimeout (21:
+// 8.4 s). rdma_cm's and rxe's values pass unchanged.
 //
 // # Concurrency
 //

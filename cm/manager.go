@@ -57,9 +57,15 @@ type Config struct {
 	// instead of refusing it. 0: no limit.
 	MaxRdAtomic, MaxInitRdAtomic uint8
 	// Seed makes the communication IDs, transaction IDs and the passive
-	// side's receive PSNs reproducible; 0 draws them from the OS random
-	// source.
+	// side's receive PSNs reproducible (tests); 0 seeds them from the OS
+	// random source.
 	Seed uint64
+	// MaxHalfOpen bounds the half-open connections of the Manager, all
+	// listeners together (halfopen.go); 0 means DefaultMaxHalfOpen.
+	MaxHalfOpen int
+	// MaxHalfOpenTime bounds how long a connection stays half open;
+	// 0 means DefaultMaxHalfOpenTime.
+	MaxHalfOpenTime time.Duration
 	// Logger receives lifecycle messages; nil discards them.
 	Logger *slog.Logger
 }
@@ -168,6 +174,11 @@ type Stats struct {
 	Invalid, Unsupported, Unmatched uint64
 	// SendErrors counts Sender failures.
 	SendErrors uint64
+	// HalfOpen is the number of half-open connections now; Shed counts
+	// those dropped to admit a newer request, Expired those dropped at
+	// their deadline (halfopen.go).
+	HalfOpen      int
+	Shed, Expired uint64
 }
 
 func attrIndex(a AttrID) int {
@@ -178,17 +189,20 @@ func attrIndex(a AttrID) int {
 }
 
 // remoteKey names a peer's connection: its communication ID and CA GUID
-// (the key of Linux's remote_id table).
+// (the key of Linux's remote_id table), and the GID its MADs come from:
+// a MAD from another address never matches the connection.
 type remoteKey struct {
 	id   uint32
 	guid uint64
+	gid  GID
 }
 
-// qpKey names a peer's QP: its number and CA GUID (the key of Linux's
-// remote_qp table, for stale connection detection).
+// qpKey names a peer's QP: its number, CA GUID (the key of Linux's
+// remote_qp table, for stale connection detection) and GID, as remoteKey.
 type qpKey struct {
 	qpn  uint32
 	guid uint64
+	gid  GID
 }
 
 type sidrKey struct {
@@ -198,6 +212,9 @@ type sidrKey struct {
 
 type listener struct {
 	serviceID, mask uint64
+	// backlog bounds the listener's half-open connections, ho.
+	backlog int
+	ho      halfOpen
 }
 
 // action is queued work done after the lock is released: a MAD to send
@@ -232,15 +249,18 @@ type Manager struct {
 	byRemote   map[remoteKey]*conn
 	byRemoteQP map[qpKey]*conn
 	sidr       map[sidrKey]*conn
-	listeners  []listener
+	listeners  []*listener
 	twQPN      map[uint32]int // local QPNs in TimeWait (count of connections)
-	nextID     uint32
-	idXor      uint32
-	tidHigh    uint64
-	rng        *mrand.Rand // the passive side's receive PSNs
+	rng        *mrand.Rand    // comm IDs, transaction IDs (allocID, formTID), the passive side's receive PSNs
 	stats      Stats
 	queue      []action
 	draining   bool
+
+	// ho: every half-open connection (halfopen.go), at most
+	// maxHalfOpen, none older than maxHalfOpenTime.
+	ho              halfOpen
+	maxHalfOpen     int
+	maxHalfOpenTime time.Duration
 }
 
 // NewManager returns a Manager for cfg.
@@ -265,22 +285,24 @@ func NewManager(cfg Config) (*Manager, error) {
 	if m.log == nil {
 		m.log = slog.New(slog.DiscardHandler)
 	}
-	seed := cfg.Seed
-	if seed == 0 {
-		var b [8]byte
-		if _, err := rand.Read(b[:]); err != nil {
-			return nil, err
-		}
-		seed = binary.LittleEndian.Uint64(b[:]) | 1
+	if m.maxHalfOpen = cfg.MaxHalfOpen; m.maxHalfOpen <= 0 {
+		m.maxHalfOpen = DefaultMaxHalfOpen
 	}
-	r := mrand.New(mrand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	// Like Linux: IDs are allocated cyclically and XORed with a random
-	// operand, so they look random to peers and a freed ID comes back
-	// only after 2^32 others.
-	m.idXor = r.Uint32()
-	m.nextID = r.Uint32()
-	m.tidHigh = uint64(r.Uint32())
-	m.rng = r
+	if m.maxHalfOpenTime = cfg.MaxHalfOpenTime; m.maxHalfOpenTime <= 0 {
+		m.maxHalfOpenTime = DefaultMaxHalfOpenTime
+	}
+	// Linux allocates comm IDs cyclically under a random XOR operand
+	// (cm_alloc_id_priv), so two IDs allocated one after the other
+	// differ in a few low bits, and an off-path host that got one (by
+	// connecting) guesses its neighbours. Here every ID is drawn at
+	// random: knowing any number of them tells nothing of the others.
+	var seed [32]byte
+	if cfg.Seed != 0 {
+		binary.LittleEndian.PutUint64(seed[:], cfg.Seed)
+	} else if _, err := rand.Read(seed[:]); err != nil {
+		return nil, err
+	}
+	m.rng = mrand.New(mrand.NewChaCha8(seed))
 	return m, nil
 }
 
@@ -333,13 +355,17 @@ func (m *Manager) perform(a *action) {
 	err := m.cfg.Sender.SendMAD(a.dst, a.mad)
 	if err != nil {
 		m.stats.SendErrors++
-		m.log.Warn("cm: send failed", "attr", a.attr, "dst", a.dst, "err", err)
+		// Counted, logged at debug level only: a flood would make
+		// this a line per MAD (the CM repeats what it must).
+		m.log.Debug("cm: send failed", "attr", a.attr, "dst", a.dst, "err", err)
 	}
 }
 
 // Stats returns the counters.
 func (m *Manager) Stats() Stats {
-	return m.stats
+	s := m.stats
+	s.HalfOpen = m.ho.len()
+	return s
 }
 
 // emit queues an event for c.
@@ -381,20 +407,21 @@ func (m *Manager) send(dst GID, tid uint64, msg Message) []byte {
 	return mad
 }
 
-// allocID returns a fresh nonzero local communication ID.
+// allocID returns a random nonzero local communication ID that no
+// connection holds, TimeWait included (a connection keeps its ID in
+// m.conns until TimeWait ends).
 func (m *Manager) allocID() uint32 {
 	for {
-		m.nextID++
-		id := m.nextID ^ m.idXor
-		if id != 0 && m.conns[id] == nil {
+		if id := uint32(m.rng.Uint64()); id != 0 && m.conns[id] == nil {
 			return id
 		}
 	}
 }
 
-// formTID returns a new transaction ID for a request sent by c (Linux
-// cm_form_tid: the agent's high word, the local comm ID).
-func (m *Manager) formTID(c *conn) uint64 { return m.tidHigh<<32 | uint64(c.id) }
+// formTID returns a new transaction ID for a request sent by c: a random
+// high word and the local comm ID (Linux cm_form_tid puts the MAD
+// agent's number, a small counter, in the high word).
+func (m *Manager) formTID(c *conn) uint64 { return m.rng.Uint64()<<32 | uint64(c.id) }
 
 // withConn runs f on connection id under the lock, then performs what f
 // queued.
@@ -435,10 +462,22 @@ func (m *Manager) QPNInTimeWait(qpn uint32) bool {
 
 // Listen makes REQs and SIDR_REQs whose service ID matches serviceID
 // under mask (0 means all bits) raise EventConnectRequest and
-// EventSIDRRequest instead of a reject.
+// EventSIDRRequest instead of a reject. The listener holds at most
+// DefaultBacklog half-open connections (see ListenBacklog).
 func (m *Manager) Listen(serviceID, mask uint64) error {
+	return m.ListenBacklog(serviceID, mask, DefaultBacklog)
+}
+
+// ListenBacklog is Listen with a bound on the listener's half-open
+// connections (halfopen.go): a request that finds backlog of them sheds
+// the oldest (REP sent and no RTU first, then unanswered) and is
+// admitted. backlog ≤ 0 means DefaultBacklog.
+func (m *Manager) ListenBacklog(serviceID, mask uint64, backlog int) error {
 	if mask == 0 {
 		mask = ^uint64(0)
+	}
+	if backlog <= 0 {
+		backlog = DefaultBacklog
 	}
 	if err := m.lock(); err != nil {
 		return err
@@ -449,7 +488,7 @@ func (m *Manager) Listen(serviceID, mask uint64) error {
 			return fmt.Errorf("%w: %#x", ErrListening, serviceID)
 		}
 	}
-	m.listeners = append(m.listeners, listener{serviceID: serviceID & mask, mask: mask})
+	m.listeners = append(m.listeners, &listener{serviceID: serviceID & mask, mask: mask, backlog: backlog})
 	return nil
 }
 
@@ -471,13 +510,14 @@ func (m *Manager) Unlisten(serviceID, mask uint64) error {
 	return fmt.Errorf("%w: no listener on %#x", ErrInvalidParam, serviceID)
 }
 
-func (m *Manager) listening(serviceID uint64) bool {
+// listenerFor returns the listener of serviceID, nil if none.
+func (m *Manager) listenerFor(serviceID uint64) *listener {
 	for _, l := range m.listeners {
 		if serviceID&l.mask == l.serviceID {
-			return true
+			return l
 		}
 	}
-	return false
+	return nil
 }
 
 func checkBits(name string, v uint64, width int) error {
@@ -617,6 +657,7 @@ func (m *Manager) Accept(id ConnID, p AcceptParams) error {
 		c.initiatorDepth = p.InitiatorDepth
 		c.responderResources = p.ResponderResources
 		m.startOut(c, m.send(c.peer, c.tid, rep), c.timeout)
+		m.hoUpdate(c)
 		return nil
 	})
 }
@@ -699,6 +740,11 @@ func (m *Manager) sendMRA(c *conn) {
 	mra := &MRA{LocalCommID: c.id, RemoteCommID: c.remoteID, MessageMRAed: c.mraMsg, ServiceTimeout: c.serviceTimeout}
 	copy(mra.PrivateData[:], c.privateData)
 	m.send(c.peer, c.tid, mra)
+	if c.ho == hoUnanswered && !c.mraSent {
+		// The active side now waits longer: so does the request.
+		c.mraSent = true
+		m.hoArm(c)
+	}
 }
 
 // RTU sends the RTU after the REP (REP_RCVD or MRA_REP_SENT →
@@ -736,6 +782,7 @@ func (m *Manager) NotifyEstablished(id ConnID) error {
 		}
 		m.cancelOut(c)
 		c.state = StateEstablished
+		m.hoUpdate(c)
 		m.emit(c, Event{Type: EventEstablished})
 		return nil
 	})

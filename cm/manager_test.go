@@ -417,7 +417,7 @@ func TestStaleConnection(t *testing.T) {
 	// nothing of the connection, connects again from the same QPN.
 	a.m.Close()
 	a2 := n.add("A", "192.168.1.1", guidA, true)
-	a2.m.nextID += 1000 // another comm ID than before
+	a2.m.allocID() // the same seed: skip the ID A had
 	ca2, err := a2.m.Connect(connectParams(a2, b, 0x100))
 	require.NoError(t, err)
 	n.run()

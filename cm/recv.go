@@ -7,7 +7,9 @@ import (
 
 // HandleMAD processes a MAD received on QP1 from the port whose GID is
 // src (the GRH / IP source address). A MAD that is not a valid CM message
-// is counted and returned as an error; it changes nothing.
+// is counted and returned as an error; it changes nothing. A message acts
+// on a connection only if src is the connection's peer (see doc.go,
+// Demultiplexing).
 func (m *Manager) HandleMAD(src GID, mad []byte) error {
 	h, msg, err := Decode(mad)
 	if err := m.lock(); err != nil {
@@ -29,21 +31,21 @@ func (m *Manager) HandleMAD(src GID, mad []byte) error {
 	case *REQ:
 		m.recvREQ(src, &h, msg)
 	case *MRA:
-		m.recvMRA(msg)
+		m.recvMRA(src, msg)
 	case *REJ:
-		m.recvREJ(msg)
+		m.recvREJ(src, msg)
 	case *REP:
 		m.recvREP(src, &h, msg)
 	case *RTU:
-		m.recvRTU(msg)
+		m.recvRTU(src, msg)
 	case *DREQ:
 		m.recvDREQ(src, &h, msg)
 	case *DREP:
-		m.recvDREP(msg)
+		m.recvDREP(src, msg)
 	case *SIDRReq:
 		m.recvSIDRReq(src, &h, msg)
 	case *SIDRRep:
-		m.recvSIDRRep(msg)
+		m.recvSIDRRep(src, msg)
 	}
 	return nil
 }
@@ -51,10 +53,12 @@ func (m *Manager) HandleMAD(src GID, mad []byte) error {
 func (m *Manager) dup(a AttrID) { m.stats.Duplicates[attrIndex(a)]++ }
 
 // lookup returns the connection with local ID local whose peer ID is
-// remote (Linux cm_acquire_id), nil if none.
-func (m *Manager) lookup(local, remote uint32) *conn {
+// remote (Linux cm_acquire_id) and whose peer is src, nil if none. Linux
+// does not look at the source: here a message from any other address is
+// not the peer's, whatever IDs it names.
+func (m *Manager) lookup(src GID, local, remote uint32) *conn {
 	c := m.conns[local]
-	if c == nil || c.remoteID != remote {
+	if c == nil || c.remoteID != remote || c.peer != src {
 		return nil
 	}
 	return c
@@ -69,8 +73,10 @@ func (m *Manager) issueREJ(dst GID, tid uint64, local, remote uint32, reason Rej
 
 func (m *Manager) recvREQ(src GID, h *Header, req *REQ) {
 	// A repeat of a REQ this side already knows (Linux cm_match_req and
-	// cm_dup_req_handler), answered per state.
-	if c := m.byRemote[remoteKey{req.LocalCommID, req.LocalCAGUID}]; c != nil {
+	// cm_dup_req_handler), answered per state. Only a REQ from the
+	// connection's peer is a repeat (or a stale connection, below): the
+	// same IDs from another address are a new request.
+	if c := m.byRemote[remoteKey{req.LocalCommID, req.LocalCAGUID, src}]; c != nil {
 		m.dup(AttrREQ)
 		switch c.state {
 		case StateMRAREQSent:
@@ -87,14 +93,15 @@ func (m *Manager) recvREQ(src GID, h *Header, req *REQ) {
 	// The peer's QP already has a connection here: the peer must have
 	// lost it. Reject the REQ and tear the old one down (Linux: REJ
 	// stale connection, DREQ for the old connection).
-	if old := m.byRemoteQP[qpKey{req.LocalQPN, req.LocalCAGUID}]; old != nil {
+	if old := m.byRemoteQP[qpKey{req.LocalQPN, req.LocalCAGUID, src}]; old != nil {
 		m.issueREJ(src, h.TID, 0, req.LocalCommID, RejectStaleConn, MsgREQ)
 		if old.state == StateEstablished {
 			m.sendDREQ(old, nil)
 		}
 		return
 	}
-	if !m.listening(req.ServiceID) {
+	ln := m.listenerFor(req.ServiceID)
+	if ln == nil {
 		m.issueREJ(src, h.TID, 0, req.LocalCommID, RejectInvalidServiceID, MsgREQ)
 		return
 	}
@@ -102,6 +109,7 @@ func (m *Manager) recvREQ(src GID, h *Header, req *REQ) {
 		m.issueREJ(src, h.TID, 0, req.LocalCommID, RejectInvalidTransportType, MsgREQ)
 		return
 	}
+	m.admit(ln)
 	p := &req.Primary
 	// The passive side's view of the path (Linux cm_format_paths_from_req):
 	// the GIDs swapped, the packet life time one below the ACK timeout.
@@ -129,32 +137,35 @@ func (m *Manager) recvREQ(src GID, h *Header, req *REQ) {
 			PacketLifeTime: plt,
 		},
 		ackTimeout: plt + 1,
-		timeout:    IBADuration(req.LocalCMResponseTimeout),
-		maxRetries: req.MaxCMRetries,
+		ln:         ln, arrived: m.clock.Now(),
+		reqAttempt: reqTimeout(plt, req.RemoteCMResponseTimeout), reqTries: int(req.MaxCMRetries) + 1,
 	}
+	// The REP and the DREQ are repeated as the REQ asks, within bounds.
+	c.timeout, c.maxRetries = peerResponse(req.LocalCMResponseTimeout, req.MaxCMRetries, m.maxHalfOpenTime)
 	m.conns[c.id] = c
-	m.byRemote[remoteKey{c.remoteID, c.remoteCAGUID}] = c
-	m.byRemoteQP[qpKey{c.remoteQPN, c.remoteCAGUID}] = c
+	m.byRemote[remoteKey{c.remoteID, c.remoteCAGUID, c.peer}] = c
+	m.byRemoteQP[qpKey{c.remoteQPN, c.remoteCAGUID, c.peer}] = c
 	c.inRemote, c.inRemoteQP = true, true
+	m.hoUpdate(c)
 	r := *req
 	m.emit(c, Event{Type: EventConnectRequest, REQ: &r, PrivateData: append([]byte(nil), req.PrivateData[:]...)})
 }
 
-func (m *Manager) recvMRA(mra *MRA) {
+func (m *Manager) recvMRA(src GID, mra *MRA) {
 	var c *conn
 	switch mra.MessageMRAed {
 	case MsgREQ:
-		c = m.lookup(mra.RemoteCommID, 0)
+		c = m.lookup(src, mra.RemoteCommID, 0)
 	default:
-		c = m.lookup(mra.RemoteCommID, mra.LocalCommID)
+		c = m.lookup(src, mra.RemoteCommID, mra.LocalCommID)
 	}
 	if c == nil {
 		m.stats.Unmatched++
 		return
 	}
 	// Wait for the service timeout plus the path's round trip (Linux
-	// cm_mra_handler); only the first MRA for a message extends.
-	timeout := IBADuration(mra.ServiceTimeout) + IBADuration(c.ackTimeout)
+	// cm_mra_handler, clamped); only the first MRA for a message extends.
+	timeout := mraWait(mra.ServiceTimeout, c.ackTimeout)
 	switch {
 	case c.state == StateREQSent && mra.MessageMRAed == MsgREQ:
 		c.state = StateMRAREQRcvd
@@ -170,18 +181,18 @@ func (m *Manager) recvMRA(mra *MRA) {
 	m.extendOut(c, timeout)
 }
 
-func (m *Manager) recvREJ(rej *REJ) {
+func (m *Manager) recvREJ(src GID, rej *REJ) {
 	var c *conn
 	switch {
 	case rej.Reason == RejectTimeout:
 		// The peer gave up on its REQ before knowing this side's comm
 		// ID; it names itself by its CA GUID in the ARI.
-		c = m.byRemote[remoteKey{rej.LocalCommID, binary.BigEndian.Uint64(rej.ARI[:8])}]
+		c = m.byRemote[remoteKey{rej.LocalCommID, binary.BigEndian.Uint64(rej.ARI[:8]), src}]
 	case rej.MessageRejected == MsgREQ:
 		// Until the REP, this side does not know the peer's ID.
-		c = m.lookup(rej.RemoteCommID, 0)
+		c = m.lookup(src, rej.RemoteCommID, 0)
 	default:
-		c = m.lookup(rej.RemoteCommID, rej.LocalCommID)
+		c = m.lookup(src, rej.RemoteCommID, rej.LocalCommID)
 	}
 	if c == nil {
 		m.stats.Unmatched++
@@ -206,11 +217,11 @@ func (m *Manager) recvREJ(rej *REJ) {
 }
 
 func (m *Manager) recvREP(src GID, h *Header, rep *REP) {
-	c := m.lookup(rep.RemoteCommID, 0)
+	c := m.lookup(src, rep.RemoteCommID, 0)
 	if c == nil || (c.state != StateREQSent && c.state != StateMRAREQRcvd) {
 		// A repeat: the RTU (or MRA) that answered it was lost (Linux
 		// cm_dup_rep_handler).
-		if c = m.lookup(rep.RemoteCommID, rep.LocalCommID); c == nil {
+		if c = m.lookup(src, rep.RemoteCommID, rep.LocalCommID); c == nil {
 			m.stats.Unmatched++
 			return
 		}
@@ -223,11 +234,11 @@ func (m *Manager) recvREP(src GID, h *Header, rep *REP) {
 		}
 		return
 	}
-	if m.byRemote[remoteKey{rep.LocalCommID, rep.LocalCAGUID}] != nil {
+	if m.byRemote[remoteKey{rep.LocalCommID, rep.LocalCAGUID, src}] != nil {
 		m.stats.Unmatched++
 		return
 	}
-	if old := m.byRemoteQP[qpKey{rep.LocalQPN, rep.LocalCAGUID}]; old != nil {
+	if old := m.byRemoteQP[qpKey{rep.LocalQPN, rep.LocalCAGUID, src}]; old != nil {
 		// Stale connection: as for a REQ (Linux cm_rep_handler). This
 		// connection keeps waiting; the peer rejects its repeated REQ.
 		m.issueREJ(src, h.TID, rep.RemoteCommID, rep.LocalCommID, RejectStaleConn, MsgREP)
@@ -248,15 +259,15 @@ func (m *Manager) recvREP(src GID, h *Header, rep *REP) {
 	c.responderResources = rep.InitiatorDepth
 	c.rnrRetryCount = rep.RNRRetryCount
 	c.ackTimeout = AckTimeout(rep.TargetACKDelay, c.ackTimeout-1)
-	m.byRemote[remoteKey{c.remoteID, c.remoteCAGUID}] = c
-	m.byRemoteQP[qpKey{c.remoteQPN, c.remoteCAGUID}] = c
+	m.byRemote[remoteKey{c.remoteID, c.remoteCAGUID, c.peer}] = c
+	m.byRemoteQP[qpKey{c.remoteQPN, c.remoteCAGUID, c.peer}] = c
 	c.inRemote, c.inRemoteQP = true, true
 	r := *rep
 	m.emit(c, Event{Type: EventREPReceived, REP: &r, PrivateData: append([]byte(nil), rep.PrivateData[:]...)})
 }
 
-func (m *Manager) recvRTU(rtu *RTU) {
-	c := m.lookup(rtu.RemoteCommID, rtu.LocalCommID)
+func (m *Manager) recvRTU(src GID, rtu *RTU) {
+	c := m.lookup(src, rtu.RemoteCommID, rtu.LocalCommID)
 	if c == nil {
 		m.stats.Unmatched++
 		return
@@ -267,15 +278,22 @@ func (m *Manager) recvRTU(rtu *RTU) {
 	}
 	m.cancelOut(c)
 	c.state = StateEstablished
+	m.hoUpdate(c)
 	m.emit(c, Event{Type: EventEstablished, PrivateData: append([]byte(nil), rtu.PrivateData[:]...)})
 }
 
 func (m *Manager) recvDREQ(src GID, h *Header, dreq *DREQ) {
-	c := m.lookup(dreq.RemoteCommID, dreq.LocalCommID)
+	c := m.lookup(src, dreq.RemoteCommID, dreq.LocalCommID)
 	if c == nil {
 		// Already forgotten: answer so that the peer stops repeating
-		// (Linux cm_issue_drep).
-		m.dup(AttrDREQ)
+		// (Linux cm_issue_drep). A DREQ that names a live connection
+		// but is not from its peer gets the same answer and changes
+		// nothing: the answer does not tell which IDs are live.
+		if m.conns[dreq.RemoteCommID] != nil {
+			m.stats.Unmatched++
+		} else {
+			m.dup(AttrDREQ)
+		}
 		m.send(src, h.TID, &DREP{LocalCommID: dreq.RemoteCommID, RemoteCommID: dreq.LocalCommID})
 		return
 	}
@@ -301,11 +319,12 @@ func (m *Manager) recvDREQ(src GID, h *Header, dreq *DREQ) {
 	}
 	c.state = StateDREQRcvd
 	c.tid = h.TID
+	m.hoUpdate(c)
 	m.emit(c, Event{Type: EventDisconnectRequest, PrivateData: append([]byte(nil), dreq.PrivateData[:]...)})
 }
 
-func (m *Manager) recvDREP(drep *DREP) {
-	c := m.lookup(drep.RemoteCommID, drep.LocalCommID)
+func (m *Manager) recvDREP(src GID, drep *DREP) {
+	c := m.lookup(src, drep.RemoteCommID, drep.LocalCommID)
 	if c == nil {
 		m.stats.Unmatched++
 		return
@@ -324,21 +343,25 @@ func (m *Manager) recvSIDRReq(src GID, h *Header, req *SIDRReq) {
 		m.dup(AttrSIDRREQ)
 		return
 	}
-	if !m.listening(req.ServiceID) {
+	ln := m.listenerFor(req.ServiceID)
+	if ln == nil {
 		m.send(src, h.TID, &SIDRRep{RequestID: req.RequestID, Status: SIDRUnsupported, ServiceID: req.ServiceID})
 		return
 	}
+	m.admit(ln)
 	c := &conn{id: m.allocID(), remoteID: req.RequestID, state: StateSIDRREQRcvd, peer: src,
-		serviceID: req.ServiceID, pkey: req.PKey, tid: h.TID, inSIDR: true, sidrKey: key}
+		serviceID: req.ServiceID, pkey: req.PKey, tid: h.TID, inSIDR: true, sidrKey: key,
+		ln: ln, arrived: m.clock.Now()}
 	m.conns[c.id] = c
 	m.sidr[key] = c
+	m.hoUpdate(c)
 	r := *req
 	m.emit(c, Event{Type: EventSIDRRequest, SIDRReq: &r, PrivateData: append([]byte(nil), req.PrivateData[:]...)})
 }
 
-func (m *Manager) recvSIDRRep(rep *SIDRRep) {
+func (m *Manager) recvSIDRRep(src GID, rep *SIDRRep) {
 	c := m.conns[rep.RequestID]
-	if c == nil || c.state != StateSIDRREQSent {
+	if c == nil || c.state != StateSIDRREQSent || c.peer != src {
 		m.stats.Unmatched++
 		return
 	}

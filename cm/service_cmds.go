@@ -112,13 +112,14 @@ func (s *Service) cmdListen(c Client, payload []byte) (any, error) {
 	if s.listeners[r.ServiceID] != nil {
 		return nil, errnoErr(unix.EADDRINUSE, "service ID %#x has a listener", r.ServiceID)
 	}
-	if err := s.mgr.Listen(r.ServiceID, 0); err != nil {
+	backlog := int(r.Backlog)
+	if backlog <= 0 {
+		backlog = abi.CMDefaultBacklog
+	}
+	if err := s.mgr.ListenBacklog(r.ServiceID, 0, backlog); err != nil {
 		return nil, err
 	}
-	id.listening, id.serviceID, id.backlog = true, r.ServiceID, int(r.Backlog)
-	if id.backlog <= 0 {
-		id.backlog = abi.CMDefaultBacklog
-	}
+	id.listening, id.serviceID, id.backlog = true, r.ServiceID, backlog
 	id.last = "LISTEN"
 	s.listeners[r.ServiceID] = id
 	return nil, nil

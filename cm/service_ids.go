@@ -190,8 +190,12 @@ func (s *Service) connectRequest(ev *Event) {
 			_ = s.mgr.Reject(ev.Conn, RejectNoResources, nil, nil)
 		}
 	}
+	// No check of l.pending against l.backlog: the Manager holds the
+	// listener to its backlog (ListenBacklog), shedding its oldest
+	// half-open requests (they come here as EventRejected) rather than
+	// turning the newest away.
 	l := s.listeners[ev.ServiceID]
-	if l == nil || l.pending >= l.backlog || (l.qpType == abi.QPTUD) != sidr {
+	if l == nil || (l.qpType == abi.QPTUD) != sidr {
 		refuse()
 		return
 	}
@@ -315,6 +319,7 @@ func (s *Service) Info() admin.CMInfo {
 			info.Duplicates += st.Duplicates[i]
 		}
 		info.Invalid, info.Unmatched = st.Invalid+st.Unsupported, st.Unmatched
+		info.HalfOpen, info.Shed, info.Expired = st.HalfOpen, st.Shed, st.Expired
 		info.IDs = []admin.CMIDInfo{}
 		info.Connections = len(s.byConn)
 		for _, cl := range s.clients {

@@ -59,3 +59,48 @@ func AckTimeout(ackDelay, packetLifeTime uint8) uint8 {
 func reqTimeout(packetLifeTime, remoteCMResponseTimeout uint8) time.Duration {
 	return 2*IBADuration(packetLifeTime) + IBADuration(remoteCMResponseTimeout)
 }
+
+// What a peer may ask of this side's timers. A REQ's local CM response
+// timeout and Max CM Retries set how long and how often the passive side
+// repeats its REP (and its DREQ), an MRA's service timeout how long the
+// side that sent the REP or REQ waits before repeating it, and the ACK
+// timeout of the path (from the REQ's local ACK timeout, or the REP's
+// target ACK delay) how long TimeWait lasts. Unclamped, a REQ from
+// anywhere could keep a REP going for 16 × 2^23 ms (37 hours) and an entry
+// in TimeWait for 2^23 ms. Linux takes them as they come; this CM clamps:
+//
+//   - response timeout at most MaxPeerResponseTimeout (23: 2^15 ms =
+//     32.8 s per attempt: 8 times rdma_cm's 20, still beyond what any
+//     peer needs to answer a REP with an RTU), and no more retries than
+//     fit Config.MaxHalfOpenTime (2 minutes: 2 after 32.8 s, 15 after
+//     rdma_cm's 4.1 s, so rdma_cm's values pass unchanged);
+//   - service timeout at most MaxPeerServiceTimeout (24, the value
+//     rdma_cm's own MRA carries: 67 s);
+//   - ACK timeout, where it sets a CM timer (TimeWait, the MRA's round
+//     trip), at most MaxPeerACKTimeout (21: 8.4 s; rxe's paths give 17,
+//     hardware RoCE ports 18 or 19). The QP's own ACK timeout (QPAttr)
+//     is the peers' business and is not clamped.
+//
+// Half-open connections also have an overall deadline (halfopen.go).
+const (
+	MaxPeerResponseTimeout = 23
+	MaxPeerServiceTimeout  = 24
+	MaxPeerACKTimeout      = 21
+)
+
+// peerResponse returns the per-attempt timeout and the retries this side
+// uses for the requests it repeats on a peer's behalf (REP, passive
+// DREQ): the REQ's local CM response timeout and Max CM Retries, clamped
+// so that every attempt fits within life.
+func peerResponse(responseTimeout, maxRetries uint8, life time.Duration) (time.Duration, uint8) {
+	per := IBADuration(min(responseTimeout, MaxPeerResponseTimeout))
+	fit := int(life/per) - 1
+	return per, uint8(max(0, min(int(maxRetries), fit)))
+}
+
+// mraWait is how long an MRA makes the side that receives it wait before
+// repeating its message: the service timeout plus the path's round trip
+// (Linux cm_mra_handler), both clamped.
+func mraWait(serviceTimeout, ackTimeout uint8) time.Duration {
+	return IBADuration(min(serviceTimeout, MaxPeerServiceTimeout)) + IBADuration(min(ackTimeout, MaxPeerACKTimeout))
+}

@@ -45,11 +45,12 @@ func showCM(path string, asJSON bool, w io.Writer) error {
 		return nil
 	}
 	q := info.QP1
-	fmt.Fprintf(w, "QP1: sent %d, send errors %d, send dropped %d, received %d, dropped %d, receive errors %d\n",
-		q.Sent, q.SendErrors, q.SendDropped, q.Received, q.Dropped, q.RecvErrors)
+	fmt.Fprintf(w, "QP1: sent %d, send errors %d, send dropped %d, overflow %d, received %d, dropped %d, receive errors %d, no receive slot %d\n",
+		q.Sent, q.SendErrors, q.SendDropped, q.Overflow, q.Received, q.Dropped, q.RecvErrors, q.NoRecvSlot)
 	fmt.Fprintf(w, "CM MADs: sent %d, retransmissions %d, received %d, duplicates %d, invalid %d, unmatched %d\n",
 		info.MADsSent, info.Retransmissions, info.MADsReceived, info.Duplicates, info.Invalid, info.Unmatched)
-	fmt.Fprintf(w, "CM IDs: %d, connections: %d\n", info.Total, info.Connections)
+	fmt.Fprintf(w, "CM IDs: %d, connections: %d, half-open: %d (shed %d, expired %d)\n", info.Total, info.Connections,
+		info.HalfOpen, info.Shed, info.Expired)
 	if len(info.IDs) == 0 {
 		return nil
 	}

@@ -38,6 +38,21 @@ import (
 // (RegisterAgent: the communication manager for class 0x07); MADs of any
 // other class, and malformed ones, are dropped and counted. QP1 answers
 // nothing by itself.
+//
+// Bursts: a MAD that finds every send slot in use waits in pending. A
+// request the CM repeats until answered (REQ, REP, DREQ, SIDR_REQ, and
+// any MAD of another class) is dropped and counted (SendDropped) when
+// qp1MaxPending wait already: the CM sends it again. A message the CM
+// sends once (REJ, MRA, RTU, DREP, SIDR_REP: qp1Answer) always waits,
+// past the bound if need be (Overflow counts those): dropping it would
+// lose it for good (a REJ for each of thousands of connections closed at
+// once). Their number stays bounded: those the CM sends on its own
+// (closing, expiring) are bounded by its connections, and those that
+// answer a received MAD by the receive path, which hands no more received
+// MADs to the agent while the backlog is at its bound (it holds their
+// slots until a send completion drains it), so a flood of requests waits
+// in QP1's receive slots and, past them, is dropped by the transport, at
+// the door.
 type QP1 struct {
 	eng     *engine.Engine
 	resolve func(what string, peer netip.Addr) error
@@ -45,6 +60,7 @@ type QP1 struct {
 
 	arena []byte
 	ahs   engine.AHTable
+	qpc   *engine.QPCounters // the engine's counters of QP1
 
 	mu      sync.Mutex
 	free    []uint32         // free send slots
@@ -56,6 +72,10 @@ type QP1 struct {
 	nextAH  uint32
 	agents  map[uint8]func(src [16]byte, mad []byte)
 	closed  bool
+
+	// held are received MADs not yet handed to their agent: the send
+	// backlog was at its bound (see Bursts), they wait for it to drain.
+	held []uint32
 
 	Counters QP1Counters
 }
@@ -71,6 +91,7 @@ type QP1Counters struct {
 	Sent        atomic.Uint64 // MADs handed to the engine
 	SendErrors  atomic.Uint64 // MADs that completed with an error
 	SendDropped atomic.Uint64 // MADs refused: send slots and backlog full, no route
+	Overflow    atomic.Uint64 // answers queued past the backlog's bound (qp1Answer)
 	Received    atomic.Uint64 // MADs received and given to an agent
 	Dropped     atomic.Uint64 // MADs received and dropped: no agent for the class, malformed
 	RecvErrors  atomic.Uint64 // receive completions with an error
@@ -118,7 +139,8 @@ func (dp *DataPlane) StartQP1(local netip.Addr) (*QP1, error) {
 		q.recvQ = append(q.recvQ, i)
 	}
 	src := (*qp1Source)(q)
-	_, err := dp.eng.CreateQP(engine.QPConfig{
+	var err error
+	q.qpc, err = dp.eng.CreateQP(engine.QPConfig{
 		QPN: qp1QPN, SQ: src, RQ: (*qp1RecvSource)(q), SendCQ: (*qp1SendSink)(q), RecvCQ: (*qp1RecvSink)(q),
 		Mem: (*qp1Memory)(q), SQDepth: qp1Slots, MaxSendSGE: 1, MaxRecvSGE: 1, SigAll: true,
 		State: (*qp1State)(q), Type: abi.QPTUD, PD: qp1PD, AHs: &q.ahs, PortMTU: roce.MTU256, GSI: true,
@@ -164,7 +186,8 @@ func (q *QP1) Close() {
 func (q *QP1) Stats() admin.QP1Stats {
 	c := &q.Counters
 	return admin.QP1Stats{Sent: c.Sent.Load(), SendErrors: c.SendErrors.Load(), SendDropped: c.SendDropped.Load(),
-		Received: c.Received.Load(), Dropped: c.Dropped.Load(), RecvErrors: c.RecvErrors.Load()}
+		Overflow: c.Overflow.Load(), Received: c.Received.Load(), Dropped: c.Dropped.Load(), RecvErrors: c.RecvErrors.Load(),
+		NoRecvSlot: q.qpc.Load().NoRecvWQE}
 }
 
 // RegisterAgent makes h receive every MAD of management class class, with
@@ -179,7 +202,8 @@ func (q *QP1) RegisterAgent(class uint8, h func(src [16]byte, mad []byte)) {
 
 // SendMAD sends a 256-byte MAD to QP1 of the port with GID dst (UDP link:
 // port 4791 of that address). It never waits for the engine; it fails
-// when every send slot is in use or dst cannot be reached.
+// when dst cannot be reached, or when every send slot is in use, the
+// backlog is full and the MAD is not an answer (qp1Answer).
 func (q *QP1) SendMAD(dst [16]byte, mad []byte) error {
 	if len(mad) != qp1MADLen {
 		q.Counters.SendDropped.Add(1)
@@ -191,8 +215,11 @@ func (q *QP1) SendMAD(dst [16]byte, mad []byte) error {
 		return err
 	}
 	q.mu.Lock()
-	if !q.closed && len(q.free) == 0 && len(q.pending) < qp1MaxPending {
+	if !q.closed && len(q.free) == 0 && (len(q.pending) < qp1MaxPending || qp1Answer(mad)) {
 		// Sent when a send completes and frees a slot (qp1SendSink).
+		if len(q.pending) >= qp1MaxPending {
+			q.Counters.Overflow.Add(1)
+		}
 		q.pending = append(q.pending, qp1Pending{ah: ah, mad: [qp1MADLen]byte(mad)})
 		q.mu.Unlock()
 		return nil
@@ -214,6 +241,21 @@ func (q *QP1) SendMAD(dst [16]byte, mad []byte) error {
 	q.Counters.Sent.Add(1)
 	q.eng.Kick(qp1QPN)
 	return nil
+}
+
+// qp1Answer reports whether mad is a CM message (management class 0x07)
+// the CM sends once and never repeats by itself: MRA, REJ, RTU, DREP or
+// SIDR_REP (attribute IDs 0x11, 0x12, 0x14, 0x16, 0x18, bytes 16-17 of
+// the MAD header). QP1 never drops one for want of room (see QP1).
+func qp1Answer(mad []byte) bool {
+	if mad[1] != 0x07 {
+		return false
+	}
+	switch uint16(mad[16])<<8 | uint16(mad[17]) {
+	case 0x0011, 0x0012, 0x0014, 0x0016, 0x0018:
+		return true
+	}
+	return false
 }
 
 // ah returns the handle of QP1's address handle to dst, building it.
@@ -347,44 +389,75 @@ func (s *qp1SendSink) PushCQE(c *abi.CQE, _ bool) error {
 	if len(q.pending) == 0 {
 		q.pending = nil
 	}
+	var held []uint32
+	if len(q.pending) < qp1MaxPending {
+		held, q.held = q.held, nil
+	}
 	q.mu.Unlock()
 	q.Counters.Sent.Add(1)
 	q.eng.Kick(qp1QPN)
+	// The backlog drained below its bound: the MADs received meanwhile
+	// go to their agent now (this is QP1's worker, as for a receive).
+	for _, r := range held {
+		q.deliver(r)
+	}
 	return nil
 }
 
-// qp1RecvSink takes QP1's receive completions: a received MAD goes to
-// run; a flushed or failed receive is posted again.
+// qp1RecvSink takes QP1's receive completions: a received MAD goes to its
+// agent (or waits in held while the send backlog is at its bound); a
+// flushed or failed receive is posted again.
 type qp1RecvSink QP1
 
 func (s *qp1RecvSink) PushCQE(c *abi.CQE, _ bool) error {
 	q := (*QP1)(s)
 	slot := uint32(c.WrID &^ qp1RecvFlag)
-	switch {
-	case c.Status != abi.WCSuccess:
-		q.Counters.RecvErrors.Add(1)
-	case c.ByteLen != qp1RecvLen:
-		q.Counters.Dropped.Add(1)
-	default:
-		b := q.arena[qp1RecvBase+slot*qp1RecvLen : qp1RecvBase+(slot+1)*qp1RecvLen]
-		src, ok := grhSource(b[:roce.GRHLen])
-		mad := b[roce.GRHLen:]
-		q.mu.Lock()
-		h := q.agents[mad[1]] // base version, management class, ...
-		q.mu.Unlock()
-		if ok && h != nil {
-			q.Counters.Received.Add(1)
-			h(src, mad)
+	if c.Status != abi.WCSuccess || c.ByteLen != qp1RecvLen {
+		if c.Status != abi.WCSuccess {
+			q.Counters.RecvErrors.Add(1)
 		} else {
 			q.Counters.Dropped.Add(1)
 		}
+		q.repost(slot)
+		return nil
 	}
+	q.mu.Lock()
+	if len(q.pending) >= qp1MaxPending && !q.closed {
+		// The answers to what came before wait for send slots: this
+		// MAD waits for them (qp1SendSink hands it on).
+		q.held = append(q.held, slot)
+		q.mu.Unlock()
+		return nil
+	}
+	q.mu.Unlock()
+	q.deliver(slot)
+	return nil
+}
+
+// deliver hands the MAD of receive slot slot to the agent of its
+// management class, then posts the slot again (the engine takes it at its
+// next pass; this runs on QP1's own worker). The agent copies what it
+// keeps and never blocks.
+func (q *QP1) deliver(slot uint32) {
+	b := q.arena[qp1RecvBase+slot*qp1RecvLen : qp1RecvBase+(slot+1)*qp1RecvLen]
+	src, ok := grhSource(b[:roce.GRHLen])
+	mad := b[roce.GRHLen:]
+	q.mu.Lock()
+	h := q.agents[mad[1]] // base version, management class, ...
+	q.mu.Unlock()
+	if ok && h != nil {
+		q.Counters.Received.Add(1)
+		h(src, mad)
+	} else {
+		q.Counters.Dropped.Add(1)
+	}
+	q.repost(slot)
+}
+
+func (q *QP1) repost(slot uint32) {
 	q.mu.Lock()
 	q.recvQ = append(q.recvQ, slot)
 	q.mu.Unlock()
-	// The slot is posted again; the engine takes it at its next pass
-	// (this runs on QP1's own worker).
-	return nil
 }
 
 // qp1State brings QP1 back when the transport moved it: to RTS from SQE

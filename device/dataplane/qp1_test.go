@@ -1,7 +1,9 @@
 package dataplane_test
 
 import (
+	"encoding/binary"
 	"net/netip"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -101,4 +103,57 @@ func TestQP1SendBurst(t *testing.T) {
 		"sent %d of %d", qa.Counters.Sent.Load(), n)
 	assert.Zero(t, qa.Counters.SendDropped.Load())
 	assert.Zero(t, qa.Counters.SendErrors.Load())
+}
+
+// TestQP1AnswersNotDropped: closing thousands of connections at once
+// makes the CM send a REJ for each, far more than QP1's send slots and
+// backlog hold. QP1 drops none of them (nor any message the CM sends only
+// once): every one is handed to the transport. Requests the CM repeats
+// (here REQs, interleaved) are refused past the backlog's bound and
+// counted. UD has no flow control: what the receiver's 512 receive slots
+// cannot hold is dropped by its transport, and counted there too; every
+// MAD sent is received or counted.
+func TestQP1AnswersNotDropped(t *testing.T) {
+	nw := newDPNetwork(t)
+	na := newDPNode(t, nw, "10.9.2.1", 1, nil)
+	nb := newDPNode(t, nw, "10.9.2.2", 1, nil)
+	qa, qb := startQP1(t, na), startQP1(t, nb)
+	var rejs, reqs atomic.Uint64
+	qb.RegisterAgent(0x07, func(_ [16]byte, mad []byte) {
+		switch mad[17] {
+		case 0x12:
+			rejs.Add(1)
+		case 0x10:
+			reqs.Add(1)
+		}
+	})
+	mad := func(attr byte, i int) []byte {
+		m := make([]byte, 256)
+		m[0], m[1], m[2], m[3], m[17] = 1, 0x07, 2, 3, attr
+		binary.BigEndian.PutUint32(m[24:], uint32(i))
+		return m
+	}
+	const n = 32768
+	var reqsRefused int
+	for i := range n {
+		require.NoError(t, qa.SendMAD(nb.gid, mad(0x12, i)), "REJ %d", i)
+		if i%8 == 0 {
+			if err := qa.SendMAD(nb.gid, mad(0x10, i)); err != nil {
+				require.ErrorIs(t, err, dataplane.ErrQP1Busy)
+				reqsRefused++
+			}
+		}
+	}
+	reqsSent := uint64(n/8 - reqsRefused)
+	require.Eventually(t, func() bool { return qa.Counters.Sent.Load() == n+reqsSent }, 60*time.Second, time.Millisecond)
+	assert.Equal(t, uint64(reqsRefused), qa.Counters.SendDropped.Load(), "REQs refused, counted")
+	assert.NotZero(t, reqsRefused, "the burst did not reach the backlog's bound")
+	assert.NotZero(t, qa.Counters.Overflow.Load(), "no REJ waited past the bound")
+	assert.Zero(t, qa.Counters.SendErrors.Load())
+	// Every MAD sent arrives or is counted as dropped for want of a
+	// receive slot.
+	arrived := func() uint64 { return rejs.Load() + reqs.Load() + qb.Stats().NoRecvSlot }
+	require.Eventually(t, func() bool { return arrived() == n+reqsSent }, 10*time.Second, time.Millisecond)
+	t.Logf("a: %d REJs and %d REQs sent, %d REQs refused, %d REJs queued past the bound; b: %d REJs and %d REQs received, %d dropped for want of a receive slot",
+		n, reqsSent, reqsRefused, qa.Counters.Overflow.Load(), rejs.Load(), reqs.Load(), qb.Stats().NoRecvSlot)
 }

@@ -259,10 +259,16 @@ struct vrnic_resp_cm_id {
 
 /* CM_LISTEN. No reply struct. Connection requests (REQ; SIDR_REQ for a
  * UD ID) for service_id raise CONNECT_REQUEST on a new CM ID. At most
- * backlog requests wait for CM_ACCEPT or CM_REJECT at a time (0: 128);
- * beyond that a request is rejected (REJ no resources; SIDR status 2). One
- * listener per service ID per daemon (EADDRINUSE). service_id is
- * rdma_cm's (port space << 16 | port: 0x0106xxxx for TCP). */
+ * backlog requests (0: 128) are half open at a time: waiting for
+ * CM_ACCEPT or CM_REJECT, or accepted and waiting for the peer's RTU. A
+ * request beyond that is admitted and the oldest half-open one is shed:
+ * one accepted and still without its RTU first (its peer gets a REJ, no
+ * resources), else the oldest unanswered one (its peer repeats its REQ);
+ * its CM ID gets REJECTED (status 3, no resources). A request still
+ * unanswered when its peer has given up on it (at most 2 minutes) gets
+ * REJECTED (status 4, timeout). One listener per service ID per daemon
+ * (EADDRINUSE). service_id is rdma_cm's (port space << 16 | port:
+ * 0x0106xxxx for TCP). */
 struct vrnic_cmd_cm_listen {
 	uint32_t cm_id;
 	uint32_t backlog;
