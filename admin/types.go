@@ -258,7 +258,7 @@ type UIDLimits struct {
 	// CMIDs bounds the CM IDs of the uid's contexts (rdma_cm IDs: each
 	// listener, connection and connect request received for its
 	// listeners). CM_CREATE_ID past it fails with EAGAIN, and a connect
-	// request is rejected (no resources). Default 16384.
+	// request is rejected (no resources). Default 65536.
 	CMIDs int `json:"cm_ids"`
 }
 

@@ -96,10 +96,11 @@ func fillUIDLimits(l *Limits) {
 		l.PerUID.Connections = 2*l.PerUID.Contexts + 16
 	}
 	if l.PerUID.CMIDs == 0 {
-		// The CM IDs of four full contexts (cm.ServiceConfig's default
-		// per context, 4096): a uid's connections and requests are
-		// bounded even when it opens every context it may.
-		l.PerUID.CMIDs = 4 * 4096
+		// The CM IDs of sixteen full contexts (cm.ServiceConfig's
+		// default per context, 4096), about 100 MB of the daemon's
+		// memory at most: a uid's connections and requests are bounded
+		// even when it opens every context it may.
+		l.PerUID.CMIDs = 16 * 4096
 	}
 	if l.PerUID.FDs == 0 {
 		l.PerUID.FDs = max(1024, 16*l.PerUID.Contexts)

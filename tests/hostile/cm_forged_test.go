@@ -21,6 +21,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"math/bits"
 	"math/rand/v2"
 	"net"
@@ -110,7 +111,11 @@ func cmfConnect(t *testing.T, srv, cli *cmfSide, dgid [16]byte) (sid, cid *verbs
 	req := srv.next(t, abi.CMEventConnectRequest)
 	sid = srv.c.CMIDFromEvent(&req)
 	cmfApply(t, sid, srv.qp, abi.QPSInit, abi.QPSRTR)
-	require.NoError(t, sid.Accept(verbs.AcceptParams{QPN: srv.qp.QPN, StartingPSN: 0x5678, ResponderResources: 1,
+	// As rdma_accept: the REP announces the PSN the QP expects (its RTR
+	// rq_psn, drawn by the daemon when the REQ came).
+	rtr, err := sid.InitQPAttr(abi.QPSRTR)
+	require.NoError(t, err)
+	require.NoError(t, sid.Accept(verbs.AcceptParams{QPN: srv.qp.QPN, StartingPSN: rtr.RQPSN, ResponderResources: 1,
 		InitiatorDepth: 1, RNRRetryCount: 7}))
 	cmfApply(t, sid, srv.qp, abi.QPSRTS)
 	cli.next(t, abi.CMEventConnectResponse)
@@ -124,6 +129,7 @@ func cmfConnect(t *testing.T, srv, cli *cmfSide, dgid [16]byte) (sid, cid *verbs
 // cmfAcceptWith accepts the connect request of id with qp, as
 // rdma_accept does (INIT and RTR, the REP, RTS).
 func cmfAcceptWith(id *verbs.CMID, qp *verbs.QP) error {
+	var rqPSN uint32
 	for _, st := range []abi.QPState{abi.QPSInit, abi.QPSRTR} {
 		a, err := id.InitQPAttr(st)
 		if err != nil {
@@ -132,8 +138,9 @@ func cmfAcceptWith(id *verbs.CMID, qp *verbs.QP) error {
 		if err := qp.ApplyQPAttr(&a); err != nil {
 			return err
 		}
+		rqPSN = a.RQPSN
 	}
-	if err := id.Accept(verbs.AcceptParams{QPN: qp.QPN, StartingPSN: 0x8765, ResponderResources: 1, InitiatorDepth: 1,
+	if err := id.Accept(verbs.AcceptParams{QPN: qp.QPN, StartingPSN: rqPSN, ResponderResources: 1, InitiatorDepth: 1,
 		RNRRetryCount: 7}); err != nil {
 		return err
 	}
@@ -177,6 +184,20 @@ func cmfInfo(t testing.TB, socket string) admin.CMInfo {
 		}
 		start = page.Next
 	}
+}
+
+// cmfCounters returns the CM's counters without its IDs (one page past
+// them all: cheap however many IDs the daemon holds).
+func cmfCounters(t testing.TB, socket string) admin.CMInfo {
+	t.Helper()
+	a, err := admin.Dial(socket)
+	require.NoError(t, err)
+	defer a.Close()
+	b, err := a.Call(admin.CMCmd, admin.Request{Start: math.MaxInt32})
+	require.NoError(t, err)
+	var info admin.CMInfo
+	require.NoError(t, json.Unmarshal(b, &info))
+	return info
 }
 
 // cmfConn returns the CM ID of the connection of role ("active",
@@ -605,7 +626,7 @@ func TestCMForgedREQFlood(t *testing.T) {
 	go func() {
 		defer wgw.Done()
 		for {
-			if h := int64(cmfInfo(t, p.dS.socket).HalfOpen); h > maxHalfOpen.Load() {
+			if h := int64(cmfCounters(t, p.dS.socket).HalfOpen); h > maxHalfOpen.Load() {
 				maxHalfOpen.Store(h)
 			}
 			select {
@@ -658,8 +679,8 @@ func TestCMForgedREQFlood(t *testing.T) {
 
 			// Every forged connection ends: its REP goes unanswered (4 ×
 			// 256 ms) or it was shed.
-			require.Eventually(t, func() bool { return cmfInfo(t, p.dS.socket).HalfOpen == 0 }, 30*time.Second, 50*time.Millisecond,
-				"half-open connections left: %d", cmfInfo(t, p.dS.socket).HalfOpen)
+			require.Eventually(t, func() bool { return cmfCounters(t, p.dS.socket).HalfOpen == 0 }, 30*time.Second, 50*time.Millisecond,
+				"half-open connections left: %d", cmfCounters(t, p.dS.socket).HalfOpen)
 			info := cmfInfo(t, p.dS.socket)
 			t.Logf("%d forged REQs: the program accepted %d, was too late for %d, saw %d end; most half-open %d, shed %d, expired %d; QP1: received %d, no receive slot %d, sent %d, send dropped %d, overflow %d",
 				c.n, srv.accepted.Load(), srv.refused.Load(), srv.ended.Load(), maxHalfOpen.Load(), info.Shed-before.Shed,
@@ -739,9 +760,9 @@ func TestCMCloseBurstREJs(t *testing.T) {
 		}
 		ctxs[i] = c
 	}
-	require.Eventually(t, func() bool { return cmfInfo(t, d.socket).Connections == programs*perProgram },
+	require.Eventually(t, func() bool { return cmfCounters(t, d.socket).Connections == programs*perProgram },
 		10*time.Second, 100*time.Millisecond)
-	before := cmfInfo(t, d.socket).QP1
+	before := cmfCounters(t, d.socket).QP1
 	var wg sync.WaitGroup
 	for _, c := range ctxs {
 		wg.Add(1)
@@ -750,7 +771,7 @@ func TestCMCloseBurstREJs(t *testing.T) {
 	wg.Wait()
 	assert.Eventually(t, func() bool { return rejs.Load() == programs*perProgram }, 60*time.Second, 10*time.Millisecond)
 	require.Equal(t, int64(programs*perProgram), rejs.Load(), "REJs the peer received")
-	after := cmfInfo(t, d.socket).QP1
+	after := cmfCounters(t, d.socket).QP1
 	close(ids)
 	seen := map[uint32]bool{}
 	for id := range ids {
