@@ -246,8 +246,11 @@ func TestServiceConcurrentConnections(t *testing.T) {
 			c := clients[i%len(clients)]
 			qpn := uint32(0x100 + i)
 			id := createID(t, a, c, abi.QPTRC)
+			// A REQ timeout of about 34 s: no REQ is repeated during
+			// the test, however slow the machine (a repeat that
+			// arrives after the server's TimeWait is a new request).
 			_, err := cmd(t, a, c, abi.CmdCMConnect, &abi.CmdCMConnectReq{CMID: id, QPN: qpn, StartingPSN: uint32(i),
-				ServiceID: sid, DGID: dgid, RetryCount: 7, RNRRetryCount: 7})
+				ServiceID: sid, DGID: dgid, RetryCount: 7, RNRRetryCount: 7, CMResponseTimeout: 23})
 			if !assert.NoError(t, err) {
 				return
 			}

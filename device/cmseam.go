@@ -146,9 +146,20 @@ func (cn *conn) cmCommand(r *request) (reply, error) {
 	return reply{body: body}, nil
 }
 
-// cmReply serves admin.CMCmd: the CM IDs from start on, as many as fit
-// one reply.
-func (d *Device) cmReply(start int) (reply, error) {
+// cmAdmin serves admin.CMCmd (without the device lock, as the CM
+// commands): the CM IDs from the request's start on, as many as fit one
+// reply.
+func (cn *conn) cmAdmin(r *request) (reply, error) {
+	d := cn.d
+	if !cn.operator {
+		d.counters.OperatorDenied.Add(1)
+		return reply{}, d.operatorDenied(cn, r.hdr.Opcode)
+	}
+	req, err := adminRequest(r.payload)
+	if err != nil {
+		return reply{}, err
+	}
+	start := req.Start
 	var info admin.CMInfo
 	if d.cfg.CM != nil {
 		info = d.cfg.CM.Info()

@@ -454,11 +454,9 @@ func (d *Device) freeAH(cx *Context, a *AH) {
 
 // releaseContextLocked destroys everything a context owns, in dependency
 // order, and closes its doorbell page. Called when the connection ends
-// (client exit or death) and at shutdown.
+// (client exit or death) and at shutdown, after the CM released the
+// context's CM IDs (without the device lock: serveConn).
 func (d *Device) releaseContextLocked(cx *Context, why string) {
-	if d.cfg.CM != nil {
-		d.cfg.CM.Release(cx)
-	}
 	cx.closeEvents()
 	for _, q := range cx.qps.list() {
 		d.freeQP(cx, q)

@@ -39,6 +39,25 @@ const adminReplyBudget = abi.MaxMsgSize - abi.SizeofMsgHdr - 1024
 
 // admin serves an operator command to an operator (conn.operator); any
 // other peer gets EPERM, and its connection continues.
+// adminRequest decodes the JSON payload of an operator list command.
+func adminRequest(payload []byte) (admin.Request, error) {
+	var req admin.Request
+	if len(payload) > 0 {
+		dec := json.NewDecoder(bytes.NewReader(payload))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil {
+			return req, errorf(errInval, "operator request: %v", err)
+		}
+		if dec.More() {
+			return req, errorf(errInval, "operator request: trailing data")
+		}
+		if req.Start < 0 {
+			return req, errorf(errInval, "operator request: negative start")
+		}
+	}
+	return req, nil
+}
+
 func (cn *conn) admin(r *request) (reply, error) {
 	d := cn.d
 	if !cn.operator {
@@ -51,22 +70,9 @@ func (cn *conn) admin(r *request) (reply, error) {
 	if r.hdr.Opcode == admin.FaultCmd {
 		return d.faults(r.payload)
 	}
-	var req admin.Request
-	if len(r.payload) > 0 {
-		dec := json.NewDecoder(bytes.NewReader(r.payload))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&req); err != nil {
-			return reply{}, errorf(errInval, "operator request: %v", err)
-		}
-		if dec.More() {
-			return reply{}, errorf(errInval, "operator request: trailing data")
-		}
-		if req.Start < 0 {
-			return reply{}, errorf(errInval, "operator request: negative start")
-		}
-	}
-	if r.hdr.Opcode == admin.CMCmd {
-		return d.cmReply(req.Start)
+	req, err := adminRequest(r.payload)
+	if err != nil {
+		return reply{}, err
 	}
 	list := adminTable[r.hdr.Opcode]
 	if list == nil {

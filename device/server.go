@@ -12,6 +12,7 @@ import (
 	"unicode"
 
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/admin"
 	"golang.org/x/sys/unix"
 )
 
@@ -159,6 +160,11 @@ func (d *Device) serveConn(c *net.UnixConn) {
 	defer func() {
 		c.Close()
 		turn.take()
+		if cn.ctx != nil && d.cfg.CM != nil {
+			// The CM IDs first, without the device lock (the CM has
+			// its own owner; rdma_destroy_id's REJs and DREQs go out).
+			d.cfg.CM.Release(cn.ctx)
+		}
 		d.mu.Lock()
 		delete(d.conns, c)
 		if cn.ctx != nil {
@@ -244,9 +250,13 @@ func (cn *conn) dispatch(hdr *abi.MsgHdr, m *rawMsg) (reply, error) {
 		}
 		return reply{}, errorf(errBadFd, "%v: %d fds attached, want %d to %d", hdr.Opcode, n, spec.minFds, spec.maxFds)
 	}
+	// The CM has its own owner and never takes the device lock: its
+	// commands and its operator view are served without it.
 	if hdr.Opcode >= abi.CmdCMCreateID && hdr.Opcode <= abi.CmdCMInitQPAttr {
-		// The CM has its own owner and never takes the device lock.
 		return cn.cmCommand(&request{hdr: *hdr, payload: payload, msg: m})
+	}
+	if hdr.Opcode == admin.CMCmd {
+		return cn.cmAdmin(&request{hdr: *hdr, payload: payload, msg: m})
 	}
 	cn.d.mu.Lock()
 	defer cn.d.mu.Unlock()
