@@ -150,37 +150,27 @@ func (cn *conn) cmCommand(r *request) (reply, error) {
 // commands): the CM IDs from the request's start on, as many as fit one
 // reply.
 func (cn *conn) cmAdmin(r *request) (reply, error) {
-	d := cn.d
-	if !cn.operator {
-		d.counters.OperatorDenied.Add(1)
-		return reply{}, d.operatorDenied(cn, r.hdr.Opcode)
+	if err := cn.operatorOnly(r.hdr.Opcode); err != nil {
+		return reply{}, err
 	}
 	req, err := adminRequest(r.payload)
 	if err != nil {
 		return reply{}, err
 	}
-	start := req.Start
 	var info admin.CMInfo
-	if d.cfg.CM != nil {
-		info = d.cfg.CM.Info()
+	if cm := cn.d.cfg.CM; cm != nil {
+		info = cm.Info()
 	}
-	all := info.IDs
-	info.Total = len(all)
-	info.IDs = []admin.CMIDInfo{}
-	size := 1024
-	for i := start; i < len(all); i++ {
-		b, err := json.Marshal(all[i])
-		if err != nil {
-			return reply{}, err
-		}
-		if size+len(b)+1 > adminReplyBudget && len(info.IDs) > 0 {
-			info.Next = i
-			break
-		}
-		size += len(b) + 1
-		info.IDs = append(info.IDs, all[i])
+	// The IDs of the page, already encoded, in the reply's "ids".
+	ids, next, err := page(info.IDs, req.Start, 1024)
+	if err != nil {
+		return reply{}, err
 	}
-	b, err := json.Marshal(info)
+	info.Total, info.Next, info.IDs = len(info.IDs), next, nil
+	b, err := json.Marshal(struct {
+		admin.CMInfo
+		IDs []json.RawMessage `json:"ids"`
+	}{info, ids})
 	if err != nil {
 		return reply{}, err
 	}

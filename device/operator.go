@@ -39,6 +39,35 @@ const adminReplyBudget = abi.MaxMsgSize - abi.SizeofMsgHdr - 1024
 
 // admin serves an operator command to an operator (conn.operator); any
 // other peer gets EPERM, and its connection continues.
+// page encodes items from start on, as many as fit one reply after
+// overhead bytes of the rest of it; next is the start of the rest (0: none
+// left).
+func page[T any](items []T, start, overhead int) (out []json.RawMessage, next int, err error) {
+	out = []json.RawMessage{}
+	size := overhead
+	for i := start; i < len(items); i++ {
+		b, err := json.Marshal(items[i])
+		if err != nil {
+			return nil, 0, err
+		}
+		if size+len(b)+1 > adminReplyBudget && len(out) > 0 {
+			return out, i, nil
+		}
+		size += len(b) + 1
+		out = append(out, b)
+	}
+	return out, 0, nil
+}
+
+// operatorOnly refuses an operator command to a peer that is not one.
+func (cn *conn) operatorOnly(op abi.Cmd) error {
+	if cn.operator {
+		return nil
+	}
+	cn.d.counters.OperatorDenied.Add(1)
+	return cn.d.operatorDenied(cn, op)
+}
+
 // adminRequest decodes the JSON payload of an operator list command.
 func adminRequest(payload []byte) (admin.Request, error) {
 	var req admin.Request
@@ -60,9 +89,8 @@ func adminRequest(payload []byte) (admin.Request, error) {
 
 func (cn *conn) admin(r *request) (reply, error) {
 	d := cn.d
-	if !cn.operator {
-		d.counters.OperatorDenied.Add(1)
-		return reply{}, d.operatorDenied(cn, r.hdr.Opcode)
+	if err := cn.operatorOnly(r.hdr.Opcode); err != nil {
+		return reply{}, err
 	}
 	if r.hdr.Opcode == admin.CaptureCmd {
 		return cn.capture(r)
@@ -83,19 +111,9 @@ func (cn *conn) admin(r *request) (reply, error) {
 		return reply{raw: b}, nil
 	}
 	items := list(d)
-	out := admin.ListReply{Total: len(items), Items: []json.RawMessage{}}
-	size := 64
-	for i := req.Start; i < len(items); i++ {
-		b, err := json.Marshal(items[i])
-		if err != nil {
-			return reply{}, err
-		}
-		if size+len(b)+1 > adminReplyBudget && len(out.Items) > 0 {
-			out.Next = i
-			break
-		}
-		size += len(b) + 1
-		out.Items = append(out.Items, b)
+	out := admin.ListReply{Total: len(items)}
+	if out.Items, out.Next, err = page(items, req.Start, 64); err != nil {
+		return reply{}, err
 	}
 	b, err := json.Marshal(out)
 	if err != nil {
