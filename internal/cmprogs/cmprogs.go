@@ -42,11 +42,12 @@ type Env struct {
 // time for the test's QP after the first connection, and its client may
 // send that REQ before the second listen, which any CM rejects (reason 8,
 // invalid service ID; perftest then fails, and may crash). A perftest run
-// that fails that way is run once more.
+// that fails that way is run again, up to three times (on a loaded machine
+// the race is lost more often).
 func Run(t *testing.T, e Env, c Case) {
 	t.Helper()
 	for try := 1; ; try++ {
-		if runOnce(t, e, c, try < 2) {
+		if runOnce(t, e, c, try < 4) {
 			return
 		}
 		t.Logf("%s: the client's REQ came before perftest's second listen (REJECTED, 8); running again", c.Name)
