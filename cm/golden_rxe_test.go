@@ -255,13 +255,17 @@ func TestRxeCapturesLinuxPSNs(t *testing.T) {
 // server's program and librdmacm did, and the REP must be A's; the QP
 // attributes must be those that make B's first PSN arrive in sequence and
 // A send from the PSN B expects.
-func TestGoldenRxePassive(t *testing.T) {
+func TestGoldenRxePassive(t *testing.T) { eachRxeConn(t, goldenPassive) }
+
+// eachRxeConn runs f as a subtest for every connection of every capture,
+// on every device of rxeDevices.
+func eachRxeConn(t *testing.T, f func(*testing.T, *rxeCapture, capConn, rxeDevice)) {
 	for _, name := range rxeCaptures {
 		c := loadRxeCapture(t, name)
 		for _, cn := range c.conns(t) {
 			for _, dev := range rxeDevices {
 				t.Run(fmt.Sprintf("%s/frame%d/%s", name, cn.req.frame, dev.name), func(t *testing.T) {
-					goldenPassive(t, c, cn, dev)
+					f(t, c, cn, dev)
 				})
 			}
 		}
@@ -357,18 +361,7 @@ func goldenPassive(t *testing.T, c *rxeCapture, cn capConn, dev rxeDevice) {
 // port of MTU 1024), and its REQ must be B's; then A's REP arrives, and
 // the QP attributes must be those that make A's first PSN arrive in
 // sequence and B send from the PSN A expects; its RTU must be B's.
-func TestGoldenRxeActive(t *testing.T) {
-	for _, name := range rxeCaptures {
-		c := loadRxeCapture(t, name)
-		for _, cn := range c.conns(t) {
-			for _, dev := range rxeDevices {
-				t.Run(fmt.Sprintf("%s/frame%d/%s", name, cn.req.frame, dev.name), func(t *testing.T) {
-					goldenActive(t, c, cn, dev)
-				})
-			}
-		}
-	}
-}
+func TestGoldenRxeActive(t *testing.T) { eachRxeConn(t, goldenActive) }
 
 func goldenActive(t *testing.T, c *rxeCapture, cn capConn, dev rxeDevice) {
 	req, rep, rtu := cn.req.msg.(*REQ), cn.rep.msg.(*REP), cn.rtu.msg.(*RTU)
