@@ -1,8 +1,11 @@
 package device
 
 import (
+	"fmt"
 	"net/netip"
 	"strconv"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/vrnic/vrnic/abi"
 )
@@ -14,13 +17,32 @@ const (
 	maxQPN24     = 1<<24 - 1
 	maxTimer5    = 31 // TIMEOUT, MIN_RNR_TIMER: 5-bit codes
 	maxRetry3    = 7  // RETRY_CNT, RNR_RETRY: 3 bits
-	maxFlowLabel = 1<<20 - 1
-	maxSL        = 15
-	pkeyTableLen = 1 // one P_Key (0xffff, the default)
+	pkeyTableLen = 1  // one P_Key (0xffff, the default)
 	devicePort   = 1
 )
 
-// checkAH validates an address vector (CREATE_AH and the AV attribute).
+// checkAH validates an address vector (CREATE_AH and the AV attribute of
+// MODIFY_QP) as Linux does for a RoCE port of rdma_rxe, field by field:
+//
+//   - port_num: rdma_check_ah_attr refuses a port the device does not
+//     have (rdma_is_port_valid): EINVAL.
+//   - sgid_index: rdma_fill_sgid_attr takes the GID entry through
+//     rdma_get_gid_attr, which fails with EINVAL for an index past the
+//     table (gid_tbl_len) and ENODATA for an empty entry within it.
+//   - flow_label, hop_limit, traffic_class: ib_uverbs_create_ah and
+//     copy_ah_attr_from_uverbs (MODIFY_QP) store them through
+//     rdma_ah_set_grh unchecked (flow_label is a u32 there). On the wire
+//     the flow label is the low 20 bits (ip6_flow_hdr; engine.NewAH masks
+//     it); QUERY_QP gives back the value stored, as Linux does.
+//   - sl: rdma_ah_set_sl stores the u8 unchecked; rxe ignores it (RoCE
+//     without VLANs carries no SL), and so does vrnic.
+//   - static_rate: not in vrnic's AV (the library drops it); rxe ignores
+//     it too.
+//
+// rxe_av_chk_attr adds only the sgid_index and the GID's network type,
+// both covered above. Not from Linux: the ABI's reserved bytes must be 0,
+// and an all-zero DGID is refused (Linux fails its route lookup in
+// ib_resolve_eth_dmac instead).
 func (d *Device) checkAH(a *abi.AHAttr) error {
 	for _, b := range a.Reserved {
 		if b != 0 {
@@ -30,14 +52,11 @@ func (d *Device) checkAH(a *abi.AHAttr) error {
 	if a.PortNum != devicePort {
 		return errorf(errInval, "ah_attr.port_num %d: the device has port 1 only", a.PortNum)
 	}
+	if a.SGIDIndex >= abi.GIDTableLen {
+		return errorf(errInval, "ah_attr.sgid_index %d: past the GID table (gid_tbl_len %d)", a.SGIDIndex, abi.GIDTableLen)
+	}
 	if int(a.SGIDIndex) >= len(d.cfg.Link.GIDs) {
-		return errorf(errInval, "ah_attr.sgid_index %d: no such GID (table has %d valid entries)", a.SGIDIndex, len(d.cfg.Link.GIDs))
-	}
-	if a.FlowLabel > maxFlowLabel {
-		return errorf(errInval, "ah_attr.flow_label %#x: 20 bits at most", a.FlowLabel)
-	}
-	if a.SL > maxSL {
-		return errorf(errInval, "ah_attr.sl %d: at most %d", a.SL, maxSL)
+		return errorf(unix.ENODATA, "ah_attr.sgid_index %d: no such GID (table has %d valid entries)", a.SGIDIndex, len(d.cfg.Link.GIDs))
 	}
 	if a.DGID == ([16]byte{}) {
 		return errorf(errInval, "ah_attr.dgid is all zero")
@@ -85,7 +104,9 @@ func (d *Device) checkAttrValues(q *QP, cur QPState, mask AttrMask, a *abi.QPAtt
 	}
 	if mask&AttrAV != 0 {
 		if err := d.checkAH(&a.AHAttr); err != nil {
-			return errorf(errInval, "AV: %v", err)
+			// The AV's own errno (EINVAL, or ENODATA for an empty GID
+			// entry), as ib_modify_qp passes on rdma_fill_sgid_attr's.
+			return fmt.Errorf("AV: %w", err)
 		}
 	}
 	return nil

@@ -75,7 +75,7 @@ func TestBuildExportsTheSystemInterface(t *testing.T) {
 			"rdma_resolve_route", "rdma_bind_addr", "rdma_listen", "rdma_connect", "rdma_accept", "rdma_reject",
 			"rdma_disconnect", "rdma_create_qp", "rdma_create_qp_ex", "rdma_create_ep", "rdma_get_request",
 			"rdma_get_cm_event", "rdma_ack_cm_event", "rdma_getaddrinfo", "rdma_set_option", "rdma_init_qp_attr",
-			"rdma_migrate_id", "rdma_event_str", "rdma_establish", "rpoll"} {
+			"rdma_migrate_id", "rdma_event_str", "rdma_establish", "rpoll", "rdma_set_local_ece", "rdma_get_remote_ece"} {
 			assert.NotContains(t, string(stubs), "VR_STUB_INT("+name+")")
 			assert.NotContains(t, string(stubs), "VR_STUB_PTR("+name+")")
 		}

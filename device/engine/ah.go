@@ -26,7 +26,7 @@ type AHAttr struct {
 	// Local is the source GID (the device's address at the AV's
 	// sgid_index), Remote the destination GID; IPv4-mapped GIDs as IPv4.
 	Local, Remote netip.Addr
-	FlowLabel     uint32 // IPv6 flow label (20 bits)
+	FlowLabel     uint32 // IPv6 flow label: the low 20 bits (the AV's u32 as given)
 	TrafficClass  uint8  // IPv4 TOS / IPv6 traffic class
 	HopLimit      uint8  // IPv4 TTL / IPv6 hop limit; 0 means 64
 	SL            uint8  // service level (RoCE: no VLAN, so not on the wire)
@@ -59,6 +59,9 @@ func (e *Engine) NewAH(a AHAttr) (*AH, error) {
 	}
 	ah := &AH{attr: a}
 	cfg := &e.cfg
+	// The AV keeps the caller's u32 flow label (rdma_ah_set_grh stores it
+	// as is); the IPv6 header takes the low 20 bits, as Linux's
+	// ip6_flow_hdr (IPV6_FLOWLABEL_MASK) does.
 	ah.path = roce.Path{
 		Mode:         cfg.Mode,
 		SrcMAC:       cfg.MAC,

@@ -18,6 +18,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* vr_ah_to_vr copies an address vector for the daemon, which checks it as
+ * the kernel does (rdma_check_ah_attr, rdma_get_gid_attr): the values go
+ * as given, a flow_label of 0xffffffff included (the IPv6 header takes its
+ * low 20 bits). static_rate and the IB-only fields (dlid, src_path_bits)
+ * are not passed: rxe ignores them on RoCE. */
 void vr_ah_to_vr(const struct ibv_ah_attr *a, struct vrnic_ah_attr *v) {
 	memcpy(v->dgid, a->grh.dgid.raw, 16);
 	v->flow_label = a->grh.flow_label;

@@ -548,10 +548,12 @@ func TestMemOps(t *testing.T) {
 // mem_ops.c: UD SEND and SEND_WITH_IMM (ibv_post_send and ibv_wr_*) with
 // the GRH checked byte for byte against the two daemons' addresses,
 // src_qp, wc_flags and byte_len; an answer through
-// ibv_create_ah_from_wc; Q_Key mismatches dropped; a send error putting
+// ibv_create_ah_from_wc; Q_Key mismatches dropped; an AH and an RTR AV
+// with flow_label 0xffffffff (the GRH unchanged over IPv4), sgid_index
+// errors EINVAL and ENODATA; a send error putting
 // the QP in SQE and back to RTS; a UC WRITE_WITH_IMM.
 func TestUDOps(t *testing.T) {
-	runOps(t, startPair(t), "ud_ops.c", "OK ud send send_imm grh ah_from_wc qkey_drop sqe, uc write_imm\n")
+	runOps(t, startPair(t), "ud_ops.c", "OK ud send send_imm grh ah_from_wc qkey_drop flow_label sqe, uc write_imm\n")
 }
 
 // runOps builds the test program src and runs it on p's daemons, plain,

@@ -10,12 +10,16 @@
  *       SENDs with a wrong Q_Key (another value; bit 31 set, meaning the
  *       sender's own, different Q_Key) are dropped: no completion within
  *       300 ms, and the receive WR is still there for the next SEND.
+ *       An AH with flow_label 0xffffffff and SL 255 (as UCX makes them)
+ *       works, its GRH unchanged (IPv4 has no flow label); sgid_index
+ *       past the GID table fails with EINVAL, an empty entry ENODATA.
  *       B answers with an AH from ibv_create_ah_from_wc (the attributes
  *       of ibv_init_ah_from_wc checked), A receives it with B's GRH.
  *       ibv_query_qp gives the Q_Key; an RDMA WRITE on a UD QP fails to
  *       post (EINVAL); a SEND with a bad lkey completes in error and moves
  *       the QP to SQE, where the next SEND is flushed, until SQE -> RTS.
- *   UC  A -> B RDMA WRITE_WITH_IMM: B's memory byte-exact, a
+ *   UC  The AV of RTR with flow_label 0xffffffff, given back by
+ *       ibv_query_qp. A -> B RDMA WRITE_WITH_IMM: B's memory byte-exact, a
  *       RECV_RDMA_WITH_IMM completion with the length and the immediate.
  *
  * Prints "OK ..." and exits 0, or "ERROR ..." and exits 1. */
@@ -100,9 +104,17 @@ static void uc_connect(struct side *s, struct side *peer) {
 	a.path_mtu = IBV_MTU_1024;
 	a.dest_qp_num = peer->qp->qp_num;
 	a.rq_psn = 5;
-	a.ah_attr = (struct ibv_ah_attr){ .is_global = 1, .grh = { .dgid = peer->gid, .hop_limit = 64 }, .port_num = 1 };
+	/* The flow label is a u32 in the AV; the kernel stores it as given. */
+	a.ah_attr = (struct ibv_ah_attr){ .is_global = 1,
+		.grh = { .dgid = peer->gid, .hop_limit = 64, .flow_label = 0xffffffffu }, .port_num = 1 };
 	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN))
 		die("modify UC RTR");
+	struct ibv_qp_attr q;
+	struct ibv_qp_init_attr qi;
+	if (ibv_query_qp(s->qp, &q, IBV_QP_AV, &qi))
+		die("ibv_query_qp UC");
+	if (q.ah_attr.grh.flow_label != 0xffffffffu || memcmp(&q.ah_attr.grh.dgid, &peer->gid, 16))
+		fail("uc", "ibv_query_qp", "the AV differs from the one set");
 	memset(&a, 0, sizeof a);
 	a.qp_state = IBV_QPS_RTS;
 	a.sq_psn = 5;
@@ -282,6 +294,52 @@ static void ud(struct side *a, struct side *b) {
 		  1);
 	check_ud_buf("data after the drops", b, a, LEN, 4);
 
+	/* Address vectors as the kernel takes them: a flow label of all ones
+	 * (UCX's ud_verbs) and an SL past 4 bits are accepted; only the low
+	 * 20 bits of the label would go into an IPv6 header, and over IPv4
+	 * there is none: the GRH is the same as above. */
+	struct ibv_ah_attr fa = aa;
+	fa.grh.flow_label = 0xffffffffu;
+	fa.sl = 0xff;
+	struct ibv_ah *af = ibv_create_ah(a->pd, &fa);
+	if (!af)
+		die("ibv_create_ah with flow_label 0xffffffff");
+	ud_recv(b, 15);
+	fill(a->buf + GUARD + GRH, LEN, 6);
+	ud_send(a, 11, af, bq, QKEY_B, a->mr->lkey);
+	expect_wc("ud", "SEND through an AH with flow_label 0xffffffff", a->cq,
+		  (struct ibv_wc){ .wr_id = 11, .opcode = IBV_WC_SEND, .qp_num = aq }, 0);
+	expect_wc("ud", "receive through an AH with flow_label 0xffffffff", b->cq,
+		  (struct ibv_wc){ .wr_id = 15, .opcode = IBV_WC_RECV, .qp_num = bq, .src_qp = aq,
+			  .wc_flags = IBV_WC_GRH, .byte_len = GRH + LEN },
+		  1);
+	check_ud_buf("data through an AH with flow_label 0xffffffff", b, a, LEN, 6);
+	if (ibv_destroy_ah(af))
+		die("ibv_destroy_ah");
+	/* The source GID index: past the table EINVAL, an empty entry
+	 * ENODATA (rdma_get_gid_attr). */
+	struct ibv_port_attr pa;
+	if (ibv_query_port(a->ctx, 1, &pa))
+		die("ibv_query_port");
+	fa = aa;
+	fa.grh.sgid_index = (uint8_t)pa.gid_tbl_len;
+	errno = 0;
+	if (ibv_create_ah(a->pd, &fa) || errno != EINVAL)
+		fail("ud", "ibv_create_ah with sgid_index gid_tbl_len", "not EINVAL");
+	for (int i = 1; i < pa.gid_tbl_len; i++) {
+		union ibv_gid g;
+		static const union ibv_gid zero;
+		if (ibv_query_gid(a->ctx, 1, i, &g))
+			die("ibv_query_gid");
+		if (memcmp(&g, &zero, sizeof g))
+			continue;
+		fa.grh.sgid_index = (uint8_t)i;
+		errno = 0;
+		if (ibv_create_ah(a->pd, &fa) || errno != ENODATA)
+			fail("ud", "ibv_create_ah with an empty sgid_index", "not ENODATA");
+		break;
+	}
+
 	/* Not a UD operation: fails to post. */
 	struct ibv_sge sg = { .addr = (uintptr_t)a->buf, .length = 8, .lkey = a->mr->lkey };
 	struct ibv_send_wr w = { .wr_id = 7, .sg_list = &sg, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE }, *bad = NULL;
@@ -373,6 +431,6 @@ int main(void) {
 			die("destroy");
 		free(s[i]->buf);
 	}
-	printf("OK ud send send_imm grh ah_from_wc qkey_drop sqe, uc write_imm\n");
+	printf("OK ud send send_imm grh ah_from_wc qkey_drop flow_label sqe, uc write_imm\n");
 	return 0;
 }
