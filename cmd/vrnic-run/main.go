@@ -11,6 +11,14 @@
 // device to list (VRNIC_DEVICE: a daemon name or a control socket path),
 // then executes PROGRAM in its own place, so that signals and the exit
 // status are the program's. -build-only prints the library's directory.
+//
+// Unless -view=false, the program runs in a mount namespace of its own
+// (and a user namespace mapping the caller's uid and gid to themselves
+// when not root) where /dev/infiniband/uverbsN and the sysfs classes
+// infiniband and infiniband_verbs describe the devices (view.go): vrnic-run
+// then starts itself there as a child, waits for it and exits as it does,
+// passing signals on. Without namespaces the program runs without the
+// view.
 package main
 
 import (
@@ -27,13 +35,17 @@ import (
 )
 
 func main() {
+	if spec := os.Getenv(stageEnv); spec != "" {
+		stage(spec)
+	}
 	fl := flag.NewFlagSet("vrnic-run", flag.ContinueOnError)
 	device := fl.String("d", "", "only this device: a daemon name or a control socket path (default: every daemon in the runtime directory)")
 	runtimeDir := fl.String("runtime-dir", "", "directory of the daemons' control sockets (default: the daemons' default)")
 	buildOnly := fl.Bool("build-only", false, "build the library if needed, print its directory and exit")
 	cacheDir := fl.String("cache-dir", "", "library cache directory (default $XDG_CACHE_HOME/vrnic or ~/.cache/vrnic)")
 	sanitize := fl.String("sanitize", "", "build the library with -fsanitize=VALUE (e.g. address,undefined; a separate cache entry)")
-	verbose := fl.Bool("v", false, "say what is built")
+	verbose := fl.Bool("v", false, "say what is built, and why the program runs without the system view")
+	view := fl.Bool("view", true, "give the program /dev/infiniband and /sys/class/infiniband{,_verbs} entries for the devices (in its own mount namespace)")
 	fl.Usage = func() {
 		fmt.Fprintf(fl.Output(), "usage: vrnic-run [flags] PROGRAM [ARGS...]\n       vrnic-run -build-only\n\n")
 		fl.PrintDefaults()
@@ -84,6 +96,17 @@ func main() {
 		env = setEnv(env, "VRNIC_DEVICE", *device)
 	}
 	args := append([]string{fl.Arg(0)}, fl.Args()[1:]...)
+	if *view {
+		want := *device
+		if want == "" {
+			want = os.Getenv("VRNIC_DEVICE")
+		}
+		spec := viewSpec{Prog: prog, Args: args, Verbose: *verbose, Devices: queryDevices(rd, want)}
+		err := runInView(spec, env)
+		if *verbose {
+			fmt.Fprintf(os.Stderr, "vrnic-run: running without the system view of the devices: %v\n", err)
+		}
+	}
 	err = syscall.Exec(prog, args, env)
 	fmt.Fprintf(os.Stderr, "vrnic-run: exec %s: %v\n", prog, err)
 	os.Exit(126)

@@ -142,6 +142,17 @@ VR_EXPORT struct ibv_device **ibv_get_device_list(int *num_devices) {
 			closedir(dh);
 		}
 	}
+	/* Sorted by name, so that a device's uverbsN is its place among the
+	 * daemons answering when first listed (vrnic-run's /dev and /sys view). */
+	for (size_t i = 1; i < np; i++)
+		for (size_t j = i; j > 0 && strcmp(names[j - 1], names[j]) > 0; j--) {
+			char *t = names[j];
+			names[j] = names[j - 1];
+			names[j - 1] = t;
+			t = paths[j];
+			paths[j] = paths[j - 1];
+			paths[j - 1] = t;
+		}
 	for (size_t i = 0; i < np; i++) {
 		if (reachable(paths[i])) {
 			struct vr_device *d = find_or_add(names[i], paths[i]);
