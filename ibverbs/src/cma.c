@@ -364,6 +364,7 @@ static struct cma_id *alloc_id(struct rdma_event_channel *ch, void *context, enu
 	id->id.context = context;
 	id->id.ps = ps;
 	id->id.qp_type = qpt;
+	id->afonly = -1;
 	if (!ch) {
 		ch = new_chan();
 		if (!ch) {
@@ -456,6 +457,9 @@ static int create_id2(struct rdma_event_channel *ch, struct rdma_cm_id **out, vo
 
 VR_EXPORT int rdma_create_id(struct rdma_event_channel *channel, struct rdma_cm_id **id, void *context,
 			     enum rdma_port_space ps) {
+	/* The kernel's ucma_get_qp_type: the port spaces it knows, else EINVAL. */
+	if (ps != RDMA_PS_TCP && ps != RDMA_PS_UDP && ps != RDMA_PS_IB && ps != RDMA_PS_IPOIB)
+		return ERRNO(EINVAL);
 	enum ibv_qp_type t = (ps == RDMA_PS_IPOIB || ps == RDMA_PS_UDP) ? IBV_QPT_UD : IBV_QPT_RC;
 	return create_id2(channel, id, context, ps, t);
 }
@@ -514,25 +518,166 @@ static uint16_t ephemeral_port(void) {
 	return (uint16_t)(32768 + rand24() % (61000 - 32768));
 }
 
+/* afonly: RDMA_OPTION_ID_AFONLY, else the kernel's default for an ID
+ * bound to an address of family (rdma_bind_addr): IPv4 only for IPv4,
+ * the bindv6only sysctl for IPv6. */
+static bool afonly(const struct cma_id *id, int family) {
+	if (id->afonly >= 0)
+		return id->afonly;
+	if (family != AF_INET6)
+		return true;
+	static int v6only = -1;
+	if (v6only < 0) {
+		int v = 0;
+		FILE *f = fopen("/proc/sys/net/ipv6/bindv6only", "re");
+		if (f) {
+			if (fscanf(f, "%d", &v) != 1)
+				v = 0;
+			fclose(f);
+		}
+		v6only = v != 0;
+	}
+	return v6only;
+}
+
+/* check_port_locked is the kernel's cma_check_port among this program's
+ * IDs bound to port in id's port space: src's address conflicts with
+ * another's (EADDRINUSE) unless both allow reuse, or both are
+ * address-family-only of different families; the wildcard address
+ * conflicts with every address of the port (EADDRNOTAVAIL). */
+static int check_port_locked(const struct cma_id *id, const struct sockaddr *src, bool reuse) {
+	uint16_t port = cma_port(src);
+	for (struct cma_id *c = g_ids; c; c = c->next) {
+		const struct sockaddr *cs = &c->id.route.addr.src_addr;
+		if (c == id || !c->bound || c->id.ps != id->id.ps || cma_port(cs) != port)
+			continue;
+		if (reuse && c->reuseaddr)
+			continue;
+		if (afonly(id, src->sa_family) && afonly(c, cs->sa_family) && src->sa_family != cs->sa_family)
+			continue;
+		if (cma_any(src) || cma_any(cs))
+			return EADDRNOTAVAIL;
+		if (cma_addr_eq(src, cs))
+			return EADDRINUSE;
+	}
+	return 0;
+}
+
+static bool port_used_locked(const struct cma_id *id, uint16_t port) {
+	for (struct cma_id *c = g_ids; c; c = c->next)
+		if (c != id && c->bound && c->id.ps == id->id.ps && cma_port(&c->id.route.addr.src_addr) == port)
+			return true;
+	return false;
+}
+
+/* bind_port gives id its source address src, as the kernel's
+ * cma_get_port: port 0 draws an ephemeral port no other ID of the port
+ * space holds (cma_alloc_any_port), another port must pass
+ * check_port_locked (cma_use_port). Privileged ports are the daemon's to
+ * refuse (its CM checks the client's credentials when it listens). */
+static int bind_port(struct cma_id *id, const struct sockaddr *src) {
+	switch (id->id.ps) {
+	case RDMA_PS_TCP:
+	case RDMA_PS_UDP:
+	case RDMA_PS_IB:
+	case RDMA_PS_IPOIB:
+		break;
+	default:
+		return EPROTONOSUPPORT; /* cma_select_ps */
+	}
+	struct sockaddr_storage a;
+	memset(&a, 0, sizeof a);
+	memcpy(&a, src, cma_addrlen(src));
+	pthread_mutex_lock(&g_mu);
+	int ret = 0;
+	if (!cma_port(src)) {
+		ret = EADDRNOTAVAIL;
+		for (int i = 0; i < 64 && ret; i++) {
+			uint16_t p = ephemeral_port();
+			if (!port_used_locked(id, p)) {
+				cma_set_port((struct sockaddr *)&a, p);
+				ret = 0;
+			}
+		}
+	} else {
+		ret = check_port_locked(id, (struct sockaddr *)&a, id->reuseaddr);
+	}
+	if (!ret) {
+		memcpy(&id->id.route.addr.src_storage, &a, sizeof a);
+		id->bound = true;
+	}
+	pthread_mutex_unlock(&g_mu);
+	return ret;
+}
+
+/* first_gid is the index of d's first GID of family, else 0. */
+static uint8_t first_gid(struct cma_dev *d, int family) {
+	uint8_t gi = 0;
+	if (dev_gid_for(d, family, &gi))
+		gi = 0;
+	return gi;
+}
+
+/* rdma_bind_addr follows the kernel's (drivers/infiniband/core/cma.c):
+ * an IPv6 link-local address needs its scope ID (cma_check_linklocal:
+ * EINVAL); the wildcard address leaves the ID without a device
+ * (cma_any_addr: a listen then listens on every device, a resolve picks
+ * one); another address binds to the device that has it as a GID
+ * (cma_acquire_dev_by_src_ip). A loopback address no device has
+ * (127.0.0.0/8, ::1; a daemon on a loopback address has its own) binds
+ * to the first device, as cma_bind_loopback does for loopback
+ * destinations, since loopback reaches every device of this host. An
+ * address of this host no device has is ENODEV (the kernel finds its
+ * net device but no RDMA device on it), any other EADDRNOTAVAIL
+ * (rdma_translate_ip finds no net device). The port follows the port
+ * space's rules (check_port). */
 VR_EXPORT int rdma_bind_addr(struct rdma_cm_id *cid, struct sockaddr *addr) {
 	struct cma_id *id = (struct cma_id *)cid;
 	socklen_t len = cma_addrlen(addr);
 	if (!id || !len || id->bound)
 		return ERRNO(EINVAL);
+	if (addr->sa_family == AF_INET6 && IN6_IS_ADDR_LINKLOCAL(&((struct sockaddr_in6 *)addr)->sin6_addr) &&
+	    !((struct sockaddr_in6 *)addr)->sin6_scope_id)
+		return ERRNO(EINVAL);
+	struct cma_dev *d = NULL;
+	uint8_t gi = 0;
 	if (!cma_any(addr)) {
-		uint8_t gi = 0;
-		struct cma_dev *d = dev_by_addr(addr, &gi);
+		d = dev_by_addr(addr, &gi);
+		if (!d && cma_loopback(addr) && g_devs) {
+			d = g_devs;
+			gi = first_gid(d, addr->sa_family);
+		}
 		if (!d)
-			return ERRNO(EADDRNOTAVAIL);
+			return ERRNO(cma_local_addr(addr) ? ENODEV : EADDRNOTAVAIL);
+	}
+	struct sockaddr_storage src;
+	memset(&src, 0, sizeof src);
+	memcpy(&src, addr, len);
+	int ret = bind_port(id, (struct sockaddr *)&src);
+	if (ret)
+		return ERRNO(ret);
+	if (d) {
 		set_dev(id, d);
 		id->sgid_index = gi;
 	}
-	memset(&id->id.route.addr.src_storage, 0, sizeof id->id.route.addr.src_storage);
-	memcpy(&id->id.route.addr.src_storage, addr, len);
-	if (!cma_port(addr))
-		cma_set_port(&id->id.route.addr.src_addr, ephemeral_port());
-	id->bound = true;
 	return 0;
+}
+
+/* roce_port_taken: some socket (a daemon's UDP link) holds the RoCE v2
+ * port, 4791, at a's address. */
+static bool roce_port_taken(const struct sockaddr *a) {
+	int saved = errno, s = socket(a->sa_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	bool taken = false;
+	if (s >= 0) {
+		struct sockaddr_storage b;
+		memset(&b, 0, sizeof b);
+		memcpy(&b, a, cma_addrlen(a));
+		cma_set_port((struct sockaddr *)&b, 4791);
+		taken = bind(s, (struct sockaddr *)&b, cma_addrlen(a)) != 0 && errno == EADDRINUSE;
+		close(s);
+	}
+	errno = saved; /* a probe: the caller's errno is not its business */
+	return taken;
 }
 
 /* route_source asks the kernel which local address it would use to reach
@@ -566,21 +711,36 @@ VR_EXPORT int rdma_resolve_addr(struct rdma_cm_id *cid, struct sockaddr *src_add
 	socklen_t dlen = cma_addrlen(dst_addr);
 	if (!id || !dlen || (src_addr && !cma_addrlen(src_addr)))
 		return ERRNO(EINVAL);
-	uint16_t port = id->bound ? cma_port(&id->id.route.addr.src_addr) : 0;
-	if (src_addr && !id->bound) {
-		if (rdma_bind_addr(cid, src_addr))
+	/* As the kernel's cma_bind_addr: an unbound ID is bound first, to
+	 * the source address or the wildcard address of the destination's
+	 * family, which gives it its port. */
+	if (!id->bound) {
+		struct sockaddr_storage any;
+		memset(&any, 0, sizeof any);
+		any.ss_family = dst_addr->sa_family;
+		if (rdma_bind_addr(cid, src_addr ? src_addr : (struct sockaddr *)&any))
 			return -1;
-		port = cma_port(&id->id.route.addr.src_addr);
 	}
+	uint16_t port = cma_port(&id->id.route.addr.src_addr);
 	struct cma_dev *d = id->dev;
 	uint8_t gi = id->sgid_index;
+	struct cma_dev *dst_dev = dev_by_addr(dst_addr, NULL);
+	/* A loopback destination that is no daemon's address (none of ours,
+	 * and nothing holds the RoCE v2 port there: daemons of other
+	 * programs' devices run on loopback addresses too) is this host, as
+	 * the kernel's cma_resolve_loopback: the ID's device, else the
+	 * first (cma_bind_loopback), and the destination GID is that
+	 * device's own. */
+	bool loop = !dst_dev && cma_loopback(dst_addr) && !roce_port_taken(dst_addr);
+	if (!d && loop)
+		d = g_devs;
 	if (!d) {
 		struct sockaddr_storage rs;
 		if (route_source(dst_addr, &rs))
 			d = dev_by_addr((struct sockaddr *)&rs, &gi);
 	}
 	if (!d)
-		d = dev_by_addr(dst_addr, &gi); /* the destination is this host's own device */
+		d = dst_dev; /* the destination is this host's own device */
 	if (!d && g_devs && !g_devs->next)
 		d = g_devs; /* one device: it is the one */
 	if (!d || dev_gid_for(d, dst_addr->sa_family, &gi))
@@ -591,10 +751,14 @@ VR_EXPORT int rdma_resolve_addr(struct rdma_cm_id *cid, struct sockaddr *src_add
 	struct sockaddr_storage src;
 	cma_gid_to_addr(&d->gids[gi], &src);
 	cma_set_port((struct sockaddr *)&src, port ? port : ephemeral_port());
+	pthread_mutex_lock(&g_mu); /* check_port_locked reads it */
 	memcpy(&id->id.route.addr.src_storage, &src, sizeof src);
+	pthread_mutex_unlock(&g_mu);
 	memset(&id->id.route.addr.dst_storage, 0, sizeof id->id.route.addr.dst_storage);
 	memcpy(&id->id.route.addr.dst_storage, dst_addr, dlen);
 	fill_ibaddr(id);
+	if (loop)
+		id->id.route.addr.addr.ibaddr.dgid = d->gids[gi];
 	if (!id->handle) {
 		uint32_t h = 0;
 		int ret = create_handle(d, id->id.qp_type, &h);
@@ -990,8 +1154,24 @@ VR_EXPORT int rdma_connect(struct rdma_cm_id *cid, struct rdma_conn_param *p) {
 
 VR_EXPORT int rdma_listen(struct rdma_cm_id *cid, int backlog) {
 	struct cma_id *id = (struct cma_id *)cid;
-	if (!id || !id->bound || id->nlistens)
+	if (!id || id->nlistens || id->handle)
 		return ERRNO(EINVAL);
+	/* The kernel's rdma_listen binds an unbound ID to the IPv4 wildcard
+	 * address, and a listener allowing reuse must still be alone on its
+	 * address (cma_check_port without reuse). */
+	if (!id->bound) {
+		struct sockaddr_in any = { .sin_family = AF_INET };
+		if (rdma_bind_addr(cid, (struct sockaddr *)&any))
+			return -1;
+	} else if (id->reuseaddr) {
+		pthread_mutex_lock(&g_mu);
+		int r = check_port_locked(id, &id->id.route.addr.src_addr, false);
+		if (!r)
+			id->reuseaddr = false;
+		pthread_mutex_unlock(&g_mu);
+		if (r)
+			return ERRNO(r);
+	}
 	int n = 0;
 	for (struct cma_dev *d = g_devs; d; d = d->next)
 		n++;
@@ -1175,8 +1355,21 @@ VR_EXPORT int rdma_set_option(struct rdma_cm_id *cid, int level, int optname, vo
 		id->tos_set = true;
 		return 0;
 	case RDMA_OPTION_ID_REUSEADDR:
+		/* rdma_set_reuseaddr: before a bind, or on when not listening. */
+		if (optlen != sizeof(int))
+			return ERRNO(EINVAL);
+		if (id->bound && (!*(int *)optval || id->nlistens))
+			return ERRNO(EINVAL);
+		id->reuseaddr = *(int *)optval != 0;
+		return 0;
 	case RDMA_OPTION_ID_AFONLY:
-		return optlen == sizeof(int) ? 0 : ERRNO(EINVAL);
+		/* rdma_set_afonly: idle or bound only. */
+		if (optlen != sizeof(int))
+			return ERRNO(EINVAL);
+		if (id->nlistens || id->handle)
+			return ERRNO(EINVAL);
+		id->afonly = *(int *)optval != 0;
+		return 0;
 	case RDMA_OPTION_ID_ACK_TIMEOUT:
 		if (optlen != sizeof(uint8_t) || *(uint8_t *)optval > 31)
 			return ERRNO(EINVAL);

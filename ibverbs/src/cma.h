@@ -86,7 +86,9 @@ struct cma_id {
 	struct cma_listen *listens;
 	int nlistens;
 	bool sync;
-	bool bound;
+	bool bound;               /* it owns its source port in its port space */
+	bool reuseaddr;           /* RDMA_OPTION_ID_REUSEADDR */
+	int8_t afonly;            /* RDMA_OPTION_ID_AFONLY: -1 unset */
 	bool connected_once;      /* a CONNECT_REQUEST or CONNECT sent: the CM has attributes */
 	bool swallow_established; /* the daemon's ESTABLISHED was reported from CONNECT_RESPONSE */
 	bool freeing;
@@ -120,6 +122,9 @@ VR_HIDDEN int cma_complete(struct cma_id *id);
 /* cma_addr.c */
 VR_HIDDEN socklen_t cma_addrlen(const struct sockaddr *a);
 VR_HIDDEN bool cma_any(const struct sockaddr *a);
+VR_HIDDEN bool cma_loopback(const struct sockaddr *a);
+VR_HIDDEN bool cma_local_addr(const struct sockaddr *a);
+VR_HIDDEN bool cma_addr_eq(const struct sockaddr *a, const struct sockaddr *b);
 VR_HIDDEN uint16_t cma_port(const struct sockaddr *a); /* host order */
 VR_HIDDEN void cma_set_port(struct sockaddr *a, uint16_t port);
 VR_HIDDEN void cma_addr_to_gid(const struct sockaddr *a, union ibv_gid *g);

@@ -8,6 +8,8 @@
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 socklen_t cma_addrlen(const struct sockaddr *a) {
 	if (!a)
@@ -28,6 +30,46 @@ bool cma_any(const struct sockaddr *a) {
 	if (a->sa_family == AF_INET6)
 		return IN6_IS_ADDR_UNSPECIFIED(&((const struct sockaddr_in6 *)a)->sin6_addr);
 	return true;
+}
+
+/* cma_loopback is the kernel's cma_loopback_addr: 127.0.0.0/8 or ::1. */
+bool cma_loopback(const struct sockaddr *a) {
+	if (a->sa_family == AF_INET)
+		return (ntohl(((const struct sockaddr_in *)a)->sin_addr.s_addr) >> 24) == 127;
+	if (a->sa_family == AF_INET6)
+		return IN6_IS_ADDR_LOOPBACK(&((const struct sockaddr_in6 *)a)->sin6_addr);
+	return false;
+}
+
+/* cma_local_addr: a is an address of this host (a socket can bind to
+ * it). */
+bool cma_local_addr(const struct sockaddr *a) {
+	int saved = errno, s = socket(a->sa_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	bool ok = false;
+	if (s >= 0) {
+		struct sockaddr_storage b;
+		memset(&b, 0, sizeof b);
+		memcpy(&b, a, cma_addrlen(a));
+		cma_set_port((struct sockaddr *)&b, 0);
+		ok = bind(s, (struct sockaddr *)&b, cma_addrlen(a)) == 0;
+		close(s);
+	}
+	errno = saved;
+	return ok;
+}
+
+/* cma_addr_eq compares the addresses (not the ports), as the kernel's
+ * cma_addr_cmp. */
+bool cma_addr_eq(const struct sockaddr *a, const struct sockaddr *b) {
+	if (a->sa_family != b->sa_family)
+		return false;
+	if (a->sa_family == AF_INET)
+		return ((const struct sockaddr_in *)a)->sin_addr.s_addr ==
+		       ((const struct sockaddr_in *)b)->sin_addr.s_addr;
+	if (a->sa_family == AF_INET6)
+		return IN6_ARE_ADDR_EQUAL(&((const struct sockaddr_in6 *)a)->sin6_addr,
+					  &((const struct sockaddr_in6 *)b)->sin6_addr);
+	return false;
 }
 
 uint16_t cma_port(const struct sockaddr *a) {
@@ -125,13 +167,16 @@ VR_EXPORT void rdma_freeaddrinfo(struct rdma_addrinfo *res) {
 }
 
 /* rdma_getaddrinfo resolves node and service with getaddrinfo(3). With
- * RAI_PASSIVE the address is the source (to bind); otherwise it is the
- * destination, and the hints' source address (if any) is copied. The
+ * RAI_PASSIVE the address is the source (to bind: "localhost" gives a
+ * loopback address, which binds to a device, and no node the wildcard
+ * address); otherwise it is the destination, and the hints' source
+ * address (if any) is copied. Without node and service the hints'
+ * addresses are the answer, as librdmacm's (EINVAL without hints). The
  * port space follows the hints, else the QP type (UD: RDMA_PS_UDP, else
  * RDMA_PS_TCP). */
 VR_EXPORT int rdma_getaddrinfo(const char *node, const char *service, const struct rdma_addrinfo *hints,
 			       struct rdma_addrinfo **res) {
-	if (!res || (!node && !service && !(hints && (hints->ai_src_addr || hints->ai_dst_addr)))) {
+	if (!res || (!node && !service && !hints)) {
 		errno = EINVAL;
 		return -1;
 	}

@@ -521,11 +521,20 @@ func sanitized(t *testing.T, p *pair, prog string) func(name string, env []strin
 // the test's temporary directory; it skips when libibverbs-dev is missing.
 func buildC(t *testing.T, src string, flags ...string) string {
 	t.Helper()
+	return buildCLibs(t, src, []string{"-libverbs"}, flags...)
+}
+
+// buildCLibs is buildC linking libs (e.g. -lrdmacm -libverbs); it skips
+// when a header of libibverbs-dev or librdmacm-dev is missing.
+func buildCLibs(t *testing.T, src string, libs []string, flags ...string) string {
+	t.Helper()
 	cc := testenv.NeedTool(t, "cc")
 	prog := filepath.Join(t.TempDir(), strings.TrimSuffix(src, ".c"))
 	args := append([]string{"-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", "-g", "-o", prog}, flags...)
-	out, err := exec.Command(cc, append(args, filepath.Join("testdata", src), "-libverbs")...).CombinedOutput()
+	args = append(append(args, filepath.Join("testdata", src)), libs...)
+	out, err := exec.Command(cc, args...).CombinedOutput()
 	testenv.Need(t, err == nil || !strings.Contains(string(out), "infiniband/verbs.h"), "libibverbs-dev not installed")
+	testenv.Need(t, err == nil || !strings.Contains(string(out), "rdma/rdma_cma.h"), "librdmacm-dev not installed")
 	require.NoError(t, err, "%s", out)
 	return prog
 }

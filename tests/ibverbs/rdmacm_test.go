@@ -302,3 +302,36 @@ func TestRdmaCMReadDepth(t *testing.T) {
 		}
 	}
 }
+
+// TestRdmaCMBind builds testdata/rdmacm_bind.c, an rdma_cm program, and
+// runs it through vrnic-run (plain, then with ASan and UBSan on the
+// sanitized libraries) with both daemons' addresses: binding to the
+// wildcard address leaves the ID without a device (and listens), a
+// daemon's own loopback address binds to its device and another loopback
+// address to the first device (id->verbs set), rdma_getaddrinfo("localhost"
+// or no node, RAI_PASSIVE) gives an address that binds and listens, a
+// client on the other device connects and one SEND goes each way, a
+// client reaches a listener on a loopback address no daemon has through
+// that address; bad addresses and port conflicts fail with the kernel's
+// errno.
+func TestRdmaCMBind(t *testing.T) {
+	p := startPair(t)
+	const want = "OK errors wildcard loopback passive send loopback-connect\n"
+	libs := []string{"-lrdmacm", "-libverbs"}
+	args := []string{p.addr[0].String(), p.addr[1].String()}
+	t.Run("plain", func(t *testing.T) {
+		prog := buildCLibs(t, "rdmacm_bind.c", libs)
+		got, err := p.run(t, 60*time.Second, append([]string{prog}, args...)...)
+		require.NoError(t, err, "%s\n%s", got, p.daemonLogs())
+		assert.Equal(t, want, got)
+	})
+	t.Run("sanitized", func(t *testing.T) {
+		prog := buildCLibs(t, "rdmacm_bind.c", libs, sanitizers...)
+		got, err := p.runEnv(t, 120*time.Second, sanitizerEnv, append([]string{"-sanitize", "address,undefined", prog}, args...)...)
+		require.NoError(t, err, "%s\n%s", got, p.daemonLogs())
+		assert.Equal(t, want, got)
+	})
+	for _, s := range []string{admin.SocketPath(p.dir, "a"), admin.SocketPath(p.dir, "b")} {
+		require.NoError(t, cmprogs.WaitNoCMIDs(s, 30*time.Second))
+	}
+}
