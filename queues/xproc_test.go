@@ -513,13 +513,18 @@ func checkClientSyscalls(t testing.TB, res xprocResult) {
 	}
 	bound := maxRuntimeSyscalls(res.loop)
 	assert.LessOrEqual(t, extra, bound, "system calls besides the kicks over a %v posting loop", res.loop)
-	if !raceEnabled && res.consumed >= 100_000 {
+	rate := float64(res.consumed) / res.loop.Seconds()
+	if !raceEnabled && res.consumed >= 100_000 && rate >= 100_000 {
 		// Per WQE: about one call per 10 ms of posting stays under 1e-3
 		// per WQE at any posting rate above 100 k WQE/s, far less than
-		// this loop posts without -race. (In a shorter run one preemption
-		// dominates the ratio; the bound above still holds there. Under
-		// -race posting is much slower, so the ratio is too.)
+		// this loop posts without -race on a quiet machine. (In a shorter
+		// run one preemption dominates the ratio; under -race, or next
+		// to CPU hogs that slow posting below 100 k WQE/s, the runtime's
+		// calls per WQE grow with the time per WQE: the bound per unit
+		// of time above is the one that holds there.)
 		assert.Less(t, float64(extra)/float64(res.consumed), 1e-3, "runtime system calls per WQE")
+	} else if !raceEnabled {
+		t.Logf("posting at %.0f WQE/s: runtime calls checked per unit of time only (%d)", rate, extra)
 	}
 }
 
