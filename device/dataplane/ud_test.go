@@ -88,6 +88,7 @@ func TestDataPlaneUD(t *testing.T) {
 			assert.Equal(t, uint32(0x01020304), c.ImmOrInv)
 		}
 		assert.Equal(t, wantFlags, c.WCFlags)
+		assert.Equal(t, uint8(0xa), c.SL, "SL: RoCE v2 over IPv4")
 		buf := b.buf.Bytes[i*slot:]
 		assert.Equal(t, make([]byte, 20), buf[:20], "GRH: 20 zero bytes before the IPv4 header")
 		ip := roce.IPv4(buf[20:40])

@@ -128,6 +128,8 @@ func TestUDSendRecv(t *testing.T) {
 					assert.Equal(t, a.qpn, c.SrcQP)
 					assert.Equal(t, b.qpn, c.QPNum)
 					assert.NotZero(t, c.WCFlags&abi.WCGRH)
+					// The RoCE packet type, as ConnectX reports it (udGRH).
+					assert.Equal(t, map[string]uint8{"ipv4": 0xa, "ipv6": 0x9}[fam.name], c.SL, "SL")
 					if i == 2 {
 						assert.Equal(t, abi.WCGRH|abi.WCWithImm, c.WCFlags)
 						assert.Equal(t, uint32(0xdeadbeef), c.ImmOrInv)

@@ -157,7 +157,7 @@ func (w *worker) inputUD(qp *QP, pkt *roce.Packet, frameLen int, from netip.Addr
 		return
 	}
 	grh := w.grh[:]
-	w.udGRH(grh, pkt, frameLen, from)
+	sl := w.udGRH(grh, pkt, frameLen, from)
 	mem := qp.cfg.Mem
 	if err = mem.Scatter(r.rqe.SGEs, 0, grh); err == nil && len(pkt.Payload) > 0 {
 		err = mem.Scatter(r.rqe.SGEs, roce.GRHLen, pkt.Payload)
@@ -176,7 +176,7 @@ func (w *worker) inputUD(qp *QP, pkt *roce.Packet, frameLen int, from netip.Addr
 	}
 	c := &w.cqe
 	*c = abi.CQE{WrID: r.rqe.WrID, Status: abi.WCSuccess, Opcode: abi.WCRecv, QPNum: qp.qpn,
-		ByteLen: uint32(roce.GRHLen + len(pkt.Payload)), WCFlags: flags, ImmOrInv: imm, SrcQP: pkt.DETH.SrcQP()}
+		ByteLen: uint32(roce.GRHLen + len(pkt.Payload)), WCFlags: flags, ImmOrInv: imm, SrcQP: pkt.DETH.SrcQP(), SL: sl}
 	qp.pushRecv(c, pkt.BTH.SE())
 	w.busy = true
 }
@@ -190,15 +190,24 @@ func (w *worker) inputUD(qp *QP, pkt *roce.Packet, frameLen int, from netip.Addr
 // datagram says (addresses, length) with the values vrnic sends with (TTL
 // or hop limit 64, traffic class 0, identification 0, don't fragment,
 // flow label 0) and a valid checksum.
-func (w *worker) udGRH(grh []byte, pkt *roce.Packet, frameLen int, from netip.AddrPort) {
+//
+// It returns the completion's SL: the RoCE packet type, as ConnectX
+// reports it in a UD receive's SL (annex A17.4.5.1 asks the CQE to say
+// whether the frame was IPv4 or IPv6; mlx5's CQE says it there): bit 3
+// set for a frame with a UDP header (RoCE v2), bits 2:0 the L3 header, 1
+// IPv6, 2 IPv4. UCX's ud_verbs up to 1.17 reads it to find the
+// destination GID in the GRH and silently drops every packet when it is
+// 0, as rxe leaves it (UCX_UD_ETH_DGID_CHECK); for a RoCE v2 port the SL
+// carries no priority, so nothing else is lost.
+func (w *worker) udGRH(grh []byte, pkt *roce.Packet, frameLen int, from netip.AddrPort) (sl uint8) {
 	clear(grh)
 	switch {
 	case pkt.IPv4 != nil:
 		copy(grh[roce.GRHLen-roce.IPv4HeaderLen:], pkt.IPv4[:roce.IPv4HeaderLen])
-		return
+		return slRoCEv2IPv4
 	case pkt.IPv6 != nil:
 		copy(grh, pkt.IPv6[:roce.IPv6HeaderLen])
-		return
+		return slRoCEv2IPv6
 	}
 	src, dst := from.Addr().Unmap(), w.local.Addr().Unmap()
 	udpLen := roce.UDPHeaderLen + frameLen
@@ -207,12 +216,19 @@ func (w *worker) udGRH(grh []byte, pkt *roce.Packet, frameLen int, from netip.Ad
 			TotalLength: uint16(roce.IPv4HeaderLen + udpLen), FlagsFragment: roce.IPv4FlagDF,
 			TTL: 64, Protocol: roce.ProtocolUDP, Src: src.As4(), Dst: dst.As4(),
 		})
-		return
+		return slRoCEv2IPv4
 	}
 	roce.IPv6(grh).Encode(&roce.IPv6Fields{
 		PayloadLength: uint16(udpLen), NextHeader: roce.ProtocolUDP, HopLimit: 64, Src: src.As16(), Dst: dst.As16(),
 	})
+	return slRoCEv2IPv6
 }
+
+// The SL of a UD receive completion (udGRH).
+const (
+	slRoCEv2IPv6 = 0x8 | 0x1
+	slRoCEv2IPv4 = 0x8 | 0x2
+)
 
 // ucRx handles one packet for UC QP qp (see the file comment).
 func (qp *QP) ucRx(p *packet) {
