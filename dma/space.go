@@ -30,7 +30,7 @@ type Config struct {
 	// 1<<24: a key is index<<8 | variant). Index 0 is never used, so
 	// key 0 never names an MR.
 	MaxMRs int
-	// MaxRegionsPerOwner bounds host memory regions per owner (default 64).
+	// MaxRegionsPerOwner bounds host memory regions per owner (default 4096).
 	MaxRegionsPerOwner int
 	// MaxRegionBytes bounds one region (default and maximum 1<<40).
 	MaxRegionBytes uint64
@@ -57,7 +57,7 @@ type Config struct {
 const (
 	defaultMaxMRs     = 1 << 16
 	maxMRs            = 1 << 24
-	defaultMaxRegions = 64
+	defaultMaxRegions = 4096
 	defaultMaxPages   = 1 << 20
 	maxRegionBytes    = 1 << 40
 	maxMRBytes        = abi.MaxMRSize

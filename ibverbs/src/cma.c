@@ -1146,6 +1146,7 @@ VR_EXPORT int rdma_connect(struct rdma_cm_id *cid, struct rdma_conn_param *p) {
 	if (ret)
 		return ERRNO(ret);
 	id->connected_once = true;
+	id->active = true;
 	ret = cm_call(d, VRNIC_CMD_CM_CONNECT, &c, sizeof c, NULL, 0);
 	if (ret)
 		return ERRNO(ret);
@@ -1327,7 +1328,16 @@ VR_EXPORT int rdma_establish(struct rdma_cm_id *cid) {
 	struct cma_id *id = (struct cma_id *)cid;
 	if (!id || id->id.qp)
 		return ERRNO(EINVAL);
+	/* The active side's RTU raises no event in the kernel's rdma_cm
+	 * (ib_send_cm_rtu; cma_ib_handler reports ESTABLISHED only to the
+	 * passive side, or from the REP when the ID has a QP): the daemon's
+	 * ESTABLISHED that follows is not reported. UCX's rdmacm CM takes an
+	 * ESTABLISHED on its client as a server's and aborts. */
+	if (id->active)
+		id->swallow_established = true;
 	int ret = establish(id);
+	if (ret && id->active)
+		id->swallow_established = false;
 	return ret ? ERRNO(ret) : 0;
 }
 

@@ -90,6 +90,7 @@ struct cma_id {
 	bool reuseaddr;           /* RDMA_OPTION_ID_REUSEADDR */
 	int8_t afonly;            /* RDMA_OPTION_ID_AFONLY: -1 unset */
 	bool connected_once;      /* a CONNECT_REQUEST or CONNECT sent: the CM has attributes */
+	bool active;              /* rdma_connect called: the active side */
 	bool swallow_established; /* the daemon's ESTABLISHED was reported from CONNECT_RESPONSE */
 	bool freeing;
 	uint8_t sgid_index;
