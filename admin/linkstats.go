@@ -58,4 +58,8 @@ type TAPQueueStats struct {
 	RxGSO       uint64 `json:"rx_gso"`
 	RxGSOFrames uint64 `json:"rx_gso_frames"`
 	RxBad       uint64 `json:"rx_bad"`
+	// Frames the device sent to its own MAC (one of its QPs to another),
+	// delivered inside the link, and those dropped for a full queue.
+	LoopFrames  uint64 `json:"loop_frames"`
+	LoopDropped uint64 `json:"loop_dropped"`
 }

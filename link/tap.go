@@ -61,6 +61,8 @@ type TAPCounters struct {
 	RxGSO       atomic.Uint64 // segmented packets read
 	RxGSOFrames atomic.Uint64 // the frames cut from them
 	RxBad       atomic.Uint64 // reads dropped: bad virtio-net header or segmented packet
+	LoopFrames  atomic.Uint64 // frames to the device's own MAC, delivered by the link itself
+	LoopDropped atomic.Uint64 // of those, dropped: the owning port's loopback queue was full
 }
 
 // TAPQueueStats is a snapshot of one port's counters: the operator's type
@@ -82,6 +84,27 @@ type TAPLink struct {
 
 	offload   atomic.Pointer[string] // the offload's state, for the stats
 	refusedMu sync.Once              // logs the first refused segmented write
+
+	// mac is the device's MAC (hasMAC false over fake queues): a frame
+	// sent to it is for one of the device's own QPs and never reaches
+	// the kernel (loopback).
+	mac    tap.MAC
+	hasMAC bool
+}
+
+// loopCap bounds a port's loopback queue, as a NIC's internal loopback
+// path has a bounded buffer: beyond it a frame is dropped (and counted),
+// and RC retransmits it.
+const loopCap = 512
+
+// loopQueue is a port's queue of frames another port (or itself) sent to
+// the device's own MAC, in the order sent, with the empty buffers it
+// reuses (allocated on first use, at most loopCap in all).
+type loopQueue struct {
+	mu     sync.Mutex
+	frames [][]byte
+	free   [][]byte
+	bufs   int // buffers allocated
 }
 
 // TAPPort is one worker's queue; it implements the engine's Link.
@@ -118,6 +141,8 @@ type TAPPort struct {
 	sizes []int
 	gso   *tapGSO // nil without the offload
 
+	loop loopQueue
+
 	Counters TAPCounters
 }
 
@@ -142,6 +167,7 @@ func NewTAP(dev *tap.Device, cfg TAPConfig) (*TAPLink, error) {
 		return nil, err
 	}
 	l.dev = dev
+	l.mac, l.hasMAC = dev.MAC(), true
 	uso, msg := dev.Offload()
 	if uso {
 		for i, p := range l.ports {
@@ -224,7 +250,7 @@ func (l *TAPLink) Stats() []TAPQueueStats {
 			RxOther: c.RxOther.Load(), RxMisqueued: c.RxMisqueued.Load(), ReadErrors: c.ReadErrors.Load(),
 			TxFrames: c.TxFrames.Load(), TxBytes: c.TxBytes.Load(), TxErrors: c.TxErrors.Load(), Wakeups: c.Wakeups.Load(),
 			TxGSO: c.TxGSO.Load(), TxGSOFrames: c.TxGSOFrames.Load(), RxGSO: c.RxGSO.Load(), RxGSOFrames: c.RxGSOFrames.Load(),
-			RxBad: c.RxBad.Load(),
+			RxBad: c.RxBad.Load(), LoopFrames: c.LoopFrames.Load(), LoopDropped: c.LoopDropped.Load(),
 		}
 	}
 	return out
@@ -353,12 +379,45 @@ func roceDestQP(frame []byte) (uint32, bool) {
 	return roce.BTH(ip[ihl+roce.UDPHeaderLen:]).DestQP(), true
 }
 
-// RecvBatch implements the engine's Link: it reads up to len(frames)
-// queued frames (at most Batch) into the slots' own buffers and returns
-// the RoCE v2 frames of this queue's QPs in frames[:n], in arrival order;
-// the other slots keep their buffers at full length. It never blocks.
-// Frames are whole Ethernet frames: peers is not written (may be nil).
+// RecvBatch implements the engine's Link: it returns the frames waiting
+// in the port's loopback queue (sent by the device to itself, see
+// SendBatch), then reads up to len(frames) queued frames (at most Batch)
+// into the slots' own buffers and returns the RoCE v2 frames of this
+// queue's QPs in frames[:n], in arrival order; the other slots keep their
+// buffers at full length. It never blocks. Frames are whole Ethernet
+// frames: peers is not written (may be nil).
 func (p *TAPPort) RecvBatch(frames [][]byte, _ []netip.AddrPort) (int, error) {
+	k := p.recvLoop(frames)
+	if k == len(frames) {
+		return k, nil
+	}
+	n, err := p.recvKernel(frames[k:])
+	return k + n, err
+}
+
+// recvLoop moves up to len(frames) frames of the loopback queue into
+// frames[:k] by exchange (each slot's empty buffer goes to the queue's
+// free list) and returns k.
+func (p *TAPPort) recvLoop(frames [][]byte) int {
+	q := &p.loop
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	k := min(len(frames), len(q.frames))
+	for i := range k {
+		f := q.frames[i]
+		q.free = append(q.free, frames[i][:cap(frames[i])])
+		frames[i] = f
+		p.Counters.RxFrames.Add(1)
+		p.Counters.RxBytes.Add(uint64(len(f)))
+	}
+	n := copy(q.frames, q.frames[k:])
+	clear(q.frames[n:])
+	q.frames = q.frames[:n]
+	return k
+}
+
+// recvKernel reads the queue (RecvBatch).
+func (p *TAPPort) recvKernel(frames [][]byte) (int, error) {
 	want := min(len(frames), len(p.sizes))
 	for i := range want {
 		if cap(frames[i]) < p.fcap {
@@ -397,7 +456,76 @@ func (p *TAPPort) RecvBatch(frames [][]byte, _ []netip.AddrPort) (int, error) {
 // kernel refuses is dropped and counted (TxErrors) so one bad frame cannot
 // stall the worker; after Close it fails with ErrTAPClosed. Frames are
 // whole Ethernet frames: peers is not read (may be nil).
+//
+// A frame to the device's own MAC (a QP sending to another QP of the same
+// device, which Neighbors resolves to that MAC) never reaches the kernel:
+// a bridge does not send a frame back out of the port it came in on. It
+// is copied into the loopback queue of the port that owns its destination
+// QP (the queue the steering program would have chosen), whose worker is
+// woken, as an RNIC loops such packets back inside the adapter.
 func (p *TAPPort) SendBatch(frames [][]byte, _ []netip.AddrPort) (int, error) {
+	if !p.link.hasMAC {
+		return p.sendKernel(frames)
+	}
+	sent := 0
+	for sent < len(frames) {
+		if p.isOwn(frames[sent]) {
+			p.loopback(frames[sent])
+			sent++
+			continue
+		}
+		j := sent + 1
+		for j < len(frames) && !p.isOwn(frames[j]) {
+			j++
+		}
+		n, err := p.sendKernel(frames[sent:j])
+		sent += n
+		if err != nil || sent < j {
+			return sent, err
+		}
+	}
+	return sent, nil
+}
+
+// isOwn tells whether frame is addressed to the device's own MAC.
+func (p *TAPPort) isOwn(frame []byte) bool {
+	return len(frame) >= len(p.link.mac) && tap.MAC(frame[:len(p.link.mac)]) == p.link.mac
+}
+
+// loopback queues a copy of frame on the port owning its destination QP
+// and wakes that port's worker; a frame that is not RoCE v2, or finds the
+// queue full, is dropped and counted.
+func (p *TAPPort) loopback(frame []byte) {
+	p.Counters.LoopFrames.Add(1)
+	qpn, ok := roceDestQP(frame)
+	if !ok || len(frame) > p.fcap {
+		p.Counters.LoopDropped.Add(1)
+		return
+	}
+	dst := p.link.ports[roce.SteerQueue(qpn, p.nq)]
+	q := &dst.loop
+	q.mu.Lock()
+	var b []byte
+	switch {
+	case len(q.free) > 0:
+		b = q.free[len(q.free)-1]
+		q.free = q.free[:len(q.free)-1]
+	case q.bufs < loopCap:
+		b = make([]byte, dst.fcap)
+		q.bufs++
+	default:
+		q.mu.Unlock()
+		p.Counters.LoopDropped.Add(1)
+		return
+	}
+	b = b[:copy(b[:cap(b)], frame)]
+	q.frames = append(q.frames, b)
+	q.mu.Unlock()
+	dst.signal()
+}
+
+// sendKernel writes frames to the queue (SendBatch).
+func (p *TAPPort) sendKernel(frames [][]byte) (int, error) {
 	if p.gso != nil {
 		return p.sendOffload(frames)
 	}

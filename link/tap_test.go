@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vrnic/vrnic/roce"
+	"github.com/vrnic/vrnic/tap"
 	"go.uber.org/goleak"
 )
 
@@ -476,4 +477,36 @@ func TestTAPNoAllocation(t *testing.T) {
 	}
 	allocs := testing.AllocsPerRun(200, round)
 	assert.Zero(t, allocs)
+}
+
+// TestTAPLoopback: frames to the device's own MAC never reach the kernel;
+// they are delivered, in order and intact, to the port owning their
+// destination QP (whose worker Ready wakes), between the frames that do
+// go out; a full loopback queue drops and counts.
+func TestTAPLoopback(t *testing.T) {
+	l, fqs, _ := newFakeTAPLink(t, 2, TAPConfig{})
+	l.mac, l.hasMAC = tap.MAC(tapPath(false).DstMAC), true
+	toSelf := func(qpn, psn uint32) []byte { return roceFrameFor(t, qpn, psn, 64, false) }
+	away := roceFrameFor(t, qpnOnQueue(0, 2, 0), 9, 64, false)
+	away[5] = 0x77 // another host's MAC
+	q1a, q1b, q0 := toSelf(qpnOnQueue(1, 2, 0), 1), toSelf(qpnOnQueue(1, 2, 1), 2), toSelf(qpnOnQueue(0, 2, 0), 3)
+	require.NotEqual(t, l.mac, tap.MAC(away[:6]))
+
+	p0 := l.Ports()[0]
+	n, err := p0.SendBatch([][]byte{q1a, away, q0, q1b}, nil)
+	require.NoError(t, err)
+	assert.Equal(t, 4, n)
+	assert.Equal(t, [][]byte{away}, fqs[0].out, "only the frame to another MAC reaches the kernel")
+	assert.EqualValues(t, 3, p0.Counters.LoopFrames.Load())
+	assert.Equal(t, [][]byte{q1a, q1b}, recvTAP(t, l.Ports()[1], 2), "port 1 gets its QPs' frames, in order")
+	assert.Equal(t, [][]byte{q0}, recvTAP(t, p0, 1), "port 0 its own")
+
+	// Nobody reads port 1: its queue holds loopCap frames, then drops.
+	for i := range loopCap + 3 {
+		_, err := p0.SendBatch([][]byte{toSelf(qpnOnQueue(1, 2, 0), uint32(i))}, nil)
+		require.NoError(t, err)
+	}
+	assert.EqualValues(t, 3, p0.Counters.LoopDropped.Load())
+	got := recvTAP(t, l.Ports()[1], loopCap)
+	assert.Equal(t, toSelf(qpnOnQueue(1, 2, 0), loopCap-1), got[loopCap-1], "the first loopCap frames, in order")
 }

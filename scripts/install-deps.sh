@@ -18,6 +18,9 @@ pkgs=(
 	rdmacm-utils    # rping, ucmatose: the rdma_cm programs a future librdmacm must run
 	libibverbs-dev  # <infiniband/verbs.h> and libibverbs.so.1, which vrnic's libibverbs is built against
 	librdmacm-dev   # <rdma/rdma_cma.h>, for the future librdmacm stand-in
+	ucx-utils       # ucx_info, ucx_perftest, io_demo: UCX run through vrnic-run (internal/mwprogs)
+	openmpi-bin     # mpirun with pml ucx: MPI jobs across two daemons (internal/mwprogs)
+	libopenmpi-dev  # mpicc, to build the checking MPI program
 )
 
 installed() {

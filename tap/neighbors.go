@@ -144,10 +144,17 @@ func (n *Neighbors) isOurs(a netip.Addr) bool {
 
 // Lookup returns the cached MAC of ip if it is resolved and not expired.
 // It never sends and never allocates.
+//
+// One of the device's own addresses is its own MAC: a QP may address
+// another QP of the same device, as on any RNIC, and the link delivers
+// frames to its own MAC itself (link.TAPPort).
 func (n *Neighbors) Lookup(ip netip.Addr) (MAC, bool) {
 	ip = ip.Unmap()
 	n.mu.RLock()
 	defer n.mu.RUnlock()
+	if n.isOurs(ip.WithZone("")) {
+		return n.mac, true
+	}
 	e := n.cache[ip]
 	if e == nil || !e.valid || time.Now().After(e.expires) {
 		return MAC{}, false
@@ -170,6 +177,10 @@ func (n *Neighbors) Resolve(ctx context.Context, ip netip.Addr) (MAC, error) {
 	if n.closed {
 		n.mu.Unlock()
 		return MAC{}, fmt.Errorf("tap: resolve %v: %w", ip, ErrClosed)
+	}
+	if n.isOurs(ip) {
+		n.mu.Unlock()
+		return n.mac, nil // our own: no request (Lookup)
 	}
 	e := n.cache[ip]
 	if e != nil && e.valid && time.Now().Before(e.expires) {

@@ -272,3 +272,19 @@ func TestLookupDoesNotAllocate(t *testing.T) {
 	frame := l.sent()[0]
 	assert.Zero(t, testing.AllocsPerRun(1000, func() { IsNeighborFrame(frame) }))
 }
+
+// TestOwnAddressIsOwnMAC: the device's own addresses resolve to its own
+// MAC at once, with no request sent (a QP addressing a QP of the same
+// device; the link loops such frames back).
+func TestOwnAddressIsOwnMAC(t *testing.T) {
+	n, l := newTestNeighbors(NeighborConfig{})
+	for _, a := range []netip.Addr{dev4, dev6, netip.AddrFrom16(dev4.As16())} {
+		mac, ok := n.Lookup(a)
+		assert.True(t, ok, "%v", a)
+		assert.Equal(t, devMAC, mac)
+		mac, err := n.Resolve(context.Background(), a)
+		require.NoError(t, err, "%v", a)
+		assert.Equal(t, devMAC, mac)
+	}
+	assert.Empty(t, l.sent(), "nothing sent for our own addresses")
+}

@@ -1,0 +1,43 @@
+package tap
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/vrnic/vrnic/internal/mwprogs"
+)
+
+// TestUCXOverTAP runs UCX's tools and an Open MPI job (the cases of
+// internal/mwprogs) through vrnic-run between the two TAP daemons of the
+// package's topology. The programs run in the host namespace and meet on
+// 127.0.0.1 for their own out-of-band exchange (ucx_perftest, mpirun's
+// runtime); io_demo connects through UCX's rdma_cm to daemon A's TAP
+// address; their RDMA traffic crosses vtb → br0 → vta, except between
+// two ranks of one daemon (and a rank's connection to itself), which the
+// daemon's link loops back as an RNIC does (link.TAPPort.SendBatch).
+func TestUCXOverTAP(t *testing.T) {
+	tp := newTopo(t)
+	a := tp.startDaemon(t, tp.nsA, "ua", "vua", 1, nil, addrA+"/24")
+	b := tp.startDaemon(t, tp.nsB, "ub", "vub", 1, nil, addrB+"/24")
+	e := mwprogs.Env{
+		VrnicRun: filepath.Join(bin, "vrnic-run"), RunArgs: []string{"-runtime-dir", tp.dir, "-cache-dir", t.TempDir()},
+		Devs:  [2]string{"ua", "ub"},
+		Addrs: [2]string{addrA, addrB},
+		Socks: [2]string{a.sock, b.sock},
+	}
+	t.Run("ucx_info", func(t *testing.T) { mwprogs.UCXInfo(t, e) })
+	for _, tls := range []string{"rc_verbs,ud_verbs", "ud_verbs"} {
+		for _, test := range []string{"tag_lat", "tag_bw", "ucp_put_bw", "ucp_get", "stream_bw"} {
+			t.Run(tls+"/"+test, func(t *testing.T) { mwprogs.UCXPerftest(t, e, tls, test, 1000, 4096) })
+		}
+		t.Run(tls+"/io_demo", func(t *testing.T) {
+			seen := mwprogs.IODemo(t, e, tls, 500, tls == "rc_verbs,ud_verbs")
+			if tls == "rc_verbs,ud_verbs" {
+				mwprogs.SameGIDs(t, e, seen)
+			}
+		})
+	}
+	prog := mwprogs.MPIProgram(t, t.TempDir())
+	t.Run("mpi_2ranks", func(t *testing.T) { mwprogs.MPI(t, e, prog, "rc_verbs,ud_verbs", 1) })
+	t.Run("mpi_4ranks", func(t *testing.T) { mwprogs.MPI(t, e, prog, "rc_verbs,ud_verbs", 2) })
+}
