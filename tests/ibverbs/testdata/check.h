@@ -56,11 +56,17 @@ static inline int poll_wc(struct ibv_cq *cq, struct ibv_wc *wc, int ms) {
 	}
 }
 
+/* The sl of a UD receive over RoCE v2 and IPv4: bit 3 (UDP header) and L3
+ * type 2 (IPv4). */
+#define ROCE_V2_IPV4_SL 0xa
+
 /* expect_wc waits for the next completion on cq and compares it with
  * want: wr_id, status, opcode, qp_num and wc_flags always; byte_len if
  * check_len; imm_data when want.wc_flags has IBV_WC_WITH_IMM; and for a UD
- * receive (IBV_WC_GRH) src_qp and the fields a RoCE device leaves zero
- * (slid, sl, pkey_index, dlid_path_bits). wc is the completion, for the
+ * receive (IBV_WC_GRH) src_qp, the fields a RoCE device leaves zero
+ * (slid, pkey_index, dlid_path_bits) and sl, which carries the RoCE packet
+ * type as ConnectX reports it (ROCE_V2_IPV4_SL: the tests run over IPv4).
+ * wc is the completion, for the
  * caller to look at further (NULL: not wanted). */
 static inline void expect_wc_out(const char *kind, const char *what, struct ibv_cq *cq, struct ibv_wc want,
 				 int check_len, struct ibv_wc *out) {
@@ -87,6 +93,7 @@ static inline void expect_wc_out(const char *kind, const char *what, struct ibv_
 	if (want.wc_flags & IBV_WC_GRH) {
 		FIELD(src_qp, "u");
 		FIELD(slid, "u");
+		want.sl = ROCE_V2_IPV4_SL;
 		FIELD(sl, "u");
 		FIELD(pkey_index, "u");
 		FIELD(dlid_path_bits, "u");
