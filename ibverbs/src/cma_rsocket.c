@@ -114,6 +114,14 @@ struct rs {
 	bool *remote_slot_used;
 };
 
+static bool rs_trace(void) {
+	static int on = -1;
+	if (on < 0)
+		on = getenv("VRNIC_RS_TRACE") != NULL;
+	return on;
+}
+#define TRACE(...) (rs_trace() ? (void)fprintf(stderr, "rsocket: " __VA_ARGS__) : (void)0)
+
 /* ------------------------------------------------------------ the table */
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -146,6 +154,8 @@ static struct rs *lookup(int fd) {
 	if (fd >= 0 && fd < g_cap)
 		rs = g_tab[fd];
 	pthread_mutex_unlock(&g_mu);
+	if (!rs)
+		TRACE("lookup(%d): not an rsocket\n", fd);
 	return rs;
 }
 
@@ -738,6 +748,7 @@ static int finish_open(struct rs *rs, int flags) {
 	pthread_mutex_lock(&rs->mu);
 	int ret = (rs->state & RS_OPENING) ? do_connect(rs, nonblocking(rs, flags)) : 0;
 	pthread_mutex_unlock(&rs->mu);
+	TRACE("finish_open(%d) = %d errno %d state %#x\n", rs->index, ret, errno, rs->state);
 	if (ret && errno == EINPROGRESS)
 		errno = EAGAIN;
 	return ret;
@@ -846,9 +857,24 @@ VR_EXPORT int raccept(int socket, struct sockaddr *addr, socklen_t *addrlen) {
 			p.rnr_retry_count = 7;
 			n->state = RS_ACCEPTING;
 			ret = rdma_accept(cid, &p);
-			if (ret && errno == EAGAIN)
+			if (ret && errno == EAGAIN) {
+				/* Wait for the RTU here (it follows our REP at
+				 * once): a program may close the listener as
+				 * soon as accept returns, and the connection
+				 * must not depend on it. */
 				ret = 0;
-			else if (!ret) {
+				uint64_t until = now_us() + 10 * 1000000;
+				while (n->state == RS_ACCEPTING && now_us() < until) {
+					if (!connect_step(n))
+						break;
+					if (errno != EAGAIN) {
+						ret = -1;
+						break;
+					}
+					struct pollfd pf = { .fd = cm_fd(n), .events = POLLIN };
+					poll(&pf, 1, 100);
+				}
+			} else if (!ret) {
 				if (cid->event) {
 					rdma_ack_cm_event(cid->event);
 					cid->event = NULL;
@@ -872,6 +898,7 @@ VR_EXPORT int raccept(int socket, struct sockaddr *addr, socklen_t *addrlen) {
 		}
 		if (addr && addrlen)
 			rgetpeername(n->index, addr, addrlen);
+		TRACE("raccept(%d) = %d state %#x\n", socket, n->index, n->state);
 		return n->index;
 	}
 }
@@ -975,6 +1002,7 @@ VR_EXPORT ssize_t rrecv(int socket, void *buf, size_t len, int flags) {
 	} while (got < len && (flags & MSG_WAITALL) && (rs->state & RS_READABLE));
 	pthread_mutex_unlock(&rs->mu);
 	pthread_mutex_unlock(&rs->rlock);
+	TRACE("rrecv(%d, %zu, %#x) = %zd (errno %d) state %#x\n", socket, len, flags, ret && got == 0 ? (ssize_t)ret : (ssize_t)got, errno, rs->state);
 	return ret && got == 0 ? ret : (ssize_t)got;
 }
 
@@ -1004,9 +1032,15 @@ static ssize_t recvv(int socket, const struct iovec *iov, int iovcnt, int flags)
 	return ret;
 }
 
+/* A stream rsocket has no ancillary data: msg_control comes back empty
+ * (as from a TCP socket without options asking for any). */
 VR_EXPORT ssize_t rrecvmsg(int socket, struct msghdr *msg, int flags) {
-	if (msg->msg_control && msg->msg_controllen)
-		return ERRNO(ENOTSUP);
+	if (!msg)
+		return ERRNO(EFAULT);
+	msg->msg_controllen = 0;
+	msg->msg_flags = 0;
+	if (msg->msg_name && msg->msg_namelen)
+		rgetpeername(socket, msg->msg_name, &msg->msg_namelen);
 	return recvv(socket, msg->msg_iov, (int)msg->msg_iovlen, flags);
 }
 
@@ -1274,7 +1308,10 @@ static short poll_rs(struct rs *rs, short events, bool arm) {
 			rev |= POLLIN;
 		if ((events & POLLOUT) && can_send(rs))
 			rev |= POLLOUT;
-		if (!(rs->state & RS_CONNECTED))
+		/* Hang-up or error only once the data that came before is
+		 * read: a program polling for the last message must not see
+		 * the peer's close first. */
+		if (!(rs->state & RS_CONNECTED) && !have_rdata(rs))
 			rev |= rs->state == RS_DISCONNECTED ? POLLHUP : POLLERR;
 		if (!rev && arm && !rs->cq_armed) {
 			ibv_req_notify_cq(rs->cm_id->recv_cq, 0);
@@ -1314,10 +1351,15 @@ static int check_all(struct pollfd *fds, nfds_t nfds, bool arm) {
 VR_EXPORT int rpoll(struct pollfd *fds, nfds_t nfds, int timeout) {
 	uint64_t start = now_us();
 	int ret;
+	for (nfds_t i = 0; rs_trace() && i < nfds; i++)
+		TRACE("rpoll(%d) fd %d events %#x\n", timeout, fds[i].fd, fds[i].events);
 	for (;;) {
 		ret = check_all(fds, nfds, false);
-		if (ret || timeout == 0)
+		if (ret || timeout == 0) {
+			for (nfds_t i = 0; rs_trace() && i < nfds; i++)
+				TRACE("rpoll fd %d revents %#x\n", fds[i].fd, fds[i].revents);
 			return ret;
+		}
 		if (now_us() - start > 20)
 			break;
 	}
@@ -1381,6 +1423,8 @@ VR_EXPORT int rpoll(struct pollfd *fds, nfds_t nfds, int timeout) {
 		}
 	}
 	free(rf);
+	for (nfds_t i = 0; rs_trace() && i < nfds; i++)
+		TRACE("rpoll fd %d events %#x revents %#x\n", fds[i].fd, fds[i].events, fds[i].revents);
 	return ret;
 }
 
@@ -1476,6 +1520,7 @@ static void ka_del(struct rs *rs);
 
 VR_EXPORT int rclose(int socket) {
 	struct rs *rs = lookup(socket);
+	TRACE("rclose(%d) %s\n", socket, rs ? "" : "EBADF");
 	if (!rs)
 		return ERRNO(EBADF);
 	ka_del(rs);
