@@ -18,6 +18,8 @@ pkgs=(
 	rdmacm-utils    # rping, ucmatose: the rdma_cm programs a future librdmacm must run
 	libibverbs-dev  # <infiniband/verbs.h> and libibverbs.so.1, which vrnic's libibverbs is built against
 	librdmacm-dev   # <rdma/rdma_cma.h>, for the future librdmacm stand-in
+	netcat-openbsd      # nc: the TCP client TestRsocketPreload runs over rsockets with librspreload.so
+	netcat-traditional  # nc.traditional: its server (it calls accept, which Debian 12's librspreload wraps; accept4 it does not)
 )
 
 installed() {
