@@ -138,7 +138,7 @@ var (
 	// verbsStubs: libibverbs functions return an errno value.
 	verbsStubs = StubStyle{Errno: "EOPNOTSUPP", IntRet: "EOPNOTSUPP"}
 	// cmStubs: librdmacm and rsocket functions return -1 and set errno;
-	// what vrnic does not implement (rsockets, multicast, rdma_reject_ece)
+	// what vrnic does not implement (multicast, rdma_reject_ece)
 	// is ENOSYS.
 	cmStubs = StubStyle{Errno: "ENOSYS", IntRet: "-1"}
 )

@@ -21,6 +21,8 @@ pkgs=(
 	ucx-utils       # ucx_info, ucx_perftest, io_demo: UCX run through vrnic-run (internal/mwprogs)
 	openmpi-bin     # mpirun with pml ucx: MPI jobs across two daemons (internal/mwprogs)
 	libopenmpi-dev  # mpicc, to build the checking MPI program
+	netcat-openbsd      # nc: the TCP client TestRsocketPreload runs over rsockets with librspreload.so
+	netcat-traditional  # nc.traditional: its server (it calls accept, which Debian 12's librspreload wraps; accept4 it does not)
 )
 
 installed() {

@@ -1,6 +1,5 @@
 /* cma_addr.c - addresses: sockaddr helpers, GIDs, rdma_getaddrinfo,
- * ports, event names, and rpoll (rsockets are not implemented; rpoll over
- * ordinary fds is poll). */
+ * ports, event names (rsockets and rpoll: cma_rsocket.c). */
 #include "cma.h"
 
 #include <errno.h>
@@ -138,11 +137,6 @@ VR_EXPORT const char *rdma_event_str(enum rdma_cm_event_type event) {
 	if ((unsigned)event < sizeof names / sizeof names[0])
 		return names[event];
 	return "UNKNOWN EVENT";
-}
-
-/* rpoll: with no rsockets every fd is an ordinary one. */
-VR_EXPORT int rpoll(struct pollfd *fds, nfds_t nfds, int timeout) {
-	return poll(fds, nfds, timeout);
 }
 
 static struct sockaddr *dup_addr(const struct sockaddr *a, socklen_t len) {
