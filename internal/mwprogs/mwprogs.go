@@ -8,7 +8,6 @@ package mwprogs
 
 import (
 	_ "embed"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -82,10 +81,8 @@ func ReadCounters(t *testing.T, sock string) Counters {
 	a, err := admin.Dial(sock)
 	require.NoError(t, err)
 	defer a.Close()
-	b, err := a.Call(admin.InfoCmd, nil)
+	info, err := a.Info()
 	require.NoError(t, err)
-	var info admin.Info
-	require.NoError(t, json.Unmarshal(b, &info))
 	return Counters{Sent: info.DataPath.PacketsSent, Received: info.DataPath.PacketsReceived}
 }
 
@@ -125,6 +122,25 @@ func UCXInfo(t *testing.T, e Env) {
 		for _, tl := range []string{"rc_verbs", "ud_verbs"} {
 			assert.True(t, have[tl+" "+d+":1"], "ucx_info -d lists no %s on %s:1:\n%s", tl, d, out.String())
 		}
+	}
+}
+
+// UCXSuite runs UCXInfo, then UCXPerftest's tests (tag_lat, tag_bw,
+// ucp_put_bw, ucp_get, stream_bw: perfIters iterations of 4 KiB) and
+// IODemo (ioIters iterations) over rc_verbs with ud_verbs and over
+// ud_verbs alone, each a subtest; the first IODemo also checks SameGIDs.
+func UCXSuite(t *testing.T, e Env, perfIters, ioIters int) {
+	t.Run("ucx_info", func(t *testing.T) { UCXInfo(t, e) })
+	for i, tls := range []string{"rc_verbs,ud_verbs", "ud_verbs"} {
+		for _, test := range []string{"tag_lat", "tag_bw", "ucp_put_bw", "ucp_get", "stream_bw"} {
+			t.Run(tls+"/"+test, func(t *testing.T) { UCXPerftest(t, e, tls, test, perfIters, 4096) })
+		}
+		t.Run(tls+"/io_demo", func(t *testing.T) {
+			seen := IODemo(t, e, tls, ioIters, i == 0)
+			if i == 0 {
+				SameGIDs(t, e, seen)
+			}
+		})
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/internal/cmprogs"
 	"github.com/vrnic/vrnic/internal/launch"
+	"github.com/vrnic/vrnic/internal/mwprogs"
 	"github.com/vrnic/vrnic/internal/testenv"
 )
 
@@ -145,12 +146,7 @@ func TestSanitizedRstream(t *testing.T) {
 // packetsSent is daemon dev's count of RoCE packets its QPs sent.
 func packetsSent(t *testing.T, p *pair, dev string) int64 {
 	t.Helper()
-	a, err := admin.Dial(admin.SocketPath(p.dir, dev))
-	require.NoError(t, err)
-	defer a.Close()
-	di, err := a.Info()
-	require.NoError(t, err)
-	return int64(di.DataPath.PacketsSent)
+	return int64(mwprogs.ReadCounters(t, admin.SocketPath(p.dir, dev)).Sent)
 }
 
 // TestRsocketPreload sends a 4 MiB file between two unmodified TCP

@@ -28,18 +28,7 @@ func mwEnv(p *pair) mwprogs.Env {
 func TestUCX(t *testing.T) {
 	p := startPair(t)
 	e := mwEnv(p)
-	t.Run("ucx_info", func(t *testing.T) { mwprogs.UCXInfo(t, e) })
-	for _, tls := range []string{"rc_verbs,ud_verbs", "ud_verbs"} {
-		for _, test := range []string{"tag_lat", "tag_bw", "ucp_put_bw", "ucp_get", "stream_bw"} {
-			t.Run(tls+"/"+test, func(t *testing.T) { mwprogs.UCXPerftest(t, e, tls, test, 2000, 4096) })
-		}
-		t.Run(tls+"/io_demo", func(t *testing.T) {
-			seen := mwprogs.IODemo(t, e, tls, 1000, tls == "rc_verbs,ud_verbs")
-			if tls == "rc_verbs,ud_verbs" {
-				mwprogs.SameGIDs(t, e, seen)
-			}
-		})
-	}
+	mwprogs.UCXSuite(t, e, 2000, 1000)
 }
 
 // TestOpenMPI runs a checking MPI program (internal/mwprogs:

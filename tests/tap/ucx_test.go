@@ -25,18 +25,7 @@ func TestUCXOverTAP(t *testing.T) {
 		Addrs: [2]string{addrA, addrB},
 		Socks: [2]string{a.sock, b.sock},
 	}
-	t.Run("ucx_info", func(t *testing.T) { mwprogs.UCXInfo(t, e) })
-	for _, tls := range []string{"rc_verbs,ud_verbs", "ud_verbs"} {
-		for _, test := range []string{"tag_lat", "tag_bw", "ucp_put_bw", "ucp_get", "stream_bw"} {
-			t.Run(tls+"/"+test, func(t *testing.T) { mwprogs.UCXPerftest(t, e, tls, test, 1000, 4096) })
-		}
-		t.Run(tls+"/io_demo", func(t *testing.T) {
-			seen := mwprogs.IODemo(t, e, tls, 500, tls == "rc_verbs,ud_verbs")
-			if tls == "rc_verbs,ud_verbs" {
-				mwprogs.SameGIDs(t, e, seen)
-			}
-		})
-	}
+	mwprogs.UCXSuite(t, e, 1000, 500)
 	prog := mwprogs.MPIProgram(t, t.TempDir())
 	t.Run("mpi_2ranks", func(t *testing.T) { mwprogs.MPI(t, e, prog, "rc_verbs,ud_verbs", 1) })
 	t.Run("mpi_4ranks", func(t *testing.T) { mwprogs.MPI(t, e, prog, "rc_verbs,ud_verbs", 2) })
