@@ -18,6 +18,7 @@ pkgs=(
 	rdmacm-utils    # rping, ucmatose: the rdma_cm programs a future librdmacm must run
 	libibverbs-dev  # <infiniband/verbs.h> and libibverbs.so.1, which vrnic's libibverbs is built against
 	librdmacm-dev   # <rdma/rdma_cma.h>, for the future librdmacm stand-in
+	libfabric-bin   # fi_info, fi_pingpong: libfabric's verbs provider through vrnic-run (tests/ibverbs/fabric_test.go)
 )
 
 installed() {
