@@ -104,7 +104,7 @@ func main() {
 			want = os.Getenv("VRNIC_DEVICE")
 		}
 		devs := queryDevices(rd, want)
-		env = withNetDevs(env, dir, syntheticNetDevs(devs))
+		env = withNetDevs(env, dir, prog, syntheticNetDevs(devs))
 		spec := viewSpec{Prog: prog, Args: args, Verbose: *verbose, Devices: devs}
 		err := runInView(spec, env)
 		if *verbose {

@@ -8,6 +8,7 @@ package main
 // in sysfs name the same interface.
 
 import (
+	"debug/elf"
 	"fmt"
 	"net"
 	"net/netip"
@@ -160,8 +161,10 @@ func netDevsEnv(nds []netDev) string {
 }
 
 // withNetDevs adds the shim to LD_PRELOAD (after what is there: a
-// sanitizer's runtime must come first) and describes nds to it.
-func withNetDevs(env []string, libDir string, nds []netDev) []string {
+// sanitizer's runtime must come first) and describes nds to it. prog is
+// the program: one linked with AddressSanitizer's runtime gets that
+// runtime preloaded first, as ASan requires once anything is preloaded.
+func withNetDevs(env []string, libDir, prog string, nds []netDev) []string {
 	if len(nds) == 0 {
 		return env
 	}
@@ -171,10 +174,37 @@ func withNetDevs(env []string, libDir string, nds []netDev) []string {
 			pre = v
 		}
 	}
+	if asan := asanRuntime(prog); asan != "" && !strings.Contains(pre, "libasan") {
+		if pre == "" {
+			pre = asan
+		} else {
+			pre = asan + ":" + pre
+		}
+	}
 	lib := filepath.Join(libDir, ibverbs.NetDevLibName)
 	if pre != "" {
 		lib = pre + ":" + lib
 	}
 	env = setEnv(env, "LD_PRELOAD", lib)
 	return setEnv(env, "VRNIC_NETDEVS", netDevsEnv(nds))
+}
+
+// asanRuntime returns the AddressSanitizer runtime prog needs (its
+// DT_NEEDED libasan.so.N), or "".
+func asanRuntime(prog string) string {
+	f, err := elf.Open(prog)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	libs, err := f.ImportedLibraries()
+	if err != nil {
+		return ""
+	}
+	for _, l := range libs {
+		if strings.HasPrefix(l, "libasan.so") {
+			return l
+		}
+	}
+	return ""
 }
