@@ -25,7 +25,7 @@ const (
 	MaxFDs         = 4       // fds on one control datagram
 	MaxSGE         = 32      // SGEs per send WQE / RQE
 	MaxInline      = 512     // inline bytes per send WQE
-	MaxCQE         = 32768   // CQEs per CQ
+	MaxCQE         = 262144  // CQEs per CQ (libfabric's ofi_rxm asks for 135168 by default)
 	MaxQPWR        = 16384   // WRs per SQ or RQ
 	MaxSRQWR       = 16384   // WRs per SRQ
 	MaxRdAtomic    = 16      // max_rd_atomic / max_dest_rd_atomic by default (QUERY_DEVICE: the device's)

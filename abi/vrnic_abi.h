@@ -71,7 +71,7 @@
 #define VRNIC_MAX_FDS           4u       /* fds on one control datagram */
 #define VRNIC_MAX_SGE           32u      /* SGEs per send WQE / RQE */
 #define VRNIC_MAX_INLINE        512u     /* inline bytes per send WQE */
-#define VRNIC_MAX_CQE           32768u   /* CQEs per CQ */
+#define VRNIC_MAX_CQE           262144u  /* CQEs per CQ */
 #define VRNIC_MAX_QP_WR         16384u   /* WRs per SQ or RQ */
 #define VRNIC_MAX_SRQ_WR        16384u   /* WRs per SRQ */
 #define VRNIC_MAX_RD_ATOMIC     16u      /* max_rd_atomic / max_dest_rd_atomic by default (QUERY_DEVICE: the device's) */

@@ -49,6 +49,14 @@ const LibName = "libibverbs.so.1"
 // system has a librdmacm.so.1 whose interface it copies.
 const CMLibName = "librdmacm.so.1"
 
+// NetDevLibName is the file name of the interface shim vrnic-run preloads
+// (netdev*.c sources): it shows interfaces holding the addresses of
+// devices that no real interface shows (kernel-notes/vrnic-run-view.md).
+const NetDevLibName = "libvrnic-netdev.so"
+
+// isNetDevSource reports whether the source file belongs to the shim.
+func isNetDevSource(n string) bool { return strings.HasPrefix(n, "netdev") }
+
 // isCMSource reports whether the source file belongs to librdmacm only.
 func isCMSource(n string) bool { return strings.HasPrefix(n, "cma") }
 
@@ -237,9 +245,17 @@ func Build(o Options) (string, error) {
 		return nil
 	}
 	implemented, cmImplemented := map[string]bool{}, map[string]bool{}
-	var objs, cmObjs []string
+	var objs, cmObjs, ndObjs []string
 	for _, n := range names {
 		if !strings.HasSuffix(n, ".c") || (cmSet == nil && isCMSource(n)) {
+			continue
+		}
+		if isNetDevSource(n) {
+			obj := strings.TrimSuffix(n, ".c") + ".o"
+			if err := cc(append(append([]string{}, flags...), "-c", n, "-o", obj)...); err != nil {
+				return "", err
+			}
+			ndObjs = append(ndObjs, obj)
 			continue
 		}
 		obj := strings.TrimSuffix(n, ".c") + ".o"
@@ -280,6 +296,13 @@ func Build(o Options) (string, error) {
 		return "", err
 	}
 	outputs := []string{LibName, "libibverbs.map", "stubs_gen.c"}
+	if len(ndObjs) > 0 {
+		link := append(append([]string{}, o.ExtraCFlags...), "-shared", "-pthread", "-Wl,-z,now", "-o", NetDevLibName)
+		if err := cc(append(append(link, ndObjs...), "-ldl")...); err != nil {
+			return "", err
+		}
+		outputs = append(outputs, NetDevLibName)
+	}
 	if cmSet != nil {
 		// librdmacm: its own sources, linked against the libibverbs just
 		// built (DT_NEEDED libibverbs.so.1, versioned references).

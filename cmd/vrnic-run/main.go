@@ -18,7 +18,9 @@
 // infiniband and infiniband_verbs describe the devices (view.go): vrnic-run
 // then starts itself there as a child, waits for it and exits as it does,
 // passing signals on. Without namespaces the program runs without the
-// view.
+// view. Devices on addresses no real interface shows (a daemon on
+// 127.0.0.x: lo, which interface scans skip) get an interface each,
+// vrnic-DEVICE, through a preloaded shim (netdev.go).
 package main
 
 import (
@@ -101,7 +103,9 @@ func main() {
 		if want == "" {
 			want = os.Getenv("VRNIC_DEVICE")
 		}
-		spec := viewSpec{Prog: prog, Args: args, Verbose: *verbose, Devices: queryDevices(rd, want)}
+		devs := queryDevices(rd, want)
+		env = withNetDevs(env, dir, prog, syntheticNetDevs(devs))
+		spec := viewSpec{Prog: prog, Args: args, Verbose: *verbose, Devices: devs}
 		err := runInView(spec, env)
 		if *verbose {
 			fmt.Fprintf(os.Stderr, "vrnic-run: running without the system view of the devices: %v\n", err)

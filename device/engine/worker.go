@@ -455,6 +455,15 @@ func (w *worker) apply(m *ctlMsg) {
 		}
 		w.timers.stop(&qp.retryTimer)
 		w.timers.stop(&qp.rnrTimer)
+		if qp.unrel {
+			// Datagrams posted before the destroy go out, as on Linux
+			// rxe, whose ibv_post_send runs the requester in the
+			// caller's system call: the packet has left when it
+			// returns. A peer may be waiting for one (libfabric's
+			// ofi_rxd acknowledges its peer's last message and then
+			// closes its endpoint). Nothing is completed for them.
+			qp.reqStep()
+		}
 		w.forgetTx(qp)
 		w.drop(qp)
 		delete(w.qps, m.qpn)

@@ -641,11 +641,13 @@ VR_EXPORT int rdma_bind_addr(struct rdma_cm_id *cid, struct sockaddr *addr) {
 		return ERRNO(EINVAL);
 	struct cma_dev *d = NULL;
 	uint8_t gi = 0;
+	bool other_loopback = false;
 	if (!cma_any(addr)) {
 		d = dev_by_addr(addr, &gi);
 		if (!d && cma_loopback(addr) && g_devs) {
 			d = g_devs;
 			gi = first_gid(d, addr->sa_family);
+			other_loopback = true;
 		}
 		if (!d)
 			return ERRNO(cma_local_addr(addr) ? ENODEV : EADDRNOTAVAIL);
@@ -653,6 +655,19 @@ VR_EXPORT int rdma_bind_addr(struct rdma_cm_id *cid, struct sockaddr *addr) {
 	struct sockaddr_storage src;
 	memset(&src, 0, sizeof src);
 	memcpy(&src, addr, len);
+	/* Bound to the first device for another loopback address, the ID's
+	 * local address is that device's own (with the port asked for), as
+	 * cma_bind_loopback gives the ID the device's GID: a program that
+	 * publishes rdma_get_local_addr (libfabric's verbs provider does,
+	 * for a listener bound to "localhost") publishes an address a peer
+	 * on another device reaches. */
+	uint8_t fgi = 0;
+	if (other_loopback && !dev_gid_for(d, addr->sa_family, &fgi)) {
+		uint16_t port = cma_port(addr);
+		cma_gid_to_addr(&d->gids[fgi], &src);
+		cma_set_port((struct sockaddr *)&src, port);
+		gi = fgi;
+	}
 	int ret = bind_port(id, (struct sockaddr *)&src);
 	if (ret)
 		return ERRNO(ret);

@@ -92,7 +92,7 @@ func checkView(t *testing.T, view, devinfoOut string, uid int) {
 		assert.Equal(t, "Ethernet", l[8])
 		assert.Equal(t, kernelGIDOf(want.gid0), l[9])
 		assert.Equal(t, "RoCE_v2", l[10])
-		assert.Equal(t, "lo", l[11])
+		assert.Equal(t, "vrnic-"+name, l[11], "the interface vrnic-run gives a device on a loopback address")
 	}
 	assert.Contains(t, view, "\nnet-ok\n")
 	assert.Contains(t, view, fmt.Sprintf("\nuid=%d\n", uid))

@@ -1,0 +1,77 @@
+package main
+
+import (
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+)
+
+func TestNetDevName(t *testing.T) {
+	for _, c := range []struct {
+		dev  string
+		idx  int
+		want string
+	}{
+		{"a", 0, "vrnic-a"},
+		{"rxe0", 3, "vrnic-rxe0"},
+		{"a-much-too-long-name", 2, "vrnic2"}, // over 15 bytes
+		{"x:y", 1, "vrnic1"},                  // not a valid interface name
+		{"x/y", 1, "vrnic1"},
+	} {
+		if got := netDevName(c.dev, c.idx); got != c.want {
+			t.Errorf("netDevName(%q, %d) = %q, want %q", c.dev, c.idx, got, c.want)
+		}
+	}
+}
+
+func TestMacOf(t *testing.T) {
+	// EUI-64 from 02:42:ac:11:00:02: 00:42:ac:ff:fe:11:00:02.
+	if got := macOf(0x0042acfffe110002).String(); got != "02:42:ac:11:00:02" {
+		t.Errorf("EUI-64: got %s", got)
+	}
+	if got := macOf(0x1122334455667788).String(); got != "02:44:55:66:77:88" {
+		t.Errorf("other GUID: got %s", got)
+	}
+}
+
+func TestNetDevsEnv(t *testing.T) {
+	nds := []netDev{
+		{Name: "vrnic-a", Index: 1000, MTU: 1500, MAC: net.HardwareAddr{2, 0, 0, 0, 0, 1},
+			Addrs: []netip.Prefix{netip.MustParsePrefix("127.0.0.2/8"), netip.MustParsePrefix("fd00::2/64")}},
+		{Name: "vrnic-b", Index: 1001, MTU: 1500, MAC: net.HardwareAddr{2, 0, 0, 0, 0, 2},
+			Addrs: []netip.Prefix{netip.MustParsePrefix("127.0.0.3/8")}},
+	}
+	want := "vrnic-a,1000,1500,02:00:00:00:00:01,127.0.0.2/8,fd00::2/64;vrnic-b,1001,1500,02:00:00:00:00:02,127.0.0.3/8"
+	if got := netDevsEnv(nds); got != want {
+		t.Errorf("got %q\nwant %q", got, want)
+	}
+	env := withNetDevs([]string{"LD_PRELOAD=/x/libasan.so.8", "A=b"}, "/lib/dir", "/nonexistent", nds)
+	var pre string
+	for _, e := range env {
+		if v, ok := strings.CutPrefix(e, "LD_PRELOAD="); ok {
+			pre = v
+		}
+	}
+	if pre != "/x/libasan.so.8:/lib/dir/libvrnic-netdev.so" {
+		t.Errorf("LD_PRELOAD = %q: the shim goes after what is there", pre)
+	}
+	if got := withNetDevs([]string{"A=b"}, "/lib/dir", "/nonexistent", nil); len(got) != 1 {
+		t.Errorf("no interfaces: env changed: %q", got)
+	}
+}
+
+// A device whose address no interface holds (TEST-NET-3 here) gets an
+// interface holding it, as a host address; sysfs's ndevs names it.
+func TestSyntheticNetDevs(t *testing.T) {
+	g := [16]byte{10: 0xff, 11: 0xff, 12: 203, 13: 0, 14: 113, 15: 77}
+	devs := []viewDevice{{Name: "a", Index: 0, GIDs: []viewGID{{GID: g, Valid: true, V2: true}, {}}}}
+	nds := syntheticNetDevs(devs)
+	if len(nds) != 1 || nds[0].Name != "vrnic-a" || len(nds[0].Addrs) != 1 ||
+		nds[0].Addrs[0] != netip.MustParsePrefix("203.0.113.77/32") || nds[0].Index < 1000 {
+		t.Fatalf("got %+v", nds)
+	}
+	if devs[0].GIDs[0].NetDev != "vrnic-a" || devs[0].GIDs[1].NetDev != "" {
+		t.Errorf("ndevs: %+v", devs[0].GIDs)
+	}
+}
