@@ -130,35 +130,8 @@ func queryDevices(dir, want string) []viewDevice {
 // netDevOf returns the network interface holding addr, else the one whose
 // network contains it (127.0.0.2 on lo), else "".
 func netDevOf(addr netip.Addr) string {
-	ifs, err := net.Interfaces()
-	if err != nil {
-		return ""
-	}
-	within := ""
-	for _, ifc := range ifs {
-		as, err := ifc.Addrs()
-		if err != nil {
-			continue
-		}
-		for _, a := range as {
-			pn, ok := a.(*net.IPNet)
-			if !ok {
-				continue
-			}
-			ip, ok := netip.AddrFromSlice(pn.IP)
-			if !ok {
-				continue
-			}
-			ones, _ := pn.Mask.Size()
-			if ip.Unmap() == addr {
-				return ifc.Name
-			}
-			if pf, err := ip.Unmap().Prefix(ones); err == nil && pf.Contains(addr) && within == "" {
-				within = ifc.Name
-			}
-		}
-	}
-	return within
+	name, _, _, _ := addrHome(addr)
+	return name
 }
 
 // runInView starts the stage in new namespaces and waits for it, passing
