@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vrnic/vrnic/admin"
+	"github.com/vrnic/vrnic/internal/mwprogs"
 	"github.com/vrnic/vrnic/internal/testenv"
 )
 
@@ -168,16 +169,7 @@ func TestParseFiPingpong(t *testing.T) {
 // daemonPackets returns data_path.packets_sent of each daemon.
 func daemonPackets(t *testing.T, p *pair) [2]uint64 {
 	t.Helper()
-	var n [2]uint64
-	for i, name := range []string{"a", "b"} {
-		c, err := admin.Dial(admin.SocketPath(p.dir, name))
-		require.NoError(t, err)
-		di, err := c.Info()
-		c.Close()
-		require.NoError(t, err)
-		n[i] = di.DataPath.PacketsSent
-	}
-	return n
+	return [2]uint64{mwprogs.ReadCounters(t, admin.SocketPath(p.dir, "a")).Sent, mwprogs.ReadCounters(t, admin.SocketPath(p.dir, "b")).Sent}
 }
 
 // fiPingpong runs fi_pingpong once: the server on device b, the client on

@@ -23,7 +23,8 @@ type mwBenchCase struct {
 
 // TestMiddlewareBenchTable measures, interleaved on the same two daemons,
 // perftest (ib_send_lat, ib_write_bw) and what middleware gets from the
-// same device through the same library (ucx_perftest over rc_verbs), and
+// same device through the same library (ucx_perftest over rc_verbs,
+// libfabric's fi_pingpong over MSG and RDM endpoints), and
 // prints the table of BENCHMARKS.md with each middleware figure as a ratio
 // to perftest's. It runs only with VRNIC_MW_BENCH=1
 // (VRNIC_MW_BENCH_ROUNDS, default 3):
@@ -37,7 +38,7 @@ func TestMiddlewareBenchTable(t *testing.T) {
 	if r, err := strconv.Atoi(os.Getenv("VRNIC_MW_BENCH_ROUNDS")); err == nil && r > 0 {
 		rounds = r
 	}
-	for _, tool := range []string{"ib_send_lat", "ib_write_bw", "ucx_perftest"} {
+	for _, tool := range []string{"ib_send_lat", "ib_write_bw", "ucx_perftest", "fi_pingpong"} {
 		testenv.NeedTool(t, tool)
 	}
 	p := startPair(t)
@@ -59,12 +60,28 @@ func TestMiddlewareBenchTable(t *testing.T) {
 			return r.BWOverallMB
 		}
 	}
+	fi := func(ep string, size int, lat bool) func(t *testing.T) float64 {
+		return func(t *testing.T) float64 {
+			iters := 2000
+			if size > 4096 {
+				iters = 500
+			}
+			r := fiPingpong(t, p, "verbs", ep, false, iters, size)[0]
+			if lat {
+				return r.usec
+			}
+			return r.mbps
+		}
+	}
 	cases := []mwBenchCase{
 		{"ib_send_lat 8 B (t_typical)", "µs", perftest("ib_send_lat", 2, "-s", "8", "-n", "5000")},
 		{"ucx_perftest tag_lat 8 B, rc_verbs (average)", "µs", ucx("tag_lat", 8, 5000, true)},
 		{"ib_write_bw 64 KiB (BW average)", "MB/s", perftest("ib_write_bw", 1, "-s", "65536", "-n", "5000")},
 		{"ucx_perftest ucp_put_bw 64 KiB, rc_verbs", "MB/s", ucx("ucp_put_bw", 65536, 5000, false)},
 		{"ucx_perftest tag_bw 64 KiB, rc_verbs", "MB/s", ucx("tag_bw", 65536, 5000, false)},
+		{"fi_pingpong -e msg 64 B (usec/xfer)", "µs", fi("msg", 64, true)},
+		{"fi_pingpong -e rdm 64 B (usec/xfer)", "µs", fi("rdm", 64, true)},
+		{"fi_pingpong -e msg 64 KiB (MB/sec: a ping-pong, one message at a time)", "MB/s", fi("msg", 65536, false)},
 	}
 	got := make([][]float64, len(cases))
 	for range rounds {
