@@ -73,9 +73,17 @@ func FreeTCPPort() (int, error) {
 // listens on TCP port (IPv4 or IPv6), from /proc/net/tcp{,6}: probing with
 // a connection would be taken by a server that serves one client (a
 // pingpong, perftest) as its client.
-func TCPListening(port int) bool {
+func TCPListening(port int) bool { return tcpListeningUnder("/proc/net", port) }
+
+// TCPListeningIn is TCPListening in the network namespace of process pid
+// (its /proc/PID/net).
+func TCPListeningIn(pid, port int) bool {
+	return tcpListeningUnder(fmt.Sprintf("/proc/%d/net", pid), port)
+}
+
+func tcpListeningUnder(dir string, port int) bool {
 	want := fmt.Sprintf(":%04X", port)
-	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+	for _, f := range []string{dir + "/tcp", dir + "/tcp6"} {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			continue

@@ -34,6 +34,12 @@ type Env struct {
 	Devs     [2]string // daemon names
 	Addrs    [2]string // the daemons' IPv4 addresses (GID index 0)
 	Socks    [2]string // control sockets
+	// Netns, when set, is the network namespace (an ip netns name) the
+	// programs run in: the TAP link's addresses belong to the daemons,
+	// not to the host's interfaces, so programs that also reach the
+	// peer's address over TCP (fi_pingpong) run where those addresses
+	// are local.
+	Netns string
 }
 
 // start runs PROGRAM ARGS through vrnic-run on device dev (all devices
@@ -43,6 +49,9 @@ func (e Env) start(t *testing.T, name, dev string, env []string, args ...string)
 	full := append([]string{}, e.RunArgs...)
 	if dev != "" {
 		full = append(full, "-d", dev)
+	}
+	if e.Netns != "" {
+		return startBin(t, name, "ip", env, append(append([]string{"netns", "exec", e.Netns, e.VrnicRun}, full...), args...)...)
 	}
 	return startBin(t, name, e.VrnicRun, env, append(full, args...)...)
 }
@@ -144,12 +153,12 @@ func UCXSuite(t *testing.T, e Env, perfIters, ioIters int) {
 	}
 }
 
-// waitTCP waits until something listens on TCP port port of loopback,
-// or srv exits.
+// waitTCP waits until something listens on TCP port port in srv's
+// network namespace, or srv exits.
 func waitTCP(t *testing.T, port int, srv *launch.Proc, out *launch.Buffer) {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
-	for !launch.TCPListening(port) {
+	for !launch.TCPListeningIn(srv.Pid(), port) {
 		require.False(t, !srv.Running(), "server exited before listening:\n%s", out.String())
 		require.True(t, time.Now().Before(deadline), "server does not listen on %d:\n%s", port, out.String())
 		time.Sleep(20 * time.Millisecond)

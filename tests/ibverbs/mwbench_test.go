@@ -66,11 +66,11 @@ func TestMiddlewareBenchTable(t *testing.T) {
 			if size > 4096 {
 				iters = 500
 			}
-			r := fiPingpong(t, p, "verbs", ep, false, iters, size)[0]
+			r := mwprogs.FIPingpong(t, e, "verbs", ep, false, iters, size)
 			if lat {
-				return r.usec
+				return r.Usec
 			}
-			return r.mbps
+			return r.MBps
 		}
 	}
 	cases := []mwBenchCase{

@@ -1,0 +1,160 @@
+package mwprogs
+
+import (
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vrnic/vrnic/internal/launch"
+	"github.com/vrnic/vrnic/internal/testenv"
+)
+
+// FIInfoEntry is one fi_info entry: provider, domain and endpoint type.
+type FIInfoEntry struct{ Prov, Domain, Type string }
+
+// ParseFIInfo reads fi_info's default output (provider:, then indented
+// fabric:, domain:, version:, type:, protocol: lines).
+func ParseFIInfo(out string) []FIInfoEntry {
+	var es []FIInfoEntry
+	for _, line := range strings.Split(out, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ": ")
+		if !ok {
+			continue
+		}
+		switch k {
+		case "provider":
+			es = append(es, FIInfoEntry{Prov: v})
+		case "domain":
+			if len(es) > 0 {
+				es[len(es)-1].Domain = v
+			}
+		case "type":
+			if len(es) > 0 {
+				es[len(es)-1].Type = v
+			}
+		}
+	}
+	return es
+}
+
+// HasFIEntry tells whether es holds the entry.
+func HasFIEntry(es []FIInfoEntry, prov, domain, typ string) bool {
+	for _, e := range es {
+		if e.Prov == prov && e.Domain == domain && e.Type == typ {
+			return true
+		}
+	}
+	return false
+}
+
+// FIInfo checks fi_info -p verbs run on device dev: a MSG endpoint
+// (verbs, RC), a DGRAM endpoint (verbs, UD, domain DEV-dgram) and RDM
+// endpoints (verbs;ofi_rxm over MSG, verbs;ofi_rxd over DGRAM), and no
+// entry of another device.
+func FIInfo(t *testing.T, e Env, dev string) {
+	testenv.NeedTool(t, "fi_info")
+	p, out := e.start(t, "fi_info", dev, nil, "fi_info", "-p", "verbs")
+	wait(t, p, out, 60*time.Second, "fi_info")
+	es := ParseFIInfo(out.String())
+	assert.True(t, HasFIEntry(es, "verbs", dev, "FI_EP_MSG"), "device %s: no MSG endpoint:\n%s", dev, out)
+	assert.True(t, HasFIEntry(es, "verbs", dev+"-dgram", "FI_EP_DGRAM"), "device %s: no DGRAM endpoint:\n%s", dev, out)
+	assert.True(t, HasFIEntry(es, "verbs;ofi_rxm", dev, "FI_EP_RDM"), "device %s: no RDM endpoint over MSG:\n%s", dev, out)
+	assert.True(t, HasFIEntry(es, "verbs;ofi_rxd", dev+"-dgram", "FI_EP_RDM"), "device %s: no RDM endpoint over DGRAM:\n%s", dev, out)
+	for _, x := range es {
+		assert.True(t, x.Domain == dev || x.Domain == dev+"-dgram", "device %s: entry of another domain: %+v", dev, x)
+	}
+}
+
+// FIRow is one line of fi_pingpong's table.
+type FIRow struct {
+	Bytes, Sent, Ack int
+	MBps, Usec       float64
+}
+
+var fiRowRE = regexp.MustCompile(`(?m)^(\d+)([kmg]?)\s+(\d+)\s+=(\d+)\s+\S+\s+\S+s\s+([0-9.]+)\s+([0-9.]+)\s+[0-9.]+\s*$`)
+
+// ParseFIPingpong reads fi_pingpong's table: bytes, #sent, #ack, total,
+// time, MB/sec, usec/xfer, Mxfers/sec. Sizes of 1024 bytes and more
+// carry a binary suffix (1k, 64k, 1m).
+func ParseFIPingpong(out string) []FIRow {
+	var rows []FIRow
+	for _, m := range fiRowRE.FindAllStringSubmatch(out, -1) {
+		var r FIRow
+		r.Bytes, _ = strconv.Atoi(m[1])
+		r.Bytes <<= map[string]int{"": 0, "k": 10, "m": 20, "g": 30}[m[2]]
+		r.Sent, _ = strconv.Atoi(m[3])
+		r.Ack, _ = strconv.Atoi(m[4])
+		r.MBps, _ = strconv.ParseFloat(m[5], 64)
+		r.Usec, _ = strconv.ParseFloat(m[6], 64)
+		rows = append(rows, r)
+	}
+	return rows
+}
+
+// FIPingpong runs fi_pingpong once with messages of size bytes: the
+// server on Devs[0], the client on Devs[1] connecting to Addrs[0]; both
+// must exit 0 within their timeouts, and the client's table must show
+// iters messages, acked (with check, fi_pingpong's -c data check).
+func FIPingpong(t *testing.T, e Env, prov, ep string, check bool, iters, size int) FIRow {
+	t.Helper()
+	testenv.NeedTool(t, "fi_pingpong")
+	port, err := launch.FreeTCPPort()
+	require.NoError(t, err)
+	args := []string{"fi_pingpong", "-p", prov, "-e", ep, "-I", strconv.Itoa(iters), "-S", strconv.Itoa(size)}
+	if check {
+		args = append(args, "-c")
+	}
+	srv, sout := e.start(t, "fi_pingpong server", e.Devs[0], nil, append(args, "-B", strconv.Itoa(port))...)
+	waitTCP(t, port, srv, sout)
+	cli, cout := e.start(t, "fi_pingpong client", e.Devs[1], nil, append(args, "-P", strconv.Itoa(port), e.Addrs[0])...)
+	wait(t, cli, cout, 30*time.Second, "fi_pingpong client ("+prov+" "+ep+"; server: "+sout.String()+")")
+	wait(t, srv, sout, 30*time.Second, "fi_pingpong server")
+	got := ParseFIPingpong(cout.String())
+	require.Len(t, got, 1, "client table:\n%s", cout)
+	r := got[0]
+	assert.Equal(t, size, r.Bytes)
+	assert.Equal(t, iters, r.Sent)
+	assert.Equal(t, iters, r.Ack)
+	assert.Greater(t, r.Usec, 0.0)
+	assert.Less(t, r.Usec, 1e6, "a second per transfer")
+	return r
+}
+
+// FIPingpongSuite runs fi_pingpong runs times in a row for each endpoint
+// type, MSG (RC), RDM over ofi_rxm (RC) and over ofi_rxd (UD), and DGRAM
+// (UD), alternating two sizes and every other run with -c; each run is
+// bounded by a timeout, so a hang fails it. Afterwards each daemon must
+// have sent at least a packet per message.
+func FIPingpongSuite(t *testing.T, e Env, runs int) {
+	cases := []struct {
+		name, prov, ep string
+		sizes          []int
+	}{
+		{"msg", "verbs", "msg", []int{64, 65536}},
+		{"rdm", "verbs", "rdm", []int{64, 65536}},
+		{"dgram", "verbs", "dgram", []int{64, 1024}},
+		{"rdm-rxd", "verbs;ofi_rxd", "rdm", []int{64, 4096}},
+	}
+	const iters = 10
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			before := e.counters(t)
+			for i := range runs {
+				FIPingpong(t, e, c.prov, c.ep, i%2 == 1, iters, c.sizes[i%len(c.sizes)])
+				if t.Failed() {
+					t.Fatalf("run %d of %d failed", i+1, runs)
+				}
+			}
+			after := e.counters(t)
+			for i := range after {
+				assert.GreaterOrEqual(t, after[i].Sent-before[i].Sent, uint64(runs*iters),
+					"daemon %s sent fewer packets than ping-pong messages", e.Devs[i])
+			}
+		})
+	}
+}

@@ -1,0 +1,28 @@
+package mwprogs
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestParseFIPingpong(t *testing.T) {
+	out := "bytes   #sent   #ack     total       time     MB/sec    usec/xfer   Mxfers/sec\n" +
+		"64      100     =100     12k         0.01s      1.16      55.06       0.02\n" +
+		"64k     10      =10      1.2m        0.02s     66.12     991.20       0.00\n"
+	rows := ParseFIPingpong(out)
+	require.Len(t, rows, 2)
+	assert.Equal(t, FIRow{Bytes: 64, Sent: 100, Ack: 100, MBps: 1.16, Usec: 55.06}, rows[0])
+	assert.Equal(t, FIRow{Bytes: 65536, Sent: 10, Ack: 10, MBps: 66.12, Usec: 991.20}, rows[1])
+	assert.Empty(t, ParseFIPingpong("64x     10      =10      1.2m        0.02s     66.12     991.20       0.00\n"))
+}
+
+func TestParseFIInfo(t *testing.T) {
+	out := "provider: verbs\n    fabric: IB-0x0\n    domain: a\n    version: 117.0\n    type: FI_EP_MSG\n    protocol: FI_PROTO_RDMA_CM_IB_RC\n" +
+		"provider: verbs;ofi_rxd\n    fabric: IB-0x0\n    domain: a-dgram\n    version: 1.0\n    type: FI_EP_RDM\n    protocol: FI_PROTO_RXD\n"
+	es := ParseFIInfo(out)
+	assert.Equal(t, []FIInfoEntry{{"verbs", "a", "FI_EP_MSG"}, {"verbs;ofi_rxd", "a-dgram", "FI_EP_RDM"}}, es)
+	assert.True(t, HasFIEntry(es, "verbs;ofi_rxd", "a-dgram", "FI_EP_RDM"))
+	assert.False(t, HasFIEntry(es, "verbs", "a-dgram", "FI_EP_MSG"))
+}
