@@ -391,9 +391,20 @@ func TestSRQAndAH(t *testing.T) {
 	q, err = srq.Query()
 	require.NoError(t, err)
 	assert.Equal(t, uint32(8), q.SRQLimit)
-	assert.Equal(t, syscall.EINVAL, errno(t, srq.Modify(16)))
-	_, err = e.pd.CreateSRQ(16, 2, 16)
-	assert.Equal(t, syscall.EINVAL, errno(t, err))
+	// As rxe (rxe_srq_chk_attr): a limit up to the SRQ's max_wr is taken,
+	// one above it refused.
+	require.NoError(t, srq.Modify(16))
+	assert.Equal(t, syscall.EINVAL, errno(t, srq.Modify(17)))
+	// At creation rxe checks no limit (rxe_srq_chk_init) and arms the SRQ
+	// with it: so does vrnic, whatever the limit.
+	for _, lim := range []uint32{16, 17, 1 << 31} {
+		s2, err := e.pd.CreateSRQ(16, 2, lim)
+		require.NoError(t, err, "srq_limit %d", lim)
+		q, err = s2.Query()
+		require.NoError(t, err)
+		assert.Equal(t, lim, q.SRQLimit)
+		require.NoError(t, s2.Destroy())
+	}
 	_, err = e.pd.CreateSRQ(16, 33, 0)
 	assert.Equal(t, syscall.EINVAL, errno(t, err))
 

@@ -356,9 +356,12 @@ struct ibv_qp *vr_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr_ex *a) {
 	if (!ibv_to_vr_type(a->qp_type))
 		VR_FAIL_NULL(EOPNOTSUPP);
 	struct ibv_qp_cap *cap = &a->cap;
-	if (cap->max_send_wr > VRNIC_MAX_QP_WR || cap->max_recv_wr > VRNIC_MAX_QP_WR ||
-	    cap->max_send_sge > VRNIC_MAX_SGE || cap->max_recv_sge > VRNIC_MAX_SGE ||
+	if (cap->max_send_wr > VRNIC_MAX_QP_WR || cap->max_send_sge > VRNIC_MAX_SGE ||
 	    cap->max_inline_data > VRNIC_MAX_INLINE)
+		VR_FAIL_NULL(EINVAL);
+	/* With an SRQ the receive capabilities are not the QP's: ignored, as
+	 * rxe_qp_chk_cap ignores them. */
+	if (!a->srq && (cap->max_recv_wr > VRNIC_MAX_QP_WR || cap->max_recv_sge > VRNIC_MAX_SGE))
 		VR_FAIL_NULL(EINVAL);
 	struct vr_ctx *c = vr_ctx(pd->context);
 	struct vr_qp *qp = calloc(1, sizeof *qp);
@@ -586,7 +589,9 @@ VR_EXPORT int ibv_query_qp(struct ibv_qp *q, struct ibv_qp_attr *attr, int mask,
 /* ---- SRQ ---- */
 
 static struct ibv_srq *create_srq(struct ibv_pd *pd, void *srq_context, struct ibv_srq_attr *a) {
-	if (!pd || !a || a->max_wr > VRNIC_MAX_SRQ_WR || a->max_sge > VRNIC_MAX_SGE || a->srq_limit > a->max_wr)
+	/* srq_limit is not checked: rxe_srq_chk_init does not, and arms the
+	 * SRQ with it; so does the daemon. */
+	if (!pd || !a || a->max_wr > VRNIC_MAX_SRQ_WR || a->max_sge > VRNIC_MAX_SGE)
 		VR_FAIL_NULL(EINVAL);
 	struct vr_ctx *c = vr_ctx(pd->context);
 	struct vr_srq *s = calloc(1, sizeof *s);
@@ -644,7 +649,12 @@ VR_EXPORT int ibv_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr, int
 		return EINVAL;
 	}
 	if (mask & ~IBV_SRQ_LIMIT) {
-		errno = EINVAL; /* resizing is not supported */
+		/* Resizing (IBV_SRQ_MAX_WR) is not supported: EINVAL, as from
+		 * drivers without it (mlx5). rxe resizes. */
+		if (vr_debug())
+			fprintf(stderr, "vrnic: MODIFY_SRQ: mask %#x: only IBV_SRQ_LIMIT is supported (no resizing)\n",
+				(unsigned)mask);
+		errno = EINVAL;
 		return EINVAL;
 	}
 	if (!(mask & IBV_SRQ_LIMIT))

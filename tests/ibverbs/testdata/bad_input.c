@@ -428,6 +428,30 @@ static void kernel_inputs(struct side *a, struct side *b) {
 	ok("the QP is in SQD, its path MIGRATED");
 	if (ibv_destroy_qp(qp))
 		fail("ibv_destroy_qp", strerror(errno));
+
+	/* SRQs: rxe checks no srq_limit at creation (and arms the SRQ with
+	 * it), takes a limit up to max_wr on modify, and ignores a QP's
+	 * receive capabilities when it has an SRQ. */
+	struct ibv_srq_init_attr si = { .attr = { .max_wr = 16, .max_sge = 1, .srq_limit = 100 } };
+	struct ibv_srq *srq = ibv_create_srq(a->pd, &si);
+	if (!srq)
+		fail("an SRQ with srq_limit above max_wr", strerror(errno));
+	struct ibv_srq_attr sa;
+	if (ibv_query_srq(srq, &sa) || sa.srq_limit != 100)
+		fail("an SRQ with srq_limit above max_wr", "not armed with 100");
+	ok("an SRQ with srq_limit above max_wr");
+	sa.srq_limit = si.attr.max_wr;
+	expect_ret("srq_limit = max_wr", ibv_modify_srq(srq, &sa, IBV_SRQ_LIMIT), 0);
+	sa.srq_limit = si.attr.max_wr + 1;
+	expect_ret("srq_limit above max_wr", ibv_modify_srq(srq, &sa, IBV_SRQ_LIMIT), EINVAL);
+	struct ibv_qp_init_attr qa = { .send_cq = a->cq, .recv_cq = a->cq, .srq = srq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 4, .max_send_sge = 1, .max_recv_wr = 1u << 30, .max_recv_sge = 1000 } };
+	qp = ibv_create_qp(a->pd, &qa);
+	if (!qp)
+		fail("a QP with an SRQ and max_recv_wr 2^30", strerror(errno));
+	ok("a QP with an SRQ and max_recv_wr 2^30");
+	if (ibv_destroy_qp(qp) || ibv_destroy_srq(srq))
+		fail("destroy", strerror(errno));
 }
 
 /* daemon_killed streams WRITEs from a to b until the test kills a's
