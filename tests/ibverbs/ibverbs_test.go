@@ -629,6 +629,7 @@ func TestBadInput(t *testing.T) {
 				"ok kernel inputs: the QP is in SQD, its path MIGRATED",
 				"ok kernel inputs: an SRQ with srq_limit above max_wr",
 				"ok kernel inputs: a QP with an SRQ and max_recv_wr 2^30",
+				"ok kernel inputs: ibv_create_qp_ex with IBV_QP_INIT_ATTR_CREATE_FLAGS 0",
 				"ok daemon killed: ibv_post_send fails",
 				"ok daemon killed: ibv_get_async_event: IBV_EVENT_DEVICE_FATAL",
 				"ok daemon killed: A's objects destroyed, A closed",

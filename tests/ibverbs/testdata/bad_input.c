@@ -452,6 +452,21 @@ static void kernel_inputs(struct side *a, struct side *b) {
 	ok("a QP with an SRQ and max_recv_wr 2^30");
 	if (ibv_destroy_qp(qp) || ibv_destroy_srq(srq))
 		fail("destroy", strerror(errno));
+
+	/* ibv_create_qp_ex: CREATE_FLAGS in the mask with no flag passes
+	 * rdma-core's rxe provider; a flag it does not support does not. */
+	struct ibv_qp_init_attr_ex xa = { .send_cq = a->cq, .recv_cq = a->cq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 },
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS, .pd = a->pd };
+	qp = ibv_create_qp_ex(a->ctx, &xa);
+	if (!qp)
+		fail("ibv_create_qp_ex with IBV_QP_INIT_ATTR_CREATE_FLAGS 0", strerror(errno));
+	ok("ibv_create_qp_ex with IBV_QP_INIT_ATTR_CREATE_FLAGS 0");
+	if (ibv_destroy_qp(qp))
+		fail("destroy", strerror(errno));
+	xa.create_flags = IBV_QP_CREATE_SCATTER_FCS;
+	expect_errno("ibv_create_qp_ex with IBV_QP_CREATE_SCATTER_FCS", ibv_create_qp_ex(a->ctx, &xa) == NULL,
+		     EOPNOTSUPP);
 }
 
 /* daemon_killed streams WRITEs from a to b until the test kills a's
