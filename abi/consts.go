@@ -200,6 +200,14 @@ const (
 	QPAttrAll              uint32 = 1<<21 - 1
 )
 
+// Path migration states (QPAttr.PathMigState, enum ibv_mig_state). vrnic
+// keeps no alternate path, so a QP is always MIGRATED.
+const (
+	MigMigrated uint8 = 0
+	MigRearm    uint8 = 1
+	MigArmed    uint8 = 2
+)
+
 // WROpcode is a send opcode (enum vrnic_wr_opcode, IBV_WR_*). Its String
 // method (generated) returns the name without the VRNIC_WR_ prefix, from
 // the line comments below.

@@ -223,7 +223,7 @@ type QPAttr struct {
 	SQDraining       uint8   `c:"sq_draining"`
 	PortNum          uint8   `c:"port_num"`
 	EnSQDAsyncNotify uint8   `c:"en_sqd_async_notify"`
-	Reserved         uint8   `c:"reserved"`
+	PathMigState     uint8   `c:"path_mig_state"` // enum ibv_mig_state; 0 (MIGRATED) unless QPAttrPathMigState is in the mask
 	AHAttr           AHAttr  `c:"ah_attr"`
 	Cap              QPCap   `c:"cap"`
 }

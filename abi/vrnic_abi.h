@@ -743,7 +743,7 @@ struct vrnic_qp_attr {
 	uint8_t  sq_draining;
 	uint8_t  port_num;
 	uint8_t  en_sqd_async_notify;
-	uint8_t  reserved;
+	uint8_t  path_mig_state; /* enum ibv_mig_state; 0 (MIGRATED) unless PATH_MIG_STATE is in the mask */
 	struct vrnic_ah_attr ah_attr;
 	struct vrnic_qp_cap cap;
 };

@@ -322,9 +322,9 @@ func (cn *conn) createSRQ(r *request) (reply, error) {
 	if c.MaxSGE > abi.MaxSGE {
 		return reply{}, errorf(errInval, "max_sge %d: at most %d", c.MaxSGE, abi.MaxSGE)
 	}
-	if c.SRQLimit >= c.MaxWR {
-		return reply{}, errorf(errInval, "srq_limit %d: must be below max_wr %d", c.SRQLimit, c.MaxWR)
-	}
+	// srq_limit is not checked at creation, as rxe (rxe_srq_chk_init)
+	// does not: the SRQ is armed with it, whatever it is (a limit above
+	// max_wr raises SRQ_LIMIT_REACHED at the first receive).
 	if err := d.limit(cx, "SRQs", cx.counts.SRQ, d.totals.SRQ, d.cfg.Limits.PerClient.SRQ, d.cfg.Limits.PerDevice.SRQ); err != nil {
 		return reply{}, err
 	}
@@ -357,8 +357,9 @@ func (cn *conn) modifySRQ(r *request) (reply, error) {
 	if err != nil {
 		return reply{}, err
 	}
-	if c.SRQLimit >= s.maxWR {
-		return reply{}, errorf(errInval, "srq_limit %d: must be below max_wr %d", c.SRQLimit, s.maxWR)
+	// As rxe_srq_chk_attr: at most what the SRQ holds (max_wr).
+	if c.SRQLimit > s.maxWR {
+		return reply{}, errorf(errInval, "srq_limit %d: above max_wr %d", c.SRQLimit, s.maxWR)
 	}
 	s.armed.Store(c.SRQLimit)
 	return reply{}, nil

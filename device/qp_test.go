@@ -228,7 +228,7 @@ func TestModifyQPAttributeValues(t *testing.T) {
 		{"av sgid", func(a *abi.QPAttr) { a.AHAttr.SGIDIndex = 16 }, "AV: ah_attr.sgid_index 16"},
 		{"av dgid", func(a *abi.QPAttr) { a.AHAttr.DGID = [16]byte{} }, "AV: ah_attr.dgid is all zero"},
 		{"av reserved", func(a *abi.QPAttr) { a.AHAttr.Reserved[3] = 1 }, "AV: ah_attr.reserved must be 0"},
-		{"reserved", func(a *abi.QPAttr) { a.Reserved = 1 }, "attr.reserved must be 0"},
+		{"path_mig_state without the mask bit", func(a *abi.QPAttr) { a.PathMigState = abi.MigArmed }, "attr.path_mig_state must be 0 without PATH_MIG_STATE"},
 		{"cap reserved", func(a *abi.QPAttr) { a.Cap.Reserved = 1 }, "attr.cap.reserved must be 0"},
 	}
 	for _, tc := range cases {
@@ -277,6 +277,78 @@ func TestModifyQPAttributeValues(t *testing.T) {
 	assert.Equal(t, abi.MTU4096, q.Attr.PathMTU)
 }
 
+// TestModifyQPKernelAccepts: inputs Linux (ib_modify_qp_is_ok and rxe's
+// rxe_qp_chk_attr) accepts and vrnic once refused. PATH_MIG_STATE set to
+// MIGRATED is optional on RTR→RTS, RTS→RTS, SQD→RTS and SQD→SQD of RC and
+// UC QPs; EN_SQD_ASYNC_NOTIFY takes any value (rxe stores the u8). An
+// alternate path, which vrnic does not keep, is an unsupported feature
+// (EOPNOTSUPP) where the kernel's table allows it and a bad mask (EINVAL)
+// where it does not.
+func TestModifyQPKernelAccepts(t *testing.T) {
+	s := startServer(t, device.Limits{})
+	c := open(t, s)
+	e := newQPEnv(t, c)
+	for _, typ := range []abi.QPType{abi.QPTRC, abi.QPTUC} {
+		t.Run(typ.String(), func(t *testing.T) {
+			qp := e.qp(t, typ)
+			initMask, rtrMask, rtsMask := rcInit, rcRTR, rcRTS
+			if typ == abi.QPTUC {
+				rtrMask = abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrDestQPN | abi.QPAttrRQPSN
+				rtsMask = abi.QPAttrSQPSN
+			}
+			require.NoError(t, modify(qp, abi.QPSInit, initMask))
+			// ALT_PATH on INIT→RTR is allowed by the table: unsupported.
+			a := fullAttr(abi.QPSRTR)
+			err := qp.Modify(&a, abi.QPAttrState|rtrMask|abi.QPAttrAltPath)
+			assert.Equal(t, syscall.EOPNOTSUPP, errno(t, err))
+			assert.Contains(t, err.Error(), "ALT_PATH: alternate paths")
+			// PATH_MIG_STATE on INIT→RTR is not in the table: EINVAL.
+			err = qp.Modify(&a, abi.QPAttrState|rtrMask|abi.QPAttrPathMigState)
+			assert.Equal(t, syscall.EINVAL, errno(t, err))
+			assert.Contains(t, err.Error(), "attribute PATH_MIG_STATE not allowed")
+			a.DestQPNum = 0x100 + uint32(typ) // a peer of its own
+			require.NoError(t, qp.Modify(&a, abi.QPAttrState|rtrMask))
+			// RTR→RTS with PATH_MIG_STATE = MIGRATED, as some programs
+			// pass it.
+			a = fullAttr(abi.QPSRTS)
+			a.PathMigState = abi.MigMigrated
+			require.NoError(t, qp.Modify(&a, abi.QPAttrState|rtsMask|abi.QPAttrPathMigState))
+			// ARMED and REARM need an alternate path.
+			for _, st := range []uint8{abi.MigRearm, abi.MigArmed} {
+				a = fullAttr(abi.QPSRTS)
+				a.PathMigState = st
+				err = qp.Modify(&a, abi.QPAttrState|abi.QPAttrPathMigState)
+				assert.Equal(t, syscall.EOPNOTSUPP, errno(t, err))
+				assert.Contains(t, err.Error(), "needs an alternate path")
+			}
+			a.PathMigState = 3
+			err = qp.Modify(&a, abi.QPAttrState|abi.QPAttrPathMigState)
+			assert.Equal(t, syscall.EINVAL, errno(t, err))
+			// RTS→SQD with EN_SQD_ASYNC_NOTIFY 2 (any non-zero value).
+			a = fullAttr(abi.QPSSQD)
+			a.EnSQDAsyncNotify = 2
+			require.NoError(t, qp.Modify(&a, abi.QPAttrState|abi.QPAttrEnSQDAsyncNotify))
+			q, err := qp.Query()
+			require.NoError(t, err)
+			assert.Equal(t, abi.QPSSQD, q.Attr.QPState)
+			assert.Equal(t, uint8(2), q.Attr.EnSQDAsyncNotify)
+			assert.Equal(t, abi.MigMigrated, q.Attr.PathMigState)
+			// SQD→SQD and SQD→RTS take PATH_MIG_STATE too.
+			a = fullAttr(abi.QPSSQD)
+			require.NoError(t, qp.Modify(&a, abi.QPAttrState|abi.QPAttrPathMigState))
+			a = fullAttr(abi.QPSRTS)
+			require.NoError(t, qp.Modify(&a, abi.QPAttrState|abi.QPAttrPathMigState))
+		})
+	}
+	// A UD QP has no path to migrate: the kernel's table has neither
+	// attribute for UD.
+	ud := e.qp(t, abi.QPTUD)
+	require.NoError(t, modify(ud, abi.QPSInit, abi.QPAttrPKeyIndex|abi.QPAttrPort|abi.QPAttrQKey))
+	a := fullAttr(abi.QPSRTR)
+	err := ud.Modify(&a, abi.QPAttrState|abi.QPAttrAltPath)
+	assert.Equal(t, syscall.EINVAL, errno(t, err))
+}
+
 func TestCreateQPChecks(t *testing.T) {
 	s := startServer(t, device.Limits{})
 	c := open(t, s)
@@ -319,9 +391,20 @@ func TestSRQAndAH(t *testing.T) {
 	q, err = srq.Query()
 	require.NoError(t, err)
 	assert.Equal(t, uint32(8), q.SRQLimit)
-	assert.Equal(t, syscall.EINVAL, errno(t, srq.Modify(16)))
-	_, err = e.pd.CreateSRQ(16, 2, 16)
-	assert.Equal(t, syscall.EINVAL, errno(t, err))
+	// As rxe (rxe_srq_chk_attr): a limit up to the SRQ's max_wr is taken,
+	// one above it refused.
+	require.NoError(t, srq.Modify(16))
+	assert.Equal(t, syscall.EINVAL, errno(t, srq.Modify(17)))
+	// At creation rxe checks no limit (rxe_srq_chk_init) and arms the SRQ
+	// with it: so does vrnic, whatever the limit.
+	for _, lim := range []uint32{16, 17, 1 << 31} {
+		s2, err := e.pd.CreateSRQ(16, 2, lim)
+		require.NoError(t, err, "srq_limit %d", lim)
+		q, err = s2.Query()
+		require.NoError(t, err)
+		assert.Equal(t, lim, q.SRQLimit)
+		require.NoError(t, s2.Destroy())
+	}
 	_, err = e.pd.CreateSRQ(16, 33, 0)
 	assert.Equal(t, syscall.EINVAL, errno(t, err))
 

@@ -66,9 +66,16 @@ func (d *Device) checkAH(a *abi.AHAttr) error {
 
 // checkAttrValues checks the values of the attributes in mask (the mask
 // itself was checked against the transition table).
+//
+// Where Linux's rxe accepts a value and vrnic does not, the README's
+// "Where vrnic differs from the kernel's checks" says why. Accepted as
+// rxe does: any EN_SQD_ASYNC_NOTIFY (stored, given back by QUERY_QP).
+// Refused with EOPNOTSUPP, as a feature vrnic does not implement: ALT_PATH
+// and a PATH_MIG_STATE other than MIGRATED (rxe stores them; vrnic keeps
+// no alternate path).
 func (d *Device) checkAttrValues(q *QP, cur QPState, mask AttrMask, a *abi.QPAttr) error {
-	if a.Reserved != 0 {
-		return errorf(errInval, "attr.reserved must be 0")
+	if mask&AttrPathMigState == 0 && a.PathMigState != 0 {
+		return errorf(errInval, "attr.path_mig_state must be 0 without PATH_MIG_STATE in the mask")
 	}
 	if a.Cap.Reserved != 0 {
 		return errorf(errInval, "attr.cap.reserved must be 0")
@@ -95,12 +102,22 @@ func (d *Device) checkAttrValues(q *QP, cur QPState, mask AttrMask, a *abi.QPAtt
 		{AttrMaxDestRdAtomic, a.MaxDestRdAtomic > d.cfg.MaxRdAtomic, "MAX_DEST_RD_ATOMIC %d out of range (at most max_qp_rd_atom, " + rdAtom + ")", a.MaxDestRdAtomic},
 		{AttrMinRNRTimer, a.MinRNRTimer > maxTimer5, "MIN_RNR_TIMER %d out of range (5 bits)", a.MinRNRTimer},
 		{AttrDestQPN, a.DestQPNum > maxQPN24, "DEST_QPN %#x out of range (24 bits)", a.DestQPNum},
-		{AttrEnSQDAsync, a.EnSQDAsyncNotify > 1, "EN_SQD_ASYNC_NOTIFY %d: must be 0 or 1", a.EnSQDAsyncNotify},
+		{AttrPathMigState, a.PathMigState > abi.MigArmed, "PATH_MIG_STATE %d: not a migration state (0 MIGRATED, 1 REARM, 2 ARMED)", a.PathMigState},
 	}
 	for _, c := range checks {
 		if mask&c.bit != 0 && c.bad {
 			return errorf(errInval, c.msg, c.arg)
 		}
+	}
+	if mask&AttrAltPath != 0 {
+		return errorf(errNotSup, "ALT_PATH: alternate paths (automatic path migration) are not implemented")
+	}
+	if mask&AttrPathMigState != 0 && a.PathMigState != abi.MigMigrated {
+		name := "REARM"
+		if a.PathMigState == abi.MigArmed {
+			name = "ARMED"
+		}
+		return errorf(errNotSup, "PATH_MIG_STATE %s: needs an alternate path, which vrnic does not implement (only MIGRATED)", name)
 	}
 	if mask&AttrAV != 0 {
 		if err := d.checkAH(&a.AHAttr); err != nil {

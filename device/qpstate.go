@@ -24,12 +24,14 @@ import (
 // (current, next) pair and QP type, the attributes that must be in the mask
 // (required) and the attributes that may be (optional). Anything else in the
 // mask is an error naming the attribute. The tables follow the IBTA
-// (Table 91 "QP State Transition Properties") and the qp_state_table that
-// libibverbs and the Linux kernel (ib_modify_qp_is_ok) use, with these
-// differences, all because the ABI has no field for them: ALT_PATH and
-// PATH_MIG_STATE (automatic path migration) and CAP (resizing a QP) are never
-// accepted. Any state may go to ERR (IBTA 10.3.1: "Any state to Error"),
-// including RESET; any state may go to RESET.
+// (Table 91 "QP State Transition Properties") and the qp_state_table of the
+// Linux kernel (ib_modify_qp_is_ok), row for row, including ALT_PATH and
+// PATH_MIG_STATE where that table has them, so that a mask Linux refuses
+// fails here with EINVAL too. CAP is in no row (Linux's table has it in none
+// either). Values are checked afterwards (checkAttrValues): vrnic keeps no
+// alternate path, so an ALT_PATH the table allows, or a PATH_MIG_STATE other
+// than MIGRATED, then fails with EOPNOTSUPP. Any state may go to ERR (IBTA
+// 10.3.1: "Any state to Error"), including RESET; any state may go to RESET.
 
 // QPState is a QP state (enum vrnic_qp_state = enum ibv_qp_state).
 type QPState = abi.QPState
@@ -143,7 +145,12 @@ type transition struct {
 
 // rcSQDOpt is what an RC QP may change while drained (SQD→SQD).
 const rcSQDOpt = AttrPort | AttrAV | AttrTimeout | AttrRetryCnt | AttrRNRRetry |
-	AttrMaxQPRdAtomic | AttrMaxDestRdAtomic | AttrAccessFlags | AttrPKeyIndex | AttrMinRNRTimer
+	AttrMaxQPRdAtomic | AttrMaxDestRdAtomic | AttrAccessFlags | AttrPKeyIndex | AttrMinRNRTimer |
+	apm
+
+// apm is the pair of path migration attributes, optional for RC and UC
+// where a connected QP may load or switch paths.
+const apm = AttrAltPath | AttrPathMigState
 
 // qpTransitions[cur][next] is the transition table. Columns: {RC, UD, UC}.
 // UC takes what RC takes less what only the reliable service has (no
@@ -178,9 +185,9 @@ var qpTransitions = [numStates][numStates]transition{
 				AttrAV | AttrPathMTU | AttrDestQPN | AttrRQPSN,
 			},
 			optional: [numQPTypes]AttrMask{
-				AttrAccessFlags | AttrPKeyIndex,
+				AttrAltPath | AttrAccessFlags | AttrPKeyIndex,
 				AttrPKeyIndex | AttrQKey,
-				AttrAccessFlags | AttrPKeyIndex,
+				AttrAltPath | AttrAccessFlags | AttrPKeyIndex,
 			}},
 	},
 	StateRTR: {
@@ -193,9 +200,9 @@ var qpTransitions = [numStates][numStates]transition{
 				AttrSQPSN,
 			},
 			optional: [numQPTypes]AttrMask{
-				AttrAccessFlags | AttrMinRNRTimer,
+				apm | AttrAccessFlags | AttrMinRNRTimer,
 				AttrQKey,
-				AttrAccessFlags,
+				apm | AttrAccessFlags,
 			}},
 	},
 	StateRTS: {
@@ -203,9 +210,9 @@ var qpTransitions = [numStates][numStates]transition{
 		StateErr:   {valid: true},
 		StateRTS: {valid: true,
 			optional: [numQPTypes]AttrMask{
-				AttrAccessFlags | AttrMinRNRTimer,
+				apm | AttrAccessFlags | AttrMinRNRTimer,
 				AttrQKey,
-				AttrAccessFlags,
+				apm | AttrAccessFlags,
 			}},
 		StateSQD: {valid: true,
 			optional: [numQPTypes]AttrMask{AttrEnSQDAsync, AttrEnSQDAsync, AttrEnSQDAsync}},
@@ -215,15 +222,15 @@ var qpTransitions = [numStates][numStates]transition{
 		StateErr:   {valid: true},
 		StateRTS: {valid: true,
 			optional: [numQPTypes]AttrMask{
-				AttrAccessFlags | AttrMinRNRTimer,
+				apm | AttrAccessFlags | AttrMinRNRTimer,
 				AttrQKey,
-				AttrAccessFlags,
+				apm | AttrAccessFlags,
 			}},
 		StateSQD: {valid: true,
 			optional: [numQPTypes]AttrMask{
 				rcSQDOpt,
 				AttrPKeyIndex | AttrQKey,
-				AttrAV | AttrAccessFlags | AttrPKeyIndex,
+				apm | AttrAV | AttrAccessFlags | AttrPKeyIndex,
 			}},
 	},
 	StateSQE: {

@@ -164,28 +164,82 @@ func TestErrnoOf(t *testing.T) {
 	assert.Equal(t, "EIO", errnoName(errnoOf(errors.New("plain"))))
 }
 
-// TestUCTransitionsMatchKernel: the UC column is the kernel's
-// qp_state_table (drivers/infiniband/core/verbs.c, IB_QPT_UC) less
-// ALT_PATH and PATH_MIG_STATE, which the ABI has no field for.
-func TestUCTransitionsMatchKernel(t *testing.T) {
-	want := []legalTransition{
-		{QPTypeUC, StateReset, StateInit, AttrPKeyIndex | AttrPort | AttrAccessFlags, 0},
-		{QPTypeUC, StateInit, StateInit, 0, AttrPKeyIndex | AttrPort | AttrAccessFlags},
-		{QPTypeUC, StateInit, StateRTR, AttrAV | AttrPathMTU | AttrDestQPN | AttrRQPSN, AttrAccessFlags | AttrPKeyIndex},
-		{QPTypeUC, StateRTR, StateRTS, AttrSQPSN, AttrCurState | AttrAccessFlags},
-		{QPTypeUC, StateRTS, StateRTS, 0, AttrCurState | AttrAccessFlags},
-		{QPTypeUC, StateRTS, StateSQD, 0, AttrEnSQDAsync},
-		{QPTypeUC, StateSQD, StateRTS, 0, AttrCurState | AttrAccessFlags},
-		{QPTypeUC, StateSQD, StateSQD, 0, AttrAV | AttrAccessFlags | AttrPKeyIndex},
-		{QPTypeUC, StateSQE, StateRTS, 0, AttrCurState | AttrAccessFlags},
+// kernelTable is Linux's qp_state_table (drivers/infiniband/core/verbs.c,
+// ib_modify_qp_is_ok) for RC, UD and UC, transcribed row by row: each
+// legal (type, cur, next) with its required and optional attributes.
+// CUR_STATE is in the optional sets where the kernel lists it. RESET and
+// ERR as targets take no attributes, from every state (RESET→ERR too).
+func kernelTable() []legalTransition {
+	const (
+		rc, ud, uc = QPTypeRC, QPTypeUD, QPTypeUC
+		apm        = AttrAltPath | AttrPathMigState
+	)
+	out := []legalTransition{
+		{rc, StateReset, StateInit, AttrPKeyIndex | AttrPort | AttrAccessFlags, 0},
+		{ud, StateReset, StateInit, AttrPKeyIndex | AttrPort | AttrQKey, 0},
+		{uc, StateReset, StateInit, AttrPKeyIndex | AttrPort | AttrAccessFlags, 0},
+		{rc, StateInit, StateInit, 0, AttrPKeyIndex | AttrPort | AttrAccessFlags},
+		{ud, StateInit, StateInit, 0, AttrPKeyIndex | AttrPort | AttrQKey},
+		{uc, StateInit, StateInit, 0, AttrPKeyIndex | AttrPort | AttrAccessFlags},
+		{rc, StateInit, StateRTR, AttrAV | AttrPathMTU | AttrDestQPN | AttrRQPSN | AttrMaxDestRdAtomic | AttrMinRNRTimer,
+			AttrAltPath | AttrAccessFlags | AttrPKeyIndex},
+		{ud, StateInit, StateRTR, 0, AttrPKeyIndex | AttrQKey},
+		{uc, StateInit, StateRTR, AttrAV | AttrPathMTU | AttrDestQPN | AttrRQPSN, AttrAltPath | AttrAccessFlags | AttrPKeyIndex},
+		{rc, StateRTR, StateRTS, AttrTimeout | AttrRetryCnt | AttrRNRRetry | AttrSQPSN | AttrMaxQPRdAtomic,
+			AttrCurState | apm | AttrAccessFlags | AttrMinRNRTimer},
+		{ud, StateRTR, StateRTS, AttrSQPSN, AttrCurState | AttrQKey},
+		{uc, StateRTR, StateRTS, AttrSQPSN, AttrCurState | apm | AttrAccessFlags},
+		{rc, StateRTS, StateRTS, 0, AttrCurState | AttrAccessFlags | apm | AttrMinRNRTimer},
+		{ud, StateRTS, StateRTS, 0, AttrCurState | AttrQKey},
+		{uc, StateRTS, StateRTS, 0, AttrCurState | AttrAccessFlags | apm},
+		{rc, StateRTS, StateSQD, 0, AttrEnSQDAsync},
+		{ud, StateRTS, StateSQD, 0, AttrEnSQDAsync},
+		{uc, StateRTS, StateSQD, 0, AttrEnSQDAsync},
+		{rc, StateSQD, StateRTS, 0, AttrCurState | apm | AttrAccessFlags | AttrMinRNRTimer},
+		{ud, StateSQD, StateRTS, 0, AttrCurState | AttrQKey},
+		{uc, StateSQD, StateRTS, 0, AttrCurState | apm | AttrAccessFlags},
+		{rc, StateSQD, StateSQD, 0, AttrPort | AttrAV | AttrTimeout | AttrRetryCnt | AttrRNRRetry | AttrMaxQPRdAtomic |
+			AttrMaxDestRdAtomic | apm | AttrAccessFlags | AttrPKeyIndex | AttrMinRNRTimer},
+		{ud, StateSQD, StateSQD, 0, AttrPKeyIndex | AttrQKey},
+		{uc, StateSQD, StateSQD, 0, AttrAV | apm | AttrAccessFlags | AttrPKeyIndex},
+		// The kernel's SQE row has no RC column: an RC QP never gets there.
+		{ud, StateSQE, StateRTS, 0, AttrCurState | AttrQKey},
+		{uc, StateSQE, StateRTS, 0, AttrCurState | AttrAccessFlags},
 	}
-	got := map[[2]QPState]legalTransition{}
-	for _, tr := range legalTransitions() {
-		if tr.typ == QPTypeUC {
-			got[[2]QPState{tr.cur, tr.next}] = tr
+	for _, typ := range []QPType{rc, ud, uc} {
+		for _, cur := range allStates {
+			if typ == rc && cur == StateSQE {
+				continue
+			}
+			out = append(out, legalTransition{typ, cur, StateReset, 0, 0}, legalTransition{typ, cur, StateErr, 0, 0})
 		}
 	}
-	for _, w := range want {
-		assert.Equal(t, w, got[[2]QPState{w.cur, w.next}], "%v -> %v", w.cur, w.next)
+	return out
+}
+
+// TestTransitionsMatchKernel: vrnic's table is the kernel's, every legal
+// transition with the same required and optional attributes and no other
+// transition legal, so that a mask Linux accepts passes the mask check
+// here, and a mask Linux refuses with EINVAL is refused with EINVAL.
+func TestTransitionsMatchKernel(t *testing.T) {
+	want := map[[3]uint32]legalTransition{}
+	for _, tr := range kernelTable() {
+		want[[3]uint32{uint32(tr.typ), uint32(tr.cur), uint32(tr.next)}] = tr
+	}
+	got := map[[3]uint32]legalTransition{}
+	for _, tr := range legalTransitions() {
+		got[[3]uint32{uint32(tr.typ), uint32(tr.cur), uint32(tr.next)}] = tr
+	}
+	require.Len(t, want, len(kernelTable()))
+	for k, w := range want {
+		assert.Equal(t, w, got[k], "%s %v -> %v", w.typ.String(), w.cur, w.next)
+	}
+	for k, g := range got {
+		_, ok := want[k]
+		assert.True(t, ok, "%s %v -> %v is legal in vrnic, not in the kernel", g.typ.String(), g.cur, g.next)
+	}
+	// CAP is in no row of the kernel's table: refused everywhere.
+	for _, tr := range kernelTable() {
+		assert.ErrorIs(t, checkTransition(tr.typ, tr.cur, tr.next, AttrState|tr.req|AttrCap), errInval)
 	}
 }

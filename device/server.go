@@ -36,6 +36,10 @@ type conn struct {
 	// there is none.
 	out, outOOB []byte
 	outClose    []int // closed once out was sent (reply.handOff)
+	// notSupLogged: the connection's first command refused as an
+	// unsupported feature (EOPNOTSUPP) was logged at Info; later ones go
+	// to Debug, so that a client retrying in a loop does not flood the log.
+	notSupLogged bool
 }
 
 // connBufs are a connection's receive and reply buffers (128 KiB),
@@ -207,6 +211,19 @@ func (d *Device) serveConn(c *net.UnixConn) {
 	}
 }
 
+// logRefusal logs a failed command: at Debug, except the connection's
+// first refusal of a feature vrnic does not implement (EOPNOTSUPP, e.g. an
+// alternate path), which is logged at Info with its reason, as the
+// operator's clue to a program that works on other RDMA devices only.
+func (cn *conn) logRefusal(hdr *abi.MsgHdr, err error) {
+	if errors.Is(err, errNotSup) && !cn.notSupLogged {
+		cn.notSupLogged = true
+		cn.d.log.Info("command refused: feature not supported", "op", hdr.Opcode.String(), "pid", cn.pid, "reason", err.Error())
+		return
+	}
+	cn.d.log.Debug("command failed", "op", hdr.Opcode.String(), "pid", cn.pid, "errno", unix.ErrnoName(errnoOf(err)), "reason", err.Error())
+}
+
 // handle processes one datagram and builds the reply (flush sends it).
 func (cn *conn) handle(m *rawMsg) {
 	d := cn.d
@@ -220,6 +237,7 @@ func (cn *conn) handle(m *rawMsg) {
 	rep, err := cn.dispatch(&hdr, m)
 	if err != nil {
 		d.counters.CommandErrors.Add(1)
+		cn.logRefusal(&hdr, err)
 		cn.sendError(&hdr, errnoOf(err), err.Error())
 		return
 	}

@@ -235,7 +235,12 @@ static uint64_t send_ops_supported(enum ibv_qp_type t) {
 struct ibv_qp *vr_create_qp_ex(struct ibv_context *ctx, struct ibv_qp_init_attr_ex *a) {
 	if (!a || !(a->comp_mask & IBV_QP_INIT_ATTR_PD) || !a->pd || a->pd->context != ctx)
 		VR_FAIL_NULL(EINVAL);
-	if (a->comp_mask & ~(uint32_t)(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS))
+	/* As rdma-core's rxe provider (check_qp_init_attr): CREATE_FLAGS may
+	 * be in the mask, with no flag set. */
+	if (a->comp_mask &
+	    ~(uint32_t)(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS))
+		VR_FAIL_NULL(EOPNOTSUPP);
+	if ((a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && a->create_flags)
 		VR_FAIL_NULL(EOPNOTSUPP);
 	if ((a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) && (a->send_ops_flags & ~send_ops_supported(a->qp_type)))
 		VR_FAIL_NULL(EOPNOTSUPP);

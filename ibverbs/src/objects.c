@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -53,19 +54,34 @@ VR_EXPORT int ibv_dealloc_pd(struct ibv_pd *pd) {
 
 /* ---- MR ---- */
 
-/* Access bits from IBV_ACCESS_OPTIONAL_FIRST up are hints a device may
- * ignore; libibverbs strips them when the kernel does not know them. */
-#define ACCESS_KNOWN (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | \
-		      IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND)
+/* The access bits Linux 6.1 knows (IB_ACCESS_SUPPORTED less the optional
+ * range): LOCAL_WRITE up to HUGETLB. Any other bit fails with EINVAL in
+ * ib_check_mr_access. Bits from IBV_ACCESS_OPTIONAL_FIRST up are hints a
+ * device may ignore (RELAXED_ORDERING): dropped, as rxe ignores them. */
+#define ACCESS_KERNEL 0xffu
+/* Accepted and ignored, as rxe on Linux 6.1 does: MW_BIND (vrnic offers
+ * no memory windows to bind) and HUGETLB (a hint about the pages). Refused
+ * with EOPNOTSUPP: ON_DEMAND (no ODP: ib_check_mr_access's errno for a
+ * device without it) and ZERO_BASED (vrnic does not address an MR from 0;
+ * rxe of 6.1 ignores the bit and goes on addressing by iova, rxe from 6.4
+ * refuses it with EOPNOTSUPP as vrnic does). */
+#define ACCESS_NOTSUP (IBV_ACCESS_ON_DEMAND | IBV_ACCESS_ZERO_BASED)
 
 static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova, unsigned access) {
 	if (!pd || !length)
 		VR_FAIL_NULL(EINVAL);
 	access &= ~(unsigned)IBV_ACCESS_OPTIONAL_RANGE;
-	if (access & ~(unsigned)ACCESS_KNOWN)
-		VR_FAIL_NULL(EOPNOTSUPP);
+	if (access & ~ACCESS_KERNEL)
+		VR_FAIL_NULL(EINVAL);
 	if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(access & IBV_ACCESS_LOCAL_WRITE))
 		VR_FAIL_NULL(EINVAL);
+	if (access & ACCESS_NOTSUP) {
+		if (vr_debug())
+			fprintf(stderr, "vrnic: REG_MR: access %#x: %s not supported\n", access,
+				(access & IBV_ACCESS_ON_DEMAND) ? "ON_DEMAND (on-demand paging) is" :
+								  "ZERO_BASED (zero-based addressing) is");
+		VR_FAIL_NULL(EOPNOTSUPP);
+	}
 	/* The page list maps IOVA pages to the pages of addr: same offset in
 	 * the page. */
 	if ((iova & (VR_PAGE - 1)) != ((uintptr_t)addr & (VR_PAGE - 1)))
@@ -340,9 +356,12 @@ struct ibv_qp *vr_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr_ex *a) {
 	if (!ibv_to_vr_type(a->qp_type))
 		VR_FAIL_NULL(EOPNOTSUPP);
 	struct ibv_qp_cap *cap = &a->cap;
-	if (cap->max_send_wr > VRNIC_MAX_QP_WR || cap->max_recv_wr > VRNIC_MAX_QP_WR ||
-	    cap->max_send_sge > VRNIC_MAX_SGE || cap->max_recv_sge > VRNIC_MAX_SGE ||
+	if (cap->max_send_wr > VRNIC_MAX_QP_WR || cap->max_send_sge > VRNIC_MAX_SGE ||
 	    cap->max_inline_data > VRNIC_MAX_INLINE)
+		VR_FAIL_NULL(EINVAL);
+	/* With an SRQ the receive capabilities are not the QP's: ignored, as
+	 * rxe_qp_chk_cap ignores them. */
+	if (!a->srq && (cap->max_recv_wr > VRNIC_MAX_QP_WR || cap->max_recv_sge > VRNIC_MAX_SGE))
 		VR_FAIL_NULL(EINVAL);
 	struct vr_ctx *c = vr_ctx(pd->context);
 	struct vr_qp *qp = calloc(1, sizeof *qp);
@@ -501,10 +520,12 @@ VR_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mas
 		v->cap = (struct vrnic_qp_cap){ .max_send_wr = attr->cap.max_send_wr,
 			.max_recv_wr = attr->cap.max_recv_wr, .max_send_sge = attr->cap.max_send_sge,
 			.max_recv_sge = attr->cap.max_recv_sge, .max_inline_data = attr->cap.max_inline_data };
-	if (mask & IBV_QP_ALT_PATH) {
-		errno = EOPNOTSUPP;
-		return EOPNOTSUPP;
-	}
+	/* The daemon checks both path migration attributes against the
+	 * transition table as the kernel does (EINVAL where not allowed); it
+	 * keeps no alternate path, so ALT_PATH, and a migration state other
+	 * than MIGRATED, then fail with EOPNOTSUPP. */
+	if (mask & IBV_QP_PATH_MIG_STATE)
+		v->path_mig_state = (unsigned)attr->path_mig_state > 0xff ? 0xff : (uint8_t)attr->path_mig_state;
 	int ret = vr_call(vr_ctx(qp->context), VRNIC_CMD_MODIFY_QP, &m, sizeof m, NULL, 0, NULL, 0, NULL, 0);
 	if (ret) {
 		errno = ret;
@@ -568,7 +589,9 @@ VR_EXPORT int ibv_query_qp(struct ibv_qp *q, struct ibv_qp_attr *attr, int mask,
 /* ---- SRQ ---- */
 
 static struct ibv_srq *create_srq(struct ibv_pd *pd, void *srq_context, struct ibv_srq_attr *a) {
-	if (!pd || !a || a->max_wr > VRNIC_MAX_SRQ_WR || a->max_sge > VRNIC_MAX_SGE || a->srq_limit > a->max_wr)
+	/* srq_limit is not checked: rxe_srq_chk_init does not, and arms the
+	 * SRQ with it; so does the daemon. */
+	if (!pd || !a || a->max_wr > VRNIC_MAX_SRQ_WR || a->max_sge > VRNIC_MAX_SGE)
 		VR_FAIL_NULL(EINVAL);
 	struct vr_ctx *c = vr_ctx(pd->context);
 	struct vr_srq *s = calloc(1, sizeof *s);
@@ -626,7 +649,12 @@ VR_EXPORT int ibv_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr, int
 		return EINVAL;
 	}
 	if (mask & ~IBV_SRQ_LIMIT) {
-		errno = EINVAL; /* resizing is not supported */
+		/* Resizing (IBV_SRQ_MAX_WR) is not supported: EINVAL, as from
+		 * drivers without it (mlx5). rxe resizes. */
+		if (vr_debug())
+			fprintf(stderr, "vrnic: MODIFY_SRQ: mask %#x: only IBV_SRQ_LIMIT is supported (no resizing)\n",
+				(unsigned)mask);
+		errno = EINVAL;
 		return EINVAL;
 	}
 	if (!(mask & IBV_SRQ_LIMIT))

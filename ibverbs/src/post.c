@@ -52,8 +52,9 @@ static inline void wq_publish(struct vr_ctx *c, struct vr_wq *q, uint32_t pi) {
 
 /* vr_opcode_ok says whether a QP of type t may post a WR with opcode op:
  * UC has SEND and RDMA WRITE (with and without immediate), UD SEND and
- * SEND with immediate (as Soft-RoCE, the others fail to post with
- * EINVAL). */
+ * SEND with immediate; the others fail to post with EINVAL. (Soft-RoCE's
+ * provider posts them, and the kernel completes them with
+ * IBV_WC_LOC_QP_OP_ERR.) */
 bool vr_opcode_ok(enum ibv_qp_type t, unsigned op) {
 	switch (t) {
 	case IBV_QPT_UD:

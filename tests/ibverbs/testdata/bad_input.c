@@ -232,6 +232,25 @@ static void registrations(struct side *a, struct side *b) {
 	void *shm = mmap(NULL, pg, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	expect_errno("MAP_SHARED memory (not supported)", ibv_reg_mr(a->pd, shm, 64, rw) == NULL, EOPNOTSUPP);
 	munmap(shm, pg);
+	/* Access bits as Linux 6.1 checks them (ib_check_mr_access): a bit
+	 * it does not know is EINVAL, ON_DEMAND without ODP EOPNOTSUPP;
+	 * HUGETLB, MW_BIND and the optional range (RELAXED_ORDERING) pass. */
+	expect_errno("an unknown access bit (1 << 8)", ibv_reg_mr(a->pd, m, 64, rw | (1 << 8)) == NULL, EINVAL);
+	expect_errno("IBV_ACCESS_ON_DEMAND (no ODP)", ibv_reg_mr(a->pd, m, 64, rw | IBV_ACCESS_ON_DEMAND) == NULL,
+		     EOPNOTSUPP);
+	expect_errno("IBV_ACCESS_ZERO_BASED (not supported)",
+		     ibv_reg_mr(a->pd, m, 64, rw | IBV_ACCESS_ZERO_BASED) == NULL, EOPNOTSUPP);
+	int hints[] = { IBV_ACCESS_HUGETLB, IBV_ACCESS_MW_BIND, IBV_ACCESS_RELAXED_ORDERING };
+	const char *hint_names[] = { "IBV_ACCESS_HUGETLB is accepted", "IBV_ACCESS_MW_BIND is accepted",
+				     "IBV_ACCESS_RELAXED_ORDERING is accepted" };
+	for (int i = 0; i < 3; i++) {
+		struct ibv_mr *h = ibv_reg_mr(a->pd, m, 64, rw | hints[i]);
+		if (!h)
+			fail(hint_names[i], strerror(errno));
+		if (ibv_dereg_mr(h))
+			fail("ibv_dereg_mr", strerror(errno));
+		ok(hint_names[i]);
+	}
 
 	/* Read-only memory, read-only registration: B reads it with RDMA
 	 * READ into writable memory. */
@@ -372,6 +391,84 @@ static void qp_attrs(struct side *a, struct side *b) {
 		fail("ibv_destroy_qp", strerror(errno));
 }
 
+/* kernel_inputs: MODIFY_QP inputs Linux accepts for an rxe QP and vrnic
+ * accepts too, and the path migration inputs it refuses as an unsupported
+ * feature (it keeps no alternate path), with the kernel's EINVAL where the
+ * transition does not take the attribute at all. */
+static void kernel_inputs(struct side *a, struct side *b) {
+	phase = "kernel inputs";
+	struct ibv_qp *qp = new_qp(a, 4, NULL);
+	if (to_init(qp))
+		fail("INIT", strerror(errno));
+	struct ibv_qp_attr at = rtr_attr(b);
+	at.dest_qp_num = 0xabcde; /* a peer no other QP of this test has */
+	expect_ret("ALT_PATH on INIT to RTR (no alternate paths)", ibv_modify_qp(qp, &at, RTR_MASK | IBV_QP_ALT_PATH),
+		   EOPNOTSUPP);
+	at.path_mig_state = IBV_MIG_MIGRATED;
+	expect_ret("PATH_MIG_STATE on INIT to RTR (not in the table)",
+		   ibv_modify_qp(qp, &at, RTR_MASK | IBV_QP_PATH_MIG_STATE), EINVAL);
+	if (ibv_modify_qp(qp, &at, RTR_MASK))
+		fail("RTR", strerror(errno));
+	at = (struct ibv_qp_attr){ .qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = 7, .rnr_retry = 7,
+		.sq_psn = 1, .max_rd_atomic = 1, .path_mig_state = IBV_MIG_MIGRATED };
+	int rts = IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+		  IBV_QP_MAX_QP_RD_ATOMIC;
+	expect_ret("RTR to RTS with PATH_MIG_STATE MIGRATED", ibv_modify_qp(qp, &at, rts | IBV_QP_PATH_MIG_STATE), 0);
+	at.path_mig_state = IBV_MIG_ARMED;
+	expect_ret("PATH_MIG_STATE ARMED (no alternate path)",
+		   ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_PATH_MIG_STATE), EOPNOTSUPP);
+	at = (struct ibv_qp_attr){ .qp_state = IBV_QPS_SQD, .en_sqd_async_notify = 2 };
+	expect_ret("RTS to SQD with en_sqd_async_notify 2", ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_EN_SQD_ASYNC_NOTIFY),
+		   0);
+	struct ibv_qp_init_attr ia;
+	if (ibv_query_qp(qp, &at, IBV_QP_STATE, &ia))
+		fail("ibv_query_qp", strerror(errno));
+	if (at.qp_state != IBV_QPS_SQD || at.path_mig_state != IBV_MIG_MIGRATED)
+		fail("ibv_query_qp", "want SQD and MIGRATED");
+	ok("the QP is in SQD, its path MIGRATED");
+	if (ibv_destroy_qp(qp))
+		fail("ibv_destroy_qp", strerror(errno));
+
+	/* SRQs: rxe checks no srq_limit at creation (and arms the SRQ with
+	 * it), takes a limit up to max_wr on modify, and ignores a QP's
+	 * receive capabilities when it has an SRQ. */
+	struct ibv_srq_init_attr si = { .attr = { .max_wr = 16, .max_sge = 1, .srq_limit = 100 } };
+	struct ibv_srq *srq = ibv_create_srq(a->pd, &si);
+	if (!srq)
+		fail("an SRQ with srq_limit above max_wr", strerror(errno));
+	struct ibv_srq_attr sa;
+	if (ibv_query_srq(srq, &sa) || sa.srq_limit != 100)
+		fail("an SRQ with srq_limit above max_wr", "not armed with 100");
+	ok("an SRQ with srq_limit above max_wr");
+	sa.srq_limit = si.attr.max_wr;
+	expect_ret("srq_limit = max_wr", ibv_modify_srq(srq, &sa, IBV_SRQ_LIMIT), 0);
+	sa.srq_limit = si.attr.max_wr + 1;
+	expect_ret("srq_limit above max_wr", ibv_modify_srq(srq, &sa, IBV_SRQ_LIMIT), EINVAL);
+	struct ibv_qp_init_attr qa = { .send_cq = a->cq, .recv_cq = a->cq, .srq = srq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 4, .max_send_sge = 1, .max_recv_wr = 1u << 30, .max_recv_sge = 1000 } };
+	qp = ibv_create_qp(a->pd, &qa);
+	if (!qp)
+		fail("a QP with an SRQ and max_recv_wr 2^30", strerror(errno));
+	ok("a QP with an SRQ and max_recv_wr 2^30");
+	if (ibv_destroy_qp(qp) || ibv_destroy_srq(srq))
+		fail("destroy", strerror(errno));
+
+	/* ibv_create_qp_ex: CREATE_FLAGS in the mask with no flag passes
+	 * rdma-core's rxe provider; a flag it does not support does not. */
+	struct ibv_qp_init_attr_ex xa = { .send_cq = a->cq, .recv_cq = a->cq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 },
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS, .pd = a->pd };
+	qp = ibv_create_qp_ex(a->ctx, &xa);
+	if (!qp)
+		fail("ibv_create_qp_ex with IBV_QP_INIT_ATTR_CREATE_FLAGS 0", strerror(errno));
+	ok("ibv_create_qp_ex with IBV_QP_INIT_ATTR_CREATE_FLAGS 0");
+	if (ibv_destroy_qp(qp))
+		fail("destroy", strerror(errno));
+	xa.create_flags = IBV_QP_CREATE_SCATTER_FCS;
+	expect_errno("ibv_create_qp_ex with IBV_QP_CREATE_SCATTER_FCS", ibv_create_qp_ex(a->ctx, &xa) == NULL,
+		     EOPNOTSUPP);
+}
+
 /* daemon_killed streams WRITEs from a to b until the test kills a's
  * daemon, then checks every way the program can notice. */
 static void daemon_killed(struct side *a, struct side *b) {
@@ -474,6 +571,7 @@ int main(int argc, char **argv) {
 	registrations(&a, &b);
 	overflow(&a, &b);
 	qp_attrs(&a, &b);
+	kernel_inputs(&a, &b);
 	daemon_killed(&a, &b);
 	if (ibv_destroy_qp(b.qp) || ibv_destroy_cq(b.cq) || ibv_destroy_comp_channel(b.ch) || ibv_dealloc_pd(b.pd) ||
 	    ibv_close_device(b.ctx))
