@@ -102,7 +102,7 @@ func TestQueryDeviceReportsABILimits(t *testing.T) {
 	assert.Equal(t, uint32(abi.MaxRdAtomic), a.MaxQPInitRdAtom)
 	assert.Equal(t, uint64(abi.MaxMRSize), a.MaxMRSize)
 	// The values themselves, as the ABI documents them.
-	assert.Equal(t, []uint32{512, 32768, 16384, 32, 16384, 32},
+	assert.Equal(t, []uint32{512, 262144, 16384, 32, 16384, 32},
 		[]uint32{a.MaxInline, a.MaxCQE, a.MaxQPWR, a.MaxSGE, a.MaxSRQWR, a.MaxSRQSGE})
 }
 
