@@ -208,8 +208,9 @@ func UCXPerftest(t *testing.T, e Env, tls, test string, iters, size int) Perf {
 }
 
 var (
-	gidHash  = regexp.MustCompile(`adding gid (\S+) to hash on device (\S+) port (\d+) index (\d+)`)
-	cmAHAttr = regexp.MustCompile(`ah_attr dlid=\d+ sl=\d+ port=(\d+) src_path_bits=\d+ dgid=(\S+) sgid_index=(\d+)`)
+	gidHash    = regexp.MustCompile(`adding gid (\S+) to hash on device (\S+) port (\d+) index (\d+)`)
+	ndevUnread = regexp.MustCompile(`failed to read \S*gid_attrs/ndevs/\d+[^\n]*`)
+	cmAHAttr   = regexp.MustCompile(`ah_attr dlid=\d+ sl=\d+ port=(\d+) src_path_bits=\d+ dgid=(\S+) sgid_index=(\d+)`)
 )
 
 // IODemo runs UCX's io_demo with its data and transaction checks (-q):
@@ -258,6 +259,11 @@ func IODemo(t *testing.T, e Env, tls string, iters int, debug bool) map[string]b
 			if m[1] == "1" && m[3] == "0" {
 				seen["cm "+m[2]] = true
 			}
+		}
+		// UCX reads the GID's net device from sysfs (ndevs) and says
+		// so at DIAG level when it cannot.
+		if m := ndevUnread.FindString(sout.String() + out); m != "" {
+			seen["ndev unreadable: "+m] = true
 		}
 	}
 	return seen
@@ -336,7 +342,8 @@ func DevinfoGIDs(t *testing.T, e Env) map[string]bool {
 }
 
 // SameGIDs checks that UCX's UD transport and its rdma_cm (as IODemo saw
-// them with debug) see the GIDs ibv_devinfo reports.
+// them with debug) see the GIDs ibv_devinfo reports, and that UCX found
+// each GID's net device (sysfs gid_attrs/ndevs).
 func SameGIDs(t *testing.T, e Env, seen map[string]bool) {
 	devinfo := DevinfoGIDs(t, e)
 	for _, d := range e.Devs {
@@ -345,6 +352,9 @@ func SameGIDs(t *testing.T, e Env, seen map[string]bool) {
 		assert.True(t, seen["ud "+want], "UCX ud_verbs: %s not in %v", want, seen)
 	}
 	assert.True(t, seen["cm ::ffff:"+e.Addrs[0]], "UCX's rdma_cm: the server's GID ::ffff:%s not in %v", e.Addrs[0], seen)
+	for k := range seen {
+		assert.False(t, strings.HasPrefix(k, "ndev unreadable"), "UCX found no net device for a GID: %s", k)
+	}
 }
 
 func addrOf(e Env, dev string) string {
