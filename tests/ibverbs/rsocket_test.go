@@ -83,34 +83,24 @@ func rstreamCases() [][]string {
 // default run, 100,000 ping-pongs at 64 B and more at other sizes, is a
 // measurement: minutes on a loaded machine; the cases cover its sizes
 // and both of its kinds of rows.)
-func TestRstream(t *testing.T) {
-	testenv.NeedTool(t, "rstream")
-	p := startPair(t)
-	for _, c := range rstreamCases() {
-		t.Run(strings.Join(c, ""), func(t *testing.T) {
-			sout, cout := streamRun(t, p, "rstream", 120*time.Second, c...)
-			for _, o := range []string{sout, cout} {
-				rows := checkRows(t, "rstream", o, 1)
-				assert.Equal(t, count(c[3]), rows[0][3], "transfers")
-				if c[4] == "-I" {
-					assert.Equal(t, count(c[5]), rows[0][4], "iterations")
-				}
-			}
-		})
-	}
-}
+func TestRstream(t *testing.T) { runStreamCases(t, "rstream") }
 
 // TestRiostream runs Debian's unmodified riostream: the receiver maps its
 // buffer with riomap and the sender writes it with riowrite (RDMA WRITE
 // into the peer's iomap), verified, in every mode.
-func TestRiostream(t *testing.T) {
-	testenv.NeedTool(t, "riostream")
+func TestRiostream(t *testing.T) { runStreamCases(t, "riostream") }
+
+// runStreamCases runs prog (rstream or riostream) over every case of
+// rstreamCases between two daemons; both sides must report one row with
+// the case's transfers and iterations.
+func runStreamCases(t *testing.T, prog string) {
+	testenv.NeedTool(t, prog)
 	p := startPair(t)
 	for _, c := range rstreamCases() {
 		t.Run(strings.Join(c, ""), func(t *testing.T) {
-			sout, cout := streamRun(t, p, "riostream", 120*time.Second, c...)
+			sout, cout := streamRun(t, p, prog, 120*time.Second, c...)
 			for _, o := range []string{sout, cout} {
-				rows := checkRows(t, "riostream", o, 1)
+				rows := checkRows(t, prog, o, 1)
 				assert.Equal(t, count(c[3]), rows[0][3], "transfers")
 				if c[4] == "-I" {
 					assert.Equal(t, count(c[5]), rows[0][4], "iterations")

@@ -2,7 +2,6 @@ package tap
 
 import (
 	"os/exec"
-	"path/filepath"
 	"testing"
 
 	"github.com/vrnic/vrnic/internal/mwprogs"
@@ -32,15 +31,8 @@ func TestFabricOverTAP(t *testing.T) {
 	ipCmd(t, "-n", progNS, "link", "set", "lo", "up")
 	ipCmd(t, "-n", progNS, "addr", "add", addrA+"/32", "dev", "lo")
 	ipCmd(t, "-n", progNS, "addr", "add", addrB+"/32", "dev", "lo")
-	a := tp.startDaemon(t, tp.nsA, "fa", "vfa", 1, nil, addrA+"/24")
-	b := tp.startDaemon(t, tp.nsB, "fb", "vfb", 1, nil, addrB+"/24")
-	e := mwprogs.Env{
-		VrnicRun: filepath.Join(bin, "vrnic-run"), RunArgs: []string{"-runtime-dir", tp.dir, "-cache-dir", t.TempDir()},
-		Devs:  [2]string{"fa", "fb"},
-		Addrs: [2]string{addrA, addrB},
-		Socks: [2]string{a.sock, b.sock},
-		Netns: progNS,
-	}
+	e := tp.mwEnv(t, "fa", "fb")
+	e.Netns = progNS
 	for _, d := range e.Devs {
 		t.Run("fi_info/"+d, func(t *testing.T) { mwprogs.FIInfo(t, e, d) })
 	}

@@ -17,16 +17,23 @@ import (
 // daemon's link loops back as an RNIC does (link.TAPPort.SendBatch).
 func TestUCXOverTAP(t *testing.T) {
 	tp := newTopo(t)
-	a := tp.startDaemon(t, tp.nsA, "ua", "vua", 1, nil, addrA+"/24")
-	b := tp.startDaemon(t, tp.nsB, "ub", "vub", 1, nil, addrB+"/24")
-	e := mwprogs.Env{
-		VrnicRun: filepath.Join(bin, "vrnic-run"), RunArgs: []string{"-runtime-dir", tp.dir, "-cache-dir", t.TempDir()},
-		Devs:  [2]string{"ua", "ub"},
-		Addrs: [2]string{addrA, addrB},
-		Socks: [2]string{a.sock, b.sock},
-	}
+	e := tp.mwEnv(t, "ua", "ub")
 	mwprogs.UCXSuite(t, e, 1000, 500)
 	prog := mwprogs.MPIProgram(t, t.TempDir())
 	t.Run("mpi_2ranks", func(t *testing.T) { mwprogs.MPI(t, e, prog, "rc_verbs,ud_verbs", 1) })
 	t.Run("mpi_4ranks", func(t *testing.T) { mwprogs.MPI(t, e, prog, "rc_verbs,ud_verbs", 2) })
+}
+
+// mwEnv starts daemons devA (TAP "v"+devA, addrA) and devB in the
+// topology's namespaces and returns the mwprogs environment of the two,
+// servers on devA.
+func (tp *topo) mwEnv(t *testing.T, devA, devB string) mwprogs.Env {
+	a := tp.startDaemon(t, tp.nsA, devA, "v"+devA, 1, nil, addrA+"/24")
+	b := tp.startDaemon(t, tp.nsB, devB, "v"+devB, 1, nil, addrB+"/24")
+	return mwprogs.Env{
+		VrnicRun: filepath.Join(bin, "vrnic-run"), RunArgs: []string{"-runtime-dir", tp.dir, "-cache-dir", t.TempDir()},
+		Devs:  [2]string{devA, devB},
+		Addrs: [2]string{addrA, addrB},
+		Socks: [2]string{a.sock, b.sock},
+	}
 }
