@@ -301,7 +301,14 @@ func MPI(t *testing.T, e Env, prog, tls string, perDev int) {
 	mpirun := testenv.NeedTool(t, "mpirun")
 	args := []string{"--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
 		"--mca", "pml", "ucx", "--mca", "btl", "self", "--mca", "osc", "ucx",
-		"-x", "UCX_TLS=" + tls + ",self", "-x", "UCX_WARN_UNUSED_ENV_VARS=n"}
+		"-x", "UCX_TLS=" + tls + ",self", "-x", "UCX_WARN_UNUSED_ENV_VARS=n",
+		// UCX before 1.20 takes a stale UD acknowledgement from before an
+		// endpoint's reset for the new endpoint's (openucx/ucx#8743 and
+		// #11107, fixed by #11092): a 4-rank job's wireup crashed in
+		// uct_ud_ep_process_ack or in the wireup handler in about 1 of
+		// 12 runs next to two CPU hogs, where verbs calls are slow and
+		// UD's 10 ms timer resends; with a 100 ms tick, 25 of 25 ran.
+		"-x", "UCX_UD_VERBS_TIMER_TICK=100ms"}
 	for i, d := range e.Devs {
 		if i > 0 {
 			args = append(args, ":")
