@@ -76,24 +76,32 @@ type FIRow struct {
 	MBps, Usec       float64
 }
 
-var fiRowRE = regexp.MustCompile(`(?m)^(\d+)([kmg]?)\s+(\d+)\s+=(\d+)\s+\S+\s+\S+s\s+([0-9.]+)\s+([0-9.]+)\s+[0-9.]+\s*$`)
+var fiRowRE = regexp.MustCompile(`(?m)^(\d+)([kmg]?)\s+(\d+)([kmg]?)\s+=(\d+)([kmg]?)\s+\S+\s+\S+s\s+([0-9.]+)\s+([0-9.]+)\s+[0-9.]+\s*$`)
 
 // ParseFIPingpong reads fi_pingpong's table: bytes, #sent, #ack, total,
 // time, MB/sec, usec/xfer, Mxfers/sec. Sizes of 1024 bytes and more
-// carry a binary suffix (1k, 64k, 1m).
+// carry a binary suffix (1k, 64k, 1m), counts of 1000 and more a decimal
+// one (2k).
 func ParseFIPingpong(out string) []FIRow {
 	var rows []FIRow
 	for _, m := range fiRowRE.FindAllStringSubmatch(out, -1) {
 		var r FIRow
 		r.Bytes, _ = strconv.Atoi(m[1])
 		r.Bytes <<= map[string]int{"": 0, "k": 10, "m": 20, "g": 30}[m[2]]
-		r.Sent, _ = strconv.Atoi(m[3])
-		r.Ack, _ = strconv.Atoi(m[4])
-		r.MBps, _ = strconv.ParseFloat(m[5], 64)
-		r.Usec, _ = strconv.ParseFloat(m[6], 64)
+		r.Sent = decimal(m[3], m[4])
+		r.Ack = decimal(m[5], m[6])
+		r.MBps, _ = strconv.ParseFloat(m[7], 64)
+		r.Usec, _ = strconv.ParseFloat(m[8], 64)
 		rows = append(rows, r)
 	}
 	return rows
+}
+
+// decimal is fi_pingpong's count n with its suffix (k, m, g: powers of
+// 1000).
+func decimal(n, suffix string) int {
+	v, _ := strconv.Atoi(n)
+	return v * map[string]int{"": 1, "k": 1000, "m": 1000000, "g": 1000000000}[suffix]
 }
 
 // FIPingpong runs fi_pingpong once with messages of size bytes: the

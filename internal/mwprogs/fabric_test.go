@@ -10,9 +10,11 @@ import (
 func TestParseFIPingpong(t *testing.T) {
 	out := "bytes   #sent   #ack     total       time     MB/sec    usec/xfer   Mxfers/sec\n" +
 		"64      100     =100     12k         0.01s      1.16      55.06       0.02\n" +
-		"64k     10      =10      1.2m        0.02s     66.12     991.20       0.00\n"
+		"64k     10      =10      1.2m        0.02s     66.12     991.20       0.00\n" +
+		"64      2k      =2k      250k        0.12s      2.06      31.10       0.03\n"
 	rows := ParseFIPingpong(out)
-	require.Len(t, rows, 2)
+	require.Len(t, rows, 3)
+	assert.Equal(t, FIRow{Bytes: 64, Sent: 2000, Ack: 2000, MBps: 2.06, Usec: 31.10}, rows[2])
 	assert.Equal(t, FIRow{Bytes: 64, Sent: 100, Ack: 100, MBps: 1.16, Usec: 55.06}, rows[0])
 	assert.Equal(t, FIRow{Bytes: 65536, Sent: 10, Ack: 10, MBps: 66.12, Usec: 991.20}, rows[1])
 	assert.Empty(t, ParseFIPingpong("64x     10      =10      1.2m        0.02s     66.12     991.20       0.00\n"))
