@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -145,9 +146,67 @@ func TestSystemView(t *testing.T) {
 // user namespace mapping nobody to itself, and the program runs as
 // nobody.
 func TestSystemViewUnprivileged(t *testing.T) {
-	testenv.NeedRoot(t, "needs root to switch to the unprivileged user nobody")
 	testenv.NeedTool(t, "ibv_devinfo")
-	const uid, gid = 65534, 65534
+	u := startUnprivileged(t)
+	view := u.output(t, "-v", "sh", "-c", viewScript)
+	if strings.Contains(view, "running without the system view") {
+		t.Skipf("no user namespace for nobody here: %s", view)
+	}
+	checkView(t, view, u.output(t, "ibv_devinfo", "-v"), unprivUID)
+}
+
+// TestUCXUnprivileged runs UCX's ucx_perftest (tag_lat, then ucp_put_bw)
+// over rc_verbs and ud_verbs as the unprivileged user nobody, daemons
+// included: UCX needs the view (a user namespace then), no root.
+func TestUCXUnprivileged(t *testing.T) {
+	testenv.NeedTool(t, "ucx_perftest")
+	u := startUnprivileged(t)
+	if v := u.output(t, "-v", "true"); strings.Contains(v, "running without the system view") {
+		t.Skipf("no user namespace for nobody here: %s", v)
+	}
+	for _, test := range []string{"tag_lat", "ucp_put_bw"} {
+		port := freeTCPPort(t)
+		env := []string{"UCX_TLS=rc_verbs,ud_verbs", "UCX_WARN_UNUSED_ENV_VARS=n"}
+		var sout launch.Buffer // written by exec's copying goroutine
+		srv := u.command("-d", "b", "ucx_perftest", "-p", strconv.Itoa(port))
+		srv.Env = append(srv.Env, env...)
+		srv.Stdout, srv.Stderr = &sout, &sout
+		require.NoError(t, srv.Start())
+		done := make(chan struct{})
+		go func() { srv.Wait(); close(done) }()
+		t.Cleanup(func() {
+			srv.Process.Kill()
+			<-done
+		})
+		require.Eventually(t, func() bool { return listening(port) }, 60*time.Second, 20*time.Millisecond, "server: %s", &sout)
+		cli := u.command("-d", "a", "ucx_perftest", "-p", strconv.Itoa(port), "-t", test, "-n", "1000", "127.0.0.1")
+		cli.Env = append(cli.Env, env...)
+		out, err := cli.CombinedOutput()
+		require.NoError(t, err, "client: %s\nserver: %s", out, &sout)
+		assert.Regexp(t, `(?m)^Final:\s+1000\s`, string(out), "every iteration reported")
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("server did not exit: %s", &sout)
+		}
+	}
+}
+
+// unprivUID is the user (and group) the unprivileged tests run as.
+const unprivUID = 65534
+
+// unprivileged is a pair of daemons run as nobody, in a runtime directory
+// of theirs, with vrnic-run run as nobody too.
+type unprivileged struct {
+	rd, tmp string
+	env     []string
+	cred    *syscall.SysProcAttr
+}
+
+// startUnprivileged starts daemons a and b as nobody over the UDP link.
+func startUnprivileged(t *testing.T) *unprivileged {
+	testenv.NeedRoot(t, "needs root to switch to the unprivileged user nobody")
+	const uid, gid = unprivUID, unprivUID
 	tmp, err := os.MkdirTemp("", "vrnic-view-")
 	require.NoError(t, err)
 	t.Cleanup(func() { os.RemoveAll(tmp) })
@@ -158,14 +217,14 @@ func TestSystemViewUnprivileged(t *testing.T) {
 	rd := filepath.Join(tmp, "run")
 	require.NoError(t, os.Mkdir(rd, 0o700))
 	require.NoError(t, os.Chown(rd, uid, gid))
-	cred := &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: gid}}
-	env := []string{"TMPDIR=" + tmp, "HOME=" + tmp, "PATH=/usr/bin:/bin"}
+	u := &unprivileged{rd: rd, tmp: tmp, cred: &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: gid}},
+		env: []string{"TMPDIR=" + tmp, "HOME=" + tmp, "PATH=/usr/bin:/bin"}}
 	a, b, err := launch.LoopbackPair(netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("127.0.0.2"))
 	require.NoError(t, err)
 	for i, name := range []string{"a", "b"} {
 		d := exec.Command(filepath.Join(bin, "vrnicd"), "-name", name, "-runtime-dir", rd, "-link", "udp",
 			"-workers", "1", "-local", []netip.Addr{a, b}[i].String()+":4791")
-		d.Env, d.SysProcAttr = env, cred
+		d.Env, d.SysProcAttr = u.env, u.cred
 		logb := &launch.Buffer{}
 		d.Stderr = logb
 		require.NoError(t, d.Start())
@@ -178,17 +237,20 @@ func TestSystemViewUnprivileged(t *testing.T) {
 			return err == nil
 		}, 15*time.Second, 20*time.Millisecond, "vrnicd %s: %s", name, logb)
 	}
-	run := func(args ...string) string {
-		c := exec.Command(filepath.Join(bin, "vrnic-run"), append([]string{"-runtime-dir", rd,
-			"-cache-dir", filepath.Join(tmp, "cache")}, args...)...)
-		c.Env, c.SysProcAttr = env, cred
-		out, err := c.CombinedOutput()
-		require.NoError(t, err, "%s", out)
-		return string(out)
-	}
-	view := run("-v", "sh", "-c", viewScript)
-	if strings.Contains(view, "running without the system view") {
-		t.Skipf("no user namespace for nobody here: %s", view)
-	}
-	checkView(t, view, run("ibv_devinfo", "-v"), uid)
+	return u
+}
+
+// command is vrnic-run ARGS as nobody on u's daemons.
+func (u *unprivileged) command(args ...string) *exec.Cmd {
+	c := exec.Command(filepath.Join(bin, "vrnic-run"), append([]string{"-runtime-dir", u.rd,
+		"-cache-dir", filepath.Join(u.tmp, "cache")}, args...)...)
+	c.Env, c.SysProcAttr = append([]string{}, u.env...), u.cred
+	return c
+}
+
+// output runs vrnic-run ARGS as nobody; it must exit 0.
+func (u *unprivileged) output(t *testing.T, args ...string) string {
+	out, err := u.command(args...).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	return string(out)
 }
