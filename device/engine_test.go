@@ -6,6 +6,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -179,4 +180,51 @@ func (e *pageEngine) CreateQP(q *device.QP) error {
 	e.qpRec = q.DBIndex()
 	e.cqRec = q.SendCQ().DBIndex()
 	return nil
+}
+
+// gateEngine holds every QP removal until the test releases it.
+type gateEngine struct {
+	devicetest.NopDataPlane
+	release chan struct{}
+}
+
+func (e *gateEngine) DestroyQP(q *device.QP) <-chan device.QPCounters {
+	final := make(chan device.QPCounters, 1)
+	go func() {
+		<-e.release
+		final <- device.QPCounters{}
+	}()
+	return final
+}
+
+// TestDestroyQPWaitsForDataPlane: DESTROY_QP is answered only once the
+// data plane removed the QP, so that no completion of it can be written
+// after the client's ibv_destroy_qp returns (as on the kernel's devices;
+// libfabric's ofi_rxm frees what a late completion's wr_id names). The
+// device stays responsive to other commands meanwhile.
+func TestDestroyQPWaitsForDataPlane(t *testing.T) {
+	eng := &gateEngine{release: make(chan struct{})}
+	s, err := devicetest.Start(devicetest.Options{DataPlane: eng})
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	c := open(t, s)
+	e := newQPEnv(t, c)
+	qp := e.qp(t, abi.QPTRC)
+	done := make(chan error, 1)
+	go func() { done <- qp.Destroy() }()
+	other := open(t, s) // another client is served while the destroy waits
+	_, err = other.QueryDevice()
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return s.Device.Counts().QP == 0 }, 10*time.Second, time.Millisecond,
+		"the daemon took the destroy")
+	// An answer sent now would arrive well within this (it can only make
+	// the test miss an early answer, never fail a correct daemon).
+	time.Sleep(200 * time.Millisecond)
+	select {
+	case err := <-done:
+		t.Fatalf("DESTROY_QP answered (%v) before the data plane removed the QP", err)
+	default:
+	}
+	close(eng.release)
+	require.NoError(t, <-done)
 }

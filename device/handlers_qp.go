@@ -279,16 +279,20 @@ func (cn *conn) destroyQP(r *request) (reply, error) {
 	if err != nil {
 		return reply{}, err
 	}
-	cn.d.freeQP(cn.ctx, q)
-	return reply{}, nil
+	return reply{wait: cn.d.freeQP(cn.ctx, q)}, nil
 }
 
-func (d *Device) freeQP(cx *Context, q *QP) {
+// freeQP destroys q; the returned channel (nil without a data plane) is
+// closed once the data plane removed it: from then on no completion of
+// q is written.
+func (d *Device) freeQP(cx *Context, q *QP) <-chan struct{} {
 	final := d.dp.DestroyQP(q)
 	d.releasePeer(q)
+	var applied chan struct{}
 	if final != nil {
 		cx.lingering++
-		go d.awaitRelease(cx, final)
+		applied = make(chan struct{})
+		go d.awaitRelease(cx, final, applied)
 	}
 	d.releaseLater(cx, func() {
 		d.unpinQP(q)
@@ -304,6 +308,7 @@ func (d *Device) freeQP(cx *Context, q *QP) {
 	}
 	cx.counts.QP--
 	d.totals.QP--
+	return applied
 }
 
 func (cn *conn) createSRQ(r *request) (reply, error) {
@@ -526,8 +531,9 @@ func (d *Device) releaseLater(cx *Context, f func()) {
 // (at the latest when the engine closes), adds the QP's final counters to
 // the device's totals and, after the last of cx's removals, runs what was
 // deferred for cx, under the device lock.
-func (d *Device) awaitRelease(cx *Context, final <-chan QPCounters) {
+func (d *Device) awaitRelease(cx *Context, final <-chan QPCounters, applied chan<- struct{}) {
 	ctr := <-final
+	close(applied)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.dpRetired.Add(ctr)

@@ -27,6 +27,8 @@ type conn struct {
 	uid, gid uint32
 	operator bool
 
+	wait <-chan struct{} // the pending reply's reply.wait
+
 	bufs *connBufs // buf and rbuf, from connBufPool until the connection ends
 	buf  []byte    // receive buffer: MaxMsgSize+1 to detect oversize datagrams
 	oob  []byte
@@ -70,6 +72,11 @@ type reply struct {
 	// the client's end of a socket pair) and are closed here once the
 	// reply was sent, or dropped.
 	handOff bool
+	// wait, when not nil, is closed when the command has taken effect in
+	// the data plane; the reply is sent only then, outside the device
+	// lock (DESTROY_QP: no completion of the QP is written after the
+	// client's ibv_destroy_qp returns, as on the kernel's devices).
+	wait <-chan struct{}
 }
 
 // cmdSpec describes a command: the exact payload size (or -1 when the
@@ -205,6 +212,10 @@ func (d *Device) serveConn(c *net.UnixConn) {
 			m.closeFds()
 		}
 		turn.release()
+		if cn.wait != nil {
+			<-cn.wait // the reply waits for the data plane (reply.wait)
+			cn.wait = nil
+		}
 		if !cn.flush() {
 			return
 		}
@@ -241,6 +252,7 @@ func (cn *conn) handle(m *rawMsg) {
 		cn.sendError(&hdr, errnoOf(err), err.Error())
 		return
 	}
+	cn.wait = rep.wait
 	cn.sendReply(&hdr, rep)
 }
 
