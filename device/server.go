@@ -73,9 +73,10 @@ type reply struct {
 	// reply was sent, or dropped.
 	handOff bool
 	// wait, when not nil, is closed when the command has taken effect in
-	// the data plane; the reply is sent only then, outside the device
-	// lock (DESTROY_QP: no completion of the QP is written after the
-	// client's ibv_destroy_qp returns, as on the kernel's devices).
+	// the data plane; the reply is sent only then (or after
+	// dataPlaneWaitMax: a stuck worker), outside the device lock
+	// (DESTROY_QP: no completion of the QP is written after the client's
+	// ibv_destroy_qp returns, as on the kernel's devices).
 	wait <-chan struct{}
 }
 
@@ -213,7 +214,7 @@ func (d *Device) serveConn(c *net.UnixConn) {
 		}
 		turn.release()
 		if cn.wait != nil {
-			<-cn.wait // the reply waits for the data plane (reply.wait)
+			cn.awaitDataPlane()
 			cn.wait = nil
 		}
 		if !cn.flush() {
@@ -254,6 +255,23 @@ func (cn *conn) handle(m *rawMsg) {
 	}
 	cn.wait = rep.wait
 	cn.sendReply(&hdr, rep)
+}
+
+// dataPlaneWaitMax bounds how long a reply waits for the data plane
+// (reply.wait): a worker that is stuck must not hold its clients'
+// control path; past the bound the reply goes out and the removal stays
+// queued.
+const dataPlaneWaitMax = 2 * time.Second
+
+// awaitDataPlane waits for cn.wait, at most dataPlaneWaitMax.
+func (cn *conn) awaitDataPlane() {
+	t := time.NewTimer(dataPlaneWaitMax)
+	defer t.Stop()
+	select {
+	case <-cn.wait:
+	case <-t.C:
+		cn.d.log.Warn("data plane did not confirm a command in time; replying anyway", "pid", cn.pid, "after", dataPlaneWaitMax)
+	}
 }
 
 func (cn *conn) dispatch(hdr *abi.MsgHdr, m *rawMsg) (reply, error) {
