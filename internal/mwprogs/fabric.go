@@ -121,7 +121,15 @@ func FIPingpong(t *testing.T, e Env, prov, ep string, check bool, iters, size in
 	waitTCP(t, port, srv, sout)
 	cli, cout := e.start(t, "fi_pingpong client", e.Devs[1], nil, append(args, "-P", strconv.Itoa(port), e.Addrs[0])...)
 	wait(t, cli, cout, 30*time.Second, "fi_pingpong client ("+prov+" "+ep+"; server: "+sout.String()+")")
-	wait(t, srv, sout, 30*time.Second, "fi_pingpong server")
+	if prov == "verbs" && ep == "rdm" && rxmTeardownCrash(srv, sout, 30*time.Second) {
+		// Known and open (README, "libfabric"): the server, its
+		// ping-pong done and reported, sometimes segfaults inside
+		// libfabric while ofi_rxm tears its connections down.
+		require.Len(t, ParseFIPingpong(sout.String()), 1, "the crashed server reported its ping-pong first:\n%s", sout)
+		t.Logf("known open defect: fi_pingpong's server crashed in ofi_rxm's teardown after its report:\n%s", sout)
+	} else {
+		wait(t, srv, sout, 30*time.Second, "fi_pingpong server")
+	}
 	got := ParseFIPingpong(cout.String())
 	require.Len(t, got, 1, "client table:\n%s", cout)
 	r := got[0]
@@ -131,6 +139,15 @@ func FIPingpong(t *testing.T, e Env, prov, ep string, check bool, iters, size in
 	assert.Greater(t, r.Usec, 0.0)
 	assert.Less(t, r.Usec, 1e6, "a second per transfer")
 	return r
+}
+
+// rxmTeardownCrash waits for srv and tells whether it ended with
+// libfabric's report of a segmentation fault.
+func rxmTeardownCrash(srv *launch.Proc, out *launch.Buffer, d time.Duration) bool {
+	if !srv.Wait(d) {
+		return false // wait() reports it
+	}
+	return srv.Err() != nil && strings.Contains(out.String(), "terminated with signal 11")
 }
 
 // FIPingpongSuite runs fi_pingpong runs times in a row for each endpoint
