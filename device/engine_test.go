@@ -66,14 +66,20 @@ func (e *recEngine) snapshot() []string {
 	return append([]string(nil), e.calls...)
 }
 
-func TestEngineSeam(t *testing.T) {
-	eng := &recEngine{}
-	s, err := devicetest.Start(devicetest.Options{DataPlane: eng})
+// startWithRCQP starts a device over data plane dp, opens a client on it
+// and creates an RC QP.
+func startWithRCQP(t *testing.T, dp device.DataPlane) (*devicetest.Server, *verbs.Context, *qpEnv, *verbs.QP) {
+	s, err := devicetest.Start(devicetest.Options{DataPlane: dp})
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	c := open(t, s)
 	e := newQPEnv(t, c)
-	qp := e.qp(t, abi.QPTRC)
+	return s, c, e, e.qp(t, abi.QPTRC)
+}
+
+func TestEngineSeam(t *testing.T) {
+	eng := &recEngine{}
+	s, c, e, qp := startWithRCQP(t, eng)
 	require.NoError(t, qp.ToInit(0, 0))
 	q, err := qp.Query()
 	require.NoError(t, err)
@@ -204,16 +210,11 @@ func (e *gateEngine) DestroyQP(q *device.QP) <-chan device.QPCounters {
 // device stays responsive to other commands meanwhile.
 func TestDestroyQPWaitsForDataPlane(t *testing.T) {
 	eng := &gateEngine{release: make(chan struct{})}
-	s, err := devicetest.Start(devicetest.Options{DataPlane: eng})
-	require.NoError(t, err)
-	t.Cleanup(func() { s.Close() })
-	c := open(t, s)
-	e := newQPEnv(t, c)
-	qp := e.qp(t, abi.QPTRC)
+	s, _, _, qp := startWithRCQP(t, eng)
 	done := make(chan error, 1)
 	go func() { done <- qp.Destroy() }()
 	other := open(t, s) // another client is served while the destroy waits
-	_, err = other.QueryDevice()
+	_, err := other.QueryDevice()
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return s.Device.Counts().QP == 0 }, 10*time.Second, time.Millisecond,
 		"the daemon took the destroy")
