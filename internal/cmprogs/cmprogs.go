@@ -43,7 +43,7 @@ type Env struct {
 // send that REQ before the second listen, which any CM rejects (reason 8,
 // invalid service ID; perftest then fails, and may crash). A perftest run
 // that fails that way, or whose clock calibration failed
-// (calibrationFailed), is run again, up to three times (on a loaded
+// (CalibrationFailed), is run again, up to three times (on a loaded
 // machine both happen more often).
 func Run(t *testing.T, e Env, c Case) {
 	t.Helper()
@@ -55,11 +55,11 @@ func Run(t *testing.T, e Env, c Case) {
 	}
 }
 
-// calibrationFailed is what perftest prints when it could not measure the
+// CalibrationFailed is what perftest prints when it could not measure the
 // CPU's clock, which it needs for its report: on a loaded machine its
 // samples of the cycle counter against gettimeofday correlate too poorly.
 // That is the tool's clock, not vrnic: the run is made again.
-const calibrationFailed = "Correlation coefficient r^2"
+const CalibrationFailed = "Correlation coefficient r^2"
 
 // perftestListenRace is what a perftest client prints when its REQ was
 // rejected for want of a listener.
@@ -82,7 +82,7 @@ func runOnce(t *testing.T, e Env, c Case, mayRetry bool) bool {
 	require.True(t, cli.Wait(120*time.Second), "client did not exit: %s", both())
 	if cli.Err() != nil && mayRetry && strings.HasPrefix(c.Prog, "ib_") &&
 		(perftestListenRace.MatchString(cout.String()+cerr.String()) ||
-			strings.Contains(cout.String()+cerr.String(), calibrationFailed)) {
+			strings.Contains(cout.String()+cerr.String(), CalibrationFailed)) {
 		srv.Stop(0, 5*time.Second)
 		for _, s := range e.Socks {
 			require.NoError(t, WaitNoCMIDs(s, 10*time.Second))

@@ -24,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vrnic/vrnic/admin"
+	"github.com/vrnic/vrnic/internal/cmprogs"
 	"github.com/vrnic/vrnic/internal/launch"
 	"github.com/vrnic/vrnic/internal/testenv"
 )
@@ -211,9 +212,6 @@ func pingpong(t *testing.T, p *pair, prog, gidFlag string, args ...string) (serv
 	}
 }
 
-// calibrationFailed: perftest could not measure the CPU's clock.
-const calibrationFailed = "Correlation coefficient r^2"
-
 // pingpongOnce runs the pair once; with mayRetry, a run in which perftest's
 // calibration failed returns again = true instead of failing the test.
 func pingpongOnce(t *testing.T, p *pair, prog, gidFlag string, mayRetry bool, args ...string) (server, client string, again bool) {
@@ -231,14 +229,14 @@ func pingpongOnce(t *testing.T, p *pair, prog, gidFlag string, mayRetry bool, ar
 	cargs := append([]string{prog, "-d", "b", gidFlag, "0", "-p", port}, args...)
 	cargs = append(cargs, p.addr[0].String())
 	cout, err := p.run(t, 60*time.Second, cargs...)
-	if mayRetry && (strings.Contains(cout, calibrationFailed) || strings.Contains(sout.String(), calibrationFailed)) {
+	if mayRetry && (strings.Contains(cout, cmprogs.CalibrationFailed) || strings.Contains(sout.String(), cmprogs.CalibrationFailed)) {
 		srv.Stop(0, 5*time.Second)
 		return sout.String(), cout, true
 	}
 	require.NoError(t, err, "client: %s\nserver: %s\n%s", cout, sout.String(), p.daemonLogs())
 	require.True(t, srv.Wait(30*time.Second), "server did not exit: %s", sout.String())
 	require.NoError(t, srv.Err(), "server: %s", sout.String())
-	if mayRetry && strings.Contains(sout.String(), calibrationFailed) {
+	if mayRetry && strings.Contains(sout.String(), cmprogs.CalibrationFailed) {
 		return sout.String(), cout, true
 	}
 	return sout.String(), cout, false
