@@ -248,18 +248,29 @@ func CMInfo(sock string) (admin.CMInfo, error) {
 	}
 }
 
+// Listening tells whether the daemon at sock has a CM listener on
+// serviceID (err: the daemon's CM view could not be read).
+func Listening(sock string, serviceID uint64) (bool, error) {
+	info, err := CMInfo(sock)
+	if err != nil {
+		return false, err
+	}
+	for _, id := range info.IDs {
+		if id.Role == "listen" && id.ServiceID == serviceID {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
 // WaitListen waits until the daemon at sock has a listener for the
 // service ID, while srv runs.
 func WaitListen(sock string, serviceID uint64, srv *launch.Proc, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		info, err := CMInfo(sock)
-		if err == nil {
-			for _, id := range info.IDs {
-				if id.Role == "listen" && id.ServiceID == serviceID {
-					return nil
-				}
-			}
+		ok, err := Listening(sock, serviceID)
+		if ok {
+			return nil
 		}
 		if !srv.Running() {
 			return fmt.Errorf("the server exited before listening on %#x", serviceID)

@@ -42,7 +42,10 @@ func TestRsocketsOverTAP(t *testing.T) {
 				srv := run(prog+" server", append([]string{"-d", "sa", prog, "-b", addrA}, opts...)...)
 				want := cmprogs.ServiceID(cmprogs.PSTCP, ps)
 				deadline := time.Now().Add(60 * time.Second)
-				for !listening(a.sock, want) {
+				for {
+					if ok, _ := cmprogs.Listening(a.sock, want); ok {
+						break
+					}
 					require.True(t, time.Now().Before(deadline), "%s server does not listen:\n%s", prog, srv.out)
 					time.Sleep(20 * time.Millisecond)
 				}
@@ -56,19 +59,4 @@ func TestRsocketsOverTAP(t *testing.T) {
 			})
 		}
 	}
-}
-
-// listening tells whether the daemon at sock has a CM listener on
-// serviceID.
-func listening(sock string, serviceID uint64) bool {
-	info, err := cmprogs.CMInfo(sock)
-	if err != nil {
-		return false
-	}
-	for _, id := range info.IDs {
-		if id.Role == "listen" && id.ServiceID == serviceID {
-			return true
-		}
-	}
-	return false
 }
