@@ -28,3 +28,15 @@ func TestParseFIInfo(t *testing.T) {
 	assert.True(t, HasFIEntry(es, "verbs;ofi_rxd", "a-dgram", "FI_EP_RDM"))
 	assert.False(t, HasFIEntry(es, "verbs", "a-dgram", "FI_EP_MSG"))
 }
+
+func TestFinalRow(t *testing.T) {
+	for _, line := range []string{
+		"Final:                  2000    315.273   329.241   307.539        0.02       0.02        3037        3252",
+		"Final:                  2000   3695.817       inf  3523.446        0.00       1.11           0         284",
+	} {
+		m := finalRow.FindStringSubmatch(line)
+		require.NotNil(t, m, line)
+		assert.Equal(t, "2000", m[1])
+	}
+	assert.Nil(t, finalRow.FindStringSubmatch("[thread 0]              2000   3695.817  3020.524  3522.555        1.29       1.11         331         284"))
+}

@@ -166,8 +166,10 @@ func waitTCP(t *testing.T, port int, srv *launch.Proc, out *launch.Buffer) {
 }
 
 // finalRow matches ucx_perftest's last row: "Final: ITERS p50 avg overall
-// bw_avg bw_overall rate_avg rate_overall".
-var finalRow = regexp.MustCompile(`(?m)^Final:\s+(\d+)\s+([-\d.]+)\s+([-\d.]+)\s+([-\d.]+)\s+([-\d.]+)\s+([-\d.]+)\s+(\d+)\s+(\d+)\s*$`)
+// bw_avg bw_overall rate_avg rate_overall". A figure of the last report
+// interval is inf or nan when that interval held no iteration (a slow,
+// loaded run).
+var finalRow = regexp.MustCompile(`(?m)^Final:\s+(\d+)\s+([-\d.]+|-?inf|-?nan)\s+([-\d.]+|-?inf|-?nan)\s+([-\d.]+|-?inf|-?nan)\s+([-\d.]+|-?inf|-?nan)\s+([-\d.]+|-?inf|-?nan)\s+(\d+)\s+(\d+)\s*$`)
 
 // Perf is one ucx_perftest result.
 type Perf struct {
