@@ -597,6 +597,22 @@ func (dp *DataPlane) ModifyQP(q *device.QP, prev device.QPState, mask device.Att
 		dp.modifyEngine(x, engine.QPAttr{Mask: abi.QPAttrState, State: abi.QPSReset})
 		return
 	}
+	if mask&device.AttrState != 0 {
+		// A queue accepts work requests only from the state that allows
+		// them (IBTA 10.3.1, 11.4.1.1: posting to the RQ in RESET, or to
+		// the SQ before RTS, is an immediate error). The library refuses
+		// such posts; entries another writer of the ring published anyway
+		// are discarded when the queue starts to take work, so they never
+		// run.
+		if prev == device.StateReset {
+			x.sq.reset.request(x.rec.SQPI.Load())
+			if x.srq == nil {
+				x.rq.reset.request(x.rec.RQPI.Load())
+			}
+		} else if state == device.StateRTS && (prev == device.StateInit || prev == device.StateRTR) {
+			x.sq.reset.request(x.rec.SQPI.Load())
+		}
+	}
 	a := q.Attr()
 	ea := engine.QPAttr{
 		Mask:            uint32(mask),

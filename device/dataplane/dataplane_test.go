@@ -808,3 +808,47 @@ func TestDataPlaneResponderRingError(t *testing.T) {
 	assert.Equal(t, abi.WCRemOpErr, sc[0].Status)
 	requireState(t, a.qp, abi.QPSErr, "the requester's QP is in ERR")
 }
+
+// TestDataPlaneStaleRingEntries: work requests published while a queue
+// takes none (the RQ in RESET, the SQ before RTS; the verbs library
+// refuses such posts, the Go client here does not, as any other writer of
+// the ring might not) never run: the daemon discards them when the queue
+// starts taking work, and what is posted afterwards runs in order.
+func TestDataPlaneStaleRingEntries(t *testing.T) {
+	nw := newDPNetwork(t)
+	na := newDPNode(t, nw, "10.0.2.1", 1, nil)
+	nb := newDPNode(t, nw, "10.0.2.2", 1, nil)
+	a := newDPClient(t, na, 16)
+	b := newDPClient(t, nb, 16)
+	copy(a.buf.Bytes[:8], "stale-aa")
+	copy(a.buf.Bytes[8:16], "fresh-bb")
+	// In RESET: a receive on b, a send on a.
+	require.NoError(t, b.qp.PostRecv(&verbs.RecvWR{WrID: 1, SGL: []abi.SGE{b.mr.SGE(0, 8)}}))
+	require.NoError(t, a.qp.PostSend(&verbs.SendWR{WrID: 2, Opcode: abi.WRSend, Flags: abi.SendSignaled, SGL: []abi.SGE{a.mr.SGE(0, 8)}}))
+	// In INIT: a receive on b is legal (it stays); a send on a is not.
+	for _, c := range []*dpClient{a, b} {
+		require.NoError(t, c.qp.ToInit(abi.AccessAll, 0))
+	}
+	require.NoError(t, b.qp.PostRecv(&verbs.RecvWR{WrID: 3, SGL: []abi.SGE{b.mr.SGE(100, 8)}}))
+	require.NoError(t, a.qp.PostSend(&verbs.SendWR{WrID: 4, Opcode: abi.WRSend, Flags: abi.SendSignaled, SGL: []abi.SGE{a.mr.SGE(0, 8)}}))
+	for _, c := range []*dpClient{a, b} {
+		require.NoError(t, c.qp.Modify(&abi.QPAttr{QPState: abi.QPSReset}, abi.QPAttrState))
+	}
+	// Once more in RESET, then connect (INIT, RTR, RTS) and post for real.
+	require.NoError(t, b.qp.PostRecv(&verbs.RecvWR{WrID: 5, SGL: []abi.SGE{b.mr.SGE(0, 8)}}))
+	require.NoError(t, a.qp.PostSend(&verbs.SendWR{WrID: 6, Opcode: abi.WRSend, Flags: abi.SendSignaled, SGL: []abi.SGE{a.mr.SGE(0, 8)}}))
+	connectRC(t, a, b, abi.MTU1024)
+	require.NoError(t, b.qp.PostRecv(&verbs.RecvWR{WrID: 7, SGL: []abi.SGE{b.mr.SGE(200, 8)}}))
+	require.NoError(t, a.qp.PostSend(&verbs.SendWR{WrID: 8, Opcode: abi.WRSend, Flags: abi.SendSignaled, SGL: []abi.SGE{a.mr.SGE(8, 8)}}))
+	assert.Equal(t, abi.CQE{WrID: 8, Status: abi.WCSuccess, Opcode: abi.WCSend, QPNum: a.qp.QPN}, pollN(t, a.scq, 1)[0])
+	assert.Equal(t, abi.CQE{WrID: 7, Status: abi.WCSuccess, Opcode: abi.WCRecv, QPNum: b.qp.QPN, ByteLen: 8}, pollN(t, b.rcq, 1)[0])
+	assert.Equal(t, "fresh-bb", string(b.buf.Bytes[200:208]))
+	assert.Equal(t, make([]byte, 8), b.buf.Bytes[0:8], "no stale receive took data")
+	// A second exchange proves nothing stale sits ahead in either ring.
+	require.NoError(t, b.qp.PostRecv(&verbs.RecvWR{WrID: 9, SGL: []abi.SGE{b.mr.SGE(300, 8)}}))
+	require.NoError(t, a.qp.PostSend(&verbs.SendWR{WrID: 10, Opcode: abi.WRSend, Flags: abi.SendSignaled, SGL: []abi.SGE{a.mr.SGE(0, 8)}}))
+	assert.Equal(t, abi.CQE{WrID: 10, Status: abi.WCSuccess, Opcode: abi.WCSend, QPNum: a.qp.QPN}, pollN(t, a.scq, 1)[0])
+	assert.Equal(t, abi.CQE{WrID: 9, Status: abi.WCSuccess, Opcode: abi.WCRecv, QPNum: b.qp.QPN, ByteLen: 8}, pollN(t, b.rcq, 1)[0])
+	assert.Equal(t, "stale-aa", string(b.buf.Bytes[300:308]))
+	noMore(t, a.scq, b.rcq)
+}

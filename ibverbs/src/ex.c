@@ -19,7 +19,7 @@ static void wr_start(struct ibv_qp_ex *q) {
 	pthread_spin_lock(&qp->sq.lock);
 	qp->wr_pi = qp->sq.pi;
 	qp->wr_cur = NULL;
-	qp->wr_err = 0;
+	qp->wr_err = vr_sq_state_check(&q->qp_base);
 }
 
 /* wr_new starts the next WQE of the batch: its control segment from the
@@ -329,6 +329,8 @@ void vr_cq_ex_init(struct vr_cq *cq, uint64_t wc_flags) {
 struct ibv_cq_ex *vr_create_cq_ex(struct ibv_context *ctx, struct ibv_cq_init_attr_ex *a) {
 	if (!a)
 		VR_FAIL_NULL(EINVAL);
+	if (a->comp_vector >= (uint32_t)ctx->num_comp_vectors)
+		VR_FAIL_NULL(EINVAL);
 	if (a->wc_flags & ~(uint64_t)WC_FLAGS_SUPPORTED)
 		VR_FAIL_NULL(EOPNOTSUPP);
 	if (a->comp_mask & ~(uint32_t)IBV_CQ_INIT_ATTR_MASK_FLAGS)
@@ -348,6 +350,8 @@ int vr_query_device_ex(struct ibv_context *ctx, const struct ibv_query_device_ex
 	int ret = ibv_query_device(ctx, &a.orig_attr);
 	if (ret)
 		return ret;
+	a.phys_port_cnt_ex = a.orig_attr.phys_port_cnt;
+	a.device_cap_flags_ex = (uint64_t)(uint32_t)a.orig_attr.device_cap_flags;
 	memcpy(attr, &a, size < sizeof a ? size : sizeof a);
 	return 0;
 }

@@ -301,7 +301,11 @@ fail:
 
 VR_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *ctx, int cqe, void *cq_context,
 				       struct ibv_comp_channel *channel, int comp_vector) {
-	(void)comp_vector;
+	/* As the kernel's create_cq: a vector the device does not have. */
+	if (!ctx || comp_vector < 0 || comp_vector >= ctx->num_comp_vectors) {
+		errno = EINVAL;
+		return NULL;
+	}
 	return vr_create_cq(ctx, cqe, cq_context, channel, IBV_WC_STANDARD_FLAGS);
 }
 

@@ -141,7 +141,7 @@ static int build_send(struct vr_qp *qp, const struct ibv_send_wr *wr, uint8_t *s
 int vr_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad) {
 	struct vr_qp *qp = vr_qp(ibqp);
 	struct vr_ctx *c = vr_ctx(ibqp->context);
-	int ret = vr_dead(c) ? EIO : 0;
+	int ret = vr_dead(c) ? EIO : vr_sq_state_check(ibqp);
 	pthread_spin_lock(&qp->sq.lock);
 	uint32_t pi = qp->sq.pi;
 	for (; wr && !ret; wr = wr->next) {
@@ -199,7 +199,7 @@ static int post_recv(struct vr_ctx *c, struct vr_wq *q, struct ibv_recv_wr *wr, 
 
 int vr_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad) {
 	struct vr_qp *qp = vr_qp(ibqp);
-	if (!qp->has_rq) {
+	if (!qp->has_rq || vr_rq_state_check(ibqp)) {
 		if (bad)
 			*bad = wr;
 		errno = EINVAL;

@@ -190,6 +190,19 @@ VR_HIDDEN void vr_set_dead(struct vr_ctx *c);
 VR_HIDDEN bool vr_check_dead(struct vr_ctx *c);
 static inline bool vr_dead(struct vr_ctx *c) { return __atomic_load_n(&c->dead, __ATOMIC_RELAXED); }
 
+/* Posting in a state that takes no work requests is an immediate error
+ * (IBTA 10.3.1; the kernel's rxe_post_send/rxe_post_recv): the SQ takes
+ * them from RTS on (RTS, SQD, SQE, ERR), the RQ from INIT on. qp->state is
+ * what this process last set or queried; the states the device enters by
+ * itself (SQE, ERR) take work requests too. */
+static inline int vr_sq_state_check(struct ibv_qp *qp) {
+	enum ibv_qp_state s = __atomic_load_n(&qp->state, __ATOMIC_RELAXED);
+	return s == IBV_QPS_RESET || s == IBV_QPS_INIT || s == IBV_QPS_RTR ? EINVAL : 0;
+}
+static inline int vr_rq_state_check(struct ibv_qp *qp) {
+	return __atomic_load_n(&qp->state, __ATOMIC_RELAXED) == IBV_QPS_RESET ? EINVAL : 0;
+}
+
 /* vr_db_mark marks the doorbell record holding pi_word in the page's
  * summary (ABI 1.3), after the producer index store and before the
  * kick_needed check (vrnic_abi.h, "Doorbell summary"). */

@@ -360,8 +360,39 @@ static void qp_attrs(struct side *a, struct side *b) {
 	expect_errno("an XRC QP (not supported)", ibv_create_qp(a->pd, &ia) == NULL, EOPNOTSUPP);
 	expect_errno("a CQ of 0 entries", ibv_create_cq(a->ctx, 0, NULL, NULL, 0) == NULL, EINVAL);
 	expect_errno("a CQ of 2^30 entries", ibv_create_cq(a->ctx, 1 << 30, NULL, NULL, 0) == NULL, EINVAL);
+	expect_errno("a CQ on completion vector num_comp_vectors",
+		     ibv_create_cq(a->ctx, 4, NULL, NULL, a->ctx->num_comp_vectors) == NULL, EINVAL);
+	expect_errno("a CQ on completion vector -1", ibv_create_cq(a->ctx, 4, NULL, NULL, -1) == NULL, EINVAL);
+	struct ibv_cq_init_attr_ex cx = { .cqe = 4, .comp_vector = (uint32_t)a->ctx->num_comp_vectors };
+	expect_errno("an extended CQ on completion vector num_comp_vectors", ibv_create_cq_ex(a->ctx, &cx) == NULL,
+		     EINVAL);
+	struct ibv_device_attr_ex dx;
+	if (ibv_query_device_ex(a->ctx, NULL, &dx))
+		fail("ibv_query_device_ex", strerror(errno));
+	if (dx.phys_port_cnt_ex != dx.orig_attr.phys_port_cnt || dx.phys_port_cnt_ex != 1)
+		fail("ibv_query_device_ex", "phys_port_cnt_ex is not the port count");
+	ok("phys_port_cnt_ex is the port count");
 
+	/* Posting in a state that takes no work requests is an immediate
+	 * EINVAL (the RQ before INIT, the SQ before RTS), *bad_wr the first. */
 	struct ibv_qp *qp = new_qp(a, 4, NULL);
+	struct ibv_sge sg = { .addr = 0, .length = 0, .lkey = 0 };
+	struct ibv_send_wr sw = { .wr_id = 1, .sg_list = &sg, .num_sge = 1, .opcode = IBV_WR_SEND }, *sbad = NULL;
+	struct ibv_recv_wr rw = { .wr_id = 2, .sg_list = &sg, .num_sge = 1 }, *rbad = NULL;
+	expect_ret("ibv_post_recv in RESET", ibv_post_recv(qp, &rw, &rbad), EINVAL);
+	expect_ret("ibv_post_send in RESET", ibv_post_send(qp, &sw, &sbad), EINVAL);
+	if (rbad != &rw || sbad != &sw)
+		fail("posts in RESET", "*bad_wr is not the first WR");
+	if (to_init(qp))
+		fail("INIT", strerror(errno));
+	expect_ret("ibv_post_send in INIT", ibv_post_send(qp, &sw, &sbad), EINVAL);
+	if (ibv_post_recv(qp, &rw, &rbad))
+		fail("ibv_post_recv in INIT", strerror(errno));
+	ok("ibv_post_recv in INIT");
+	struct ibv_qp_attr rs = { .qp_state = IBV_QPS_RESET };
+	if (ibv_modify_qp(qp, &rs, IBV_QP_STATE))
+		fail("to RESET", strerror(errno));
+
 	struct ibv_qp_attr at = rtr_attr(b);
 	expect_ret("RESET to RTR", ibv_modify_qp(qp, &at, RTR_MASK), EINVAL);
 	if (qp_state(qp) != IBV_QPS_RESET)
