@@ -333,9 +333,16 @@ struct ibv_cq_ex *vr_create_cq_ex(struct ibv_context *ctx, struct ibv_cq_init_at
 		VR_FAIL_NULL(EINVAL);
 	if (a->wc_flags & ~(uint64_t)WC_FLAGS_SUPPORTED)
 		VR_FAIL_NULL(EOPNOTSUPP);
-	if (a->comp_mask & ~(uint32_t)IBV_CQ_INIT_ATTR_MASK_FLAGS)
+	if (a->comp_mask & ~(uint32_t)(IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD))
 		VR_FAIL_NULL(EOPNOTSUPP);
-	struct ibv_cq *cq = vr_create_cq(ctx, (int)a->cqe, a->cq_context, a->channel, a->wc_flags);
+	struct ibv_pd *domain = NULL;
+	if (a->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) {
+		/* Only a parent domain: it gives the CQ its ring memory. */
+		domain = a->parent_domain;
+		if (!domain || domain->context != ctx || !vr_pd(domain)->protection)
+			VR_FAIL_NULL(EINVAL);
+	}
+	struct ibv_cq *cq = vr_create_cq(ctx, (int)a->cqe, a->cq_context, a->channel, a->wc_flags, domain);
 	return cq ? &vr_cq(cq)->ex : NULL;
 }
 

@@ -129,6 +129,10 @@ int vr_alloc(struct vr_ctx *c, size_t len, struct vr_buf *b) {
 }
 
 void vr_free(struct vr_ctx *c, struct vr_buf *b) {
+	if (b->domain) {
+		vr_free_domain_buf(b);
+		return;
+	}
 	if (!b->chunk)
 		return;
 	pthread_mutex_lock(&c->mem_mu);

@@ -43,6 +43,12 @@ VR_EXPORT struct ibv_pd *ibv_alloc_pd(struct ibv_context *ctx) {
 VR_EXPORT int ibv_dealloc_pd(struct ibv_pd *pd) {
 	if (!pd)
 		return EINVAL;
+	if (vr_pd(pd)->protection)
+		return vr_dealloc_parent_domain(vr_pd(pd));
+	/* A protection domain under a parent domain is in use (EBUSY, as
+	 * the kernel's for a PD that objects still use). */
+	if (__atomic_load_n(&vr_pd(pd)->refs, __ATOMIC_ACQUIRE))
+		return EBUSY;
 	int ret = vr_destroy_handle(vr_ctx(pd->context), VRNIC_CMD_DEALLOC_PD, pd->handle);
 	if (ret) {
 		errno = ret;
@@ -240,7 +246,7 @@ VR_EXPORT void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents) {
 /* ---- CQ ---- */
 
 struct ibv_cq *vr_create_cq(struct ibv_context *ctx, int cqe, void *cq_context, struct ibv_comp_channel *channel,
-			    uint64_t wc_flags) {
+			    uint64_t wc_flags, struct ibv_pd *domain) {
 	if (!ctx || cqe <= 0 || (uint32_t)cqe > VRNIC_MAX_CQE)
 		VR_FAIL_NULL(EINVAL);
 	if (channel && channel->context != ctx)
@@ -251,7 +257,7 @@ struct ibv_cq *vr_create_cq(struct ibv_context *ctx, int cqe, void *cq_context, 
 		VR_FAIL_NULL(ENOMEM);
 	cq->event_fd = -1;
 	uint32_t n = pow2((uint32_t)cqe < 2 ? 2 : (uint32_t)cqe);
-	int ret = vr_alloc(c, n * sizeof(struct vrnic_cqe), &cq->ring);
+	int ret = vr_alloc_in(c, domain, VRNIC_RES_TYPE_CQ, n * sizeof(struct vrnic_cqe), &cq->ring);
 	if (ret)
 		goto fail;
 	if (channel) {
@@ -306,7 +312,7 @@ VR_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *ctx, int cqe, void *c
 		errno = EINVAL;
 		return NULL;
 	}
-	return vr_create_cq(ctx, cqe, cq_context, channel, IBV_WC_STANDARD_FLAGS);
+	return vr_create_cq(ctx, cqe, cq_context, channel, IBV_WC_STANDARD_FLAGS, NULL);
 }
 
 VR_EXPORT int ibv_destroy_cq(struct ibv_cq *ibcq) {
@@ -384,9 +390,9 @@ struct ibv_qp *vr_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr_ex *a) {
 	uint32_t sq_stride = VRNIC_SQ_WQE_BLOCKS(vc.max_send_sge, vc.max_inline_data) * VRNIC_WQE_BLOCK;
 	uint32_t rq_stride = VRNIC_RQ_WQE_SIZE(vc.max_recv_sge);
 	struct vr_buf sq = { 0 }, rq = { 0 };
-	int ret = vr_alloc(c, (size_t)vc.max_send_wr * sq_stride, &sq);
+	int ret = vr_alloc_in(c, pd, VRNIC_RES_TYPE_SQ, (size_t)vc.max_send_wr * sq_stride, &sq);
 	if (!ret && qp->has_rq)
-		ret = vr_alloc(c, (size_t)vc.max_recv_wr * rq_stride, &rq);
+		ret = vr_alloc_in(c, pd, VRNIC_RES_TYPE_RQ, (size_t)vc.max_recv_wr * rq_stride, &rq);
 	if (ret)
 		goto fail;
 	struct vrnic_cmd_create_qp cmd = {
@@ -603,7 +609,7 @@ static struct ibv_srq *create_srq(struct ibv_pd *pd, void *srq_context, struct i
 		VR_FAIL_NULL(ENOMEM);
 	uint32_t slots = pow2(a->max_wr ? a->max_wr : 1), sge = a->max_sge ? a->max_sge : 1;
 	struct vr_buf ring;
-	int ret = vr_alloc(c, (size_t)slots * VRNIC_RQ_WQE_SIZE(sge), &ring);
+	int ret = vr_alloc_in(c, pd, VRNIC_RES_TYPE_SRQ, (size_t)slots * VRNIC_RQ_WQE_SIZE(sge), &ring);
 	if (ret) {
 		free(s);
 		VR_FAIL_NULL(ret);

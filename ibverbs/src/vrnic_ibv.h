@@ -57,6 +57,10 @@ struct vr_buf {
 	uint64_t pa;
 	size_t len;
 	struct vr_chunk *chunk;
+	/* Memory a parent domain's allocator gave (chunk NULL): vr_free
+	 * hands it back to the domain's free function. */
+	struct vr_pd *domain;
+	uint64_t res_type;
 };
 
 /* Host memory registered with this context for user memory (see mem.c):
@@ -103,6 +107,31 @@ struct vr_obj {
 
 struct vr_pd {
 	struct ibv_pd pd;
+	/* A parent domain (domain.c): protection is the PD it wraps (whose
+	 * handle pd.handle repeats), td its thread domain or NULL, and the
+	 * allocators for the rings of the objects created on it. A protection
+	 * domain counts the parent domains over it in refs. */
+	struct vr_pd *protection;
+	struct vr_td *td;
+	void *(*alloc)(struct ibv_pd *pd, void *pd_context, size_t size, size_t alignment, uint64_t resource_type);
+	void (*free)(struct ibv_pd *pd, void *pd_context, void *ptr, uint64_t resource_type);
+	void *pd_context;
+	uint32_t refs;
+};
+
+struct vr_td {
+	struct ibv_td td;
+	uint32_t refs; /* parent domains using it */
+};
+
+/* The resource_type a parent domain's allocator is called with: which
+ * ring of which object the memory is for (README, "Parent and thread
+ * domains"). */
+enum {
+	VRNIC_RES_TYPE_CQ = (0x7672ULL << 32) + 1, /* "vr" */
+	VRNIC_RES_TYPE_SQ,
+	VRNIC_RES_TYPE_RQ,
+	VRNIC_RES_TYPE_SRQ,
 };
 
 struct vr_mr {
@@ -171,6 +200,7 @@ static inline struct vr_ctx *vr_ctx(struct ibv_context *c) {
 }
 static inline struct vr_cq *vr_cq(struct ibv_cq *cq) { return (struct vr_cq *)cq; }
 static inline struct vr_qp *vr_qp(struct ibv_qp *qp) { return (struct vr_qp *)qp; }
+static inline struct vr_pd *vr_pd(struct ibv_pd *pd) { return (struct vr_pd *)pd; }
 static inline struct vr_srq *vr_srq(struct ibv_srq *s) { return (struct vr_srq *)s; }
 
 /* events.c */
@@ -222,6 +252,10 @@ VR_HIDDEN int vr_destroy_handle(struct vr_ctx *c, uint16_t op, uint32_t handle);
 /* mem.c */
 VR_HIDDEN int vr_alloc(struct vr_ctx *c, size_t len, struct vr_buf *b);
 VR_HIDDEN void vr_free(struct vr_ctx *c, struct vr_buf *b);
+VR_HIDDEN int vr_alloc_in(struct vr_ctx *c, struct ibv_pd *pd, uint64_t type, size_t len, struct vr_buf *b);
+VR_HIDDEN void vr_free_domain_buf(struct vr_buf *b);
+VR_HIDDEN int vr_dealloc_parent_domain(struct vr_pd *pd);
+VR_HIDDEN void vr_domain_ops(struct verbs_context *v);
 VR_HIDDEN void vr_free_chunks(struct vr_ctx *c);
 VR_HIDDEN int vr_user_pages(struct vr_ctx *c, uintptr_t start, size_t npages, bool write, uint64_t *pages);
 
@@ -246,7 +280,7 @@ VR_HIDDEN struct ibv_srq *vr_create_srq_ex(struct ibv_context *ctx, struct ibv_s
 
 /* objects.c */
 VR_HIDDEN struct ibv_cq *vr_create_cq(struct ibv_context *ctx, int cqe, void *cq_context,
-				      struct ibv_comp_channel *channel, uint64_t wc_flags);
+				       struct ibv_comp_channel *channel, uint64_t wc_flags, struct ibv_pd *domain);
 VR_HIDDEN struct ibv_qp *vr_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr_ex *a);
 
 /* ah.c */

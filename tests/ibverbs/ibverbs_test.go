@@ -567,6 +567,16 @@ func TestUDOps(t *testing.T) {
 	runOps(t, startPair(t), "ud_ops.c", "OK ud send send_imm grh ah_from_wc qkey_drop flow_label sqe, uc write_imm\n")
 }
 
+// TestDomains builds testdata/domain.c and runs it as TestMemOps runs
+// mem_ops.c: a parent domain with allocators gives the rings of an
+// extended CQ, an SRQ and two RC QPs (each allocator call and each free
+// checked), SEND and RDMA WRITE run both ways against the other daemon
+// with every byte checked; thread and protection domains under a parent
+// domain are busy; bad attributes are EINVAL, an empty allocator ENOMEM.
+func TestDomains(t *testing.T) {
+	runOps(t, startPair(t), "domain.c", "OK parent_domain td allocators traffic busy errors\n")
+}
+
 // runOps builds the test program src and runs it on p's daemons, plain,
 // then built with ASan and UBSan on the library built the same way; its
 // output must be want.
