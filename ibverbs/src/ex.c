@@ -348,6 +348,16 @@ int vr_query_device_ex(struct ibv_context *ctx, const struct ibv_query_device_ex
 	int ret = ibv_query_device(ctx, &a.orig_attr);
 	if (ret)
 		return ret;
+	/* On-demand paging as this process can have it (odp.c): none when
+	 * the daemon may not reach its memory. */
+	struct vr_ctx *c = vr_ctx(ctx);
+	if (vr_odp_attach(c) == 0) {
+		a.odp_caps.general_caps = c->odp_caps.general_caps;
+		a.odp_caps.per_transport_caps.rc_odp_caps = c->odp_caps.rc_odp_caps;
+		a.odp_caps.per_transport_caps.uc_odp_caps = c->odp_caps.uc_odp_caps;
+		a.odp_caps.per_transport_caps.ud_odp_caps = c->odp_caps.ud_odp_caps;
+		a.xrc_odp_caps = c->odp_caps.xrc_odp_caps;
+	}
 	memcpy(attr, &a, size < sizeof a ? size : sizeof a);
 	return 0;
 }
