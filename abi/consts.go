@@ -330,6 +330,7 @@ var cmdNames = [...]string{
 	CmdCMCreateID: "CM_CREATE_ID", CmdCMDestroyID: "CM_DESTROY_ID", CmdCMListen: "CM_LISTEN",
 	CmdCMConnect: "CM_CONNECT", CmdCMAccept: "CM_ACCEPT", CmdCMReject: "CM_REJECT",
 	CmdCMEstablish: "CM_ESTABLISH", CmdCMDisconnect: "CM_DISCONNECT", CmdCMInitQPAttr: "CM_INIT_QP_ATTR",
+	CmdODPAttach: "ODP_ATTACH", CmdRegMRODP: "REG_MR_ODP", CmdAdviseMR: "ADVISE_MR",
 }
 
 // String returns the command name without the VRNIC_CMD_ prefix.

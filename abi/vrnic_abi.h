@@ -136,6 +136,10 @@ enum vrnic_cmd {
 	VRNIC_CMD_CM_ESTABLISH    = 30,
 	VRNIC_CMD_CM_DISCONNECT   = 31,
 	VRNIC_CMD_CM_INIT_QP_ATTR = 32,
+	/* On-demand paging, ABI 1.4 (see "On-demand paging" below) */
+	VRNIC_CMD_ODP_ATTACH      = 53,
+	VRNIC_CMD_REG_MR_ODP      = 54,
+	VRNIC_CMD_ADVISE_MR       = 55,
 	/* 0x100..0x1ff: operator commands (vrnicctl); 0x200..0x2ff: fault
 	 * injection. Their structs are defined with the features. */
 	VRNIC_CMD_ADMIN_BASE      = 0x100,
@@ -577,6 +581,99 @@ struct vrnic_resp_reg_mr {
 	uint32_t rkey;
 	uint32_t reserved;
 };
+
+/* ------------------------------------------------------------------------
+ * On-demand paging (ABI 1.4)
+ *
+ * An ODP MR names a range of the client process's virtual memory instead
+ * of host memory: nothing is shared, pinned or remapped at registration.
+ * The daemon reads and writes the process's memory when traffic touches
+ * it (process_vm_readv/process_vm_writev on the client's pid, which needs
+ * ptrace access: the same uid or CAP_SYS_PTRACE, and under Yama
+ * ptrace_scope 1 the client's PR_SET_PTRACER naming the daemon), so what
+ * the program maps, unmaps or remaps in the range later is what the device
+ * sees. An address not mapped (or not writable for a write) when it is
+ * accessed fails that access: a local SGE completes with
+ * IBV_WC_LOC_PROT_ERR, a remote request is NAKed (remote access error).
+ * Atomics on ODP memory are atomic against the device's other atomics
+ * (IBV_ATOMIC_HCA), not against the CPU's stores.
+ * ------------------------------------------------------------------------ */
+
+/* ODP_ATTACH: proves the connection's peer pid (SO_PEERCRED) is this
+ * client: the client writes nonce (random bytes) at nonce_addr in its own
+ * memory and keeps it there until the reply. The daemon reads it back
+ * through the pid. Fails with EPERM when the daemon may not access the
+ * process, EACCES when the nonce is not there, EOPNOTSUPP when the pid is
+ * not visible to the daemon (another pid namespace). Again on an attached
+ * context: the same reply. Reply: */
+struct vrnic_cmd_odp_attach {
+	uint64_t nonce_addr;
+	uint8_t  nonce[16];
+	uint32_t flags;          /* reserved, 0 */
+	uint32_t reserved;
+};
+
+/* What ODP covers (struct ibv_odp_caps): general_caps VRNIC_ODP_SUPPORT*,
+ * per transport VRNIC_ODP_SUPPORT_SEND.. bits. */
+struct vrnic_resp_odp_attach {
+	uint64_t general_caps;
+	uint32_t rc_odp_caps;
+	uint32_t uc_odp_caps;
+	uint32_t ud_odp_caps;
+	uint32_t xrc_odp_caps;
+};
+
+enum vrnic_odp_general_caps {
+	VRNIC_ODP_SUPPORT          = 1u << 0, /* IBV_ODP_SUPPORT */
+	VRNIC_ODP_SUPPORT_IMPLICIT = 1u << 1, /* IBV_ODP_SUPPORT_IMPLICIT */
+};
+
+enum vrnic_odp_transport_caps {
+	VRNIC_ODP_SUPPORT_SEND     = 1u << 0,
+	VRNIC_ODP_SUPPORT_RECV     = 1u << 1,
+	VRNIC_ODP_SUPPORT_WRITE    = 1u << 2,
+	VRNIC_ODP_SUPPORT_READ     = 1u << 3,
+	VRNIC_ODP_SUPPORT_ATOMIC   = 1u << 4,
+	VRNIC_ODP_SUPPORT_SRQ_RECV = 1u << 5,
+};
+
+/* REG_MR_ODP (after ODP_ATTACH; else EOPNOTSUPP): the MR covers [iova,
+ * iova+length), which is [addr, addr+length) of the client's memory (iova
+ * and addr at the same offset in a 4 KiB page; length 1..VRNIC_MAX_MR_SIZE).
+ * With VRNIC_ODP_F_IMPLICIT, iova and addr are 0 and length is UINT64_MAX:
+ * the implicit MR over the whole address space. Access flags as REG_MR.
+ * Reply: struct vrnic_resp_reg_mr; DEREG_MR releases it. */
+struct vrnic_cmd_reg_mr_odp {
+	uint64_t addr;
+	uint64_t iova;
+	uint64_t length;
+	uint32_t pd_handle;
+	uint32_t access;         /* enum vrnic_access */
+	uint32_t flags;          /* VRNIC_ODP_F_* */
+	uint32_t reserved;
+};
+
+#define VRNIC_ODP_F_IMPLICIT 0x1u
+
+/* ADVISE_MR (ibv_advise_mr): num_sge (1..VRNIC_MAX_SGE) struct vrnic_sge
+ * follow, each naming by lkey an ODP MR of this context in pd_handle.
+ * advice: enum ibv_advise_mr_advice (PREFETCH 0, PREFETCH_WRITE 1,
+ * PREFETCH_NO_FAULT 2; others EOPNOTSUPP); flags: VRNIC_ADVISE_MR_F_FLUSH
+ * or 0 (others EINVAL). With FLUSH the pages are faulted in before the
+ * reply, and an SGE naming no ODP MR of the PD (or one without local write
+ * for PREFETCH_WRITE) fails with ENOENT, one outside its MR or on unmapped
+ * memory with EFAULT; without it only the MRs are checked (EINVAL) and the
+ * fault-in's errors are not reported, as the kernel's asynchronous
+ * prefetch. No reply struct. */
+struct vrnic_cmd_advise_mr {
+	uint32_t pd_handle;
+	uint32_t advice;
+	uint32_t flags;
+	uint32_t num_sge;
+	/* struct vrnic_sge sges[num_sge] */
+};
+
+#define VRNIC_ADVISE_MR_F_FLUSH 0x1u
 
 /* CREATE_CQ: the ring is cqe_count entries of struct vrnic_cqe at ring_pa
  * (cqe_count a power of two, 2..VRNIC_MAX_CQE; the ring 64-byte aligned and

@@ -133,6 +133,9 @@ func (cx *Context) fds() int {
 	if cx.events.Load() != nil {
 		n++
 	}
+	if cx.odp != nil {
+		n++ // the pidfd
+	}
 	return n
 }
 

@@ -503,6 +503,9 @@ func (d *Device) releaseContextLocked(cx *Context, why string) {
 		}
 		// Backstop: whatever the space still holds for this owner goes too.
 		d.mem.releaseOwner(cx.owner)
+		if cx.odp != nil {
+			cx.odp.Close()
+		}
 		if err := cx.db.Close(); err != nil {
 			d.log.Warn("close doorbell page", "ctx", cx.handle, "err", err)
 		}

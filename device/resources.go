@@ -1,6 +1,7 @@
 package device
 
 import (
+	"github.com/vrnic/vrnic/dma"
 	"net/netip"
 	"sync/atomic"
 	"time"
@@ -52,6 +53,10 @@ type Context struct {
 
 	// dev is the context's device (CMClient: the uid's CM ID account).
 	dev *Device
+
+	// odp is the client process ODP MRs reach (ODP_ATTACH, odp.go), nil
+	// until attached; closed when the context is released.
+	odp *dma.Process
 }
 
 // newHandle returns a handle not used by any object of the context (all
@@ -110,6 +115,7 @@ type mr struct {
 	rkey   uint32
 	npages uint32
 	shift  uint32
+	odp    bool // on-demand paging (odp.go): no pages
 }
 
 // CQ is a completion queue. The data plane reads it through the accessors,

@@ -128,6 +128,9 @@ func init() {
 		abi.CmdCMEstablish:   {handle, 0, 0, true, (*conn).cmCommand},
 		abi.CmdCMDisconnect:  {sz(&abi.CmdCMPrivateReq{}), 0, 0, true, (*conn).cmCommand},
 		abi.CmdCMInitQPAttr:  {sz(&abi.CmdCMInitQPAttrReq{}), 0, 0, true, (*conn).cmCommand},
+		abi.CmdODPAttach:     {sz(&abi.CmdODPAttachReq{}), 0, 0, true, (*conn).odpAttach},
+		abi.CmdRegMRODP:      {sz(&abi.CmdRegMRODPReq{}), 0, 0, true, (*conn).regMRODP},
+		abi.CmdAdviseMR:      {-1, 0, 0, true, (*conn).adviseMR},
 	}
 	for op := range adminTable {
 		cmdTable[op] = cmdSpec{-1, 0, 0, false, (*conn).admin}
@@ -305,6 +308,9 @@ func (cn *conn) dispatch(hdr *abi.MsgHdr, m *rawMsg) (reply, error) {
 	}
 	if hdr.Opcode == admin.CMCmd {
 		return cn.cmAdmin(&request{hdr: *hdr, payload: payload, msg: m})
+	}
+	if hdr.Opcode == abi.CmdAdviseMR && cn.ctx != nil {
+		return cn.adviseMR(&request{hdr: *hdr, payload: payload, msg: m}) // takes the lock itself
 	}
 	cn.d.mu.Lock()
 	defer cn.d.mu.Unlock()

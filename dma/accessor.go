@@ -4,6 +4,8 @@ import (
 	"runtime"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Accessor is one worker's handle for the hot path: translation, copies
@@ -26,6 +28,13 @@ type Accessor struct {
 	state atomic.Uint64 // 0 idle, else the epoch seen at Enter
 	_     [56]byte
 	depth int
+
+	// On-demand paging (odp.go): the bounce buffer (allocated at the
+	// first use) and the iovecs of process_vm_readv/writev.
+	bounce []byte
+	word   [8]byte // an atomic's operand
+	liov   [1]unix.Iovec
+	riov   [1]unix.RemoteIovec
 }
 
 // NewAccessor returns a new accessor registered with s.
@@ -103,6 +112,9 @@ func (a *Accessor) Translate(key uint32, pd PD, iova, length uint64, want Access
 	}
 	if err := m.check(pd, iova, length, want); err != nil {
 		return 0, err
+	}
+	if m.proc != nil {
+		return 0, ErrFault // nothing of an on-demand MR is mapped here
 	}
 	n := 0
 	for length > 0 {

@@ -11,27 +11,41 @@ package dma
 func (a *Accessor) CompareSwap(rkey uint32, pd PD, va, compare, swap uint64) (uint64, error) {
 	a.Enter()
 	defer a.Exit()
-	w, err := a.word(rkey, pd, va)
+	m, err := a.atomicRegion(rkey, pd, va)
 	if err != nil {
 		return 0, err
 	}
-	return casWord(w, compare, swap), nil
+	if m.proc != nil {
+		return a.odpAtomic(m, va, func(old uint64) uint64 {
+			if old == compare {
+				return swap
+			}
+			return old
+		})
+	}
+	return casWord(m.span(va, 8), compare, swap), nil
 }
 
 // FetchAdd adds add to the word at va.
 func (a *Accessor) FetchAdd(rkey uint32, pd PD, va, add uint64) (uint64, error) {
 	a.Enter()
 	defer a.Exit()
-	w, err := a.word(rkey, pd, va)
+	m, err := a.atomicRegion(rkey, pd, va)
 	if err != nil {
 		return 0, err
 	}
-	return addWord(w, add), nil
+	if m.proc != nil {
+		return a.odpAtomic(m, va, func(old uint64) uint64 { return old + add })
+	}
+	return addWord(m.span(va, 8), add), nil
 }
 
-// word returns the 8 mapped bytes at va. Mappings are page aligned and so
-// is every page of the MR, so va%8 is the host address' alignment.
-func (a *Accessor) word(rkey uint32, pd PD, va uint64) ([]byte, error) {
+// atomicRegion returns the MR of the 8-byte word at va, checked for
+// REMOTE_ATOMIC and alignment. Mappings are page aligned and so is every
+// page of the MR, so va%8 is the host address' alignment (m.span(va, 8)
+// never crosses a page); an on-demand paging MR's iova and address share
+// their offset in the page (RegisterODPMR).
+func (a *Accessor) atomicRegion(rkey uint32, pd PD, va uint64) (*memRegion, error) {
 	m, err := a.remoteRegion(rkey, pd, va, 8, AccessRemoteAtomic)
 	if err != nil {
 		return nil, err
@@ -39,5 +53,5 @@ func (a *Accessor) word(rkey uint32, pd PD, va uint64) ([]byte, error) {
 	if va%8 != 0 {
 		return nil, ErrMisaligned
 	}
-	return m.span(va, 8), nil // never crosses a page: aligned
+	return m, nil
 }

@@ -81,14 +81,25 @@ type Sink interface {
 // packet's payload and its ICRC in one read). Checks, errors and bad as
 // GatherAt's; the pieces before a failure have been put.
 func (a *Accessor) GatherInto(pd PD, sges []SGE, off, n uint64, s Sink) (bad int, err error) {
-	return a.walkSGEs(pd, sges, off, n, 0, func(m *memRegion, iova, k uint64) {
-		for left := k; left > 0; {
-			b := m.span(iova, left)
-			s.Put(b)
-			iova += uint64(len(b))
-			left -= uint64(len(b))
-		}
+	return a.walkSGEs(pd, sges, off, n, 0, func(m *memRegion, iova, k uint64) error {
+		return a.putMR(m, iova, k, s)
 	})
+}
+
+// putMR hands the k bytes at iova of m to s: slices of the mapping, or
+// of the accessor's bounce buffer for an on-demand paging MR (odp.go).
+// Checked range.
+func (a *Accessor) putMR(m *memRegion, iova, k uint64, s Sink) error {
+	if m.proc != nil {
+		return a.putODP(m, iova, k, s)
+	}
+	for k > 0 {
+		b := m.span(iova, k)
+		s.Put(b)
+		iova += uint64(len(b))
+		k -= uint64(len(b))
+	}
+	return nil
 }
 
 // ScatterAt copies src into the message described by sges at message
@@ -106,13 +117,15 @@ func (a *Accessor) copyAt(pd PD, sges []SGE, off uint64, buf []byte, toSGEs bool
 	if toSGEs {
 		want = AccessLocalWrite
 	}
-	return a.walkSGEs(pd, sges, off, uint64(len(buf)), want, func(m *memRegion, iova, k uint64) {
+	return a.walkSGEs(pd, sges, off, uint64(len(buf)), want, func(m *memRegion, iova, k uint64) error {
+		var err error
 		if toSGEs {
-			copyIn(m, iova, buf[:k])
+			err = a.writeMR(m, iova, buf[:k])
 		} else {
-			copyOut(m, iova, buf[:k])
+			err = a.readMR(m, iova, buf[:k])
 		}
 		buf = buf[k:]
+		return err
 	})
 }
 
@@ -122,9 +135,10 @@ func (a *Accessor) copyAt(pd PD, sges []SGE, off uint64, buf []byte, toSGEs bool
 // access bits want, sgeRegion) and the part's address and length. The
 // parts before a failing SGE have been visited; it returns that SGE's
 // index and the error, or len(sges) and ErrLength when the SGEs hold
-// fewer than off+n bytes. GatherInto, GatherAt and ScatterAt are its
-// visits.
-func (a *Accessor) walkSGEs(pd PD, sges []SGE, off, n uint64, want Access, visit func(m *memRegion, iova, k uint64)) (int, error) {
+// fewer than off+n bytes. A visit fails only on an on-demand paging MR
+// whose page fault is not resolved (ErrFault): that SGE fails. GatherInto,
+// GatherAt and ScatterAt are its visits.
+func (a *Accessor) walkSGEs(pd PD, sges []SGE, off, n uint64, want Access, visit func(m *memRegion, iova, k uint64) error) (int, error) {
 	a.Enter()
 	defer a.Exit()
 	for i := range sges {
@@ -142,7 +156,9 @@ func (a *Accessor) walkSGEs(pd PD, sges []SGE, off, n uint64, want Access, visit
 		if err != nil {
 			return i, err
 		}
-		visit(m, sg.Addr+off, k)
+		if err := visit(m, sg.Addr+off, k); err != nil {
+			return i, err
+		}
 		n -= k
 		off = 0
 	}
@@ -192,13 +208,7 @@ func (a *Accessor) ReadRemoteInto(rkey uint32, pd PD, va, n uint64, s Sink) erro
 	if err != nil {
 		return err
 	}
-	for n > 0 {
-		b := m.span(va, n)
-		s.Put(b)
-		va += uint64(len(b))
-		n -= uint64(len(b))
-	}
-	return nil
+	return a.putMR(m, va, n, s)
 }
 
 // WriteRemote copies src to va of the MR named by rkey (REMOTE_WRITE
@@ -220,14 +230,13 @@ func (a *Accessor) remoteAt(rkey uint32, pd PD, va uint64, buf []byte, toMR bool
 	if err != nil {
 		return err
 	}
-	if len(buf) > 0 {
-		if toMR {
-			copyIn(m, va, buf)
-		} else {
-			copyOut(m, va, buf)
-		}
+	if len(buf) == 0 {
+		return nil
 	}
-	return nil
+	if toMR {
+		return a.writeMR(m, va, buf)
+	}
+	return a.readMR(m, va, buf)
 }
 
 // CopyToRemote copies the message described by sges (local read, in PD
@@ -270,21 +279,73 @@ func (a *Accessor) copyRemote(pd PD, sges []SGE, rkey uint32, rpd PD, va uint64,
 		if lm == nil {
 			return done, i, ErrBadKey
 		}
-		addr, left := sg.Addr, uint64(sg.Length)
-		for left > 0 {
-			b := lm.span(addr, left)
-			if toRemote {
-				copyIn(rm, va, b)
-			} else {
-				copyOut(rm, va, b)
-			}
-			addr += uint64(len(b))
-			va += uint64(len(b))
-			left -= uint64(len(b))
-			done += uint64(len(b))
+		k := uint64(sg.Length)
+		var err error
+		if toRemote {
+			err = a.moveMR(lm, sg.Addr, rm, va, k)
+		} else {
+			err = a.moveMR(rm, va, lm, sg.Addr, k)
 		}
+		if err != nil {
+			// The fault is on one side; the local SGE's when its own
+			// MR is on demand and the remote one is not.
+			if (lm.proc != nil) && (rm.proc == nil) {
+				return done, i, err
+			}
+			return done, BadRemote, err
+		}
+		va += k
+		done += k
 	}
 	return done, 0, nil
+}
+
+// moveMR copies k bytes at siova of src to diova of dst; checked ranges.
+// Mapped to mapped is one copy per contiguous piece; an on-demand paging
+// side goes through the accessor's bounce buffer.
+func (a *Accessor) moveMR(src *memRegion, siova uint64, dst *memRegion, diova, k uint64) error {
+	if src.proc == nil && dst.proc == nil {
+		for k > 0 {
+			b := src.span(siova, k)
+			copyIn(dst, diova, b)
+			siova += uint64(len(b))
+			diova += uint64(len(b))
+			k -= uint64(len(b))
+		}
+		return nil
+	}
+	buf := a.bounceBuf()
+	for k > 0 {
+		c := min(k, uint64(len(buf)))
+		if err := a.readMR(src, siova, buf[:c]); err != nil {
+			return err
+		}
+		if err := a.writeMR(dst, diova, buf[:c]); err != nil {
+			return err
+		}
+		siova += c
+		diova += c
+		k -= c
+	}
+	return nil
+}
+
+// readMR copies len(dst) bytes at iova of m into dst; checked range.
+func (a *Accessor) readMR(m *memRegion, iova uint64, dst []byte) error {
+	if m.proc != nil {
+		return a.odpCopy(m, iova, dst, false)
+	}
+	copyOut(m, iova, dst)
+	return nil
+}
+
+// writeMR copies src to iova of m; checked range.
+func (a *Accessor) writeMR(m *memRegion, iova uint64, src []byte) error {
+	if m.proc != nil {
+		return a.odpCopy(m, iova, src, true)
+	}
+	copyIn(m, iova, src)
+	return nil
 }
 
 // copyOut copies len(dst) bytes at iova of m into dst; checked range.

@@ -82,6 +82,10 @@ var (
 	ErrLength error = &sentinel{"dma: length mismatch with the SGE list", unix.EMSGSIZE}
 	// ErrMisaligned: an atomic on an address not aligned to 8 bytes.
 	ErrMisaligned error = &sentinel{"dma: atomic address not 8-byte aligned", unix.EINVAL}
+	// ErrFault: an on-demand paging MR reached an address the client has
+	// not mapped (or not with the protection asked for), or its process
+	// is gone: the page fault could not be resolved (odp.go).
+	ErrFault error = &sentinel{"dma: page fault on client memory not resolved", unix.EFAULT}
 	// ErrSegments: the caller's scatter list is too short for the range.
 	ErrSegments error = &sentinel{"dma: scatter list too short", unix.ENOSPC}
 	// ErrNoSection: Translate called outside Enter/Exit.

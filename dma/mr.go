@@ -28,6 +28,11 @@ type memRegion struct {
 
 	store      []byte // the table's own mapping, or nil (Go heap)
 	tableBytes uint64 // charged to the owner's account
+
+	// proc is set for an on-demand paging MR (odp.go): no table, no
+	// regions, no pins; iova+vaDelta is the address in proc's memory.
+	proc    *Process
+	vaDelta uint64
 }
 
 const (
@@ -259,6 +264,9 @@ func (s *Space) dropMR(st *ownerState, m *memRegion, rl *retireList) {
 	s.slots[idx].Store(nil)
 	delete(st.mrs, m.lkey)
 	s.keys.free(idx)
+	if m.proc != nil {
+		return // on-demand paging: nothing pinned, no table
+	}
 	s.unpinMR(m)
 	s.refundTables(st.acct, m.tableBytes)
 	for _, r := range m.regs {

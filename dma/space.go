@@ -87,6 +87,10 @@ type Space struct {
 	slots     []atomic.Pointer[memRegion] // key index -> live MR or nil
 	accessors atomic.Pointer[[]*Accessor] // copy-on-write under mu
 
+	// odpAtomic serializes atomics on on-demand paging MRs, a read and a
+	// write of the client's word each (odp.go).
+	odpAtomic sync.Mutex
+
 	mu         sync.Mutex // guards everything below
 	closed     bool
 	owners     map[Owner]*ownerState

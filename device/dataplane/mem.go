@@ -89,6 +89,7 @@ var memErrTable = [...]*memErr{
 	{engine.ErrMemProtection, dma.ErrBadKey},
 	{engine.ErrMemProtection, dma.ErrWrongPD},
 	{engine.ErrMemProtection, dma.ErrAccess},
+	{engine.ErrMemProtection, dma.ErrFault}, // on-demand paging: page not mapped
 	{engine.ErrMemLength, dma.ErrLength},
 	{engine.ErrMemBounds, dma.ErrBounds},
 	{engine.ErrMemBounds, dma.ErrMisaligned},

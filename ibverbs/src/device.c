@@ -326,6 +326,7 @@ VR_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device) {
 	v->create_qp_ex = vr_create_qp_ex;
 	v->create_srq_ex = vr_create_srq_ex;
 	vr_domain_ops(v);
+	v->advise_mr = vr_advise_mr;
 	return ctx;
 fail:
 	if (c->db)

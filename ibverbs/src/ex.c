@@ -359,6 +359,16 @@ int vr_query_device_ex(struct ibv_context *ctx, const struct ibv_query_device_ex
 		return ret;
 	a.phys_port_cnt_ex = a.orig_attr.phys_port_cnt;
 	a.device_cap_flags_ex = (uint64_t)(uint32_t)a.orig_attr.device_cap_flags;
+	/* On-demand paging as this process can have it (odp.c): none when
+	 * the daemon may not reach its memory. */
+	struct vr_ctx *c = vr_ctx(ctx);
+	if (vr_odp_attach(c) == 0) {
+		a.odp_caps.general_caps = c->odp_caps.general_caps;
+		a.odp_caps.per_transport_caps.rc_odp_caps = c->odp_caps.rc_odp_caps;
+		a.odp_caps.per_transport_caps.uc_odp_caps = c->odp_caps.uc_odp_caps;
+		a.odp_caps.per_transport_caps.ud_odp_caps = c->odp_caps.ud_odp_caps;
+		a.xrc_odp_caps = c->odp_caps.xrc_odp_caps;
+	}
 	memcpy(attr, &a, size < sizeof a ? size : sizeof a);
 	return 0;
 }

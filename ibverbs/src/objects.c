@@ -67,11 +67,10 @@ VR_EXPORT int ibv_dealloc_pd(struct ibv_pd *pd) {
 #define ACCESS_KERNEL 0xffu
 /* Accepted and ignored, as rxe on Linux 6.1 does: MW_BIND (vrnic offers
  * no memory windows to bind) and HUGETLB (a hint about the pages). Refused
- * with EOPNOTSUPP: ON_DEMAND (no ODP: ib_check_mr_access's errno for a
- * device without it) and ZERO_BASED (vrnic does not address an MR from 0;
+ * with EOPNOTSUPP: ZERO_BASED (vrnic does not address an MR from 0;
  * rxe of 6.1 ignores the bit and goes on addressing by iova, rxe from 6.4
  * refuses it with EOPNOTSUPP as vrnic does). */
-#define ACCESS_NOTSUP (IBV_ACCESS_ON_DEMAND | IBV_ACCESS_ZERO_BASED)
+#define ACCESS_NOTSUP IBV_ACCESS_ZERO_BASED
 
 static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova, unsigned access) {
 	if (!pd || !length)
@@ -83,11 +82,12 @@ static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint6
 		VR_FAIL_NULL(EINVAL);
 	if (access & ACCESS_NOTSUP) {
 		if (vr_debug())
-			fprintf(stderr, "vrnic: REG_MR: access %#x: %s not supported\n", access,
-				(access & IBV_ACCESS_ON_DEMAND) ? "ON_DEMAND (on-demand paging) is" :
-								  "ZERO_BASED (zero-based addressing) is");
+			fprintf(stderr, "vrnic: REG_MR: access %#x: ZERO_BASED (zero-based addressing) is not supported\n",
+				access);
 		VR_FAIL_NULL(EOPNOTSUPP);
 	}
+	if (access & IBV_ACCESS_ON_DEMAND) /* on-demand paging: odp.c */
+		return vr_reg_mr_odp(pd, addr, length, iova, access);
 	/* The page list maps IOVA pages to the pages of addr: same offset in
 	 * the page. */
 	if ((iova & (VR_PAGE - 1)) != ((uintptr_t)addr & (VR_PAGE - 1)))

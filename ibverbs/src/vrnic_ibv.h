@@ -96,6 +96,12 @@ struct vr_ctx {
 	struct vr_chunk *chunks;
 	struct vr_seg_reg *segs;
 	size_t nsegs, capsegs;
+
+	/* On-demand paging (odp.c), under mem_mu: 0 not tried, 1 attached,
+	 * -errno refused; odp_caps valid when attached. */
+	int odp_state;
+	struct vrnic_resp_odp_attach odp_caps;
+	uint8_t odp_nonce[16];
 };
 
 enum vr_obj_kind { VR_OBJ_QP = 1, VR_OBJ_CQ, VR_OBJ_SRQ };
@@ -202,6 +208,12 @@ static inline struct vr_cq *vr_cq(struct ibv_cq *cq) { return (struct vr_cq *)cq
 static inline struct vr_qp *vr_qp(struct ibv_qp *qp) { return (struct vr_qp *)qp; }
 static inline struct vr_pd *vr_pd(struct ibv_pd *pd) { return (struct vr_pd *)pd; }
 static inline struct vr_srq *vr_srq(struct ibv_srq *s) { return (struct vr_srq *)s; }
+
+/* odp.c */
+VR_HIDDEN int vr_odp_attach(struct vr_ctx *c);
+VR_HIDDEN struct ibv_mr *vr_reg_mr_odp(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova, unsigned access);
+VR_HIDDEN int vr_advise_mr(struct ibv_pd *pd, enum ibv_advise_mr_advice advice, uint32_t flags,
+			   struct ibv_sge *sg_list, uint32_t num_sge);
 
 /* events.c */
 VR_HIDDEN int vr_events_open(struct vr_ctx *c);

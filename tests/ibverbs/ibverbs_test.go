@@ -693,3 +693,17 @@ func TestParseReportNaN(t *testing.T) {
 	assert.InDelta(t, 3.21, rows[0].figs[0], 1e-9)
 	assert.True(t, math.IsNaN(rows[0].figs[4]))
 }
+
+// TestODP builds testdata/odp.c and runs it as TestMemOps runs mem_ops.c:
+// on-demand paging through the verbs API between two daemons. odp_caps;
+// an explicit ODP MR on one side and an implicit one (memory mapped after
+// it) on the other, with SEND, WRITE, READ and both atomics byte-checked;
+// a page replaced under the MR seen with its new contents; ibv_advise_mr
+// and its errnos (another context's MR, a non-ODP MR, bad advice, flags,
+// ranges, unmapped memory); an unmapped page completing with
+// IBV_WC_REM_ACCESS_ERR (remote) and IBV_WC_LOC_PROT_ERR (local); odd
+// registrations EINVAL.
+func TestODP(t *testing.T) {
+	runOps(t, startPair(t), "odp.c",
+		"OK odp caps, explicit+implicit send write read cmp_swap fetch_add, remap, advise, rem_access loc_prot\n")
+}
