@@ -216,8 +216,8 @@ func TestNames(t *testing.T) {
 			}
 		}
 	}
-	for o := range WROpcode(12) {
-		assert.Equal(t, o <= 7 || o == 9, o.Valid(), "opcode %d", o)
+	for o := range WROpcode(20) {
+		assert.Equal(t, o <= 7 || o == 9 || o == 14 || o == 15, o.Valid(), "opcode %d", o)
 	}
 }
 

@@ -113,8 +113,14 @@ const (
 	AccessRemoteWrite  uint32 = 1 << 1
 	AccessRemoteRead   uint32 = 1 << 2
 	AccessRemoteAtomic uint32 = 1 << 3
+	// ABI 1.4: FLUSH (IBTA 1.5 Memory Placement Extensions) with the
+	// global visibility or persistence placement type may target the MR
+	// (IBV_ACCESS_FLUSH_GLOBAL, IBV_ACCESS_FLUSH_PERSISTENT).
+	AccessFlushGlobal     uint32 = 1 << 8
+	AccessFlushPersistent uint32 = 1 << 9
 	// AccessAll is every defined access bit.
-	AccessAll = AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic
+	AccessAll = AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic |
+		AccessFlushGlobal | AccessFlushPersistent
 )
 
 // QPType is enum vrnic_qp_type (IBV_QPT_*).
@@ -224,10 +230,41 @@ const (
 	WRAtomicFetchAdd   WROpcode = 6 // ATOMIC_FETCH_AND_ADD
 	WRLocalInv         WROpcode = 7 // LOCAL_INV
 	WRSendWithInv      WROpcode = 9 // SEND_WITH_INV
+	// ABI 1.4, IBTA 1.5 Memory Placement Extensions (RC): FLUSH takes
+	// RemoteAddr, RKey, the length in CompareAdd and the FETH bits in
+	// Swap (FlushWQEBits); ATOMIC_WRITE takes RemoteAddr, RKey and the 8
+	// bytes of CompareAdd (little-endian in the WQE, stored as they lie).
+	WRFlush       WROpcode = 14 // FLUSH
+	WRAtomicWrite WROpcode = 15 // ATOMIC_WRITE
 )
 
 // Valid reports whether o is a defined send opcode.
-func (o WROpcode) Valid() bool { return o <= WRLocalInv || o == WRSendWithInv }
+func (o WROpcode) Valid() bool {
+	return o <= WRLocalInv || o == WRSendWithInv || o == WRFlush || o == WRAtomicWrite
+}
+
+// FLUSH placement types and selectivity levels (enum vrnic_flush; the
+// FETH's PLT and SEL, IBV_FLUSH_*), ABI 1.4.
+const (
+	FlushGlobal     uint8 = 1 << 0
+	FlushPersistent uint8 = 1 << 1
+	FlushRange      uint8 = 0
+	FlushMR         uint8 = 1
+)
+
+// FlushWQEBits is the Swap field of a FLUSH WQE: the placement type in
+// bits 0-3, the selectivity level in bits 4-5.
+func FlushWQEBits(placement, level uint8) uint64 {
+	return uint64(placement&0xf) | uint64(level&3)<<4
+}
+
+// PlacementCaps is enum vrnic_placement_caps (DeviceAttr.PlacementCaps),
+// ABI 1.4.
+const (
+	PlacementAtomicWrite     uint8 = 1 << 0
+	PlacementFlushGlobal     uint8 = 1 << 1
+	PlacementFlushPersistent uint8 = 1 << 2
+)
 
 // SendFlags is enum vrnic_send_flags (IBV_SEND_*).
 type SendFlags uint8
@@ -248,13 +285,16 @@ type WCOpcode uint8
 
 // Completion opcodes.
 const (
-	WCSend            WCOpcode = 0   // SEND
-	WCRDMAWrite       WCOpcode = 1   // RDMA_WRITE
-	WCRDMARead        WCOpcode = 2   // RDMA_READ
-	WCCompSwap        WCOpcode = 3   // COMP_SWAP
-	WCFetchAdd        WCOpcode = 4   // FETCH_ADD
-	WCBindMW          WCOpcode = 5   // BIND_MW
-	WCLocalInv        WCOpcode = 6   // LOCAL_INV
+	WCSend      WCOpcode = 0 // SEND
+	WCRDMAWrite WCOpcode = 1 // RDMA_WRITE
+	WCRDMARead  WCOpcode = 2 // RDMA_READ
+	WCCompSwap  WCOpcode = 3 // COMP_SWAP
+	WCFetchAdd  WCOpcode = 4 // FETCH_ADD
+	WCBindMW    WCOpcode = 5 // BIND_MW
+	WCLocalInv  WCOpcode = 6 // LOCAL_INV
+	// ABI 1.4 (IBTA 1.5 Memory Placement Extensions).
+	WCFlush           WCOpcode = 8   // FLUSH
+	WCAtomicWrite     WCOpcode = 9   // ATOMIC_WRITE
 	WCRecv            WCOpcode = 128 // RECV
 	WCRecvRDMAWithImm WCOpcode = 129 // RECV_RDMA_WITH_IMM
 )

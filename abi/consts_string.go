@@ -17,15 +17,19 @@ func _() {
 	_ = x[WRAtomicFetchAdd-6]
 	_ = x[WRLocalInv-7]
 	_ = x[WRSendWithInv-9]
+	_ = x[WRFlush-14]
+	_ = x[WRAtomicWrite-15]
 }
 
 const (
 	_WROpcode_name_0 = "RDMA_WRITERDMA_WRITE_WITH_IMMSENDSEND_WITH_IMMRDMA_READATOMIC_CMP_AND_SWPATOMIC_FETCH_AND_ADDLOCAL_INV"
 	_WROpcode_name_1 = "SEND_WITH_INV"
+	_WROpcode_name_2 = "FLUSHATOMIC_WRITE"
 )
 
 var (
 	_WROpcode_index_0 = [...]uint8{0, 10, 29, 33, 46, 55, 73, 93, 102}
+	_WROpcode_index_2 = [...]uint8{0, 5, 17}
 )
 
 func (i WROpcode) String() string {
@@ -34,6 +38,9 @@ func (i WROpcode) String() string {
 		return _WROpcode_name_0[_WROpcode_index_0[i]:_WROpcode_index_0[i+1]]
 	case i == 9:
 		return _WROpcode_name_1
+	case 14 <= i && i <= 15:
+		i -= 14
+		return _WROpcode_name_2[_WROpcode_index_2[i]:_WROpcode_index_2[i+1]]
 	default:
 		return "WROpcode(" + strconv.FormatInt(int64(i), 10) + ")"
 	}
@@ -49,27 +56,34 @@ func _() {
 	_ = x[WCFetchAdd-4]
 	_ = x[WCBindMW-5]
 	_ = x[WCLocalInv-6]
+	_ = x[WCFlush-8]
+	_ = x[WCAtomicWrite-9]
 	_ = x[WCRecv-128]
 	_ = x[WCRecvRDMAWithImm-129]
 }
 
 const (
 	_WCOpcode_name_0 = "SENDRDMA_WRITERDMA_READCOMP_SWAPFETCH_ADDBIND_MWLOCAL_INV"
-	_WCOpcode_name_1 = "RECVRECV_RDMA_WITH_IMM"
+	_WCOpcode_name_1 = "FLUSHATOMIC_WRITE"
+	_WCOpcode_name_2 = "RECVRECV_RDMA_WITH_IMM"
 )
 
 var (
 	_WCOpcode_index_0 = [...]uint8{0, 4, 14, 23, 32, 41, 48, 57}
-	_WCOpcode_index_1 = [...]uint8{0, 4, 22}
+	_WCOpcode_index_1 = [...]uint8{0, 5, 17}
+	_WCOpcode_index_2 = [...]uint8{0, 4, 22}
 )
 
 func (i WCOpcode) String() string {
 	switch {
 	case i <= 6:
 		return _WCOpcode_name_0[_WCOpcode_index_0[i]:_WCOpcode_index_0[i+1]]
+	case 8 <= i && i <= 9:
+		i -= 8
+		return _WCOpcode_name_1[_WCOpcode_index_1[i]:_WCOpcode_index_1[i+1]]
 	case 128 <= i && i <= 129:
 		i -= 128
-		return _WCOpcode_name_1[_WCOpcode_index_1[i]:_WCOpcode_index_1[i+1]]
+		return _WCOpcode_name_2[_WCOpcode_index_2[i]:_WCOpcode_index_2[i+1]]
 	default:
 		return "WCOpcode(" + strconv.FormatInt(int64(i), 10) + ")"
 	}

@@ -63,7 +63,8 @@ type DeviceAttr struct {
 	NumWorkers      uint32   `c:"num_workers"`
 	AtomicCap       uint8    `c:"atomic_cap"`
 	PhysPortCnt     uint8    `c:"phys_port_cnt"`
-	Reserved        [6]byte  `c:"reserved"`
+	PlacementCaps   uint8    `c:"placement_caps"` // ABI 1.4: PlacementCaps bits
+	Reserved        [5]byte  `c:"reserved"`
 }
 
 // CmdQueryPortReq is struct vrnic_cmd_query_port.

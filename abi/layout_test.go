@@ -136,6 +136,11 @@ var cConsts = map[string]uint64{
 
 	"VRNIC_ACCESS_LOCAL_WRITE": uint64(AccessLocalWrite), "VRNIC_ACCESS_REMOTE_WRITE": uint64(AccessRemoteWrite),
 	"VRNIC_ACCESS_REMOTE_READ": uint64(AccessRemoteRead), "VRNIC_ACCESS_REMOTE_ATOMIC": uint64(AccessRemoteAtomic),
+	"VRNIC_ACCESS_FLUSH_GLOBAL": uint64(AccessFlushGlobal), "VRNIC_ACCESS_FLUSH_PERSISTENT": uint64(AccessFlushPersistent),
+	"VRNIC_PLACEMENT_ATOMIC_WRITE": uint64(PlacementAtomicWrite), "VRNIC_PLACEMENT_FLUSH_GLOBAL": uint64(PlacementFlushGlobal),
+	"VRNIC_PLACEMENT_FLUSH_PERSISTENT": uint64(PlacementFlushPersistent),
+	"VRNIC_FLUSH_GLOBAL":               uint64(FlushGlobal), "VRNIC_FLUSH_PERSISTENT": uint64(FlushPersistent),
+	"VRNIC_FLUSH_RANGE": uint64(FlushRange), "VRNIC_FLUSH_MR": uint64(FlushMR),
 
 	"VRNIC_QPT_RC": uint64(QPTRC), "VRNIC_QPT_UC": uint64(QPTUC), "VRNIC_QPT_UD": uint64(QPTUD),
 
@@ -164,6 +169,7 @@ var cConsts = map[string]uint64{
 	"VRNIC_WR_RDMA_READ": uint64(WRRDMARead), "VRNIC_WR_ATOMIC_CMP_AND_SWP": uint64(WRAtomicCmpAndSwp),
 	"VRNIC_WR_ATOMIC_FETCH_AND_ADD": uint64(WRAtomicFetchAdd), "VRNIC_WR_LOCAL_INV": uint64(WRLocalInv),
 	"VRNIC_WR_SEND_WITH_INV": uint64(WRSendWithInv),
+	"VRNIC_WR_FLUSH":         uint64(WRFlush), "VRNIC_WR_ATOMIC_WRITE": uint64(WRAtomicWrite),
 
 	"VRNIC_SEND_FENCE": uint64(SendFence), "VRNIC_SEND_SIGNALED": uint64(SendSignaled),
 	"VRNIC_SEND_SOLICITED": uint64(SendSolicited), "VRNIC_SEND_INLINE": uint64(SendInline),
@@ -171,7 +177,8 @@ var cConsts = map[string]uint64{
 	"VRNIC_WC_SEND": uint64(WCSend), "VRNIC_WC_RDMA_WRITE": uint64(WCRDMAWrite),
 	"VRNIC_WC_RDMA_READ": uint64(WCRDMARead), "VRNIC_WC_COMP_SWAP": uint64(WCCompSwap),
 	"VRNIC_WC_FETCH_ADD": uint64(WCFetchAdd), "VRNIC_WC_BIND_MW": uint64(WCBindMW),
-	"VRNIC_WC_LOCAL_INV": uint64(WCLocalInv), "VRNIC_WC_RECV": uint64(WCRecv),
+	"VRNIC_WC_LOCAL_INV": uint64(WCLocalInv),
+	"VRNIC_WC_FLUSH":     uint64(WCFlush), "VRNIC_WC_ATOMIC_WRITE": uint64(WCAtomicWrite), "VRNIC_WC_RECV": uint64(WCRecv),
 	"VRNIC_WC_RECV_RDMA_WITH_IMM": uint64(WCRecvRDMAWithImm),
 
 	"VRNIC_WC_SUCCESS": uint64(WCSuccess), "VRNIC_WC_LOC_LEN_ERR": uint64(WCLocLenErr),

@@ -472,7 +472,17 @@ struct vrnic_device_attr {
 	uint32_t num_workers;
 	uint8_t  atomic_cap;         /* enum ibv_atomic_cap: 1 = HCA-atomic */
 	uint8_t  phys_port_cnt;
-	uint8_t  reserved[6];
+	uint8_t  placement_caps;     /* ABI 1.4: enum vrnic_placement_caps */
+	uint8_t  reserved[5];
+};
+
+/* ABI 1.4: the IBTA 1.5 Memory Placement Extensions the device executes
+ * (IB_UVERBS_DEVICE_ATOMIC_WRITE, _FLUSH_GLOBAL, _FLUSH_PERSISTENT in
+ * device_cap_flags_ex). */
+enum vrnic_placement_caps {
+	VRNIC_PLACEMENT_ATOMIC_WRITE     = 1u << 0,
+	VRNIC_PLACEMENT_FLUSH_GLOBAL     = 1u << 1,
+	VRNIC_PLACEMENT_FLUSH_PERSISTENT = 1u << 2,
 };
 
 /* QUERY_PORT: command struct selects the port (1). */
@@ -551,6 +561,11 @@ enum vrnic_access {
 	VRNIC_ACCESS_REMOTE_WRITE  = 1u << 1,
 	VRNIC_ACCESS_REMOTE_READ   = 1u << 2,
 	VRNIC_ACCESS_REMOTE_ATOMIC = 1u << 3,
+	/* ABI 1.4: FLUSH (IBTA 1.5 Memory Placement Extensions) with the
+	 * global visibility / persistence placement type may target the MR
+	 * (IBV_ACCESS_FLUSH_GLOBAL, IBV_ACCESS_FLUSH_PERSISTENT). */
+	VRNIC_ACCESS_FLUSH_GLOBAL     = 1u << 8,
+	VRNIC_ACCESS_FLUSH_PERSISTENT = 1u << 9,
 };
 
 /* REG_MR: the page table a kernel driver would build after pinning. The MR
@@ -934,6 +949,26 @@ enum vrnic_wr_opcode {
 	VRNIC_WR_ATOMIC_FETCH_AND_ADD = 6,
 	VRNIC_WR_LOCAL_INV            = 7,
 	VRNIC_WR_SEND_WITH_INV        = 9,
+	/* ABI 1.4, IBTA 1.5 Memory Placement Extensions (RC only):
+	 * FLUSH: remote_addr, rkey; compare_add is the length (ignored with
+	 * the whole-region selectivity level); swap holds the FETH bits:
+	 * placement type in bits 0-3 (VRNIC_FLUSH_GLOBAL,
+	 * VRNIC_FLUSH_PERSISTENT, at least one), selectivity level in bits
+	 * 4-5 (VRNIC_FLUSH_RANGE, VRNIC_FLUSH_MR); no SGE, no inline data.
+	 * ATOMIC_WRITE: remote_addr (8-byte aligned), rkey; the 8 bytes of
+	 * compare_add, as they lie in the WQE, are what the responder stores
+	 * at once; no SGE, no inline data. */
+	VRNIC_WR_FLUSH                = 14,
+	VRNIC_WR_ATOMIC_WRITE         = 15,
+};
+
+/* FLUSH placement types and selectivity levels (ABI 1.4; the FETH's PLT
+ * and SEL, IBV_FLUSH_*). */
+enum vrnic_flush {
+	VRNIC_FLUSH_GLOBAL     = 1u << 0,
+	VRNIC_FLUSH_PERSISTENT = 1u << 1,
+	VRNIC_FLUSH_RANGE      = 0,
+	VRNIC_FLUSH_MR         = 1,
 };
 
 /* Send flags (IBV_SEND_*) */
@@ -1004,6 +1039,8 @@ enum vrnic_wc_opcode {
 	VRNIC_WC_FETCH_ADD          = 4,
 	VRNIC_WC_BIND_MW            = 5,
 	VRNIC_WC_LOCAL_INV          = 6,
+	VRNIC_WC_FLUSH              = 8,  /* ABI 1.4 */
+	VRNIC_WC_ATOMIC_WRITE       = 9,  /* ABI 1.4 */
 	VRNIC_WC_RECV               = 128,
 	VRNIC_WC_RECV_RDMA_WITH_IMM = 129,
 };

@@ -133,6 +133,9 @@ func (cn *conn) queryDevice(r *request) (reply, error) {
 		NumWorkers:      uint32(d.cfg.NumWorkers),
 		AtomicCap:       1,
 		PhysPortCnt:     1,
+		// IBTA 1.5 Memory Placement Extensions: ATOMIC WRITE and FLUSH
+		// to global visibility (no persistence: see REG_MR).
+		PlacementCaps: abi.PlacementAtomicWrite | abi.PlacementFlushGlobal,
 	}
 	copy(a.FWVer[:], fmt.Sprintf("vrnic %d.%d", abi.VersionMajor, abi.VersionMinor))
 	return reply{body: a}, nil
@@ -320,6 +323,12 @@ func (cn *conn) regMR(r *request) (reply, error) {
 	}
 	if c.Access&(abi.AccessRemoteWrite|abi.AccessRemoteAtomic) != 0 && c.Access&abi.AccessLocalWrite == 0 {
 		return reply{}, errorf(errInval, "access %#x: remote write or remote atomic requires local write (IBTA C10-83)", c.Access)
+	}
+	if c.Access&abi.AccessFlushPersistent != 0 {
+		// Client memory is memfd (shmem) pages: RAM with no persistence
+		// domain, so no FLUSH can make it persistent (dma.Accessor.Flush;
+		// Linux rxe refuses the flag for memory that is not pmem).
+		return reply{}, errorf(errNotSup, "access %#x: FLUSH_PERSISTENT: the device has no persistent memory", c.Access)
 	}
 	if c.PageShift != abi.PageShift4K && c.PageShift != abi.PageShift2M {
 		return reply{}, errorf(errInval, "page_shift %d: must be %d or %d", c.PageShift, abi.PageShift4K, abi.PageShift2M)

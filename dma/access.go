@@ -16,10 +16,13 @@ const (
 	AccessRemoteWrite  = Access(abi.AccessRemoteWrite)  // 1 << 1
 	AccessRemoteRead   = Access(abi.AccessRemoteRead)   // 1 << 2
 	AccessRemoteAtomic = Access(abi.AccessRemoteAtomic) // 1 << 3
+	// FLUSH targets (IBTA 1.5 Memory Placement Extensions), ABI 1.4.
+	AccessFlushGlobal     = Access(abi.AccessFlushGlobal)     // 1 << 8
+	AccessFlushPersistent = Access(abi.AccessFlushPersistent) // 1 << 9
 
 	// AccessRemote is every remote flag: an MR with none of them has no
 	// rkey (0, which never names an MR).
-	AccessRemote = AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic
+	AccessRemote = AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic | AccessFlushGlobal | AccessFlushPersistent
 	accessAll    = AccessLocalWrite | AccessRemote
 )
 
@@ -52,7 +55,8 @@ func (a Access) String() string {
 	for _, f := range []struct {
 		bit  Access
 		name string
-	}{{AccessLocalWrite, "LOCAL_WRITE"}, {AccessRemoteWrite, "REMOTE_WRITE"}, {AccessRemoteRead, "REMOTE_READ"}, {AccessRemoteAtomic, "REMOTE_ATOMIC"}} {
+	}{{AccessLocalWrite, "LOCAL_WRITE"}, {AccessRemoteWrite, "REMOTE_WRITE"}, {AccessRemoteRead, "REMOTE_READ"}, {AccessRemoteAtomic, "REMOTE_ATOMIC"},
+		{AccessFlushGlobal, "FLUSH_GLOBAL"}, {AccessFlushPersistent, "FLUSH_PERSISTENT"}} {
 		if a&f.bit != 0 {
 			if s != "" {
 				s += "|"

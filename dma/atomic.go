@@ -40,13 +40,72 @@ func (a *Accessor) FetchAdd(rkey uint32, pd PD, va, add uint64) (uint64, error) 
 	return addWord(m.span(va, 8), add), nil
 }
 
+// AtomicWrite is the responder of an ATOMIC WRITE (IBTA 1.5 Memory
+// Placement Extensions; Linux rxe_mr_do_atomic_write): the 8 bytes of v as
+// they lie in host memory (the engine takes them from the wire in order)
+// are stored at the aligned word at va with one atomic store, so that no
+// reader, local CPU or remote READ, sees a torn value. The MR must grant
+// REMOTE_WRITE, as rxe requires.
+func (a *Accessor) AtomicWrite(rkey uint32, pd PD, va, v uint64) error {
+	a.Enter()
+	defer a.Exit()
+	m, err := a.atomicRegionFor(rkey, pd, va, AccessRemoteWrite)
+	if err != nil {
+		return err
+	}
+	if m.proc != nil {
+		_, err := a.odpAtomic(m, va, func(uint64) uint64 { return v })
+		return err
+	}
+	storeWord(m.span(va, 8), v)
+	return nil
+}
+
+// Flush is the responder of a FLUSH (IBTA 1.5 Memory Placement
+// Extensions): it checks the MR of rkey for the flush rights in want
+// (AccessFlushGlobal and/or AccessFlushPersistent), over [va, va+n) or,
+// when whole is set (selectivity level "memory region"), over the whole
+// MR, and returns once every store placed before it is globally visible.
+//
+// What placement means here: the daemon places RDMA WRITE and ATOMIC WRITE
+// data with CPU stores into the client's own memfd pages, synchronously
+// and in PSN order, so by the time a FLUSH is executed the data before it
+// is in the memory the client and every other mapping see; the full
+// barrier below orders it before the FLUSH's response. Persistence would
+// need a persistence domain beyond RAM: memfd (shmem) pages have none
+// (msync on them does nothing), so the device offers no
+// FLUSH_PERSISTENT (REG_MR refuses the flag with EOPNOTSUPP, as Linux rxe
+// refuses it for memory that is not pmem) and a FLUSH asking for
+// persistence fails the access check.
+func (a *Accessor) Flush(rkey uint32, pd PD, va, n uint64, whole bool, want Access) error {
+	a.Enter()
+	defer a.Exit()
+	m := a.s.lookupRemote(rkey)
+	if m == nil {
+		return ErrBadKey
+	}
+	if whole {
+		va, n = m.iova, m.length
+	}
+	if err := m.check(pd, va, n, want); err != nil {
+		return err
+	}
+	fullBarrier()
+	return nil
+}
+
 // atomicRegion returns the MR of the 8-byte word at va, checked for
 // REMOTE_ATOMIC and alignment. Mappings are page aligned and so is every
 // page of the MR, so va%8 is the host address' alignment (m.span(va, 8)
 // never crosses a page); an on-demand paging MR's iova and address share
 // their offset in the page (RegisterODPMR).
 func (a *Accessor) atomicRegion(rkey uint32, pd PD, va uint64) (*memRegion, error) {
-	m, err := a.remoteRegion(rkey, pd, va, 8, AccessRemoteAtomic)
+	return a.atomicRegionFor(rkey, pd, va, AccessRemoteAtomic)
+}
+
+// atomicRegionFor is atomicRegion for the access bits want.
+func (a *Accessor) atomicRegionFor(rkey uint32, pd PD, va uint64, want Access) (*memRegion, error) {
+	m, err := a.remoteRegion(rkey, pd, va, 8, want)
 	if err != nil {
 		return nil, err
 	}

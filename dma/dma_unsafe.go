@@ -28,6 +28,16 @@ func casWord(b []byte, old, new uint64) uint64 {
 
 func addWord(b []byte, d uint64) uint64 { return atomic.AddUint64(word64(b), d) - d }
 
+// storeWord stores v into the aligned word b with one atomic store.
+func storeWord(b []byte, v uint64) { atomic.StoreUint64(word64(b), v) }
+
+// barrierWord is the target of fullBarrier's locked operation.
+var barrierWord uint64
+
+// fullBarrier is a full memory barrier: a sequentially consistent atomic
+// read-modify-write (a locked instruction on amd64).
+func fullBarrier() { atomic.AddUint64(&barrierWord, 1) }
+
 // addrOf is the address of b's first byte (tests compare it with the
 // mapping's bounds).
 func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }

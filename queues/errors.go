@@ -46,7 +46,7 @@ var reasonNames = [...]string{
 	ReasonInlineTooLong: "inline_len exceeds the queue's max_inline",
 	ReasonInlineWithSGE: "inline WQE with num_sge != 0",
 	ReasonInlineOpcode:  "inline data with an opcode that carries none",
-	ReasonAtomicSGE:     "atomic needs exactly one 8-byte SGE",
+	ReasonAtomicSGE:     "atomic needs exactly one 8-byte SGE (FLUSH and ATOMIC WRITE none)",
 	ReasonLength:        "total length exceeds the largest message",
 }
 

@@ -148,6 +148,8 @@ func TestSQMalformed(t *testing.T) {
 		{"inline_len without inline", abi.SendWQE{Opcode: abi.WRSend, InlineLen: 4}, 0, ReasonReserved, nil},
 		{"atomic no sge", abi.SendWQE{Opcode: abi.WRAtomicCmpAndSwp}, 0, ReasonAtomicSGE, nil},
 		{"atomic short sge", abi.SendWQE{Opcode: abi.WRAtomicFetchAdd}, 1, ReasonAtomicSGE, nil},
+		{"atomic write with sge", abi.SendWQE{Opcode: abi.WRAtomicWrite}, 1, ReasonAtomicSGE, nil},
+		{"flush with sge", abi.SendWQE{Opcode: abi.WRFlush}, 1, ReasonAtomicSGE, nil},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

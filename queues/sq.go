@@ -157,5 +157,10 @@ func (q *SQ) check(wr *SendWR, slot []byte) Reason {
 			return ReasonAtomicSGE
 		}
 	}
+	// FLUSH and ATOMIC WRITE (ABI 1.4) carry everything in the WQE: no
+	// local buffer.
+	if (w.Opcode == abi.WRFlush || w.Opcode == abi.WRAtomicWrite) && w.NumSGE != 0 {
+		return ReasonAtomicSGE
+	}
 	return ReasonNone
 }

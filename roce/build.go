@@ -133,6 +133,7 @@ type Headers struct {
 	// length) and TVer should be 0.
 	BTH          BTHFields
 	DETH         DETHFields
+	FETH         FETHFields
 	RETH         RETHFields
 	AtomicETH    AtomicETHFields
 	AETH         AETHFields

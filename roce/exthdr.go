@@ -14,6 +14,7 @@ const (
 	ImmDtLen        = 4
 	IETHLen         = 4
 	DETHLen         = 8
+	FETHLen         = 4
 	// CNPReservedLen is the reserved block that follows the BTH of a RoCE
 	// v2 Congestion Notification Packet (IBTA Annex A17.9.2).
 	CNPReservedLen = 16
@@ -352,6 +353,11 @@ var extCodecs = [numHeaders]extCodec{
 		view:   func(pkt *Packet, b []byte) { pkt.DETH = b },
 		encode: func(b []byte, h *Headers) { DETH(b).Encode(&h.DETH) },
 		decode: func(b []byte, h *Headers) { h.DETH = DETH(b).Fields() },
+	},
+	HdrFETH: {
+		view:   func(pkt *Packet, b []byte) { pkt.FETH = b },
+		encode: func(b []byte, h *Headers) { FETH(b).Encode(&h.FETH) },
+		decode: func(b []byte, h *Headers) { h.FETH = FETH(b).Fields() },
 	},
 	HdrRETH: {
 		view:   func(pkt *Packet, b []byte) { pkt.RETH = b },

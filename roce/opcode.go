@@ -14,8 +14,9 @@ import (
 // 4..0 the operation.
 type Opcode uint8
 
-// Opcodes vrnic knows: every RC, UC and UD opcode of IBTA 1.4 and the
-// RoCE v2 Congestion Notification Packet.
+// Opcodes vrnic knows: every RC, UC and UD opcode of IBTA 1.4, the RC
+// FLUSH and ATOMIC WRITE of the IBTA 1.5 Memory Placement Extensions, and
+// the RoCE v2 Congestion Notification Packet.
 const (
 	OpRCSendFirst          Opcode = 0x00
 	OpRCSendMiddle         Opcode = 0x01
@@ -40,6 +41,8 @@ const (
 	OpRCFetchAdd           Opcode = 0x14
 	OpRCSendLastInv        Opcode = 0x16
 	OpRCSendOnlyInv        Opcode = 0x17
+	OpRCFlush              Opcode = 0x1c // IBTA 1.5 Memory Placement Extensions
+	OpRCAtomicWrite        Opcode = 0x1d // IBTA 1.5 Memory Placement Extensions
 
 	OpUCSendFirst    Opcode = 0x20
 	OpUCSendMiddle   Opcode = 0x21
@@ -81,6 +84,7 @@ type Header uint8
 // Extension headers in wire order.
 const (
 	HdrDETH Header = iota
+	HdrFETH
 	HdrRETH
 	HdrAtomicETH
 	HdrAETH
@@ -93,6 +97,7 @@ const (
 
 var headerLens = [numHeaders]int{
 	HdrDETH:         DETHLen,
+	HdrFETH:         FETHLen,
 	HdrRETH:         RETHLen,
 	HdrAtomicETH:    AtomicETHLen,
 	HdrAETH:         AETHLen,
@@ -158,6 +163,14 @@ const (
 	OpAcked
 	// OpCongestion: a RoCE v2 Congestion Notification Packet.
 	OpCongestion
+	// OpAtomicWrite: ATOMIC WRITE (IBTA 1.5 Memory Placement Extensions):
+	// a RETH and exactly 8 bytes of payload, placed at once; answered
+	// like a READ with a zero-length RDMA READ RESPONSE Only.
+	OpAtomicWrite
+	// OpFlush: FLUSH (IBTA 1.5 Memory Placement Extensions): a FETH and
+	// a RETH, no payload; answered with a zero-length RDMA READ RESPONSE
+	// Only once the memory it names is placed as its FETH asks.
+	OpFlush
 )
 
 // OpInfo is one entry of the opcode table.
@@ -292,6 +305,11 @@ var rcOnlySpecs = []opSpec{
 	{0x14, "FETCH_ADD", []Header{HdrAtomicETH}, OpAtomic | OpRequest | OpOnly},
 	{0x16, "SEND_LAST_WITH_INVALIDATE", []Header{HdrIETH}, sendF | OpLast | OpInvalidate},
 	{0x17, "SEND_ONLY_WITH_INVALIDATE", []Header{HdrIETH}, sendF | OpOnly | OpInvalidate},
+	// IBTA 1.5, Memory Placement Extensions (as Linux rxe_opcode.c:
+	// IB_OPCODE_RC_FLUSH is BTH, FETH, RETH; IB_OPCODE_RC_ATOMIC_WRITE
+	// BTH, RETH and the 8-byte payload).
+	{0x1c, "FLUSH", []Header{HdrFETH, HdrRETH}, OpFlush | OpRequest | OpOnly},
+	{0x1d, "ATOMIC_WRITE", []Header{HdrRETH}, OpAtomicWrite | OpRequest | OpPayload | OpOnly},
 }
 
 // otherSpecs are UD and CNP, with their full opcodes.

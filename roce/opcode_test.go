@@ -26,10 +26,14 @@ func TestOpcodeTableCounts(t *testing.T) {
 	for _, op := range allOpcodes() {
 		per[op.Service()]++
 	}
-	// IBTA 1.4 table 38: RC 0x00-0x14 and 0x16-0x17; UC SEND and RDMA
-	// WRITE 0x20-0x2b; UD SEND ONLY with and without immediate; RoCE CNP.
-	assert.Equal(t, map[Service]int{ServiceRC: 23, ServiceUC: 12, ServiceUD: 2, ServiceCNP: 1}, per)
+	// IBTA 1.4 table 38: RC 0x00-0x14 and 0x16-0x17, with FLUSH 0x1c and
+	// ATOMIC WRITE 0x1d of IBTA 1.5; UC SEND and RDMA WRITE 0x20-0x2b; UD
+	// SEND ONLY with and without immediate; RoCE CNP.
+	assert.Equal(t, map[Service]int{ServiceRC: 25, ServiceUC: 12, ServiceUD: 2, ServiceCNP: 1}, per)
 	assert.False(t, Opcode(0x15).Valid(), "0x15 is reserved")
+	assert.False(t, Opcode(0x18).Valid(), "0x18 (RC SEND ONLY with invalidate's neighbour) is reserved")
+	assert.False(t, Opcode(0x3c).Valid(), "UC has no FLUSH")
+	assert.False(t, Opcode(0x3d).Valid(), "UC has no ATOMIC WRITE")
 	assert.False(t, Opcode(0x2c).Valid(), "UC has no RDMA READ")
 	assert.False(t, Opcode(0x40).Valid(), "RD is not supported")
 	assert.False(t, Opcode(0x60).Valid(), "UD has only SEND ONLY")
@@ -76,14 +80,19 @@ func TestOpcodeTableConsistent(t *testing.T) {
 			assert.Equal(t, f&OpInvalidate != 0, info.Has(HdrIETH), "IETH")
 			assert.Equal(t, op.Service() == ServiceUD, info.Has(HdrDETH), "DETH")
 			assert.Equal(t, op.Service() == ServiceCNP, info.Has(HdrCNPReserved), "CNP block")
-			assert.Equal(t, f&OpWrite != 0 && (pos == OpFirst || pos == OpOnly) || f&(OpRead|OpRequest) == OpRead|OpRequest,
-				info.Has(HdrRETH), "RETH")
+			assert.Equal(t, f&OpWrite != 0 && (pos == OpFirst || pos == OpOnly) || f&(OpRead|OpRequest) == OpRead|OpRequest ||
+				f&(OpAtomicWrite|OpFlush) != 0, info.Has(HdrRETH), "RETH")
+			assert.Equal(t, f&OpFlush != 0, info.Has(HdrFETH), "FETH")
+			if f&(OpAtomicWrite|OpFlush) != 0 {
+				assert.Equal(t, ServiceRC, op.Service(), "memory placement extensions are RC")
+				assert.Equal(t, OpRequest|OpOnly|OpAcked, f&(OpRequest|OpResponse|OpOnly|OpAcked))
+			}
 			assert.Equal(t, f&(OpAtomic|OpRequest) == OpAtomic|OpRequest, info.Has(HdrAtomicETH), "AtomicETH")
 			assert.Equal(t, f&OpAck != 0 || f&(OpRead|OpResponse) == OpRead|OpResponse && pos != OpMiddle, info.Has(HdrAETH), "AETH")
 			assert.Equal(t, f&(OpAck|OpAtomic) == OpAck|OpAtomic, info.Has(HdrAtomicAckETH), "AtomicAckETH")
 
-			// Payload: SEND, RDMA WRITE and READ RESPONSE only.
-			assert.Equal(t, f&(OpSend|OpWrite) != 0 || f&(OpRead|OpResponse) == OpRead|OpResponse, f&OpPayload != 0, "payload")
+			// Payload: SEND, RDMA WRITE, ATOMIC WRITE and READ RESPONSE only.
+			assert.Equal(t, f&(OpSend|OpWrite|OpAtomicWrite) != 0 || f&(OpRead|OpResponse) == OpRead|OpResponse, f&OpPayload != 0, "payload")
 
 			// Direction: requests and responses are disjoint; only the CNP is
 			// neither.
@@ -99,7 +108,7 @@ func TestOpcodeTableConsistent(t *testing.T) {
 			assert.Equal(t, f&OpSend != 0 || f&(OpWrite|OpImm) == OpWrite|OpImm, f&OpRecvWQE != 0, "recv WQE")
 			// One operation kind per opcode (ACK alone, atomic ACK is
 			// OpAck|OpAtomic).
-			kinds := bits.OnesCount32(uint32(f & (OpSend | OpWrite | OpRead | OpAtomic | OpAck)))
+			kinds := bits.OnesCount32(uint32(f & (OpSend | OpWrite | OpRead | OpAtomic | OpAck | OpAtomicWrite | OpFlush)))
 			if f&(OpAck|OpAtomic) == OpAck|OpAtomic {
 				kinds--
 			}
@@ -143,6 +152,10 @@ func TestOpcodeTableSpotChecks(t *testing.T) {
 		{0x14, "RC_FETCH_ADD", 40, []Header{HdrAtomicETH}, []int{12}},
 		{0x16, "RC_SEND_LAST_WITH_INVALIDATE", 16, []Header{HdrIETH}, []int{12}},
 		{0x17, "RC_SEND_ONLY_WITH_INVALIDATE", 16, []Header{HdrIETH}, []int{12}},
+		// IBTA 1.5 Memory Placement Extensions: FLUSH is BTH, FETH, RETH
+		// (as Linux rxe_opcode.c), ATOMIC WRITE BTH, RETH, 8-byte payload.
+		{0x1c, "RC_FLUSH", 32, []Header{HdrFETH, HdrRETH}, []int{12, 16}},
+		{0x1d, "RC_ATOMIC_WRITE", 28, []Header{HdrRETH}, []int{12}},
 		{0x29, "UC_RDMA_WRITE_LAST_WITH_IMMEDIATE", 16, []Header{HdrImmDt}, []int{12}},
 		{0x64, "UD_SEND_ONLY", 20, []Header{HdrDETH}, []int{12}},
 		{0x65, "UD_SEND_ONLY_WITH_IMMEDIATE", 24, []Header{HdrDETH, HdrImmDt}, []int{12, 20}},
@@ -174,9 +187,9 @@ func TestEnumNames(t *testing.T) {
 	}{
 		{ServiceRC, "RC"}, {ServiceUC, "UC"}, {ServiceRD, "RD"}, {ServiceUD, "UD"}, {ServiceCNP, "CNP"},
 		{Service(5), "Service(5)"},
-		{HdrDETH, "DETH"}, {HdrRETH, "RETH"}, {HdrAtomicETH, "AtomicETH"}, {HdrAETH, "AETH"},
+		{HdrDETH, "DETH"}, {HdrFETH, "FETH"}, {HdrRETH, "RETH"}, {HdrAtomicETH, "AtomicETH"}, {HdrAETH, "AETH"},
 		{HdrAtomicAckETH, "AtomicAckETH"}, {HdrImmDt, "ImmDt"}, {HdrIETH, "IETH"},
-		{HdrCNPReserved, "CNPReserved"}, {Header(numHeaders), "Header(8)"},
+		{HdrCNPReserved, "CNPReserved"}, {Header(numHeaders), "Header(9)"},
 		{SyndromeACK, "ACK"}, {SyndromeRNRNAK, "RNR_NAK"}, {SyndromeReserved, "RESERVED"}, {SyndromeNAK, "NAK"},
 		{SyndromeKind(4), "SyndromeKind(4)"},
 		{NAKPSNSequenceError, "PSN_SEQUENCE_ERROR"}, {NAKInvalidRequest, "INVALID_REQUEST"},

@@ -23,6 +23,7 @@ type Packet struct {
 	Info *OpInfo
 	// Extension headers, each exactly its header's length, or nil.
 	DETH         DETH
+	FETH         FETH
 	RETH         RETH
 	AtomicETH    AtomicETH
 	AETH         AETH

@@ -66,6 +66,14 @@ func (m *qpMemory) Atomic(rkey uint32, va uint64, cas bool, compare, swap uint64
 	return v, memErrOf(err)
 }
 
+func (m *qpMemory) AtomicWrite(rkey uint32, va uint64, v uint64) error {
+	return memErrOf(m.acc.AtomicWrite(rkey, m.pd, va, v))
+}
+
+func (m *qpMemory) Flush(rkey uint32, va, length uint64, whole bool, access uint32) error {
+	return memErrOf(m.acc.Flush(rkey, m.pd, va, length, whole, dma.Access(access)))
+}
+
 func (m *qpMemory) Invalidate(key uint32) error {
 	return memErrOf(m.mem.Invalidate(key, m.pd))
 }

@@ -521,6 +521,10 @@ func (*qp1Memory) CheckRemote(uint32, uint64, uint64, uint32) error {
 func (*qp1Memory) Atomic(uint32, uint64, bool, uint64, uint64) (uint64, error) {
 	return 0, engine.ErrMemProtection
 }
+func (*qp1Memory) AtomicWrite(uint32, uint64, uint64) error { return engine.ErrMemProtection }
+func (*qp1Memory) Flush(uint32, uint64, uint64, bool, uint32) error {
+	return engine.ErrMemProtection
+}
 func (*qp1Memory) Invalidate(uint32) error { return engine.ErrMemProtection }
 
 var (

@@ -244,6 +244,9 @@ func (qp *QP) compRead(p *packet) compState {
 	if e == nil {
 		return compDone
 	}
+	if e.isPlacement() {
+		return qp.compPlacement(e, p)
+	}
 	if e.Opcode != abi.WRRDMARead {
 		qp.failWQE(e, abi.WCBadRespErr)
 		return compDone
@@ -282,6 +285,21 @@ func (qp *QP) compRead(p *packet) compState {
 	if lastPkt {
 		qp.finishReadAtomic(e)
 	}
+	return compDone
+}
+
+// compPlacement completes an ATOMIC WRITE or FLUSH: the responder answers
+// either with one zero-length RDMA READ RESPONSE Only at the request's
+// PSN (IBTA 1.5 Memory Placement Extensions; Linux rxe's
+// send_read_response_ack); any other response is a bad response.
+func (qp *QP) compPlacement(e *swqe, p *packet) compState {
+	if p.psn != e.first || p.opcode != roce.OpRCReadResponseOnly || len(p.payload) != 0 {
+		qp.failWQE(e, abi.WCBadRespErr)
+		return compDone
+	}
+	e.rcvd = 1
+	qp.progress(roce.PSNAdd(p.psn, 1))
+	qp.finishReadAtomic(e)
 	return compDone
 }
 

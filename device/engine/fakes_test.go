@@ -18,6 +18,9 @@ type fakeMem struct {
 	mu   sync.RWMutex
 	mrs  map[uint32]*fakeMR
 	next uint32
+	// atomicWrites and flushes count the ATOMIC WRITEs and FLUSHes
+	// executed (a duplicate must not execute again).
+	atomicWrites, flushes int
 }
 
 type fakeMR struct {
@@ -154,6 +157,34 @@ func (m *fakeMem) Atomic(rkey uint32, va uint64, cas bool, compare, swap uint64)
 		binary.LittleEndian.PutUint64(b, orig+compare)
 	}
 	return orig, nil
+}
+
+func (m *fakeMem) AtomicWrite(rkey uint32, va uint64, v uint64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b, err := m.rangeOf(rkey, va, 8, abi.AccessRemoteWrite)
+	if err != nil {
+		return err
+	}
+	if va&7 != 0 {
+		return errFakeBounds
+	}
+	binary.LittleEndian.PutUint64(b, v)
+	m.atomicWrites++
+	return nil
+}
+
+func (m *fakeMem) Flush(rkey uint32, va, n uint64, whole bool, access uint32) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if mr := m.mrs[rkey]; whole && mr != nil {
+		va, n = mr.va, uint64(len(mr.buf))
+	}
+	if _, err := m.rangeOf(rkey, va, n, access); err != nil {
+		return err
+	}
+	m.flushes++
+	return nil
 }
 
 func (m *fakeMem) Invalidate(key uint32) error {

@@ -40,6 +40,15 @@ type Memory interface {
 	// (compare, swap), else fetch-and-add (add in compare). It returns the
 	// original value.
 	Atomic(rkey uint32, va uint64, cas bool, compare, swap uint64) (uint64, error)
+	// AtomicWrite stores v (its 8 bytes in host memory order) into the
+	// aligned word at va of the MR of rkey (remote write access) with one
+	// atomic store: ATOMIC WRITE (IBTA 1.5 Memory Placement Extensions).
+	AtomicWrite(rkey uint32, va uint64, v uint64) error
+	// Flush checks the MR of rkey for access (the FLUSH rights its
+	// placement type needs) over [va, va+length), or over the whole MR when
+	// whole is set, and returns once what was placed before is visible:
+	// FLUSH (IBTA 1.5 Memory Placement Extensions).
+	Flush(rkey uint32, va, length uint64, whole bool, access uint32) error
 	// Invalidate invalidates the MR (or memory window) of key.
 	Invalidate(key uint32) error
 }

@@ -224,8 +224,17 @@ type qpAttrs struct {
 
 func (e *swqe) isReadAtomic() bool {
 	op := e.Opcode
-	return op == abi.WRRDMARead || op == abi.WRAtomicCmpAndSwp || op == abi.WRAtomicFetchAdd
+	return op == abi.WRRDMARead || op == abi.WRAtomicCmpAndSwp || op == abi.WRAtomicFetchAdd || e.isPlacement()
 }
+
+// isPlacement reports whether e is an ATOMIC WRITE or a FLUSH (IBTA 1.5
+// Memory Placement Extensions). Both are answered like a READ, with a
+// zero-length RDMA READ RESPONSE Only, so the requester treats them as
+// READ/atomic WQEs: they hold a max_rd_atomic credit (the responder keeps a
+// responder resource for each, to answer a duplicate without executing it
+// again), a fenced WR waits for them, and a later ACK without their
+// response is an implied NAK.
+func (e *swqe) isPlacement() bool { return e.Opcode == abi.WRAtomicWrite || e.Opcode == abi.WRFlush }
 
 // QP is the transport state of one queue pair (RC, UC or UD). It is
 // owned by one worker; only that worker touches it after creation.
@@ -537,6 +546,10 @@ func wcOpcode(op abi.WROpcode) abi.WCOpcode {
 		return abi.WCFetchAdd
 	case abi.WRLocalInv:
 		return abi.WCLocalInv
+	case abi.WRFlush:
+		return abi.WCFlush
+	case abi.WRAtomicWrite:
+		return abi.WCAtomicWrite
 	}
 	return abi.WCSend
 }

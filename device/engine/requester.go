@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"encoding/binary"
+
 	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/roce"
 )
@@ -187,6 +189,25 @@ func (qp *QP) prepareWQE(e *swqe) abi.WCStatus {
 	case abi.WRLocalInv:
 		e.npkts = 0
 		return abi.WCSuccess
+	case abi.WRAtomicWrite:
+		// The 8 bytes travel in the WQE (CompareAdd), not in an SGE.
+		e.length = 8
+		e.info = roce.OpRCAtomicWrite.Info()
+		return abi.WCSuccess
+	case abi.WRFlush:
+		// Swap holds the FETH: a placement type the IBTA defines (at
+		// least one) and a selectivity level; CompareAdd the length, which
+		// the RETH's 32-bit DMA Length carries.
+		plt, sel := uint8(e.Swap&0xf), uint8(e.Swap>>4&3)
+		if e.Swap>>6 != 0 || plt == 0 || plt&^roce.FlushPlacementTypes != 0 || sel > roce.FlushRegion {
+			return abi.WCLocQPOpErr
+		}
+		if e.CompareAdd > abi.MaxMsgBytes {
+			return abi.WCLocLenErr
+		}
+		e.length = e.CompareAdd
+		e.info = roce.OpRCFlush.Info()
+		return abi.WCSuccess
 	default:
 		return unsupportedOpStatus
 	}
@@ -307,6 +328,17 @@ func (qp *QP) reqSend() reqState {
 		}
 		o.va, o.rkey = e.RemoteAddr, e.RKey
 		o.ackReq = true
+	case abi.WRFlush:
+		o.opcode = roce.OpRCFlush
+		o.va, o.rkey, o.dmaLen = e.RemoteAddr, e.RKey, uint32(e.length)
+		o.plt, o.sel = uint8(e.Swap&0xf), uint8(e.Swap>>4&3)
+		o.ackReq = true
+	case abi.WRAtomicWrite:
+		o.opcode = roce.OpRCAtomicWrite
+		o.va, o.rkey, o.dmaLen = e.RemoteAddr, e.RKey, 8
+		o.ackReq = true
+		n = 8
+		hr = qp.path.Headroom(o.opcode)
 	default:
 		o.opcode = dataOpcode(e, idx)
 		if qp.unrel {
@@ -337,7 +369,12 @@ func (qp *QP) reqSend() reqState {
 	} else if queued = qp.w.txBegin(qp, buf, o, hr, n); queued {
 		// The payload goes from the client's memory (or the WQE's inline
 		// data) into the frame in one pass that computes the ICRC too.
-		if e.Flags&abi.SendInline != 0 {
+		if e.Opcode == abi.WRAtomicWrite {
+			// The WQE's 8 bytes, in the order they lie in the WQE.
+			var v [8]byte
+			binary.LittleEndian.PutUint64(v[:], e.CompareAdd)
+			qp.w.framer.Put(v[:])
+		} else if e.Flags&abi.SendInline != 0 {
 			qp.w.framer.Put(e.Inline[poff : poff+uint64(n)])
 		} else if err := qp.cfg.Mem.GatherTo(e.SGEs, poff, n, &qp.w.framer); err != nil {
 			qp.failWQE(e, localMemStatus(err))

@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"encoding/binary"
+
 	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/roce"
 )
@@ -39,6 +41,14 @@ const (
 	resFree resKind = iota
 	resRead
 	resAtomic
+	// resPlacement: an executed ATOMIC WRITE or FLUSH, answered with a
+	// zero-length RDMA READ RESPONSE Only (IBTA 1.5 Memory Placement
+	// Extensions); a duplicate gets the response again and is not
+	// executed again (Linux rxe: atomic_write_reply and process_flush
+	// return at once on a replay, oA19-14 and oA19-15 for FLUSH), so an
+	// ATOMIC WRITE retransmitted after a later write to its word cannot
+	// undo that write.
+	resPlacement
 )
 
 // rdRes is one of the max_dest_rd_atomic responder resources: a READ being
@@ -223,14 +233,19 @@ func (qp *QP) respDuplicate(p *packet) respState {
 			return respDone
 		}
 		qp.Counters.Rare().Dropped.Add(1)
-	case info.Is(roce.OpAtomic):
+	case info.Is(roce.OpAtomic), info.Is(roce.OpAtomicWrite), info.Is(roce.OpFlush):
+		kind := resAtomic
+		if !info.Is(roce.OpAtomic) {
+			kind = resPlacement
+		}
 		for i := range r.res {
 			s := &r.res[i]
-			if s.kind == resAtomic && s.first == p.psn {
-				s.cur, s.active = s.first, true
+			if s.kind == kind && s.first == p.psn {
+				s.cur, s.req, s.active = s.first, s.first, true
 				return respDone
 			}
 		}
+		// Class D (the resource was reused): drop, as rxe does.
 		qp.Counters.Rare().Dropped.Add(1)
 	default:
 		r.ackPending = true
@@ -283,6 +298,12 @@ func (qp *QP) respCheckOpAllowed(p *packet) respState {
 		need = abi.AccessRemoteRead
 	case info.Is(roce.OpAtomic):
 		need = abi.AccessRemoteAtomic
+	case info.Is(roce.OpAtomicWrite):
+		// As Linux rxe (check_qp_attr_access): ATOMIC WRITE needs
+		// remote write, FLUSH the rights of its placement types.
+		need = abi.AccessRemoteWrite
+	case info.Is(roce.OpFlush):
+		need = flushAccess(p.plt)
 	}
 	if qp.attr.AccessFlags&need != need {
 		return qp.fatalNAK(roce.NAKRemoteAccessError, p)
@@ -358,6 +379,16 @@ func (qp *QP) respCheckLength(p *packet) respState {
 	if info.Is(roce.OpRead) && uint64(p.dmaLen) > abi.MaxMsgBytes {
 		return qp.fatalNAK(roce.NAKInvalidRequest, p)
 	}
+	// ATOMIC WRITE: exactly 8 bytes, as its RETH says. FLUSH: a placement
+	// type the IBTA defines (at least one; reserved bits ignored), a
+	// selectivity level of 0 or 1, and (IBA C9-94, as rxe checks every
+	// RETH) a DMA length of at most 2^31.
+	switch {
+	case info.Is(roce.OpAtomicWrite) && (n != 8 || p.dmaLen != 8),
+		info.Is(roce.OpFlush) && (p.plt&roce.FlushPlacementTypes == 0 || p.sel > roce.FlushRegion ||
+			uint64(p.dmaLen) > abi.MaxMsgBytes):
+		return qp.fatalNAK(roce.NAKInvalidRequest, p)
+	}
 	return respCheckRKey
 }
 
@@ -383,6 +414,14 @@ func (qp *QP) respCheckRKey(p *packet) respState {
 			return qp.fatalNAK(roce.NAKInvalidRequest, p)
 		}
 		err = mem.CheckRemote(p.rkey, p.va, 8, abi.AccessRemoteAtomic)
+	case info.Is(roce.OpAtomicWrite):
+		// A misaligned ATOMIC WRITE is an invalid request (Linux rxe:
+		// RESPST_ERR_MISALIGNED_ATOMIC, NAK invalid request), as for the
+		// other atomics.
+		if p.va&7 != 0 {
+			return qp.fatalNAK(roce.NAKInvalidRequest, p)
+		}
+		err = mem.CheckRemote(p.rkey, p.va, 8, abi.AccessRemoteWrite)
 	}
 	if err != nil {
 		return qp.fatalNAK(remoteMemNAK(err), p)
@@ -474,12 +513,47 @@ func (qp *QP) respExecute(p *packet) respState {
 		r.epsn = roce.PSNAdd(r.epsn, 1)
 		r.msn = roce.PSNAdd(r.msn, 1)
 		return respDone
+	case info.Is(roce.OpAtomicWrite), info.Is(roce.OpFlush):
+		var err error
+		if info.Is(roce.OpAtomicWrite) {
+			// One atomic store of the 8 payload bytes as they arrived
+			// (rxe: smp_store_release of the payload word). Everything
+			// before it in PSN order is already placed.
+			err = mem.AtomicWrite(p.rkey, p.va, binary.LittleEndian.Uint64(p.payload))
+		} else {
+			// The MR's rights (rxe's check_rkey for FLUSH: the whole
+			// MR with selectivity "memory region", else the range),
+			// then placement: see dma.Accessor.Flush.
+			err = mem.Flush(p.rkey, p.va, uint64(p.dmaLen), p.sel == roce.FlushRegion, flushAccess(p.plt))
+		}
+		if err != nil {
+			return qp.fatalNAK(remoteMemNAK(err), p)
+		}
+		s := r.slot()
+		*s = rdRes{kind: resPlacement, active: true, first: p.psn, last: p.psn, cur: p.psn, req: p.psn}
+		r.resNext = (r.resNext + 1) % len(r.res)
+		r.epsn = roce.PSNAdd(r.epsn, 1)
+		r.msn = roce.PSNAdd(r.msn, 1)
+		return respDone
 	}
 	r.epsn = roce.PSNAdd(r.epsn, 1)
 	if p.ackReq {
 		r.ackPending = true
 	}
 	return respDone
+}
+
+// flushAccess is the access a FLUSH of placement type plt needs, on the
+// QP and on the MR (IBV_ACCESS_FLUSH_GLOBAL, IBV_ACCESS_FLUSH_PERSISTENT).
+func flushAccess(plt uint8) uint32 {
+	var a uint32
+	if plt&roce.FlushGlobal != 0 {
+		a |= abi.AccessFlushGlobal
+	}
+	if plt&roce.FlushPersistent != 0 {
+		a |= abi.AccessFlushPersistent
+	}
+	return a
 }
 
 // oldestActive returns the oldest resource with responses to send.

@@ -28,6 +28,7 @@ type packet struct {
 	orig     uint64
 	imm      uint32
 	invRKey  uint32 // IETH
+	plt, sel uint8  // FETH: placement type, selectivity level
 	destQP   uint32 // UD: the BTH destination QP (the WQE's remote QPN)
 	qkey     uint32 // DETH
 	srcQP    uint32 // DETH
@@ -39,6 +40,9 @@ func (p *packet) fill(pkt *roce.Packet) {
 	*p = packet{opcode: b.Opcode(), psn: b.PSN(), ackReq: b.AckReq(), se: b.SE(), payload: pkt.Payload}
 	if pkt.RETH != nil {
 		p.va, p.rkey, p.dmaLen = pkt.RETH.VA(), pkt.RETH.RKey(), pkt.RETH.DMALength()
+	}
+	if pkt.FETH != nil {
+		p.plt, p.sel = pkt.FETH.PlacementType(), pkt.FETH.SelectivityLevel()
 	}
 	if pkt.AtomicETH != nil {
 		a := pkt.AtomicETH
@@ -128,6 +132,9 @@ func (w *worker) txBegin(qp *QP, buf []byte, o *packet, hr, n int) bool {
 	}
 	if info.Has(roce.HdrRETH) {
 		h.RETH = roce.RETHFields{VA: o.va, RKey: o.rkey, DMALength: o.dmaLen}
+	}
+	if info.Has(roce.HdrFETH) {
+		h.FETH = roce.FETHFields{PlacementType: o.plt, SelectivityLevel: o.sel}
 	}
 	if info.Has(roce.HdrAtomicETH) {
 		h.AtomicETH = roce.AtomicETHFields{VA: o.va, RKey: o.rkey, SwapAdd: o.swapAdd, Compare: o.compare}

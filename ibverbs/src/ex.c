@@ -10,7 +10,8 @@
 #define SEND_OPS_SUPPORTED \
 	(IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND | \
 	 IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | \
-	 IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_SEND_WITH_INV)
+	 IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_SEND_WITH_INV | \
+	 IBV_QP_EX_WITH_ATOMIC_WRITE | VR_QP_EX_WITH_FLUSH)
 
 static inline struct vr_qp *qpx(struct ibv_qp_ex *q) { return (struct vr_qp *)q; }
 
@@ -87,6 +88,42 @@ static void wr_atomic_cmp_swp(struct ibv_qp_ex *q, uint32_t rkey, uint64_t addr,
 
 static void wr_atomic_fetch_add(struct ibv_qp_ex *q, uint32_t rkey, uint64_t addr, uint64_t add) {
 	wr_atomic(q, VRNIC_WR_ATOMIC_FETCH_AND_ADD, rkey, addr, add, 0);
+}
+
+/* wr_atomic_write: ATOMIC WRITE (IBTA 1.5 Memory Placement Extensions):
+ * the 8 bytes at atomic_wr, copied now, are stored at remote_addr (8-byte
+ * aligned) at once. No SGE follows. */
+static void wr_atomic_write(struct ibv_qp_ex *q, uint32_t rkey, uint64_t addr, const void *atomic_wr) {
+	struct vrnic_send_wqe *w = wr_new(q, VRNIC_WR_ATOMIC_WRITE);
+	if (!w)
+		return;
+	if (!atomic_wr) {
+		qpx(q)->wr_err = EINVAL;
+		return;
+	}
+	w->rkey = rkey;
+	w->remote_addr = addr;
+	memcpy(&w->compare_add, atomic_wr, 8);
+}
+
+/* wr_flush: FLUSH (IBTA 1.5 Memory Placement Extensions) of len bytes at
+ * remote_addr (level IBV_FLUSH_RANGE) or of the whole MR of rkey
+ * (IBV_FLUSH_MR), to the placement types in type (IBV_FLUSH_GLOBAL,
+ * IBV_FLUSH_PERSISTENT; at least one). The FETH bits go in the WQE's swap
+ * field, the length in compare_add. */
+static void wr_flush(struct ibv_qp_ex *q, uint32_t rkey, uint64_t addr, size_t len, uint8_t type, uint8_t level) {
+	struct vrnic_send_wqe *w = wr_new(q, VRNIC_WR_FLUSH);
+	if (!w)
+		return;
+	if (!type || (type & ~(VRNIC_FLUSH_GLOBAL | VRNIC_FLUSH_PERSISTENT)) || level > VRNIC_FLUSH_MR ||
+	    len > VRNIC_MAX_MSG_BYTES) {
+		qpx(q)->wr_err = EINVAL;
+		return;
+	}
+	w->rkey = rkey;
+	w->remote_addr = addr;
+	w->compare_add = len;
+	w->swap = (uint64_t)type | (uint64_t)level << 4;
 }
 
 static void wr_send(struct ibv_qp_ex *q) { wr_new(q, VRNIC_WR_SEND); }
@@ -215,6 +252,8 @@ void vr_qp_ex_init(struct vr_qp *qp, uint64_t send_ops_flags) {
 	x->wr_set_inline_data_list = wr_set_inline_data_list;
 	x->wr_set_ud_addr = wr_set_ud_addr;
 	x->wr_set_xrc_srqn = wr_set_xrc_srqn;
+	x->wr_atomic_write = wr_atomic_write;
+	qp->wr_flush = wr_flush;
 }
 
 /* send_ops_supported is what a QP of type t may ask for in send_ops_flags
@@ -369,6 +408,14 @@ int vr_query_device_ex(struct ibv_context *ctx, const struct ibv_query_device_ex
 		a.odp_caps.per_transport_caps.ud_odp_caps = c->odp_caps.ud_odp_caps;
 		a.xrc_odp_caps = c->odp_caps.xrc_odp_caps;
 	}
+	/* The IBTA 1.5 Memory Placement Extensions the daemon executes (its
+	 * QUERY_DEVICE reply of the context's opening). */
+	if (c->attr.placement_caps & VRNIC_PLACEMENT_ATOMIC_WRITE)
+		a.device_cap_flags_ex |= VR_DEVICE_ATOMIC_WRITE;
+	if (c->attr.placement_caps & VRNIC_PLACEMENT_FLUSH_GLOBAL)
+		a.device_cap_flags_ex |= VR_DEVICE_FLUSH_GLOBAL;
+	if (c->attr.placement_caps & VRNIC_PLACEMENT_FLUSH_PERSISTENT)
+		a.device_cap_flags_ex |= VR_DEVICE_FLUSH_PERSISTENT;
 	memcpy(attr, &a, size < sizeof a ? size : sizeof a);
 	return 0;
 }

@@ -60,11 +60,18 @@ VR_EXPORT int ibv_dealloc_pd(struct ibv_pd *pd) {
 
 /* ---- MR ---- */
 
-/* The access bits Linux 6.1 knows (IB_ACCESS_SUPPORTED less the optional
- * range): LOCAL_WRITE up to HUGETLB. Any other bit fails with EINVAL in
- * ib_check_mr_access. Bits from IBV_ACCESS_OPTIONAL_FIRST up are hints a
- * device may ignore (RELAXED_ORDERING): dropped, as rxe ignores them. */
-#define ACCESS_KERNEL 0xffu
+/* The access bits Linux knows (IB_ACCESS_SUPPORTED less the optional
+ * range): LOCAL_WRITE up to HUGETLB, and FLUSH_GLOBAL and FLUSH_PERSISTENT
+ * (Linux 6.2). Any other bit fails with EINVAL in ib_check_mr_access. Bits
+ * from IBV_ACCESS_OPTIONAL_FIRST up are hints a device may ignore
+ * (RELAXED_ORDERING): dropped, as rxe ignores them. FLUSH_PERSISTENT goes
+ * to the daemon, which refuses it with EOPNOTSUPP: its memory has no
+ * persistence domain (the device does not report FLUSH_PERSISTENT). */
+#define ACCESS_KERNEL (0xffu | IBV_ACCESS_FLUSH_GLOBAL | IBV_ACCESS_FLUSH_PERSISTENT)
+/* The bits the daemon's REG_MR takes (enum vrnic_access). */
+#define ACCESS_DAEMON                                                                                              \
+	(VRNIC_ACCESS_LOCAL_WRITE | VRNIC_ACCESS_REMOTE_WRITE | VRNIC_ACCESS_REMOTE_READ | VRNIC_ACCESS_REMOTE_ATOMIC | \
+	 VRNIC_ACCESS_FLUSH_GLOBAL | VRNIC_ACCESS_FLUSH_PERSISTENT)
 /* Accepted and ignored, as rxe on Linux 6.1 does: MW_BIND (vrnic offers
  * no memory windows to bind) and HUGETLB (a hint about the pages). Refused
  * with EOPNOTSUPP: ZERO_BASED (vrnic does not address an MR from 0;
@@ -107,7 +114,7 @@ static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint6
 	}
 	int ret = vr_user_pages(c, start, npages, (access & IBV_ACCESS_LOCAL_WRITE) != 0, pages);
 	struct vrnic_cmd_reg_mr cmd = { .iova = iova, .length = length, .pd_handle = pd->handle,
-		.access = access & 0xf, .page_shift = VRNIC_PAGE_SHIFT_4K, .npages = (uint32_t)npages };
+		.access = access & ACCESS_DAEMON, .page_shift = VRNIC_PAGE_SHIFT_4K, .npages = (uint32_t)npages };
 	struct vrnic_resp_reg_mr r;
 	if (!ret) {
 		if (npages <= VRNIC_INLINE_PAGES) {
@@ -513,7 +520,8 @@ VR_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mas
 	v->sq_psn = attr->sq_psn & 0xffffff;
 	v->dest_qp_num = attr->dest_qp_num & 0xffffff;
 	v->qp_access_flags = (uint32_t)attr->qp_access_flags &
-			     (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
+			     (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
+			      IBV_ACCESS_FLUSH_GLOBAL | IBV_ACCESS_FLUSH_PERSISTENT);
 	v->pkey_index = attr->pkey_index;
 	v->max_rd_atomic = attr->max_rd_atomic;
 	v->max_dest_rd_atomic = attr->max_dest_rd_atomic;

@@ -101,7 +101,22 @@ static int build_send(struct vr_qp *qp, const struct ibv_send_wr *wr, uint8_t *s
 	case IBV_WR_SEND_WITH_INV:
 	case IBV_WR_LOCAL_INV:
 		break;
+	case IBV_WR_ATOMIC_WRITE:
+		/* ibv_post_send has no field for the value: it is the 8 bytes
+		 * of the one SGE (or inline buffer), read now, at post time,
+		 * into the WQE (the ibv_wr_atomic_write path takes them as an
+		 * argument). The target in wr.rdma. */
+		if (wr->num_sge != 1 || wr->sg_list[0].length != 8)
+			return EINVAL;
+		w.remote_addr = wr->wr.rdma.remote_addr;
+		w.rkey = wr->wr.rdma.rkey;
+		memcpy(&w.compare_add, (const void *)(uintptr_t)wr->sg_list[0].addr, 8);
+		w.opcode = VRNIC_WR_ATOMIC_WRITE;
+		w.flags = (uint8_t)(wr->send_flags & (IBV_SEND_FENCE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED));
+		memcpy(slot, &w, sizeof w);
+		return 0;
 	default:
+		/* IBV_WR_FLUSH has no ibv_send_wr form: ibv_wr_flush only. */
 		return EINVAL;
 	}
 	w.opcode = (uint8_t)wr->opcode;

@@ -179,8 +179,16 @@ struct vr_wq {
 	pthread_spinlock_t lock;
 };
 
+/* The ibv_qp_ex operation rdma-core added after the installed headers'
+ * last one (wr_atomic_write): ibv_wr_flush (rdma-core 45), appended to
+ * struct ibv_qp_ex. A program built against newer headers calls it at this
+ * offset. */
+typedef void (*vr_wr_flush_fn)(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t remote_addr, size_t len, uint8_t type,
+			       uint8_t level);
+
 struct vr_qp {
 	struct ibv_qp_ex ex; /* ex.qp_base is the struct ibv_qp */
+	vr_wr_flush_fn wr_flush; /* ibv_qp_ex.wr_flush of newer headers */
 	struct vrnic_db_qp *rec;
 	struct vr_wq sq, rq;
 	bool has_rq;
@@ -192,6 +200,22 @@ struct vr_qp {
 	uint8_t *wr_cur;    /* the WQE being built, NULL if none */
 	int wr_err;         /* first error of this batch */
 };
+
+_Static_assert(offsetof(struct vr_qp, wr_flush) == sizeof(struct ibv_qp_ex),
+	       "wr_flush must follow struct ibv_qp_ex, as in rdma-core 45 and later");
+
+/* IBTA 1.5 Memory Placement Extensions, as rdma-core 45 and later name
+ * them (the installed headers may predate them). */
+#ifndef IBV_ACCESS_FLUSH_GLOBAL
+#define IBV_ACCESS_FLUSH_GLOBAL (1 << 8)
+#define IBV_ACCESS_FLUSH_PERSISTENT (1 << 9)
+#endif
+#define VR_WR_FLUSH 14
+#define VR_WC_FLUSH 8
+#define VR_QP_EX_WITH_FLUSH (1ULL << 13)
+#define VR_DEVICE_FLUSH_GLOBAL (1ULL << 38)
+#define VR_DEVICE_FLUSH_PERSISTENT (1ULL << 39)
+#define VR_DEVICE_ATOMIC_WRITE (1ULL << 40)
 
 struct vr_srq {
 	struct ibv_srq srq;
