@@ -141,6 +141,8 @@ type Headers struct {
 	Imm uint32
 	// InvRKey is the IETH R_Key (OpInvalidate opcodes).
 	InvRKey uint32
+	// XRCSRQN is the XRCETH's XRC SRQ number (XRC requests).
+	XRCSRQN uint32
 	// IPID is the IPv4 Identification (ModeEthernet over IPv4).
 	IPID uint16
 }

@@ -9,18 +9,19 @@ func _() {
 	// Re-run the stringer command to generate them again.
 	var x [1]struct{}
 	_ = x[HdrDETH-0]
-	_ = x[HdrRETH-1]
-	_ = x[HdrAtomicETH-2]
-	_ = x[HdrAETH-3]
-	_ = x[HdrAtomicAckETH-4]
-	_ = x[HdrImmDt-5]
-	_ = x[HdrIETH-6]
-	_ = x[HdrCNPReserved-7]
+	_ = x[HdrXRCETH-1]
+	_ = x[HdrRETH-2]
+	_ = x[HdrAtomicETH-3]
+	_ = x[HdrAETH-4]
+	_ = x[HdrAtomicAckETH-5]
+	_ = x[HdrImmDt-6]
+	_ = x[HdrIETH-7]
+	_ = x[HdrCNPReserved-8]
 }
 
-const _Header_name = "DETHRETHAtomicETHAETHAtomicAckETHImmDtIETHCNPReserved"
+const _Header_name = "DETHXRCETHRETHAtomicETHAETHAtomicAckETHImmDtIETHCNPReserved"
 
-var _Header_index = [...]uint8{0, 4, 8, 17, 21, 33, 38, 42, 53}
+var _Header_index = [...]uint8{0, 4, 10, 14, 23, 27, 39, 44, 48, 59}
 
 func (i Header) String() string {
 	idx := int(i) - 0
