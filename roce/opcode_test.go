@@ -28,7 +28,7 @@ func TestOpcodeTableCounts(t *testing.T) {
 	}
 	// IBTA 1.4 table 38: RC 0x00-0x14 and 0x16-0x17; UC SEND and RDMA
 	// WRITE 0x20-0x2b; UD SEND ONLY with and without immediate; RoCE CNP.
-	assert.Equal(t, map[Service]int{ServiceRC: 23, ServiceUC: 12, ServiceUD: 2, ServiceCNP: 1}, per)
+	assert.Equal(t, map[Service]int{ServiceRC: 23, ServiceUC: 12, ServiceUD: 2, ServiceCNP: 1, ServiceXRC: 23}, per)
 	assert.False(t, Opcode(0x15).Valid(), "0x15 is reserved")
 	assert.False(t, Opcode(0x2c).Valid(), "UC has no RDMA READ")
 	assert.False(t, Opcode(0x40).Valid(), "RD is not supported")
