@@ -284,6 +284,12 @@ type QP struct {
 }
 
 func newQP(cfg QPConfig, w *worker) (*QP, error) {
+	switch cfg.Type {
+	case abi.QPTXRCSend: // sends only
+		cfg.RQ = noRecv{}
+	case abi.QPTXRCRecv: // no queues: its receives are its domain's SRQs' (xrc.go)
+		cfg.SQ, cfg.RQ = noSend{}, noRecv{}
+	}
 	if cfg.SQ == nil || cfg.RQ == nil || cfg.SendCQ == nil || cfg.RecvCQ == nil || cfg.Mem == nil {
 		return nil, fmt.Errorf("%w: QP %#x: queues, CQs and memory are required", ErrInvalid, cfg.QPN)
 	}
@@ -300,12 +306,8 @@ func newQP(cfg QPConfig, w *worker) (*QP, error) {
 		qp.cfg.Type, qp.svc = abi.QPTRC, roce.ServiceRC
 	case abi.QPTUC:
 		qp.svc, qp.unrel = roce.ServiceUC, true
-	case abi.QPTXRCSend:
+	case abi.QPTXRCSend, abi.QPTXRCRecv:
 		qp.svc = roce.ServiceXRC
-		qp.cfg.RQ = noRecv{}
-	case abi.QPTXRCRecv:
-		qp.svc = roce.ServiceXRC
-		qp.cfg.SQ, qp.cfg.RQ = noSend{}, noRecv{}
 	case abi.QPTUD:
 		qp.svc, qp.unrel = roce.ServiceUD, true
 		if qp.qpn < 2 && !(cfg.GSI && qp.qpn == 1) {
