@@ -289,6 +289,7 @@ func newQP(cfg QPConfig, w *worker) (*QP, error) {
 		cfg.RQ = noRecv{}
 	case abi.QPTXRCRecv: // no queues: its receives are its domain's SRQs' (xrc.go)
 		cfg.SQ, cfg.RQ = noSend{}, noRecv{}
+		cfg.MaxRecvSGE = abi.MaxSGE // any SRQ's receive WQE fits
 	}
 	if cfg.SQ == nil || cfg.RQ == nil || cfg.SendCQ == nil || cfg.RecvCQ == nil || cfg.Mem == nil {
 		return nil, fmt.Errorf("%w: QP %#x: queues, CQs and memory are required", ErrInvalid, cfg.QPN)
