@@ -142,6 +142,10 @@ func (t QPType) String() string {
 		return "UC"
 	case QPTUD:
 		return "UD"
+	case QPTXRCSend:
+		return "XRC_SEND"
+	case QPTXRCRecv:
+		return "XRC_RECV"
 	}
 	return "type " + strconv.FormatUint(uint64(t), 10)
 }
@@ -367,6 +371,7 @@ var cmdNames = [...]string{
 	CmdCreateSRQ: "CREATE_SRQ", CmdModifySRQ: "MODIFY_SRQ", CmdDestroySRQ: "DESTROY_SRQ",
 	CmdCreateAH: "CREATE_AH", CmdDestroyAH: "DESTROY_AH", CmdQuerySRQ: "QUERY_SRQ",
 	CmdOpenEvents: "OPEN_EVENTS",
+	CmdOpenXRCD:   "OPEN_XRCD", CmdCloseXRCD: "CLOSE_XRCD", CmdCreateXRCSRQ: "CREATE_XRC_SRQ", CmdCreateXRCQP: "CREATE_XRC_QP",
 	CmdCMCreateID: "CM_CREATE_ID", CmdCMDestroyID: "CM_DESTROY_ID", CmdCMListen: "CM_LISTEN",
 	CmdCMConnect: "CM_CONNECT", CmdCMAccept: "CM_ACCEPT", CmdCMReject: "CM_REJECT",
 	CmdCMEstablish: "CM_ESTABLISH", CmdCMDisconnect: "CM_DISCONNECT", CmdCMInitQPAttr: "CM_INIT_QP_ATTR",

@@ -140,6 +140,11 @@ enum vrnic_cmd {
 	VRNIC_CMD_ODP_ATTACH      = 53,
 	VRNIC_CMD_REG_MR_ODP      = 54,
 	VRNIC_CMD_ADVISE_MR       = 55,
+	/* XRC (ABI 1.4): see "XRC" below */
+	VRNIC_CMD_OPEN_XRCD       = 57, /* 0 or 1 fd: the file naming the domain */
+	VRNIC_CMD_CLOSE_XRCD      = 58,
+	VRNIC_CMD_CREATE_XRC_SRQ  = 59,
+	VRNIC_CMD_CREATE_XRC_QP   = 60,
 	/* 0x100..0x1ff: operator commands (vrnicctl); 0x200..0x2ff: fault
 	 * injection. Their structs are defined with the features. */
 	VRNIC_CMD_ADMIN_BASE      = 0x100,
@@ -455,7 +460,7 @@ struct vrnic_device_attr {
 	uint32_t hw_ver;
 	uint32_t max_qp;
 	uint32_t max_qp_wr;
-	uint32_t device_cap_flags;   /* reserved, 0 */
+	uint32_t device_cap_flags;   /* ABI 1.4: VRNIC_DEVICE_XRC (= IBV_DEVICE_XRC) */
 	uint32_t max_sge;
 	uint32_t max_inline;
 	uint32_t max_cq;
@@ -484,6 +489,8 @@ enum vrnic_placement_caps {
 	VRNIC_PLACEMENT_FLUSH_GLOBAL     = 1u << 1,
 	VRNIC_PLACEMENT_FLUSH_PERSISTENT = 1u << 2,
 };
+
+#define VRNIC_DEVICE_XRC (1u << 20) /* ABI 1.4: XRC domains, SRQs and QPs */
 
 /* QUERY_PORT: command struct selects the port (1). */
 struct vrnic_cmd_query_port {
@@ -725,6 +732,8 @@ enum vrnic_qp_type {
 	VRNIC_QPT_RC = 2,
 	VRNIC_QPT_UC = 3,
 	VRNIC_QPT_UD = 4,
+	VRNIC_QPT_XRC_SEND = 9,  /* ABI 1.4: XRC initiator (CREATE_QP): send only */
+	VRNIC_QPT_XRC_RECV = 10, /* ABI 1.4: XRC target (CREATE_XRC_QP): no queues */
 };
 
 struct vrnic_qp_cap {
@@ -933,6 +942,68 @@ struct vrnic_resp_create_ah {
 };
 
 /* ------------------------------------------------------------------------
+ * XRC (ABI 1.4; IBTA vol. 1 XRC, libibverbs ibv_open_xrcd,
+ * ibv_create_srq_ex with IBV_SRQT_XRC, ibv_create_qp_ex with
+ * IBV_QPT_XRC_SEND / IBV_QPT_XRC_RECV).
+ *
+ * An XRC domain groups XRC SRQs and XRC target QPs. OPEN_XRCD with an fd
+ * names the domain by the file's inode, as the kernel's ib_uverbs_open_xrcd
+ * does: the contexts that open the same file share one domain (with
+ * O_CREAT it is made if it does not exist yet; without, ENOENT; O_EXCL and
+ * an existing domain, EEXIST); without an fd the domain is the context's
+ * alone. Each OPEN_XRCD gives the context a handle; CLOSE_XRCD drops it
+ * (EBUSY while the context still has XRC SRQs or target QPs in it), and the
+ * domain goes with its last handle.
+ *
+ * An XRC SRQ (CREATE_XRC_SRQ) is an SRQ of a domain with its own CQ: every
+ * receive it takes completes there. Its srq_num (device-wide, 24 bits)
+ * is what initiators name in their WQEs (remote_qpn of the send WQE).
+ * MODIFY_SRQ, QUERY_SRQ, DESTROY_SRQ take its handle as any SRQ's.
+ *
+ * An initiator QP (CREATE_QP, VRNIC_QPT_XRC_SEND) has a send queue only
+ * (rq_pa 0, no SRQ, max_recv_wr 0; recv_cq is ignored). A target QP
+ * (CREATE_XRC_QP) has no queues a client posts to: its SQ ring and CQs
+ * exist for the command's sake only (the daemon never reads the ring);
+ * a request it receives lands in the XRC SRQ its XRCETH names, which must
+ * be of the target QP's domain (else NAK Invalid Request: the requester's
+ * WR completes with VRNIC_WC_REM_INV_REQ_ERR). RDMA WRITE, READ and
+ * atomics are checked against the PD of that SRQ.
+ * ------------------------------------------------------------------------ */
+#define VRNIC_XRCD_O_CREAT 0x40u /* = O_CREAT */
+#define VRNIC_XRCD_O_EXCL  0x80u /* = O_EXCL */
+
+struct vrnic_cmd_open_xrcd {
+	uint32_t oflags;         /* VRNIC_XRCD_O_*; with an fd only */
+	uint32_t reserved;
+};
+
+struct vrnic_resp_open_xrcd {
+	uint32_t xrcd_handle;
+	uint32_t reserved;
+};
+
+/* CREATE_XRC_SRQ: as CREATE_SRQ, plus the domain and the CQ. */
+struct vrnic_cmd_create_xrc_srq {
+	struct vrnic_cmd_create_srq srq;
+	uint32_t xrcd_handle;
+	uint32_t cq_handle;
+};
+
+struct vrnic_resp_create_xrc_srq {
+	struct vrnic_resp_create_srq srq;
+	uint32_t srq_num;        /* 24 bits: what initiators name */
+	uint32_t reserved;
+};
+
+/* CREATE_XRC_QP: a target QP of a domain; qp as for CREATE_QP with
+ * qp_type VRNIC_QPT_XRC_RECV. Reply: struct vrnic_resp_create_qp. */
+struct vrnic_cmd_create_xrc_qp {
+	struct vrnic_cmd_create_qp qp;
+	uint32_t xrcd_handle;
+	uint32_t reserved;
+};
+
+/* ------------------------------------------------------------------------
  * Send WQE: a slot of sq_wqe_blocks 64-byte blocks. Block 0 is
  * struct vrnic_send_wqe; the following blocks hold num_sge struct vrnic_sge
  * (four per block), or inline_len bytes of inline data.
@@ -999,7 +1070,8 @@ struct vrnic_send_wqe {
 	uint64_t remote_addr;
 	uint32_t rkey;
 	/* UD segment (UD QPs only; ignored otherwise) */
-	uint32_t remote_qpn;     /* destination QP, 24 bits */
+	uint32_t remote_qpn;     /* destination QP, 24 bits; ABI 1.4, XRC_SEND
+	                          * QPs: the remote XRC SRQ number (the XRCETH) */
 	uint32_t remote_qkey;    /* its Q_Key; bit 31 set: the sending QP's own
 	                          * Q_Key (IBTA 10.2.5) */
 	uint32_t ah_handle;      /* an AH of this context and the QP's PD: else

@@ -156,6 +156,7 @@ type Device struct {
 	nextCtx  uint32
 	qps      *qpTable[uint32] // by QPN, device-wide
 	qpnRand  *rand.Rand       // allocQPN (ChaCha8 seeded from the OS CSPRNG)
+	xrc      xrcDevice        // XRC domains and SRQ numbers (xrc.go)
 	// peers holds, for every connected RC QP (RTR and after, until RESET
 	// or destroy), the remote end it is connected to: one remote QP is
 	// claimed by at most one local QP (connect.go).

@@ -23,6 +23,7 @@ var (
 	errBadOpcode = errors.New("unknown command")               // ENOSYS
 	errAddrInUse = errors.New("address in use")                // EADDRINUSE
 	errPerm      = errors.New("operation not permitted")       // EPERM
+	errExist     = errors.New("object exists")                 // EEXIST
 )
 
 // errnoTable is the one mapping from control-path sentinels to errno.
@@ -43,6 +44,7 @@ var errnoTable = []struct {
 	{errBadOpcode, unix.ENOSYS},
 	{errAddrInUse, unix.EADDRINUSE},
 	{errPerm, unix.EPERM},
+	{errExist, unix.EEXIST},
 }
 
 // errnoOf returns the errno a reply carries for err: the first sentinel in

@@ -86,6 +86,7 @@ func (cn *conn) openContext(r *request) (reply, error) {
 		qps:     qpnTable(),
 		srqs:    map[uint32]*SRQ{},
 		ahs:     map[uint32]*AH{},
+		xrcds:   map[uint32]*xrcdRef{},
 	}
 	// Pinned memory and page tables are charged to the uid: a user's
 	// contexts share one budget, so opening more contexts gains nothing.
@@ -126,6 +127,7 @@ func (cn *conn) queryDevice(r *request) (reply, error) {
 		MaxQPRdAtom:     uint32(d.cfg.MaxRdAtomic),
 		MaxQPInitRdAtom: uint32(d.cfg.MaxRdAtomic),
 		MaxSRQ:          uint32(l.PerDevice.SRQ),
+		DeviceCapFlags:  abi.DeviceXRC,
 		MaxSRQWR:        abi.MaxSRQWR,
 		MaxSRQSGE:       abi.MaxSGE,
 		MaxAH:           uint32(l.PerDevice.AH),

@@ -23,15 +23,34 @@ func checkCapReserved(c abi.QPCap) error {
 }
 
 func (cn *conn) createQP(r *request) (reply, error) {
-	d, cx := cn.d, cn.ctx
 	var c abi.CmdCreateQPReq
 	if err := decode(r, &c); err != nil {
 		return reply{}, err
 	}
-	switch c.QPType {
-	case QPTypeRC, QPTypeUC, QPTypeUD:
+	return cn.createQPWith(&c, nil)
+}
+
+// createQPWith creates a QP of CREATE_QP, or with x (CREATE_XRC_QP) an
+// XRC target QP of that domain.
+func (cn *conn) createQPWith(cp0 *abi.CmdCreateQPReq, x *xrcdRef) (reply, error) {
+	d, cx := cn.d, cn.ctx
+	c := *cp0
+	switch {
+	case x == nil && (c.QPType == QPTypeRC || c.QPType == QPTypeUC || c.QPType == QPTypeUD || c.QPType == abi.QPTXRCSend):
+	case x != nil && c.QPType == abi.QPTXRCRecv:
+	case c.QPType == abi.QPTXRCRecv:
+		return reply{}, errorf(errInval, "qp_type %d: an XRC target QP is created with CREATE_XRC_QP", c.QPType)
 	default:
-		return reply{}, errorf(errInval, "qp_type %d: want RC (2), UC (3) or UD (4)", c.QPType)
+		return reply{}, errorf(errInval, "qp_type %d: want RC (2), UC (3), UD (4) or XRC_SEND (9)", c.QPType)
+	}
+	xrc := c.QPType == abi.QPTXRCSend || c.QPType == abi.QPTXRCRecv
+	if xrc {
+		// No receive queue: an initiator only sends, a target's
+		// receives are its domain's SRQs'; neither has a receive CQ.
+		if c.RQPA != 0 || c.Cap.MaxRecvWR != 0 || c.Cap.MaxRecvSGE != 0 || c.SRQHandle != abi.NoSRQ {
+			return reply{}, errorf(errInval, "an XRC QP has no receive queue: rq_pa, max_recv_wr, max_recv_sge must be 0 and srq_handle none")
+		}
+		c.RecvCQ = c.SendCQ
 	}
 	if err := checkCapReserved(c.Cap); err != nil {
 		return reply{}, err
@@ -71,7 +90,7 @@ func (cn *conn) createQP(r *request) (reply, error) {
 		if c.RQPA != 0 || cp.MaxRecvWR != 0 || cp.MaxRecvSGE != 0 {
 			return reply{}, errorf(errInval, "with an SRQ, rq_pa, max_recv_wr and max_recv_sge must be 0")
 		}
-	} else {
+	} else if !xrc {
 		if !isPow2(cp.MaxRecvWR) || cp.MaxRecvWR > abi.MaxQPWR {
 			return reply{}, errorf(errInval, "max_recv_wr %d: must be a power of two in 1..%d", cp.MaxRecvWR, abi.MaxQPWR)
 		}
@@ -82,17 +101,17 @@ func (cn *conn) createQP(r *request) (reply, error) {
 	if err := d.limit(cx, "QPs", cx.counts.QP, d.totals.QP, d.cfg.Limits.PerClient.QP, d.cfg.Limits.PerDevice.QP); err != nil {
 		return reply{}, err
 	}
-	q := &QP{ctx: cx, typ: c.QPType, pd: p, sendCQ: scq, recvCQ: rcq, srq: s, sigAll: c.SQSigAll == 1}
+	q := &QP{ctx: cx, typ: c.QPType, pd: p, sendCQ: scq, recvCQ: rcq, srq: s, sigAll: c.SQSigAll == 1, xrcd: x}
 	q.state.store(StateReset)
 	q.state.q = q
 	q.sqBlocks = abi.SQWQEBlocks(cp.MaxSendSGE, cp.MaxInlineData)
-	if s == nil {
+	if s == nil && !xrc {
 		q.rqSize = abi.RQWQESize(cp.MaxRecvSGE)
 	}
 	if q.sqRing, err = d.pinRing(cx, "SQ", c.SQPA, uint64(cp.MaxSendWR)*uint64(q.sqBlocks)*abi.WQEBlock); err != nil {
 		return reply{}, err
 	}
-	if s == nil {
+	if s == nil && !xrc {
 		if q.rqRing, err = d.pinRing(cx, "RQ", c.RQPA, uint64(cp.MaxRecvWR)*uint64(q.rqSize)); err != nil {
 			q.sqRing.release()
 			return reply{}, err
@@ -118,6 +137,9 @@ func (cn *conn) createQP(r *request) (reply, error) {
 	rcq.users++
 	if s != nil {
 		s.users++
+	}
+	if x != nil {
+		x.users++
 	}
 	cx.counts.QP++
 	d.totals.QP++
@@ -306,51 +328,63 @@ func (d *Device) freeQP(cx *Context, q *QP) <-chan struct{} {
 	if q.srq != nil {
 		q.srq.users--
 	}
+	if q.xrcd != nil {
+		q.xrcd.users--
+	}
 	cx.counts.QP--
 	d.totals.QP--
 	return applied
 }
 
 func (cn *conn) createSRQ(r *request) (reply, error) {
-	d, cx := cn.d, cn.ctx
 	var c abi.CmdCreateSRQReq
 	if err := decode(r, &c); err != nil {
 		return reply{}, err
 	}
-	p, err := lookup(cx.pds, "PD", c.PDHandle)
+	rep, _, err := cn.createSRQWith(&c, nil)
 	if err != nil {
 		return reply{}, err
 	}
+	return reply{body: &rep}, nil
+}
+
+// createSRQWith creates an SRQ of CREATE_SRQ, or with x an XRC SRQ.
+func (cn *conn) createSRQWith(cp *abi.CmdCreateSRQReq, x *xrcSRQ) (abi.RespCreateSRQ, *SRQ, error) {
+	d, cx, c := cn.d, cn.ctx, *cp
+	p, err := lookup(cx.pds, "PD", c.PDHandle)
+	if err != nil {
+		return abi.RespCreateSRQ{}, nil, err
+	}
 	if !isPow2(c.MaxWR) || c.MaxWR > abi.MaxSRQWR {
-		return reply{}, errorf(errInval, "max_wr %d: must be a power of two in 1..%d", c.MaxWR, abi.MaxSRQWR)
+		return abi.RespCreateSRQ{}, nil, errorf(errInval, "max_wr %d: must be a power of two in 1..%d", c.MaxWR, abi.MaxSRQWR)
 	}
 	if c.MaxSGE > abi.MaxSGE {
-		return reply{}, errorf(errInval, "max_sge %d: at most %d", c.MaxSGE, abi.MaxSGE)
+		return abi.RespCreateSRQ{}, nil, errorf(errInval, "max_sge %d: at most %d", c.MaxSGE, abi.MaxSGE)
 	}
 	// srq_limit is not checked at creation, as rxe (rxe_srq_chk_init)
 	// does not: the SRQ is armed with it, whatever it is (a limit above
 	// max_wr raises SRQ_LIMIT_REACHED at the first receive).
 	if err := d.limit(cx, "SRQs", cx.counts.SRQ, d.totals.SRQ, d.cfg.Limits.PerClient.SRQ, d.cfg.Limits.PerDevice.SRQ); err != nil {
-		return reply{}, err
+		return abi.RespCreateSRQ{}, nil, err
 	}
 	size := abi.RQWQESize(c.MaxSGE)
 	pin, err := d.pinRing(cx, "SRQ", c.RingPA, uint64(c.MaxWR)*uint64(size))
 	if err != nil {
-		return reply{}, err
+		return abi.RespCreateSRQ{}, nil, err
 	}
 	idx, err := cx.db.Alloc()
 	if err != nil {
 		pin.release()
-		return reply{}, errorf(errNoMem, "doorbell records exhausted: %v", err)
+		return abi.RespCreateSRQ{}, nil, errorf(errNoMem, "doorbell records exhausted: %v", err)
 	}
 	s := &SRQ{handle: cx.newHandle(), pd: p, ringPA: c.RingPA, maxWR: c.MaxWR, maxSGE: c.MaxSGE,
-		wqeSize: size, dbIndex: idx, ring: pin, cx: cx}
+		wqeSize: size, dbIndex: idx, ring: pin, cx: cx, xrc: x}
 	s.armed.Store(c.SRQLimit)
 	cx.srqs[s.handle] = s
 	p.users++
 	cx.counts.SRQ++
 	d.totals.SRQ++
-	return reply{body: &abi.RespCreateSRQ{SRQHandle: s.handle, DBIndex: idx, RQWQESize: size}}, nil
+	return abi.RespCreateSRQ{SRQHandle: s.handle, DBIndex: idx, RQWQESize: size}, s, nil
 }
 
 func (cn *conn) modifySRQ(r *request) (reply, error) {
@@ -391,6 +425,9 @@ func (cn *conn) destroySRQ(r *request) (reply, error) {
 }
 
 func (d *Device) freeSRQ(cx *Context, s *SRQ) {
+	if s.xrc != nil {
+		d.freeXRCSRQLocked(cx, s)
+	}
 	d.dp.ReleaseSRQ(s)
 	d.releaseLater(cx, func() {
 		s.ring.release()
@@ -473,6 +510,7 @@ func (d *Device) releaseContextLocked(cx *Context, why string) {
 	for _, s := range cx.srqs {
 		d.freeSRQ(cx, s)
 	}
+	d.releaseXRCDsLocked(cx)
 	for _, q := range cx.cqs {
 		d.freeCQ(cx, q)
 	}

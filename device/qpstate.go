@@ -125,6 +125,10 @@ func qpTypeIndex(t QPType) (int, bool) {
 	switch t {
 	case QPTypeRC:
 		return 0, true
+	case abi.QPTXRCSend:
+		return 3, true
+	case abi.QPTXRCRecv:
+		return 4, true
 	case QPTypeUD:
 		return 1, true
 	case QPTypeUC:
@@ -133,7 +137,31 @@ func qpTypeIndex(t QPType) (int, bool) {
 	return 0, false
 }
 
-const numQPTypes = 3 // RC, UD, UC
+const numQPTypes = 5 // RC, UD, UC, XRC_INI, XRC_TGT (the XRC columns: xrcColumns)
+
+// xrcColumns fills the XRC columns of qpTransitions from RC's, with the
+// kernel's differences (qp_state_table, IB_QPT_XRC_INI and
+// IB_QPT_XRC_TGT): an initiator has no responder (INIT→RTR needs no
+// max_dest_rd_atomic or min_rnr_timer), a target no requester (RTR→RTS
+// needs only timeout and sq_psn).
+func xrcColumns() bool {
+	const ini, tgt = 3, 4
+	for cur := range qpTransitions {
+		for next := range qpTransitions[cur] {
+			t := &qpTransitions[cur][next]
+			t.required[ini], t.required[tgt] = t.required[0], t.required[0]
+			t.optional[ini], t.optional[tgt] = t.optional[0], t.optional[0]
+		}
+	}
+	rtr := &qpTransitions[StateInit][StateRTR]
+	rtr.required[ini] &^= AttrMaxDestRdAtomic | AttrMinRNRTimer
+	rts := &qpTransitions[StateRTR][StateRTS]
+	rts.optional[ini] &^= AttrMinRNRTimer
+	rts.required[tgt] = AttrTimeout | AttrSQPSN
+	return true
+}
+
+var _ = xrcColumns()
 
 // transition is one legal (current, next) pair: the attributes required and
 // allowed besides STATE and CUR_STATE, per QP type (index from qpTypeIndex).
@@ -269,7 +297,7 @@ func checkTransition(t QPType, cur, next QPState, mask AttrMask) error {
 		return errorf(errInval, "unknown attribute mask bits %#x", uint32(mask&^attrAll))
 	}
 	tr := qpTransitions[cur][next]
-	if !tr.valid || (t == QPTypeRC && cur == StateSQE) { // an RC QP is never in SQE
+	if !tr.valid || (t != QPTypeUD && t != QPTypeUC && cur == StateSQE) { // an RC (XRC) QP is never in SQE
 		return errorf(errInval, "illegal QP state transition %v -> %v for %s QP", cur, next, t.String())
 	}
 	req := tr.required[col]

@@ -35,6 +35,7 @@ type Context struct {
 	qps        *qpTable[uint32] // by QPN
 	srqs       map[uint32]*SRQ
 	ahs        map[uint32]*AH
+	xrcds      map[uint32]*xrcdRef // XRC domains opened (xrc.go)
 
 	// lingering counts destroyed QPs whose engine worker has not
 	// confirmed the removal yet (DataPlane.DestroyQP returned a channel).
@@ -87,6 +88,9 @@ func (cx *Context) handleUsed(h uint32) bool {
 		return true
 	}
 	if _, ok := cx.ahs[h]; ok {
+		return true
+	}
+	if _, ok := cx.xrcds[h]; ok {
 		return true
 	}
 	return false
@@ -149,6 +153,7 @@ type SRQ struct {
 	ring    *pin
 	users   int      // QPs attached
 	cx      *Context // its context (events)
+	xrc     *xrcSRQ  // an XRC SRQ's domain, CQ and number (xrc.go); nil otherwise
 }
 
 // AH is an address handle (UD). The data plane reads it through the
@@ -200,6 +205,7 @@ type QP struct {
 	sendCQ  *CQ
 	recvCQ  *CQ
 	srq     *SRQ
+	xrcd    *xrcdRef // XRC target QP: its domain (xrc.go)
 	sqRing  *pin
 	rqRing  *pin // nil with an SRQ
 	state   StateWord

@@ -33,8 +33,8 @@ func (m Mode) String() string {
 // Headroom and tailroom a buffer needs around the payload for Build.
 const (
 	// MaxTransportHeaderLen is the longest BTH plus extension headers of
-	// any opcode (BTH + AtomicETH = 40).
-	MaxTransportHeaderLen = BTHLen + AtomicETHLen
+	// any opcode (an XRC atomic: BTH + XRCETH + AtomicETH = 44).
+	MaxTransportHeaderLen = BTHLen + XRCETHLen + AtomicETHLen
 	// MaxHeadroom is enough headroom for any opcode in any mode:
 	// Ethernet + 802.1Q + IPv6 + UDP + MaxTransportHeaderLen.
 	MaxHeadroom = EthernetHeaderLen + VLANTagLen + IPv6HeaderLen + UDPHeaderLen + MaxTransportHeaderLen
@@ -142,6 +142,8 @@ type Headers struct {
 	Imm uint32
 	// InvRKey is the IETH R_Key (OpInvalidate opcodes).
 	InvRKey uint32
+	// XRCSRQN is the XRCETH's XRC SRQ number (XRC requests).
+	XRCSRQN uint32
 	// IPID is the IPv4 Identification (ModeEthernet over IPv4).
 	IPID uint16
 }

@@ -14,6 +14,7 @@ const (
 	ImmDtLen        = 4
 	IETHLen         = 4
 	DETHLen         = 8
+	XRCETHLen       = 4
 	FETHLen         = 4
 	// CNPReservedLen is the reserved block that follows the BTH of a RoCE
 	// v2 Congestion Notification Packet (IBTA Annex A17.9.2).
@@ -336,6 +337,28 @@ func (b DETH) Encode(f *DETHFields) {
 // Fields decodes the header.
 func (b DETH) Fields() DETHFields { return DETHFields{QKey: b.QKey(), SrcQP: b.SrcQP()} }
 
+// XRCETH is a view of the XRC Extended Transport Header (IBTA vol. 1
+// 9.3, added with XRC in release 1.2.1), carried after the BTH by every XRC request: the
+// XRC SRQ at the responder that the request is for.
+//
+//	 0                   1                   2                   3
+//	 0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1
+//	+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+
+//	|    Reserved   |            XRC SRQ Number                     |
+//	+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+
+type XRCETH []byte
+
+const xrcethSRQN = 0 // 24 bits in the word at 0
+
+// IsValid reports whether b holds a whole XRCETH.
+func (b XRCETH) IsValid() bool { return len(b) >= XRCETHLen }
+
+// SRQN returns the 24-bit XRC SRQ Number field.
+func (b XRCETH) SRQN() uint32 { return binary.BigEndian.Uint32(b[xrcethSRQN:]) & QPNMask }
+
+// SetSRQN sets the XRC SRQ Number field (Reserved written as zero).
+func (b XRCETH) SetSRQN(v uint32) { binary.BigEndian.PutUint32(b[xrcethSRQN:], v&QPNMask) }
+
 // extCodec is what the parser and the builder do with one extension
 // header (or the CNP's reserved block), given exactly its bytes: view
 // points the parsed packet's view at them (Parse, ParseUDP), encode
@@ -353,6 +376,11 @@ var extCodecs = [numHeaders]extCodec{
 		view:   func(pkt *Packet, b []byte) { pkt.DETH = b },
 		encode: func(b []byte, h *Headers) { DETH(b).Encode(&h.DETH) },
 		decode: func(b []byte, h *Headers) { h.DETH = DETH(b).Fields() },
+	},
+	HdrXRCETH: {
+		view:   func(pkt *Packet, b []byte) { pkt.XRCETH = b },
+		encode: func(b []byte, h *Headers) { XRCETH(b).SetSRQN(h.XRCSRQN) },
+		decode: func(b []byte, h *Headers) { h.XRCSRQN = XRCETH(b).SRQN() },
 	},
 	HdrFETH: {
 		view:   func(pkt *Packet, b []byte) { pkt.FETH = b },

@@ -32,7 +32,7 @@ func checkPacket(t *testing.T, pkt *Packet, tlen int) {
 		h Header
 		n int
 	}{
-		{HdrDETH, len(pkt.DETH)}, {HdrRETH, len(pkt.RETH)}, {HdrAtomicETH, len(pkt.AtomicETH)},
+		{HdrDETH, len(pkt.DETH)}, {HdrXRCETH, len(pkt.XRCETH)}, {HdrRETH, len(pkt.RETH)}, {HdrAtomicETH, len(pkt.AtomicETH)},
 		{HdrAETH, len(pkt.AETH)}, {HdrAtomicAckETH, len(pkt.AtomicAckETH)}, {HdrImmDt, len(pkt.ImmDt)}, {HdrIETH, len(pkt.IETH)},
 	}
 	for _, v := range views {

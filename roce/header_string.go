@@ -9,19 +9,20 @@ func _() {
 	// Re-run the stringer command to generate them again.
 	var x [1]struct{}
 	_ = x[HdrDETH-0]
-	_ = x[HdrFETH-1]
-	_ = x[HdrRETH-2]
-	_ = x[HdrAtomicETH-3]
-	_ = x[HdrAETH-4]
-	_ = x[HdrAtomicAckETH-5]
-	_ = x[HdrImmDt-6]
-	_ = x[HdrIETH-7]
-	_ = x[HdrCNPReserved-8]
+	_ = x[HdrXRCETH-1]
+	_ = x[HdrFETH-2]
+	_ = x[HdrRETH-3]
+	_ = x[HdrAtomicETH-4]
+	_ = x[HdrAETH-5]
+	_ = x[HdrAtomicAckETH-6]
+	_ = x[HdrImmDt-7]
+	_ = x[HdrIETH-8]
+	_ = x[HdrCNPReserved-9]
 }
 
-const _Header_name = "DETHFETHRETHAtomicETHAETHAtomicAckETHImmDtIETHCNPReserved"
+const _Header_name = "DETHXRCETHFETHRETHAtomicETHAETHAtomicAckETHImmDtIETHCNPReserved"
 
-var _Header_index = [...]uint8{0, 4, 8, 12, 21, 25, 37, 42, 46, 57}
+var _Header_index = [...]uint8{0, 4, 10, 14, 18, 27, 31, 43, 48, 52, 63}
 
 func (i Header) String() string {
 	idx := int(i) - 0

@@ -10,13 +10,15 @@ import (
 //go:generate go tool stringer -type=Header -trimprefix=Hdr
 
 // Opcode is the BTH OpCode (IBTA vol. 1, 9.2.1, table 38): bits 7..5 are
-// the transport service (RC 000, UC 001, RD 010, UD 011, CNP 100), bits
-// 4..0 the operation.
+// the transport service (RC 000, UC 001, RD 010, UD 011, CNP 100, XRC
+// 101), bits 4..0 the operation.
 type Opcode uint8
 
-// Opcodes vrnic knows: every RC, UC and UD opcode of IBTA 1.4, the RC
-// FLUSH and ATOMIC WRITE of the IBTA 1.5 Memory Placement Extensions, and
-// the RoCE v2 Congestion Notification Packet.
+// Opcodes vrnic knows: every RC, UC, UD and XRC opcode of IBTA 1.4, the
+// RC FLUSH and ATOMIC WRITE of the IBTA 1.5 Memory Placement Extensions,
+// and the RoCE v2 Congestion Notification Packet. An XRC opcode is its RC
+// twin plus XRCOpcodeOffset (IBTA 9.2.1 table 38, XRC 101xxxxx); its
+// requests carry an XRCETH after the BTH.
 const (
 	OpRCSendFirst          Opcode = 0x00
 	OpRCSendMiddle         Opcode = 0x01
@@ -60,6 +62,17 @@ const (
 	OpUDSendOnlyImm  Opcode = 0x65
 	OpCNP            Opcode = 0x81
 
+	OpXRCSendFirst   Opcode = 0xa0
+	OpXRCSendOnly    Opcode = 0xa4
+	OpXRCWriteOnly   Opcode = 0xaa
+	OpXRCReadRequest Opcode = 0xac
+	OpXRCAck         Opcode = 0xb1
+	OpXRCAtomicAck   Opcode = 0xb2
+	OpXRCFetchAdd    Opcode = 0xb4
+
+	// XRCOpcodeOffset turns an RC opcode into its XRC twin.
+	XRCOpcodeOffset = OpXRCSendFirst - OpRCSendFirst
+
 	opServiceShift = 5
 )
 
@@ -74,6 +87,7 @@ const (
 	ServiceRD  Service = 2 // Reliable Datagram (not supported)
 	ServiceUD  Service = 3 // Unreliable Datagram
 	ServiceCNP Service = 4 // RoCE v2 congestion notification
+	ServiceXRC Service = 5 // Extended Reliable Connected (IBTA 1.4 annex / ch. 9)
 )
 
 // Header names an extension header (or the CNP reserved block) that an
@@ -84,6 +98,7 @@ type Header uint8
 // Extension headers in wire order.
 const (
 	HdrDETH Header = iota
+	HdrXRCETH
 	HdrFETH
 	HdrRETH
 	HdrAtomicETH
@@ -97,6 +112,7 @@ const (
 
 var headerLens = [numHeaders]int{
 	HdrDETH:         DETHLen,
+	HdrXRCETH:       XRCETHLen,
 	HdrFETH:         FETHLen,
 	HdrRETH:         RETHLen,
 	HdrAtomicETH:    AtomicETHLen,
@@ -350,6 +366,23 @@ func buildOpTable() (t [256]OpInfo) {
 	}
 	for _, s := range otherSpecs {
 		add(s.op, s.name, s.hdrs, s.flags)
+	}
+	// XRC (IBTA 9.2.1 table 38): every RC opcode of IBTA 1.4 (vrnic runs
+	// the memory placement extensions over RC only); the requests carry
+	// the XRCETH naming the XRC SRQ at the responder, the responses are
+	// RC's with the XRC service bits.
+	for _, specs := range [][]opSpec{rcUCSpecs, rcOnlySpecs} {
+		for _, s := range specs {
+			if s.flags&(OpFlush|OpAtomicWrite) != 0 {
+				continue
+			}
+			f, hdrs := s.flags, s.hdrs
+			if f&OpRequest != 0 {
+				f |= OpAcked
+				hdrs = append([]Header{HdrXRCETH}, hdrs...)
+			}
+			add(s.op+XRCOpcodeOffset, "XRC_"+s.name, hdrs, f)
+		}
 	}
 	return t
 }

@@ -28,8 +28,9 @@ func TestOpcodeTableCounts(t *testing.T) {
 	}
 	// IBTA 1.4 table 38: RC 0x00-0x14 and 0x16-0x17, with FLUSH 0x1c and
 	// ATOMIC WRITE 0x1d of IBTA 1.5; UC SEND and RDMA WRITE 0x20-0x2b; UD
-	// SEND ONLY with and without immediate; RoCE CNP.
-	assert.Equal(t, map[Service]int{ServiceRC: 25, ServiceUC: 12, ServiceUD: 2, ServiceCNP: 1}, per)
+	// SEND ONLY with and without immediate; RoCE CNP; XRC the RC opcodes
+	// of IBTA 1.4.
+	assert.Equal(t, map[Service]int{ServiceRC: 25, ServiceUC: 12, ServiceUD: 2, ServiceCNP: 1, ServiceXRC: 23}, per)
 	assert.False(t, Opcode(0x15).Valid(), "0x15 is reserved")
 	assert.False(t, Opcode(0x18).Valid(), "0x18 (RC SEND ONLY with invalidate's neighbour) is reserved")
 	assert.False(t, Opcode(0x3c).Valid(), "UC has no FLUSH")
@@ -79,6 +80,14 @@ func TestOpcodeTableConsistent(t *testing.T) {
 			assert.Equal(t, f&OpImm != 0, info.Has(HdrImmDt), "ImmDt")
 			assert.Equal(t, f&OpInvalidate != 0, info.Has(HdrIETH), "IETH")
 			assert.Equal(t, op.Service() == ServiceUD, info.Has(HdrDETH), "DETH")
+			assert.Equal(t, op.Service() == ServiceXRC && f&OpRequest != 0, info.Has(HdrXRCETH), "XRCETH")
+			if op.Service() == ServiceXRC {
+				// Each XRC opcode is its RC twin plus the XRCETH.
+				rc := (op - XRCOpcodeOffset).Info()
+				assert.Equal(t, rc.Flags, f, "XRC flags")
+				assert.Equal(t, "XRC_"+strings.TrimPrefix(rc.Name, "RC_"), info.Name)
+				assert.Equal(t, rc.HeaderLen+boolInt(info.Has(HdrXRCETH))*XRCETHLen, info.HeaderLen)
+			}
 			assert.Equal(t, op.Service() == ServiceCNP, info.Has(HdrCNPReserved), "CNP block")
 			assert.Equal(t, f&OpWrite != 0 && (pos == OpFirst || pos == OpOnly) || f&(OpRead|OpRequest) == OpRead|OpRequest ||
 				f&(OpAtomicWrite|OpFlush) != 0, info.Has(HdrRETH), "RETH")
@@ -100,10 +109,10 @@ func TestOpcodeTableConsistent(t *testing.T) {
 			assert.Equal(t, op.Service() == ServiceCNP, f&(OpRequest|OpResponse) == 0)
 			assert.Equal(t, op.Service() == ServiceCNP, f&OpCongestion != 0)
 			if f&OpResponse != 0 {
-				assert.Equal(t, ServiceRC, op.Service(), "only RC has responses")
+				assert.Contains(t, []Service{ServiceRC, ServiceXRC}, op.Service(), "only RC and XRC have responses")
 			}
 			// Acknowledged: exactly the RC requests.
-			assert.Equal(t, op.Service() == ServiceRC && f&OpRequest != 0, f&OpAcked != 0, "acked")
+			assert.Equal(t, (op.Service() == ServiceRC || op.Service() == ServiceXRC) && f&OpRequest != 0, f&OpAcked != 0, "acked")
 			// Receive WQE: SENDs and RDMA WRITE with immediate.
 			assert.Equal(t, f&OpSend != 0 || f&(OpWrite|OpImm) == OpWrite|OpImm, f&OpRecvWQE != 0, "recv WQE")
 			// One operation kind per opcode (ACK alone, atomic ACK is
@@ -160,6 +169,14 @@ func TestOpcodeTableSpotChecks(t *testing.T) {
 		{0x64, "UD_SEND_ONLY", 20, []Header{HdrDETH}, []int{12}},
 		{0x65, "UD_SEND_ONLY_WITH_IMMEDIATE", 24, []Header{HdrDETH, HdrImmDt}, []int{12, 20}},
 		{0x81, "CNP", 28, []Header{HdrCNPReserved}, []int{12}},
+		{0xa4, "XRC_SEND_ONLY", 16, []Header{HdrXRCETH}, []int{12}},
+		{0xa5, "XRC_SEND_ONLY_WITH_IMMEDIATE", 20, []Header{HdrXRCETH, HdrImmDt}, []int{12, 16}},
+		{0xab, "XRC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", 36, []Header{HdrXRCETH, HdrRETH, HdrImmDt}, []int{12, 16, 32}},
+		{0xac, "XRC_RDMA_READ_REQUEST", 32, []Header{HdrXRCETH, HdrRETH}, []int{12, 16}},
+		{0xb0, "XRC_RDMA_READ_RESPONSE_ONLY", 16, []Header{HdrAETH}, []int{12}},
+		{0xb1, "XRC_ACKNOWLEDGE", 16, []Header{HdrAETH}, []int{12}},
+		{0xb4, "XRC_FETCH_ADD", 44, []Header{HdrXRCETH, HdrAtomicETH}, []int{12, 16}},
+		{0xb7, "XRC_SEND_ONLY_WITH_INVALIDATE", 20, []Header{HdrXRCETH, HdrIETH}, []int{12, 16}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -186,10 +203,10 @@ func TestEnumNames(t *testing.T) {
 		want string
 	}{
 		{ServiceRC, "RC"}, {ServiceUC, "UC"}, {ServiceRD, "RD"}, {ServiceUD, "UD"}, {ServiceCNP, "CNP"},
-		{Service(5), "Service(5)"},
-		{HdrDETH, "DETH"}, {HdrFETH, "FETH"}, {HdrRETH, "RETH"}, {HdrAtomicETH, "AtomicETH"}, {HdrAETH, "AETH"},
+		{ServiceXRC, "XRC"}, {Service(6), "Service(6)"},
+		{HdrDETH, "DETH"}, {HdrXRCETH, "XRCETH"}, {HdrFETH, "FETH"}, {HdrRETH, "RETH"}, {HdrAtomicETH, "AtomicETH"}, {HdrAETH, "AETH"},
 		{HdrAtomicAckETH, "AtomicAckETH"}, {HdrImmDt, "ImmDt"}, {HdrIETH, "IETH"},
-		{HdrCNPReserved, "CNPReserved"}, {Header(numHeaders), "Header(9)"},
+		{HdrCNPReserved, "CNPReserved"}, {Header(numHeaders), "Header(10)"},
 		{SyndromeACK, "ACK"}, {SyndromeRNRNAK, "RNR_NAK"}, {SyndromeReserved, "RESERVED"}, {SyndromeNAK, "NAK"},
 		{SyndromeKind(4), "SyndromeKind(4)"},
 		{NAKPSNSequenceError, "PSN_SEQUENCE_ERROR"}, {NAKInvalidRequest, "INVALID_REQUEST"},
@@ -223,4 +240,11 @@ func TestOpcodeByName(t *testing.T) {
 		_, ok := OpcodeByName(bad)
 		assert.False(t, ok, "%q", bad)
 	}
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

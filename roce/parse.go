@@ -23,6 +23,7 @@ type Packet struct {
 	Info *OpInfo
 	// Extension headers, each exactly its header's length, or nil.
 	DETH         DETH
+	XRCETH       XRCETH
 	FETH         FETH
 	RETH         RETH
 	AtomicETH    AtomicETH

@@ -13,11 +13,12 @@ func _() {
 	_ = x[ServiceRD-2]
 	_ = x[ServiceUD-3]
 	_ = x[ServiceCNP-4]
+	_ = x[ServiceXRC-5]
 }
 
-const _Service_name = "RCUCRDUDCNP"
+const _Service_name = "RCUCRDUDCNPXRC"
 
-var _Service_index = [...]uint8{0, 2, 4, 6, 8, 11}
+var _Service_index = [...]uint8{0, 2, 4, 6, 8, 11, 14}
 
 func (i Service) String() string {
 	idx := int(i) - 0

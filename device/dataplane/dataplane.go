@@ -409,7 +409,7 @@ func (dp *DataPlane) CreateQP(q *device.QP) error {
 		}
 		r, _ := page.SRQ(s.DBIndex())
 		x.srq = &r
-	} else {
+	} else if t := q.Type(); t != abi.QPTXRCSend && t != abi.QPTXRCRecv {
 		rqRing, _ := q.RQ()
 		if x.rq, err = newRQSource(rqRing, cp.MaxRecvWR, cp.MaxRecvSGE, rec, dp.scratch[owner]); err != nil {
 			return err
@@ -431,7 +431,10 @@ func (dp *DataPlane) CreateQP(q *device.QP) error {
 		QPN: qpn, SQ: x.sq, RQ: x.rq, SendCQ: &x.sinks[0], RecvCQ: &x.sinks[1], Mem: x.mem,
 		SQDepth: int(cp.MaxSendWR), MaxSendSGE: int(cp.MaxSendSGE), MaxRecvSGE: int(maxRecvSGE),
 		MaxInline: int(cp.MaxInlineData), SigAll: q.SigAll(), State: q.StateWord(),
-		Type: q.Type(), PD: q.PDHandle(),
+		Type: q.Type(), PD: q.PDHandle(), XRCD: q.XRCD(),
+	}
+	if x.rq == nil {
+		ecfg.RQ = nil // XRC: the engine takes its receives from the SRQs
 	}
 	if x.ud {
 		ecfg.AHs = dp.ahTableLocked(x.owner).ref()
@@ -591,7 +594,7 @@ func (dp *DataPlane) ModifyQP(q *device.QP, prev device.QPState, mask device.Att
 	if mask&device.AttrState != 0 && state == device.StateReset {
 		// Discard what was posted before the RESET (see queues.go).
 		x.sq.reset.request(x.rec.SQPI.Load())
-		if x.srq == nil {
+		if x.srq == nil && x.rq != nil {
 			x.rq.reset.request(x.rec.RQPI.Load())
 		}
 		dp.modifyEngine(x, engine.QPAttr{Mask: abi.QPAttrState, State: abi.QPSReset})

@@ -70,6 +70,7 @@ type Engine struct {
 	workers []*worker
 	stop    chan struct{}
 	exited  chan struct{} // closed by Close once no worker runs
+	xrc     XRCTable      // the XRC SRQs target QPs resolve (xrc.go)
 	wg      sync.WaitGroup
 	mu      sync.Mutex // guards closed
 	closed  bool

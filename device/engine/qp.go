@@ -53,6 +53,10 @@ type QPConfig struct {
 	// for the management datagrams (package device/dataplane, qp1.go).
 	// Without it QP numbers 0 and 1 are refused, so no client gets them.
 	GSI bool
+	// XRCD is the XRC domain of a target QP (abi.QPTXRCRecv): the XRC
+	// SRQs its requests may name (Engine.AddXRCSRQ) are those of the
+	// same domain.
+	XRCD uint32
 }
 
 // QPAttr are the attributes ModifyQP may change (a subset of struct
@@ -289,6 +293,13 @@ type QP struct {
 }
 
 func newQP(cfg QPConfig, w *worker) (*QP, error) {
+	switch cfg.Type {
+	case abi.QPTXRCSend: // sends only
+		cfg.RQ = noRecv{}
+	case abi.QPTXRCRecv: // no queues: its receives are its domain's SRQs' (xrc.go)
+		cfg.SQ, cfg.RQ = noSend{}, noRecv{}
+		cfg.MaxRecvSGE = abi.MaxSGE // any SRQ's receive WQE fits
+	}
 	if cfg.SQ == nil || cfg.RQ == nil || cfg.SendCQ == nil || cfg.RecvCQ == nil || cfg.Mem == nil {
 		return nil, fmt.Errorf("%w: QP %#x: queues, CQs and memory are required", ErrInvalid, cfg.QPN)
 	}
@@ -305,6 +316,8 @@ func newQP(cfg QPConfig, w *worker) (*QP, error) {
 		qp.cfg.Type, qp.svc = abi.QPTRC, roce.ServiceRC
 	case abi.QPTUC:
 		qp.svc, qp.unrel = roce.ServiceUC, true
+	case abi.QPTXRCSend, abi.QPTXRCRecv:
+		qp.svc = roce.ServiceXRC
 	case abi.QPTUD:
 		qp.svc, qp.unrel = roce.ServiceUD, true
 		if qp.qpn < 2 && !(cfg.GSI && qp.qpn == 1) {
@@ -522,6 +535,7 @@ func (qp *QP) flushRecv() {
 		qp.resp.rqeValid = false
 		qp.completeRecv(&qp.resp.rqe, abi.WCWRFlushErr, abi.WCRecv, 0, 0, 0, false)
 	}
+	qp.resp.xsrq = nil
 	for range qp.cfg.SQDepth + 1024 {
 		r := &qp.w.flushRQE
 		r.SGEs = r.SGEs[:0]
@@ -593,7 +607,7 @@ func (qp *QP) completeRecv(r *RecvWork, st abi.WCStatus, op abi.WCOpcode, n uint
 func (qp *QP) pushRecv(c *abi.CQE, se bool) {
 	qp.Counters.RecvCQEs.Add(1)
 	qp.w.Counters.CQEs.Add(1)
-	if err := qp.cfg.RecvCQ.PushCQE(c, se); err != nil {
+	if err := qp.recvSink().PushCQE(c, se); err != nil {
 		qp.cqOverflow()
 	}
 }

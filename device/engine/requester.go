@@ -309,7 +309,7 @@ func (qp *QP) reqSend() reqState {
 	idx := uint32(roce.PSNDiff(e.sendPSN, e.first))
 	last := idx+1 == e.npkts
 	o := &qp.w.out
-	*o = packet{psn: e.sendPSN}
+	*o = packet{psn: e.sendPSN, srqn: e.RemoteQPN & roce.QPNMask}
 	var n, hr int   // payload length, headroom
 	var poff uint64 // message offset of the payload
 	switch e.Opcode {

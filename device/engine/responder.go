@@ -25,6 +25,7 @@ type respState uint8
 const (
 	respCheckPSN       respState = iota // check_psn
 	respDuplicate                       // duplicate
+	respCheckXRC                        // check_xrc
 	respCheckOpSeq                      // check_op_seq
 	respCheckOpAllowed                  // check_op_allowed
 	respCheckResource                   // check_resource
@@ -65,6 +66,7 @@ type rdRes struct {
 	rkey        uint32
 	left        uint32 // READ: bytes still to send
 	orig        uint64 // atomic: original value
+	mem         Memory // READ: where it reads (the QP's, or an XRC SRQ's PD)
 }
 
 // responder is the per-QP responder state.
@@ -79,10 +81,13 @@ type responder struct {
 	ucDrop          bool     // UC: the message in progress lost packets; wait for FIRST/ONLY
 	rqeValid        bool     // rqe holds an RQE
 	rqe             RecvWork // the RQE of the SEND / WRITE-with-imm in progress
-	off             uint64   // bytes placed of the message in progress
-	wVA             uint64   // RDMA WRITE in progress
-	wRKey           uint32
-	wLen            uint32
+	// xsrq is the XRC SRQ the request in progress names (target QPs;
+	// respCheckXRC), nil otherwise.
+	xsrq  *XRCSRQ
+	off   uint64 // bytes placed of the message in progress
+	wVA   uint64 // RDMA WRITE in progress
+	wRKey uint32
+	wLen  uint32
 
 	ackPending bool
 	nakPending bool
@@ -118,6 +123,7 @@ func (r *responder) clear(epsn uint32) {
 	r.epsn, r.msn, r.nakSent = epsn, 0, false
 	r.inSend, r.inWrite, r.rqeValid, r.off, r.ucDrop = false, false, false, 0, false
 	r.ackPending, r.nakPending, r.nakFatal = false, false, false
+	r.xsrq = nil
 	clear(r.res)
 	r.resNext = 0
 }
@@ -151,6 +157,8 @@ func (qp *QP) respRx(p *packet) {
 			st = qp.respCheckPSN(p)
 		case respDuplicate:
 			st = qp.respDuplicate(p)
+		case respCheckXRC:
+			st = qp.respCheckXRC(p)
 		case respCheckOpSeq:
 			st = qp.respCheckOpSeq(p)
 		case respCheckOpAllowed:
@@ -208,7 +216,7 @@ func (qp *QP) respCheckPSN(p *packet) respState {
 		return respDone
 	}
 	r.nakSent = false
-	return respCheckOpSeq
+	return respCheckXRC
 }
 
 // respDuplicate: IBTA 9.7.5.1.2 / 9.7.5.1.3: duplicate SEND and WRITE
@@ -398,7 +406,7 @@ func (qp *QP) respCheckLength(p *packet) respState {
 // so it is not checked). Misaligned atomics are invalid requests.
 func (qp *QP) respCheckRKey(p *packet) respState {
 	info := p.opcode.Info()
-	mem := qp.cfg.Mem
+	mem := qp.respMem()
 	var err error
 	switch {
 	case info.Is(roce.OpWrite) && (info.Is(roce.OpFirst) || info.Is(roce.OpOnly)):
@@ -434,7 +442,7 @@ func (qp *QP) respCheckRKey(p *packet) respState {
 func (qp *QP) respExecute(p *packet) respState {
 	r := &qp.resp
 	info := p.opcode.Info()
-	mem := qp.cfg.Mem
+	mem := qp.respMem()
 	switch {
 	case info.Is(roce.OpSend):
 		if len(p.payload) > 0 {
@@ -491,7 +499,7 @@ func (qp *QP) respExecute(p *packet) respState {
 		np := readPackets(p.dmaLen, qp.mtu)
 		s := r.slot()
 		*s = rdRes{kind: resRead, active: true, first: p.psn, last: roce.PSNAdd(p.psn, np-1),
-			cur: p.psn, req: p.psn, va: p.va, rkey: p.rkey, left: p.dmaLen}
+			cur: p.psn, req: p.psn, va: p.va, rkey: p.rkey, left: p.dmaLen, mem: mem}
 		r.resNext = (r.resNext + 1) % len(r.res)
 		r.epsn = roce.PSNAdd(r.epsn, np)
 		r.msn = roce.PSNAdd(r.msn, 1)
@@ -646,7 +654,7 @@ func (qp *QP) sendResponse(s *rdRes) bool {
 	// A zero-length READ touches no memory (its R_Key is not checked).
 	if qp.w.txBegin(qp, buf, o, hr, int(n)) {
 		if n > 0 {
-			if err := qp.cfg.Mem.ReadRemoteTo(s.rkey, s.va, int(n), &qp.w.framer); err != nil {
+			if err := s.mem.ReadRemoteTo(s.rkey, s.va, int(n), &qp.w.framer); err != nil {
 				s.active = false
 				qp.queueNAK(roce.NAKSyndrome(remoteMemNAK(err)), s.cur, true)
 				return true

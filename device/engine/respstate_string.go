@@ -10,18 +10,19 @@ func _() {
 	var x [1]struct{}
 	_ = x[respCheckPSN-0]
 	_ = x[respDuplicate-1]
-	_ = x[respCheckOpSeq-2]
-	_ = x[respCheckOpAllowed-3]
-	_ = x[respCheckResource-4]
-	_ = x[respCheckLength-5]
-	_ = x[respCheckRKey-6]
-	_ = x[respExecute-7]
-	_ = x[respDone-8]
+	_ = x[respCheckXRC-2]
+	_ = x[respCheckOpSeq-3]
+	_ = x[respCheckOpAllowed-4]
+	_ = x[respCheckResource-5]
+	_ = x[respCheckLength-6]
+	_ = x[respCheckRKey-7]
+	_ = x[respExecute-8]
+	_ = x[respDone-9]
 }
 
-const _respState_name = "check_psnduplicatecheck_op_seqcheck_op_allowedcheck_resourcecheck_lengthcheck_rkeyexecutedone"
+const _respState_name = "check_psnduplicatecheck_xrccheck_op_seqcheck_op_allowedcheck_resourcecheck_lengthcheck_rkeyexecutedone"
 
-var _respState_index = [...]uint8{0, 9, 18, 30, 46, 60, 72, 82, 89, 93}
+var _respState_index = [...]uint8{0, 9, 18, 27, 39, 55, 69, 81, 91, 98, 102}
 
 func (i respState) String() string {
 	idx := int(i) - 0

@@ -16,10 +16,10 @@ func TestStateNames(t *testing.T) {
 	}{
 		{reqFetch, "fetch"}, {reqLocal, "local"}, {reqFence, "fence"}, {reqCredits, "credits"},
 		{reqWindow, "window"}, {reqSend, "send"}, {reqExit, "exit"}, {reqState(7), "reqState(7)"},
-		{respCheckPSN, "check_psn"}, {respDuplicate, "duplicate"}, {respCheckOpSeq, "check_op_seq"},
+		{respCheckPSN, "check_psn"}, {respDuplicate, "duplicate"}, {respCheckXRC, "check_xrc"}, {respCheckOpSeq, "check_op_seq"},
 		{respCheckOpAllowed, "check_op_allowed"}, {respCheckResource, "check_resource"},
 		{respCheckLength, "check_length"}, {respCheckRKey, "check_rkey"}, {respExecute, "execute"},
-		{respDone, "done"}, {respState(9), "respState(9)"},
+		{respDone, "done"}, {respState(10), "respState(10)"},
 		{compCheckPSN, "check_psn"}, {compClassify, "classify"}, {compAck, "ack"}, {compRead, "read"},
 		{compAtomic, "atomic"}, {compNAKSeq, "nak_seq"}, {compRNR, "rnr"}, {compNAKErr, "nak_err"},
 		{compDrop, "drop"}, {compDone, "done"}, {compState(10), "compState(10)"},

@@ -100,7 +100,7 @@ func (qp *QP) pollRecv(r *RecvWork) (bool, error) {
 			return false, nil
 		}
 	}
-	return qp.cfg.RQ.PollRecv(r)
+	return qp.recvSource().PollRecv(r)
 }
 
 // verbRequestErr is asked for every request an RC QP in RTR, RTS or SQD

@@ -32,6 +32,7 @@ type packet struct {
 	destQP   uint32 // UD: the BTH destination QP (the WQE's remote QPN)
 	qkey     uint32 // DETH
 	srcQP    uint32 // DETH
+	srqn     uint32 // XRCETH: the XRC SRQ (XRC requests)
 	payload  []byte
 }
 
@@ -122,10 +123,19 @@ func (w *worker) txQueue(qp *QP, buf []byte, o *packet) bool {
 // message.
 func (w *worker) txBegin(qp *QP, buf []byte, o *packet, hr, n int) bool {
 	h := &w.hdrs
+	op := o.opcode
+	if qp.svc == roce.ServiceXRC {
+		// The step machines speak RC; the wire, XRC (xrc.go).
+		op += roce.XRCOpcodeOffset
+		hr = qp.path.Headroom(op)
+	}
 	*h = roce.Headers{BTH: roce.BTHFields{
-		Opcode: o.opcode, SE: o.se, PKey: pkeyDefault, DestQP: qp.attr.DestQPN, AckReq: o.ackReq, PSN: o.psn,
+		Opcode: op, SE: o.se, PKey: pkeyDefault, DestQP: qp.attr.DestQPN, AckReq: o.ackReq, PSN: o.psn,
 	}}
-	info := o.opcode.Info()
+	info := op.Info()
+	if info.Has(roce.HdrXRCETH) {
+		h.XRCSRQN = o.srqn
+	}
 	if info.Has(roce.HdrDETH) {
 		h.BTH.DestQP = o.destQP
 		h.DETH = roce.DETHFields{QKey: o.qkey, SrcQP: qp.qpn}

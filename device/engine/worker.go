@@ -79,6 +79,9 @@ const (
 	ctlModify
 	ctlDestroy
 	ctlQuery
+	// ctlBarrier does nothing: its applied channel says the worker has
+	// passed it (Engine.RemoveXRCSRQ).
+	ctlBarrier
 )
 
 // ctlMsg is a control operation queued for a worker. Nobody waits for a
@@ -341,9 +344,13 @@ func (w *worker) input(frame []byte, from netip.AddrPort) {
 		w.Counters.BadPeer.Add(1)
 		return
 	}
+	w.in.fill(pkt)
+	if qp.svc == roce.ServiceXRC && !qp.xrcRx(&w.in, pkt) {
+		qp.Counters.Rare().Dropped.Add(1)
+		return
+	}
 	qp.Counters.PacketsReceived.Add(1)
 	w.activate(qp)
-	w.in.fill(pkt)
 	switch {
 	case qp.unrel:
 		qp.ucRx(&w.in)
@@ -470,6 +477,7 @@ func (w *worker) apply(m *ctlMsg) {
 		if w.lastRx == qp {
 			w.lastRx = nil
 		}
+	case ctlBarrier:
 	case ctlQuery:
 		r.qp = w.qps[m.qpn]
 		if r.qp == nil {

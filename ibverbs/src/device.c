@@ -327,6 +327,9 @@ VR_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device) {
 	v->create_srq_ex = vr_create_srq_ex;
 	vr_domain_ops(v);
 	v->advise_mr = vr_advise_mr;
+	v->open_xrcd = vr_open_xrcd;
+	v->close_xrcd = vr_close_xrcd;
+	v->get_srq_num = vr_get_srq_num;
 	return ctx;
 fail:
 	if (c->db)
@@ -385,6 +388,8 @@ VR_EXPORT int ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr *
 	a->max_qp = (int)d.max_qp;
 	a->max_qp_wr = (int)d.max_qp_wr;
 	a->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_CURR_QP_STATE_MOD | IBV_DEVICE_SYS_IMAGE_GUID;
+	if (d.device_cap_flags & VRNIC_DEVICE_XRC)
+		a->device_cap_flags |= IBV_DEVICE_XRC;
 	a->max_sge = (int)d.max_sge;
 	a->max_sge_rd = (int)d.max_sge;
 	a->max_cq = (int)d.max_cq;

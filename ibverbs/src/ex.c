@@ -205,8 +205,12 @@ static void wr_set_ud_addr(struct ibv_qp_ex *q, struct ibv_ah *ah, uint32_t qpn,
 }
 
 static void wr_set_xrc_srqn(struct ibv_qp_ex *q, uint32_t srqn) {
-	(void)srqn;
-	qpx(q)->wr_err = EOPNOTSUPP;
+	struct vr_qp *qp = qpx(q);
+	if (q->qp_base.qp_type != IBV_QPT_XRC_SEND || !qp->wr_cur) {
+		qp->wr_err = EINVAL;
+		return;
+	}
+	((struct vrnic_send_wqe *)qp->wr_cur)->remote_qpn = srqn & 0xffffff;
 }
 
 static int wr_complete(struct ibv_qp_ex *q) {
@@ -266,12 +270,16 @@ static uint64_t send_ops_supported(enum ibv_qp_type t) {
 	case IBV_QPT_UC:
 		return IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_WRITE |
 		       IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
+	case IBV_QPT_XRC_RECV:
+		return 0;
 	default:
 		return SEND_OPS_SUPPORTED;
 	}
 }
 
 struct ibv_qp *vr_create_qp_ex(struct ibv_context *ctx, struct ibv_qp_init_attr_ex *a) {
+	if (a && a->qp_type == IBV_QPT_XRC_RECV)
+		return vr_create_xrc_tgt(ctx, a);
 	if (!a || !(a->comp_mask & IBV_QP_INIT_ATTR_PD) || !a->pd || a->pd->context != ctx)
 		VR_FAIL_NULL(EINVAL);
 	/* As rdma-core's rxe provider (check_qp_init_attr): CREATE_FLAGS may

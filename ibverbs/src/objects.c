@@ -362,16 +362,31 @@ static uint32_t ibv_to_vr_type(enum ibv_qp_type t) {
 		return VRNIC_QPT_UC;
 	case IBV_QPT_UD:
 		return VRNIC_QPT_UD;
+	case IBV_QPT_XRC_SEND:
+		return VRNIC_QPT_XRC_SEND;
+	case IBV_QPT_XRC_RECV:
+		return VRNIC_QPT_XRC_RECV;
 	default:
 		return 0; /* XRC, raw packet, driver QPs */
 	}
 }
 
 struct ibv_qp *vr_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr_ex *a) {
-	if (!pd || !a || !a->send_cq || (!a->recv_cq && !a->srq))
+	if (a && a->qp_type == IBV_QPT_XRC_RECV)
+		VR_FAIL_NULL(EINVAL); /* needs an XRC domain: vr_create_xrc_tgt */
+	return vr_create_qp_xrcd(pd, a, 0);
+}
+
+/* vr_create_qp_xrcd creates a QP; with xrcd (a domain's handle) an XRC
+ * target QP of that domain (CREATE_XRC_QP). */
+struct ibv_qp *vr_create_qp_xrcd(struct ibv_pd *pd, struct ibv_qp_init_attr_ex *a, uint32_t xrcd) {
+	bool xrc = a && (a->qp_type == IBV_QPT_XRC_SEND || a->qp_type == IBV_QPT_XRC_RECV);
+	if (!pd || !a || !a->send_cq || (!a->recv_cq && !a->srq && !xrc))
 		VR_FAIL_NULL(EINVAL);
 	if (!ibv_to_vr_type(a->qp_type))
 		VR_FAIL_NULL(EOPNOTSUPP);
+	if (xrc && a->srq)
+		VR_FAIL_NULL(EINVAL);
 	struct ibv_qp_cap *cap = &a->cap;
 	if (cap->max_send_wr > VRNIC_MAX_QP_WR || cap->max_send_sge > VRNIC_MAX_SGE ||
 	    cap->max_inline_data > VRNIC_MAX_INLINE)
@@ -389,7 +404,7 @@ struct ibv_qp *vr_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr_ex *a) {
 		.max_send_sge = cap->max_send_sge ? cap->max_send_sge : 1,
 		.max_inline_data = cap->max_inline_data,
 	};
-	qp->has_rq = a->srq == NULL;
+	qp->has_rq = a->srq == NULL && !xrc;
 	if (qp->has_rq) {
 		vc.max_recv_wr = pow2(cap->max_recv_wr ? cap->max_recv_wr : 1);
 		vc.max_recv_sge = cap->max_recv_sge ? cap->max_recv_sge : 1;
@@ -413,8 +428,15 @@ struct ibv_qp *vr_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr_ex *a) {
 		.sq_sig_all = a->sq_sig_all ? 1 : 0,
 		.cap = vc,
 	};
+	if (xrc)
+		cmd.recv_cq = cmd.send_cq;
 	struct vrnic_resp_create_qp r;
-	ret = vr_call(c, VRNIC_CMD_CREATE_QP, &cmd, sizeof cmd, NULL, 0, NULL, 0, &r, sizeof r);
+	if (xrcd) {
+		struct vrnic_cmd_create_xrc_qp xc = { .qp = cmd, .xrcd_handle = xrcd };
+		ret = vr_call(c, VRNIC_CMD_CREATE_XRC_QP, &xc, sizeof xc, NULL, 0, NULL, 0, &r, sizeof r);
+	} else {
+		ret = vr_call(c, VRNIC_CMD_CREATE_QP, &cmd, sizeof cmd, NULL, 0, NULL, 0, &r, sizeof r);
+	}
 	if (ret)
 		goto fail;
 	qp->rec = (struct vrnic_db_qp *)(c->db + (size_t)r.db_index * VRNIC_DB_RECORD_SIZE);
@@ -435,6 +457,13 @@ struct ibv_qp *vr_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr_ex *a) {
 	q->pd = pd;
 	q->send_cq = a->send_cq;
 	q->recv_cq = a->recv_cq ? a->recv_cq : a->send_cq;
+	if (xrc) {
+		/* As libibverbs shows them: an initiator has no receive CQ, a
+		 * target neither PD nor CQs. */
+		q->recv_cq = NULL;
+		if (xrcd)
+			q->pd = NULL, q->send_cq = NULL;
+	}
 	q->srq = a->srq;
 	q->handle = r.qpn;
 	q->qp_num = r.qpn;
@@ -607,6 +636,13 @@ VR_EXPORT int ibv_query_qp(struct ibv_qp *q, struct ibv_qp_attr *attr, int mask,
 /* ---- SRQ ---- */
 
 static struct ibv_srq *create_srq(struct ibv_pd *pd, void *srq_context, struct ibv_srq_attr *a) {
+	return vr_create_srq_xrc(pd, srq_context, a, 0, 0);
+}
+
+/* vr_create_srq_xrc creates an SRQ; with xrcd (a domain's handle) an XRC
+ * SRQ of that domain completing in the CQ of handle cq. */
+struct ibv_srq *vr_create_srq_xrc(struct ibv_pd *pd, void *srq_context, struct ibv_srq_attr *a, uint32_t xrcd,
+				  uint32_t cq) {
 	/* srq_limit is not checked: rxe_srq_chk_init does not, and arms the
 	 * SRQ with it; so does the daemon. */
 	if (!pd || !a || a->max_wr > VRNIC_MAX_SRQ_WR || a->max_sge > VRNIC_MAX_SGE)
@@ -625,7 +661,15 @@ static struct ibv_srq *create_srq(struct ibv_pd *pd, void *srq_context, struct i
 	struct vrnic_cmd_create_srq cmd = { .ring_pa = ring.pa, .pd_handle = pd->handle, .max_wr = slots,
 		.max_sge = sge, .srq_limit = a->srq_limit };
 	struct vrnic_resp_create_srq r;
-	ret = vr_call(c, VRNIC_CMD_CREATE_SRQ, &cmd, sizeof cmd, NULL, 0, NULL, 0, &r, sizeof r);
+	if (xrcd) {
+		struct vrnic_cmd_create_xrc_srq xc = { .srq = cmd, .xrcd_handle = xrcd, .cq_handle = cq };
+		struct vrnic_resp_create_xrc_srq xr;
+		ret = vr_call(c, VRNIC_CMD_CREATE_XRC_SRQ, &xc, sizeof xc, NULL, 0, NULL, 0, &xr, sizeof xr);
+		r = xr.srq;
+		s->srq_num = xr.srq_num;
+	} else {
+		ret = vr_call(c, VRNIC_CMD_CREATE_SRQ, &cmd, sizeof cmd, NULL, 0, NULL, 0, &r, sizeof r);
+	}
 	if (ret) {
 		vr_free(c, &ring);
 		free(s);
@@ -656,6 +700,8 @@ VR_EXPORT struct ibv_srq *ibv_create_srq(struct ibv_pd *pd, struct ibv_srq_init_
 struct ibv_srq *vr_create_srq_ex(struct ibv_context *ctx, struct ibv_srq_init_attr_ex *a) {
 	if (!a || !(a->comp_mask & IBV_SRQ_INIT_ATTR_PD) || !a->pd || a->pd->context != ctx)
 		VR_FAIL_NULL(EINVAL);
+	if ((a->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) && a->srq_type == IBV_SRQT_XRC)
+		return vr_create_xrc_srq(ctx, a);
 	if ((a->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) && a->srq_type != IBV_SRQT_BASIC)
 		VR_FAIL_NULL(EOPNOTSUPP);
 	return create_srq(a->pd, a->srq_context, &a->attr);

@@ -62,6 +62,8 @@ bool vr_opcode_ok(enum ibv_qp_type t, unsigned op) {
 	case IBV_QPT_UC:
 		return op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_RDMA_WRITE ||
 		       op == IBV_WR_RDMA_WRITE_WITH_IMM;
+	case IBV_QPT_XRC_RECV: /* an XRC target QP has no send queue */
+		return false;
 	default:
 		return true;
 	}
@@ -82,6 +84,8 @@ static int build_send(struct vr_qp *qp, const struct ibv_send_wr *wr, uint8_t *s
 		w.remote_qpn = wr->wr.ud.remote_qpn & 0xffffff;
 		w.remote_qkey = wr->wr.ud.remote_qkey;
 	}
+	if (t == IBV_QPT_XRC_SEND) /* the XRC SRQ at the target (the XRCETH) */
+		w.remote_qpn = wr->qp_type.xrc.remote_srqn & 0xffffff;
 	switch (wr->opcode) {
 	case IBV_WR_RDMA_WRITE:
 	case IBV_WR_RDMA_WRITE_WITH_IMM:

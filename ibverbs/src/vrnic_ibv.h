@@ -223,6 +223,16 @@ struct vr_srq {
 	struct vr_wq wq;
 	uint32_t handle;
 	uint32_t limit;
+	uint32_t srq_num; /* XRC SRQs: the number initiators name; 0 otherwise */
+};
+
+/* An XRC domain (xrc.c): the daemon's handle, and the PD and CQ a target
+ * QP's CREATE_XRC_QP names (the verbs give a target QP neither). */
+struct vr_xrcd {
+	struct ibv_xrcd xrcd;
+	uint32_t handle;
+	struct ibv_pd *pd;
+	struct ibv_cq *cq;
 };
 
 static inline struct vr_ctx *vr_ctx(struct ibv_context *c) {
@@ -318,6 +328,15 @@ VR_HIDDEN struct ibv_srq *vr_create_srq_ex(struct ibv_context *ctx, struct ibv_s
 VR_HIDDEN struct ibv_cq *vr_create_cq(struct ibv_context *ctx, int cqe, void *cq_context,
 				       struct ibv_comp_channel *channel, uint64_t wc_flags, struct ibv_pd *domain);
 VR_HIDDEN struct ibv_qp *vr_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr_ex *a);
+VR_HIDDEN struct ibv_qp *vr_create_qp_xrcd(struct ibv_pd *pd, struct ibv_qp_init_attr_ex *a, uint32_t xrcd);
+VR_HIDDEN struct ibv_srq *vr_create_srq_xrc(struct ibv_pd *pd, void *srq_context, struct ibv_srq_attr *a,
+					    uint32_t xrcd, uint32_t cq);
+/* xrc.c */
+VR_HIDDEN struct ibv_xrcd *vr_open_xrcd(struct ibv_context *ctx, struct ibv_xrcd_init_attr *a);
+VR_HIDDEN int vr_close_xrcd(struct ibv_xrcd *x);
+VR_HIDDEN int vr_get_srq_num(struct ibv_srq *srq, uint32_t *num);
+VR_HIDDEN struct ibv_qp *vr_create_xrc_tgt(struct ibv_context *ctx, struct ibv_qp_init_attr_ex *a);
+VR_HIDDEN struct ibv_srq *vr_create_xrc_srq(struct ibv_context *ctx, struct ibv_srq_init_attr_ex *a);
 
 /* ah.c */
 VR_HIDDEN void vr_ah_to_vr(const struct ibv_ah_attr *a, struct vrnic_ah_attr *v);

@@ -577,6 +577,18 @@ func TestDomains(t *testing.T) {
 	runOps(t, startPair(t), "domain.c", "OK parent_domain td allocators traffic busy errors\n")
 }
 
+// TestXRC builds testdata/xrc.c and runs it as TestMemOps runs
+// mem_ops.c: one XRC initiator QP on daemon a sending to two XRC SRQs
+// behind one target QP on daemon b (SEND, SEND_WITH_IMM, WRITE, READ and
+// both atomics, every byte and completion field; each receive in its SRQ's
+// CQ), REM_INV_REQ_ERR for an SRQ of another domain or none, and the
+// domain rules (EBUSY, ENOENT, EEXIST, EINVAL for another context's
+// domain, sharing by file).
+func TestXRC(t *testing.T) {
+	runOps(t, startPair(t), "xrc.c",
+		"OK xrc send send_imm write read fetch_add cmp_swap, foreign_srq no_srq, ebusy enoent eexist einval shared\n")
+}
+
 // runOps builds the test program src and runs it on p's daemons, plain,
 // then built with ASan and UBSan on the library built the same way; its
 // output must be want.
