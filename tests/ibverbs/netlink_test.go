@@ -134,6 +134,7 @@ func TestNetDevSysfsAndRtnl(t *testing.T) {
 		"getack 0 1 1", // the ack names the request as it was sent
 		fmt.Sprintf("getidx %s %s", index, nd),
 		"bogus ENODEV", // the kernel's answer for an unknown name
+		"trunc 16 16 1 0",
 		fmt.Sprintf("filtered %s %s/8", index, addr),
 		"filtereddone 0",
 		"ifl lo 1 00:00:00:00:00:00",
@@ -146,6 +147,14 @@ func TestNetDevSysfsAndRtnl(t *testing.T) {
 	assert.Equal(t, 1, strings.Count(out, "\nlink "+index+" "), out)
 	assert.Equal(t, 1, strings.Count(out, "\nifl "+nd+" "), out)
 	assert.NotRegexp(t, `(?m)^filtered 1 `, out, "lo's addresses replaced, not added")
+
+	// The kernel's own answers to the same probe, for lo: what the shim
+	// mimics (sequence numbers, ack, truncation).
+	kout, err := p.run(t, 30*time.Second, "-view=false", prog, "lo")
+	require.NoError(t, err, "%s", kout)
+	for _, want := range []string{"getack 0 1 1", "getidx 1 lo", "bogus ENODEV", "trunc 16 16 1 0", "filtereddone 0"} {
+		assert.Contains(t, kout, "\n"+want+"\n", "the kernel, for lo")
+	}
 
 	// Without the view, no such interface.
 	out, err = p.run(t, 30*time.Second, "-view=false", "-d", "b", "ip", "-j", "addr", "show", nd)

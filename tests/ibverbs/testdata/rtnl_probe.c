@@ -14,6 +14,8 @@
  *   filtered INDEX ADDR/PREFIX               RTM_GETADDR dump with NETLINK_GET_STRICT_CHK, ifa_index of NAME
  *   filtereddone ERR
  *   bogus ERRNO                              RTM_GETLINK by IFLA_IFNAME of an interface nobody has
+ *   trunc PEEK GOT TRUNC ACK                 the same get of NAME read into 16 bytes: a MSG_PEEK recv,
+ *                                            a recvmsg (its length, MSG_TRUNC in msg_flags), then the ack's error
  *
  * Every reply must carry the request's sequence number and the socket's
  * port id; the probe fails (exit 1) otherwise.
@@ -233,6 +235,40 @@ static int get_by_name(int fd, const char *name, const char *tag, uint32_t seq) 
 	}
 }
 
+/* truncated: RTM_GETLINK of name with NLM_F_ACK, its reply read into 16
+ * bytes: the rest of a datagram too long for the buffer is dropped, and
+ * the next read is the ack. */
+static void truncated(int fd, const char *name) {
+	struct {
+		struct nlmsghdr h;
+		struct ifinfomsg ifi;
+		char attrs[64];
+	} req = {.h = {.nlmsg_type = RTM_GETLINK, .nlmsg_flags = NLM_F_REQUEST | NLM_F_ACK, .nlmsg_seq = 501},
+		 .ifi = {.ifi_family = AF_UNSPEC}};
+	struct rtattr *ra = (struct rtattr *)req.attrs;
+	ra->rta_type = IFLA_IFNAME;
+	ra->rta_len = (unsigned short)RTA_LENGTH(strlen(name) + 1);
+	strcpy(RTA_DATA(ra), name);
+	req.h.nlmsg_len = (uint32_t)(NLMSG_LENGTH(sizeof req.ifi) + RTA_ALIGN(ra->rta_len));
+	if (send(fd, &req, req.h.nlmsg_len, 0) != (ssize_t)req.h.nlmsg_len)
+		die("send RTM_GETLINK");
+	char small[16];
+	ssize_t peek = recv(fd, small, sizeof small, MSG_PEEK);
+	struct iovec iov = {.iov_base = small, .iov_len = sizeof small};
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+	ssize_t got = recvmsg(fd, &m, 0);
+	check_hdr((struct nlmsghdr *)small, 501);
+	static char buf[4096];
+	ssize_t n = recv(fd, buf, sizeof buf, 0);
+	struct nlmsghdr *h = (struct nlmsghdr *)buf;
+	if (n < (ssize_t)NLMSG_LENGTH(sizeof(struct nlmsgerr)) || h->nlmsg_type != NLMSG_ERROR) {
+		fprintf(stderr, "rtnl_probe: after the truncated reply: %zd bytes, type %u\n", n, h->nlmsg_type);
+		exit(1);
+	}
+	check_hdr(h, 501);
+	printf("trunc %zd %zd %d %d\n", peek, got, !!(m.msg_flags & MSG_TRUNC), ((struct nlmsgerr *)NLMSG_DATA(h))->error);
+}
+
 /* get_by_index: RTM_GETLINK by ifi_index, no ack, sendmsg and recvmsg. */
 static void get_by_index(int fd, int index) {
 	struct {
@@ -303,6 +339,7 @@ int main(int argc, char **argv) {
 	get_by_index(fd, (int)index);
 	err = get_by_name(fd, "vrnic-bogus0", "bogus", 202);
 	printf("bogus %s\n", err ? strerrorname_np(-err) : "OK");
+	truncated(fd, argv[1]);
 	close(fd);
 
 	fd = open_rtnl(1);
