@@ -104,8 +104,9 @@ func main() {
 			want = os.Getenv("VRNIC_DEVICE")
 		}
 		devs := queryDevices(rd, want)
-		env = withNetDevs(env, dir, prog, syntheticNetDevs(devs))
-		spec := viewSpec{Prog: prog, Args: args, Verbose: *verbose, Devices: devs}
+		nds := syntheticNetDevs(devs)
+		env = withNetDevs(env, dir, prog, nds)
+		spec := viewSpec{Prog: prog, Args: args, Verbose: *verbose, Devices: devs, NetDevs: nds}
 		err := runInView(spec, env)
 		if *verbose {
 			fmt.Fprintf(os.Stderr, "vrnic-run: running without the system view of the devices: %v\n", err)

@@ -3,6 +3,8 @@ package main
 import (
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -73,5 +75,67 @@ func TestSyntheticNetDevs(t *testing.T) {
 	}
 	if devs[0].GIDs[0].NetDev != "vrnic-a" || devs[0].GIDs[1].NetDev != "" {
 		t.Errorf("ndevs: %+v", devs[0].GIDs)
+	}
+}
+
+// TestWriteDeviceSysfs: each device gets a parent directory whose net/
+// holds its interface (attributes as the kernel writes them), links back
+// to the RDMA and uverbs devices, and a /sys/class/net link to add; a GID
+// on a real interface links to that interface's own directory.
+func TestWriteDeviceSysfs(t *testing.T) {
+	class, stage := t.TempDir(), t.TempDir()
+	nd := netDev{Name: "vrnic-a", Index: 1000, MTU: 1500, MAC: net.HardwareAddr{2, 1, 2, 3, 4, 5},
+		Addrs: []netip.Prefix{netip.MustParsePrefix("127.0.1.1/8")}}
+	devs := []viewDevice{
+		{Name: "a", Index: 0, GIDs: []viewGID{{Valid: true, NetDev: "vrnic-a"}, {Valid: true, NetDev: "vrnic-a"}, {}}},
+		{Name: "b", Index: 1, GIDs: []viewGID{{Valid: true, NetDev: "lo"}}},
+	}
+	for _, d := range []string{"infiniband/a", "infiniband/b", "infiniband_verbs/uverbs0", "infiniband_verbs/uverbs1"} {
+		if err := os.MkdirAll(filepath.Join(class, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	netAdd, err := writeDeviceSysfs(class, stage, devs, []netDev{nd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := func(p string) string {
+		b, err := os.ReadFile(filepath.Join(class, p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	ents, _ := os.ReadDir(filepath.Join(class, "infiniband/a/device/net"))
+	if len(ents) != 1 || ents[0].Name() != "vrnic-a" {
+		t.Fatalf("device/net of a: %v", ents)
+	}
+	for f, want := range map[string]string{"address": "02:01:02:03:04:05", "ifindex": "1000", "iflink": "1000", "mtu": "1500",
+		"operstate": "up", "type": "1", "flags": "0x1003", "carrier": "1", "uevent": "INTERFACE=vrnic-a\nIFINDEX=1000"} {
+		if got := read("infiniband/a/device/net/vrnic-a/" + f); got != want {
+			t.Errorf("%s = %q, want %q", f, got, want)
+		}
+	}
+	for link, want := range map[string]string{
+		filepath.Join(class, "infiniband/a/device/infiniband/a"):             "../..",
+		filepath.Join(class, "infiniband/a/device/net/vrnic-a/device"):       "../..",
+		filepath.Join(class, "infiniband/a/device/net/vrnic-a/subsystem"):    "../../../../../net",
+		filepath.Join(class, "infiniband_verbs/uverbs1/device"):              "../../infiniband/b/device",
+		filepath.Join(class, "infiniband/a/device/infiniband_verbs/uverbs0"): "../../../../infiniband_verbs/uverbs0",
+		filepath.Join(netAdd, "vrnic-a"):                                     "../infiniband/a/device/net/vrnic-a",
+	} {
+		if got, err := os.Readlink(link); err != nil || got != want {
+			t.Errorf("%s -> %q (%v), want %q", link, got, err, want)
+		}
+	}
+	// b's GID is on a real interface: its own sysfs directory, nothing
+	// added to /sys/class/net.
+	if real, err := filepath.EvalSymlinks("/sys/class/net/lo"); err == nil {
+		if got, _ := os.Readlink(filepath.Join(class, "infiniband/b/device/net/lo")); got != real {
+			t.Errorf("b's device/net/lo -> %q, want %q", got, real)
+		}
+	}
+	if ents, _ := os.ReadDir(netAdd); len(ents) != 1 {
+		t.Errorf("net additions: %v", ents)
 	}
 }

@@ -40,6 +40,7 @@ type viewSpec struct {
 	Args    []string     `json:"args"`
 	Verbose bool         `json:"verbose"`
 	Devices []viewDevice `json:"devices"`
+	NetDevs []netDev     `json:"netdevs"` // the synthetic interfaces (netdev.go)
 }
 
 // viewDevice is one daemon's device as libibverbs users see it in sysfs.
@@ -234,7 +235,7 @@ func stage(specJSON string) {
 		fmt.Fprintf(os.Stderr, "vrnic-run: bad %s: %v\n", stageEnv, err)
 		os.Exit(126)
 	}
-	if err := buildView(spec.Devices); err != nil && spec.Verbose {
+	if err := buildView(spec.Devices, spec.NetDevs); err != nil && spec.Verbose {
 		fmt.Fprintf(os.Stderr, "vrnic-run: running without the system view of the devices: %v\n", err)
 	}
 	env := setEnv(os.Environ(), stageEnv, "")
@@ -259,7 +260,7 @@ func stage(specJSON string) {
 // the real ones plus the vrnic devices. Everything is built in a staging
 // tmpfs first and bound into place at the end, so a failure leaves both
 // as they were.
-func buildView(devs []viewDevice) error {
+func buildView(devs []viewDevice, nds []netDev) error {
 	if err := unix.Mount("none", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
 	}
@@ -291,11 +292,22 @@ func buildView(devs []viewDevice) error {
 			return err
 		}
 	}
-	if err := copyDir("/sys/class", classDir, map[string]bool{"infiniband": true, "infiniband_verbs": true}); err != nil {
+	_, serr := os.Stat("/sys/class/net")
+	hasNet := serr == nil
+	if err := copyDir("/sys/class", classDir, map[string]bool{"infiniband": true, "infiniband_verbs": true, "net": hasNet}); err != nil {
 		return err
 	}
 	if err := writeSysfs(classDir, devs, unix.Major(nullRdev), unix.Minor(nullRdev)); err != nil {
 		return err
+	}
+	netAdd, err := writeDeviceSysfs(classDir, tmp, devs, nds)
+	if err != nil {
+		return err
+	}
+	if hasNet {
+		if err := mountNetClass(classDir, netAdd); err != nil {
+			return fmt.Errorf("/sys/class/net: %w", err)
+		}
 	}
 	if err := unix.Mount(classDir, "/sys/class", "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		return fmt.Errorf("mount /sys/class: %w", err)

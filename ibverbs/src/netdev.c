@@ -34,27 +34,10 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 
-#define EXPORT __attribute__((visibility("default")))
+#include "netdev.h"
 
-#define MAX_NETDEVS 16
-#define MAX_ADDRS 8
-
-struct nd_addr {
-	int family;
-	struct sockaddr_storage addr, mask, brd;
-};
-
-struct netdev {
-	char name[IFNAMSIZ];
-	unsigned index;
-	int mtu;
-	unsigned char mac[6];
-	int naddr;
-	struct nd_addr addr[MAX_ADDRS];
-};
-
-static struct netdev g_nd[MAX_NETDEVS];
-static int g_n;
+struct netdev g_nd[MAX_NETDEVS];
+int g_n;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 static void set_mask(struct nd_addr *a, int prefix) {
@@ -97,6 +80,7 @@ static int parse_addr(struct nd_addr *a, char *s) {
 	} else {
 		return -1;
 	}
+	a->prefix = prefix;
 	set_mask(a, prefix);
 	return 0;
 }
@@ -146,16 +130,18 @@ static void load(void) {
 	free(copy);
 }
 
-static void init(void) { pthread_once(&g_once, load); }
+void nd_init(void) { pthread_once(&g_once, load); }
 
-static struct netdev *by_name(const char *name) {
+static void init(void) { nd_init(); }
+
+struct netdev *nd_by_name(const char *name) {
 	for (int i = 0; i < g_n; i++)
 		if (!strncmp(g_nd[i].name, name, IFNAMSIZ))
 			return &g_nd[i];
 	return NULL;
 }
 
-static struct netdev *by_index(unsigned index) {
+struct netdev *nd_by_index(unsigned index) {
 	for (int i = 0; i < g_n; i++)
 		if (g_nd[i].index == index)
 			return &g_nd[i];
@@ -169,10 +155,8 @@ static const struct nd_addr *first_addr(const struct netdev *d, int family) {
 	return NULL;
 }
 
-#define ND_FLAGS (IFF_UP | IFF_BROADCAST | IFF_RUNNING | IFF_MULTICAST)
-#define IFF_LOWER_UP_ 0x10000
 
-static void *real(const char *sym) {
+void *nd_real(const char *sym) {
 	void *p = dlsym(RTLD_NEXT, sym);
 	return p;
 }
@@ -207,7 +191,7 @@ static struct nd_block *g_blocks;
 
 EXPORT int getifaddrs(struct ifaddrs **ifap) {
 	init();
-	int (*next)(struct ifaddrs **) = (int (*)(struct ifaddrs **))real("getifaddrs");
+	int (*next)(struct ifaddrs **) = (int (*)(struct ifaddrs **))nd_real("getifaddrs");
 	if (!next) {
 		errno = ENOSYS;
 		return -1;
@@ -224,7 +208,7 @@ EXPORT int getifaddrs(struct ifaddrs **ifap) {
 	}
 	struct nd_block *b = calloc(1, sizeof *b + (size_t)n * sizeof(struct nd_ifa));
 	if (!b) {
-		void (*nfree)(struct ifaddrs *) = (void (*)(struct ifaddrs *))real("freeifaddrs");
+		void (*nfree)(struct ifaddrs *) = (void (*)(struct ifaddrs *))nd_real("freeifaddrs");
 		if (nfree)
 			nfree(list);
 		errno = ENOMEM;
@@ -327,7 +311,7 @@ EXPORT void freeifaddrs(struct ifaddrs *ifa) {
 		free(b);
 	}
 	if (real_head) {
-		void (*next)(struct ifaddrs *) = (void (*)(struct ifaddrs *))real("freeifaddrs");
+		void (*next)(struct ifaddrs *) = (void (*)(struct ifaddrs *))nd_real("freeifaddrs");
 		if (next)
 			next(real_head);
 	}
@@ -337,10 +321,10 @@ EXPORT void freeifaddrs(struct ifaddrs *ifa) {
 
 EXPORT unsigned if_nametoindex(const char *name) {
 	init();
-	struct netdev *d = name ? by_name(name) : NULL;
+	struct netdev *d = name ? nd_by_name(name) : NULL;
 	if (d)
 		return d->index;
-	unsigned (*next)(const char *) = (unsigned (*)(const char *))real("if_nametoindex");
+	unsigned (*next)(const char *) = (unsigned (*)(const char *))nd_real("if_nametoindex");
 	if (!next) {
 		errno = ENOSYS;
 		return 0;
@@ -350,10 +334,10 @@ EXPORT unsigned if_nametoindex(const char *name) {
 
 EXPORT char *if_indextoname(unsigned index, char name[IF_NAMESIZE]) {
 	init();
-	struct netdev *d = by_index(index);
+	struct netdev *d = nd_by_index(index);
 	if (d)
 		return memcpy(name, d->name, IFNAMSIZ);
-	char *(*next)(unsigned, char *) = (char *(*)(unsigned, char *))real("if_indextoname");
+	char *(*next)(unsigned, char *) = (char *(*)(unsigned, char *))nd_real("if_indextoname");
 	if (!next) {
 		errno = ENOSYS;
 		return NULL;
@@ -365,7 +349,7 @@ EXPORT char *if_indextoname(unsigned index, char name[IF_NAMESIZE]) {
  * own allocation, so either if_freenameindex frees it. */
 EXPORT struct if_nameindex *if_nameindex(void) {
 	init();
-	struct if_nameindex *(*next)(void) = (struct if_nameindex * (*)(void)) real("if_nameindex");
+	struct if_nameindex *(*next)(void) = (struct if_nameindex * (*)(void)) nd_real("if_nameindex");
 	if (!next) {
 		errno = ENOSYS;
 		return NULL;
@@ -448,7 +432,7 @@ EXPORT int ioctl(int fd, unsigned long req, ...) {
 	va_end(ap);
 	static int (*next)(int, unsigned long, ...);
 	if (!next)
-		next = (int (*)(int, unsigned long, ...))real("ioctl");
+		next = (int (*)(int, unsigned long, ...))nd_real("ioctl");
 	if (!next) {
 		errno = ENOSYS;
 		return -1;
@@ -460,7 +444,7 @@ EXPORT int ioctl(int fd, unsigned long req, ...) {
 		return next(fd, req, arg);
 	if (req == SIOCGIFNAME) {
 		struct ifreq *r = arg;
-		struct netdev *d = by_index((unsigned)r->ifr_ifindex);
+		struct netdev *d = nd_by_index((unsigned)r->ifr_ifindex);
 		if (!d)
 			return next(fd, req, arg);
 		memcpy(r->ifr_name, d->name, IFNAMSIZ);
@@ -500,7 +484,7 @@ EXPORT int ioctl(int fd, unsigned long req, ...) {
 		char name[IFNAMSIZ];
 		memcpy(name, r->ifr_name, IFNAMSIZ);
 		name[IFNAMSIZ - 1] = 0;
-		struct netdev *d = by_name(name);
+		struct netdev *d = nd_by_name(name);
 		if (d)
 			return nd_ioctl(d, req, r);
 	}

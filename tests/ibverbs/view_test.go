@@ -25,7 +25,8 @@ import (
 // vrnic-run: per uverbsN its ibdev, whether /dev/infiniband/uverbsN is a
 // character device open for reading and writing, and that device's
 // node_guid, port state, link layer, GID 0 with its type and net device;
-// then whether /sys/class/net/lo is there, and the uid.
+// then whether /sys/class/net/lo is there, whether each device's
+// device/net interface is in /sys/class/net, and the uid.
 const viewScript = `
 cat /sys/class/infiniband_verbs/abi_version
 for d in /sys/class/infiniband_verbs/uverbs*; do
@@ -35,6 +36,10 @@ for d in /sys/class/infiniband_verbs/uverbs*; do
 		"$(cat $s/state | tr ' ' _) $(cat $s/link_layer) $(cat $s/gids/0) $(cat $s/gid_attrs/types/0 | tr ' ' _) $(cat $s/gid_attrs/ndevs/0)"
 done
 test -e /sys/class/net/lo/ifindex && echo net-ok
+for d in /sys/class/infiniband/*; do
+	nd=$(ls $d/device/net)
+	test -e /sys/class/net/$nd/ifindex && echo "netdev-ok $(basename $d) $nd"
+done
 echo uid=$(id -u)
 `
 
@@ -96,6 +101,7 @@ func checkView(t *testing.T, view, devinfoOut string, uid int) {
 		assert.Equal(t, "vrnic-"+name, l[11], "the interface vrnic-run gives a device on a loopback address")
 	}
 	assert.Contains(t, view, "\nnet-ok\n")
+	assert.Contains(t, view, "\nnetdev-ok a vrnic-a\nnetdev-ok b vrnic-b\n")
 	assert.Contains(t, view, fmt.Sprintf("\nuid=%d\n", uid))
 }
 
