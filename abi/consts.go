@@ -213,7 +213,7 @@ const (
 // the line comments below.
 type WROpcode uint8
 
-// Send opcodes. 8 (IBV_WR_BIND_MW) is not supported.
+// Send opcodes.
 const (
 	WRRDMAWrite        WROpcode = 0 // RDMA_WRITE
 	WRRDMAWriteWithImm WROpcode = 1 // RDMA_WRITE_WITH_IMM
@@ -223,11 +223,12 @@ const (
 	WRAtomicCmpAndSwp  WROpcode = 5 // ATOMIC_CMP_AND_SWP
 	WRAtomicFetchAdd   WROpcode = 6 // ATOMIC_FETCH_AND_ADD
 	WRLocalInv         WROpcode = 7 // LOCAL_INV
+	WRBindMW           WROpcode = 8 // BIND_MW
 	WRSendWithInv      WROpcode = 9 // SEND_WITH_INV
 )
 
 // Valid reports whether o is a defined send opcode.
-func (o WROpcode) Valid() bool { return o <= WRLocalInv || o == WRSendWithInv }
+func (o WROpcode) Valid() bool { return o <= WRSendWithInv }
 
 // SendFlags is enum vrnic_send_flags (IBV_SEND_*).
 type SendFlags uint8
@@ -326,7 +327,7 @@ var cmdNames = [...]string{
 	CmdModifyQP: "MODIFY_QP", CmdQueryQP: "QUERY_QP", CmdDestroyQP: "DESTROY_QP",
 	CmdCreateSRQ: "CREATE_SRQ", CmdModifySRQ: "MODIFY_SRQ", CmdDestroySRQ: "DESTROY_SRQ",
 	CmdCreateAH: "CREATE_AH", CmdDestroyAH: "DESTROY_AH", CmdQuerySRQ: "QUERY_SRQ",
-	CmdOpenEvents: "OPEN_EVENTS",
+	CmdOpenEvents: "OPEN_EVENTS", CmdAllocMW: "ALLOC_MW", CmdDeallocMW: "DEALLOC_MW",
 	CmdCMCreateID: "CM_CREATE_ID", CmdCMDestroyID: "CM_DESTROY_ID", CmdCMListen: "CM_LISTEN",
 	CmdCMConnect: "CM_CONNECT", CmdCMAccept: "CM_ACCEPT", CmdCMReject: "CM_REJECT",
 	CmdCMEstablish: "CM_ESTABLISH", CmdCMDisconnect: "CM_DISCONNECT", CmdCMInitQPAttr: "CM_INIT_QP_ATTR",

@@ -63,7 +63,8 @@ type DeviceAttr struct {
 	NumWorkers      uint32   `c:"num_workers"`
 	AtomicCap       uint8    `c:"atomic_cap"`
 	PhysPortCnt     uint8    `c:"phys_port_cnt"`
-	Reserved        [6]byte  `c:"reserved"`
+	Reserved        [2]byte  `c:"reserved"`
+	MaxMW           uint32   `c:"max_mw"` // ABI 1.4
 }
 
 // CmdQueryPortReq is struct vrnic_cmd_query_port.

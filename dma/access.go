@@ -16,11 +16,16 @@ const (
 	AccessRemoteWrite  = Access(abi.AccessRemoteWrite)  // 1 << 1
 	AccessRemoteRead   = Access(abi.AccessRemoteRead)   // 1 << 2
 	AccessRemoteAtomic = Access(abi.AccessRemoteAtomic) // 1 << 3
+	// AccessMWBind lets memory windows be bound to an MR (IBTA C10-73).
+	AccessMWBind = Access(abi.AccessMWBind) // 1 << 4
+	// AccessZeroBased: a window's remote addresses are offsets into it
+	// (binds of type 2 windows only).
+	AccessZeroBased = Access(abi.AccessZeroBased) // 1 << 5
 
 	// AccessRemote is every remote flag: an MR with none of them has no
 	// rkey (0, which never names an MR).
 	AccessRemote = AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic
-	accessAll    = AccessLocalWrite | AccessRemote
+	accessAll    = AccessLocalWrite | AccessRemote | AccessMWBind
 )
 
 // Page shifts accepted by RegisterMR (VRNIC_PAGE_SHIFT_4K, _2M).

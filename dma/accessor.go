@@ -94,15 +94,18 @@ func (a *Accessor) Translate(key uint32, pd PD, iova, length uint64, want Access
 	}
 	var m *memRegion
 	if want&AccessRemote != 0 {
-		m = a.s.lookupRemote(key)
+		var err error
+		if m, iova, err = a.resolveRemote(key, pd, iova, length, want); err != nil {
+			return 0, err
+		}
 	} else {
 		m = a.s.lookupLocal(key)
-	}
-	if m == nil {
-		return 0, ErrBadKey
-	}
-	if err := m.check(pd, iova, length, want); err != nil {
-		return 0, err
+		if m == nil {
+			return 0, ErrBadKey
+		}
+		if err := m.check(pd, iova, length, want); err != nil {
+			return 0, err
+		}
 	}
 	n := 0
 	for length > 0 {

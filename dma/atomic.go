@@ -32,7 +32,7 @@ func (a *Accessor) FetchAdd(rkey uint32, pd PD, va, add uint64) (uint64, error) 
 // word returns the 8 mapped bytes at va. Mappings are page aligned and so
 // is every page of the MR, so va%8 is the host address' alignment.
 func (a *Accessor) word(rkey uint32, pd PD, va uint64) ([]byte, error) {
-	m, err := a.remoteRegion(rkey, pd, va, 8, AccessRemoteAtomic)
+	m, va, err := a.remoteRegion(rkey, pd, va, 8, AccessRemoteAtomic)
 	if err != nil {
 		return nil, err
 	}

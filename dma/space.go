@@ -87,6 +87,9 @@ type Space struct {
 	slots     []atomic.Pointer[memRegion] // key index -> live MR or nil
 	accessors atomic.Pointer[[]*Accessor] // copy-on-write under mu
 
+	// mwMu guards memory window bindings (mw.go); taken after mu.
+	mwMu sync.Mutex
+
 	mu         sync.Mutex // guards everything below
 	closed     bool
 	owners     map[Owner]*ownerState
@@ -115,6 +118,7 @@ type Space struct {
 type ownerState struct {
 	regions map[uint32]*region
 	mrs     map[uint32]*memRegion // by lkey
+	mws     map[uint32]*memWindow // by handle
 	acct    *account
 }
 
@@ -165,6 +169,7 @@ func (s *Space) owner(o Owner) *ownerState {
 		// Until SetAccount binds it, an owner is its own account, without
 		// limits of its own (the Space's MaxPinnedBytes still applies).
 		st = &ownerState{regions: make(map[uint32]*region), mrs: make(map[uint32]*memRegion),
+			mws: make(map[uint32]*memWindow),
 			acct: &account{id: AccountID(o), u: AccountUsage{Owners: 1}}}
 		s.owners[o] = st
 	}
@@ -274,6 +279,9 @@ func (s *Space) ReleaseOwner(o Owner) (mrs, regions int) {
 		return 0, 0
 	}
 	var rl retireList
+	for _, w := range st.mws { // first: they hold their MRs
+		s.dropMW(st, w)
+	}
 	for _, m := range st.mrs {
 		s.dropMR(st, m, &rl)
 		mrs++
