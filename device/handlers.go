@@ -82,6 +82,7 @@ func (cn *conn) openContext(r *request) (reply, error) {
 		hostMem: map[uint32]*hostMem{},
 		pds:     map[uint32]*pd{},
 		mrs:     map[uint32]*mr{},
+		mws:     map[uint32]*mw{},
 		cqs:     map[uint32]*CQ{},
 		qps:     qpnTable(),
 		srqs:    map[uint32]*SRQ{},
@@ -133,6 +134,9 @@ func (cn *conn) queryDevice(r *request) (reply, error) {
 		NumWorkers:      uint32(d.cfg.NumWorkers),
 		AtomicCap:       1,
 		PhysPortCnt:     1,
+		// Memory windows of type 1 and 2B, as Linux rxe (mw.go).
+		DeviceCapFlags: abi.DeviceMemWindow | abi.DeviceMemWindowType2B,
+		MaxMW:          uint32(l.PerDevice.MW),
 	}
 	copy(a.FWVer[:], fmt.Sprintf("vrnic %d.%d", abi.VersionMajor, abi.VersionMinor))
 	return reply{body: a}, nil
@@ -281,7 +285,7 @@ func (cn *conn) deallocPD(r *request) (reply, error) {
 		return reply{}, errorf(errNoEnt, "PD %d not found", h)
 	}
 	if p.users > 0 {
-		return reply{}, errorf(errBusy, "PD %d is in use by %d MRs/QPs/SRQs/AHs", h, p.users)
+		return reply{}, errorf(errBusy, "PD %d is in use by %d MRs/MWs/QPs/SRQs/AHs", h, p.users)
 	}
 	delete(cx.pds, h)
 	cx.counts.PD--

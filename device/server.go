@@ -119,6 +119,8 @@ func init() {
 		abi.CmdDestroySRQ:    {handle, 0, 0, true, (*conn).destroySRQ},
 		abi.CmdCreateAH:      {sz(&abi.CmdCreateAHReq{}), 0, 0, true, (*conn).createAH},
 		abi.CmdDestroyAH:     {handle, 0, 0, true, (*conn).destroyAH},
+		abi.CmdAllocMW:       {sz(&abi.CmdAllocMWReq{}), 0, 0, true, (*conn).allocMW},
+		abi.CmdDeallocMW:     {handle, 0, 0, true, (*conn).deallocMW},
 		abi.CmdCMCreateID:    {sz(&abi.CmdCMCreateIDReq{}), 0, 0, true, (*conn).cmCommand},
 		abi.CmdCMDestroyID:   {handle, 0, 0, true, (*conn).cmCommand},
 		abi.CmdCMListen:      {sz(&abi.CmdCMListenReq{}), 0, 0, true, (*conn).cmCommand},

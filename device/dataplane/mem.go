@@ -70,6 +70,13 @@ func (m *qpMemory) Invalidate(key uint32) error {
 	return memErrOf(m.mem.Invalidate(key, m.pd))
 }
 
+// BindMW binds through the QP's own accessor: a type 2 window is bound to
+// the QP whose accessor bound it.
+func (m *qpMemory) BindMW(b abi.BindMW) error {
+	return m.acc.BindMW(m.pd, dma.MWBind{MW: b.MWHandle, RKey: b.RKey, MR: b.MRLKey,
+		Addr: b.Addr, Length: b.Length, Access: dma.Access(b.Access)})
+}
+
 // memErr is a dma error seen through the engine: errors.Is matches both
 // the engine sentinel (which picks the completion status or NAK) and the
 // dma sentinel (which says what exactly failed). The values are built
@@ -89,6 +96,9 @@ var memErrTable = [...]*memErr{
 	{engine.ErrMemProtection, dma.ErrBadKey},
 	{engine.ErrMemProtection, dma.ErrWrongPD},
 	{engine.ErrMemProtection, dma.ErrAccess},
+	{engine.ErrMemProtection, dma.ErrWrongQP},
+	{engine.ErrMemProtection, dma.ErrMWType},
+	{engine.ErrMemProtection, dma.ErrMRBound},
 	{engine.ErrMemLength, dma.ErrLength},
 	{engine.ErrMemBounds, dma.ErrBounds},
 	{engine.ErrMemBounds, dma.ErrMisaligned},

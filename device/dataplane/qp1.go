@@ -522,6 +522,7 @@ func (*qp1Memory) Atomic(uint32, uint64, bool, uint64, uint64) (uint64, error) {
 	return 0, engine.ErrMemProtection
 }
 func (*qp1Memory) Invalidate(uint32) error { return engine.ErrMemProtection }
+func (*qp1Memory) BindMW(abi.BindMW) error { return engine.ErrMemProtection }
 
 var (
 	_ engine.SendSource     = (*qp1Source)(nil)

@@ -18,6 +18,10 @@ type fakeMem struct {
 	mu   sync.RWMutex
 	mrs  map[uint32]*fakeMR
 	next uint32
+	// binds records the BIND_MW work requests executed; bindErr, when
+	// set, refuses them.
+	binds   []abi.BindMW
+	bindErr error
 }
 
 type fakeMR struct {
@@ -164,6 +168,16 @@ func (m *fakeMem) Invalidate(key uint32) error {
 		return errFakeProt
 	}
 	mr.valid = false
+	return nil
+}
+
+func (m *fakeMem) BindMW(b abi.BindMW) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.bindErr != nil {
+		return m.bindErr
+	}
+	m.binds = append(m.binds, b)
 	return nil
 }
 

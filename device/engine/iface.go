@@ -42,6 +42,10 @@ type Memory interface {
 	Atomic(rkey uint32, va uint64, cas bool, compare, swap uint64) (uint64, error)
 	// Invalidate invalidates the MR (or memory window) of key.
 	Invalidate(key uint32) error
+	// BindMW executes a BIND_MW work request of this QP (binds, rebinds
+	// or unbinds a memory window). Any error completes the WR with
+	// MW_BIND_ERR.
+	BindMW(b abi.BindMW) error
 }
 
 // Sink takes the pieces of a gather (Memory.GatherTo) in order: it only

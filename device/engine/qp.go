@@ -537,6 +537,8 @@ func wcOpcode(op abi.WROpcode) abi.WCOpcode {
 		return abi.WCFetchAdd
 	case abi.WRLocalInv:
 		return abi.WCLocalInv
+	case abi.WRBindMW:
+		return abi.WCBindMW
 	}
 	return abi.WCSend
 }
