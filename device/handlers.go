@@ -319,8 +319,8 @@ func (cn *conn) regMR(r *request) (reply, error) {
 	if !ok {
 		return reply{}, errorf(errNoEnt, "PD %d not found", c.PDHandle)
 	}
-	if c.Access&^abi.AccessAll != 0 {
-		return reply{}, errorf(errInval, "access %#x: unknown bits %#x", c.Access, c.Access&^abi.AccessAll)
+	if c.Access&^abi.AccessMRAll != 0 {
+		return reply{}, errorf(errInval, "access %#x: unknown bits %#x", c.Access, c.Access&^abi.AccessMRAll)
 	}
 	if c.Access&(abi.AccessRemoteWrite|abi.AccessRemoteAtomic) != 0 && c.Access&abi.AccessLocalWrite == 0 {
 		return reply{}, errorf(errInval, "access %#x: remote write or remote atomic requires local write (IBTA C10-83)", c.Access)

@@ -10,7 +10,8 @@
 #define SEND_OPS_SUPPORTED \
 	(IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND | \
 	 IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | \
-	 IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_SEND_WITH_INV)
+	 IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_SEND_WITH_INV | \
+	 IBV_QP_EX_WITH_BIND_MW)
 
 static inline struct vr_qp *qpx(struct ibv_qp_ex *q) { return (struct vr_qp *)q; }
 
@@ -107,6 +108,17 @@ static void wr_local_inv(struct ibv_qp_ex *q, uint32_t rkey) {
 	struct vrnic_send_wqe *w = wr_new(q, VRNIC_WR_LOCAL_INV);
 	if (w)
 		w->invalidate_rkey = rkey;
+}
+
+/* wr_bind_mw: a BIND_MW WQE (type 1 or 2 window; the daemon checks). */
+static void wr_bind_mw(struct ibv_qp_ex *q, struct ibv_mw *mw, uint32_t rkey, const struct ibv_mw_bind_info *info) {
+	if (!mw || !info) {
+		qpx(q)->wr_err = EINVAL;
+		return;
+	}
+	struct vrnic_send_wqe *w = wr_new(q, VRNIC_WR_BIND_MW);
+	if (w)
+		vr_bind_wqe(w, mw, rkey, info);
 }
 
 static void wr_set_sge_list(struct ibv_qp_ex *q, size_t n, const struct ibv_sge *sg) {
@@ -209,6 +221,7 @@ void vr_qp_ex_init(struct vr_qp *qp, uint64_t send_ops_flags) {
 	x->wr_send_imm = wr_send_imm;
 	x->wr_send_inv = wr_send_inv;
 	x->wr_local_inv = wr_local_inv;
+	x->wr_bind_mw = wr_bind_mw;
 	x->wr_set_sge = wr_set_sge;
 	x->wr_set_sge_list = wr_set_sge_list;
 	x->wr_set_inline_data = wr_set_inline_data;
@@ -348,6 +361,7 @@ int vr_query_device_ex(struct ibv_context *ctx, const struct ibv_query_device_ex
 	int ret = ibv_query_device(ctx, &a.orig_attr);
 	if (ret)
 		return ret;
+	a.device_cap_flags_ex = (unsigned)a.orig_attr.device_cap_flags;
 	memcpy(attr, &a, size < sizeof a ? size : sizeof a);
 	return 0;
 }

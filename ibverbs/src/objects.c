@@ -59,8 +59,9 @@ VR_EXPORT int ibv_dealloc_pd(struct ibv_pd *pd) {
  * ib_check_mr_access. Bits from IBV_ACCESS_OPTIONAL_FIRST up are hints a
  * device may ignore (RELAXED_ORDERING): dropped, as rxe ignores them. */
 #define ACCESS_KERNEL 0xffu
-/* Accepted and ignored, as rxe on Linux 6.1 does: MW_BIND (vrnic offers
- * no memory windows to bind) and HUGETLB (a hint about the pages). Refused
+/* MW_BIND goes to the daemon (ABI 1.4: windows may be bound to the MR).
+ * Accepted and ignored, as rxe on Linux 6.1 does: HUGETLB (a hint about
+ * the pages). Refused
  * with EOPNOTSUPP: ON_DEMAND (no ODP: ib_check_mr_access's errno for a
  * device without it) and ZERO_BASED (vrnic does not address an MR from 0;
  * rxe of 6.1 ignores the bit and goes on addressing by iova, rxe from 6.4
@@ -101,7 +102,7 @@ static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint6
 	}
 	int ret = vr_user_pages(c, start, npages, (access & IBV_ACCESS_LOCAL_WRITE) != 0, pages);
 	struct vrnic_cmd_reg_mr cmd = { .iova = iova, .length = length, .pd_handle = pd->handle,
-		.access = access & 0xf, .page_shift = VRNIC_PAGE_SHIFT_4K, .npages = (uint32_t)npages };
+		.access = access & (0xf | IBV_ACCESS_MW_BIND), .page_shift = VRNIC_PAGE_SHIFT_4K, .npages = (uint32_t)npages };
 	struct vrnic_resp_reg_mr r;
 	if (!ret) {
 		if (npages <= VRNIC_INLINE_PAGES) {
