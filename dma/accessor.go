@@ -26,7 +26,20 @@ type Accessor struct {
 	state atomic.Uint64 // 0 idle, else the epoch seen at Enter
 	_     [56]byte
 	depth int
+	// qp is the QP the accessor's calls run for (SetQP): type 2 memory
+	// windows are bound to one QP and usable only by it.
+	qp QPID
 }
+
+// QPID names a QP to the memory windows of type 2 bound to it (mw.go):
+// non-zero and never reused by the caller (QP numbers are reused, so the
+// device numbers its QPs for this). 0 names no QP.
+type QPID uint64
+
+// SetQP makes the accessor's following calls run for QP q: BindMW binds a
+// type 2 window to q, and only calls made for q reach through it. An
+// accessor shared by the QPs of one worker is set before each QP's calls.
+func (a *Accessor) SetQP(q QPID) { a.qp = q }
 
 // NewAccessor returns a new accessor registered with s.
 func (s *Space) NewAccessor() *Accessor {

@@ -70,7 +70,7 @@ type mwBinding struct {
 	addr   uint64 // the window's first byte, an iova of mr
 	length uint64
 	access Access
-	acc    *Accessor // type 2: the accessor of the QP it is bound to
+	qp     QPID // type 2: the QP it is bound to
 }
 
 // MWInfo is the result of AllocMW. Handle names the window for DeallocMW
@@ -152,8 +152,9 @@ type MWBind struct {
 	Access Access // AccessMWAll bits
 }
 
-// BindMW executes a BIND_MW work request posted on a QP of protection
-// domain pd whose worker owns a (type 2 windows are bound to that QP). On
+// BindMW executes a BIND_MW work request posted on the QP the accessor
+// runs for (SetQP), of protection domain pd: a type 2 window is bound to
+// that QP (a QP of none, 0, binds no type 2 window). On
 // success the window's rkey is b.RKey. Every refusal wraps ErrMWBind (the
 // work request completes with MW_BIND_ERR), with the rule it broke, as
 // rxe_check_bind_mw.
@@ -181,6 +182,9 @@ func (a *Accessor) BindMW(pd PD, b MWBind) error {
 			return fmt.Errorf("%w: a type 1 window cannot be zero-based", ErrMWBind) // o10-36.2.2
 		}
 	case MWType2:
+		if a.qp == 0 {
+			return fmt.Errorf("%w: a type 2 window is bound to a QP", ErrMWBind)
+		}
 		if w.bind.Load() != nil {
 			return fmt.Errorf("%w: type 2 window %#x is already bound", ErrMWBind, b.MW) // o10-37.2.30
 		}
@@ -205,7 +209,7 @@ func (a *Accessor) BindMW(pd PD, b MWBind) error {
 		}
 		nb = &mwBinding{rkey: b.RKey, mr: mr, addr: b.Addr, length: b.Length, access: b.Access}
 		if w.typ == MWType2 {
-			nb.acc = a
+			nb.qp = a.qp
 		}
 		mr.numMW++
 	}
@@ -237,7 +241,7 @@ func (s *Space) invalidateMWLocked(w *memWindow, key uint32, pd PD) error {
 // resolveRemote is the responder's check of an rkey (rxe check_rkey):
 // for an MR, its MR and the request's va; for a window, the window's MR
 // and the iova of the request in it, once the window is found bound under
-// rkey in pd, to a's QP for type 2, granting want over [va, va+n) of the
+// rkey in pd, to the QP a runs for if type 2, granting want over [va, va+n) of the
 // window (va an offset into the window when it is zero-based). Lock-free.
 func (a *Accessor) resolveRemote(rkey uint32, pd PD, va, n uint64, want Access) (*memRegion, uint64, error) {
 	m := a.s.slot(rkey)
@@ -257,7 +261,7 @@ func (a *Accessor) resolveRemote(rkey uint32, pd PD, va, n uint64, want Access) 
 		return nil, 0, ErrBadKey
 	case w.pd != pd:
 		return nil, 0, ErrWrongPD
-	case w.typ == MWType2 && b.acc != a:
+	case w.typ == MWType2 && b.qp != a.qp:
 		return nil, 0, ErrWrongQP
 	case b.access&want != want:
 		return nil, 0, ErrAccess

@@ -14,7 +14,7 @@ type mwEnv struct {
 	h   hostMem
 	mr  MRInfo
 	pd  PD
-	acc *Accessor // the "QP" binding and using windows
+	acc *Accessor // runs for QP 1, which binds and uses the windows
 }
 
 func newMWEnv(t *testing.T, access Access) *mwEnv {
@@ -25,6 +25,7 @@ func newMWEnv(t *testing.T, access Access) *mwEnv {
 	require.NoError(t, err)
 	acc := s.NewAccessor()
 	t.Cleanup(acc.Close)
+	acc.SetQP(1)
 	return &mwEnv{s: s, h: h, mr: mr, pd: PD{1, 1}, acc: acc}
 }
 
@@ -103,9 +104,10 @@ func TestMWType1(t *testing.T) {
 	}
 	_, err := e.acc.FetchAdd(k1, e.pd, 0x11000, 1)
 	assert.ErrorIs(t, err, ErrAccess, "no REMOTE_ATOMIC on the window")
-	// Any QP of the PD may use a type 1 window's rkey.
+	// Any QP of the PD may use a type 1 window's rkey, and any accessor.
 	other := e.s.NewAccessor()
 	defer other.Close()
+	other.SetQP(2)
 	assert.NoError(t, other.CheckRemote(k1, e.pd, 0x11000, 4096, AccessRemoteWrite))
 
 	// Type 1: no invalidation (o10-37.2.26).
@@ -147,7 +149,15 @@ func TestMWType2(t *testing.T) {
 
 	other := e.s.NewAccessor() // another QP of the same PD
 	defer other.Close()
+	other.SetQP(2)
 	assert.ErrorIs(t, other.WriteRemote(k, e.pd, 0x12000, []byte{1}), ErrWrongQP)
+	// QPs of one worker share an accessor: what counts is the QP it runs for.
+	e.acc.SetQP(3)
+	assert.ErrorIs(t, e.acc.WriteRemote(k, e.pd, 0x12000, []byte{1}), ErrWrongQP, "another QP on the same accessor")
+	other.SetQP(1)
+	assert.NoError(t, other.WriteRemote(k, e.pd, 0x12000, []byte{0xaa}), "the bound QP on another accessor")
+	e.acc.SetQP(1)
+	other.SetQP(2)
 	assert.ErrorIs(t, other.BindMW(e.pd, MWBind{MW: w.Handle, RKey: next(k), MR: e.mr.LKey, Addr: 0x10000, Length: 1}),
 		ErrMWBind, "a bound type 2 window is not bound again (o10-37.2.30)")
 
@@ -207,6 +217,7 @@ func TestMWBindErrors(t *testing.T) {
 		{"unknown access bit", e.pd, func() MWBind { b := ok(w1); b.Access |= AccessMWBind; return b }},
 		{"type 1 zero-based", e.pd, func() MWBind { b := ok(w1); b.Access |= AccessZeroBased; return b }},
 		{"type 2 empty", e.pd, func() MWBind { b := ok(w2); b.Length = 0; return b }},
+		{"type 2 for no QP", e.pd, func() MWBind { e.acc.SetQP(0); return ok(w2) }},
 		{"no such MR", e.pd, func() MWBind { b := ok(w1); b.MR = 0x7fff01; return b }},
 		{"MR of another PD", e.pd, func() MWBind { b := ok(w1); b.MR = otherPD.LKey; return b }},
 		{"MR without MW_BIND", e.pd, func() MWBind { b := ok(w1); b.MR = noBind.LKey; return b }},
@@ -218,6 +229,7 @@ func TestMWBindErrors(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			b := tc.b()
 			assert.ErrorIs(t, e.acc.BindMW(tc.pd, b), ErrMWBind)
+			e.acc.SetQP(1)
 			assert.ErrorIs(t, e.acc.CheckRemote(b.RKey, tc.pd, 0x10000, 1, AccessRemoteWrite), ErrBadKey, "nothing bound")
 		})
 	}

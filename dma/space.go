@@ -169,7 +169,7 @@ func (s *Space) owner(o Owner) *ownerState {
 		// Until SetAccount binds it, an owner is its own account, without
 		// limits of its own (the Space's MaxPinnedBytes still applies).
 		st = &ownerState{regions: make(map[uint32]*region), mrs: make(map[uint32]*memRegion),
-			mws: make(map[uint32]*memWindow),
+			mws:  make(map[uint32]*memWindow),
 			acct: &account{id: AccountID(o), u: AccountUsage{Owners: 1}}}
 		s.owners[o] = st
 	}

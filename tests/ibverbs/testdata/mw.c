@@ -270,6 +270,20 @@ static void type2(void) {
 	rdma("type 2 WRITE", IBV_WR_RDMA_WRITE, 100, baddr(8192), k, 4096, IBV_WC_SUCCESS);
 	memcpy(refB + 8192, refA + 100, 4096);
 	check("type 2 WRITE", B.buf, refB);
+	/* Only the QP that bound it: another connection between the same
+	 * PDs (on the same daemon worker) is refused. */
+	struct side A2 = A, B2 = B;
+	A2.qp = B2.qp = NULL, A2.cq = B2.cq = NULL;
+	new_qp(&A2), new_qp(&B2), to_rts(&A2, &B2), to_rts(&B2, &A2);
+	struct ibv_sge sg2 = { .addr = (uintptr_t)A.buf, .length = 8, .lkey = A.mr->lkey };
+	struct ibv_send_wr w2 = { .wr_id = 15, .sg_list = &sg2, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+		.send_flags = IBV_SEND_SIGNALED, .wr.rdma = { .remote_addr = baddr(8192), .rkey = k } };
+	post(&A2, &w2);
+	expect_wc(K, "type 2 WRITE through another QP", A2.cq, wc_of(15, IBV_WC_REM_ACCESS_ERR, IBV_WC_RDMA_WRITE, &A2), 0);
+	check("type 2 WRITE through another QP", B.buf, refB);
+	if (ibv_destroy_qp(A2.qp) || ibv_destroy_qp(B2.qp) || ibv_destroy_cq(A2.cq) || ibv_destroy_cq(B2.cq))
+		die("destroy the second pair");
+	rdma("type 2 WRITE, the bound QP again", IBV_WR_RDMA_WRITE, 100, baddr(8192), k, 16, IBV_WC_SUCCESS);
 	bind2("type 2 bound twice", mw, ibv_inc_rkey(k), B.mr, baddr(0), 10, IBV_ACCESS_REMOTE_WRITE, IBV_WC_MW_BIND_ERR);
 	in_error("type 2 bound twice");
 	/* A SEND with Invalidate of the window's rkey. */
@@ -384,7 +398,7 @@ int main(void) {
 	free(B.buf);
 	ibv_free_device_list(list);
 	printf("OK caps; type1 bind write read past_window no_read local_inv_refused dereg_busy unbind; "
-	       "type2 post_bind write bound_twice send_inv local_inv wr_bind_mw dealloc_pd_busy dealloc; "
+	       "type2 post_bind write other_qp bound_twice send_inv local_inv wr_bind_mw dealloc_pd_busy dealloc; "
 	       "errors beyond_mr before_mr no_mw_bind other_pd unbound_rkey\n");
 	return 0;
 }
