@@ -252,10 +252,10 @@ func (s *Space) DeregisterMR(o Owner, key uint32) error {
 	}
 	var rl retireList
 	s.mwMu.Lock()
-	if m.numMW > 0 {
+	if n := m.numMW; n > 0 {
 		s.mwMu.Unlock()
 		s.mu.Unlock()
-		return fmt.Errorf("%w: %d windows bound to MR %#x", ErrMRBound, m.numMW, key)
+		return fmt.Errorf("%w: %d windows bound to MR %#x", ErrMRBound, n, key)
 	}
 	s.slots[m.lkey>>8].Store(nil) // no bind finds it from here on
 	s.mwMu.Unlock()

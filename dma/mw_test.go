@@ -1,6 +1,9 @@
 package dma
 
 import (
+	"runtime"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -254,4 +257,89 @@ func TestMWReleaseOwner(t *testing.T) {
 		assert.Nil(t, e.s.slots[i].Load(), "slot %d", i)
 	}
 	assert.True(t, e.s.keys.available())
+}
+
+// TestMWConcurrent races binds and unbinds of a type 1 window (one
+// worker), remote writes through its current key (another worker) and the
+// MR's deregistration (the control path): a write either lands inside the
+// window or fails with ErrBadKey, the MR goes only while no window is
+// bound, and after it went no bind finds it.
+func TestMWConcurrent(t *testing.T) {
+	e := newMWEnv(t, AccessLocalWrite|AccessMWBind)
+	w := e.alloc(t, MWType1)
+	var key atomic.Uint32
+	const rounds = 2000
+	done := make(chan struct{})
+	var binds atomic.Int64
+	var writes, landed int
+	var wg sync.WaitGroup
+	wg.Add(2)
+	writing := make(chan struct{})
+	go func() { // the binding QP's worker
+		defer wg.Done()
+		defer close(done)
+		<-writing
+		k := w.RKey
+		for i := range rounds {
+			k = next(k)
+			if e.acc.BindMW(e.pd, MWBind{MW: w.Handle, RKey: k, MR: e.mr.LKey, Addr: 0x11000, Length: 4096, Access: AccessRemoteWrite}) == nil {
+				key.Store(k)
+				binds.Add(1)
+			}
+			if i%2 == 0 {
+				k = next(k)
+				assert.NoError(t, e.acc.BindMW(e.pd, MWBind{MW: w.Handle, RKey: k}), "unbind")
+			}
+		}
+	}()
+	go func() { // a requester's worker
+		defer wg.Done()
+		acc := e.s.NewAccessor()
+		defer acc.Close()
+		close(writing)
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			writes++
+			err := acc.WriteRemote(key.Load(), e.pd, 0x11000+uint64(writes%4000), []byte{0x5a})
+			if err == nil {
+				landed++
+			} else {
+				assert.ErrorIs(t, err, ErrBadKey)
+			}
+		}
+	}()
+	gone := false // the control path: deregister whenever no window is bound
+	for binds.Load() < rounds/4 {
+		runtime.Gosched()
+	}
+	for finished := false; !gone && !finished; {
+		select {
+		case <-done:
+			finished = true
+		default:
+		}
+		err := e.s.DeregisterMR(1, e.mr.LKey)
+		if err == nil {
+			gone = true
+		} else {
+			assert.ErrorIs(t, err, ErrMRBound)
+		}
+	}
+	wg.Wait()
+	t.Logf("%d binds, %d writes, %d landed, MR deregistered during the binds: %v", binds.Load(), writes, landed, gone)
+	for i, b := range e.h.client {
+		if b == 0x5a {
+			assert.True(t, i >= 0x1000 && i < 0x2000, "a write landed at %#x, outside the window", i)
+		}
+	}
+	if !gone { // the binder finished first, the window maybe bound
+		require.NoError(t, e.acc.BindMW(e.pd, MWBind{MW: w.Handle, RKey: next(key.Load())}))
+		require.NoError(t, e.s.DeregisterMR(1, e.mr.LKey))
+	}
+	assert.ErrorIs(t, e.acc.BindMW(e.pd, MWBind{MW: w.Handle, RKey: next(w.RKey), MR: e.mr.LKey, Addr: 0x11000, Length: 1}), ErrMWBind,
+		"a deregistered MR")
 }
