@@ -181,7 +181,8 @@ func TestNames(t *testing.T) {
 	assert.Equal(t, "GENERAL_ERR", WCGeneralErr.String())
 	assert.Equal(t, "WCStatus(99)", WCStatus(99).String())
 	assert.Equal(t, "SEND_WITH_INV", WRSendWithInv.String())
-	assert.Equal(t, "WROpcode(8)", WROpcode(8).String())
+	assert.Equal(t, "BIND_MW", WRBindMW.String())
+	assert.Equal(t, "WROpcode(10)", WROpcode(10).String())
 	assert.Equal(t, "RECV", WCRecv.String())
 	assert.Equal(t, "RTS", QPSRTS.String())
 	assert.Equal(t, "CREATE_QP", CmdCreateQP.String())
@@ -217,7 +218,7 @@ func TestNames(t *testing.T) {
 		}
 	}
 	for o := range WROpcode(20) {
-		assert.Equal(t, o <= 7 || o == 9 || o == 14 || o == 15, o.Valid(), "opcode %d", o)
+		assert.Equal(t, o <= 9 || o == 14 || o == 15, o.Valid(), "opcode %d", o)
 	}
 }
 

@@ -223,7 +223,7 @@ const (
 // the line comments below.
 type WROpcode uint8
 
-// Send opcodes. 8 (IBV_WR_BIND_MW) is not supported.
+// Send opcodes.
 const (
 	WRRDMAWrite        WROpcode = 0 // RDMA_WRITE
 	WRRDMAWriteWithImm WROpcode = 1 // RDMA_WRITE_WITH_IMM
@@ -233,6 +233,7 @@ const (
 	WRAtomicCmpAndSwp  WROpcode = 5 // ATOMIC_CMP_AND_SWP
 	WRAtomicFetchAdd   WROpcode = 6 // ATOMIC_FETCH_AND_ADD
 	WRLocalInv         WROpcode = 7 // LOCAL_INV
+	WRBindMW           WROpcode = 8 // BIND_MW
 	WRSendWithInv      WROpcode = 9 // SEND_WITH_INV
 	// ABI 1.4, IBTA 1.5 Memory Placement Extensions (RC): FLUSH takes
 	// RemoteAddr, RKey, the length in CompareAdd and the FETH bits in
@@ -244,7 +245,7 @@ const (
 
 // Valid reports whether o is a defined send opcode.
 func (o WROpcode) Valid() bool {
-	return o <= WRLocalInv || o == WRSendWithInv || o == WRFlush || o == WRAtomicWrite
+	return o <= WRSendWithInv || o == WRFlush || o == WRAtomicWrite
 }
 
 // FLUSH placement types and selectivity levels (enum vrnic_flush; the
@@ -372,6 +373,7 @@ var cmdNames = [...]string{
 	CmdCreateAH: "CREATE_AH", CmdDestroyAH: "DESTROY_AH", CmdQuerySRQ: "QUERY_SRQ",
 	CmdOpenEvents: "OPEN_EVENTS",
 	CmdOpenXRCD:   "OPEN_XRCD", CmdCloseXRCD: "CLOSE_XRCD", CmdCreateXRCSRQ: "CREATE_XRC_SRQ", CmdCreateXRCQP: "CREATE_XRC_QP",
+	CmdAllocMW: "ALLOC_MW", CmdDeallocMW: "DEALLOC_MW",
 	CmdCMCreateID: "CM_CREATE_ID", CmdCMDestroyID: "CM_DESTROY_ID", CmdCMListen: "CM_LISTEN",
 	CmdCMConnect: "CM_CONNECT", CmdCMAccept: "CM_ACCEPT", CmdCMReject: "CM_REJECT",
 	CmdCMEstablish: "CM_ESTABLISH", CmdCMDisconnect: "CM_DISCONNECT", CmdCMInitQPAttr: "CM_INIT_QP_ATTR",

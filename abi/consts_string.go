@@ -16,31 +16,29 @@ func _() {
 	_ = x[WRAtomicCmpAndSwp-5]
 	_ = x[WRAtomicFetchAdd-6]
 	_ = x[WRLocalInv-7]
+	_ = x[WRBindMW-8]
 	_ = x[WRSendWithInv-9]
 	_ = x[WRFlush-14]
 	_ = x[WRAtomicWrite-15]
 }
 
 const (
-	_WROpcode_name_0 = "RDMA_WRITERDMA_WRITE_WITH_IMMSENDSEND_WITH_IMMRDMA_READATOMIC_CMP_AND_SWPATOMIC_FETCH_AND_ADDLOCAL_INV"
-	_WROpcode_name_1 = "SEND_WITH_INV"
-	_WROpcode_name_2 = "FLUSHATOMIC_WRITE"
+	_WROpcode_name_0 = "RDMA_WRITERDMA_WRITE_WITH_IMMSENDSEND_WITH_IMMRDMA_READATOMIC_CMP_AND_SWPATOMIC_FETCH_AND_ADDLOCAL_INVBIND_MWSEND_WITH_INV"
+	_WROpcode_name_1 = "FLUSHATOMIC_WRITE"
 )
 
 var (
-	_WROpcode_index_0 = [...]uint8{0, 10, 29, 33, 46, 55, 73, 93, 102}
-	_WROpcode_index_2 = [...]uint8{0, 5, 17}
+	_WROpcode_index_0 = [...]uint8{0, 10, 29, 33, 46, 55, 73, 93, 102, 109, 122}
+	_WROpcode_index_1 = [...]uint8{0, 5, 17}
 )
 
 func (i WROpcode) String() string {
 	switch {
-	case i <= 7:
+	case i <= 9:
 		return _WROpcode_name_0[_WROpcode_index_0[i]:_WROpcode_index_0[i+1]]
-	case i == 9:
-		return _WROpcode_name_1
 	case 14 <= i && i <= 15:
 		i -= 14
-		return _WROpcode_name_2[_WROpcode_index_2[i]:_WROpcode_index_2[i+1]]
+		return _WROpcode_name_1[_WROpcode_index_1[i]:_WROpcode_index_1[i+1]]
 	default:
 		return "WROpcode(" + strconv.FormatInt(int64(i), 10) + ")"
 	}

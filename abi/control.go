@@ -64,7 +64,8 @@ type DeviceAttr struct {
 	AtomicCap       uint8    `c:"atomic_cap"`
 	PhysPortCnt     uint8    `c:"phys_port_cnt"`
 	PlacementCaps   uint8    `c:"placement_caps"` // ABI 1.4: PlacementCaps bits
-	Reserved        [5]byte  `c:"reserved"`
+	Reserved        [1]byte  `c:"reserved"`
+	MaxMW           uint32   `c:"max_mw"` // ABI 1.4
 }
 
 // CmdQueryPortReq is struct vrnic_cmd_query_port.

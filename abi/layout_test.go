@@ -76,6 +76,8 @@ var cStructs = []struct {
 	{"vrnic_cm_qp_attr", CMQPAttr{}},
 	{"vrnic_cm_event", CMEvent{}},
 	{"vrnic_cmd_create_ah", CmdCreateAHReq{}},
+	{"vrnic_cmd_alloc_mw", CmdAllocMWReq{}},
+	{"vrnic_resp_alloc_mw", RespAllocMW{}},
 	{"vrnic_resp_create_ah", RespCreateAH{}},
 	{"vrnic_sge", SGE{}},
 	{"vrnic_send_wqe", SendWQE{}},
@@ -127,6 +129,9 @@ var cConsts = map[string]uint64{
 	"VRNIC_ODP_SUPPORT_WRITE": ODPSupportWrite, "VRNIC_ODP_SUPPORT_READ": ODPSupportRead,
 	"VRNIC_ODP_SUPPORT_ATOMIC": ODPSupportAtomic, "VRNIC_ODP_SUPPORT_SRQ_RECV": ODPSupportSRQRecv,
 	"VRNIC_ODP_F_IMPLICIT": ODPFlagImplicit, "VRNIC_ADVISE_MR_F_FLUSH": AdviseMRFlagFlush,
+	"VRNIC_CMD_ALLOC_MW": uint64(CmdAllocMW), "VRNIC_CMD_DEALLOC_MW": uint64(CmdDeallocMW),
+	"VRNIC_MW_TYPE_1": uint64(MWType1), "VRNIC_MW_TYPE_2": uint64(MWType2),
+	"VRNIC_DEVICE_MEM_WINDOW": uint64(DeviceMemWindow), "VRNIC_DEVICE_MEM_WINDOW_TYPE_2B": uint64(DeviceMemWindowType2B),
 	"VRNIC_CM_MAX_PRIVATE_DATA": CMMaxPrivateData, "VRNIC_CM_REQ_PRIVATE_DATA": CMREQPrivateData,
 	"VRNIC_CM_REP_PRIVATE_DATA": CMREPPrivateData, "VRNIC_CM_REJ_PRIVATE_DATA": CMREJPrivateData,
 	"VRNIC_CM_DREQ_PRIVATE_DATA": CMDREQPrivateData, "VRNIC_CM_SIDR_REQ_PRIVATE_DATA": CMSIDRREQPrivateData,
@@ -150,6 +155,7 @@ var cConsts = map[string]uint64{
 	"VRNIC_PLACEMENT_FLUSH_PERSISTENT": uint64(PlacementFlushPersistent),
 	"VRNIC_FLUSH_GLOBAL":               uint64(FlushGlobal), "VRNIC_FLUSH_PERSISTENT": uint64(FlushPersistent),
 	"VRNIC_FLUSH_RANGE": uint64(FlushRange), "VRNIC_FLUSH_MR": uint64(FlushMR),
+	"VRNIC_ACCESS_MW_BIND": uint64(AccessMWBind), "VRNIC_ACCESS_ZERO_BASED": uint64(AccessZeroBased),
 
 	"VRNIC_QPT_RC": uint64(QPTRC), "VRNIC_QPT_UC": uint64(QPTUC), "VRNIC_QPT_UD": uint64(QPTUD),
 
@@ -177,8 +183,8 @@ var cConsts = map[string]uint64{
 	"VRNIC_WR_SEND": uint64(WRSend), "VRNIC_WR_SEND_WITH_IMM": uint64(WRSendWithImm),
 	"VRNIC_WR_RDMA_READ": uint64(WRRDMARead), "VRNIC_WR_ATOMIC_CMP_AND_SWP": uint64(WRAtomicCmpAndSwp),
 	"VRNIC_WR_ATOMIC_FETCH_AND_ADD": uint64(WRAtomicFetchAdd), "VRNIC_WR_LOCAL_INV": uint64(WRLocalInv),
-	"VRNIC_WR_SEND_WITH_INV": uint64(WRSendWithInv),
-	"VRNIC_WR_FLUSH":         uint64(WRFlush), "VRNIC_WR_ATOMIC_WRITE": uint64(WRAtomicWrite),
+	"VRNIC_WR_SEND_WITH_INV": uint64(WRSendWithInv), "VRNIC_WR_BIND_MW": uint64(WRBindMW),
+	"VRNIC_WR_FLUSH": uint64(WRFlush), "VRNIC_WR_ATOMIC_WRITE": uint64(WRAtomicWrite),
 
 	"VRNIC_SEND_FENCE": uint64(SendFence), "VRNIC_SEND_SIGNALED": uint64(SendSignaled),
 	"VRNIC_SEND_SOLICITED": uint64(SendSolicited), "VRNIC_SEND_INLINE": uint64(SendInline),

@@ -212,6 +212,7 @@ type ResourceCounts struct {
 	QP       int `json:"qp"`
 	SRQ      int `json:"srq"`
 	AH       int `json:"ah"`
+	MW       int `json:"mw"` // memory windows
 }
 
 // Limits bound what clients may create. PerClient limits (per context)

@@ -328,6 +328,7 @@ func (d *Device) listAccounts() []any {
 		r.QP += cx.counts.QP
 		r.SRQ += cx.counts.SRQ
 		r.AH += cx.counts.AH
+		r.MW += cx.counts.MW
 		ai.FDs += cx.fds()
 		for _, m := range cx.hostMem {
 			ai.HostMemBytes += m.length

@@ -46,8 +46,8 @@ type (
 // carries many idle connections; one context still holds at most 1024
 // (and its doorbell page 2047 records).
 var DefaultLimits = Limits{
-	PerClient:  ResourceCounts{HostMem: 4096, PD: 256, MR: 4096, CQ: 1024, QP: 1024, SRQ: 256, AH: 4096},
-	PerDevice:  ResourceCounts{Contexts: 256, HostMem: 16384, PD: 4096, MR: 65536, CQ: 16384, QP: 131072, SRQ: 4096, AH: 65536},
+	PerClient:  ResourceCounts{HostMem: 4096, PD: 256, MR: 4096, CQ: 1024, QP: 1024, SRQ: 256, AH: 4096, MW: 4096},
+	PerDevice:  ResourceCounts{Contexts: 256, HostMem: 16384, PD: 4096, MR: 65536, CQ: 16384, QP: 131072, SRQ: 4096, AH: 65536, MW: 65536},
 	MaxMRPages: 1 << 20,
 	// 64 MiB of page tables: 8 MRs of 1<<20 scattered pages, or any
 	// number of MRs over contiguous memory.
@@ -69,6 +69,7 @@ func fillCounts(dst *ResourceCounts, def ResourceCounts) {
 	pick(&dst.QP, def.QP)
 	pick(&dst.SRQ, def.SRQ)
 	pick(&dst.AH, def.AH)
+	pick(&dst.MW, def.MW)
 }
 
 // Config configures a Device.

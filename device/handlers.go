@@ -82,6 +82,7 @@ func (cn *conn) openContext(r *request) (reply, error) {
 		hostMem: map[uint32]*hostMem{},
 		pds:     map[uint32]*pd{},
 		mrs:     map[uint32]*mr{},
+		mws:     map[uint32]*mw{},
 		cqs:     map[uint32]*CQ{},
 		qps:     qpnTable(),
 		srqs:    map[uint32]*SRQ{},
@@ -127,7 +128,6 @@ func (cn *conn) queryDevice(r *request) (reply, error) {
 		MaxQPRdAtom:     uint32(d.cfg.MaxRdAtomic),
 		MaxQPInitRdAtom: uint32(d.cfg.MaxRdAtomic),
 		MaxSRQ:          uint32(l.PerDevice.SRQ),
-		DeviceCapFlags:  abi.DeviceXRC,
 		MaxSRQWR:        abi.MaxSRQWR,
 		MaxSRQSGE:       abi.MaxSGE,
 		MaxAH:           uint32(l.PerDevice.AH),
@@ -138,6 +138,10 @@ func (cn *conn) queryDevice(r *request) (reply, error) {
 		// IBTA 1.5 Memory Placement Extensions: ATOMIC WRITE and FLUSH
 		// to global visibility (no persistence: see REG_MR).
 		PlacementCaps: abi.PlacementAtomicWrite | abi.PlacementFlushGlobal,
+		// XRC (xrc.go); memory windows of type 1 and 2B, as Linux rxe
+		// (mw.go).
+		DeviceCapFlags: abi.DeviceXRC | abi.DeviceMemWindow | abi.DeviceMemWindowType2B,
+		MaxMW:          uint32(l.PerDevice.MW),
 	}
 	copy(a.FWVer[:], fmt.Sprintf("vrnic %d.%d", abi.VersionMajor, abi.VersionMinor))
 	return reply{body: a}, nil
@@ -286,7 +290,7 @@ func (cn *conn) deallocPD(r *request) (reply, error) {
 		return reply{}, errorf(errNoEnt, "PD %d not found", h)
 	}
 	if p.users > 0 {
-		return reply{}, errorf(errBusy, "PD %d is in use by %d MRs/QPs/SRQs/AHs", h, p.users)
+		return reply{}, errorf(errBusy, "PD %d is in use by %d MRs/MWs/QPs/SRQs/AHs", h, p.users)
 	}
 	delete(cx.pds, h)
 	cx.counts.PD--
@@ -320,8 +324,8 @@ func (cn *conn) regMR(r *request) (reply, error) {
 	if !ok {
 		return reply{}, errorf(errNoEnt, "PD %d not found", c.PDHandle)
 	}
-	if c.Access&^abi.AccessAll != 0 {
-		return reply{}, errorf(errInval, "access %#x: unknown bits %#x", c.Access, c.Access&^abi.AccessAll)
+	if c.Access&^abi.AccessMRAll != 0 {
+		return reply{}, errorf(errInval, "access %#x: unknown bits %#x", c.Access, c.Access&^abi.AccessMRAll)
 	}
 	if c.Access&(abi.AccessRemoteWrite|abi.AccessRemoteAtomic) != 0 && c.Access&abi.AccessLocalWrite == 0 {
 		return reply{}, errorf(errInval, "access %#x: remote write or remote atomic requires local write (IBTA C10-83)", c.Access)

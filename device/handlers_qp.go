@@ -514,6 +514,11 @@ func (d *Device) releaseContextLocked(cx *Context, why string) {
 	for _, q := range cx.cqs {
 		d.freeCQ(cx, q)
 	}
+	for _, w := range cx.mws { // before the MRs they are bound to
+		if err := d.freeMW(cx, w); err != nil {
+			d.log.Warn("release MW", "ctx", cx.handle, "mw", w.handle, "err", err)
+		}
+	}
 	for h, m := range cx.mrs {
 		if err := d.mem.deregisterMR(cx.owner, h); err != nil {
 			d.log.Warn("release MR", "ctx", cx.handle, "mr", h, "err", err)

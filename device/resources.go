@@ -31,6 +31,7 @@ type Context struct {
 	hostMem    map[uint32]*hostMem
 	pds        map[uint32]*pd
 	mrs        map[uint32]*mr
+	mws        map[uint32]*mw // by handle (memory windows, mw.go)
 	cqs        map[uint32]*CQ
 	qps        *qpTable[uint32] // by QPN
 	srqs       map[uint32]*SRQ
@@ -105,7 +106,7 @@ type hostMem struct {
 
 type pd struct {
 	handle uint32
-	// users counts the MRs, QPs, AHs and SRQs in this PD.
+	// users counts the MRs, MWs, QPs, AHs and SRQs in this PD.
 	users int
 }
 

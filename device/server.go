@@ -123,6 +123,8 @@ func init() {
 		abi.CmdCloseXRCD:     {handle, 0, 0, true, (*conn).closeXRCD},
 		abi.CmdCreateXRCSRQ:  {sz(&abi.CmdCreateXRCSRQReq{}), 0, 0, true, (*conn).createXRCSRQ},
 		abi.CmdCreateXRCQP:   {sz(&abi.CmdCreateXRCQPReq{}), 0, 0, true, (*conn).createXRCQP},
+		abi.CmdAllocMW:       {sz(&abi.CmdAllocMWReq{}), 0, 0, true, (*conn).allocMW},
+		abi.CmdDeallocMW:     {handle, 0, 0, true, (*conn).deallocMW},
 		abi.CmdCMCreateID:    {sz(&abi.CmdCMCreateIDReq{}), 0, 0, true, (*conn).cmCommand},
 		abi.CmdCMDestroyID:   {handle, 0, 0, true, (*conn).cmCommand},
 		abi.CmdCMListen:      {sz(&abi.CmdCMListenReq{}), 0, 0, true, (*conn).cmCommand},

@@ -16,6 +16,11 @@ const (
 	AccessRemoteWrite  = Access(abi.AccessRemoteWrite)  // 1 << 1
 	AccessRemoteRead   = Access(abi.AccessRemoteRead)   // 1 << 2
 	AccessRemoteAtomic = Access(abi.AccessRemoteAtomic) // 1 << 3
+	// AccessMWBind lets memory windows be bound to an MR (IBTA C10-73).
+	AccessMWBind = Access(abi.AccessMWBind) // 1 << 4
+	// AccessZeroBased: a window's remote addresses are offsets into it
+	// (binds of type 2 windows only).
+	AccessZeroBased = Access(abi.AccessZeroBased) // 1 << 5
 	// FLUSH targets (IBTA 1.5 Memory Placement Extensions), ABI 1.4.
 	AccessFlushGlobal     = Access(abi.AccessFlushGlobal)     // 1 << 8
 	AccessFlushPersistent = Access(abi.AccessFlushPersistent) // 1 << 9
@@ -23,7 +28,7 @@ const (
 	// AccessRemote is every remote flag: an MR with none of them has no
 	// rkey (0, which never names an MR).
 	AccessRemote = AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic | AccessFlushGlobal | AccessFlushPersistent
-	accessAll    = AccessLocalWrite | AccessRemote
+	accessAll    = AccessLocalWrite | AccessRemote | AccessMWBind
 )
 
 // Page shifts accepted by RegisterMR (VRNIC_PAGE_SHIFT_4K, _2M).

@@ -35,7 +35,20 @@ type Accessor struct {
 	word   [8]byte // an atomic's operand
 	liov   [1]unix.Iovec
 	riov   [1]unix.RemoteIovec
+	// qp is the QP the accessor's calls run for (SetQP): type 2 memory
+	// windows are bound to one QP and usable only by it.
+	qp QPID
 }
+
+// QPID names a QP to the memory windows of type 2 bound to it (mw.go):
+// non-zero and never reused by the caller (QP numbers are reused, so the
+// device numbers its QPs for this). 0 names no QP.
+type QPID uint64
+
+// SetQP makes the accessor's following calls run for QP q: BindMW binds a
+// type 2 window to q, and only calls made for q reach through it. An
+// accessor shared by the QPs of one worker is set before each QP's calls.
+func (a *Accessor) SetQP(q QPID) { a.qp = q }
 
 // NewAccessor returns a new accessor registered with s.
 func (s *Space) NewAccessor() *Accessor {
@@ -103,15 +116,18 @@ func (a *Accessor) Translate(key uint32, pd PD, iova, length uint64, want Access
 	}
 	var m *memRegion
 	if want&AccessRemote != 0 {
-		m = a.s.lookupRemote(key)
+		var err error
+		if m, iova, err = a.resolveRemote(key, pd, iova, length, want); err != nil {
+			return 0, err
+		}
 	} else {
 		m = a.s.lookupLocal(key)
-	}
-	if m == nil {
-		return 0, ErrBadKey
-	}
-	if err := m.check(pd, iova, length, want); err != nil {
-		return 0, err
+		if m == nil {
+			return 0, ErrBadKey
+		}
+		if err := m.check(pd, iova, length, want); err != nil {
+			return 0, err
+		}
 	}
 	if m.proc != nil {
 		return 0, ErrFault // nothing of an on-demand MR is mapped here

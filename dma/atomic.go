@@ -11,7 +11,7 @@ package dma
 func (a *Accessor) CompareSwap(rkey uint32, pd PD, va, compare, swap uint64) (uint64, error) {
 	a.Enter()
 	defer a.Exit()
-	m, err := a.atomicRegion(rkey, pd, va)
+	m, va, err := a.atomicRegion(rkey, pd, va)
 	if err != nil {
 		return 0, err
 	}
@@ -30,7 +30,7 @@ func (a *Accessor) CompareSwap(rkey uint32, pd PD, va, compare, swap uint64) (ui
 func (a *Accessor) FetchAdd(rkey uint32, pd PD, va, add uint64) (uint64, error) {
 	a.Enter()
 	defer a.Exit()
-	m, err := a.atomicRegion(rkey, pd, va)
+	m, va, err := a.atomicRegion(rkey, pd, va)
 	if err != nil {
 		return 0, err
 	}
@@ -49,7 +49,7 @@ func (a *Accessor) FetchAdd(rkey uint32, pd PD, va, add uint64) (uint64, error) 
 func (a *Accessor) AtomicWrite(rkey uint32, pd PD, va, v uint64) error {
 	a.Enter()
 	defer a.Exit()
-	m, err := a.atomicRegionFor(rkey, pd, va, AccessRemoteWrite)
+	m, va, err := a.atomicRegionFor(rkey, pd, va, AccessRemoteWrite)
 	if err != nil {
 		return err
 	}
@@ -80,14 +80,17 @@ func (a *Accessor) AtomicWrite(rkey uint32, pd PD, va, v uint64) error {
 func (a *Accessor) Flush(rkey uint32, pd PD, va, n uint64, whole bool, want Access) error {
 	a.Enter()
 	defer a.Exit()
-	m := a.s.lookupRemote(rkey)
-	if m == nil {
-		return ErrBadKey
-	}
 	if whole {
-		va, n = m.iova, m.length
-	}
-	if err := m.check(pd, va, n, want); err != nil {
+		// The whole MR the rkey names. A window's rkey with this
+		// selectivity is refused (vrnic flushes by MR only).
+		m := a.s.slot(rkey)
+		if m == nil || m.win != nil || m.rkey != rkey || m.invalid.Load() {
+			return ErrBadKey
+		}
+		if err := m.check(pd, m.iova, m.length, want); err != nil {
+			return err
+		}
+	} else if _, _, err := a.remoteRegion(rkey, pd, va, n, want); err != nil {
 		return err
 	}
 	fullBarrier()
@@ -99,18 +102,19 @@ func (a *Accessor) Flush(rkey uint32, pd PD, va, n uint64, whole bool, want Acce
 // page of the MR, so va%8 is the host address' alignment (m.span(va, 8)
 // never crosses a page); an on-demand paging MR's iova and address share
 // their offset in the page (RegisterODPMR).
-func (a *Accessor) atomicRegion(rkey uint32, pd PD, va uint64) (*memRegion, error) {
+func (a *Accessor) atomicRegion(rkey uint32, pd PD, va uint64) (*memRegion, uint64, error) {
 	return a.atomicRegionFor(rkey, pd, va, AccessRemoteAtomic)
 }
 
 // atomicRegionFor is atomicRegion for the access bits want.
-func (a *Accessor) atomicRegionFor(rkey uint32, pd PD, va uint64, want Access) (*memRegion, error) {
-	m, err := a.remoteRegion(rkey, pd, va, 8, want)
+// The rkey may name a memory window: va comes back as the MR's address.
+func (a *Accessor) atomicRegionFor(rkey uint32, pd PD, va uint64, want Access) (*memRegion, uint64, error) {
+	m, va, err := a.remoteRegion(rkey, pd, va, 8, want)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if va%8 != 0 {
-		return nil, ErrMisaligned
+		return nil, 0, ErrMisaligned
 	}
-	return m, nil
+	return m, va, nil
 }

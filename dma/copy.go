@@ -172,22 +172,16 @@ func (a *Accessor) walkSGEs(pd PD, sges []SGE, off, n uint64, want Access, visit
 // the access bits want, without touching memory: a responder checks a
 // whole RDMA WRITE or READ request on its first packet.
 func (a *Accessor) CheckRemote(rkey uint32, pd PD, va, length uint64, want Access) error {
-	_, err := a.remoteRegion(rkey, pd, va, length, want)
+	_, _, err := a.remoteRegion(rkey, pd, va, length, want)
 	return err
 }
 
-// remoteRegion returns the MR named by rkey once [va, va+n) of it is
-// checked for pd and the access bits want: ErrBadKey for no such MR, the
-// check's error otherwise.
-func (a *Accessor) remoteRegion(rkey uint32, pd PD, va, n uint64, want Access) (*memRegion, error) {
-	m := a.s.lookupRemote(rkey)
-	if m == nil {
-		return nil, ErrBadKey
-	}
-	if err := m.check(pd, va, n, want); err != nil {
-		return nil, err
-	}
-	return m, nil
+// remoteRegion returns the MR named by rkey, or by the memory window
+// of rkey (mw.go), once [va, va+n) of it is checked for pd and the access
+// bits want, and the iova of va in that MR: ErrBadKey for no such key,
+// the check's error otherwise.
+func (a *Accessor) remoteRegion(rkey uint32, pd PD, va, n uint64, want Access) (*memRegion, uint64, error) {
+	return a.resolveRemote(rkey, pd, va, n, want)
 }
 
 // ReadRemote copies len(dst) bytes at va of the MR named by rkey into dst
@@ -204,7 +198,7 @@ func (a *Accessor) ReadRemote(rkey uint32, pd PD, va uint64, dst []byte) error {
 func (a *Accessor) ReadRemoteInto(rkey uint32, pd PD, va, n uint64, s Sink) error {
 	a.Enter()
 	defer a.Exit()
-	m, err := a.remoteRegion(rkey, pd, va, n, AccessRemoteRead)
+	m, va, err := a.remoteRegion(rkey, pd, va, n, AccessRemoteRead)
 	if err != nil {
 		return err
 	}
@@ -226,7 +220,7 @@ func (a *Accessor) remoteAt(rkey uint32, pd PD, va uint64, buf []byte, toMR bool
 	if toMR {
 		want = AccessRemoteWrite
 	}
-	m, err := a.remoteRegion(rkey, pd, va, uint64(len(buf)), want)
+	m, va, err := a.remoteRegion(rkey, pd, va, uint64(len(buf)), want)
 	if err != nil {
 		return err
 	}
@@ -265,7 +259,7 @@ func (a *Accessor) copyRemote(pd PD, sges []SGE, rkey uint32, rpd PD, va uint64,
 	if err != nil {
 		return 0, bad, err
 	}
-	rm, err := a.remoteRegion(rkey, rpd, va, total, rwant)
+	rm, va, err := a.remoteRegion(rkey, rpd, va, total, rwant)
 	if err != nil {
 		return 0, BadRemote, err
 	}

@@ -66,6 +66,22 @@ var (
 	ErrAccessFlags error = &sentinel{"dma: invalid access flags", unix.EINVAL}
 	// ErrNoMR: DeregisterMR of a key that is not a live MR of that owner.
 	ErrNoMR error = &sentinel{"dma: no such memory region", unix.ENOENT}
+	// ErrMRBound: DeregisterMR or Invalidate of an MR that memory windows
+	// are bound to (EINVAL, as Linux rxe refuses it).
+	ErrMRBound error = &sentinel{"dma: memory windows are bound to the MR", unix.EINVAL}
+
+	// Memory windows (mw.go).
+
+	// ErrNoMW: DeallocMW of a handle that is not a live window of that owner.
+	ErrNoMW error = &sentinel{"dma: no such memory window", unix.ENOENT}
+	// ErrMWBind: a bind refused (the work request completes with
+	// MW_BIND_ERR); wrapped with the rule it broke.
+	ErrMWBind error = &sentinel{"dma: memory window bind refused", unix.EINVAL}
+	// ErrMWType: invalidation of a type 1 window's rkey.
+	ErrMWType error = &sentinel{"dma: a type 1 memory window cannot be invalidated", unix.EINVAL}
+	// ErrWrongQP: a type 2 window's rkey used through another QP than the
+	// one it is bound to.
+	ErrWrongQP error = &sentinel{"dma: memory window bound to another QP", unix.EACCES}
 
 	// Translation (hot path). Each maps to one completion status.
 

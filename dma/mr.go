@@ -26,6 +26,12 @@ type memRegion struct {
 	regs       []*region // the regions the pages lie in (each pinned once)
 	invalid    atomic.Bool
 
+	// win is set in the slot entry of a memory window (mw.go), whose
+	// lkey and rkey are 0; numMW counts the windows bound to this MR
+	// (guarded by Space.mwMu).
+	win   *memWindow
+	numMW int
+
 	store      []byte // the table's own mapping, or nil (Go heap)
 	tableBytes uint64 // charged to the owner's account
 
@@ -250,6 +256,14 @@ func (s *Space) DeregisterMR(o Owner, key uint32) error {
 		return fmt.Errorf("%w: owner %d key %#x", ErrNoMR, o, key)
 	}
 	var rl retireList
+	s.mwMu.Lock()
+	if n := m.numMW; n > 0 {
+		s.mwMu.Unlock()
+		s.mu.Unlock()
+		return fmt.Errorf("%w: %d windows bound to MR %#x", ErrMRBound, n, key)
+	}
+	s.slots[m.lkey>>8].Store(nil) // no bind finds it from here on
+	s.mwMu.Unlock()
 	s.dropMR(st, m, &rl)
 	s.mu.Unlock()
 	s.retire(&rl)
@@ -284,15 +298,26 @@ func (s *Space) dropMR(st *ownerState, m *memRegion, rl *retireList) {
 
 // Invalidate makes the MR named by key (lkey or rkey) fail every lookup
 // until it is deregistered and registered again (LOCAL_INV,
-// SEND_WITH_INV). The MR must belong to pd. Lock-free; safe from workers.
-// Copies that already passed their lookup finish.
+// SEND_WITH_INV). The MR must belong to pd and have no memory window
+// bound (ErrMRBound). For the rkey of a type 2 memory window bound in pd,
+// it frees the window (a type 1 window's: ErrMWType). Safe from workers:
+// it takes only the short mwMu. Copies that already passed their lookup
+// finish.
 func (s *Space) Invalidate(key uint32, pd PD) error {
+	s.mwMu.Lock()
+	defer s.mwMu.Unlock()
 	m := s.slot(key)
+	if m != nil && m.win != nil {
+		return s.invalidateMWLocked(m.win, key, pd)
+	}
 	if m == nil || (m.lkey != key && m.rkey != key) || m.invalid.Load() {
 		return ErrBadKey
 	}
 	if m.pd != pd {
 		return ErrWrongPD
+	}
+	if m.numMW > 0 {
+		return ErrMRBound
 	}
 	m.invalid.Store(true)
 	return nil
@@ -312,17 +337,6 @@ func (s *Space) slot(key uint32) *memRegion {
 func (s *Space) lookupLocal(key uint32) *memRegion {
 	m := s.slot(key)
 	if m == nil || m.lkey != key || m.invalid.Load() {
-		return nil
-	}
-	return m
-}
-
-// lookupRemote returns the live, valid MR whose rkey is key, or nil. An
-// MR without remote access has rkey 0, which no key in a slot equals
-// (index 0 is never used). Lock-free.
-func (s *Space) lookupRemote(key uint32) *memRegion {
-	m := s.slot(key)
-	if m == nil || m.rkey != key || m.invalid.Load() {
 		return nil
 	}
 	return m

@@ -44,7 +44,10 @@ func TestAccessFlagsMatchABI(t *testing.T) {
 	assert.EqualValues(t, def("VRNIC_PAGE_SHIFT_2M"), PageShift2M)
 	assert.EqualValues(t, def("VRNIC_MAX_MR_SIZE"), maxMRBytes)
 	// And the abi Go mirror (which has its own header test).
-	assert.EqualValues(t, abi.AccessAll, accessAll)
+	assert.EqualValues(t, def("VRNIC_ACCESS_MW_BIND"), AccessMWBind)
+	assert.EqualValues(t, def("VRNIC_ACCESS_ZERO_BASED"), AccessZeroBased)
+	assert.EqualValues(t, abi.AccessMRAll, accessAll)
+	assert.EqualValues(t, abi.AccessMWAll, AccessMWAll)
 	assert.EqualValues(t, abi.AccessRemoteAtomic, AccessRemoteAtomic)
 	assert.EqualValues(t, abi.MaxMRSize, maxMRBytes)
 }

@@ -90,6 +90,8 @@ type Space struct {
 	// odpAtomic serializes atomics on on-demand paging MRs, a read and a
 	// write of the client's word each (odp.go).
 	odpAtomic sync.Mutex
+	// mwMu guards memory window bindings (mw.go); taken after mu.
+	mwMu sync.Mutex
 
 	mu         sync.Mutex // guards everything below
 	closed     bool
@@ -119,6 +121,7 @@ type Space struct {
 type ownerState struct {
 	regions map[uint32]*region
 	mrs     map[uint32]*memRegion // by lkey
+	mws     map[uint32]*memWindow // by handle
 	acct    *account
 }
 
@@ -169,6 +172,7 @@ func (s *Space) owner(o Owner) *ownerState {
 		// Until SetAccount binds it, an owner is its own account, without
 		// limits of its own (the Space's MaxPinnedBytes still applies).
 		st = &ownerState{regions: make(map[uint32]*region), mrs: make(map[uint32]*memRegion),
+			mws:  make(map[uint32]*memWindow),
 			acct: &account{id: AccountID(o), u: AccountUsage{Owners: 1}}}
 		s.owners[o] = st
 	}
@@ -278,6 +282,9 @@ func (s *Space) ReleaseOwner(o Owner) (mrs, regions int) {
 		return 0, 0
 	}
 	var rl retireList
+	for _, w := range st.mws { // first: they hold their MRs
+		s.dropMW(st, w)
+	}
 	for _, m := range st.mrs {
 		s.dropMR(st, m, &rl)
 		mrs++

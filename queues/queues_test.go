@@ -136,7 +136,8 @@ func TestSQMalformed(t *testing.T) {
 		reason  Reason
 		trailer []byte
 	}{
-		{"unknown opcode 8", abi.SendWQE{Opcode: 8}, 0, ReasonOpcode, nil},
+		{"unknown opcode 10", abi.SendWQE{Opcode: 10}, 0, ReasonOpcode, nil},
+		{"bind with sge", abi.SendWQE{Opcode: abi.WRBindMW}, 1, ReasonReserved, nil},
 		{"unknown opcode 200", abi.SendWQE{Opcode: 200}, 0, ReasonOpcode, nil},
 		{"unknown flag", abi.SendWQE{Opcode: abi.WRSend, Flags: 0x10}, 0, ReasonFlags, nil},
 		{"reserved0", abi.SendWQE{Opcode: abi.WRSend, Reserved0: 1}, 0, ReasonReserved, nil},

@@ -137,6 +137,9 @@ func (q *SQ) check(wr *SendWR, slot []byte) Reason {
 	if w.InlineLen != 0 {
 		return ReasonReserved
 	}
+	if w.Opcode == abi.WRBindMW && w.NumSGE != 0 {
+		return ReasonReserved // a bind names its MR by lkey, not by SGEs
+	}
 	if uint32(w.NumSGE) > q.maxSGE { // maxSGE SGEs fit the slot by construction
 		return ReasonTooManySGE
 	}

@@ -29,3 +29,8 @@ func (cq *CQ) RawDoorbellRecord() []byte { return cq.rec }
 // RawKick wakes the daemon's doorbell poller if it sleeps, as the library
 // does after it stores a producer index.
 func (c *Context) RawKick() { c.kick() }
+
+// RawPD returns a PD value naming handle on this context, whatever the
+// daemon holds under it: for tests of the daemon's checks of PD handles
+// (another context's, a stale one).
+func (c *Context) RawPD(handle uint32) *PD { return &PD{ctx: c, Handle: handle} }

@@ -286,7 +286,7 @@ func show(path, what string, asJSON bool, w io.Writer) error {
 			}
 			r := info.Resources
 			for k, v := range map[string]int{"contexts": r.Contexts, "host_mem": r.HostMem, "pd": r.PD, "mr": r.MR,
-				"cq": r.CQ, "qp": r.QP, "srq": r.SRQ, "ah": r.AH} {
+				"cq": r.CQ, "qp": r.QP, "srq": r.SRQ, "ah": r.AH, "mw": r.MW} {
 				c["resources."+k] = int64(v)
 			}
 			for _, g := range counterGroups(info) {
@@ -369,8 +369,8 @@ func printInfo(w io.Writer, i admin.Info) error {
 	fmt.Fprintf(tw, "uptime\t%.0fs\n", i.UptimeSec)
 	fmt.Fprintf(tw, "connections\t%d\n", i.Connections)
 	r := i.Resources
-	fmt.Fprintf(tw, "resources\tcontexts=%d hostmem=%d pd=%d mr=%d cq=%d qp=%d srq=%d ah=%d\n",
-		r.Contexts, r.HostMem, r.PD, r.MR, r.CQ, r.QP, r.SRQ, r.AH)
+	fmt.Fprintf(tw, "resources\tcontexts=%d hostmem=%d pd=%d mr=%d mw=%d cq=%d qp=%d srq=%d ah=%d\n",
+		r.Contexts, r.HostMem, r.PD, r.MR, r.MW, r.CQ, r.QP, r.SRQ, r.AH)
 	for _, g := range counterGroups(i) {
 		words := make([]string, len(g.fields))
 		for k, kv := range g.fields {

@@ -324,9 +324,9 @@ func (c *Config) validate() error {
 		}
 	}
 	for _, v := range []int{c.Limits.PerClient.Contexts, c.Limits.PerClient.HostMem, c.Limits.PerClient.PD, c.Limits.PerClient.MR,
-		c.Limits.PerClient.CQ, c.Limits.PerClient.QP, c.Limits.PerClient.SRQ, c.Limits.PerClient.AH,
+		c.Limits.PerClient.CQ, c.Limits.PerClient.QP, c.Limits.PerClient.SRQ, c.Limits.PerClient.AH, c.Limits.PerClient.MW,
 		c.Limits.PerDevice.Contexts, c.Limits.PerDevice.HostMem, c.Limits.PerDevice.PD, c.Limits.PerDevice.MR,
-		c.Limits.PerDevice.CQ, c.Limits.PerDevice.QP, c.Limits.PerDevice.SRQ, c.Limits.PerDevice.AH,
+		c.Limits.PerDevice.CQ, c.Limits.PerDevice.QP, c.Limits.PerDevice.SRQ, c.Limits.PerDevice.AH, c.Limits.PerDevice.MW,
 		c.Limits.PerUID.Contexts, c.Limits.PerUID.Connections, c.Limits.PerUID.FDs} {
 		if v < 0 {
 			return errors.New("limits must not be negative")

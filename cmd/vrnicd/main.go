@@ -193,6 +193,12 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if mrs == 0 {
 		mrs = device.DefaultLimits.PerDevice.MR
 	}
+	// Memory windows take key indices of the same table.
+	if mws := cfg.Limits.PerDevice.MW; mws > 0 {
+		mrs += mws
+	} else {
+		mrs += device.DefaultLimits.PerDevice.MW
+	}
 	space, err := dma.NewSpace(dma.Config{Logger: log, MaxRegionsPerOwner: maxInt(cfg.Limits.PerClient.HostMem, device.DefaultLimits.PerClient.HostMem),
 		MaxMRs: min(mrs, 1<<24-1) + 1})
 	if err != nil {

@@ -141,6 +141,8 @@ type DataPlane struct {
 	// neither).
 	accs    []*dma.Accessor
 	scratch []*scratch
+	// qpIDs numbers the QPs for their memory views (qpMemory.qp).
+	qpIDs atomic.Uint64
 
 	// ksig raises completion eventfds from the kernel (nil: the kernel
 	// cannot, or Config.EventWriters; then each context's ctxWriter does).
@@ -424,7 +426,8 @@ func (dp *DataPlane) CreateQP(q *device.QP) error {
 		return err
 	}
 	x.sinks = [2]qpSink{{cq: scq}, {cq: rcq, recv: true}}
-	x.mem = &qpMemory{acc: dp.accs[owner], pd: dma.PD{Owner: q.Owner(), Handle: q.PDHandle()}, mem: dp.space}
+	x.mem = &qpMemory{acc: dp.accs[owner], pd: dma.PD{Owner: q.Owner(), Handle: q.PDHandle()}, mem: dp.space,
+		qp: dma.QPID(dp.qpIDs.Add(1))}
 	// Queued for the QP's worker; an error (invalid limits, a closed
 	// engine) fails CREATE_QP.
 	ecfg := engine.QPConfig{

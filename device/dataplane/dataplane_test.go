@@ -547,7 +547,7 @@ func TestDataPlaneBadWQE(t *testing.T) {
 	a := newDPClient(t, na, 16)
 	b := newDPClient(t, nb, 16)
 	connectRC(t, a, b, abi.MTU1024)
-	require.NoError(t, a.qp.PostSend(&verbs.SendWR{WrID: 1, Opcode: abi.WROpcode(8), Flags: abi.SendSignaled}))
+	require.NoError(t, a.qp.PostSend(&verbs.SendWR{WrID: 1, Opcode: abi.WROpcode(10), Flags: abi.SendSignaled}))
 	require.NoError(t, a.qp.PostSend(&verbs.SendWR{WrID: 2, Opcode: abi.WRSend}))
 	sc := pollN(t, a.scq, 2)
 	assert.Equal(t, abi.CQE{WrID: 1, Status: abi.WCLocQPOpErr, Opcode: abi.WCSend, QPNum: a.qp.QPN, VendorErr: 1}, sc[0])

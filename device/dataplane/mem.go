@@ -11,12 +11,14 @@ import (
 // qpMemory is the engine's view of one QP's memory (engine.Memory): the
 // dma key table scoped to the QP's protection domain.
 //
-// Accessor ownership: each QP gets its own *dma.Accessor, created with
-// the QP and closed after the engine destroyed it. Only the QP's owning
-// engine worker calls these methods (the engine runs every QP on one
-// worker for its whole life, control operations included), so the
-// accessor is never shared between goroutines, and a grace period of the
-// dma space (region removal) waits at most for the one copy in progress.
+// Accessor ownership: the QPs of one engine worker share the worker's
+// *dma.Accessor (DataPlane.accs). Only the QP's owning engine worker
+// calls these methods (the engine runs every QP on one worker for its
+// whole life, control operations included), so the accessor is never
+// used by two goroutines, and a grace period of the dma space (region
+// removal) waits at most for the one copy in progress. The methods that
+// reach memory through an rkey, and BindMW, first tell the accessor which
+// QP they run for (qp): type 2 memory windows are bound to one QP.
 // The copy and atomic methods of dma.Accessor enter and leave their
 // read-side section themselves; CheckRemote and Invalidate touch no
 // mapped memory and need none.
@@ -27,6 +29,7 @@ type qpMemory struct {
 	acc *dma.Accessor
 	pd  dma.PD
 	mem *dma.Space
+	qp  dma.QPID // unique for the data plane's life (QP numbers are reused)
 }
 
 var _ engine.Memory = (*qpMemory)(nil)
@@ -42,14 +45,17 @@ func (m *qpMemory) Scatter(sges []abi.SGE, off uint64, src []byte) error {
 }
 
 func (m *qpMemory) WriteRemote(rkey uint32, va uint64, src []byte) error {
+	m.acc.SetQP(m.qp)
 	return memErrOf(m.acc.WriteRemote(rkey, m.pd, va, src))
 }
 
 func (m *qpMemory) ReadRemoteTo(rkey uint32, va uint64, n int, s engine.Sink) error {
+	m.acc.SetQP(m.qp)
 	return memErrOf(m.acc.ReadRemoteInto(rkey, m.pd, va, uint64(n), s))
 }
 
 func (m *qpMemory) CheckRemote(rkey uint32, va uint64, length uint64, access uint32) error {
+	m.acc.SetQP(m.qp)
 	return memErrOf(m.acc.CheckRemote(rkey, m.pd, va, length, dma.Access(access)))
 }
 
@@ -58,6 +64,7 @@ func (m *qpMemory) Atomic(rkey uint32, va uint64, cas bool, compare, swap uint64
 		v   uint64
 		err error
 	)
+	m.acc.SetQP(m.qp)
 	if cas {
 		v, err = m.acc.CompareSwap(rkey, m.pd, va, compare, swap)
 	} else {
@@ -76,6 +83,13 @@ func (m *qpMemory) Flush(rkey uint32, va, length uint64, whole bool, access uint
 
 func (m *qpMemory) Invalidate(key uint32) error {
 	return memErrOf(m.mem.Invalidate(key, m.pd))
+}
+
+// BindMW binds for this QP: a type 2 window is bound to it.
+func (m *qpMemory) BindMW(b abi.BindMW) error {
+	m.acc.SetQP(m.qp)
+	return m.acc.BindMW(m.pd, dma.MWBind{MW: b.MWHandle, RKey: b.RKey, MR: b.MRLKey,
+		Addr: b.Addr, Length: b.Length, Access: dma.Access(b.Access)})
 }
 
 // memErr is a dma error seen through the engine: errors.Is matches both
@@ -98,6 +112,9 @@ var memErrTable = [...]*memErr{
 	{engine.ErrMemProtection, dma.ErrWrongPD},
 	{engine.ErrMemProtection, dma.ErrAccess},
 	{engine.ErrMemProtection, dma.ErrFault}, // on-demand paging: page not mapped
+	{engine.ErrMemProtection, dma.ErrWrongQP},
+	{engine.ErrMemProtection, dma.ErrMWType},
+	{engine.ErrMemProtection, dma.ErrMRBound},
 	{engine.ErrMemLength, dma.ErrLength},
 	{engine.ErrMemBounds, dma.ErrBounds},
 	{engine.ErrMemBounds, dma.ErrMisaligned},

@@ -526,6 +526,7 @@ func (*qp1Memory) Flush(uint32, uint64, uint64, bool, uint32) error {
 	return engine.ErrMemProtection
 }
 func (*qp1Memory) Invalidate(uint32) error { return engine.ErrMemProtection }
+func (*qp1Memory) BindMW(abi.BindMW) error { return engine.ErrMemProtection }
 
 var (
 	_ engine.SendSource     = (*qp1Source)(nil)

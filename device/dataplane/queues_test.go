@@ -71,7 +71,7 @@ func TestSQSource(t *testing.T) {
 	sges := []abi.SGE{{Addr: 0x1000, Length: 10, LKey: 7}, {Addr: 0x2000, Length: 20, LKey: 8}}
 	q.post(abi.SendWQE{WrID: 1, Opcode: abi.WRSend, Flags: abi.SendSignaled}, sges, nil)
 	q.post(abi.SendWQE{WrID: 2, Opcode: abi.WRSendWithImm, Flags: abi.SendInline, ImmData: 9}, nil, []byte("inline!"))
-	q.post(abi.SendWQE{WrID: 3, Opcode: abi.WROpcode(8)}, nil, nil) // BIND_MW: not supported
+	q.post(abi.SendWQE{WrID: 3, Opcode: abi.WROpcode(10)}, nil, nil) // no such opcode
 
 	ok, err = s.PollSend(w)
 	require.NoError(t, err)

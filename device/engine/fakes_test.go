@@ -21,6 +21,10 @@ type fakeMem struct {
 	// atomicWrites and flushes count the ATOMIC WRITEs and FLUSHes
 	// executed (a duplicate must not execute again).
 	atomicWrites, flushes int
+	// binds records the BIND_MW work requests executed; bindErr, when
+	// set, refuses them.
+	binds   []abi.BindMW
+	bindErr error
 }
 
 type fakeMR struct {
@@ -195,6 +199,16 @@ func (m *fakeMem) Invalidate(key uint32) error {
 		return errFakeProt
 	}
 	mr.valid = false
+	return nil
+}
+
+func (m *fakeMem) BindMW(b abi.BindMW) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.bindErr != nil {
+		return m.bindErr
+	}
+	m.binds = append(m.binds, b)
 	return nil
 }
 

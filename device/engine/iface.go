@@ -51,6 +51,10 @@ type Memory interface {
 	Flush(rkey uint32, va, length uint64, whole bool, access uint32) error
 	// Invalidate invalidates the MR (or memory window) of key.
 	Invalidate(key uint32) error
+	// BindMW executes a BIND_MW work request of this QP (binds, rebinds
+	// or unbinds a memory window). Any error completes the WR with
+	// MW_BIND_ERR.
+	BindMW(b abi.BindMW) error
 }
 
 // Sink takes the pieces of a gather (Memory.GatherTo) in order: it only

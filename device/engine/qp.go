@@ -564,6 +564,8 @@ func wcOpcode(op abi.WROpcode) abi.WCOpcode {
 		return abi.WCFlush
 	case abi.WRAtomicWrite:
 		return abi.WCAtomicWrite
+	case abi.WRBindMW:
+		return abi.WCBindMW
 	}
 	return abi.WCSend
 }

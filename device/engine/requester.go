@@ -24,7 +24,7 @@ type reqState uint8
 const (
 	// reqFetch makes sure the WQE at next exists.
 	reqFetch reqState = iota // fetch
-	// reqLocal executes local operations (LOCAL_INV).
+	// reqLocal executes local operations (LOCAL_INV, BIND_MW).
 	reqLocal // local
 	// reqFence: FENCE waits for prior READ/atomic WRs.
 	reqFence // fence
@@ -186,7 +186,7 @@ func (qp *QP) prepareWQE(e *swqe) abi.WCStatus {
 		e.length = 8
 		e.info = roce.OpRCCompareSwap.Info()
 		return abi.WCSuccess
-	case abi.WRLocalInv:
+	case abi.WRLocalInv, abi.WRBindMW:
 		e.npkts = 0
 		return abi.WCSuccess
 	case abi.WRAtomicWrite:
@@ -230,17 +230,25 @@ func (qp *QP) failWQE(e *swqe, st abi.WCStatus) {
 	qp.enterError()
 }
 
-// reqLocal executes LOCAL_INV when the requester reaches it: in order with
-// the WRs before it, as rxe does.
+// reqLocal executes LOCAL_INV and BIND_MW when the requester reaches
+// them: in order with the WRs before them, as rxe_do_local_ops does. A
+// refused bind completes with MW_BIND_ERR and the QP goes to ERR (IBTA
+// 10.6.7.2.3: a bind error is a completion error).
 func (qp *QP) reqLocal() reqState {
 	e := &qp.sq[qp.next&qp.sqMask]
-	if e.Opcode != abi.WRLocalInv {
+	if e.Opcode != abi.WRLocalInv && e.Opcode != abi.WRBindMW {
 		return reqFence
 	}
 	if e.Flags&abi.SendFence != 0 && qp.req.rdAtomic > 0 {
 		return reqExit
 	}
-	if err := qp.cfg.Mem.Invalidate(e.InvalidateRKey); err != nil {
+	if e.Opcode == abi.WRBindMW {
+		b, ok := abi.BindMWOf(&e.SendWQE)
+		if !ok || qp.cfg.Mem.BindMW(b) != nil {
+			qp.failWQE(e, abi.WCMWBindErr)
+			return reqExit
+		}
+	} else if err := qp.cfg.Mem.Invalidate(e.InvalidateRKey); err != nil {
 		qp.failWQE(e, localMemStatus(err))
 		return reqExit
 	}

@@ -320,6 +320,9 @@ VR_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device) {
 	ctx->ops.post_send = vr_post_send;
 	ctx->ops.post_recv = vr_post_recv;
 	ctx->ops.post_srq_recv = vr_post_srq_recv;
+	ctx->ops.alloc_mw = vr_alloc_mw;
+	ctx->ops.dealloc_mw = vr_dealloc_mw;
+	ctx->ops.bind_mw = vr_bind_mw;
 	v->query_port = vr_query_port;
 	v->query_device_ex = vr_query_device_ex;
 	v->create_cq_ex = vr_create_cq_ex;
@@ -390,6 +393,12 @@ VR_EXPORT int ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr *
 	a->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_CURR_QP_STATE_MOD | IBV_DEVICE_SYS_IMAGE_GUID;
 	if (d.device_cap_flags & VRNIC_DEVICE_XRC)
 		a->device_cap_flags |= IBV_DEVICE_XRC;
+	/* ABI 1.4: memory windows, type 1 and 2B (what the daemon says). */
+	if (d.device_cap_flags & VRNIC_DEVICE_MEM_WINDOW)
+		a->device_cap_flags |= IBV_DEVICE_MEM_WINDOW;
+	if (d.device_cap_flags & VRNIC_DEVICE_MEM_WINDOW_TYPE_2B)
+		a->device_cap_flags |= IBV_DEVICE_MEM_WINDOW_TYPE_2B;
+	a->max_mw = (int)d.max_mw;
 	a->max_sge = (int)d.max_sge;
 	a->max_sge_rd = (int)d.max_sge;
 	a->max_cq = (int)d.max_cq;

@@ -11,7 +11,7 @@
 	(IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND | \
 	 IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | \
 	 IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_SEND_WITH_INV | \
-	 IBV_QP_EX_WITH_ATOMIC_WRITE | VR_QP_EX_WITH_FLUSH)
+	 IBV_QP_EX_WITH_ATOMIC_WRITE | VR_QP_EX_WITH_FLUSH | IBV_QP_EX_WITH_BIND_MW)
 
 static inline struct vr_qp *qpx(struct ibv_qp_ex *q) { return (struct vr_qp *)q; }
 
@@ -146,6 +146,17 @@ static void wr_local_inv(struct ibv_qp_ex *q, uint32_t rkey) {
 		w->invalidate_rkey = rkey;
 }
 
+/* wr_bind_mw: a BIND_MW WQE (type 1 or 2 window; the daemon checks). */
+static void wr_bind_mw(struct ibv_qp_ex *q, struct ibv_mw *mw, uint32_t rkey, const struct ibv_mw_bind_info *info) {
+	if (!mw || !info) {
+		qpx(q)->wr_err = EINVAL;
+		return;
+	}
+	struct vrnic_send_wqe *w = wr_new(q, VRNIC_WR_BIND_MW);
+	if (w)
+		vr_bind_wqe(w, mw, rkey, info);
+}
+
 static void wr_set_sge_list(struct ibv_qp_ex *q, size_t n, const struct ibv_sge *sg) {
 	struct vr_qp *qp = qpx(q);
 	if (!qp->wr_cur)
@@ -250,6 +261,7 @@ void vr_qp_ex_init(struct vr_qp *qp, uint64_t send_ops_flags) {
 	x->wr_send_imm = wr_send_imm;
 	x->wr_send_inv = wr_send_inv;
 	x->wr_local_inv = wr_local_inv;
+	x->wr_bind_mw = wr_bind_mw;
 	x->wr_set_sge = wr_set_sge;
 	x->wr_set_sge_list = wr_set_sge_list;
 	x->wr_set_inline_data = wr_set_inline_data;

@@ -68,13 +68,14 @@ VR_EXPORT int ibv_dealloc_pd(struct ibv_pd *pd) {
  * to the daemon, which refuses it with EOPNOTSUPP: its memory has no
  * persistence domain (the device does not report FLUSH_PERSISTENT). */
 #define ACCESS_KERNEL (0xffu | IBV_ACCESS_FLUSH_GLOBAL | IBV_ACCESS_FLUSH_PERSISTENT)
-/* The bits the daemon's REG_MR takes (enum vrnic_access). */
+/* The bits the daemon's REG_MR takes (enum vrnic_access): MW_BIND too
+ * (ABI 1.4: windows may be bound to the MR). */
 #define ACCESS_DAEMON                                                                                              \
 	(VRNIC_ACCESS_LOCAL_WRITE | VRNIC_ACCESS_REMOTE_WRITE | VRNIC_ACCESS_REMOTE_READ | VRNIC_ACCESS_REMOTE_ATOMIC | \
-	 VRNIC_ACCESS_FLUSH_GLOBAL | VRNIC_ACCESS_FLUSH_PERSISTENT)
-/* Accepted and ignored, as rxe on Linux 6.1 does: MW_BIND (vrnic offers
- * no memory windows to bind) and HUGETLB (a hint about the pages). Refused
- * with EOPNOTSUPP: ZERO_BASED (vrnic does not address an MR from 0;
+	 VRNIC_ACCESS_MW_BIND | VRNIC_ACCESS_FLUSH_GLOBAL | VRNIC_ACCESS_FLUSH_PERSISTENT)
+/* Accepted and ignored, as rxe on Linux 6.1 does: HUGETLB (a hint about
+ * the pages). Refused with EOPNOTSUPP: ZERO_BASED (vrnic does not address
+ * an MR from 0;
  * rxe of 6.1 ignores the bit and goes on addressing by iova, rxe from 6.4
  * refuses it with EOPNOTSUPP as vrnic does). */
 #define ACCESS_NOTSUP IBV_ACCESS_ZERO_BASED

@@ -105,6 +105,14 @@ static int build_send(struct vr_qp *qp, const struct ibv_send_wr *wr, uint8_t *s
 	case IBV_WR_SEND_WITH_INV:
 	case IBV_WR_LOCAL_INV:
 		break;
+	case IBV_WR_BIND_MW:
+		/* verbs.h: ibv_post_send binds type 2 windows (type 1 comes
+		 * here through ibv_bind_mw, as in rdma-core's rxe provider);
+		 * no SGEs, no inline data. */
+		if (!wr->bind_mw.mw || wr->num_sge != 0 || (wr->send_flags & IBV_SEND_INLINE))
+			return EINVAL;
+		vr_bind_wqe(&w, wr->bind_mw.mw, wr->bind_mw.rkey, &wr->bind_mw.bind_info);
+		break;
 	case IBV_WR_ATOMIC_WRITE:
 		/* ibv_post_send has no field for the value: it is the 8 bytes
 		 * of the one SGE (or inline buffer), read now, at post time,

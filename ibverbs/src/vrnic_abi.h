@@ -136,6 +136,9 @@ enum vrnic_cmd {
 	VRNIC_CMD_CM_ESTABLISH    = 30,
 	VRNIC_CMD_CM_DISCONNECT   = 31,
 	VRNIC_CMD_CM_INIT_QP_ATTR = 32,
+	/* Memory windows, ABI 1.4 (see "Memory windows" below) */
+	VRNIC_CMD_ALLOC_MW        = 40,
+	VRNIC_CMD_DEALLOC_MW      = 41, /* struct vrnic_cmd_handle: the mw_handle */
 	/* On-demand paging, ABI 1.4 (see "On-demand paging" below) */
 	VRNIC_CMD_ODP_ATTACH      = 53,
 	VRNIC_CMD_REG_MR_ODP      = 54,
@@ -460,7 +463,7 @@ struct vrnic_device_attr {
 	uint32_t hw_ver;
 	uint32_t max_qp;
 	uint32_t max_qp_wr;
-	uint32_t device_cap_flags;   /* ABI 1.4: VRNIC_DEVICE_XRC (= IBV_DEVICE_XRC) */
+	uint32_t device_cap_flags;   /* ABI 1.4: enum vrnic_device_cap, and VRNIC_DEVICE_XRC (= IBV_DEVICE_XRC) */
 	uint32_t max_sge;
 	uint32_t max_inline;
 	uint32_t max_cq;
@@ -478,7 +481,14 @@ struct vrnic_device_attr {
 	uint8_t  atomic_cap;         /* enum ibv_atomic_cap: 1 = HCA-atomic */
 	uint8_t  phys_port_cnt;
 	uint8_t  placement_caps;     /* ABI 1.4: enum vrnic_placement_caps */
-	uint8_t  reserved[5];
+	uint8_t  reserved[1];
+	uint32_t max_mw;             /* ABI 1.4: memory windows per device (0 before) */
+};
+
+/* device_cap_flags (ABI 1.4) */
+enum vrnic_device_cap {
+	VRNIC_DEVICE_MEM_WINDOW         = 1u << 0, /* type 1 memory windows (IBV_DEVICE_MEM_WINDOW) */
+	VRNIC_DEVICE_MEM_WINDOW_TYPE_2B = 1u << 1, /* type 2B memory windows (IBV_DEVICE_MEM_WINDOW_TYPE_2B) */
 };
 
 /* ABI 1.4: the IBTA 1.5 Memory Placement Extensions the device executes
@@ -568,11 +578,50 @@ enum vrnic_access {
 	VRNIC_ACCESS_REMOTE_WRITE  = 1u << 1,
 	VRNIC_ACCESS_REMOTE_READ   = 1u << 2,
 	VRNIC_ACCESS_REMOTE_ATOMIC = 1u << 3,
+	VRNIC_ACCESS_MW_BIND       = 1u << 4, /* ABI 1.4: REG_MR: memory windows may be bound to the MR */
+	VRNIC_ACCESS_ZERO_BASED    = 1u << 5, /* ABI 1.4: BIND_MW of a type 2 window: remote addresses are offsets into it */
 	/* ABI 1.4: FLUSH (IBTA 1.5 Memory Placement Extensions) with the
 	 * global visibility / persistence placement type may target the MR
 	 * (IBV_ACCESS_FLUSH_GLOBAL, IBV_ACCESS_FLUSH_PERSISTENT). */
 	VRNIC_ACCESS_FLUSH_GLOBAL     = 1u << 8,
 	VRNIC_ACCESS_FLUSH_PERSISTENT = 1u << 9,
+};
+
+/* ------------------------------------------------------------------------
+ * Memory windows (ABI 1.4), IBTA 10.6.7, as Linux rxe.
+ *
+ * ALLOC_MW allocates a window of type 1 or 2 in a PD; any other type is
+ * EINVAL. The reply's rkey is the window's key before its first bind; its
+ * upper 24 bits never change, the consumer chooses the low 8 at each bind
+ * (ibv_inc_rkey). mw_handle names the window in DEALLOC_MW and in a BIND_MW
+ * WQE. DEALLOC_MW of a bound window unbinds it first.
+ *
+ * A window is bound by a VRNIC_WR_BIND_MW send WQE (below), executed in
+ * order with the QP's other WQEs: a type 1 window by any QP of its PD
+ * (length 0 unbinds it), a type 2 window only when free, to a non-empty
+ * range, and then only the QP that bound it may use its rkey. The MR must
+ * be of the QP's PD, registered with VRNIC_ACCESS_MW_BIND (and local write
+ * for a window with remote write or atomic rights), and contain the range.
+ * A refused bind completes with VRNIC_WC_MW_BIND_ERR and the QP goes to
+ * ERR. LOCAL_INV and SEND_WITH_INV of a type 2 window's rkey free it (a
+ * type 1 window's: refused, VRNIC_WC_LOC_PROT_ERR / NAK Invalid Request).
+ * DEREG_MR of an MR with windows bound fails with EINVAL. A remote access
+ * through an unbound, freed or deallocated window's rkey is NAKed with a
+ * Remote Access Error (VRNIC_WC_REM_ACCESS_ERR at the requester).
+ * ------------------------------------------------------------------------ */
+enum vrnic_mw_type {
+	VRNIC_MW_TYPE_1 = 1,
+	VRNIC_MW_TYPE_2 = 2,
+};
+
+struct vrnic_cmd_alloc_mw {
+	uint32_t pd_handle;
+	uint32_t type;           /* enum vrnic_mw_type */
+};
+
+struct vrnic_resp_alloc_mw {
+	uint32_t mw_handle;
+	uint32_t rkey;
 };
 
 /* REG_MR: the page table a kernel driver would build after pinning. The MR
@@ -1019,6 +1068,7 @@ enum vrnic_wr_opcode {
 	VRNIC_WR_ATOMIC_CMP_AND_SWP   = 5,
 	VRNIC_WR_ATOMIC_FETCH_AND_ADD = 6,
 	VRNIC_WR_LOCAL_INV            = 7,
+	VRNIC_WR_BIND_MW              = 8, /* ABI 1.4, see struct vrnic_send_wqe */
 	VRNIC_WR_SEND_WITH_INV        = 9,
 	/* ABI 1.4, IBTA 1.5 Memory Placement Extensions (RC only):
 	 * FLUSH: remote_addr, rkey; compare_add is the length (ignored with
@@ -1083,6 +1133,15 @@ struct vrnic_send_wqe {
 	uint64_t compare_add;    /* CMP_AND_SWP: compare; FETCH_AND_ADD: add */
 	uint64_t swap;
 };
+/* VRNIC_WR_BIND_MW (ABI 1.4) uses the fields above as:
+ *   invalidate_rkey  the window's mw_handle (ALLOC_MW)
+ *   rkey             the window's rkey after the bind (same upper 24 bits)
+ *   imm_data         the MR's lkey (ignored when length is 0)
+ *   remote_addr      the window's first byte, a virtual address of the MR
+ *   compare_add      the window's length (0: unbind a type 1 window)
+ *   swap             the window's access: enum vrnic_access bits REMOTE_*,
+ *                    ZERO_BASED and LOCAL_WRITE (ignored), the rest 0
+ * with num_sge 0 and no inline data; it completes with VRNIC_WC_BIND_MW. */
 
 /* ------------------------------------------------------------------------
  * Receive WQE (RQ and SRQ): a slot of rq_wqe_size bytes.

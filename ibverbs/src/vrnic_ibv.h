@@ -338,6 +338,13 @@ VR_HIDDEN int vr_get_srq_num(struct ibv_srq *srq, uint32_t *num);
 VR_HIDDEN struct ibv_qp *vr_create_xrc_tgt(struct ibv_context *ctx, struct ibv_qp_init_attr_ex *a);
 VR_HIDDEN struct ibv_srq *vr_create_xrc_srq(struct ibv_context *ctx, struct ibv_srq_init_attr_ex *a);
 
+/* mw.c */
+VR_HIDDEN struct ibv_mw *vr_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type);
+VR_HIDDEN int vr_dealloc_mw(struct ibv_mw *mw);
+VR_HIDDEN int vr_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mw_bind *b);
+VR_HIDDEN void vr_bind_wqe(struct vrnic_send_wqe *w, const struct ibv_mw *mw, uint32_t rkey,
+			   const struct ibv_mw_bind_info *info);
+
 /* ah.c */
 VR_HIDDEN void vr_ah_to_vr(const struct ibv_ah_attr *a, struct vrnic_ah_attr *v);
 
