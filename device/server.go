@@ -178,9 +178,15 @@ func (d *Device) serveConn(c *net.UnixConn) {
 		oob:      make([]byte, unix.CmsgSpace(maxOOBFds*4)),
 	}
 	cn.buf, cn.rbuf = cn.bufs.buf[:], cn.bufs.rbuf[:]
+	held := false // the turn, while a message is handled
 	defer func() {
 		c.Close()
-		turn.take()
+		// A handler that panicked holds the turn: taking it again would
+		// hang every connection of the uid instead of letting the panic
+		// through.
+		if !held {
+			turn.take()
+		}
 		if cn.ctx != nil && d.cfg.CM != nil {
 			// The CM IDs first, without the device lock (the CM has
 			// its own owner; rdma_destroy_id's REJs and DREQs go out).
@@ -209,6 +215,7 @@ func (d *Device) serveConn(c *net.UnixConn) {
 			return
 		}
 		turn.take()
+		held = true
 		if re != nil {
 			d.counters.BadMessages.Add(1)
 			cn.replyRawError(m.data, unix.EMSGSIZE, re.Error())
@@ -221,6 +228,7 @@ func (d *Device) serveConn(c *net.UnixConn) {
 			}
 			m.closeFds()
 		}
+		held = false
 		turn.release()
 		if cn.wait != nil {
 			cn.awaitDataPlane()

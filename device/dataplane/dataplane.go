@@ -612,7 +612,7 @@ func (dp *DataPlane) ModifyQP(q *device.QP, prev device.QPState, mask device.Att
 		// run.
 		if prev == device.StateReset {
 			x.sq.reset.request(x.rec.SQPI.Load())
-			if x.srq == nil {
+			if x.srq == nil && x.rq != nil {
 				x.rq.reset.request(x.rec.RQPI.Load())
 			}
 		} else if state == device.StateRTS && (prev == device.StateInit || prev == device.StateRTR) {
