@@ -14,13 +14,15 @@ import (
 
 // odpCaps is what on-demand paging covers: every transport reaches memory
 // through the same dma accessors, so every operation it has works on ODP
-// memory. XRC is not offered by the device.
+// memory. XRC runs RC's engine and its receives take XRC SRQs.
 var odpCaps = abi.RespODPAttach{
 	GeneralCaps: abi.ODPSupport | abi.ODPSupportImplicit,
 	RCODPCaps: abi.ODPSupportSend | abi.ODPSupportRecv | abi.ODPSupportWrite | abi.ODPSupportRead |
 		abi.ODPSupportAtomic | abi.ODPSupportSRQRecv,
 	UCODPCaps: abi.ODPSupportSend | abi.ODPSupportRecv | abi.ODPSupportWrite | abi.ODPSupportSRQRecv,
 	UDODPCaps: abi.ODPSupportSend | abi.ODPSupportRecv | abi.ODPSupportSRQRecv,
+	XRCODPCaps: abi.ODPSupportSend | abi.ODPSupportWrite | abi.ODPSupportRead | abi.ODPSupportAtomic |
+		abi.ODPSupportSRQRecv,
 }
 
 func (cn *conn) odpAttach(r *request) (reply, error) {
