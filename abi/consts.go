@@ -7,7 +7,7 @@ import "strconv"
 // ABI version (VRNIC_ABI_VERSION_*).
 const (
 	VersionMajor = 1
-	VersionMinor = 3
+	VersionMinor = 4
 	Version      = VersionMajor<<16 | VersionMinor
 )
 

@@ -60,7 +60,7 @@
 /* ABI version: OPEN_CONTEXT fails with EPROTO unless the major matches and
  * the client's minor is <= the daemon's. */
 #define VRNIC_ABI_VERSION_MAJOR 1
-#define VRNIC_ABI_VERSION_MINOR 3
+#define VRNIC_ABI_VERSION_MINOR 4
 #define VRNIC_ABI_VERSION ((VRNIC_ABI_VERSION_MAJOR << 16) | VRNIC_ABI_VERSION_MINOR)
 
 /* ------------------------------------------------------------------------
