@@ -175,6 +175,7 @@ struct vma {
 	uint64_t off;
 	ino_t ino;
 	bool special; /* [vdso], [vvar], ... */
+	bool hugetlb; /* private hugetlb memory: split only at huge pages */
 };
 
 /* read_maps returns the mappings overlapping [start, end), in order. */
@@ -209,6 +210,7 @@ static int read_maps(uintptr_t start, uintptr_t end, struct vma **out, size_t *n
 		v[cnt].prot = (perms[0] == 'r' ? PROT_READ : 0) | (perms[1] == 'w' ? PROT_WRITE : 0) |
 			      (perms[2] == 'x' ? PROT_EXEC : 0);
 		v[cnt].special = path[0] == '[' && strncmp(path, "[heap]", 6) != 0 && strncmp(path, "[stack", 6) != 0;
+		v[cnt].hugetlb = strncmp(path, "/anon_hugepage", 14) == 0;
 		cnt++;
 	}
 	fclose(f);
@@ -415,11 +417,21 @@ int vr_user_pages(struct vr_ctx *c, uintptr_t start, size_t npages, bool write, 
 			ret = EFAULT;
 			goto out;
 		}
+	/* A hugetlb mapping cannot be split inside a huge page (mmap over a
+	 * part of one fails with EINVAL): its pages are backed whole, each
+	 * hugetlb mapping the range touches (they start and end at huge
+	 * pages) in full. */
+	uintptr_t bs = start, be = end;
+	for (size_t i = 0; i < nv; i++)
+		if (v[i].hugetlb && v[i].end > start && v[i].start < end) {
+			bs = v[i].start < bs ? v[i].start : bs;
+			be = v[i].end > be ? v[i].end : be;
+		}
 	/* Forget segments whose pages in the range are no longer theirs. */
 	for (size_t i = 0; i < nsegs;) {
 		struct seg *g = &segs[i];
-		if (g->end > start && g->start < end) {
-			uintptr_t s = g->start > start ? g->start : start, e = g->end < end ? g->end : end;
+		if (g->end > bs && g->start < be) {
+			uintptr_t s = g->start > bs ? g->start : bs, e = g->end < be ? g->end : be;
 			if (!seg_valid(g, s, e, v, nv)) {
 				seg_remove(i);
 				continue;
@@ -428,8 +440,8 @@ int vr_user_pages(struct vr_ctx *c, uintptr_t start, size_t npages, bool write, 
 		i++;
 	}
 	/* Back the gaps between segments. */
-	uintptr_t at = start;
-	while (at < end) {
+	uintptr_t at = bs;
+	while (at < be) {
 		size_t i = 0;
 		while (i < nsegs && segs[i].end <= at)
 			i++;
@@ -437,7 +449,7 @@ int vr_user_pages(struct vr_ctx *c, uintptr_t start, size_t npages, bool write, 
 			at = segs[i].end;
 			continue;
 		}
-		uintptr_t ge = i < nsegs && segs[i].start < end ? segs[i].start : end;
+		uintptr_t ge = i < nsegs && segs[i].start < be ? segs[i].start : be;
 		if ((ret = back_range(at, ge, v, nv)))
 			goto out;
 		at = ge;
