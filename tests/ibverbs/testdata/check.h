@@ -111,4 +111,39 @@ static inline void expect_wc(const char *kind, const char *what, struct ibv_cq *
 	expect_wc_out(kind, what, cq, want, check_len, NULL);
 }
 
+/* rc_to_rts takes an RC QP from RESET to RTS, connected to QP dest_qpn at
+ * dgid over port 1 with path MTU 1024: access the QP's remote access
+ * flags, psn both its send PSN and the PSN it expects, rd_atomic its read
+ * and atomic depth both ways. Exits on an error. */
+static inline void rc_to_rts(struct ibv_qp *qp, uint32_t dest_qpn, const union ibv_gid *dgid, int access,
+			     uint32_t psn, uint8_t rd_atomic) {
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1, .qp_access_flags = (unsigned)access };
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+		die("modify INIT");
+	memset(&a, 0, sizeof a);
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = IBV_MTU_1024;
+	a.dest_qp_num = dest_qpn;
+	a.rq_psn = psn;
+	a.max_dest_rd_atomic = rd_atomic;
+	a.min_rnr_timer = 12;
+	a.ah_attr.is_global = 1;
+	a.ah_attr.grh.dgid = *dgid;
+	a.ah_attr.grh.hop_limit = 64;
+	a.ah_attr.port_num = 1;
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+					  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+		die("modify RTR");
+	memset(&a, 0, sizeof a);
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = 14;
+	a.retry_cnt = 7;
+	a.rnr_retry = 7;
+	a.sq_psn = psn;
+	a.max_rd_atomic = rd_atomic;
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+					  IBV_QP_MAX_QP_RD_ATOMIC))
+		die("modify RTS");
+}
+
 #endif /* CHECK_H */
