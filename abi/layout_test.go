@@ -76,6 +76,13 @@ var cStructs = []struct {
 	{"vrnic_db_qp", DBQP{}},
 	{"vrnic_db_cq", DBCQ{}},
 	{"vrnic_db_srq", DBSRQ{}},
+	{"vrnic_cmd_rereg_mr", CmdReregMRReq{}},
+	{"vrnic_cmd_resize_cq", CmdResizeCQReq{}},
+	{"vrnic_resp_resize_cq", RespResizeCQ{}},
+	{"vrnic_cmd_alloc_dm", CmdAllocDMReq{}},
+	{"vrnic_resp_alloc_dm", RespAllocDM{}},
+	{"vrnic_cmd_reg_dm_mr", CmdRegDMMRReq{}},
+	{"vrnic_device_attr_ex", DeviceAttrEx{}},
 }
 
 // cConsts maps every #define and enum value of the header to its Go value.
@@ -107,6 +114,12 @@ var cConsts = map[string]uint64{
 	"VRNIC_CMD_CM_ACCEPT": uint64(CmdCMAccept), "VRNIC_CMD_CM_REJECT": uint64(CmdCMReject),
 	"VRNIC_CMD_CM_ESTABLISH": uint64(CmdCMEstablish), "VRNIC_CMD_CM_DISCONNECT": uint64(CmdCMDisconnect),
 	"VRNIC_CMD_CM_INIT_QP_ATTR": uint64(CmdCMInitQPAttr),
+	"VRNIC_CMD_REREG_MR":        uint64(CmdReregMR), "VRNIC_CMD_RESIZE_CQ": uint64(CmdResizeCQ),
+	"VRNIC_CMD_ALLOC_DM": uint64(CmdAllocDM), "VRNIC_CMD_FREE_DM": uint64(CmdFreeDM),
+	"VRNIC_CMD_REG_DM_MR": uint64(CmdRegDMMR), "VRNIC_CMD_QUERY_DEVICE_EX": uint64(CmdQueryDeviceEx),
+	"VRNIC_REREG_CHANGE_TRANSLATION": uint64(ReregChangeTranslation), "VRNIC_REREG_CHANGE_PD": uint64(ReregChangePD),
+	"VRNIC_REREG_CHANGE_ACCESS": uint64(ReregChangeAccess), "VRNIC_DM_MAX_LOG_ALIGN": DMMaxLogAlign,
+	"VRNIC_ACCESS_ZERO_BASED":   uint64(AccessZeroBased),
 	"VRNIC_CM_MAX_PRIVATE_DATA": CMMaxPrivateData, "VRNIC_CM_REQ_PRIVATE_DATA": CMREQPrivateData,
 	"VRNIC_CM_REP_PRIVATE_DATA": CMREPPrivateData, "VRNIC_CM_REJ_PRIVATE_DATA": CMREJPrivateData,
 	"VRNIC_CM_DREQ_PRIVATE_DATA": CMDREQPrivateData, "VRNIC_CM_SIDR_REQ_PRIVATE_DATA": CMSIDRREQPrivateData,
