@@ -86,6 +86,7 @@ func (cn *conn) openContext(r *request) (reply, error) {
 		qps:     qpnTable(),
 		srqs:    map[uint32]*SRQ{},
 		ahs:     map[uint32]*AH{},
+		dms:     map[uint32]*dm{},
 	}
 	// Pinned memory and page tables are charged to the uid: a user's
 	// contexts share one budget, so opening more contexts gains nothing.
@@ -409,6 +410,9 @@ func (cn *conn) deregMR(r *request) (reply, error) {
 	}
 	delete(cx.mrs, h)
 	m.pd.users--
+	if m.dm != nil {
+		m.dm.users--
+	}
 	cx.counts.MR--
 	d.totals.MR--
 	return reply{}, nil

@@ -34,6 +34,7 @@ type Context struct {
 	qps        *qpTable[uint32] // by QPN
 	srqs       map[uint32]*SRQ
 	ahs        map[uint32]*AH
+	dms        map[uint32]*dm // device memory (mrdm.go)
 
 	// lingering counts destroyed QPs whose engine worker has not
 	// confirmed the removal yet (DataPlane.DestroyQP returned a channel).
@@ -110,6 +111,7 @@ type mr struct {
 	rkey   uint32
 	npages uint32
 	shift  uint32
+	dm     *dm // a device memory MR's DM, else nil
 }
 
 // CQ is a completion queue. The data plane reads it through the accessors,

@@ -30,13 +30,16 @@ func (a *Accessor) FetchAdd(rkey uint32, pd PD, va, add uint64) (uint64, error) 
 }
 
 // word returns the 8 mapped bytes at va. Mappings are page aligned and so
-// is every page of the MR, so va%8 is the host address' alignment.
+// is every page of the MR, so (va-base)%8 is the host address' alignment
+// (base is va's page start, a multiple of 8, for all but zero-based MRs).
 func (a *Accessor) word(rkey uint32, pd PD, va uint64) ([]byte, error) {
 	m, err := a.remoteRegion(rkey, pd, va, 8, AccessRemoteAtomic)
 	if err != nil {
 		return nil, err
 	}
-	if va%8 != 0 {
+	// A zero-based MR's address x is its first page's byte x-base: the
+	// host alignment is that of va-base.
+	if (va-m.base)%8 != 0 {
 		return nil, ErrMisaligned
 	}
 	return m.span(va, 8), nil // never crosses a page: aligned

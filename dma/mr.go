@@ -25,6 +25,7 @@ type memRegion struct {
 	runs       []pteRun  // runs table, or nil
 	regs       []*region // the regions the pages lie in (each pinned once)
 	invalid    atomic.Bool
+	zeroBased  bool // device memory, addressed from 0 (RegisterZeroBased)
 
 	store      []byte // the table's own mapping, or nil (Go heap)
 	tableBytes uint64 // charged to the owner's account
@@ -139,18 +140,39 @@ func (s *Space) registerLocked(o Owner, pd uint32, iova, length uint64, access A
 		return MRInfo{}, fmt.Errorf("%w: %d MR keys in use", ErrLimit, len(s.slots)-1)
 	}
 	ps := uint64(1) << pageShift
+	m, err := s.buildLocked(o, pd, iova, length, access, pageShift, iova&(ps-1), n, page)
+	if err != nil {
+		return MRInfo{}, err
+	}
+	idx, lv, rv, _ := s.keys.alloc() // available, checked above, under mu
+	m.lkey = idx<<8 | uint32(lv)
+	if access&AccessRemote != 0 {
+		m.rkey = idx<<8 | uint32(rv)
+	}
+	s.owner(o).mrs[m.lkey] = m
+	s.slots[idx].Store(m) // publish: after this, workers can find it
+	return MRInfo{LKey: m.lkey, RKey: m.rkey}, nil
+}
+
+// buildLocked builds, charges and pins an MR of n pages, page i at
+// page(i), whose address iova lies pageOff bytes into its first page
+// (iova's own offset, or another one for a zero-based MR), without keys
+// and unpublished; every region it uses has one more pin. A refused build
+// leaves nothing behind. Caller holds mu.
+func (s *Space) buildLocked(o Owner, pd uint32, iova, length uint64, access Access, pageShift uint, pageOff, n uint64, page func(uint64) uint64) (*memRegion, error) {
+	ps := uint64(1) << pageShift
 	m := &memRegion{
 		pd: PD{Owner: o, Handle: pd}, access: access,
-		iova: iova, length: length, base: iova &^ (ps - 1), shift: uint8(pageShift), npages: n,
+		iova: iova, length: length, base: iova - pageOff, shift: uint8(pageShift), npages: n,
 	}
 	// The table is built in the scratch first: a registration refused
 	// (bad page, over the account's limit) allocates nothing.
 	flat, err := s.scratchPages(n)
 	if err != nil {
-		return MRInfo{}, err
+		return nil, err
 	}
 	defer s.releaseScratch(n)
-	fail := func(err error) (MRInfo, error) { return MRInfo{}, err }
+	fail := func(err error) (*memRegion, error) { return nil, err }
 	var nruns uint64
 	for i := range n {
 		pa := page(i)
@@ -189,7 +211,7 @@ func (s *Space) registerLocked(o Owner, pd uint32, iova, length uint64, access A
 	}
 	st := s.owner(o)
 	if err := s.chargeTables(st.acct, m.tableBytes); err != nil {
-		return MRInfo{}, err
+		return nil, err
 	}
 	if useRuns {
 		m.runs, m.store, err = allocRuns(nruns)
@@ -210,24 +232,17 @@ func (s *Space) registerLocked(o Owner, pd uint32, iova, length uint64, access A
 	}
 	if err != nil {
 		s.refundTables(st.acct, m.tableBytes)
-		return MRInfo{}, err
+		return nil, err
 	}
 	if err := s.pinMR(st.acct, m); err != nil {
 		s.refundTables(st.acct, m.tableBytes)
 		freeStore(m.store)
-		return MRInfo{}, err
-	}
-	idx, lv, rv, _ := s.keys.alloc() // available, checked above, under mu
-	m.lkey = idx<<8 | uint32(lv)
-	if access&AccessRemote != 0 {
-		m.rkey = idx<<8 | uint32(rv)
+		return nil, err
 	}
 	for _, r := range m.regs {
 		r.pins++
 	}
-	st.mrs[m.lkey] = m
-	s.slots[idx].Store(m) // publish: after this, workers can find it
-	return MRInfo{LKey: m.lkey, RKey: m.rkey}, nil
+	return m, nil
 }
 
 // DeregisterMR removes the MR of owner whose lkey is key and releases its
@@ -259,6 +274,13 @@ func (s *Space) dropMR(st *ownerState, m *memRegion, rl *retireList) {
 	s.slots[idx].Store(nil)
 	delete(st.mrs, m.lkey)
 	s.keys.free(idx)
+	s.releaseTranslation(st, m, rl)
+}
+
+// releaseTranslation unpins m's chunks and regions and refunds its table,
+// adding to rl what to free after the grace period; m must no longer be
+// published. Caller holds mu.
+func (s *Space) releaseTranslation(st *ownerState, m *memRegion, rl *retireList) {
 	s.unpinMR(m)
 	s.refundTables(st.acct, m.tableBytes)
 	for _, r := range m.regs {
