@@ -27,10 +27,10 @@ import (
 
 	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/device"
-	"github.com/vrnic/vrnic/queues"
 	"github.com/vrnic/vrnic/device/engine"
 	"github.com/vrnic/vrnic/dma"
 	"github.com/vrnic/vrnic/doorbell"
+	"github.com/vrnic/vrnic/queues"
 	"github.com/vrnic/vrnic/roce"
 )
 
