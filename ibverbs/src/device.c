@@ -325,6 +325,9 @@ VR_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device) {
 	v->create_cq_ex = vr_create_cq_ex;
 	v->create_qp_ex = vr_create_qp_ex;
 	v->create_srq_ex = vr_create_srq_ex;
+	v->alloc_dm = vr_alloc_dm;
+	v->free_dm = vr_free_dm;
+	v->reg_dm_mr = vr_reg_dm_mr;
 	return ctx;
 fail:
 	if (c->db)

@@ -348,6 +348,8 @@ int vr_query_device_ex(struct ibv_context *ctx, const struct ibv_query_device_ex
 	int ret = ibv_query_device(ctx, &a.orig_attr);
 	if (ret)
 		return ret;
+	if ((ret = vr_max_dm_size(vr_ctx(ctx), &a.max_dm_size)))
+		return ret;
 	memcpy(attr, &a, size < sizeof a ? size : sizeof a);
 	return 0;
 }

@@ -130,6 +130,7 @@ static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint6
 	mr->mr.handle = r.mr_handle;
 	mr->mr.lkey = r.lkey;
 	mr->mr.rkey = r.rkey;
+	mr->access = access;
 	return &mr->mr;
 }
 
@@ -326,13 +327,6 @@ VR_EXPORT int ibv_destroy_cq(struct ibv_cq *ibcq) {
 	pthread_spin_destroy(&cq->lock);
 	free(cq);
 	return 0;
-}
-
-VR_EXPORT int ibv_resize_cq(struct ibv_cq *cq, int cqe) {
-	(void)cq;
-	(void)cqe;
-	errno = EOPNOTSUPP;
-	return EOPNOTSUPP;
 }
 
 /* ---- QP ---- */

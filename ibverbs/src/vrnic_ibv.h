@@ -92,6 +92,7 @@ struct vr_ctx {
 	struct vr_chunk *chunks;
 	struct vr_seg_reg *segs;
 	size_t nsegs, capsegs;
+	uint64_t max_dm_size; /* QUERY_DEVICE_EX's + 1; 0: not asked yet (mrdm.c) */
 };
 
 enum vr_obj_kind { VR_OBJ_QP = 1, VR_OBJ_CQ, VR_OBJ_SRQ };
@@ -107,6 +108,8 @@ struct vr_pd {
 
 struct vr_mr {
 	struct ibv_mr mr;
+	unsigned access;   /* IBV_ACCESS_* as registered (ibv_rereg_mr) */
+	struct ibv_dm *dm; /* a device memory MR's DM (ibv_reg_dm_mr), else NULL */
 };
 
 struct vr_ah {
@@ -235,6 +238,13 @@ VR_HIDDEN struct ibv_srq *vr_create_srq_ex(struct ibv_context *ctx, struct ibv_s
 VR_HIDDEN struct ibv_cq *vr_create_cq(struct ibv_context *ctx, int cqe, void *cq_context,
 				      struct ibv_comp_channel *channel, uint64_t wc_flags);
 VR_HIDDEN struct ibv_qp *vr_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr_ex *a);
+
+/* mrdm.c */
+VR_HIDDEN struct ibv_dm *vr_alloc_dm(struct ibv_context *ctx, struct ibv_alloc_dm_attr *a);
+VR_HIDDEN int vr_free_dm(struct ibv_dm *dm);
+VR_HIDDEN struct ibv_mr *vr_reg_dm_mr(struct ibv_pd *pd, struct ibv_dm *dm, uint64_t off, size_t length,
+				      unsigned int access);
+VR_HIDDEN int vr_max_dm_size(struct vr_ctx *c, uint64_t *max);
 
 /* ah.c */
 VR_HIDDEN void vr_ah_to_vr(const struct ibv_ah_attr *a, struct vrnic_ah_attr *v);
