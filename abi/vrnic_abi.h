@@ -578,7 +578,10 @@ struct vrnic_cmd_reg_mr {
 };
 
 /* lkey and rkey: (index << 8) | variant. The 8-bit variant changes every
- * time an index is reused, so a stale key never matches a new MR. */
+ * time an index is reused, so a stale key never matches a new MR. Every
+ * MR has an rkey, as on Linux (ABI 1.4; it was 0 without remote access):
+ * a remote access to an MR without the remote right fails its access
+ * check. */
 struct vrnic_resp_reg_mr {
 	uint32_t mr_handle;
 	uint32_t lkey;
@@ -1090,9 +1093,9 @@ struct vrnic_db_srq {
  * npages, inline pages or pbl_pa); without it those fields are 0. With
  * CHANGE_PD the MR moves to pd_handle; with CHANGE_ACCESS it gets access
  * (enum vrnic_access; remote write or atomic need local write). A DM MR
- * cannot be re-registered (EINVAL). The keys stay: the lkey (the MR's
- * handle) is unchanged, the rkey is the MR's remote key while the new
- * access grants remote access, 0 otherwise (the reply says which). When
+ * cannot be re-registered (EINVAL). The keys stay, as Linux rxe reports
+ * them: the lkey (the MR's handle) and the rkey are unchanged (every MR
+ * has an rkey; remote access to an MR without the right fails). When
  * the reply is sent the daemon no longer touches the old translation:
  * copies that looked the MR up before the change have finished. */
 enum vrnic_rereg_flags {              /* = enum ibv_rereg_mr_flags */

@@ -82,10 +82,6 @@ func (k *keyAlloc) alloc() (idx uint32, lv, rv uint8, ok bool) {
 	return idx, lv, rv, true
 }
 
-// rkeyVariant is the rkey variant idx was last handed out with (an MR
-// that gains remote access by a re-registration gets it).
-func (k *keyAlloc) rkeyVariant(idx uint32) uint8 { return uint8(k.last[idx]) }
-
 func (k *keyAlloc) byte() uint8 { return uint8(k.rng.Uint64()) }
 
 // free returns idx; it rests in the quarantine before it can be drawn.

@@ -38,10 +38,13 @@ const (
 )
 
 // MRInfo is the result of a registration. LKey doubles as the handle for
-// DeregisterMR. RKey is 0 when the MR grants no remote access (no remote
-// peer can name it, as Linux rxe does); otherwise it is a key of its own:
-// the same index as the lkey with another variant (see keys.go), and only
-// remote accesses match it.
+// DeregisterMR. RKey is a key of its own: the same index as the lkey with
+// another variant (see keys.go), and only remote accesses match it. Every
+// MR has one, as every MR of Linux rxe and mlx5 has (the kernel reports
+// it whatever the access): a remote access to an MR without the remote
+// right fails its access check (ErrAccess), and an MR that gains remote
+// access by a re-registration (ibv_rereg_mr) keeps the rkey its peer
+// already knows.
 type MRInfo struct {
 	LKey, RKey uint32
 }
@@ -146,9 +149,7 @@ func (s *Space) registerLocked(o Owner, pd uint32, iova, length uint64, access A
 	}
 	idx, lv, rv, _ := s.keys.alloc() // available, checked above, under mu
 	m.lkey = idx<<8 | uint32(lv)
-	if access&AccessRemote != 0 {
-		m.rkey = idx<<8 | uint32(rv)
-	}
+	m.rkey = idx<<8 | uint32(rv)
 	s.owner(o).mrs[m.lkey] = m
 	s.slots[idx].Store(m) // publish: after this, workers can find it
 	return MRInfo{LKey: m.lkey, RKey: m.rkey}, nil

@@ -30,8 +30,8 @@ type Translation struct {
 }
 
 // ReregisterMR changes the MR of owner whose lkey is key (ibv_rereg_mr),
-// keeping its key index: the lkey stays, the rkey is the index's remote
-// variant while the new access has a remote flag, else 0. A new
+// keeping its keys (as Linux rxe, and mlx5 when it can change the MR in
+// place, report them). A new
 // translation is checked, charged and pinned like a registration before
 // anything changes; a refused change leaves the MR as it was. Zero-based
 // MRs (device memory) cannot be re-registered (ErrInvalid).
@@ -124,10 +124,7 @@ func (s *Space) ReregisterMR(o Owner, key uint32, ch Rereg) (MRInfo, error) {
 		}
 	}
 	idx := key >> 8
-	m.lkey = old.lkey
-	if access&AccessRemote != 0 {
-		m.rkey = idx<<8 | uint32(s.keys.rkeyVariant(idx))
-	}
+	m.lkey, m.rkey = old.lkey, old.rkey
 	st.mrs[key] = m
 	s.slots[idx].Store(m) // the old MR is unreachable for new lookups
 	var rl retireList
@@ -175,9 +172,7 @@ func (s *Space) RegisterZeroBased(o Owner, pd uint32, pa, length uint64, access 
 	m.zeroBased = true
 	idx, lv, rv, _ := s.keys.alloc()
 	m.lkey = idx<<8 | uint32(lv)
-	if access&AccessRemote != 0 {
-		m.rkey = idx<<8 | uint32(rv)
-	}
+	m.rkey = idx<<8 | uint32(rv)
 	s.owner(o).mrs[m.lkey] = m
 	s.slots[idx].Store(m)
 	return MRInfo{LKey: m.lkey, RKey: m.rkey}, nil

@@ -165,6 +165,41 @@ VR_EXPORT int ibv_resize_cq(struct ibv_cq *ibcq, int cqe) {
 	return 0;
 }
 
+/* vr_cq_clean drops the CQEs of QP qpn that the program has not polled
+ * (a QP moved to RESET), as mlx5's provider does: the CQEs written and
+ * not yet polled, [ci, pi), are compacted towards pi, keeping their
+ * order, and the consumer index moves past the slots freed. Only ready
+ * entries move, into slots that hold ready entries of the same index
+ * (their owner bits stay right); the daemon writes beyond pi meanwhile,
+ * untouched. */
+void vr_cq_clean(struct vr_cq *cq, uint32_t qpn) {
+	pthread_spin_lock(&cq->lock);
+	uint32_t ci = cq->ci, pi = ci;
+	while (pi - ci < cq->n) {
+		uint8_t owner = __atomic_load_n(&cq->cqes[pi & cq->mask].owner, __ATOMIC_ACQUIRE);
+		if ((owner & 1) != 1 - ((pi / cq->n) & 1))
+			break;
+		pi++;
+	}
+	uint32_t freed = 0;
+	for (uint32_t i = pi; i-- != ci;) {
+		struct vrnic_cqe *e = &cq->cqes[i & cq->mask];
+		if ((e->qp_num & 0xffffff) == qpn) {
+			freed++;
+		} else if (freed) {
+			struct vrnic_cqe *d = &cq->cqes[(i + freed) & cq->mask];
+			uint8_t owner = d->owner;
+			*d = *e;
+			d->owner = owner;
+		}
+	}
+	if (freed) {
+		cq->ci = ci + freed;
+		__atomic_store_n(&cq->rec->cq_ci, cq->ci, __ATOMIC_SEQ_CST);
+	}
+	pthread_spin_unlock(&cq->lock);
+}
+
 /* ---- device memory ---- */
 
 struct vr_dm {

@@ -527,6 +527,15 @@ VR_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mas
 	}
 	if (mask & IBV_QP_STATE)
 		qp->state = attr->qp_state;
+	/* A QP back in RESET leaves nothing in its CQs, as with mlx5 (its
+	 * provider cleans the CQs of the QP's CQEs): a program that restarts
+	 * a QP after an error does not poll the old flush completions. */
+	if ((mask & IBV_QP_STATE) && attr->qp_state == IBV_QPS_RESET) {
+		if (qp->recv_cq)
+			vr_cq_clean(vr_cq(qp->recv_cq), qp->qp_num);
+		if (qp->send_cq && qp->send_cq != qp->recv_cq)
+			vr_cq_clean(vr_cq(qp->send_cq), qp->qp_num);
+	}
 	return 0;
 }
 

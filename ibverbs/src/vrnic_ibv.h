@@ -245,6 +245,7 @@ VR_HIDDEN int vr_free_dm(struct ibv_dm *dm);
 VR_HIDDEN struct ibv_mr *vr_reg_dm_mr(struct ibv_pd *pd, struct ibv_dm *dm, uint64_t off, size_t length,
 				      unsigned int access);
 VR_HIDDEN int vr_max_dm_size(struct vr_ctx *c, uint64_t *max);
+VR_HIDDEN void vr_cq_clean(struct vr_cq *cq, uint32_t qpn);
 
 /* ah.c */
 VR_HIDDEN void vr_ah_to_vr(const struct ibv_ah_attr *a, struct vrnic_ah_attr *v);
