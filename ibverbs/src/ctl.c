@@ -49,6 +49,9 @@ static const char *op_name(uint16_t op) {
 		"DESTROY_CQ", "CREATE_QP", "MODIFY_QP", "QUERY_QP", "DESTROY_QP", "CREATE_SRQ", "MODIFY_SRQ",
 		"DESTROY_SRQ", "CREATE_AH", "DESTROY_AH", "QUERY_SRQ", "OPEN_EVENTS", "CM_CREATE_ID", "CM_DESTROY_ID",
 		"CM_LISTEN", "CM_CONNECT", "CM_ACCEPT", "CM_REJECT", "CM_ESTABLISH", "CM_DISCONNECT", "CM_INIT_QP_ATTR" };
+	static const char *abi14[] = { "REREG_MR", "RESIZE_CQ", "ALLOC_DM", "FREE_DM", "REG_DM_MR", "QUERY_DEVICE_EX" };
+	if (op >= VRNIC_CMD_REREG_MR && op <= VRNIC_CMD_QUERY_DEVICE_EX)
+		return abi14[op - VRNIC_CMD_REREG_MR];
 	return op < sizeof names / sizeof names[0] ? names[op] : "?";
 }
 
