@@ -216,6 +216,8 @@ static void test_rereg(struct side *a, struct side *b) {
 	if (ibv_dealloc_pd(pd2) != EBUSY)
 		fail("rereg", "pd", "a PD with an MR deallocated");
 	rereg_ok("pd back", mr, IBV_REREG_MR_CHANGE_PD, b->pd, NULL, 0, 0);
+	if (ibv_dealloc_pd(pd2))
+		fail("rereg", "pd back", "the other PD still busy");
 	fill(src, LEN, 3);
 	rdma(a, IBV_WR_RDMA_WRITE, 7, src, LEN, smr->lkey, (uintptr_t)b2, rkey);
 	expect_wc("rereg", "write after pd back", a->cq, wcw(7, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE, a), 0);
@@ -517,6 +519,14 @@ int main(void) {
 	test_rereg(&a, &b);
 	test_resize(&a, &b);
 	test_dm(&a, &b);
+	struct side *sides[] = { &a, &b };
+	for (int i = 0; i < 2; i++) {
+		struct side *s = sides[i];
+		if (ibv_destroy_qp(s->qp) || ibv_destroy_cq(s->cq) || ibv_destroy_comp_channel(s->ch) ||
+		    ibv_dealloc_pd(s->pd) || ibv_close_device(s->ctx))
+			die("cleanup");
+	}
+	ibv_free_device_list(list);
 	printf("OK rereg translation access pd all bad_flags, resize grow shrink einval order, dm memcpy write read "
 	       "fetch_add offset bounds free\n");
 	return 0;
