@@ -129,7 +129,6 @@ func TestDMCommands(t *testing.T) {
 	assert.Equal(t, dma.AccountUsage{}, s.Space.AccountUsage(dma.AccountID(os.Getuid())), "nothing left charged")
 }
 
-
 // TestReregResizeCommands: REREG_MR and RESIZE_CQ refuse objects of
 // another context, bad flags, fields without their flag, rings outside the
 // context's memory and sizes that are no power of two; what they accept
