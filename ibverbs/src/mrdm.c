@@ -245,10 +245,10 @@ static int dm_from(void *dst, struct ibv_dm *dm, uint64_t off, size_t len) {
 static int vr_call_fd(struct vr_ctx *c, uint16_t op, const void *req, size_t req_len, void *resp, size_t resp_len,
 		      int *fd) {
 	int ret = EIO;
-	pthread_mutex_lock(&c->call_mu);
+	vr_calls_lock(c);
 	if (!vr_dead(c))
-		ret = vr_call_sock(c->sock, &c->seq, op, req, req_len, NULL, 0, resp, resp_len, fd, 1);
-	pthread_mutex_unlock(&c->call_mu);
+		ret = vr_call_sock(c->sock, &c->calls->seq, op, req, req_len, NULL, 0, resp, resp_len, fd, 1);
+	vr_calls_unlock(c);
 	if (ret == ECONNRESET || ret == EPIPE || ret == ENOTCONN) {
 		vr_set_dead(c);
 		ret = EIO;

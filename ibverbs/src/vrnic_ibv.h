@@ -67,12 +67,20 @@ struct vr_seg_reg {
 	uint32_t handle;
 };
 
+/* The lock of a context's control socket and its sequence numbers, in a
+ * shared anonymous mapping: a child forked from the program shares the
+ * socket, and the lock keeps one command of one process in flight at a
+ * time, so each reads its own reply (ctl.c). */
+struct vr_calls {
+	pthread_mutex_t mu; /* process-shared, robust */
+	uint32_t seq;
+};
+
 struct vr_ctx {
 	struct verbs_context vctx; /* the ibv_context is its last member */
 	struct vr_device *dev;
 	int sock;
-	pthread_mutex_t call_mu; /* one command in flight on sock */
-	uint32_t seq;
+	struct vr_calls *calls; /* one command in flight on sock, across fork too (ctl.c) */
 	uint8_t *db;
 	uint32_t db_size;
 	int kick_fd;
@@ -208,6 +216,10 @@ static inline void vr_db_mark(struct vr_ctx *c, const uint32_t *pi_word) {
 		__atomic_fetch_or(w, bit, __ATOMIC_SEQ_CST);
 }
 VR_HIDDEN int vr_destroy_handle(struct vr_ctx *c, uint16_t op, uint32_t handle);
+VR_HIDDEN int vr_calls_init(struct vr_ctx *c);
+VR_HIDDEN void vr_calls_free(struct vr_ctx *c);
+VR_HIDDEN void vr_calls_lock(struct vr_ctx *c);
+VR_HIDDEN void vr_calls_unlock(struct vr_ctx *c);
 
 /* mem.c */
 VR_HIDDEN int vr_alloc(struct vr_ctx *c, size_t len, struct vr_buf *b);
