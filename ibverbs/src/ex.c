@@ -350,6 +350,7 @@ int vr_query_device_ex(struct ibv_context *ctx, const struct ibv_query_device_ex
 		return ret;
 	if ((ret = vr_max_dm_size(vr_ctx(ctx), &a.max_dm_size)))
 		return ret;
+	a.phys_port_cnt_ex = a.orig_attr.phys_port_cnt;
 	memcpy(attr, &a, size < sizeof a ? size : sizeof a);
 	return 0;
 }
