@@ -22,9 +22,9 @@ const (
 	ReregAll = ReregChangeTranslation | ReregChangePD | ReregChangeAccess
 )
 
-// AccessZeroBased is VRNIC_ACCESS_ZERO_BASED (IBV_ACCESS_ZERO_BASED):
-// REG_DM_MR only.
-const AccessZeroBased uint32 = 1 << 5
+// DMMRZeroBased is VRNIC_DM_MR_ZERO_BASED (IBV_ACCESS_ZERO_BASED), the
+// access bit REG_DM_MR requires.
+const DMMRZeroBased uint32 = 1 << 5
 
 // DMMaxLogAlign is VRNIC_DM_MAX_LOG_ALIGN: the largest ALLOC_DM
 // log_align (device memory starts on a page).

@@ -1170,17 +1170,19 @@ struct vrnic_resp_alloc_dm {
 
 /* REG_DM_MR: ibv_reg_dm_mr. An MR over [offset, offset+length) of the DM
  * (length may be 0; the range must lie within the DM's length: else
- * EINVAL), addressed from 0: access must hold VRNIC_ACCESS_ZERO_BASED
+ * EINVAL), addressed from 0: access must hold VRNIC_DM_MR_ZERO_BASED
  * (else EINVAL), and a WQE or a peer names its byte x as address x.
  * Reply: struct vrnic_resp_reg_mr. */
-#define VRNIC_ACCESS_ZERO_BASED (1u << 5) /* = IBV_ACCESS_ZERO_BASED; REG_DM_MR only */
+/* = IBV_ACCESS_ZERO_BASED, the access bit REG_DM_MR requires (the bit a
+ * type 2 memory window's bind uses the same way) */
+#define VRNIC_DM_MR_ZERO_BASED (1u << 5)
 
 struct vrnic_cmd_reg_dm_mr {
 	uint64_t offset;
 	uint64_t length;
 	uint32_t dm_handle;
 	uint32_t pd_handle;
-	uint32_t access;         /* enum vrnic_access | VRNIC_ACCESS_ZERO_BASED */
+	uint32_t access;         /* enum vrnic_access | VRNIC_DM_MR_ZERO_BASED */
 	uint32_t reserved;
 };
 

@@ -307,10 +307,10 @@ func (cn *conn) regDMMR(r *request) (reply, error) {
 	if !ok {
 		return reply{}, errorf(errNoEnt, "PD %d not found", c.PDHandle)
 	}
-	if c.Access&abi.AccessZeroBased == 0 {
+	if c.Access&abi.DMMRZeroBased == 0 {
 		return reply{}, errorf(errInval, "access %#x: a device memory MR must be zero-based (IBV_ACCESS_ZERO_BASED)", c.Access)
 	}
-	access := c.Access &^ abi.AccessZeroBased
+	access := c.Access &^ abi.DMMRZeroBased
 	if err := checkAccess(access); err != nil {
 		return reply{}, err
 	}

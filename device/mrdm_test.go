@@ -73,7 +73,7 @@ func TestDMCommands(t *testing.T) {
 	dm, mem := a.allocDM(t, 100)
 	assert.Equal(t, uint64(4096), dm.MapLength)
 	copy(mem, "device memory")
-	zb := abi.AccessZeroBased | abi.AccessLocalWrite
+	zb := abi.DMMRZeroBased | abi.AccessLocalWrite
 	for _, tc := range []struct {
 		name string
 		c    *memClient
@@ -90,7 +90,7 @@ func TestDMCommands(t *testing.T) {
 		{"not zero-based", a, abi.CmdRegDMMRReq{Length: 4, DMHandle: dm.DMHandle, PDHandle: a.pd, Access: abi.AccessLocalWrite}, syscall.EINVAL},
 		{"unknown access bit", a, abi.CmdRegDMMRReq{Length: 4, DMHandle: dm.DMHandle, PDHandle: a.pd, Access: zb | 1<<4}, syscall.EINVAL},
 		{"remote write without local write", a, abi.CmdRegDMMRReq{Length: 4, DMHandle: dm.DMHandle, PDHandle: a.pd,
-			Access: abi.AccessZeroBased | abi.AccessRemoteWrite}, syscall.EINVAL},
+			Access: abi.DMMRZeroBased | abi.AccessRemoteWrite}, syscall.EINVAL},
 		{"reserved", a, abi.CmdRegDMMRReq{Length: 4, DMHandle: dm.DMHandle, PDHandle: a.pd, Access: zb, Reserved: 1}, syscall.EINVAL},
 	} {
 		status(t, tc.c.call(t, abi.CmdRegDMMR, &tc.req), tc.want, tc.name)
@@ -181,7 +181,7 @@ func TestReregResizeCommands(t *testing.T) {
 		{"pd_handle without CHANGE_PD", a, abi.CmdReregMRReq{MRHandle: mr.MRHandle, Flags: abi.ReregChangeAccess, PDHandle: pd2.PDHandle}, nil, syscall.EINVAL},
 		{"access without CHANGE_ACCESS", a, abi.CmdReregMRReq{MRHandle: mr.MRHandle, Flags: abi.ReregChangePD, PDHandle: pd2.PDHandle, Access: 1}, nil, syscall.EINVAL},
 		{"remote atomic without local write", a, abi.CmdReregMRReq{MRHandle: mr.MRHandle, Flags: abi.ReregChangeAccess, Access: abi.AccessRemoteAtomic}, nil, syscall.EINVAL},
-		{"unknown access bit", a, abi.CmdReregMRReq{MRHandle: mr.MRHandle, Flags: abi.ReregChangeAccess, Access: abi.AccessZeroBased}, nil, syscall.EINVAL},
+		{"unknown access bit", a, abi.CmdReregMRReq{MRHandle: mr.MRHandle, Flags: abi.ReregChangeAccess, Access: abi.DMMRZeroBased}, nil, syscall.EINVAL},
 		{"translation fields without the flag", a, abi.CmdReregMRReq{MRHandle: mr.MRHandle, Flags: abi.ReregChangePD, PDHandle: pd2.PDHandle, Length: 4096}, nil, syscall.EINVAL},
 		{"pages without the flag", a, abi.CmdReregMRReq{MRHandle: mr.MRHandle, Flags: abi.ReregChangePD, PDHandle: pd2.PDHandle}, [][]byte{page(a, 0)}, syscall.EINVAL},
 		{"page in another context's memory", a, abi.CmdReregMRReq{MRHandle: mr.MRHandle, Flags: abi.ReregChangeTranslation, Length: 4096,
