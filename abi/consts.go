@@ -378,6 +378,8 @@ var cmdNames = [...]string{
 	CmdCMConnect: "CM_CONNECT", CmdCMAccept: "CM_ACCEPT", CmdCMReject: "CM_REJECT",
 	CmdCMEstablish: "CM_ESTABLISH", CmdCMDisconnect: "CM_DISCONNECT", CmdCMInitQPAttr: "CM_INIT_QP_ATTR",
 	CmdODPAttach: "ODP_ATTACH", CmdRegMRODP: "REG_MR_ODP", CmdAdviseMR: "ADVISE_MR",
+	CmdReregMR: "REREG_MR", CmdResizeCQ: "RESIZE_CQ", CmdAllocDM: "ALLOC_DM", CmdFreeDM: "FREE_DM",
+	CmdRegDMMR: "REG_DM_MR", CmdQueryDeviceEx: "QUERY_DEVICE_EX",
 }
 
 // String returns the command name without the VRNIC_CMD_ prefix.

@@ -87,6 +87,13 @@ var cStructs = []struct {
 	{"vrnic_db_qp", DBQP{}},
 	{"vrnic_db_cq", DBCQ{}},
 	{"vrnic_db_srq", DBSRQ{}},
+	{"vrnic_cmd_rereg_mr", CmdReregMRReq{}},
+	{"vrnic_cmd_resize_cq", CmdResizeCQReq{}},
+	{"vrnic_resp_resize_cq", RespResizeCQ{}},
+	{"vrnic_cmd_alloc_dm", CmdAllocDMReq{}},
+	{"vrnic_resp_alloc_dm", RespAllocDM{}},
+	{"vrnic_cmd_reg_dm_mr", CmdRegDMMRReq{}},
+	{"vrnic_device_attr_ex", DeviceAttrEx{}},
 }
 
 // cConsts maps every #define and enum value of the header to its Go value.
@@ -132,6 +139,12 @@ var cConsts = map[string]uint64{
 	"VRNIC_CMD_ALLOC_MW": uint64(CmdAllocMW), "VRNIC_CMD_DEALLOC_MW": uint64(CmdDeallocMW),
 	"VRNIC_MW_TYPE_1": uint64(MWType1), "VRNIC_MW_TYPE_2": uint64(MWType2),
 	"VRNIC_DEVICE_MEM_WINDOW": uint64(DeviceMemWindow), "VRNIC_DEVICE_MEM_WINDOW_TYPE_2B": uint64(DeviceMemWindowType2B),
+	"VRNIC_CMD_REREG_MR": uint64(CmdReregMR), "VRNIC_CMD_RESIZE_CQ": uint64(CmdResizeCQ),
+	"VRNIC_CMD_ALLOC_DM": uint64(CmdAllocDM), "VRNIC_CMD_FREE_DM": uint64(CmdFreeDM),
+	"VRNIC_CMD_REG_DM_MR": uint64(CmdRegDMMR), "VRNIC_CMD_QUERY_DEVICE_EX": uint64(CmdQueryDeviceEx),
+	"VRNIC_REREG_CHANGE_TRANSLATION": uint64(ReregChangeTranslation), "VRNIC_REREG_CHANGE_PD": uint64(ReregChangePD),
+	"VRNIC_REREG_CHANGE_ACCESS": uint64(ReregChangeAccess), "VRNIC_DM_MAX_LOG_ALIGN": DMMaxLogAlign,
+	"VRNIC_DM_MR_ZERO_BASED":    uint64(DMMRZeroBased),
 	"VRNIC_CM_MAX_PRIVATE_DATA": CMMaxPrivateData, "VRNIC_CM_REQ_PRIVATE_DATA": CMREQPrivateData,
 	"VRNIC_CM_REP_PRIVATE_DATA": CMREPPrivateData, "VRNIC_CM_REJ_PRIVATE_DATA": CMREJPrivateData,
 	"VRNIC_CM_DREQ_PRIVATE_DATA": CMDREQPrivateData, "VRNIC_CM_SIDR_REQ_PRIVATE_DATA": CMSIDRREQPrivateData,

@@ -102,6 +102,9 @@ type Config struct {
 	// max_dest_rd_atomic); 0 means abi.MaxRdAtomic (16). Soft-RoCE
 	// reports 128.
 	MaxRdAtomic uint8
+	// DMSize is the device memory (ibv_alloc_dm) the device has in all,
+	// shared by its contexts; 0 means DefaultDMSize.
+	DMSize uint64
 }
 
 // DeviceCounters are the device's control-path counters.
@@ -163,6 +166,8 @@ type Device struct {
 	// claimed by at most one local QP (connect.go).
 	peers  *qpTable[peerKey] // by QP.peer
 	totals ResourceCounts
+	// dmUsed is the device memory allocated, in whole pages (mrdm.go).
+	dmUsed uint64
 	// dpRetired sums the engine counters of the QPs destroyed so far
 	// (counters.go).
 	dpRetired QPCounters

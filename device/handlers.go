@@ -88,6 +88,7 @@ func (cn *conn) openContext(r *request) (reply, error) {
 		srqs:    map[uint32]*SRQ{},
 		ahs:     map[uint32]*AH{},
 		xrcds:   map[uint32]*xrcdRef{},
+		dms:     map[uint32]*dm{},
 	}
 	// Pinned memory and page tables are charged to the uid: a user's
 	// contexts share one budget, so opening more contexts gains nothing.
@@ -424,6 +425,9 @@ func (cn *conn) deregMR(r *request) (reply, error) {
 	}
 	delete(cx.mrs, h)
 	m.pd.users--
+	if m.dm != nil {
+		m.dm.users--
+	}
 	cx.counts.MR--
 	d.totals.MR--
 	return reply{}, nil

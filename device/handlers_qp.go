@@ -524,6 +524,9 @@ func (d *Device) releaseContextLocked(cx *Context, why string) {
 			d.log.Warn("release MR", "ctx", cx.handle, "mr", h, "err", err)
 		}
 		m.pd.users--
+		if m.dm != nil {
+			m.dm.users--
+		}
 		delete(cx.mrs, h)
 		cx.counts.MR--
 		d.totals.MR--
@@ -536,6 +539,7 @@ func (d *Device) releaseContextLocked(cx *Context, why string) {
 	// The host memory goes once the engine's workers no longer touch the
 	// context's QPs (their rings pin it until then: releaseLater).
 	d.releaseLater(cx, func() {
+		d.releaseDMs(cx)
 		for h := range cx.hostMem {
 			if err := d.mem.removeRegion(cx.owner, h); err != nil {
 				d.log.Warn("release host memory", "ctx", cx.handle, "region", h, "err", err)

@@ -37,6 +37,7 @@ type Context struct {
 	srqs       map[uint32]*SRQ
 	ahs        map[uint32]*AH
 	xrcds      map[uint32]*xrcdRef // XRC domains opened (xrc.go)
+	dms        map[uint32]*dm      // device memory (mrdm.go)
 
 	// lingering counts destroyed QPs whose engine worker has not
 	// confirmed the removal yet (DataPlane.DestroyQP returned a channel).
@@ -121,6 +122,7 @@ type mr struct {
 	npages uint32
 	shift  uint32
 	odp    bool // on-demand paging (odp.go): no pages
+	dm     *dm  // a device memory MR's DM, else nil
 }
 
 // CQ is a completion queue. The data plane reads it through the accessors,

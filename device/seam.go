@@ -81,6 +81,15 @@ type DataPlane interface {
 	// doorbell record freed: the data plane drops what it built over it.
 	ReleaseCQ(c *CQ)
 	ReleaseSRQ(s *SRQ)
+	// ResizeCQ (RESIZE_CQ, ABI 1.4) moves the CQ's producer to ring, of
+	// count entries, pinned by the device: with no completion written
+	// meanwhile, it reads the client's consumer index once, carries the
+	// CQEs not yet consumed over at the same indices and writes every
+	// other slot as not ready (queues.CQ.Resize). It fails (EINVAL class)
+	// when they do not fit or the index is out of range, leaving the CQ
+	// as it was, and returns how many were carried over. After it
+	// returns the old ring is never written again.
+	ResizeCQ(c *CQ, ring []byte, count uint32) (uint32, error)
 	// WireCounters returns the engine's frame counters (vrnicctl info).
 	WireCounters() WireCounters
 }
@@ -100,6 +109,7 @@ func (noDataPlane) AddAH(*AH) error                                             
 func (noDataPlane) RemoveAH(*AH)                                                     {}
 func (noDataPlane) ReleaseCQ(*CQ)                                                    {}
 func (noDataPlane) ReleaseSRQ(*SRQ)                                                  {}
+func (noDataPlane) ResizeCQ(*CQ, []byte, uint32) (uint32, error)                     { return 0, nil }
 func (noDataPlane) WireCounters() WireCounters                                       { return WireCounters{} }
 
 var _ DataPlane = noDataPlane{}

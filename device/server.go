@@ -108,6 +108,13 @@ func init() {
 		abi.CmdDeregMR:       {handle, 0, 0, true, (*conn).deregMR},
 		abi.CmdCreateCQ:      {sz(&abi.CmdCreateCQReq{}), 0, 1, true, (*conn).createCQ},
 		abi.CmdDestroyCQ:     {handle, 0, 0, true, (*conn).destroyCQ},
+		// ABI 1.4 (mrdm.go)
+		abi.CmdReregMR:       {-1, 0, 0, true, (*conn).reregMR},
+		abi.CmdResizeCQ:      {sz(&abi.CmdResizeCQReq{}), 0, 0, true, (*conn).resizeCQ},
+		abi.CmdAllocDM:       {sz(&abi.CmdAllocDMReq{}), 0, 0, true, (*conn).allocDM},
+		abi.CmdFreeDM:        {handle, 0, 0, true, (*conn).freeDM},
+		abi.CmdRegDMMR:       {sz(&abi.CmdRegDMMRReq{}), 0, 0, true, (*conn).regDMMR},
+		abi.CmdQueryDeviceEx: {0, 0, 0, true, (*conn).queryDeviceEx},
 		abi.CmdCreateQP:      {sz(&abi.CmdCreateQPReq{}), 0, 0, true, (*conn).createQP},
 		abi.CmdModifyQP:      {sz(&abi.CmdModifyQPReq{}), 0, 0, true, (*conn).modifyQP},
 		abi.CmdQueryQP:       {handle, 0, 0, true, (*conn).queryQP},

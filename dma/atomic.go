@@ -113,7 +113,9 @@ func (a *Accessor) atomicRegionFor(rkey uint32, pd PD, va uint64, want Access) (
 	if err != nil {
 		return nil, 0, err
 	}
-	if va%8 != 0 {
+	// A zero-based MR's address x is its first page's byte x-base: the
+	// host alignment is that of va-base.
+	if (va-m.base)%8 != 0 {
 		return nil, 0, ErrMisaligned
 	}
 	return m, va, nil

@@ -49,8 +49,9 @@
 // two different random variants from a CSPRNG-seeded stream, and both
 // differ from the variants the index had at its previous registration, so
 // a stale key never matches the MR that reuses its index. Local accesses
-// match only lkeys and remote ones only rkeys. The rkey is 0 when the MR
-// grants no remote access; key 0 never names an MR (index 0 is never
+// match only lkeys and remote ones only rkeys. Every MR has an rkey, as
+// on Linux rxe and mlx5: a remote access to an MR without the remote right
+// fails its access check; key 0 never names an MR (index 0 is never
 // used).
 //
 // # Pinning and accounts

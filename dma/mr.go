@@ -25,6 +25,7 @@ type memRegion struct {
 	runs       []pteRun  // runs table, or nil
 	regs       []*region // the regions the pages lie in (each pinned once)
 	invalid    atomic.Bool
+	zeroBased  bool // device memory, addressed from 0 (RegisterZeroBased)
 
 	// win is set in the slot entry of a memory window (mw.go), whose
 	// lkey and rkey are 0; numMW counts the windows bound to this MR
@@ -48,10 +49,13 @@ const (
 )
 
 // MRInfo is the result of a registration. LKey doubles as the handle for
-// DeregisterMR. RKey is 0 when the MR grants no remote access (no remote
-// peer can name it, as Linux rxe does); otherwise it is a key of its own:
-// the same index as the lkey with another variant (see keys.go), and only
-// remote accesses match it.
+// DeregisterMR. RKey is a key of its own: the same index as the lkey with
+// another variant (see keys.go), and only remote accesses match it. Every
+// MR has one, as every MR of Linux rxe and mlx5 has (the kernel reports
+// it whatever the access): a remote access to an MR without the remote
+// right fails its access check (ErrAccess), and an MR that gains remote
+// access by a re-registration (ibv_rereg_mr) keeps the rkey its peer
+// already knows.
 type MRInfo struct {
 	LKey, RKey uint32
 }
@@ -150,18 +154,37 @@ func (s *Space) registerLocked(o Owner, pd uint32, iova, length uint64, access A
 		return MRInfo{}, fmt.Errorf("%w: %d MR keys in use", ErrLimit, len(s.slots)-1)
 	}
 	ps := uint64(1) << pageShift
+	m, err := s.buildLocked(o, pd, iova, length, access, pageShift, iova&(ps-1), n, page)
+	if err != nil {
+		return MRInfo{}, err
+	}
+	idx, lv, rv, _ := s.keys.alloc() // available, checked above, under mu
+	m.lkey = idx<<8 | uint32(lv)
+	m.rkey = idx<<8 | uint32(rv)
+	s.owner(o).mrs[m.lkey] = m
+	s.slots[idx].Store(m) // publish: after this, workers can find it
+	return MRInfo{LKey: m.lkey, RKey: m.rkey}, nil
+}
+
+// buildLocked builds, charges and pins an MR of n pages, page i at
+// page(i), whose address iova lies pageOff bytes into its first page
+// (iova's own offset, or another one for a zero-based MR), without keys
+// and unpublished; every region it uses has one more pin. A refused build
+// leaves nothing behind. Caller holds mu.
+func (s *Space) buildLocked(o Owner, pd uint32, iova, length uint64, access Access, pageShift uint, pageOff, n uint64, page func(uint64) uint64) (*memRegion, error) {
+	ps := uint64(1) << pageShift
 	m := &memRegion{
 		pd: PD{Owner: o, Handle: pd}, access: access,
-		iova: iova, length: length, base: iova &^ (ps - 1), shift: uint8(pageShift), npages: n,
+		iova: iova, length: length, base: iova - pageOff, shift: uint8(pageShift), npages: n,
 	}
 	// The table is built in the scratch first: a registration refused
 	// (bad page, over the account's limit) allocates nothing.
 	flat, err := s.scratchPages(n)
 	if err != nil {
-		return MRInfo{}, err
+		return nil, err
 	}
 	defer s.releaseScratch(n)
-	fail := func(err error) (MRInfo, error) { return MRInfo{}, err }
+	fail := func(err error) (*memRegion, error) { return nil, err }
 	var nruns uint64
 	for i := range n {
 		pa := page(i)
@@ -200,7 +223,7 @@ func (s *Space) registerLocked(o Owner, pd uint32, iova, length uint64, access A
 	}
 	st := s.owner(o)
 	if err := s.chargeTables(st.acct, m.tableBytes); err != nil {
-		return MRInfo{}, err
+		return nil, err
 	}
 	if useRuns {
 		m.runs, m.store, err = allocRuns(nruns)
@@ -221,24 +244,17 @@ func (s *Space) registerLocked(o Owner, pd uint32, iova, length uint64, access A
 	}
 	if err != nil {
 		s.refundTables(st.acct, m.tableBytes)
-		return MRInfo{}, err
+		return nil, err
 	}
 	if err := s.pinMR(st.acct, m); err != nil {
 		s.refundTables(st.acct, m.tableBytes)
 		freeStore(m.store)
-		return MRInfo{}, err
-	}
-	idx, lv, rv, _ := s.keys.alloc() // available, checked above, under mu
-	m.lkey = idx<<8 | uint32(lv)
-	if access&AccessRemote != 0 {
-		m.rkey = idx<<8 | uint32(rv)
+		return nil, err
 	}
 	for _, r := range m.regs {
 		r.pins++
 	}
-	st.mrs[m.lkey] = m
-	s.slots[idx].Store(m) // publish: after this, workers can find it
-	return MRInfo{LKey: m.lkey, RKey: m.rkey}, nil
+	return m, nil
 }
 
 // DeregisterMR removes the MR of owner whose lkey is key and releases its
@@ -278,6 +294,13 @@ func (s *Space) dropMR(st *ownerState, m *memRegion, rl *retireList) {
 	s.slots[idx].Store(nil)
 	delete(st.mrs, m.lkey)
 	s.keys.free(idx)
+	s.releaseTranslation(st, m, rl)
+}
+
+// releaseTranslation unpins m's chunks and regions and refunds its table,
+// adding to rl what to free after the grace period; m must no longer be
+// published. Caller holds mu.
+func (s *Space) releaseTranslation(st *ownerState, m *memRegion, rl *retireList) {
 	if m.proc != nil {
 		return // on-demand paging: nothing pinned, no table
 	}

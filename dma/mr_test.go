@@ -91,7 +91,8 @@ func TestRegisterMRPinsRegions(t *testing.T) {
 	local := addHostMem(t, s, 1, 4096)
 	mr, err = s.RegisterMR(1, 7, 0, 4096, AccessLocalWrite, PageShift4K, []uint64{local.pa(0)})
 	require.NoError(t, err)
-	assert.Zero(t, mr.RKey, "no remote access: no rkey")
+	assert.NotZero(t, mr.RKey, "every MR has an rkey (rxe, mlx5)")
+	assert.NotEqual(t, mr.LKey, mr.RKey)
 }
 
 // TestTranslateOutOfOrder4K registers an MR whose pages are deliberately

@@ -30,6 +30,7 @@ import (
 	"github.com/vrnic/vrnic/device/engine"
 	"github.com/vrnic/vrnic/dma"
 	"github.com/vrnic/vrnic/doorbell"
+	"github.com/vrnic/vrnic/queues"
 	"github.com/vrnic/vrnic/roce"
 )
 
@@ -575,6 +576,22 @@ func (dp *DataPlane) ReleaseCQ(c *device.CQ) {
 		dp.releaseSinkLocked(s)
 		delete(dp.cqs, c)
 	}
+}
+
+// ResizeCQ implements device.DataPlane: under the sink's lock, so no
+// completion is written while the ring changes hands, the producer moves
+// to the new ring (queues.CQ.Resize). A CQ that no QP used yet has no
+// sink: nothing was written, and the new ring is laid out from index 0.
+func (dp *DataPlane) ResizeCQ(c *device.CQ, ring []byte, count uint32) (uint32, error) {
+	dp.mu.Lock()
+	s := dp.cqs[c]
+	dp.mu.Unlock()
+	if s == nil {
+		return 0, queues.InitCQRing(ring, count, 0)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cq.Resize(ring, count)
 }
 
 // ReleaseSRQ implements device.DataPlane.

@@ -121,6 +121,7 @@ func (NopDataPlane) Counters(*device.QP) device.QPCounters                { retu
 func (NopDataPlane) AddAH(*device.AH) error                               { return nil }
 func (NopDataPlane) RemoveAH(*device.AH)                                  {}
 func (NopDataPlane) ReleaseCQ(*device.CQ)                                 {}
+func (NopDataPlane) ResizeCQ(*device.CQ, []byte, uint32) (uint32, error)  { return 0, nil }
 func (NopDataPlane) ReleaseSRQ(*device.SRQ)                               {}
 func (NopDataPlane) WireCounters() device.WireCounters                    { return device.WireCounters{} }
 

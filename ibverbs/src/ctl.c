@@ -1,6 +1,8 @@
 /* ctl.c - the control socket: one command datagram out, one reply in. */
 #include "vrnic_ibv.h"
 
+#include <sys/mman.h>
+
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
@@ -49,6 +51,9 @@ static const char *op_name(uint16_t op) {
 		"DESTROY_CQ", "CREATE_QP", "MODIFY_QP", "QUERY_QP", "DESTROY_QP", "CREATE_SRQ", "MODIFY_SRQ",
 		"DESTROY_SRQ", "CREATE_AH", "DESTROY_AH", "QUERY_SRQ", "OPEN_EVENTS", "CM_CREATE_ID", "CM_DESTROY_ID",
 		"CM_LISTEN", "CM_CONNECT", "CM_ACCEPT", "CM_REJECT", "CM_ESTABLISH", "CM_DISCONNECT", "CM_INIT_QP_ATTR" };
+	static const char *abi14[] = { "REREG_MR", "RESIZE_CQ", "ALLOC_DM", "FREE_DM", "REG_DM_MR", "QUERY_DEVICE_EX" };
+	if (op >= VRNIC_CMD_REREG_MR && op <= VRNIC_CMD_QUERY_DEVICE_EX)
+		return abi14[op - VRNIC_CMD_REREG_MR];
 	return op < sizeof names / sizeof names[0] ? names[op] : "?";
 }
 
@@ -166,6 +171,38 @@ out:
 	return ret;
 }
 
+/* vr_calls_init maps the context's call lock shared, so that a child the
+ * program forks (pyverbs' multi-process tests, any fork after
+ * ibv_open_device) and its parent take turns on the socket they share:
+ * each process then reads the reply to its own command. Robust: a process
+ * that dies holding it does not stop the others. */
+int vr_calls_init(struct vr_ctx *c) {
+	void *p = mmap(NULL, sizeof *c->calls, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		return errno;
+	c->calls = p;
+	pthread_mutexattr_t a;
+	pthread_mutexattr_init(&a);
+	pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+	pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+	pthread_mutex_init(&c->calls->mu, &a);
+	pthread_mutexattr_destroy(&a);
+	return 0;
+}
+
+void vr_calls_free(struct vr_ctx *c) {
+	if (c->calls)
+		munmap(c->calls, sizeof *c->calls);
+	c->calls = NULL;
+}
+
+void vr_calls_lock(struct vr_ctx *c) {
+	if (pthread_mutex_lock(&c->calls->mu) == EOWNERDEAD)
+		pthread_mutex_consistent(&c->calls->mu);
+}
+
+void vr_calls_unlock(struct vr_ctx *c) { pthread_mutex_unlock(&c->calls->mu); }
+
 /* vr_call sends a command on the context's socket: req followed by extra. */
 int vr_call(struct vr_ctx *c, uint16_t op, const void *req, size_t req_len, const void *extra, size_t extra_len,
 	    const int *fds, int nfds, void *resp, size_t resp_len) {
@@ -180,11 +217,11 @@ int vr_call(struct vr_ctx *c, uint16_t op, const void *req, size_t req_len, cons
 		body = joined;
 	}
 	int ret = EIO;
-	pthread_mutex_lock(&c->call_mu);
+	vr_calls_lock(c);
 	if (!vr_dead(c))
-		ret = vr_call_sock(c->sock, &c->seq, op, body, req_len + extra_len, fds, nfds, resp, resp_len, NULL,
-				   0);
-	pthread_mutex_unlock(&c->call_mu);
+		ret = vr_call_sock(c->sock, &c->calls->seq, op, body, req_len + extra_len, fds, nfds, resp, resp_len,
+				   NULL, 0);
+	vr_calls_unlock(c);
 	free(joined);
 	if (ret == ECONNRESET || ret == EPIPE || ret == ENOTCONN) {
 		vr_set_dead(c);

@@ -269,12 +269,15 @@ VR_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device) {
 	c->async_ep = -1;
 	c->events_fd = -1;
 	c->kick_fd = -1;
-	pthread_mutex_init(&c->call_mu, NULL);
 	pthread_mutex_init(&c->obj_mu, NULL);
 	pthread_mutex_init(&c->mem_mu, NULL);
 	struct vrnic_resp_open_context r;
 	int fds[2], e;
-	c->sock = open_session(d, &r, fds, &c->seq);
+	if ((e = vr_calls_init(c))) {
+		free(c);
+		VR_FAIL_NULL(e);
+	}
+	c->sock = open_session(d, &r, fds, &c->calls->seq);
 	if (c->sock < 0) {
 		e = errno;
 		goto fail;
@@ -333,6 +336,9 @@ VR_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device) {
 	v->open_xrcd = vr_open_xrcd;
 	v->close_xrcd = vr_close_xrcd;
 	v->get_srq_num = vr_get_srq_num;
+	v->alloc_dm = vr_alloc_dm;
+	v->free_dm = vr_free_dm;
+	v->reg_dm_mr = vr_reg_dm_mr;
 	return ctx;
 fail:
 	if (c->db)
@@ -345,6 +351,7 @@ fail:
 		close(c->events_fd);
 	if (c->sock >= 0)
 		close(c->sock);
+	vr_calls_free(c);
 	free(c);
 	VR_FAIL_NULL(e);
 }
@@ -365,6 +372,7 @@ VR_EXPORT int ibv_close_device(struct ibv_context *ctx) {
 	free(c->objs);
 	vr_free_chunks(c);
 	free(c->segs);
+	vr_calls_free(c);
 	free(c);
 	return 0;
 }

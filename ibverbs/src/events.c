@@ -27,9 +27,9 @@ int vr_events_open(struct vr_ctx *c) {
 	if (epoll_ctl(c->async_ep, EPOLL_CTL_ADD, c->sock, &ev) < 0)
 		return errno;
 	int fd = -1;
-	pthread_mutex_lock(&c->call_mu);
-	int ret = vr_call_sock(c->sock, &c->seq, VRNIC_CMD_OPEN_EVENTS, NULL, 0, NULL, 0, NULL, 0, &fd, 1);
-	pthread_mutex_unlock(&c->call_mu);
+	vr_calls_lock(c);
+	int ret = vr_call_sock(c->sock, &c->calls->seq, VRNIC_CMD_OPEN_EVENTS, NULL, 0, NULL, 0, NULL, 0, &fd, 1);
+	vr_calls_unlock(c);
 	if (ret) {
 		/* A daemon without OPEN_EVENTS (it answers an unknown opcode
 		 * with EINVAL or EOPNOTSUPP): the hang-up alone. */

@@ -416,6 +416,8 @@ int vr_query_device_ex(struct ibv_context *ctx, const struct ibv_query_device_ex
 	int ret = ibv_query_device(ctx, &a.orig_attr);
 	if (ret)
 		return ret;
+	if ((ret = vr_max_dm_size(vr_ctx(ctx), &a.max_dm_size)))
+		return ret;
 	a.phys_port_cnt_ex = a.orig_attr.phys_port_cnt;
 	a.device_cap_flags_ex = (uint64_t)(uint32_t)a.orig_attr.device_cap_flags;
 	/* On-demand paging as this process can have it (odp.c): none when

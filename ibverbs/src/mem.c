@@ -239,7 +239,29 @@ static void seg_remove(size_t i) {
 	nsegs--;
 }
 
+/* Fork. Segments are MADV_DONTFORK: a child must not share them with the
+ * parent (they are MAP_SHARED memfds: the child's heap writes would land
+ * in the parent's memory). In the child, each segment's range is mapped
+ * back MAP_PRIVATE from its memfd: the child gets the program's memory as
+ * it was at the fork, copied on its own writes, as the kernel gives a
+ * child registered memory, instead of a hole that would crash it at its
+ * first touch (a fork after ibv_reg_mr of malloc'd memory, the allocator's
+ * own data sharing its pages). It may see the parent's later writes to
+ * pages it has not written itself (MAP_PRIVATE), and the pages are read
+ * and write whatever they were. */
+static void segs_prepare(void) { pthread_mutex_lock(&segs_mu); }
+static void segs_parent(void) { pthread_mutex_unlock(&segs_mu); }
+static void segs_child(void) {
+	for (size_t i = 0; i < nsegs; i++)
+		mmap((void *)segs[i].start, segs[i].end - segs[i].start, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED,
+		     segs[i].fd, 0);
+	pthread_mutex_unlock(&segs_mu);
+}
+static pthread_once_t segs_fork_once = PTHREAD_ONCE_INIT;
+static void segs_fork_init(void) { pthread_atfork(segs_prepare, segs_parent, segs_child); }
+
 static int seg_insert(struct seg g) {
+	pthread_once(&segs_fork_once, segs_fork_init);
 	if (nsegs == capsegs) {
 		size_t cap = capsegs ? capsegs * 2 : 16;
 		struct seg *s2 = realloc(segs, cap * sizeof *segs);

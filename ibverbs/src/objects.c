@@ -144,6 +144,7 @@ static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint6
 	mr->mr.handle = r.mr_handle;
 	mr->mr.lkey = r.lkey;
 	mr->mr.rkey = r.rkey;
+	mr->access = access;
 	return &mr->mr;
 }
 
@@ -344,13 +345,6 @@ VR_EXPORT int ibv_destroy_cq(struct ibv_cq *ibcq) {
 	pthread_spin_destroy(&cq->lock);
 	free(cq);
 	return 0;
-}
-
-VR_EXPORT int ibv_resize_cq(struct ibv_cq *cq, int cqe) {
-	(void)cq;
-	(void)cqe;
-	errno = EOPNOTSUPP;
-	return EOPNOTSUPP;
 }
 
 /* ---- QP ---- */
@@ -581,6 +575,15 @@ VR_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mas
 	}
 	if (mask & IBV_QP_STATE)
 		qp->state = attr->qp_state;
+	/* A QP back in RESET leaves nothing in its CQs, as with mlx5 (its
+	 * provider cleans the CQs of the QP's CQEs): a program that restarts
+	 * a QP after an error does not poll the old flush completions. */
+	if ((mask & IBV_QP_STATE) && attr->qp_state == IBV_QPS_RESET) {
+		if (qp->recv_cq)
+			vr_cq_clean(vr_cq(qp->recv_cq), qp->qp_num);
+		if (qp->send_cq && qp->send_cq != qp->recv_cq)
+			vr_cq_clean(vr_cq(qp->send_cq), qp->qp_num);
+	}
 	return 0;
 }
 

@@ -139,6 +139,14 @@ enum vrnic_cmd {
 	/* Memory windows, ABI 1.4 (see "Memory windows" below) */
 	VRNIC_CMD_ALLOC_MW        = 40,
 	VRNIC_CMD_DEALLOC_MW      = 41, /* struct vrnic_cmd_handle: the mw_handle */
+	/* Memory and CQ changes, device memory: ABI 1.4 (see "Rereg MR,
+	 * resize CQ, device memory" below) */
+	VRNIC_CMD_REREG_MR        = 45,
+	VRNIC_CMD_RESIZE_CQ       = 46,
+	VRNIC_CMD_ALLOC_DM        = 47, /* reply: 1 fd, the DM's memfd */
+	VRNIC_CMD_FREE_DM         = 48,
+	VRNIC_CMD_REG_DM_MR       = 49,
+	VRNIC_CMD_QUERY_DEVICE_EX = 50,
 	/* On-demand paging, ABI 1.4 (see "On-demand paging" below) */
 	VRNIC_CMD_ODP_ATTACH      = 53,
 	VRNIC_CMD_REG_MR_ODP      = 54,
@@ -645,7 +653,10 @@ struct vrnic_cmd_reg_mr {
 };
 
 /* lkey and rkey: (index << 8) | variant. The 8-bit variant changes every
- * time an index is reused, so a stale key never matches a new MR. */
+ * time an index is reused, so a stale key never matches a new MR. Every
+ * MR has an rkey, as on Linux (ABI 1.4; it was 0 without remote access):
+ * a remote access to an MR without the remote right fails its access
+ * check. */
 struct vrnic_resp_reg_mr {
 	uint32_t mr_handle;
 	uint32_t lkey;
@@ -1335,6 +1346,116 @@ struct vrnic_db_srq {
 	uint32_t reserved0[15];
 	uint32_t srq_ci;         /* daemon: RQEs consumed */
 	uint32_t reserved1[15];
+};
+
+/* ------------------------------------------------------------------------
+ * Rereg MR, resize CQ, device memory (ABI 1.4)
+ * ------------------------------------------------------------------------ */
+
+/* REREG_MR: ibv_rereg_mr. flags is a non-empty set of VRNIC_REREG_* (any
+ * other bit, or none: EINVAL). With CHANGE_TRANSLATION the MR covers
+ * [iova, iova+length) over a new page list, given as in REG_MR (page_shift,
+ * npages, inline pages or pbl_pa); without it those fields are 0. With
+ * CHANGE_PD the MR moves to pd_handle; with CHANGE_ACCESS it gets access
+ * (enum vrnic_access; remote write or atomic need local write). A DM MR
+ * cannot be re-registered (EINVAL). The keys stay, as Linux rxe reports
+ * them: the lkey (the MR's handle) and the rkey are unchanged (every MR
+ * has an rkey; remote access to an MR without the right fails). When
+ * the reply is sent the daemon no longer touches the old translation:
+ * copies that looked the MR up before the change have finished. */
+enum vrnic_rereg_flags {              /* = enum ibv_rereg_mr_flags */
+	VRNIC_REREG_CHANGE_TRANSLATION = 1u << 0,
+	VRNIC_REREG_CHANGE_PD          = 1u << 1,
+	VRNIC_REREG_CHANGE_ACCESS      = 1u << 2,
+};
+
+struct vrnic_cmd_rereg_mr {
+	uint32_t mr_handle;
+	uint32_t flags;          /* enum vrnic_rereg_flags */
+	uint64_t iova;           /* CHANGE_TRANSLATION */
+	uint64_t length;         /* CHANGE_TRANSLATION */
+	uint64_t pbl_pa;         /* CHANGE_TRANSLATION, as REG_MR */
+	uint32_t pd_handle;      /* CHANGE_PD */
+	uint32_t access;         /* CHANGE_ACCESS */
+	uint32_t page_shift;     /* CHANGE_TRANSLATION */
+	uint32_t npages;         /* CHANGE_TRANSLATION */
+	/* uint64_t pages[npages] when pbl_pa == 0 */
+};
+/* Reply: struct vrnic_resp_reg_mr. */
+
+/* RESIZE_CQ: moves the CQ to a new ring of cqe_count entries (a power of
+ * two, 2..VRNIC_MAX_CQE, 64-byte aligned, in this context's host memory).
+ * The client must not poll the CQ (nor write cq_ci) from sending the
+ * command to reading the reply. The daemon reads cq_ci once and fails
+ * with EINVAL when the CQEs not yet consumed (cq_pi - cq_ci) do not fit in
+ * cqe_count (or cq_ci is ahead of cq_pi); else, with no completion
+ * written meanwhile, it copies them into the new ring at the same
+ * free-running indices (entry i at slot i mod cqe_count, its owner bit
+ * that of index i in a ring of cqe_count entries) and writes every other
+ * slot of the new ring as not ready, then writes later CQEs into the new
+ * ring only. Indices, cq_pi, cq_ci and the arm state carry over: after
+ * the reply the client polls the new ring from its consumer index with
+ * the new count. The old ring is no longer touched once the reply is
+ * sent. */
+struct vrnic_cmd_resize_cq {
+	uint64_t ring_pa;
+	uint32_t cq_handle;
+	uint32_t cqe_count;
+};
+
+struct vrnic_resp_resize_cq {
+	uint32_t cqe_count;      /* as granted (the command's) */
+	uint32_t outstanding;    /* CQEs carried over */
+};
+
+/* ALLOC_DM: device memory (ibv_alloc_dm). length 1..max_dm_size of
+ * QUERY_DEVICE_EX; log_align at most VRNIC_DM_MAX_LOG_ALIGN (the memory
+ * starts on a page); flags 0 (ibv_alloc_dm_attr.comp_mask): else EINVAL.
+ * The device's DM is max_dm_size bytes in all, shared by its contexts:
+ * an allocation beyond what is left fails with ENOMEM. Reply fds: [0] a
+ * memfd of map_length bytes (length rounded up to a page) that the
+ * client maps shared to read and write the memory (ibv_memcpy_to_dm,
+ * ibv_memcpy_from_dm); it starts zeroed. */
+#define VRNIC_DM_MAX_LOG_ALIGN 12u
+
+struct vrnic_cmd_alloc_dm {
+	uint64_t length;
+	uint32_t log_align;
+	uint32_t flags;          /* reserved, 0 */
+};
+
+struct vrnic_resp_alloc_dm {
+	uint32_t dm_handle;
+	uint32_t reserved;
+	uint64_t map_length;
+};
+
+/* FREE_DM: struct vrnic_cmd_handle (handle: the DM). EBUSY while an MR
+ * is registered on it. */
+
+/* REG_DM_MR: ibv_reg_dm_mr. An MR over [offset, offset+length) of the DM
+ * (length may be 0; the range must lie within the DM's length: else
+ * EINVAL), addressed from 0: access must hold VRNIC_DM_MR_ZERO_BASED
+ * (else EINVAL), and a WQE or a peer names its byte x as address x.
+ * Reply: struct vrnic_resp_reg_mr. */
+/* = IBV_ACCESS_ZERO_BASED, the access bit REG_DM_MR requires (the bit a
+ * type 2 memory window's bind uses the same way) */
+#define VRNIC_DM_MR_ZERO_BASED (1u << 5)
+
+struct vrnic_cmd_reg_dm_mr {
+	uint64_t offset;
+	uint64_t length;
+	uint32_t dm_handle;
+	uint32_t pd_handle;
+	uint32_t access;         /* enum vrnic_access | VRNIC_DM_MR_ZERO_BASED */
+	uint32_t reserved;
+};
+
+/* QUERY_DEVICE_EX: no command struct. Reply: */
+struct vrnic_device_attr_ex {
+	uint64_t max_dm_size;    /* bytes of device memory (ALLOC_DM) */
+	uint32_t dm_max_log_align; /* VRNIC_DM_MAX_LOG_ALIGN */
+	uint32_t reserved;
 };
 
 #endif /* VRNIC_ABI_H */

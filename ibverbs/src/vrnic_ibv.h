@@ -71,12 +71,20 @@ struct vr_seg_reg {
 	uint32_t handle;
 };
 
+/* The lock of a context's control socket and its sequence numbers, in a
+ * shared anonymous mapping: a child forked from the program shares the
+ * socket, and the lock keeps one command of one process in flight at a
+ * time, so each reads its own reply (ctl.c). */
+struct vr_calls {
+	pthread_mutex_t mu; /* process-shared, robust */
+	uint32_t seq;
+};
+
 struct vr_ctx {
 	struct verbs_context vctx; /* the ibv_context is its last member */
 	struct vr_device *dev;
 	int sock;
-	pthread_mutex_t call_mu; /* one command in flight on sock */
-	uint32_t seq;
+	struct vr_calls *calls; /* one command in flight on sock, across fork too (ctl.c) */
 	uint8_t *db;
 	uint32_t db_size;
 	int kick_fd;
@@ -102,6 +110,7 @@ struct vr_ctx {
 	int odp_state;
 	struct vrnic_resp_odp_attach odp_caps;
 	uint8_t odp_nonce[16];
+	uint64_t max_dm_size; /* QUERY_DEVICE_EX's + 1; 0: not asked yet (mrdm.c) */
 };
 
 enum vr_obj_kind { VR_OBJ_QP = 1, VR_OBJ_CQ, VR_OBJ_SRQ };
@@ -142,6 +151,8 @@ enum {
 
 struct vr_mr {
 	struct ibv_mr mr;
+	unsigned access;   /* IBV_ACCESS_* as registered (ibv_rereg_mr) */
+	struct ibv_dm *dm; /* a device memory MR's DM (ibv_reg_dm_mr), else NULL */
 };
 
 struct vr_ah {
@@ -294,6 +305,10 @@ static inline void vr_db_mark(struct vr_ctx *c, const uint32_t *pi_word) {
 		__atomic_fetch_or(w, bit, __ATOMIC_SEQ_CST);
 }
 VR_HIDDEN int vr_destroy_handle(struct vr_ctx *c, uint16_t op, uint32_t handle);
+VR_HIDDEN int vr_calls_init(struct vr_ctx *c);
+VR_HIDDEN void vr_calls_free(struct vr_ctx *c);
+VR_HIDDEN void vr_calls_lock(struct vr_ctx *c);
+VR_HIDDEN void vr_calls_unlock(struct vr_ctx *c);
 
 /* mem.c */
 VR_HIDDEN int vr_alloc(struct vr_ctx *c, size_t len, struct vr_buf *b);
@@ -344,6 +359,14 @@ VR_HIDDEN int vr_dealloc_mw(struct ibv_mw *mw);
 VR_HIDDEN int vr_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mw_bind *b);
 VR_HIDDEN void vr_bind_wqe(struct vrnic_send_wqe *w, const struct ibv_mw *mw, uint32_t rkey,
 			   const struct ibv_mw_bind_info *info);
+
+/* mrdm.c */
+VR_HIDDEN struct ibv_dm *vr_alloc_dm(struct ibv_context *ctx, struct ibv_alloc_dm_attr *a);
+VR_HIDDEN int vr_free_dm(struct ibv_dm *dm);
+VR_HIDDEN struct ibv_mr *vr_reg_dm_mr(struct ibv_pd *pd, struct ibv_dm *dm, uint64_t off, size_t length,
+				      unsigned int access);
+VR_HIDDEN int vr_max_dm_size(struct vr_ctx *c, uint64_t *max);
+VR_HIDDEN void vr_cq_clean(struct vr_cq *cq, uint32_t qpn);
 
 /* ah.c */
 VR_HIDDEN void vr_ah_to_vr(const struct ibv_ah_attr *a, struct vrnic_ah_attr *v);
