@@ -118,9 +118,13 @@ const (
 	// (IBV_ACCESS_FLUSH_GLOBAL, IBV_ACCESS_FLUSH_PERSISTENT).
 	AccessFlushGlobal     uint32 = 1 << 8
 	AccessFlushPersistent uint32 = 1 << 9
-	// AccessAll is every defined access bit.
+	// AccessAll is every right the device grants: FLUSH_PERSISTENT is
+	// defined but refused (its memory has no persistence domain).
 	AccessAll = AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic |
-		AccessFlushGlobal | AccessFlushPersistent
+		AccessFlushGlobal
+	// AccessDefined is every access bit of the ABI but the memory-window
+	// ones (abi/mw.go).
+	AccessDefined = AccessAll | AccessFlushPersistent
 )
 
 // QPType is enum vrnic_qp_type (IBV_QPT_*).

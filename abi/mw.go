@@ -24,10 +24,10 @@ const (
 	AccessMWBind    uint32 = 1 << 4 // REG_MR: windows may be bound to the MR
 	AccessZeroBased uint32 = 1 << 5 // BIND_MW of a type 2 window
 	// AccessMRAll is every bit REG_MR accepts.
-	AccessMRAll = AccessAll | AccessMWBind
+	AccessMRAll = AccessDefined | AccessMWBind
 	// AccessMWAll is every bit a BIND_MW WQE accepts (LOCAL_WRITE is
 	// ignored, as Linux rxe does).
-	AccessMWAll = AccessAll | AccessZeroBased
+	AccessMWAll = AccessDefined | AccessZeroBased
 )
 
 // Device capability flags (enum vrnic_device_cap, DeviceAttr.DeviceCapFlags).

@@ -325,17 +325,8 @@ func (cn *conn) regMR(r *request) (reply, error) {
 	if !ok {
 		return reply{}, errorf(errNoEnt, "PD %d not found", c.PDHandle)
 	}
-	if c.Access&^abi.AccessMRAll != 0 {
-		return reply{}, errorf(errInval, "access %#x: unknown bits %#x", c.Access, c.Access&^abi.AccessMRAll)
-	}
-	if c.Access&(abi.AccessRemoteWrite|abi.AccessRemoteAtomic) != 0 && c.Access&abi.AccessLocalWrite == 0 {
-		return reply{}, errorf(errInval, "access %#x: remote write or remote atomic requires local write (IBTA C10-83)", c.Access)
-	}
-	if c.Access&abi.AccessFlushPersistent != 0 {
-		// Client memory is memfd (shmem) pages: RAM with no persistence
-		// domain, so no FLUSH can make it persistent (dma.Accessor.Flush;
-		// Linux rxe refuses the flag for memory that is not pmem).
-		return reply{}, errorf(errNotSup, "access %#x: FLUSH_PERSISTENT: the device has no persistent memory", c.Access)
+	if err := checkAccess(c.Access); err != nil {
+		return reply{}, err
 	}
 	if c.PageShift != abi.PageShift4K && c.PageShift != abi.PageShift2M {
 		return reply{}, errorf(errInval, "page_shift %d: must be %d or %d", c.PageShift, abi.PageShift4K, abi.PageShift2M)

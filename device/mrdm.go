@@ -54,13 +54,21 @@ func (m memory) registerZeroBased(o Owner, pd uint32, pa, length uint64, access 
 	return info, wrapDMA(err)
 }
 
-// checkAccess applies REG_MR's access rules to a.
+// checkAccess applies REG_MR's access rules to a (REG_MR, REREG_MR and
+// REG_DM_MR): known bits, remote write or atomic only with local write,
+// and no persistence the memory cannot give.
 func checkAccess(a uint32) error {
-	if a&^abi.AccessAll != 0 {
-		return errorf(errInval, "access %#x: unknown bits %#x", a, a&^abi.AccessAll)
+	if a&^abi.AccessMRAll != 0 {
+		return errorf(errInval, "access %#x: unknown bits %#x", a, a&^abi.AccessMRAll)
 	}
 	if a&(abi.AccessRemoteWrite|abi.AccessRemoteAtomic) != 0 && a&abi.AccessLocalWrite == 0 {
 		return errorf(errInval, "access %#x: remote write or remote atomic requires local write (IBTA C10-83)", a)
+	}
+	if a&abi.AccessFlushPersistent != 0 {
+		// Client memory is memfd (shmem) pages: RAM with no persistence
+		// domain, so no FLUSH can make it persistent (dma.Accessor.Flush;
+		// Linux rxe refuses the flag for memory that is not pmem).
+		return errorf(errNotSup, "access %#x: FLUSH_PERSISTENT: the device has no persistent memory", a)
 	}
 	return nil
 }

@@ -88,7 +88,7 @@ func TestDMCommands(t *testing.T) {
 		{"offset + length beyond", a, abi.CmdRegDMMRReq{Offset: 50, Length: 51, DMHandle: dm.DMHandle, PDHandle: a.pd, Access: zb}, syscall.EINVAL},
 		{"offset wraps", a, abi.CmdRegDMMRReq{Offset: math.MaxUint64, Length: 2, DMHandle: dm.DMHandle, PDHandle: a.pd, Access: zb}, syscall.EINVAL},
 		{"not zero-based", a, abi.CmdRegDMMRReq{Length: 4, DMHandle: dm.DMHandle, PDHandle: a.pd, Access: abi.AccessLocalWrite}, syscall.EINVAL},
-		{"unknown access bit", a, abi.CmdRegDMMRReq{Length: 4, DMHandle: dm.DMHandle, PDHandle: a.pd, Access: zb | 1<<4}, syscall.EINVAL},
+		{"unknown access bit", a, abi.CmdRegDMMRReq{Length: 4, DMHandle: dm.DMHandle, PDHandle: a.pd, Access: zb | 1<<10}, syscall.EINVAL},
 		{"remote write without local write", a, abi.CmdRegDMMRReq{Length: 4, DMHandle: dm.DMHandle, PDHandle: a.pd,
 			Access: abi.DMMRZeroBased | abi.AccessRemoteWrite}, syscall.EINVAL},
 		{"reserved", a, abi.CmdRegDMMRReq{Length: 4, DMHandle: dm.DMHandle, PDHandle: a.pd, Access: zb, Reserved: 1}, syscall.EINVAL},

@@ -72,7 +72,7 @@ func TestMWType1(t *testing.T) {
 	require.NoError(t, e.acc.BindMW(e.pd, MWBind{MW: w.Handle, RKey: k1, MR: e.mr.LKey, Addr: 0x11000, Length: 4096,
 		Access: AccessRemoteWrite | AccessRemoteRead | AccessLocalWrite}))
 	assert.ErrorIs(t, e.acc.WriteRemote(w.RKey, e.pd, 0x11000, []byte{1}), ErrBadKey, "the old key")
-	assert.Zero(t, e.mr.RKey, "the MR itself grants no remote access")
+	assert.ErrorIs(t, e.acc.WriteRemote(e.mr.RKey, e.pd, 0x11000, []byte{1}), ErrAccess, "the MR itself grants no remote access")
 
 	require.NoError(t, e.acc.WriteRemote(k1, e.pd, 0x11000+100, []byte("through the window")))
 	assert.Equal(t, "through the window", string(e.h.client[4096+100:4096+118]), "bytes land at the MR's iova")

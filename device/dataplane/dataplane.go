@@ -589,9 +589,45 @@ func (dp *DataPlane) ResizeCQ(c *device.CQ, ring []byte, count uint32) (uint32, 
 	if s == nil {
 		return 0, queues.InitCQRing(ring, count, 0)
 	}
+	dp.settleCQ(s)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.cq.Resize(ring, count)
+}
+
+// settleCQ lets the workers run what was posted to the send queues that
+// complete into s before a resize counts its entries: a send posted
+// before ibv_resize_cq is a completion on the CQ by then, as with a NIC
+// that executes a datagram send at once (a UD send completes when it
+// leaves). Each QP is kicked, then four barriers in a row bound a full
+// worker pass after the kick was taken (worker.run: a barrier is applied
+// at one of a pass's two control drains, kicks are taken between them and
+// the QPs served after the second). Bounded: a stuck engine gets a second
+// per barrier.
+func (dp *DataPlane) settleCQ(s *cqSink) {
+	var qpns []uint32
+	dp.mu.Lock()
+	for _, pw := range dp.pages {
+		for i := range pw.qps {
+			if x := pw.qps[i].Load(); x != nil && x.sinks[0].cq == s {
+				qpns = append(qpns, x.qpn)
+			}
+		}
+	}
+	dp.mu.Unlock()
+	if len(qpns) == 0 {
+		return
+	}
+	for _, q := range qpns {
+		dp.eng.Kick(q)
+	}
+	for range 4 {
+		select {
+		case <-dp.eng.Barrier():
+		case <-time.After(time.Second):
+			return
+		}
+	}
 }
 
 // ReleaseSRQ implements device.DataPlane.

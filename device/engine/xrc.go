@@ -67,6 +67,13 @@ func (e *Engine) AddXRCSRQ(srqn uint32, s *XRCSRQ) {
 // worker touches the SRQ's source or sink, so keep them until then.
 func (e *Engine) RemoveXRCSRQ(srqn uint32) (applied <-chan struct{}) {
 	e.xrc.update(func(m map[uint32]*XRCSRQ) { delete(m, srqn&roce.QPNMask) })
+	return e.Barrier()
+}
+
+// Barrier returns a channel closed once every worker has applied a
+// control message posted now, that is, finished what it was doing when
+// Barrier was called (or the engine exited).
+func (e *Engine) Barrier() <-chan struct{} {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	for _, w := range e.workers {

@@ -84,7 +84,7 @@ void vr_domain_ops(struct verbs_context *v) {
  * pd (NULL or a plain PD: the context's chunks). With a parent domain's
  * allocator the memory is what it returns: zeroed, backed for the daemon,
  * and one contiguous run of the daemon's address space (a ring has one
- * address); else EINVAL, and the memory goes back to the free function. */
+ * address; else the library's own memory, see below). */
 int vr_alloc_in(struct vr_ctx *c, struct ibv_pd *ibpd, uint64_t type, size_t len, struct vr_buf *b) {
 	struct vr_pd *pd = ibpd ? vr_pd(ibpd) : NULL;
 	memset(b, 0, sizeof *b);
@@ -111,10 +111,15 @@ int vr_alloc_in(struct vr_ctx *c, struct ibv_pd *ibpd, uint64_t type, size_t len
 	memset(p, 0, pages * VR_PAGE);
 	if ((ret = vr_user_pages(c, (uintptr_t)p, pages, true, pa)))
 		goto fail;
+	/* A ring is one run of the daemon's address space. Pages the
+	 * program registered before (in parts) lie in several runs: that
+	 * memory goes back to the free function and the ring takes the
+	 * library's own, as with IBV_ALLOCATOR_USE_DEFAULT. */
 	for (size_t i = 1; i < pages; i++)
 		if (pa[i] != pa[0] + i * VR_PAGE) {
-			ret = EINVAL;
-			goto fail;
+			free(pa);
+			pd->free(ibpd, pd->pd_context, p, type);
+			return vr_alloc(c, len, b);
 		}
 	b->p = p;
 	b->pa = pa[0];

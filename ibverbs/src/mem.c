@@ -115,6 +115,8 @@ int vr_alloc(struct vr_ctx *c, size_t len, struct vr_buf *b) {
 					b->pa = ch->pa + first * VR_PAGE;
 					b->len = pages * VR_PAGE;
 					b->chunk = ch;
+					b->domain = NULL;
+					b->res_type = 0;
 					memset(b->p, 0, b->len);
 					pthread_mutex_unlock(&c->mem_mu);
 					return 0;

@@ -137,8 +137,11 @@ VR_EXPORT int ibv_resize_cq(struct ibv_cq *ibcq, int cqe) {
 	uint32_t n = 2;
 	while (n < (uint32_t)cqe)
 		n <<= 1;
+	/* A CQ on a parent domain takes its new ring from the domain's
+	 * allocator too. */
 	struct vr_buf ring;
-	int ret = vr_alloc(c, (size_t)n * sizeof(struct vrnic_cqe), &ring);
+	int ret = vr_alloc_in(c, cq->ring.domain ? &cq->ring.domain->pd : NULL, VRNIC_RES_TYPE_CQ,
+			      (size_t)n * sizeof(struct vrnic_cqe), &ring);
 	if (ret) {
 		errno = ret;
 		return ret;
