@@ -152,8 +152,12 @@ type RespRegMR struct {
 type CmdCreateCQReq struct {
 	RingPA   uint64 `c:"ring_pa"`
 	CQECount uint32 `c:"cqe_count"`
-	Flags    uint32 `c:"flags"`
+	Flags    uint32 `c:"flags"` // CQFlag* (ABI 1.4)
 }
+
+// CQFlagTimestamp is VRNIC_CQ_F_TIMESTAMP: the ring carries a timestamp
+// (nanoseconds of CLOCK_REALTIME) per CQE after the CQEs (ABI 1.4).
+const CQFlagTimestamp = 1 << 0
 
 // RespCreateCQ is struct vrnic_resp_create_cq.
 type RespCreateCQ struct {

@@ -444,9 +444,10 @@ func (cn *conn) createCQ(r *request) (reply, error) {
 	if err := decode(r, &c); err != nil {
 		return reply{}, err
 	}
-	if c.Flags != 0 {
-		return reply{}, errorf(errInval, "flags %#x: reserved, must be 0", c.Flags)
+	if c.Flags&^abi.CQFlagTimestamp != 0 {
+		return reply{}, errorf(errInval, "flags %#x: unknown bits %#x", c.Flags, c.Flags&^abi.CQFlagTimestamp)
 	}
+	ts := c.Flags&abi.CQFlagTimestamp != 0
 	if !isPow2(c.CQECount) || c.CQECount < 2 || c.CQECount > abi.MaxCQE {
 		return reply{}, errorf(errInval, "cqe_count %d: must be a power of two in 2..%d", c.CQECount, abi.MaxCQE)
 	}
@@ -462,7 +463,7 @@ func (cn *conn) createCQ(r *request) (reply, error) {
 			return reply{}, err
 		}
 	}
-	pin, err := d.pinRing(cx, "CQ", c.RingPA, uint64(c.CQECount)*cqeSize)
+	pin, err := d.pinRing(cx, "CQ", c.RingPA, cqRingBytes(c.CQECount, ts))
 	if err != nil {
 		return reply{}, err
 	}
@@ -475,7 +476,7 @@ func (cn *conn) createCQ(r *request) (reply, error) {
 		efd = r.msg.takeFd(0)
 		cx.eventfds++
 	}
-	q := &CQ{handle: cx.newHandle(), ringPA: c.RingPA, cqeCount: c.CQECount, dbIndex: idx, eventfd: efd, ring: pin, cx: cx}
+	q := &CQ{handle: cx.newHandle(), ringPA: c.RingPA, cqeCount: c.CQECount, dbIndex: idx, eventfd: efd, ring: pin, cx: cx, ts: ts}
 	cx.cqs[q.handle] = q
 	cx.counts.CQ++
 	d.totals.CQ++

@@ -204,7 +204,7 @@ func (cn *conn) resizeCQ(r *request) (reply, error) {
 	if !isPow2(c.CQECount) || c.CQECount < 2 || c.CQECount > abi.MaxCQE {
 		return reply{}, errorf(errInval, "cqe_count %d: must be a power of two in 2..%d", c.CQECount, abi.MaxCQE)
 	}
-	pin, err := d.pinRing(cx, "CQ", c.RingPA, uint64(c.CQECount)*cqeSize)
+	pin, err := d.pinRing(cx, "CQ", c.RingPA, cqRingBytes(c.CQECount, q.ts))
 	if err != nil {
 		return reply{}, err
 	}

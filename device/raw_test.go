@@ -235,7 +235,7 @@ func TestMalformedMessages(t *testing.T) {
 			unix.Close(p[1])
 			return []int{p[0]}
 		}, syscall.EBADF, "want an eventfd"},
-		{"CREATE_CQ flags", msg(abi.CmdCreateCQ, 4, encode(t, &abi.CmdCreateCQReq{RingPA: 1 << 30, CQECount: 4, Flags: 2})), nil, syscall.EINVAL, "reserved"},
+		{"CREATE_CQ flags", msg(abi.CmdCreateCQ, 4, encode(t, &abi.CmdCreateCQReq{RingPA: 1 << 30, CQECount: 4, Flags: 2})), nil, syscall.EINVAL, "unknown bits"},
 		{"CREATE_CQ count", msg(abi.CmdCreateCQ, 4, encode(t, &abi.CmdCreateCQReq{RingPA: 1 << 30, CQECount: 3})), nil, syscall.EINVAL, "power of two"},
 		{"CREATE_CQ ring outside host memory", msg(abi.CmdCreateCQ, 4, encode(t, &abi.CmdCreateCQReq{RingPA: 1 << 40, CQECount: 4})), nil, syscall.EFAULT, "CQ ring"},
 		{"CREATE_CQ unaligned ring", msg(abi.CmdCreateCQ, 4, encode(t, &abi.CmdCreateCQReq{RingPA: 1<<30 + 8, CQECount: 4})), nil, syscall.EINVAL, "aligned"},

@@ -136,6 +136,7 @@ type CQ struct {
 	ring     *pin
 	users    int      // QPs using it as send or receive CQ
 	cx       *Context // its context (events)
+	ts       bool     // completion timestamps (abi.CQFlagTimestamp): the ring has them after the CQEs
 	// overflowed is set the first time the CQ could not take a CQE.
 	overflowed atomic.Bool
 }
@@ -290,6 +291,19 @@ func (c *CQ) Handle() uint32 { return c.handle }
 // Ring returns the CQE ring (pinned while the CQ exists) and its entry
 // count (a power of two).
 func (c *CQ) Ring() ([]byte, uint32) { return c.ring.bytes(), c.cqeCount }
+
+// Timestamps reports whether the CQ's ring carries completion timestamps
+// after its CQEs (abi.CQFlagTimestamp).
+func (c *CQ) Timestamps() bool { return c.ts }
+
+// ringBytes is the ring size of n entries of a CQ with or without
+// timestamps.
+func cqRingBytes(n uint32, ts bool) uint64 {
+	if ts {
+		return uint64(n) * (cqeSize + 8)
+	}
+	return uint64(n) * cqeSize
+}
 
 // DBIndex returns the CQ's record index in its context's doorbell page.
 func (c *CQ) DBIndex() uint32 { return c.dbIndex }

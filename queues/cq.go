@@ -1,9 +1,11 @@
 package queues
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math/bits"
 	"sync/atomic"
+	"time"
 
 	"github.com/vrnic/vrnic/abi"
 )
@@ -25,6 +27,21 @@ type CQ struct {
 	ciCache uint32 // client consumer index as last validated
 	pubPI   uint32
 	broken  error
+	// ts is the timestamp array of a CQ with completion timestamps
+	// (count*8 bytes after the CQEs, abi.CQFlagTimestamp), else nil.
+	ts []byte
+}
+
+// SetTimestamps gives the CQ its timestamp array (count*8 bytes of client
+// memory, 8-byte aligned): each Push stores the time of the completion
+// there, in nanoseconds of CLOCK_REALTIME, before the CQE's owner byte.
+func (c *CQ) SetTimestamps(ts []byte) error {
+	need := uint64(c.count) * 8
+	if uint64(len(ts)) < need || !aligned(ts, 8) {
+		return fmt.Errorf("%w: timestamp array of %d bytes for %d CQEs", ErrConfig, len(ts), c.count)
+	}
+	c.ts = ts[:need:need]
+	return nil
 }
 
 // NewCQ returns a completion queue of count entries over ring (client
@@ -74,6 +91,10 @@ func (c *CQ) Push(e *abi.CQE) error {
 	off := int(c.pi&c.mask) * abi.SizeofCQE
 	slot := c.ring[off : off+abi.SizeofCQE]
 	e.PutBody(slot)
+	if c.ts != nil {
+		i := int(c.pi&c.mask) * 8
+		binary.LittleEndian.PutUint64(c.ts[i:i+8], uint64(time.Now().UnixNano()))
+	}
 	storeU32(slot, abi.OffCQETail, e.TailWordWith(abi.CQEPhase(c.pi, c.count)))
 	c.pi++
 	return nil

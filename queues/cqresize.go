@@ -28,8 +28,12 @@ func (c *CQ) Resize(ring []byte, count uint32) (uint32, error) {
 		return 0, fmt.Errorf("%w: %d CQEs (want a power of two, 2..%d)", ErrConfig, count, abi.MaxCQE)
 	}
 	need := uint64(count) * abi.SizeofCQE
-	if uint64(len(ring)) < need {
-		return 0, fmt.Errorf("%w: CQ ring of %d bytes, need %d", ErrConfig, len(ring), need)
+	full := need
+	if c.ts != nil {
+		full += uint64(count) * 8 // the timestamps after the CQEs
+	}
+	if uint64(len(ring)) < full {
+		return 0, fmt.Errorf("%w: CQ ring of %d bytes, need %d", ErrConfig, len(ring), full)
 	}
 	if !aligned(ring, 8) {
 		return 0, fmt.Errorf("%w: CQ ring not 8-byte aligned", ErrConfig)
@@ -45,6 +49,10 @@ func (c *CQ) Resize(ring []byte, count uint32) (uint32, error) {
 	if used > count {
 		return 0, fmt.Errorf("%w: %d unconsumed, %d wanted", ErrCQTooSmall, used, count)
 	}
+	var ts []byte
+	if c.ts != nil {
+		ts = ring[need:full:full]
+	}
 	ring = ring[:need:need]
 	var e abi.CQE
 	for j := ci; j != ci+count; j++ {
@@ -54,6 +62,9 @@ func (c *CQ) Resize(ring []byte, count uint32) (uint32, error) {
 		if j-ci < used {
 			so := int(j&c.mask) * abi.SizeofCQE
 			e.Decode(c.ring[so : so+abi.SizeofCQE])
+			if ts != nil {
+				copy(ts[int(j&(count-1))*8:][:8], c.ts[int(j&c.mask)*8:][:8])
+			}
 		} else {
 			e = abi.CQE{}
 			owner ^= 1
@@ -61,7 +72,7 @@ func (c *CQ) Resize(ring []byte, count uint32) (uint32, error) {
 		e.PutBody(dst)
 		storeU32(dst, abi.OffCQETail, e.TailWordWith(owner))
 	}
-	c.ring, c.count, c.mask, c.ciCache = ring, count, count-1, ci
+	c.ring, c.count, c.mask, c.ciCache, c.ts = ring, count, count-1, ci, ts
 	return used, nil
 }
 

@@ -1,7 +1,10 @@
 package queues
 
 import (
+	"encoding/binary"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -122,4 +125,52 @@ func TestCQResizeBadInput(t *testing.T) {
 	for i := range uint32(8) {
 		assert.False(t, ReadCQE(r, 8, i, &e))
 	}
+}
+
+// TestCQTimestamps: a CQ with timestamps stores the time of each Push at
+// its index after the CQEs, and a resize carries each one over with its
+// CQE to the new ring's index.
+func TestCQTimestamps(t *testing.T) {
+	const n = 4
+	ring := make([]byte, n*(abi.SizeofCQE+8))
+	var ci, pi, over atomic.Uint32
+	c, err := NewCQ(ring, n, CQWords{CI: &ci, PI: &pi, Overflow: &over})
+	require.NoError(t, err)
+	assert.ErrorIs(t, c.SetTimestamps(ring[n*abi.SizeofCQE:n*abi.SizeofCQE+8]), ErrConfig, "too short")
+	require.NoError(t, c.SetTimestamps(ring[n*abi.SizeofCQE:]))
+	ts := func(r []byte, count, i uint32) uint64 {
+		off := int(count)*abi.SizeofCQE + int(i&(count-1))*8
+		return binary.LittleEndian.Uint64(r[off:])
+	}
+	before := uint64(time.Now().UnixNano())
+	for i := range uint64(6) { // indices 0..5; 0 and 1 consumed
+		e := cqe(i)
+		require.NoError(t, c.Push(&e))
+		if i < 2 {
+			ci.Store(uint32(i) + 1)
+		}
+	}
+	after := uint64(time.Now().UnixNano())
+	var got [6]uint64
+	for i := uint32(2); i < 6; i++ {
+		got[i] = ts(ring, n, i)
+		assert.True(t, got[i] >= before && got[i] <= after, "index %d: %d not in [%d, %d]", i, got[i], before, after)
+		if i > 2 {
+			assert.GreaterOrEqual(t, got[i], got[i-1], "in push order")
+		}
+	}
+	big := make([]byte, 8*abi.SizeofCQE) // no room for the timestamps
+	_, err = c.Resize(big, 8)
+	assert.ErrorIs(t, err, ErrConfig, "a ring without the timestamp array")
+	big = make([]byte, 8*(abi.SizeofCQE+8))
+	m, err := c.Resize(big, 8)
+	require.NoError(t, err)
+	assert.Equal(t, uint32(4), m)
+	for i := uint32(2); i < 6; i++ {
+		wantCQE(t, big, 8, i, uint64(i))
+		assert.Equal(t, got[i], ts(big, 8, i), "index %d's timestamp carried over", i)
+	}
+	e := cqe(6)
+	require.NoError(t, c.Push(&e))
+	assert.GreaterOrEqual(t, ts(big, 8, 6), got[5], "later CQEs stamp the new ring")
 }

@@ -484,7 +484,7 @@ func (dp *DataPlane) cqSinkLocked(c *device.CQ, page *doorbell.Page) (*cqSink, e
 		sig = dp.ksig
 	}
 	ring, count := c.Ring()
-	s, err := newCQSink(ring, count, rec, comp, sig)
+	s, err := newCQSink(ring, count, c.Timestamps(), rec, comp, sig)
 	if err != nil {
 		if comp != nil {
 			comp.Close()

@@ -310,10 +310,19 @@ type cqSink struct {
 
 // newCQSink builds the sink; comp (the completion eventfd, owned by the
 // sink from now on) and sig (what raises it) are both nil or both set.
-func newCQSink(ring []byte, count uint32, rec doorbell.CQRecord, comp *doorbell.EventFD, sig doorbell.Signaller) (*cqSink, error) {
+func newCQSink(ring []byte, count uint32, ts bool, rec doorbell.CQRecord, comp *doorbell.EventFD, sig doorbell.Signaller) (*cqSink, error) {
 	q, err := queues.NewCQ(ring, count, queues.CQWords{CI: rec.CI, PI: rec.PI, Overflow: rec.Overflow})
 	if err != nil {
 		return nil, err
+	}
+	if ts {
+		// The timestamps follow the CQEs (abi.CQFlagTimestamp).
+		if uint64(len(ring)) < uint64(count)*abi.SizeofCQE {
+			return nil, fmt.Errorf("dataplane: CQ ring of %d bytes for %d CQEs", len(ring), count)
+		}
+		if err := q.SetTimestamps(ring[uint64(count)*abi.SizeofCQE:]); err != nil {
+			return nil, err
+		}
 	}
 	return &cqSink{cq: q, notify: doorbell.NewCQNotifier(rec, comp, sig)}, nil
 }

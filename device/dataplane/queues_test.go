@@ -284,7 +284,7 @@ func newTestCQ(t testing.TB, count uint32, comp *doorbell.EventFD) (*cqSink, doo
 			<-done
 		})
 	}
-	s, err := newCQSink(ring, count, rec, comp, sig)
+	s, err := newCQSink(ring, count, false, rec, comp, sig)
 	require.NoError(t, err)
 	return s, rec, ring
 }
@@ -298,7 +298,7 @@ func newTestCQKernel(t testing.TB, count uint32, comp *doorbell.EventFD) (*cqSin
 	rec := doorbell.CQRecord{CI: new(atomic.Uint32), Arm: new(atomic.Uint32), PI: new(atomic.Uint32),
 		ArmSNDone: new(atomic.Uint32), Overflow: new(atomic.Uint32)}
 	ring := make([]byte, count*abi.SizeofCQE)
-	s, err := newCQSink(ring, count, rec, comp, k)
+	s, err := newCQSink(ring, count, false, rec, comp, k)
 	require.NoError(t, err)
 	return s, rec, ring
 }

@@ -332,6 +332,7 @@ VR_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device) {
 	v->create_qp_ex = vr_create_qp_ex;
 	v->create_srq_ex = vr_create_srq_ex;
 	vr_domain_ops(v);
+	v->query_rt_values = vr_query_rt_values;
 	v->advise_mr = vr_advise_mr;
 	v->open_xrcd = vr_open_xrcd;
 	v->close_xrcd = vr_close_xrcd;

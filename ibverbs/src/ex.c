@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <string.h>
+#include <time.h>
 
 #define SEND_OPS_SUPPORTED \
 	(IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND | \
@@ -310,7 +311,8 @@ struct ibv_qp *vr_create_qp_ex(struct ibv_context *ctx, struct ibv_qp_init_attr_
 
 #define WC_FLAGS_SUPPORTED \
 	(IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM | IBV_WC_EX_WITH_SRC_QP | \
-	 IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL | IBV_WC_EX_WITH_DLID_PATH_BITS)
+	 IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL | IBV_WC_EX_WITH_DLID_PATH_BITS |                       \
+	 IBV_WC_EX_WITH_COMPLETION_TIMESTAMP | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK)
 
 static inline struct vr_cq *cqx(struct ibv_cq_ex *c) { return (struct vr_cq *)c; }
 
@@ -322,6 +324,8 @@ static int take(struct vr_cq *cq) {
 	if ((owner & 1) != 1 - ((cq->ci / cq->n) & 1))
 		return ENOENT;
 	cq->cur = *e;
+	if (cq->ts)
+		cq->cur_ts = cq->ts[cq->ci & cq->mask];
 	cq->ci++;
 	cq->ex.wr_id = cq->cur.wr_id;
 	cq->ex.status = (enum ibv_wc_status)cq->cur.status;
@@ -367,6 +371,21 @@ static uint8_t read_dlid_path_bits(struct ibv_cq_ex *c) {
 	return 0;
 }
 
+/* The device's clock is the host's CLOCK_REALTIME in nanoseconds (its
+ * hca_core_clock is 1 GHz): a completion's raw timestamp and its wall
+ * clock time are the same number. */
+static uint64_t read_completion_ts(struct ibv_cq_ex *c) { return cqx(c)->cur_ts; }
+static uint64_t read_completion_wallclock_ns(struct ibv_cq_ex *c) { return cqx(c)->cur_ts; }
+
+int vr_query_rt_values(struct ibv_context *ctx, struct ibv_values_ex *v) {
+	(void)ctx;
+	if (!v || (v->comp_mask & ~(uint32_t)IBV_VALUES_MASK_RAW_CLOCK))
+		return EINVAL;
+	if (v->comp_mask & IBV_VALUES_MASK_RAW_CLOCK)
+		clock_gettime(CLOCK_REALTIME, &v->raw_clock);
+	return 0;
+}
+
 void vr_cq_ex_init(struct vr_cq *cq, uint64_t wc_flags) {
 	struct ibv_cq_ex *x = &cq->ex;
 	cq->wc_flags = wc_flags;
@@ -383,6 +402,8 @@ void vr_cq_ex_init(struct vr_cq *cq, uint64_t wc_flags) {
 	x->read_slid = read_slid;
 	x->read_sl = read_sl;
 	x->read_dlid_path_bits = read_dlid_path_bits;
+	x->read_completion_ts = read_completion_ts;
+	x->read_completion_wallclock_ns = read_completion_wallclock_ns;
 }
 
 struct ibv_cq_ex *vr_create_cq_ex(struct ibv_context *ctx, struct ibv_cq_init_attr_ex *a) {
@@ -419,6 +440,9 @@ int vr_query_device_ex(struct ibv_context *ctx, const struct ibv_query_device_ex
 	if ((ret = vr_max_dm_size(vr_ctx(ctx), &a.max_dm_size)))
 		return ret;
 	a.phys_port_cnt_ex = a.orig_attr.phys_port_cnt;
+	/* Completion timestamps: 64 bits of a 1 GHz clock (in kHz). */
+	a.completion_timestamp_mask = UINT64_MAX;
+	a.hca_core_clock = 1000000;
 	a.device_cap_flags_ex = (uint64_t)(uint32_t)a.orig_attr.device_cap_flags;
 	/* On-demand paging as this process can have it (odp.c): none when
 	 * the daemon may not reach its memory. */

@@ -141,7 +141,7 @@ VR_EXPORT int ibv_resize_cq(struct ibv_cq *ibcq, int cqe) {
 	 * allocator too. */
 	struct vr_buf ring;
 	int ret = vr_alloc_in(c, cq->ring.domain ? &cq->ring.domain->pd : NULL, VRNIC_RES_TYPE_CQ,
-			      (size_t)n * sizeof(struct vrnic_cqe), &ring);
+			      (size_t)n * (sizeof(struct vrnic_cqe) + (cq->ts ? 8 : 0)), &ring);
 	if (ret) {
 		errno = ret;
 		return ret;
@@ -154,6 +154,8 @@ VR_EXPORT int ibv_resize_cq(struct ibv_cq *ibcq, int cqe) {
 		struct vr_buf old = cq->ring;
 		cq->ring = ring;
 		cq->cqes = (struct vrnic_cqe *)ring.p;
+		if (cq->ts)
+			cq->ts = (uint64_t *)(ring.p + (size_t)n * sizeof(struct vrnic_cqe));
 		cq->n = n;
 		cq->mask = n - 1;
 		ibcq->cqe = (int)n;
@@ -194,6 +196,8 @@ void vr_cq_clean(struct vr_cq *cq, uint32_t qpn) {
 			uint8_t owner = d->owner;
 			*d = *e;
 			d->owner = owner;
+			if (cq->ts)
+				cq->ts[(i + freed) & cq->mask] = cq->ts[i & cq->mask];
 		}
 	}
 	if (freed) {

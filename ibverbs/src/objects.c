@@ -266,7 +266,10 @@ struct ibv_cq *vr_create_cq(struct ibv_context *ctx, int cqe, void *cq_context, 
 		VR_FAIL_NULL(ENOMEM);
 	cq->event_fd = -1;
 	uint32_t n = pow2((uint32_t)cqe < 2 ? 2 : (uint32_t)cqe);
-	int ret = vr_alloc_in(c, domain, VRNIC_RES_TYPE_CQ, n * sizeof(struct vrnic_cqe), &cq->ring);
+	/* Completion timestamps: n of them after the CQEs (the ring layout of
+	 * VRNIC_CQ_F_TIMESTAMP). */
+	bool ts = wc_flags & (IBV_WC_EX_WITH_COMPLETION_TIMESTAMP | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK);
+	int ret = vr_alloc_in(c, domain, VRNIC_RES_TYPE_CQ, n * (sizeof(struct vrnic_cqe) + (ts ? 8 : 0)), &cq->ring);
 	if (ret)
 		goto fail;
 	if (channel) {
@@ -276,7 +279,7 @@ struct ibv_cq *vr_create_cq(struct ibv_context *ctx, int cqe, void *cq_context, 
 			goto fail;
 		}
 	}
-	struct vrnic_cmd_create_cq cmd = { .ring_pa = cq->ring.pa, .cqe_count = n };
+	struct vrnic_cmd_create_cq cmd = { .ring_pa = cq->ring.pa, .cqe_count = n, .flags = ts ? VRNIC_CQ_F_TIMESTAMP : 0 };
 	struct vrnic_resp_create_cq r;
 	ret = vr_call(c, VRNIC_CMD_CREATE_CQ, &cmd, sizeof cmd, NULL, 0, &cq->event_fd, channel ? 1 : 0, &r, sizeof r);
 	if (ret)
@@ -291,6 +294,7 @@ struct ibv_cq *vr_create_cq(struct ibv_context *ctx, int cqe, void *cq_context, 
 		__atomic_add_fetch(&channel->refcnt, 1, __ATOMIC_SEQ_CST);
 	}
 	cq->cqes = (struct vrnic_cqe *)cq->ring.p;
+	cq->ts = ts ? (uint64_t *)(cq->ring.p + (size_t)n * sizeof(struct vrnic_cqe)) : NULL;
 	cq->n = n;
 	cq->mask = n - 1;
 	cq->rec = (struct vrnic_db_cq *)(c->db + (size_t)r.db_index * VRNIC_DB_RECORD_SIZE);

@@ -764,7 +764,18 @@ struct vrnic_cmd_advise_mr {
 struct vrnic_cmd_create_cq {
 	uint64_t ring_pa;
 	uint32_t cqe_count;
-	uint32_t flags;          /* reserved, 0 */
+	uint32_t flags;          /* enum vrnic_cq_flags (ABI 1.4; 0 before) */
+};
+
+/* CREATE_CQ flags (ABI 1.4). VRNIC_CQ_F_TIMESTAMP: completion timestamps.
+ * The ring is then cqe_count CQEs followed by cqe_count uint64_t, the
+ * timestamp of CQE i at index i mod cqe_count: the device's clock, in
+ * nanoseconds of the host's CLOCK_REALTIME (the device clock ticks at
+ * 1 GHz), written before the CQE's owner byte. RESIZE_CQ keeps the flag:
+ * the new ring has the same layout, timestamps carried over with their
+ * CQEs. */
+enum vrnic_cq_flags {
+	VRNIC_CQ_F_TIMESTAMP = 1u << 0,
 };
 
 struct vrnic_resp_create_cq {

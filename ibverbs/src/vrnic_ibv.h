@@ -174,8 +174,12 @@ struct vr_cq {
 	struct vrnic_db_cq *rec;
 	int event_fd; /* -1 without a completion channel */
 	pthread_spinlock_t lock;
-	/* extended polling (ibv_cq_ex): the CQE being read */
+	/* completion timestamps (VRNIC_CQ_F_TIMESTAMP): n after the CQEs in
+	 * the ring, else NULL */
+	uint64_t *ts;
+	/* extended polling (ibv_cq_ex): the CQE being read, its timestamp */
 	struct vrnic_cqe cur;
+	uint64_t cur_ts;
 	uint64_t wc_flags; /* what the application asked to read */
 };
 
@@ -333,6 +337,7 @@ VR_HIDDEN void vr_wq_init(struct vr_wq *q, struct vr_buf ring, uint32_t slots, u
 /* ex.c */
 VR_HIDDEN void vr_qp_ex_init(struct vr_qp *qp, uint64_t send_ops_flags);
 VR_HIDDEN void vr_cq_ex_init(struct vr_cq *cq, uint64_t wc_flags);
+VR_HIDDEN int vr_query_rt_values(struct ibv_context *ctx, struct ibv_values_ex *v);
 VR_HIDDEN struct ibv_cq_ex *vr_create_cq_ex(struct ibv_context *ctx, struct ibv_cq_init_attr_ex *a);
 VR_HIDDEN struct ibv_qp *vr_create_qp_ex(struct ibv_context *ctx, struct ibv_qp_init_attr_ex *a);
 VR_HIDDEN int vr_query_device_ex(struct ibv_context *ctx, const struct ibv_query_device_ex_input *in,

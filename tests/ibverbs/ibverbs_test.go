@@ -589,6 +589,15 @@ func TestXRC(t *testing.T) {
 		"OK xrc send send_imm write read fetch_add cmp_swap, foreign_srq no_srq, ebusy enoent eexist einval shared\n")
 }
 
+// TestTimestamps builds testdata/ts.c and runs it as TestMemOps runs
+// mem_ops.c: completion timestamps (IBV_WC_EX_WITH_COMPLETION_TIMESTAMP
+// and _WALLCLOCK) within the program's own clock readings around an RC
+// exchange, the receive's before the send's, carried over a resize;
+// ibv_query_rt_values_ex and the clock's attributes.
+func TestTimestamps(t *testing.T) {
+	runOps(t, startPair(t), "ts.c", "OK caps rt_values send_recv resize\n")
+}
+
 // runOps builds the test program src and runs it on p's daemons, plain,
 // then built with ASan and UBSan on the library built the same way; its
 // output must be want.
