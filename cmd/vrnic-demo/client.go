@@ -127,6 +127,11 @@ func (c *client) run() error {
 	}
 	c.peer = *m.QP
 	if c.cfg.role == "b" {
+		// A receive queue takes work requests from INIT on (IBTA
+		// 10.3.1; the daemon discards what a QP in RESET was given).
+		if err := c.qp.ToInit(abi.AccessAll, 0); err != nil {
+			return err
+		}
 		for i := range recvSlots {
 			if err := c.postRecv(i); err != nil {
 				return err

@@ -22,7 +22,7 @@ const keysMaxMRs = 64
 // order and that variants are not a counter: no key follows from
 // another.
 func TestKeysNotPredictable(t *testing.T) {
-	d := memHelperStartDaemon(t, `{"name":"keys","link":{"type":"mem"},"limits":{"per_device":{"mr":64}}}`)
+	d := memHelperStartDaemon(t, `{"name":"keys","link":{"type":"mem"},"limits":{"per_device":{"mr":64,"mw":1}}}`)
 	v := memHelperNewVictim(t, d.sock)
 	const access = abi.AccessLocalWrite | abi.AccessRemoteRead | abi.AccessRemoteWrite
 
@@ -81,7 +81,7 @@ func TestKeysNotPredictable(t *testing.T) {
 // MR gets the same key index, then checks that a peer holding the old
 // rkey is refused (REM_ACCESS_ERR) while the new rkey works.
 func TestKeysStaleAfterReuse(t *testing.T) {
-	d := memHelperStartDaemon(t, `{"name":"keys","link":{"type":"mem"},"limits":{"per_device":{"mr":64}}}`)
+	d := memHelperStartDaemon(t, `{"name":"keys","link":{"type":"mem"},"limits":{"per_device":{"mr":64,"mw":1}}}`)
 	v := memHelperNewVictim(t, d.sock)
 	const access = abi.AccessLocalWrite | abi.AccessRemoteRead | abi.AccessRemoteWrite
 	old, err := v.pd.RegMR(v.tgt, access)
