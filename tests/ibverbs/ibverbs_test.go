@@ -598,6 +598,15 @@ func TestTimestamps(t *testing.T) {
 	runOps(t, startPair(t), "ts.c", "OK caps rt_values send_recv resize\n")
 }
 
+// TestAtomicWrite builds testdata/atomic_write.c and runs it as TestMemOps
+// runs mem_ops.c: RDMA ATOMIC WRITE through ibv_wr_atomic_write and
+// ibv_post_send, the word and its neighbours checked, the device's
+// placement capabilities, and the errors (no remote write: REM_ACCESS_ERR;
+// misaligned: REM_INV_REQ_ERR; FLUSH_PERSISTENT registration: EOPNOTSUPP).
+func TestAtomicWrite(t *testing.T) {
+	runOps(t, startPair(t), "atomic_write.c", "OK caps wr_atomic_write post_send rem_access misaligned\n")
+}
+
 // runOps builds the test program src and runs it on p's daemons, plain,
 // then built with ASan and UBSan on the library built the same way; its
 // output must be want.
