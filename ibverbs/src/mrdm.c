@@ -87,21 +87,8 @@ VR_EXPORT int ibv_rereg_mr(struct ibv_mr *ibmr, int flags, struct ibv_pd *pd, vo
 		cmd.npages = (uint32_t)npages;
 	}
 	struct vrnic_resp_reg_mr r;
-	if (!ret) {
-		if (npages <= VRNIC_INLINE_PAGES) {
-			ret = vr_call(c, VRNIC_CMD_REREG_MR, &cmd, sizeof cmd, pages, npages * sizeof *pages, NULL, 0, &r,
-				      sizeof r);
-		} else {
-			struct vr_buf pbl;
-			ret = vr_alloc(c, npages * sizeof *pages, &pbl);
-			if (!ret) {
-				memcpy(pbl.p, pages, npages * sizeof *pages);
-				cmd.pbl_pa = pbl.pa;
-				ret = vr_call(c, VRNIC_CMD_REREG_MR, &cmd, sizeof cmd, NULL, 0, NULL, 0, &r, sizeof r);
-				vr_free(c, &pbl);
-			}
-		}
-	}
+	if (!ret)
+		ret = vr_call_pages(c, VRNIC_CMD_REREG_MR, &cmd, sizeof cmd, &cmd.pbl_pa, pages, npages, &r, sizeof r);
 	free(pages);
 	if (ret) {
 		errno = ret;

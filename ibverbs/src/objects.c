@@ -80,6 +80,25 @@ VR_EXPORT int ibv_dealloc_pd(struct ibv_pd *pd) {
  * refuses it with EOPNOTSUPP as vrnic does). */
 #define ACCESS_NOTSUP IBV_ACCESS_ZERO_BASED
 
+/* vr_call_pages sends command op (cmd, with its page-list address at
+ * *pbl_pa) and an MR's npages physical page addresses: inline after the
+ * command when they fit (VRNIC_INLINE_PAGES), else in a page list in ring
+ * memory the daemon copies (REG_MR, REREG_MR). */
+int vr_call_pages(struct vr_ctx *c, uint16_t op, void *cmd, size_t cmd_len, uint64_t *pbl_pa, const uint64_t *pages,
+		  size_t npages, void *resp, size_t resp_len) {
+	if (npages <= VRNIC_INLINE_PAGES)
+		return vr_call(c, op, cmd, cmd_len, pages, npages * sizeof *pages, NULL, 0, resp, resp_len);
+	struct vr_buf pbl;
+	int ret = vr_alloc(c, npages * sizeof *pages, &pbl);
+	if (ret)
+		return ret;
+	memcpy(pbl.p, pages, npages * sizeof *pages);
+	*pbl_pa = pbl.pa;
+	ret = vr_call(c, op, cmd, cmd_len, NULL, 0, NULL, 0, resp, resp_len);
+	vr_free(c, &pbl);
+	return ret;
+}
+
 static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova, unsigned access) {
 	if (!pd || !length)
 		VR_FAIL_NULL(EINVAL);
@@ -117,21 +136,8 @@ static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint6
 	struct vrnic_cmd_reg_mr cmd = { .iova = iova, .length = length, .pd_handle = pd->handle,
 		.access = access & ACCESS_DAEMON, .page_shift = VRNIC_PAGE_SHIFT_4K, .npages = (uint32_t)npages };
 	struct vrnic_resp_reg_mr r;
-	if (!ret) {
-		if (npages <= VRNIC_INLINE_PAGES) {
-			ret = vr_call(c, VRNIC_CMD_REG_MR, &cmd, sizeof cmd, pages, npages * sizeof *pages, NULL, 0, &r,
-				      sizeof r);
-		} else {
-			struct vr_buf pbl;
-			ret = vr_alloc(c, npages * sizeof *pages, &pbl);
-			if (!ret) {
-				memcpy(pbl.p, pages, npages * sizeof *pages);
-				cmd.pbl_pa = pbl.pa;
-				ret = vr_call(c, VRNIC_CMD_REG_MR, &cmd, sizeof cmd, NULL, 0, NULL, 0, &r, sizeof r);
-				vr_free(c, &pbl);
-			}
-		}
-	}
+	if (!ret)
+		ret = vr_call_pages(c, VRNIC_CMD_REG_MR, &cmd, sizeof cmd, &cmd.pbl_pa, pages, npages, &r, sizeof r);
 	free(pages);
 	if (ret) {
 		free(mr);

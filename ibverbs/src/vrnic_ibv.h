@@ -317,6 +317,8 @@ VR_HIDDEN void vr_calls_unlock(struct vr_ctx *c);
 /* mem.c */
 VR_HIDDEN int vr_alloc(struct vr_ctx *c, size_t len, struct vr_buf *b);
 VR_HIDDEN void vr_free(struct vr_ctx *c, struct vr_buf *b);
+VR_HIDDEN int vr_call_pages(struct vr_ctx *c, uint16_t op, void *cmd, size_t cmd_len, uint64_t *pbl_pa,
+			    const uint64_t *pages, size_t npages, void *resp, size_t resp_len);
 VR_HIDDEN int vr_alloc_in(struct vr_ctx *c, struct ibv_pd *pd, uint64_t type, size_t len, struct vr_buf *b);
 VR_HIDDEN void vr_free_domain_buf(struct vr_buf *b);
 VR_HIDDEN int vr_dealloc_parent_domain(struct vr_pd *pd);
