@@ -17,6 +17,7 @@ package main
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -120,6 +121,14 @@ func writeDeviceSysfs(class, stage string, devs []viewDevice, nds []netDev) (str
 			}
 			links[filepath.Join(dir, "device")] = "../.."
 			links[filepath.Join(dir, "subsystem")] = "../../../../../net"
+			if !bindable(nd) {
+				// The device's address is not this namespace's (a TAP
+				// daemon of another netns): its net device lives
+				// elsewhere, as a kernel RDMA device's does, so the
+				// namespace's net class does not list it (programs that
+				// scan it, UCX's tcp transport, would bind the address).
+				continue
+			}
 			if netAdd == "" {
 				netAdd = filepath.Join(stage, "net-add")
 				if err := os.Mkdir(netAdd, 0o755); err != nil {
@@ -166,4 +175,18 @@ func mountNetClass(class, netAdd string) error {
 func escapeOverlay(p string) string {
 	r := strings.NewReplacer(`\`, `\\`, `:`, `\:`, `,`, `\,`)
 	return r.Replace(p)
+}
+
+// bindable reports whether every address of nd can be bound here (a
+// UDP socket on it, port 0): the address belongs to this network
+// namespace.
+func bindable(nd netDev) bool {
+	for _, p := range nd.Addrs {
+		c, err := net.ListenPacket("udp", net.JoinHostPort(p.Addr().String(), "0"))
+		if err != nil {
+			return false
+		}
+		c.Close()
+	}
+	return true
 }

@@ -120,8 +120,15 @@ func FIPingpong(t *testing.T, e Env, prov, ep string, check bool, iters, size in
 	srv, sout := e.start(t, "fi_pingpong server", e.Devs[0], nil, append(args, "-B", strconv.Itoa(port))...)
 	waitTCP(t, port, srv, sout)
 	cli, cout := e.start(t, "fi_pingpong client", e.Devs[1], nil, append(args, "-P", strconv.Itoa(port), e.Addrs[0])...)
-	wait(t, cli, cout, 30*time.Second, "fi_pingpong client ("+prov+" "+ep+"; server: "+sout.String()+")")
-	if prov == "verbs" && ep == "rdm" && rxmTeardownCrash(srv, sout, 30*time.Second) {
+	rxm := prov == "verbs" && ep == "rdm"
+	if rxm && rxmTeardownCrash(cli, cout, 30*time.Second) {
+		// The same open defect on the client's side: its table must
+		// be complete (checked below) before the crash.
+		t.Logf("known open defect: fi_pingpong's client crashed in ofi_rxm's teardown after its report:\n%s", cout)
+	} else {
+		wait(t, cli, cout, 30*time.Second, "fi_pingpong client ("+prov+" "+ep+"; server: "+sout.String()+")")
+	}
+	if rxm && rxmTeardownCrash(srv, sout, 30*time.Second) {
 		// Known and open (README, "libfabric"): the server, its
 		// ping-pong done and reported, sometimes segfaults inside
 		// libfabric while ofi_rxm tears its connections down.
