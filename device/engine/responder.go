@@ -119,6 +119,16 @@ func (r *responder) slot() *rdRes {
 	return &r.res[r.resNext]
 }
 
+// keep stores res in the next responder resource for a request of n
+// packets (READ, atomic, ATOMIC WRITE, FLUSH: answered again from it when
+// it comes again) and moves past the request: ePSN by n, the MSN by one.
+func (r *responder) keep(res rdRes, n uint32) {
+	*r.slot() = res
+	r.resNext = (r.resNext + 1) % len(r.res)
+	r.epsn = roce.PSNAdd(r.epsn, n)
+	r.msn = roce.PSNAdd(r.msn, 1)
+}
+
 func (r *responder) clear(epsn uint32) {
 	r.epsn, r.msn, r.nakSent = epsn, 0, false
 	r.inSend, r.inWrite, r.rqeValid, r.off, r.ucDrop = false, false, false, 0, false
@@ -497,12 +507,8 @@ func (qp *QP) respExecute(p *packet) respState {
 		}
 	case info.Is(roce.OpRead):
 		np := readPackets(p.dmaLen, qp.mtu)
-		s := r.slot()
-		*s = rdRes{kind: resRead, active: true, first: p.psn, last: roce.PSNAdd(p.psn, np-1),
-			cur: p.psn, req: p.psn, va: p.va, rkey: p.rkey, left: p.dmaLen, mem: mem}
-		r.resNext = (r.resNext + 1) % len(r.res)
-		r.epsn = roce.PSNAdd(r.epsn, np)
-		r.msn = roce.PSNAdd(r.msn, 1)
+		r.keep(rdRes{kind: resRead, active: true, first: p.psn, last: roce.PSNAdd(p.psn, np-1),
+			cur: p.psn, req: p.psn, va: p.va, rkey: p.rkey, left: p.dmaLen, mem: mem}, np)
 		return respDone
 	case info.Is(roce.OpAtomic):
 		// AtomicETH: Swap (or Add) Data, Compare Data (IBTA 9.3.3.4).
@@ -515,11 +521,7 @@ func (qp *QP) respExecute(p *packet) respState {
 		if err != nil {
 			return qp.fatalNAK(remoteMemNAK(err), p)
 		}
-		s := r.slot()
-		*s = rdRes{kind: resAtomic, active: true, first: p.psn, last: p.psn, cur: p.psn, orig: orig}
-		r.resNext = (r.resNext + 1) % len(r.res)
-		r.epsn = roce.PSNAdd(r.epsn, 1)
-		r.msn = roce.PSNAdd(r.msn, 1)
+		r.keep(rdRes{kind: resAtomic, active: true, first: p.psn, last: p.psn, cur: p.psn, orig: orig}, 1)
 		return respDone
 	case info.Is(roce.OpAtomicWrite), info.Is(roce.OpFlush):
 		var err error
@@ -537,11 +539,7 @@ func (qp *QP) respExecute(p *packet) respState {
 		if err != nil {
 			return qp.fatalNAK(remoteMemNAK(err), p)
 		}
-		s := r.slot()
-		*s = rdRes{kind: resPlacement, active: true, first: p.psn, last: p.psn, cur: p.psn, req: p.psn}
-		r.resNext = (r.resNext + 1) % len(r.res)
-		r.epsn = roce.PSNAdd(r.epsn, 1)
-		r.msn = roce.PSNAdd(r.msn, 1)
+		r.keep(rdRes{kind: resPlacement, active: true, first: p.psn, last: p.psn, cur: p.psn, req: p.psn}, 1)
 		return respDone
 	}
 	r.epsn = roce.PSNAdd(r.epsn, 1)
