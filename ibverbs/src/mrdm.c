@@ -324,16 +324,9 @@ struct ibv_mr *vr_reg_dm_mr(struct ibv_pd *pd, struct ibv_dm *dm, uint64_t off, 
 		free(mr);
 		VR_FAIL_NULL(ret);
 	}
-	mr->mr.context = pd->context;
-	mr->mr.pd = pd;
-	mr->mr.addr = NULL; /* zero-based: the MR's address 0 is the DM's byte off */
-	mr->mr.length = length;
-	mr->mr.handle = r.mr_handle;
-	mr->mr.lkey = r.lkey;
-	mr->mr.rkey = r.rkey;
-	mr->access = access;
 	mr->dm = dm;
-	return &mr->mr;
+	/* zero-based: the MR's address 0 is the DM's byte off */
+	return vr_mr_init(mr, pd, NULL, length, &r, access);
 }
 
 /* vr_max_dm_size asks the daemon for its device memory once per context

@@ -143,15 +143,7 @@ static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint6
 		free(mr);
 		VR_FAIL_NULL(ret);
 	}
-	mr->mr.context = pd->context;
-	mr->mr.pd = pd;
-	mr->mr.addr = addr;
-	mr->mr.length = length;
-	mr->mr.handle = r.mr_handle;
-	mr->mr.lkey = r.lkey;
-	mr->mr.rkey = r.rkey;
-	mr->access = access;
-	return &mr->mr;
+	return vr_mr_init(mr, pd, addr, length, &r, access);
 }
 
 VR_EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access) {

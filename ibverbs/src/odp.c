@@ -88,14 +88,7 @@ struct ibv_mr *vr_reg_mr_odp(struct ibv_pd *pd, void *addr, size_t length, uint6
 		free(mr);
 		VR_FAIL_NULL(ret);
 	}
-	mr->mr.context = pd->context;
-	mr->mr.pd = pd;
-	mr->mr.addr = addr;
-	mr->mr.length = length;
-	mr->mr.handle = r.mr_handle;
-	mr->mr.lkey = r.lkey;
-	mr->mr.rkey = r.rkey;
-	return &mr->mr;
+	return vr_mr_init(mr, pd, addr, length, &r, mr->access);
 }
 
 /* ibv_advise_mr: the daemon checks and prefetches (ADVISE_MR); errors as

@@ -155,6 +155,21 @@ struct vr_mr {
 	struct ibv_dm *dm; /* a device memory MR's DM (ibv_reg_dm_mr), else NULL */
 };
 
+/* vr_mr_init fills mr from a REG_MR-style reply (REG_MR, REG_MR_ODP,
+ * REG_DM_MR): what ibv_mr shows of the registration. */
+static inline struct ibv_mr *vr_mr_init(struct vr_mr *mr, struct ibv_pd *pd, void *addr, size_t length,
+					const struct vrnic_resp_reg_mr *r, unsigned access) {
+	mr->mr.context = pd->context;
+	mr->mr.pd = pd;
+	mr->mr.addr = addr;
+	mr->mr.length = length;
+	mr->mr.handle = r->mr_handle;
+	mr->mr.lkey = r->lkey;
+	mr->mr.rkey = r->rkey;
+	mr->access = access;
+	return &mr->mr;
+}
+
 struct vr_ah {
 	struct ibv_ah ah;
 	struct ibv_ah_attr attr;
