@@ -54,7 +54,7 @@
 // every frame it sends, in either mode (a held or duplicated UDP payload
 // keeps its sender beside it). A held frame goes out with the port's next
 // send or receive once it is due (a delayed frame after DelayFor, a
-// reordered one after ReorderDepth later frames or at most 1 ms); the
+// reordered one after ReorderDepth later frames or at most ReorderMaxAge); the
 // port signals its Ready channel when the earliest held frame is due, so
 // an owner that went idle (an engine worker asleep until its next ACK
 // timeout) is woken to release it, and a delay stays a delay instead of

@@ -21,9 +21,11 @@ type Faults struct {
 	Duplicate float64
 	Corrupt   float64 // flip one byte (after the Ethernet header, if any)
 	// Reorder holds a frame back until ReorderDepth (default 3) later
-	// frames of the port have been sent.
-	Reorder      float64
-	ReorderDepth int
+	// frames of the port have been sent, or at most ReorderMaxAge
+	// (default 1 ms) when the sender goes quiet.
+	Reorder       float64
+	ReorderDepth  int
+	ReorderMaxAge time.Duration
 	// Delay holds a frame back for DelayFor (default 100 us); it goes out
 	// with the first send or receive on the port after that, and the port
 	// signals its Ready channel when the time is up so that an idle owner
@@ -35,9 +37,6 @@ type Faults struct {
 // maxHeld bounds the frames a port holds back; beyond it frames go out
 // at once.
 const maxHeld = 64
-
-// reorderMaxAge is the longest a reordered frame waits for later frames.
-const reorderMaxAge = time.Millisecond
 
 type heldFrame struct {
 	frame []byte
@@ -75,6 +74,9 @@ func newFaultState(f Faults, index int, log *slog.Logger, addr netip.Addr) *faul
 	}
 	if f.DelayFor <= 0 {
 		f.DelayFor = 100 * time.Microsecond
+	}
+	if f.ReorderMaxAge <= 0 {
+		f.ReorderMaxAge = time.Millisecond
 	}
 	log.Info("lossy link port", "addr", addr, "port", index, "seed", seed,
 		"drop", f.Drop, "duplicate", f.Duplicate, "corrupt", f.Corrupt, "reorder", f.Reorder, "delay", f.Delay)
@@ -178,7 +180,7 @@ func (p *Port) sendFaulty(dst *Port, slot *[]byte, from netip.AddrPort) bool {
 		// The age limit keeps a frame from waiting forever behind a
 		// sender that went quiet.
 		f.held = append(f.held, heldFrame{frame: fr, from: from, dst: dst, after: f.sent + uint64(f.cfg.ReorderDepth),
-			until: int64(time.Since(f.start) + reorderMaxAge)})
+			until: int64(time.Since(f.start) + f.cfg.ReorderMaxAge)})
 		p.Counters.Reordered.Add(1)
 		p.armWake()
 	case len(f.held) < maxHeld && f.hit(f.cfg.Delay):
