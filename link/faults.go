@@ -61,6 +61,9 @@ type faultState struct {
 	// sender's last frames became a loss.
 	wake   *time.Timer
 	wakeAt int64 // deadline of the pending wake-up; in the past: none
+	// now reads the start clock (ns since start); tests stop it to force
+	// a frame to be held or due.
+	now func() int64
 }
 
 func newFaultState(f Faults, index int, log *slog.Logger, addr netip.Addr) *faultState {
@@ -80,8 +83,10 @@ func newFaultState(f Faults, index int, log *slog.Logger, addr netip.Addr) *faul
 	}
 	log.Info("lossy link port", "addr", addr, "port", index, "seed", seed,
 		"drop", f.Drop, "duplicate", f.Duplicate, "corrupt", f.Corrupt, "reorder", f.Reorder, "delay", f.Delay)
-	return &faultState{cfg: f, seed: seed, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+	fs := &faultState{cfg: f, seed: seed, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		held: make([]heldFrame, 0, maxHeld), start: time.Now()}
+	fs.now = func() int64 { return int64(time.Since(fs.start)) }
+	return fs
 }
 
 // armWake arms the port's wake-up for the earliest held frame. Every held
@@ -96,7 +101,7 @@ func (p *Port) armWake() {
 	for _, h := range f.held[1:] {
 		next = min(next, h.until)
 	}
-	now := int64(time.Since(f.start))
+	now := f.now()
 	if f.wakeAt > now && f.wakeAt <= next {
 		return // an earlier (or the same) wake-up is pending
 	}
@@ -180,11 +185,11 @@ func (p *Port) sendFaulty(dst *Port, slot *[]byte, from netip.AddrPort) bool {
 		// The age limit keeps a frame from waiting forever behind a
 		// sender that went quiet.
 		f.held = append(f.held, heldFrame{frame: fr, from: from, dst: dst, after: f.sent + uint64(f.cfg.ReorderDepth),
-			until: int64(time.Since(f.start) + f.cfg.ReorderMaxAge)})
+			until: f.now() + int64(f.cfg.ReorderMaxAge)})
 		p.Counters.Reordered.Add(1)
 		p.armWake()
 	case len(f.held) < maxHeld && f.hit(f.cfg.Delay):
-		f.held = append(f.held, heldFrame{frame: fr, from: from, dst: dst, until: int64(time.Since(f.start) + f.cfg.DelayFor)})
+		f.held = append(f.held, heldFrame{frame: fr, from: from, dst: dst, until: f.now() + int64(f.cfg.DelayFor)})
 		p.Counters.Delayed.Add(1)
 		p.armWake()
 	default:
@@ -205,7 +210,7 @@ func (p *Port) releaseHeld(force bool) {
 	if len(f.held) == 0 {
 		return
 	}
-	now := int64(time.Since(f.start))
+	now := f.now()
 	j := 0
 	for _, h := range f.held {
 		due := force || (h.after != 0 && f.sent >= h.after) || (h.until != 0 && now >= h.until)

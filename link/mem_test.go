@@ -3,6 +3,7 @@ package link
 import (
 	"net/netip"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -317,12 +318,9 @@ func TestHeldFrameWakesOwner(t *testing.T) {
 		name   string
 		faults Faults
 	}{
-		// A delay far longer than a preemption of SendBatch under the
-		// race detector on a loaded machine (with 200 µs the call itself
-		// sometimes found the frame due and released it).
-		{"delay", Faults{Seed: 7, Delay: 1, DelayFor: 20 * time.Millisecond}},
-		// No later frames: the age limit, as long for the same reason.
-		{"reorder", Faults{Seed: 7, Reorder: 1, ReorderMaxAge: 20 * time.Millisecond}},
+		{"delay", Faults{Seed: 7, Delay: 1, DelayFor: 5 * time.Millisecond}},
+		// No later frames: the age limit.
+		{"reorder", Faults{Seed: 7, Reorder: 1, ReorderMaxAge: 5 * time.Millisecond}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := newNet(t, 16, 16)
@@ -330,6 +328,11 @@ func TestHeldFrameWakesOwner(t *testing.T) {
 			require.NoError(t, err)
 			b, err := n.Attach(netip.MustParseAddr("10.0.0.2"), 1, nil)
 			require.NoError(t, err)
+			// The port's clock stands still until the wake-up came, so a
+			// preempted SendBatch cannot find the frame due and release it
+			// itself; the wake-up timer still runs on real time.
+			var clock atomic.Int64
+			a[0].f.now = clock.Load
 			sent, err := a[0].SendBatch([][]byte{frame(t, "10.0.0.1", "10.0.0.2", 3, 9)}, nil)
 			require.NoError(t, err)
 			require.Equal(t, 1, sent)
@@ -340,6 +343,7 @@ func TestHeldFrameWakesOwner(t *testing.T) {
 			case <-time.After(10 * time.Second):
 				t.Fatal("the sending port never signalled Ready for its held frame")
 			}
+			clock.Store(int64(tc.faults.DelayFor + tc.faults.ReorderMaxAge))
 			// The owner's reaction to Ready: a receive (nothing for it).
 			got, err := a[0].RecvBatch([][]byte{make([]byte, testCap)}, nil)
 			require.NoError(t, err)
