@@ -321,7 +321,22 @@ func MPI(t *testing.T, e Env, prog, tls string, perDev int) {
 	}
 	before := e.counters(t)
 	p, out := startBin(t, "mpirun", mpirun, []string{"TMPDIR=" + t.TempDir()}, args...)
-	wait(t, p, out, 240*time.Second, "mpirun")
+	const limit = 240 * time.Second
+	if !p.Wait(limit) {
+		p.Stop(0, 5*time.Second)
+		require.Failf(t, "mpirun: no exit", "in %v:\n%s", limit, out.String())
+	}
+	if p.Err() == nil || !udWireupCrash(out.String()) {
+		require.NoError(t, p.Err(), "mpirun:\n%s", out.String())
+	} else {
+		// The UCX defect above, even with the slower tick (seen once
+		// with two CPU hogs and other jobs beside the test): the job is
+		// run once more, and that run must pass.
+		t.Logf("known UCX defect: a rank crashed in UD wireup inside MPI_Init; running the job once more:\n%s", out)
+		before = e.counters(t)
+		p, out = startBin(t, "mpirun", mpirun, []string{"TMPDIR=" + t.TempDir()}, args...)
+		wait(t, p, out, limit, "mpirun (second run)")
+	}
 	m := mpiOK.FindStringSubmatch(out.String())
 	require.NotNil(t, m, "mpi_check did not report OK:\n%s", out.String())
 	assert.Equal(t, strconv.Itoa(2*perDev), m[1], "ranks")
@@ -329,6 +344,17 @@ func MPI(t *testing.T, e Env, prog, tls string, perDev int) {
 	sent, recv := e.packetsSince(t, before)
 	assert.GreaterOrEqual(t, sent, moved/4096, "packets the daemons sent for %d bytes of ping-pong", moved)
 	assert.GreaterOrEqual(t, recv, moved/4096, "packets the daemons received for %d bytes of ping-pong", moved)
+}
+
+// udWireupCrash tells whether mpirun's output out reports a rank's
+// segmentation fault inside MPI_Init while UCX's UD transport processed a
+// received packet (uct_ud_ep_process_rx or uct_ud_ep_process_ack): the
+// stale-acknowledgement defect of UCX before 1.20 that MPI works around
+// with its timer tick. Nothing else (another signal, a crash elsewhere, a
+// wrong result) matches.
+func udWireupCrash(out string) bool {
+	return strings.Contains(out, "Caught signal 11") && strings.Contains(out, "MPI_Init") &&
+		(strings.Contains(out, "uct_ud_ep_process_rx") || strings.Contains(out, "uct_ud_ep_process_ack"))
 }
 
 // DevinfoGIDs returns "DEV GID" for each device's port 1 GID 0 as

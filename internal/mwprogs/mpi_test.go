@@ -1,0 +1,34 @@
+package mwprogs
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+)
+
+// TestUDWireupCrash: only a segmentation fault inside MPI_Init in UCX's
+// UD receive path is taken for the known UCX defect.
+func TestUDWireupCrash(t *testing.T) {
+	crash := `[vm:8521 :0:8521] Caught signal 11 (Segmentation fault: address not mapped to object at address 0x7fc6e98d5000)
+==== backtrace (tid:   8521) ====
+ 3  /lib/x86_64-linux-gnu/libucp.so.0(+0xbbe57) [0x7f9e699aee57]
+ 4  /lib/x86_64-linux-gnu/ucx/libuct_ib.so.0(uct_ud_ep_process_rx+0x246) [0x7f9e6987c046]
+ 6  /lib/x86_64-linux-gnu/libucp.so.0(ucp_worker_progress+0x72) [0x7f9e6993def2]
+ 8  /lib/x86_64-linux-gnu/libmpi.so.40(ompi_mpi_init+0x93e) [0x7f9e6c43621e]
+ 9  /lib/x86_64-linux-gnu/libmpi.so.40(MPI_Init+0x6d) [0x7f9e6c3c9b7d]
+`
+	assert.True(t, udWireupCrash(crash))
+	ack := `Caught signal 11 (Segmentation fault)
+ 2  /lib/x86_64-linux-gnu/ucx/libuct_ib.so.0(uct_ud_ep_process_ack+0x30)
+ 9  /lib/x86_64-linux-gnu/libmpi.so.40(MPI_Init+0x6d)
+`
+	assert.True(t, udWireupCrash(ack))
+	for name, out := range map[string]string{
+		"wrong result":     "mpi_check: allreduce mismatch at rank 2\n",
+		"abort, not segv":  "Caught signal 6 (Aborted)\n uct_ud_ep_process_rx\n MPI_Init\n",
+		"after init":       "Caught signal 11 (Segmentation fault)\n uct_ud_ep_process_rx\n MPI_Allreduce\n",
+		"elsewhere in ucx": "Caught signal 11 (Segmentation fault)\n uct_rc_verbs_iface_progress\n MPI_Init\n",
+	} {
+		assert.False(t, udWireupCrash(out), name)
+	}
+}
