@@ -295,10 +295,28 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		"workers", workers, "mtu", li.MaxMTU.Bytes(), "max_rd_atomic", dev.MaxRdAtomic(), "data_path", true, "pid", os.Getpid(),
 		"abi", fmt.Sprintf("%d.%d", abi.VersionMajor, abi.VersionMinor))...)
 	done := make(chan error, 1)
-	go func() { done <- dev.Serve(l) }()
+	go func() {
+		if serveHook != nil {
+			serveHook()
+		}
+		done <- dev.Serve(l)
+	}()
+	readyCtx, readyDone := context.WithCancel(ctx)
+	readyExited := make(chan struct{})
+	go func() {
+		defer close(readyExited)
+		notifyReady(readyCtx, sock, cfg.Name, log)
+	}()
+	defer func() {
+		readyDone()
+		<-readyExited
+	}()
 	select {
 	case <-ctx.Done():
 		log.Info("vrnicd stopping", "device", cfg.Name, "reason", context.Cause(ctx))
+		if _, err := sdNotify("STOPPING=1"); err != nil {
+			log.Warn("stop notification", "err", err)
+		}
 		dev.Close()
 		<-done
 	case err = <-done:
@@ -314,6 +332,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	log.Info("vrnicd stopped", "device", cfg.Name)
 	return err
 }
+
+// serveHook, when set (tests), runs before the control socket is served:
+// a test holds it to see that readiness waits for the daemon to answer.
+var serveHook func()
 
 func maxInt(a, b int) int {
 	if a > b {
