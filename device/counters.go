@@ -1,5 +1,7 @@
 package device
 
+import "github.com/vrnic/vrnic/admin"
+
 // Data-path totals.
 //
 // The engine counts per QP (atomics its workers update). The device's
@@ -24,4 +26,25 @@ func (d *Device) DataPathTotals() QPCounters {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.dataPathTotalsLocked()
+}
+
+// QPStateCount is how many QPs of one type are in one state.
+type QPStateCount struct {
+	Type, State string
+	N           int
+}
+
+// Snapshot returns, under one hold of the device lock, what an operator's
+// INFO reply says of the device and how many live QPs there are of each
+// type in each state: what a metrics scrape reads.
+func (d *Device) Snapshot() (admin.Info, []QPStateCount) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	counts := map[[2]string]int{}
+	d.qps.each(func(q *QP) { counts[[2]string{q.typ.String(), q.state.Load().String()}]++ })
+	out := make([]QPStateCount, 0, len(counts))
+	for k, n := range counts {
+		out = append(out, QPStateCount{Type: k[0], State: k[1], N: n})
+	}
+	return d.infoLocked(), out
 }

@@ -58,6 +58,9 @@ type Config struct {
 	// commands (vrnicctl) besides root and the daemon's own uid; empty:
 	// none. An unknown group is an error at start.
 	OperatorGroup string `json:"operator_group,omitempty"`
+	// MetricsAddr is where Prometheus metrics are served over HTTP
+	// (host:port, path /metrics); empty: not served.
+	MetricsAddr string `json:"metrics_addr,omitempty"`
 	// Faults are the fault rules installed at start and the seed of
 	// every fault decision (package faults; vrnicctl fault changes them
 	// at run time). -faults FILE replaces them with a scenario file's,
@@ -173,6 +176,7 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 		tapAddr  stringList
 		cpuProf  = fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
 		traceTo  = fs.String("trace", "", "write a Go execution trace of the run to this file")
+		metrics  = fs.String("metrics-addr", "", "serve Prometheus metrics over HTTP on this host:port (path /metrics); default: none")
 		opGroup  = fs.String("operator-group", "", "group whose members may use the operator commands (vrnicctl) besides root and the daemon's uid")
 		fltFile  = fs.String("faults", "", "fault scenario file (JSON, or YAML by its .yaml/.yml name): the seed and the fault rules installed at start")
 		fltSeed  = fs.Uint64("fault-seed", 0, "seed of every fault decision (default: the scenario's, else drawn from the clock; logged)")
@@ -190,7 +194,7 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 	}
 	tapCfg := TAPConfig{Name: *tapName, Addrs: tapAddr, MAC: *tapMAC, NetNS: *tapNS, VerifySteering: *tapVer, MTU: *tapMTU}
 	c := &Config{Name: *name, Link: LinkConfig{Type: *link, Local: *local, MTU: *mtu, SegmentIPv4: seg4.v, TAP: tapCfg}, LogLevel: *level, Workers: *workers, PollSpin: *pollSpin,
-		OperatorGroup: *opGroup, MaxRdAtomic: *rdAtom}
+		OperatorGroup: *opGroup, MaxRdAtomic: *rdAtom, MetricsAddr: *metrics}
 	if *cfgFile != "" {
 		fileCfg := Config{}
 		if err := loadConfigFile(*cfgFile, &fileCfg); err != nil {
@@ -257,6 +261,9 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 		}
 		if set["max-rd-atomic"] {
 			merged.MaxRdAtomic = *rdAtom
+		}
+		if set["metrics-addr"] {
+			merged.MetricsAddr = *metrics
 		}
 		c = &merged
 	} else {

@@ -69,37 +69,8 @@ func loopbackTraffic(t *testing.T, extra []string) {
 		return err == nil
 	}, 5*time.Second, 10*time.Millisecond)
 
-	type side struct {
-		*rcEnd
-		addr abi.RespQueryGID
-	}
-	open := func() *side {
-		e := openRCEnd(t, sock)
-		gid, err := e.c.QueryGID(1, 0)
-		require.NoError(t, err)
-		return &side{rcEnd: e, addr: gid}
-	}
-	a, b := open(), open()
-	for _, p := range [][2]*side{{a, b}, {b, a}} {
-		l, r := p[0], p[1]
-		require.NoError(t, l.qp.ToInit(abi.AccessAll, 0))
-		require.NoError(t, l.qp.ToRTR(verbs.RTRAttr{AV: abi.AHAttr{DGID: r.addr.GID, PortNum: 1, HopLimit: 64},
-			PathMTU: abi.MTU1024, DestQPN: r.qp.QPN, RQPSN: 100, MaxDestRdAtomic: 1, MinRNRTimer: 1}))
-		require.NoError(t, l.qp.ToRTS(verbs.RTSAttr{SQPSN: 100, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 1}))
-	}
-	poll := func(cq *verbs.CQ) abi.CQE {
-		wc := make([]abi.CQE, 1)
-		deadline := time.Now().Add(10 * time.Second)
-		for time.Now().Before(deadline) {
-			if cq.Poll(wc) == 1 {
-				wc[0].Owner = 0
-				return wc[0]
-			}
-			time.Sleep(50 * time.Microsecond)
-		}
-		require.Fail(t, "no completion")
-		return abi.CQE{}
-	}
+	a, b := connectedPair(t, sock)
+	poll := func(cq *verbs.CQ) abi.CQE { return pollOne(t, cq) }
 	copy(a.buf.Bytes, "hello over the daemon")
 	require.NoError(t, b.qp.PostRecv(&verbs.RecvWR{WrID: 1, SGL: []abi.SGE{b.mr.SGE(0, 64)}}))
 	require.NoError(t, a.qp.PostSend(&verbs.SendWR{WrID: 2, Opcode: abi.WRSend, SGL: []abi.SGE{a.mr.SGE(0, 21)}}))
@@ -135,6 +106,49 @@ func loopbackTraffic(t *testing.T, extra []string) {
 	stop()
 	assert.Contains(t, logs.String(), "data_path=true")
 	assert.Contains(t, logs.String(), "engine stopped")
+}
+
+// rcSide is one end of connectedPair: a QP with its buffer and GID.
+type rcSide struct {
+	*rcEnd
+	addr abi.RespQueryGID
+}
+
+// connectedPair opens two RC ends on the daemon at sock and connects them
+// to each other (RTS both ways).
+func connectedPair(t *testing.T, sock string) (a, b *rcSide) {
+	t.Helper()
+	open := func() *rcSide {
+		e := openRCEnd(t, sock)
+		gid, err := e.c.QueryGID(1, 0)
+		require.NoError(t, err)
+		return &rcSide{rcEnd: e, addr: gid}
+	}
+	a, b = open(), open()
+	for _, p := range [][2]*rcSide{{a, b}, {b, a}} {
+		l, r := p[0], p[1]
+		require.NoError(t, l.qp.ToInit(abi.AccessAll, 0))
+		require.NoError(t, l.qp.ToRTR(verbs.RTRAttr{AV: abi.AHAttr{DGID: r.addr.GID, PortNum: 1, HopLimit: 64},
+			PathMTU: abi.MTU1024, DestQPN: r.qp.QPN, RQPSN: 100, MaxDestRdAtomic: 1, MinRNRTimer: 1}))
+		require.NoError(t, l.qp.ToRTS(verbs.RTSAttr{SQPSN: 100, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 1}))
+	}
+	return a, b
+}
+
+// pollOne waits up to 10 s for one completion on cq.
+func pollOne(t *testing.T, cq *verbs.CQ) abi.CQE {
+	t.Helper()
+	wc := make([]abi.CQE, 1)
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if cq.Poll(wc) == 1 {
+			wc[0].Owner = 0
+			return wc[0]
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+	require.Fail(t, "no completion")
+	return abi.CQE{}
 }
 
 // freeLoopback returns a 127.0.0.0/8 address whose UDP port 4791 is free

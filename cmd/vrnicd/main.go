@@ -80,6 +80,7 @@ import (
 	"github.com/vrnic/vrnic/cm"
 	"github.com/vrnic/vrnic/device"
 	"github.com/vrnic/vrnic/dma"
+	"github.com/vrnic/vrnic/metrics"
 	"github.com/vrnic/vrnic/roce"
 	"golang.org/x/sys/unix"
 )
@@ -283,6 +284,29 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	if opGroup != nil {
 		log.Info("operator group", "group", opGroup.Name, "gid", opGroup.GID)
+	}
+	if cfg.MetricsAddr != "" {
+		ms, err := metrics.Listen(cfg.MetricsAddr, func() metrics.Snapshot {
+			info, qps := dev.Snapshot()
+			s := metrics.Snapshot{Info: info}
+			for _, q := range qps {
+				s.QPs = append(s.QPs, metrics.QPCount{Type: q.Type, State: q.State, N: q.N})
+			}
+			cm := cmSvc.Info()
+			s.CM = &cm
+			return s
+		})
+		if err != nil {
+			dev.Close()
+			l.Close()
+			return fmt.Errorf("metrics: %w", err)
+		}
+		log.Info("metrics served", "addr", ms.Addr().String(), "path", "/metrics")
+		defer func() {
+			if err := ms.Close(); err != nil {
+				log.Warn("metrics server close", "err", err)
+			}
+		}()
 	}
 	where := []any{"local", cfg.Link.Local, "peers", cfg.Link.Peers}
 	switch cfg.Link.Type {
