@@ -25,6 +25,7 @@ pkgs=(
 	netcat-traditional  # nc.traditional: its server (it calls accept, which Debian 12's librspreload wraps; accept4 it does not)
 	libfabric-bin   # fi_info, fi_pingpong: libfabric's verbs provider through vrnic-run (tests/ibverbs/fabric_test.go)
 	python3-pyverbs # rdma-core's own verbs test suite, run through vrnic-run (tests/ibverbs/pyverbs_test.go)
+	prometheus      # promtool check metrics on a scrape of the daemon (cmd/vrnicd/metrics_test.go)
 	systemd         # systemd-analyze verify checks the units in deploy/systemd (cmd/vrnicd/systemd_test.go)
 )
 

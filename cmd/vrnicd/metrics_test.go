@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"os/exec"
 	"regexp"
 	"strings"
 	"testing"
@@ -19,13 +20,14 @@ import (
 
 	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/admin"
+	"github.com/vrnic/vrnic/internal/testenv"
 	"github.com/vrnic/vrnic/verbs"
 )
 
 // scrape fetches url and parses the text exposition; it also runs
 // Prometheus' linter (what promtool check metrics runs) on the bytes and
 // returns its findings for the vrnic_ families.
-func scrape(t *testing.T, url string) (map[string]*dto.MetricFamily, []promlint.Problem) {
+func scrape(t *testing.T, url string) (map[string]*dto.MetricFamily, []promlint.Problem, []byte) {
 	t.Helper()
 	resp, err := http.Get(url)
 	require.NoError(t, err)
@@ -44,7 +46,7 @@ func scrape(t *testing.T, url string) (map[string]*dto.MetricFamily, []promlint.
 			mine = append(mine, pr)
 		}
 	}
-	return mfs, mine
+	return mfs, mine, b
 }
 
 // value returns the value of the sample of family name whose labels
@@ -79,7 +81,7 @@ next:
 // and after RC traffic between two of its QPs, and checks what must move:
 // packets sent and received, completions by queue, frames by direction,
 // the QPs by type and state, the resources; the exposition passes
-// Prometheus' linter. A bad address is refused at start.
+// Prometheus' linter and promtool check metrics. A bad address is refused at start.
 func TestMetricsScrape(t *testing.T) {
 	dir := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -100,7 +102,7 @@ func TestMetricsScrape(t *testing.T) {
 	dev := map[string]string{"device": "p0"}
 	with := func(k, v string) map[string]string { return map[string]string{"device": "p0", k: v} }
 
-	before, problems := scrape(t, url)
+	before, problems, _ := scrape(t, url)
 	assert.Empty(t, problems)
 	assert.Equal(t, 1.0, value(before, "vrnic_device_info", map[string]string{"device": "p0", "link": "mem"}))
 	assert.Equal(t, 2.0, value(before, "vrnic_device_workers", dev))
@@ -116,8 +118,14 @@ func TestMetricsScrape(t *testing.T) {
 		pollOne(t, b.cq)
 	}
 
-	after, problems := scrape(t, url)
+	after, problems, raw := scrape(t, url)
 	assert.Empty(t, problems)
+	// And Debian's promtool on the whole exposition.
+	cmd := exec.Command(testenv.NeedTool(t, "promtool"), "check", "metrics")
+	cmd.Stdin = bytes.NewReader(raw)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "promtool check metrics: %s", out)
+	assert.Empty(t, strings.TrimSpace(string(out)))
 	assert.Equal(t, 2.0, value(after, "vrnic_qps", map[string]string{"device": "p0", "type": "RC", "state": "RTS"}))
 	assert.Equal(t, 2.0, value(after, "vrnic_resources", with("kind", "qps")))
 	assert.Equal(t, 2.0, value(after, "vrnic_resources", with("kind", "contexts")))
