@@ -46,6 +46,23 @@
 // list from the buffer's PA: inline in the command up to 64 pages,
 // otherwise in a temporary buffer in host memory named by pbl_pa.
 //
+// # ABI 1.4 memory and CQ features
+//
+// With the semantics the project's C library gives libibverbs programs
+// (ibverbs/src/mrdm.c): MR.Rereg and MR.ReregAt (REREG_MR) change an MR's
+// translation, PD or access and keep its keys, sending the new page list
+// as RegMR does; CQ.Resize (RESIZE_CQ) moves a CQ to a new ring, the
+// daemon carrying the completions not yet polled over at the same
+// free-running indices, so polling goes on from the same consumer index;
+// Context.AllocDM (ALLOC_DM) maps a memfd of device memory the daemon
+// made, reached by DM.CopyTo and DM.CopyFrom here and by the device
+// through PD.RegDMMR's zero-based MRs (REG_DM_MR); QueryDeviceEx adds
+// QUERY_DEVICE_EX's device memory size and the device clock to
+// QueryDevice. CreateCQWithTimestamps makes a CQ whose ring carries, after
+// its CQEs, one u64 per CQE: the CLOCK_REALTIME nanoseconds at which the
+// daemon wrote it, read with PollTS and comparable with QueryRTValues.
+// Memory windows (AllocMW, BindWR) are in mw.go.
+//
 // # Who consumes the work
 //
 // vrnicd runs the RC transport (package device/engine) over its link:
