@@ -27,6 +27,7 @@
 //	  │            block 0 struct vrnic_send_wqe, then SGEs (4 per block) or inline data
 //	  ├─ RQ ring:  max_recv_wr slots × rq_wqe_size B: struct vrnic_recv_wqe + SGEs
 //	  ├─ CQ ring:  cqe_count × 32 B struct vrnic_cqe, owner byte last
+//	  │            (a timestamped CQ: then cqe_count × u64 completion times)
 //	  └─ buffers and REG_MR page lists
 //	doorbell page (daemon's memfd, mapped here): 128-byte records
 //	  record 0   header: magic, ABI version, kick_needed (daemon-written)
