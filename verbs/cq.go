@@ -83,19 +83,21 @@ type CQ struct {
 	ci      uint32 // next CQE to read (free-running)
 	armSN   uint32
 	ch      *CompChannel
+	ts      []byte // completion timestamps after the CQEs (CreateCQWithTimestamps), else nil
 }
 
 // CreateCQ creates a CQ of at least cqe entries (rounded up to a power of
 // two, at least 2). ch may be nil.
-func (c *Context) CreateCQ(cqe int, ch *CompChannel) (*CQ, error) {
+func (c *Context) CreateCQ(cqe int, ch *CompChannel) (*CQ, error) { return c.createCQ(cqe, ch, 0) }
+
+// createCQ is CreateCQ with the CREATE_CQ flags (abi.CQFlag*).
+func (c *Context) createCQ(cqe int, ch *CompChannel, flags uint32) (*CQ, error) {
 	if cqe <= 0 || cqe > abi.MaxCQE {
 		return nil, fmt.Errorf("verbs: CreateCQ(%d): 1..%d entries", cqe, abi.MaxCQE)
 	}
-	n := uint32(2)
-	for int(n) < cqe {
-		n <<= 1
-	}
-	ring, err := c.Alloc(int(n)*abi.SizeofCQE, 64)
+	n := cqSlots(cqe)
+	ts := flags&abi.CQFlagTimestamp != 0
+	ring, err := c.Alloc(cqRingBytes(n, ts), 64)
 	if err != nil {
 		return nil, err
 	}
@@ -104,7 +106,7 @@ func (c *Context) CreateCQ(cqe int, ch *CompChannel) (*CQ, error) {
 		fds = []int{ch.fd}
 	}
 	var r abi.RespCreateCQ
-	if _, _, err := c.k.call(abi.CmdCreateCQ, &abi.CmdCreateCQReq{RingPA: ring.PA, CQECount: n}, nil, fds, &r); err != nil {
+	if _, _, err := c.k.call(abi.CmdCreateCQ, &abi.CmdCreateCQReq{RingPA: ring.PA, CQECount: n, Flags: flags}, nil, fds, &r); err != nil {
 		ring.Free()
 		return nil, err
 	}
@@ -112,7 +114,9 @@ func (c *Context) CreateCQ(cqe int, ch *CompChannel) (*CQ, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &CQ{ctx: c, Handle: r.CQHandle, ring: ring, n: n, mask: n - 1, rec: rec, ch: ch}, nil
+	cq := &CQ{ctx: c, Handle: r.CQHandle, rec: rec, ch: ch}
+	cq.setRing(ring, n, ts)
+	return cq, nil
 }
 
 // Len returns the number of CQE slots.
@@ -129,15 +133,22 @@ func (cq *CQ) Destroy() error {
 
 // Poll reads up to len(wc) completions into wc and returns how many. It
 // makes no system call and allocates nothing.
-func (cq *CQ) Poll(wc []abi.CQE) int {
+func (cq *CQ) Poll(wc []abi.CQE) int { return cq.poll(wc, nil) }
+
+// poll is Poll that also reads the completion timestamp of each CQE into
+// ts (nil: none), stopping at len(ts) entries too.
+func (cq *CQ) poll(wc []abi.CQE, ts []uint64) int {
 	n := 0
-	for n < len(wc) {
+	for n < len(wc) && (ts == nil || n < len(ts)) {
 		slot := cq.ring.Bytes[(cq.ci&cq.mask)*abi.SizeofCQE:][:abi.SizeofCQE]
 		// Acquire: the owner byte is in the tail word, written last.
 		if !abi.CQEReady(load32(slot[abi.OffCQETail:]), cq.ci, cq.n) {
 			break
 		}
 		wc[n].Decode(slot)
+		if ts != nil {
+			ts[n] = cq.timestamp(cq.ci)
+		}
 		cq.ci++
 		n++
 	}

@@ -27,6 +27,7 @@
 //	  │            block 0 struct vrnic_send_wqe, then SGEs (4 per block) or inline data
 //	  ├─ RQ ring:  max_recv_wr slots × rq_wqe_size B: struct vrnic_recv_wqe + SGEs
 //	  ├─ CQ ring:  cqe_count × 32 B struct vrnic_cqe, owner byte last
+//	  │            (a timestamped CQ: then cqe_count × u64 completion times)
 //	  └─ buffers and REG_MR page lists
 //	doorbell page (daemon's memfd, mapped here): 128-byte records
 //	  record 0   header: magic, ABI version, kick_needed (daemon-written)
@@ -45,6 +46,23 @@
 // process virtual address as IOVA (like ibv_reg_mr) and builds the page
 // list from the buffer's PA: inline in the command up to 64 pages,
 // otherwise in a temporary buffer in host memory named by pbl_pa.
+//
+// # ABI 1.4 memory and CQ features
+//
+// With the semantics the project's C library gives libibverbs programs
+// (ibverbs/src/mrdm.c): MR.Rereg and MR.ReregAt (REREG_MR) change an MR's
+// translation, PD or access and keep its keys, sending the new page list
+// as RegMR does; CQ.Resize (RESIZE_CQ) moves a CQ to a new ring, the
+// daemon carrying the completions not yet polled over at the same
+// free-running indices, so polling goes on from the same consumer index;
+// Context.AllocDM (ALLOC_DM) maps a memfd of device memory the daemon
+// made, reached by DM.CopyTo and DM.CopyFrom here and by the device
+// through PD.RegDMMR's zero-based MRs (REG_DM_MR); QueryDeviceEx adds
+// QUERY_DEVICE_EX's device memory size and the device clock to
+// QueryDevice. CreateCQWithTimestamps makes a CQ whose ring carries, after
+// its CQEs, one u64 per CQE: the CLOCK_REALTIME nanoseconds at which the
+// daemon wrote it, read with PollTS and comparable with QueryRTValues.
+// Memory windows (AllocMW, BindWR) are in mw.go.
 //
 // # Who consumes the work
 //

@@ -1,11 +1,6 @@
 package verbs
 
-import (
-	"encoding/binary"
-	"fmt"
-
-	"github.com/vrnic/vrnic/abi"
-)
+import "github.com/vrnic/vrnic/abi"
 
 // PD is a protection domain.
 type PD struct {
@@ -51,40 +46,18 @@ func (pd *PD) RegMR(buf *Buffer, access uint32) (*MR, error) {
 // otherwise in a temporary host memory buffer named by pbl_pa.
 func (pd *PD) RegMRAt(buf *Buffer, iova uint64, access uint32) (*MR, error) {
 	c := pd.ctx
-	length := uint64(len(buf.Bytes))
-	if length == 0 {
-		return nil, fmt.Errorf("verbs: RegMR of an empty buffer")
-	}
-	if iova%pageSize != buf.PA%pageSize {
-		return nil, fmt.Errorf("verbs: iova %#x and PA %#x differ in page offset", iova, buf.PA)
-	}
-	firstPA := buf.PA &^ (pageSize - 1)
-	npages := ((iova+length-1)>>pageShift - iova>>pageShift) + 1
-	req := abi.CmdRegMRReq{IOVA: iova, Length: length, PDHandle: pd.Handle, Access: access,
-		PageShift: pageShift, NPages: uint32(npages)}
-	var extra []byte
-	var pbl *Buffer
-	if npages <= abi.InlinePages {
-		extra = make([]byte, 8*npages)
-		for i := range npages {
-			binary.LittleEndian.PutUint64(extra[8*i:], firstPA+i*pageSize)
-		}
-	} else {
-		var err error
-		if pbl, err = c.Alloc(int(8*npages), 64); err != nil {
-			return nil, err
-		}
-		defer pbl.Free() // the daemon copies the list at registration
-		for i := range npages {
-			binary.LittleEndian.PutUint64(pbl.Bytes[8*i:], firstPA+i*pageSize)
-		}
-		req.PBLPA = pbl.PA
-	}
-	var r abi.RespRegMR
-	if _, _, err := c.k.call(abi.CmdRegMR, &req, extra, nil, &r); err != nil {
+	pl, err := c.pageList(buf, iova)
+	if err != nil {
 		return nil, err
 	}
-	return &MR{ctx: c, Handle: r.MRHandle, LKey: r.LKey, RKey: r.RKey, Addr: iova, Length: length}, nil
+	defer pl.free() // the daemon copies the list at registration
+	req := abi.CmdRegMRReq{IOVA: iova, Length: pl.length, PDHandle: pd.Handle, Access: access,
+		PageShift: pageShift, NPages: pl.npages, PBLPA: pl.pblPA()}
+	var r abi.RespRegMR
+	if _, _, err := c.k.call(abi.CmdRegMR, &req, pl.inline, nil, &r); err != nil {
+		return nil, err
+	}
+	return &MR{ctx: c, Handle: r.MRHandle, LKey: r.LKey, RKey: r.RKey, Addr: iova, Length: pl.length}, nil
 }
 
 // Dereg deregisters the MR.
