@@ -75,20 +75,6 @@ func applyAttr(t *testing.T, id *verbs.CMID, qp *verbs.QP, states ...abi.QPState
 	}
 }
 
-func pollCQ(t *testing.T, cq *verbs.CQ) abi.CQE {
-	t.Helper()
-	wc := make([]abi.CQE, 1)
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if cq.Poll(wc) == 1 {
-			return wc[0]
-		}
-		time.Sleep(50 * time.Microsecond)
-	}
-	require.Fail(t, "no completion")
-	return abi.CQE{}
-}
-
 func cmInfo(t *testing.T, sock string) admin.CMInfo {
 	t.Helper()
 	a, err := admin.Dial(sock)
@@ -167,12 +153,12 @@ func TestCMConnectTwoDaemons(t *testing.T) {
 	copy(cli.buf.Bytes, "written through the CM connection")
 	require.NoError(t, cli.qp.PostSend(&verbs.SendWR{WrID: 1, Opcode: abi.WRRDMAWrite, SGL: []abi.SGE{cli.mr.SGE(0, 33)},
 		RemoteAddr: srv.mr.Addr + 100, RKey: srv.mr.RKey}))
-	assert.Equal(t, abi.WCSuccess, pollCQ(t, cli.cq).Status)
+	assert.Equal(t, abi.WCSuccess, pollOne(t, cli.cq).Status)
 	assert.Equal(t, "written through the CM connection", string(srv.buf.Bytes[100:133]))
 	require.NoError(t, srv.qp.PostRecv(&verbs.RecvWR{WrID: 2, SGL: []abi.SGE{srv.mr.SGE(4096, 64)}}))
 	require.NoError(t, cli.qp.PostSend(&verbs.SendWR{WrID: 3, Opcode: abi.WRSend, SGL: []abi.SGE{cli.mr.SGE(0, 7)}}))
-	assert.Equal(t, abi.WCSuccess, pollCQ(t, cli.cq).Status)
-	rc := pollCQ(t, srv.cq)
+	assert.Equal(t, abi.WCSuccess, pollOne(t, cli.cq).Status)
+	rc := pollOne(t, srv.cq)
 	assert.Equal(t, abi.WCSuccess, rc.Status)
 	assert.Equal(t, uint32(7), rc.ByteLen)
 
@@ -315,8 +301,8 @@ func cmTraffic(t *testing.T, from, to *cmSide, size uint32, tag byte) {
 	clear(to.buf.Bytes[4096:])
 	require.NoError(t, to.qp.PostRecv(&verbs.RecvWR{WrID: 10, SGL: []abi.SGE{to.mr.SGE(4096, size)}}))
 	require.NoError(t, from.qp.PostSend(&verbs.SendWR{WrID: 11, Opcode: abi.WRSend, SGL: []abi.SGE{from.mr.SGE(0, size)}}))
-	require.Equal(t, abi.WCSuccess, pollCQ(t, from.cq).Status, "SEND of %d bytes", size)
-	rc := pollCQ(t, to.cq)
+	require.Equal(t, abi.WCSuccess, pollOne(t, from.cq).Status, "SEND of %d bytes", size)
+	rc := pollOne(t, to.cq)
 	require.Equal(t, abi.WCSuccess, rc.Status)
 	require.Equal(t, size, rc.ByteLen)
 	require.Equal(t, want, to.buf.Bytes[4096:4096+size], "SEND")
@@ -324,7 +310,7 @@ func cmTraffic(t *testing.T, from, to *cmSide, size uint32, tag byte) {
 	clear(to.buf.Bytes[4096:])
 	require.NoError(t, from.qp.PostSend(&verbs.SendWR{WrID: 12, Opcode: abi.WRRDMAWrite, SGL: []abi.SGE{from.mr.SGE(0, size)},
 		RemoteAddr: to.mr.Addr + 4096, RKey: to.mr.RKey}))
-	require.Equal(t, abi.WCSuccess, pollCQ(t, from.cq).Status, "WRITE of %d bytes", size)
+	require.Equal(t, abi.WCSuccess, pollOne(t, from.cq).Status, "WRITE of %d bytes", size)
 	require.Equal(t, want, to.buf.Bytes[4096:4096+size], "WRITE")
 
 	fill(want, tag+1)
@@ -332,7 +318,7 @@ func cmTraffic(t *testing.T, from, to *cmSide, size uint32, tag byte) {
 	clear(from.buf.Bytes[4096:])
 	require.NoError(t, from.qp.PostSend(&verbs.SendWR{WrID: 13, Opcode: abi.WRRDMARead, SGL: []abi.SGE{from.mr.SGE(4096, size)},
 		RemoteAddr: to.mr.Addr, RKey: to.mr.RKey}))
-	require.Equal(t, abi.WCSuccess, pollCQ(t, from.cq).Status, "READ of %d bytes", size)
+	require.Equal(t, abi.WCSuccess, pollOne(t, from.cq).Status, "READ of %d bytes", size)
 	require.Equal(t, want, from.buf.Bytes[4096:4096+size], "READ")
 }
 

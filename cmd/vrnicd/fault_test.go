@@ -209,7 +209,7 @@ func dropNthWrite(t *testing.T, a, b *daemon) {
 			SGL: []abi.SGE{ea.mr.SGE(uint32(4096*w), 4096)}, RemoteAddr: eb.mr.Addr + uint64(4096*w), RKey: eb.mr.RKey}))
 	}
 	for w := range 2 {
-		c := pollCQ(t, ea.cq)
+		c := pollOne(t, ea.cq)
 		assert.Equal(t, abi.WCSuccess, c.Status)
 		assert.Equal(t, uint64(w+1), c.WrID)
 	}
@@ -271,7 +271,7 @@ rules:
 		copy(ea.buf.Bytes[i*64:], strings.Repeat(string(rune('a'+i%26)), 64))
 		require.NoError(t, ea.qp.PostSend(&verbs.SendWR{WrID: uint64(i), Opcode: abi.WRRDMAWrite,
 			SGL: []abi.SGE{ea.mr.SGE(uint32(i*64), 64)}, RemoteAddr: eb.mr.Addr + uint64(i*64), RKey: eb.mr.RKey}))
-		c := pollCQ(t, ea.cq)
+		c := pollOne(t, ea.cq)
 		require.Equal(t, abi.WCSuccess, c.Status, "WRITE %d", i)
 	}
 	list, err := faultCall(t, a.sock, admin.FaultRequest{Op: admin.FaultList})
@@ -380,7 +380,7 @@ func TestFaultMemLink(t *testing.T) {
 	}
 	require.NoError(t, ea.qp.PostSend(&verbs.SendWR{WrID: 1, Opcode: abi.WRRDMAWrite, SGL: []abi.SGE{ea.mr.SGE(0, 4096)},
 		RemoteAddr: eb.mr.Addr, RKey: eb.mr.RKey}))
-	assert.Equal(t, abi.WCSuccess, pollCQ(t, ea.cq).Status)
+	assert.Equal(t, abi.WCSuccess, pollOne(t, ea.cq).Status)
 	assert.Equal(t, ea.buf.Bytes[:4096], eb.buf.Bytes[:4096])
 	list, err := faultCall(t, d.sock, admin.FaultRequest{Op: admin.FaultList})
 	require.NoError(t, err)

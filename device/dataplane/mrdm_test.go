@@ -44,12 +44,7 @@ func remAccessErr(id uint64, qpn uint32) abi.CQE {
 // the old range; the old translation, the access taken away and another
 // PD are refused with REM_ACCESS_ERR, the old bytes untouched.
 func TestVerbsReregMRTraffic(t *testing.T) {
-	nw := newDPNetwork(t)
-	na := newDPNode(t, nw, "10.0.7.1", 1, nil)
-	nb := newDPNode(t, nw, "10.0.7.2", 1, nil)
-	a := newDPClient(t, na, 16)
-	b := newDPClient(t, nb, 16)
-	connectRC(t, a, b, abi.MTU1024)
+	a, b := rcClients(t, "10.0.7.1", "10.0.7.2", 16)
 	qa := a.qp.QPN
 	const n = 6000 // two pages, not page aligned
 	b1, err := b.ctx.Alloc(n, 4096)
@@ -135,12 +130,7 @@ func TestVerbsReregMRTraffic(t *testing.T) {
 // source of a READ and of a WRITE, read back with CopyFrom; a WRITE past
 // the DM MR refused.
 func TestVerbsDMTraffic(t *testing.T) {
-	nw := newDPNetwork(t)
-	na := newDPNode(t, nw, "10.0.7.3", 1, nil)
-	nb := newDPNode(t, nw, "10.0.7.4", 1, nil)
-	a := newDPClient(t, na, 16)
-	b := newDPClient(t, nb, 16)
-	connectRC(t, a, b, abi.MTU1024)
+	a, b := rcClients(t, "10.0.7.3", "10.0.7.4", 16)
 	qa := a.qp.QPN
 	const n = 8192
 	db, err := b.ctx.AllocDM(n)
@@ -197,8 +187,8 @@ func TestVerbsDMTraffic(t *testing.T) {
 	require.NoError(t, ma.Dereg())
 	require.NoError(t, db.Free())
 	require.NoError(t, da.Free())
-	assert.Zero(t, na.dev.DMInUse())
-	assert.Zero(t, nb.dev.DMInUse())
+	assert.Zero(t, a.node.dev.DMInUse())
+	assert.Zero(t, b.node.dev.DMInUse())
 }
 
 // completeUnpolled posts a signaled 64-byte WRITE and waits for its
@@ -219,12 +209,7 @@ func completeUnpolled(t testing.TB, a *dpClient, cq *verbs.CQ, id uint64, raddr 
 // them is refused with EINVAL (as rxe); the shrunk CQ wraps several
 // times and keeps its order and fields.
 func TestVerbsResizeCQTraffic(t *testing.T) {
-	nw := newDPNetwork(t)
-	na := newDPNode(t, nw, "10.0.7.5", 1, nil)
-	nb := newDPNode(t, nw, "10.0.7.6", 1, nil)
-	a := newDPClient(t, na, 4)
-	b := newDPClient(t, nb, 4)
-	connectRC(t, a, b, abi.MTU1024)
+	a, b := rcClients(t, "10.0.7.5", "10.0.7.6", 4)
 	qa := a.qp.QPN
 	fillRand(a.buf.Bytes[:64], 21)
 	raddr := func(i uint64) uint64 { return b.mr.Addr + 4096 + 64*(i%8) }
@@ -317,11 +302,7 @@ func pollTS(t testing.TB, cq *verbs.CQ, n int) ([]abi.CQE, []uint64) {
 // for the receiver's ACK); they survive a resize; a CQ without the flag
 // reports none.
 func TestVerbsCompletionTimestamps(t *testing.T) {
-	nw := newDPNetwork(t)
-	na := newDPNode(t, nw, "10.0.7.7", 1, nil)
-	nb := newDPNode(t, nw, "10.0.7.8", 1, nil)
-	a := newDPClient(t, na, 4)
-	b := newDPClient(t, nb, 4)
+	a, b := twoClients(t, "10.0.7.7", "10.0.7.8", 4)
 	p := newTSPair(t, a, b, 8)
 
 	x, err := a.ctx.QueryDeviceEx()
@@ -389,4 +370,22 @@ func TestVerbsCompletionTimestamps(t *testing.T) {
 	wc, ts = pollTS(t, a.scq, 1)
 	assert.Equal(t, abi.CQE{WrID: 40, Status: abi.WCWRFlushErr, Opcode: abi.WCSend, QPNum: a.qp.QPN}, wc[0])
 	assert.Zero(t, ts[0])
+}
+
+// twoClients starts two single-worker devices at addresses ipA and ipB on
+// one in-memory network, each with a client whose CQs have cqe entries.
+func twoClients(t *testing.T, ipA, ipB string, cqe int) (a, b *dpClient) {
+	t.Helper()
+	nw := newDPNetwork(t)
+	a = newDPClient(t, newDPNode(t, nw, ipA, 1, nil), cqe)
+	b = newDPClient(t, newDPNode(t, nw, ipB, 1, nil), cqe)
+	return a, b
+}
+
+// rcClients is twoClients with the clients' QPs connected (RC, MTU 1024).
+func rcClients(t *testing.T, ipA, ipB string, cqe int) (a, b *dpClient) {
+	t.Helper()
+	a, b = twoClients(t, ipA, ipB, cqe)
+	connectRC(t, a, b, abi.MTU1024)
+	return a, b
 }
