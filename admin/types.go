@@ -283,6 +283,15 @@ type QPCounters struct {
 	RecvCQEs        uint64 `json:"recv_cqes"`
 	QKeyViolations  uint64 `json:"qkey_violations"` // UD: bad Q_Key (also in dropped)
 	NoRecvWQE       uint64 `json:"no_recv_wqe"`     // UD, UC: no receive WQE posted (also in dropped)
+	// Fatal NAKs by code (IBTA 9.7.5.2.3-9.7.5.2.5): the responder's class
+	// C and D errors, which also count in dropped where the responder
+	// sent them and fail the WQE where the requester received them.
+	InvalidReqNAKsSent     uint64 `json:"invalid_request_naks_sent"`
+	RemAccessNAKsSent      uint64 `json:"remote_access_naks_sent"`
+	RemOpNAKsSent          uint64 `json:"remote_operational_naks_sent"`
+	InvalidReqNAKsReceived uint64 `json:"invalid_request_naks_received"`
+	RemAccessNAKsReceived  uint64 `json:"remote_access_naks_received"`
+	RemOpNAKsReceived      uint64 `json:"remote_operational_naks_received"`
 }
 
 // Add adds every counter of o to c.

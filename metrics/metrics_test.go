@@ -17,7 +17,7 @@ func snapshot() Snapshot {
 		Resources: admin.ResourceCounts{Contexts: 2, QP: 4, MR: 5},
 		Counters:  map[string]int64{"commands": 40, "command_errors": 2},
 		DataPath: admin.QPCounters{PacketsSent: 100, PacketsReceived: 90, Dropped: 7, QKeyViolations: 2, NoRecvWQE: 1,
-			RNRNAKsSent: 3, SeqNAKsReceived: 4, SendCQEs: 50, RecvCQEs: 45},
+			RNRNAKsSent: 3, SeqNAKsReceived: 4, SendCQEs: 50, RecvCQEs: 45, RemAccessNAKsSent: 5},
 		Wire: admin.WireCounters{RxFrames: 95, TxFrames: 101, ICRCErrors: 6, UnknownQP: 8},
 	}
 	in.Limits.PerDevice.QP = 1000
@@ -51,8 +51,11 @@ vrnic_wire_dropped_frames_total{device="d0",reason="bad_peer"} 0
 vrnic_wire_dropped_frames_total{device="d0",reason="icrc"} 6
 vrnic_wire_dropped_frames_total{device="d0",reason="malformed"} 0
 vrnic_wire_dropped_frames_total{device="d0",reason="unknown_qp"} 8
-# HELP vrnic_naks_sent_total NAKs responders sent, by kind.
+# HELP vrnic_naks_sent_total NAKs responders sent, by kind (rnr, sequence, and the fatal invalid_request, remote_access, remote_operational).
 # TYPE vrnic_naks_sent_total counter
+vrnic_naks_sent_total{device="d0",kind="invalid_request"} 0
+vrnic_naks_sent_total{device="d0",kind="remote_access"} 5
+vrnic_naks_sent_total{device="d0",kind="remote_operational"} 0
 vrnic_naks_sent_total{device="d0",kind="rnr"} 3
 vrnic_naks_sent_total{device="d0",kind="sequence"} 0
 # HELP vrnic_cm_half_open_connections Connect requests received and not yet established.

@@ -382,6 +382,7 @@ func (qp *QP) compRNR(p *packet) compState {
 // errors (IBTA 9.7.5.2.3-9.7.5.2.5) complete the WQE in error and move the
 // QP to ERR.
 func (qp *QP) compNAKErr(p *packet) compState {
+	qp.Counters.Rare().countErrNAK(p.syndrome.NAK(), false)
 	if !qp.ackThrough(roce.PSNAdd(p.psn, roce.PSNMask)) {
 		return compDone
 	}

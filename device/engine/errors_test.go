@@ -155,6 +155,7 @@ func TestRemoteErrors(t *testing.T) {
 		// The responder went to ERR too: its RQ is flushed.
 		require.True(t, b.rcq.wait(1, waitFor))
 		wantCQE(t, b.rcq.all()[0], abi.CQE{WrID: 20, Status: abi.WCWRFlushErr, Opcode: abi.WCRecv, QPNum: b.qpn})
+		wantErrNAKs(t, a, b, roce.NAKRemoteAccessError)
 	})
 	t.Run("bad_rkey_read_and_misaligned_atomic", func(t *testing.T) {
 		for _, wr := range []abi.SendWQE{
@@ -172,6 +173,11 @@ func TestRemoteErrors(t *testing.T) {
 			a.send(t, wr, src.sge(0, 8))
 			require.True(t, a.scq.wait(1, waitFor))
 			wantCQE(t, a.scq.all()[0], abi.CQE{WrID: 1, Status: want, Opcode: wcOpcode(wr.Opcode), QPNum: a.qpn})
+			if want == abi.WCRemAccessErr {
+				wantErrNAKs(t, a, b, roce.NAKRemoteAccessError)
+			} else {
+				wantErrNAKs(t, a, b, roce.NAKInvalidRequest)
+			}
 		}
 	})
 	t.Run("recv_too_small", func(t *testing.T) {
@@ -184,6 +190,7 @@ func TestRemoteErrors(t *testing.T) {
 		require.True(t, b.rcq.wait(1, waitFor))
 		wantCQE(t, a.scq.all()[0], abi.CQE{WrID: 1, Status: abi.WCRemInvReqErr, Opcode: abi.WCSend, QPNum: a.qpn})
 		wantCQE(t, b.rcq.all()[0], abi.CQE{WrID: 7, Status: abi.WCLocLenErr, Opcode: abi.WCRecv, QPNum: b.qpn})
+		wantErrNAKs(t, a, b, roce.NAKInvalidRequest)
 	})
 	t.Run("remote_operational", func(t *testing.T) {
 		// The responder cannot write the RECV's buffer (its lkey is
@@ -202,6 +209,7 @@ func TestRemoteErrors(t *testing.T) {
 		wantCQE(t, a.scq.all()[1], abi.CQE{WrID: 2, Status: abi.WCWRFlushErr, Opcode: abi.WCSend, QPNum: a.qpn})
 		wantCQE(t, b.rcq.all()[0], abi.CQE{WrID: 7, Status: abi.WCLocProtErr, Opcode: abi.WCRecv, QPNum: b.qpn})
 		wantCQE(t, b.rcq.all()[1], abi.CQE{WrID: 8, Status: abi.WCWRFlushErr, Opcode: abi.WCRecv, QPNum: b.qpn})
+		wantErrNAKs(t, a, b, roce.NAKRemoteOperationalErr)
 	})
 	t.Run("local_protection", func(t *testing.T) {
 		a, b := pair(t, 1, nil, nil, defaultOpts())
@@ -210,6 +218,23 @@ func TestRemoteErrors(t *testing.T) {
 		require.True(t, a.scq.wait(1, waitFor))
 		wantCQE(t, a.scq.all()[0], abi.CQE{WrID: 1, Status: abi.WCLocProtErr, Opcode: abi.WCRDMAWrite, QPNum: a.qpn})
 	})
+}
+
+// wantErrNAKs checks the fatal-NAK counters after one NAK of code c from
+// responder b to requester a: one sent by b and one received by a of that
+// code, none of another.
+func wantErrNAKs(t *testing.T, a, b *tqp, c roce.NAKCode) {
+	t.Helper()
+	ca, _ := a.n.eng.Counters(a.qpn)
+	cb, _ := b.n.eng.Counters(b.qpn)
+	va, vb := ca.Load(), cb.Load()
+	sent := [3]uint64{vb.InvalidReqNAKsSent, vb.RemAccessNAKsSent, vb.RemOpNAKsSent}
+	rcvd := [3]uint64{va.InvalidReqNAKsReceived, va.RemAccessNAKsReceived, va.RemOpNAKsReceived}
+	var want [3]uint64
+	want[c-roce.NAKInvalidRequest] = 1
+	assert.Equal(t, want, sent, "fatal NAKs sent by the responder (invalid request, remote access, remote operational)")
+	assert.Equal(t, want, rcvd, "fatal NAKs received by the requester")
+	assert.Zero(t, va.InvalidReqNAKsSent+va.RemAccessNAKsSent+va.RemOpNAKsSent, "the requester sent none")
 }
 
 // TestFence: a fenced WR is not started before the READ ahead of it has

@@ -108,6 +108,41 @@ type RareQPCounters struct {
 	Dropped         atomic.Uint64 // packets dropped by a check
 	QKeyViolations  atomic.Uint64 // UD: dropped for a Q_Key other than the QP's (also in Dropped)
 	NoRecvWQE       atomic.Uint64 // UD, UC: dropped without a receive WQE posted (also in Dropped)
+	// The fatal NAKs (IBTA 9.7.5.2.3-9.7.5.2.5; the responder's class C
+	// and D errors) sent and received, by code: the cause a Dropped or a
+	// failed WQE alone does not tell.
+	InvalidReqNAKsSent     atomic.Uint64
+	RemAccessNAKsSent      atomic.Uint64
+	RemOpNAKsSent          atomic.Uint64
+	InvalidReqNAKsReceived atomic.Uint64
+	RemAccessNAKsReceived  atomic.Uint64
+	RemOpNAKsReceived      atomic.Uint64
+}
+
+// countErrNAK counts a fatal NAK of code c in sent or received; another
+// code counts nowhere (INVALID_RD_REQUEST: no RD here).
+func (r *RareQPCounters) countErrNAK(c roce.NAKCode, sent bool) {
+	var n *atomic.Uint64
+	switch c {
+	case roce.NAKInvalidRequest:
+		n = &r.InvalidReqNAKsReceived
+		if sent {
+			n = &r.InvalidReqNAKsSent
+		}
+	case roce.NAKRemoteAccessError:
+		n = &r.RemAccessNAKsReceived
+		if sent {
+			n = &r.RemAccessNAKsSent
+		}
+	case roce.NAKRemoteOperationalErr:
+		n = &r.RemOpNAKsReceived
+		if sent {
+			n = &r.RemOpNAKsSent
+		}
+	default:
+		return
+	}
+	n.Add(1)
 }
 
 // noRare is what Load reads for a QP that never counted an error.
@@ -144,6 +179,13 @@ type QPCounterValues struct {
 	RecvCQEs        uint64
 	QKeyViolations  uint64
 	NoRecvWQE       uint64
+
+	InvalidReqNAKsSent     uint64
+	RemAccessNAKsSent      uint64
+	RemOpNAKsSent          uint64
+	InvalidReqNAKsReceived uint64
+	RemAccessNAKsReceived  uint64
+	RemOpNAKsReceived      uint64
 }
 
 // Load reads every counter (each atomically; not one snapshot of all).
@@ -167,6 +209,13 @@ func (c *QPCounters) Load() QPCounterValues {
 		RecvCQEs:        c.RecvCQEs.Load(),
 		QKeyViolations:  r.QKeyViolations.Load(),
 		NoRecvWQE:       r.NoRecvWQE.Load(),
+
+		InvalidReqNAKsSent:     r.InvalidReqNAKsSent.Load(),
+		RemAccessNAKsSent:      r.RemAccessNAKsSent.Load(),
+		RemOpNAKsSent:          r.RemOpNAKsSent.Load(),
+		InvalidReqNAKsReceived: r.InvalidReqNAKsReceived.Load(),
+		RemAccessNAKsReceived:  r.RemAccessNAKsReceived.Load(),
+		RemOpNAKsReceived:      r.RemOpNAKsReceived.Load(),
 	}
 }
 

@@ -195,6 +195,9 @@ func (qp *QP) queueNAK(s roce.Syndrome, psn uint32, fatal bool) {
 	}
 	r.nak, r.nakPSN, r.nakPending, r.nakFatal = s, psn, true, fatal
 	r.ackPending = false
+	if fatal {
+		qp.Counters.Rare().countErrNAK(s.NAK(), true)
+	}
 }
 
 // fatalNAK answers p with NAK code c and moves the QP to ERR once the NAK
