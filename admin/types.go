@@ -3,6 +3,7 @@ package admin
 import (
 	"encoding/json"
 	"reflect"
+	"time"
 
 	"github.com/vrnic/vrnic/abi"
 )
@@ -77,6 +78,10 @@ type Info struct {
 	DataPath QPCounters `json:"data_path"`
 	// Wire sums the engine workers' frame counters: what reached no QP.
 	Wire WireCounters `json:"wire"`
+	// LastLinkError is the newest failed link call of any worker
+	// ("send: TEXT" or "receive: TEXT"), with its time; empty: none.
+	LastLinkError   string    `json:"last_link_error,omitempty"`
+	LastLinkErrorAt time.Time `json:"last_link_error_at,omitzero"`
 }
 
 // WireCounters are the engine's per-device frame counters, summed over
@@ -91,7 +96,10 @@ type WireCounters struct {
 	BadPeer     uint64 `json:"bad_peer"`     // not from the QP's peer, wrong P_Key or service
 	CQOverflows uint64 `json:"cq_overflows"`
 	BuildErrors uint64 `json:"build_errors"` // frames the engine could not build
-	LinkErrors  uint64 `json:"link_errors"`  // frames the link refused
+	// Failed calls of the link (a failed batch counts once), by
+	// direction; Info.LastLinkError says what the newest was.
+	LinkSendErrors uint64 `json:"link_send_errors"`
+	LinkRecvErrors uint64 `json:"link_recv_errors"`
 }
 
 // ContextInfo describes one client context.

@@ -124,14 +124,17 @@ func (cn *conn) admin(r *request) (reply, error) {
 
 func (d *Device) infoLocked() admin.Info {
 	c := &d.counters
+	lastErr, lastErrAt := d.dp.LastLinkError()
 	return admin.Info{
-		Device:     d.cfg.Name,
-		ABIVersion: fmt.Sprintf("%d.%d", abi.VersionMajor, abi.VersionMinor),
-		LinkType:   linkTypeName(d.cfg.Link.Type),
-		Workers:    d.cfg.NumWorkers,
-		UptimeSec:  time.Since(d.start).Seconds(),
-		Resources:  d.totals,
-		Limits:     d.cfg.Limits,
+		LastLinkError:   lastErr,
+		LastLinkErrorAt: lastErrAt,
+		Device:          d.cfg.Name,
+		ABIVersion:      fmt.Sprintf("%d.%d", abi.VersionMajor, abi.VersionMinor),
+		LinkType:        linkTypeName(d.cfg.Link.Type),
+		Workers:         d.cfg.NumWorkers,
+		UptimeSec:       time.Since(d.start).Seconds(),
+		Resources:       d.totals,
+		Limits:          d.cfg.Limits,
 		Counters: map[string]int64{
 			"commands":             int64(c.Commands.Load()),
 			"command_errors":       int64(c.CommandErrors.Load()),

@@ -2,6 +2,7 @@ package device
 
 import (
 	"sync/atomic"
+	"time"
 
 	"github.com/vrnic/vrnic/abi"
 )
@@ -92,6 +93,9 @@ type DataPlane interface {
 	ResizeCQ(c *CQ, ring []byte, count uint32) (uint32, error)
 	// WireCounters returns the engine's frame counters (vrnicctl info).
 	WireCounters() WireCounters
+	// LastLinkError returns the newest failed link call ("send: TEXT"
+	// or "receive: TEXT") and when it failed; "" for none.
+	LastLinkError() (string, time.Time)
 }
 
 // noDataPlane is the data plane of a device that moves no data
@@ -111,6 +115,7 @@ func (noDataPlane) ReleaseCQ(*CQ)                                               
 func (noDataPlane) ReleaseSRQ(*SRQ)                                                  {}
 func (noDataPlane) ResizeCQ(*CQ, []byte, uint32) (uint32, error)                     { return 0, nil }
 func (noDataPlane) WireCounters() WireCounters                                       { return WireCounters{} }
+func (noDataPlane) LastLinkError() (string, time.Time)                               { return "", time.Time{} }
 
 var _ DataPlane = noDataPlane{}
 

@@ -60,7 +60,7 @@ var (
 	dWireDrop   = desc("wire_dropped_frames_total", "Received frames dropped before any QP saw them, by reason.", "reason")
 	dCQOverflow = desc("cq_overflows_total", "Completions lost to a full CQ.")
 	dBuildErr   = desc("frame_build_errors_total", "Frames the engine could not build.")
-	dLinkErr    = desc("link_errors_total", "Frames the link refused.")
+	dLinkErr    = desc("link_errors_total", "Failed calls of the link (a failed batch counts once), by direction.", "direction")
 
 	dCMMADs     = desc("cm_mads_total", "CM MADs, by direction and kind (sent includes answers; retransmitted after a timeout).", "direction")
 	dCMBad      = desc("cm_rejected_mads_total", "Received CM MADs not acted on, by reason.", "reason")
@@ -144,7 +144,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(dWireDrop, w.BadPeer, "bad_peer")
 	counter(dCQOverflow, w.CQOverflows)
 	counter(dBuildErr, w.BuildErrors)
-	counter(dLinkErr, w.LinkErrors)
+	counter(dLinkErr, w.LinkSendErrors, "send")
+	counter(dLinkErr, w.LinkRecvErrors, "receive")
 
 	if cm := s.CM; cm != nil && cm.Enabled {
 		counter(dCMMADs, cm.MADsSent, "sent")

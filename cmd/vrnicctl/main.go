@@ -378,6 +378,9 @@ func printInfo(w io.Writer, i admin.Info) error {
 		}
 		fmt.Fprintf(tw, "%s\t%s\n", g.name, strings.Join(words, " "))
 	}
+	if i.LastLinkError != "" {
+		fmt.Fprintf(tw, "last_link_error\t%s (%s)\n", i.LastLinkError, i.LastLinkErrorAt.Format(time.RFC3339))
+	}
 	keys := make([]string, 0, len(i.Counters))
 	for k := range i.Counters {
 		keys = append(keys, k)

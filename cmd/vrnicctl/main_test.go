@@ -98,7 +98,7 @@ func TestVrnicctl(t *testing.T) {
 		assert.Zero(t, v)
 	}
 	for _, k := range []string{"rx_frames", "tx_frames", "parse_errors", "icrc_errors", "unknown_qp", "bad_peer",
-		"cq_overflows", "build_errors", "link_errors"} {
+		"cq_overflows", "build_errors", "link_send_errors", "link_recv_errors"} {
 		v, ok := counters["wire."+k]
 		assert.True(t, ok, "wire.%s", k)
 		assert.Zero(t, v)

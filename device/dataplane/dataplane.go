@@ -776,9 +776,25 @@ func (dp *DataPlane) WireCounters() device.WireCounters {
 		c.BadPeer += w.BadPeer.Load()
 		c.CQOverflows += w.CQOverflows.Load()
 		c.BuildErrors += w.BuildErrors.Load()
-		c.LinkErrors += w.LinkErrors.Load()
+		c.LinkSendErrors += w.LinkSendErrors.Load()
+		c.LinkRecvErrors += w.LinkRecvErrors.Load()
 	}
 	return c
+}
+
+// LastLinkError implements device.DataPlane: the newest failed link call
+// of any worker.
+func (dp *DataPlane) LastLinkError() (string, time.Time) {
+	var last *engine.LinkError
+	for i := range dp.eng.Workers() {
+		if e := dp.eng.WorkerCounters(i).LastLinkError(); e != nil && (last == nil || e.At.After(last.At)) {
+			last = e
+		}
+	}
+	if last == nil {
+		return "", time.Time{}
+	}
+	return last.Op + ": " + last.Text, last.At
 }
 
 // Counters implements device.DataPlane.

@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/admin"
@@ -124,5 +125,6 @@ func (NopDataPlane) ReleaseCQ(*device.CQ)                                 {}
 func (NopDataPlane) ResizeCQ(*device.CQ, []byte, uint32) (uint32, error)  { return 0, nil }
 func (NopDataPlane) ReleaseSRQ(*device.SRQ)                               {}
 func (NopDataPlane) WireCounters() device.WireCounters                    { return device.WireCounters{} }
+func (NopDataPlane) LastLinkError() (string, time.Time)                   { return "", time.Time{} }
 
 var _ device.DataPlane = NopDataPlane{}

@@ -12,6 +12,23 @@ import (
 	"github.com/vrnic/vrnic/roce"
 )
 
+// LinkError is the newest failed call of a worker's link.
+type LinkError struct {
+	Op   string // "send" or "receive"
+	Text string
+	At   time.Time
+}
+
+// linkError counts a failed link call in n and keeps its text (a rare
+// path: one allocation).
+func (c *WorkerCounters) linkError(n *atomic.Uint64, op string, err error) {
+	n.Add(1)
+	c.lastLinkErr.Store(&LinkError{Op: op, Text: err.Error(), At: time.Now()})
+}
+
+// LastLinkError returns the newest failed link call, or nil.
+func (c *WorkerCounters) LastLinkError() *LinkError { return c.lastLinkErr.Load() }
+
 // WorkerCounters are per-worker data path counters.
 type WorkerCounters struct {
 	RxFrames    atomic.Uint64
@@ -22,7 +39,12 @@ type WorkerCounters struct {
 	BadPeer     atomic.Uint64 // not from the QP's peer (source/destination address), wrong P_Key or service
 	CQOverflows atomic.Uint64
 	BuildErrors atomic.Uint64
-	LinkErrors  atomic.Uint64
+	// LinkSendErrors and LinkRecvErrors count the link's failed send and
+	// receive calls (a call, not a frame: a failed batch is one);
+	// lastLinkErr keeps the newest failure's text.
+	LinkSendErrors atomic.Uint64
+	LinkRecvErrors atomic.Uint64
+	lastLinkErr    atomic.Pointer[LinkError]
 	// CQEs counts the completions the worker's QPs wrote (the doorbell
 	// poller takes them as a sign of clients about to post).
 	CQEs atomic.Uint64
@@ -237,7 +259,7 @@ func (w *worker) flush() {
 	}
 	n, err := w.link.SendBatch(w.tx[:w.txN], w.txTo[:w.txN])
 	if err != nil {
-		w.Counters.LinkErrors.Add(1)
+		w.Counters.linkError(&w.Counters.LinkSendErrors, "send", err)
 	}
 	if n <= 0 {
 		return
@@ -276,7 +298,7 @@ func (w *worker) receive() {
 	n, err := w.link.RecvBatch(w.rx, w.rxFrom)
 	w.rxUsed = max(n, 0)
 	if err != nil {
-		w.Counters.LinkErrors.Add(1)
+		w.Counters.linkError(&w.Counters.LinkRecvErrors, "receive", err)
 	}
 	if n <= 0 {
 		return
