@@ -315,21 +315,26 @@ func (c *QPCounters) Add(o QPCounters) {
 // IDs holds the CM IDs from Request.Start on (as many as fit one reply);
 // Next, when not 0, is the Start of the rest.
 type CMInfo struct {
-	Enabled         bool       `json:"enabled"` // the device has QP1 and a CM
-	QP1             QP1Stats   `json:"qp1"`
-	MADsSent        uint64     `json:"mads_sent"`       // CM MADs sent, first transmissions and answers
-	Retransmissions uint64     `json:"retransmissions"` // CM MADs sent again after a timeout
-	MADsReceived    uint64     `json:"mads_received"`   // CM MADs decoded
-	Duplicates      uint64     `json:"duplicates"`      // received and recognised as repeats
-	Invalid         uint64     `json:"invalid"`         // malformed or unsupported CM MADs
-	Unmatched       uint64     `json:"unmatched"`       // CM MADs for no known connection, or not from its peer
-	HalfOpen        int        `json:"half_open"`       // connect requests received, not yet established
-	Shed            uint64     `json:"shed"`            // half-open connections dropped to admit a newer request
-	Expired         uint64     `json:"expired"`         // connect requests dropped unanswered after the peer's wait
-	Connections     int        `json:"connections"`     // connections the CM IDs hold
-	Total           int        `json:"total"`           // CM IDs
-	Next            int        `json:"next,omitempty"`
-	IDs             []CMIDInfo `json:"ids"`
+	Enabled         bool     `json:"enabled"` // the device has QP1 and a CM
+	QP1             QP1Stats `json:"qp1"`
+	MADsSent        uint64   `json:"mads_sent"`       // CM MADs sent, first transmissions and answers
+	Retransmissions uint64   `json:"retransmissions"` // CM MADs sent again after a timeout
+	MADsReceived    uint64   `json:"mads_received"`   // CM MADs decoded
+	Duplicates      uint64   `json:"duplicates"`      // received and recognised as repeats
+	Invalid         uint64   `json:"invalid"`         // malformed or unsupported CM MADs
+	Unmatched       uint64   `json:"unmatched"`       // CM MADs for no known connection, or not from its peer
+	HalfOpen        int      `json:"half_open"`       // connect requests received, not yet established
+	Shed            uint64   `json:"shed"`            // half-open connections dropped to admit a newer request
+	Expired         uint64   `json:"expired"`         // connect requests dropped unanswered after the peer's wait
+	// REJs sent and received by reason, as Linux words it ("consumer
+	// defined", "stale conn", ...; "other": a reason the IBTA does not
+	// define).
+	RejectsSent     map[string]uint64 `json:"rejects_sent,omitempty"`
+	RejectsReceived map[string]uint64 `json:"rejects_received,omitempty"`
+	Connections     int               `json:"connections"` // connections the CM IDs hold
+	Total           int               `json:"total"`       // CM IDs
+	Next            int               `json:"next,omitempty"`
+	IDs             []CMIDInfo        `json:"ids"`
 }
 
 // QP1Stats are the counters of the device's QP1.

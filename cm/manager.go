@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	mrand "math/rand/v2"
 	"time"
 
@@ -179,6 +180,21 @@ type Stats struct {
 	// their deadline (halfopen.go).
 	HalfOpen      int
 	Shed, Expired uint64
+	// RejectsSent and RejectsReceived count REJs by reason (a reason
+	// the IBTA does not define counts under RejectReason(0), which it
+	// does not define either, so that a peer cannot grow the map).
+	RejectsSent, RejectsReceived map[RejectReason]uint64
+}
+
+// countREJ counts a REJ of reason r in into (made on first use).
+func countREJ(into *map[RejectReason]uint64, r RejectReason) {
+	if *into == nil {
+		*into = map[RejectReason]uint64{}
+	}
+	if _, ok := rejectNames[r]; !ok {
+		r = 0
+	}
+	(*into)[r]++
 }
 
 func attrIndex(a AttrID) int {
@@ -365,6 +381,7 @@ func (m *Manager) perform(a *action) {
 func (m *Manager) Stats() Stats {
 	s := m.stats
 	s.HalfOpen = m.ho.len()
+	s.RejectsSent, s.RejectsReceived = maps.Clone(s.RejectsSent), maps.Clone(s.RejectsReceived)
 	return s
 }
 
@@ -396,6 +413,9 @@ func (m *Manager) sendMAD(dst GID, mad []byte, retry bool) {
 
 // send encodes msg and queues it for dst; it returns the MAD.
 func (m *Manager) send(dst GID, tid uint64, msg Message) []byte {
+	if rej, ok := msg.(*REJ); ok {
+		countREJ(&m.stats.RejectsSent, rej.Reason)
+	}
 	mad, err := Marshal(tid, 0, msg)
 	if err != nil {
 		// The API checks every value before it builds a message, so

@@ -382,6 +382,25 @@ func TestRejectNoListener(t *testing.T) {
 	_, err = a.m.State(ca)
 	assert.ErrorIs(t, err, ErrUnknownConn)
 	assert.Zero(t, n.clock.Pending(), "no REQ timer left")
+	// The REJ counted by reason on both sides.
+	assert.Equal(t, map[RejectReason]uint64{RejectInvalidServiceID: 1}, b.m.Stats().RejectsSent)
+	assert.Equal(t, map[RejectReason]uint64{RejectInvalidServiceID: 1}, a.m.Stats().RejectsReceived)
+	assert.Empty(t, a.m.Stats().RejectsSent)
+	assert.Empty(t, b.m.Stats().RejectsReceived)
+}
+
+// TestRejectCountsBoundedReasons: a REJ with a reason the IBTA does not
+// define counts under one key (0), so a peer cannot grow the map; the
+// operator's view names it "other".
+func TestRejectCountsBoundedReasons(t *testing.T) {
+	var m map[RejectReason]uint64
+	for r := RejectReason(100); r < 200; r++ {
+		countREJ(&m, r)
+	}
+	countREJ(&m, RejectStaleConn)
+	assert.Equal(t, map[RejectReason]uint64{0: 100, RejectStaleConn: 1}, m)
+	assert.Equal(t, map[string]uint64{"other": 100, RejectStaleConn.String(): 1}, rejectNamesOf(m))
+	assert.Nil(t, rejectNamesOf(nil))
 }
 
 func TestRejectConsumer(t *testing.T) {
@@ -407,6 +426,8 @@ func TestRejectConsumer(t *testing.T) {
 	}
 	assert.Zero(t, n.clock.Pending())
 	assert.ErrorIs(t, b.m.Accept(cb, AcceptParams{}), ErrUnknownConn)
+	assert.Equal(t, map[RejectReason]uint64{RejectConsumerDefined: 1}, b.m.Stats().RejectsSent)
+	assert.Equal(t, map[RejectReason]uint64{RejectConsumerDefined: 1}, a.m.Stats().RejectsReceived)
 }
 
 func TestStaleConnection(t *testing.T) {

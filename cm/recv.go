@@ -33,6 +33,7 @@ func (m *Manager) HandleMAD(src GID, mad []byte) error {
 	case *MRA:
 		m.recvMRA(src, msg)
 	case *REJ:
+		countREJ(&m.stats.RejectsReceived, msg.Reason)
 		m.recvREJ(src, msg)
 	case *REP:
 		m.recvREP(src, &h, msg)

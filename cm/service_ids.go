@@ -320,6 +320,7 @@ func (s *Service) Info() admin.CMInfo {
 		}
 		info.Invalid, info.Unmatched = st.Invalid+st.Unsupported, st.Unmatched
 		info.HalfOpen, info.Shed, info.Expired = st.HalfOpen, st.Shed, st.Expired
+		info.RejectsSent, info.RejectsReceived = rejectNamesOf(st.RejectsSent), rejectNamesOf(st.RejectsReceived)
 		info.IDs = []admin.CMIDInfo{}
 		info.Connections = len(s.byConn)
 		for _, cl := range s.clients {
@@ -361,4 +362,21 @@ func (s *Service) idInfo(id *cmID) admin.CMIDInfo {
 		e.Peer = fmt.Sprint(GID(id.peer))
 	}
 	return e
+}
+
+// rejectNamesOf keys REJ counts by the reason's words ("other" for a
+// reason the IBTA does not define); nil for none.
+func rejectNamesOf(m map[RejectReason]uint64) map[string]uint64 {
+	if len(m) == 0 {
+		return nil
+	}
+	out := make(map[string]uint64, len(m))
+	for r, n := range m {
+		name := "other"
+		if _, ok := rejectNames[r]; ok {
+			name = r.String()
+		}
+		out[name] += n
+	}
+	return out
 }

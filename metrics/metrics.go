@@ -8,6 +8,8 @@
 package metrics
 
 import (
+	"strings"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vrnic/vrnic/admin"
@@ -66,6 +68,7 @@ var (
 	dCMBad      = desc("cm_rejected_mads_total", "Received CM MADs not acted on, by reason.", "reason")
 	dCMHalfOpen = desc("cm_half_open_connections", "Connect requests received and not yet established.")
 	dCMDropped  = desc("cm_dropped_requests_total", "Half-open connect requests dropped, by reason.", "reason")
+	dCMRejects  = desc("cm_rejects_total", "REJs sent and received, by direction and reason (the IBTA's, snake_case; other: undefined).", "direction", "reason")
 )
 
 // Collector is a prometheus.Collector of one device.
@@ -78,7 +81,7 @@ func New(src Source) *Collector { return &Collector{src: src} }
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{dInfo, dUptime, dWorkers, dConns, dResources, dLimits, dQPs, dControl,
 		dPackets, dRetrans, dTimeouts, dNAKsSent, dNAKsRecv, dDups, dQPDropped, dCQEs, dWireFrames, dWireDrop,
-		dCQOverflow, dBuildErr, dLinkErr, dCMMADs, dCMBad, dCMHalfOpen, dCMDropped} {
+		dCQOverflow, dBuildErr, dLinkErr, dCMMADs, dCMBad, dCMHalfOpen, dCMDropped, dCMRejects} {
 		ch <- d
 	}
 }
@@ -157,6 +160,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(dCMHalfOpen, float64(cm.HalfOpen))
 		counter(dCMDropped, cm.Shed, "shed")
 		counter(dCMDropped, cm.Expired, "expired")
+		for dir, m := range map[string]map[string]uint64{"sent": cm.RejectsSent, "received": cm.RejectsReceived} {
+			for reason, n := range m {
+				counter(dCMRejects, n, dir, strings.ReplaceAll(reason, " ", "_"))
+			}
+		}
 	}
 }
 

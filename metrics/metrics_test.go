@@ -22,7 +22,8 @@ func snapshot() Snapshot {
 	}
 	in.Limits.PerDevice.QP = 1000
 	return Snapshot{Info: in, QPs: []QPCount{{"RC", "RTS", 3}, {"UD", "INIT", 1}},
-		CM: &admin.CMInfo{Enabled: true, MADsSent: 9, MADsReceived: 8, Invalid: 1, HalfOpen: 2}}
+		CM: &admin.CMInfo{Enabled: true, MADsSent: 9, MADsReceived: 8, Invalid: 1, HalfOpen: 2,
+			RejectsSent: map[string]uint64{"consumer defined": 3}, RejectsReceived: map[string]uint64{"stale conn": 1, "other": 2}}}
 }
 
 // TestCollect: every family is named as Prometheus' own linter
@@ -58,6 +59,11 @@ vrnic_naks_sent_total{device="d0",kind="remote_access"} 5
 vrnic_naks_sent_total{device="d0",kind="remote_operational"} 0
 vrnic_naks_sent_total{device="d0",kind="rnr"} 3
 vrnic_naks_sent_total{device="d0",kind="sequence"} 0
+# HELP vrnic_cm_rejects_total REJs sent and received, by direction and reason (the IBTA's, snake_case; other: undefined).
+# TYPE vrnic_cm_rejects_total counter
+vrnic_cm_rejects_total{device="d0",direction="received",reason="other"} 2
+vrnic_cm_rejects_total{device="d0",direction="received",reason="stale_conn"} 1
+vrnic_cm_rejects_total{device="d0",direction="sent",reason="consumer_defined"} 3
 # HELP vrnic_cm_half_open_connections Connect requests received and not yet established.
 # TYPE vrnic_cm_half_open_connections gauge
 vrnic_cm_half_open_connections{device="d0"} 2
@@ -74,7 +80,7 @@ vrnic_resource_limit{device="d0",kind="srqs"} 0
 `
 	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want),
 		"vrnic_qp_dropped_packets_total", "vrnic_qps", "vrnic_wire_dropped_frames_total", "vrnic_naks_sent_total",
-		"vrnic_cm_half_open_connections", "vrnic_resource_limit"))
+		"vrnic_cm_half_open_connections", "vrnic_resource_limit", "vrnic_cm_rejects_total"))
 
 	// A device without a CM has no CM families.
 	noCM := func() Snapshot { s := snapshot(); s.CM = nil; return s }

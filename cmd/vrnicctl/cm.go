@@ -4,6 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/vrnic/vrnic/admin"
@@ -51,6 +54,19 @@ func showCM(path string, asJSON bool, w io.Writer) error {
 		info.MADsSent, info.Retransmissions, info.MADsReceived, info.Duplicates, info.Invalid, info.Unmatched)
 	fmt.Fprintf(w, "CM IDs: %d, connections: %d, half-open: %d (shed %d, expired %d)\n", info.Total, info.Connections,
 		info.HalfOpen, info.Shed, info.Expired)
+	for _, r := range []struct {
+		dir string
+		m   map[string]uint64
+	}{{"sent", info.RejectsSent}, {"received", info.RejectsReceived}} {
+		if len(r.m) == 0 {
+			continue
+		}
+		words := make([]string, 0, len(r.m))
+		for _, k := range slices.Sorted(maps.Keys(r.m)) {
+			words = append(words, fmt.Sprintf("%s %d", k, r.m[k]))
+		}
+		fmt.Fprintf(w, "REJs %s: %s\n", r.dir, strings.Join(words, ", "))
+	}
 	if len(info.IDs) == 0 {
 		return nil
 	}
