@@ -80,8 +80,12 @@ type Info struct {
 	Wire WireCounters `json:"wire"`
 	// LastLinkError is the newest failed link call of any worker
 	// ("send: TEXT" or "receive: TEXT"), with its time; empty: none.
-	LastLinkError   string    `json:"last_link_error,omitempty"`
-	LastLinkErrorAt time.Time `json:"last_link_error_at,omitzero"`
+	LastLinkError string `json:"last_link_error,omitempty"`
+	// RejectedWQEs counts the work requests the device rejected
+	// (malformed WQEs, broken rings) by cause: unknown_opcode,
+	// too_many_sge, ring_index, ...
+	RejectedWQEs    map[string]uint64 `json:"rejected_wqes,omitempty"`
+	LastLinkErrorAt time.Time         `json:"last_link_error_at,omitzero"`
 }
 
 // WireCounters are the engine's per-device frame counters, summed over

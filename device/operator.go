@@ -128,6 +128,7 @@ func (d *Device) infoLocked() admin.Info {
 	return admin.Info{
 		LastLinkError:   lastErr,
 		LastLinkErrorAt: lastErrAt,
+		RejectedWQEs:    d.dp.RejectedWQEs(),
 		Device:          d.cfg.Name,
 		ABIVersion:      fmt.Sprintf("%d.%d", abi.VersionMajor, abi.VersionMinor),
 		LinkType:        linkTypeName(d.cfg.Link.Type),

@@ -96,6 +96,9 @@ type DataPlane interface {
 	// LastLinkError returns the newest failed link call ("send: TEXT"
 	// or "receive: TEXT") and when it failed; "" for none.
 	LastLinkError() (string, time.Time)
+	// RejectedWQEs returns the work requests the data plane rejected
+	// (malformed WQEs, broken rings) by cause; nil for none.
+	RejectedWQEs() map[string]uint64
 }
 
 // noDataPlane is the data plane of a device that moves no data
@@ -116,6 +119,7 @@ func (noDataPlane) ReleaseSRQ(*SRQ)                                             
 func (noDataPlane) ResizeCQ(*CQ, []byte, uint32) (uint32, error)                     { return 0, nil }
 func (noDataPlane) WireCounters() WireCounters                                       { return WireCounters{} }
 func (noDataPlane) LastLinkError() (string, time.Time)                               { return "", time.Time{} }
+func (noDataPlane) RejectedWQEs() map[string]uint64                                  { return nil }
 
 var _ DataPlane = noDataPlane{}
 

@@ -62,6 +62,7 @@ var (
 	dWireDrop   = desc("wire_dropped_frames_total", "Received frames dropped before any QP saw them, by reason.", "reason")
 	dCQOverflow = desc("cq_overflows_total", "Completions lost to a full CQ.")
 	dBuildErr   = desc("frame_build_errors_total", "Frames the engine could not build.")
+	dRejected   = desc("rejected_wqes_total", "Work requests rejected (malformed WQEs, broken rings), by reason.", "reason")
 	dLinkErr    = desc("link_errors_total", "Failed calls of the link (a failed batch counts once), by direction.", "direction")
 
 	dCMMADs     = desc("cm_mads_total", "CM MADs, by direction and kind (sent includes answers; retransmitted after a timeout).", "direction")
@@ -81,7 +82,7 @@ func New(src Source) *Collector { return &Collector{src: src} }
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{dInfo, dUptime, dWorkers, dConns, dResources, dLimits, dQPs, dControl,
 		dPackets, dRetrans, dTimeouts, dNAKsSent, dNAKsRecv, dDups, dQPDropped, dCQEs, dWireFrames, dWireDrop,
-		dCQOverflow, dBuildErr, dLinkErr, dCMMADs, dCMBad, dCMHalfOpen, dCMDropped, dCMRejects} {
+		dCQOverflow, dBuildErr, dLinkErr, dRejected, dCMMADs, dCMBad, dCMHalfOpen, dCMDropped, dCMRejects} {
 		ch <- d
 	}
 }
@@ -147,6 +148,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(dWireDrop, w.BadPeer, "bad_peer")
 	counter(dCQOverflow, w.CQOverflows)
 	counter(dBuildErr, w.BuildErrors)
+	for reason, n := range in.RejectedWQEs {
+		counter(dRejected, n, reason)
+	}
 	counter(dLinkErr, w.LinkSendErrors, "send")
 	counter(dLinkErr, w.LinkRecvErrors, "receive")
 

@@ -18,7 +18,8 @@ func snapshot() Snapshot {
 		Counters:  map[string]int64{"commands": 40, "command_errors": 2},
 		DataPath: admin.QPCounters{PacketsSent: 100, PacketsReceived: 90, Dropped: 7, QKeyViolations: 2, NoRecvWQE: 1,
 			RNRNAKsSent: 3, SeqNAKsReceived: 4, SendCQEs: 50, RecvCQEs: 45, RemAccessNAKsSent: 5},
-		Wire: admin.WireCounters{RxFrames: 95, TxFrames: 101, ICRCErrors: 6, UnknownQP: 8},
+		Wire:         admin.WireCounters{RxFrames: 95, TxFrames: 101, ICRCErrors: 6, UnknownQP: 8},
+		RejectedWQEs: map[string]uint64{"too_many_sge": 2, "ring_index": 1},
 	}
 	in.Limits.PerDevice.QP = 1000
 	return Snapshot{Info: in, QPs: []QPCount{{"RC", "RTS", 3}, {"UD", "INIT", 1}},
@@ -42,6 +43,10 @@ func TestCollect(t *testing.T) {
 vrnic_qp_dropped_packets_total{device="d0",reason="no_recv_wqe"} 1
 vrnic_qp_dropped_packets_total{device="d0",reason="other"} 4
 vrnic_qp_dropped_packets_total{device="d0",reason="qkey_violation"} 2
+# HELP vrnic_rejected_wqes_total Work requests rejected (malformed WQEs, broken rings), by reason.
+# TYPE vrnic_rejected_wqes_total counter
+vrnic_rejected_wqes_total{device="d0",reason="ring_index"} 1
+vrnic_rejected_wqes_total{device="d0",reason="too_many_sge"} 2
 # HELP vrnic_qps Live QPs by type and state.
 # TYPE vrnic_qps gauge
 vrnic_qps{device="d0",state="INIT",type="UD"} 1
@@ -80,7 +85,7 @@ vrnic_resource_limit{device="d0",kind="srqs"} 0
 `
 	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want),
 		"vrnic_qp_dropped_packets_total", "vrnic_qps", "vrnic_wire_dropped_frames_total", "vrnic_naks_sent_total",
-		"vrnic_cm_half_open_connections", "vrnic_resource_limit", "vrnic_cm_rejects_total"))
+		"vrnic_cm_half_open_connections", "vrnic_resource_limit", "vrnic_cm_rejects_total", "vrnic_rejected_wqes_total"))
 
 	// A device without a CM has no CM families.
 	noCM := func() Snapshot { s := snapshot(); s.CM = nil; return s }

@@ -57,9 +57,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -377,6 +379,13 @@ func printInfo(w io.Writer, i admin.Info) error {
 			words[k] = fmt.Sprintf("%s=%d", kv.name, kv.value)
 		}
 		fmt.Fprintf(tw, "%s\t%s\n", g.name, strings.Join(words, " "))
+	}
+	if len(i.RejectedWQEs) > 0 {
+		words := make([]string, 0, len(i.RejectedWQEs))
+		for _, k := range slices.Sorted(maps.Keys(i.RejectedWQEs)) {
+			words = append(words, fmt.Sprintf("%s=%d", k, i.RejectedWQEs[k]))
+		}
+		fmt.Fprintf(tw, "rejected_wqes\t%s\n", strings.Join(words, " "))
 	}
 	if i.LastLinkError != "" {
 		fmt.Fprintf(tw, "last_link_error\t%s (%s)\n", i.LastLinkError, i.LastLinkErrorAt.Format(time.RFC3339))

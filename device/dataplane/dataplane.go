@@ -782,6 +782,20 @@ func (dp *DataPlane) WireCounters() device.WireCounters {
 	return c
 }
 
+// RejectedWQEs implements device.DataPlane: the workers' counts summed.
+func (dp *DataPlane) RejectedWQEs() map[string]uint64 {
+	var out map[string]uint64
+	for i := range dp.eng.Workers() {
+		for k, n := range dp.eng.WorkerCounters(i).RejectedWQEs() {
+			if out == nil {
+				out = map[string]uint64{}
+			}
+			out[k] += n
+		}
+	}
+	return out
+}
+
 // LastLinkError implements device.DataPlane: the newest failed link call
 // of any worker.
 func (dp *DataPlane) LastLinkError() (string, time.Time) {

@@ -125,6 +125,7 @@ func (NopDataPlane) ReleaseCQ(*device.CQ)                                 {}
 func (NopDataPlane) ResizeCQ(*device.CQ, []byte, uint32) (uint32, error)  { return 0, nil }
 func (NopDataPlane) ReleaseSRQ(*device.SRQ)                               {}
 func (NopDataPlane) WireCounters() device.WireCounters                    { return device.WireCounters{} }
+func (NopDataPlane) RejectedWQEs() map[string]uint64                      { return nil }
 func (NopDataPlane) LastLinkError() (string, time.Time)                   { return "", time.Time{} }
 
 var _ device.DataPlane = NopDataPlane{}

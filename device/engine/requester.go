@@ -138,7 +138,7 @@ func (qp *QP) reqFetch() reqState {
 	if err != nil {
 		// A WQE the source rejected (package queues: too many SGEs,
 		// unknown opcode, ...) or a broken ring: status from the table.
-		qp.failWQE(e, sourceStatus(err))
+		qp.failWQE(e, qp.w.rejectedSource(err))
 		return reqExit
 	}
 	if st := qp.prepareWQE(e); st != abi.WCSuccess {

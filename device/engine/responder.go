@@ -349,7 +349,7 @@ func (qp *QP) respCheckResource(p *packet) respState {
 			// error on this side, the requester gets its NAK, and the
 			// QP goes to ERR once the NAK is out, which flushes the
 			// rest.
-			qp.completeRecv(&r.rqe, sourceStatus(err), abi.WCRecv, 0, 0, 0, false)
+			qp.completeRecv(&r.rqe, qp.w.rejectedSource(err), abi.WCRecv, 0, 0, 0, false)
 			return qp.fatalNAK(recvSourceNAK, p)
 		}
 		if !ok {

@@ -202,6 +202,64 @@ const (
 	sourceOtherStatus = abi.WCLocQPOpErr
 )
 
+// Rejected work requests are counted per worker by cause: the Reasons of
+// package queues, a broken ring, anything else.
+const (
+	rejectRing  = int(queues.ReasonLength) + 1 + iota // queues.ErrIndex
+	rejectOther                                       // any other source error
+	numRejectKinds
+)
+
+// rejectNames names the causes as the operator reads them.
+var rejectNames = [numRejectKinds]string{
+	queues.ReasonNone:          "unspecified",
+	queues.ReasonOpcode:        "unknown_opcode",
+	queues.ReasonFlags:         "unknown_flags",
+	queues.ReasonReserved:      "reserved_field",
+	queues.ReasonTooManySGE:    "too_many_sge",
+	queues.ReasonInlineTooLong: "inline_too_long",
+	queues.ReasonInlineWithSGE: "inline_with_sge",
+	queues.ReasonInlineOpcode:  "inline_opcode",
+	queues.ReasonAtomicSGE:     "atomic_sge",
+	queues.ReasonLength:        "message_too_long",
+	rejectRing:                 "ring_index",
+	rejectOther:                "other",
+}
+
+// rejectKind is the counter index of a source error.
+func rejectKind(err error) int {
+	if we, ok := errors.AsType[*queues.WQEError](err); ok && int(we.Reason) < rejectRing {
+		return int(we.Reason)
+	}
+	if errors.Is(err, queues.ErrIndex) {
+		return rejectRing
+	}
+	return rejectOther
+}
+
+// RejectedWQEs returns the work requests the worker's QPs rejected
+// (malformed WQEs, broken rings), by cause name; causes never seen are
+// left out.
+func (c *WorkerCounters) RejectedWQEs() map[string]uint64 {
+	var out map[string]uint64
+	for i := range c.rejected {
+		if n := c.rejected[i].Load(); n > 0 {
+			if out == nil {
+				out = map[string]uint64{}
+			}
+			out[rejectNames[i]] = n
+		}
+	}
+	return out
+}
+
+// rejectedSource counts a work request a source consumed with error err
+// and returns its status.
+func (w *worker) rejectedSource(err error) abi.WCStatus {
+	w.Counters.rejected[rejectKind(err)].Add(1)
+	return sourceStatus(err)
+}
+
 // sourceStatus is the status of the work request a SendSource or
 // RecvSource consumed with error err (see the top of this file).
 func sourceStatus(err error) abi.WCStatus {

@@ -136,11 +136,12 @@ func TestBadSendWQE(t *testing.T) {
 		reason queues.Reason // ReasonNone: broken ring
 		wrid   uint64
 		want   abi.WCStatus
+		cause  string // RejectedWQEs key
 	}{
-		{"too_many_sge", queues.ReasonTooManySGE, 1, abi.WCLocLenErr},
-		{"inline_too_long", queues.ReasonInlineTooLong, 1, abi.WCLocLenErr},
-		{"unknown_opcode", queues.ReasonOpcode, 1, abi.WCLocQPOpErr},
-		{"broken_ring", queues.ReasonNone, 0, abi.WCLocQPOpErr},
+		{"too_many_sge", queues.ReasonTooManySGE, 1, abi.WCLocLenErr, "too_many_sge"},
+		{"inline_too_long", queues.ReasonInlineTooLong, 1, abi.WCLocLenErr, "inline_too_long"},
+		{"unknown_opcode", queues.ReasonOpcode, 1, abi.WCLocQPOpErr, "unknown_opcode"},
+		{"broken_ring", queues.ReasonNone, 0, abi.WCLocQPOpErr, "ring_index"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			a, b := pair(t, 1, nil, nil, defaultOpts())
@@ -183,6 +184,9 @@ func TestBadSendWQE(t *testing.T) {
 			require.NoError(t, err)
 			assert.Zero(t, ca.PacketsSent.Load())
 			assert.Zero(t, b.rcq.count.Load())
+			// Counted once, under its cause.
+			assert.Equal(t, map[string]uint64{c.cause: 1}, a.n.eng.WorkerCounters(0).RejectedWQEs())
+			assert.Nil(t, b.n.eng.WorkerCounters(0).RejectedWQEs())
 		})
 	}
 }
@@ -199,10 +203,11 @@ func TestRecvSourceError(t *testing.T) {
 		reason queues.Reason // ReasonNone: broken ring
 		wrid   uint64
 		want   abi.WCStatus
+		cause  string // RejectedWQEs key
 	}{
-		{"broken_ring", queues.ReasonNone, 0, abi.WCLocQPOpErr},
-		{"too_many_sge", queues.ReasonTooManySGE, 7, abi.WCLocLenErr},
-		{"reserved", queues.ReasonReserved, 7, abi.WCLocQPOpErr},
+		{"broken_ring", queues.ReasonNone, 0, abi.WCLocQPOpErr, "ring_index"},
+		{"too_many_sge", queues.ReasonTooManySGE, 7, abi.WCLocLenErr, "too_many_sge"},
+		{"reserved", queues.ReasonReserved, 7, abi.WCLocQPOpErr, "reserved_field"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			a, b := pair(t, 1, nil, nil, defaultOpts())
@@ -232,6 +237,7 @@ func TestRecvSourceError(t *testing.T) {
 			cb, err := b.n.eng.Counters(b.qpn)
 			require.NoError(t, err)
 			assert.Zero(t, cb.Rare().RNRNAKsSent.Load(), "an error, not a missing receive")
+			assert.Equal(t, map[string]uint64{c.cause: 1}, b.n.eng.WorkerCounters(0).RejectedWQEs())
 		})
 	}
 }

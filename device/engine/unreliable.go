@@ -146,7 +146,7 @@ func (w *worker) inputUD(qp *QP, pkt *roce.Packet, frameLen int, from netip.Addr
 	r.rqe.SGEs = r.rqe.SGEs[:0]
 	ok, err := qp.cfg.RQ.PollRecv(&r.rqe)
 	if err != nil {
-		qp.completeRecv(&r.rqe, sourceStatus(err), abi.WCRecv, 0, 0, 0, false)
+		qp.completeRecv(&r.rqe, qp.w.rejectedSource(err), abi.WCRecv, 0, 0, 0, false)
 		qp.enterError()
 		return
 	}
@@ -319,7 +319,7 @@ func (qp *QP) ucCheck(p *packet, info *roce.OpInfo) bool {
 		r.rqe.SGEs = r.rqe.SGEs[:0]
 		ok, err := qp.cfg.RQ.PollRecv(&r.rqe)
 		if err != nil {
-			qp.completeRecv(&r.rqe, sourceStatus(err), abi.WCRecv, 0, 0, 0, false)
+			qp.completeRecv(&r.rqe, qp.w.rejectedSource(err), abi.WCRecv, 0, 0, 0, false)
 			qp.enterError()
 			return false
 		}

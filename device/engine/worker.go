@@ -45,6 +45,9 @@ type WorkerCounters struct {
 	LinkSendErrors atomic.Uint64
 	LinkRecvErrors atomic.Uint64
 	lastLinkErr    atomic.Pointer[LinkError]
+	// rejected counts the work requests sources rejected, by cause
+	// (status.go, RejectedWQEs).
+	rejected [numRejectKinds]atomic.Uint64
 	// CQEs counts the completions the worker's QPs wrote (the doorbell
 	// poller takes them as a sign of clients about to post).
 	CQEs atomic.Uint64
