@@ -8,7 +8,11 @@ import (
 
 // QPInitAttr describes a QP to create (ibv_qp_init_attr).
 type QPInitAttr struct {
-	Type   abi.QPType // abi.QPTRC, abi.QPTUC or abi.QPTUD
+	// Type: abi.QPTRC, abi.QPTUC, abi.QPTUD, or abi.QPTXRCSend (an XRC
+	// initiator: no receive queue, RecvCQ and SRQ nil; each send WR names
+	// the target's XRC SRQ number in RemoteQPN). XRC targets:
+	// XRCD.CreateTargetQP.
+	Type   abi.QPType
 	SendCQ *CQ
 	RecvCQ *CQ
 	SRQ    *SRQ // nil: the QP has its own receive queue
@@ -39,15 +43,30 @@ func roundPow2(v uint32) uint32 {
 
 // CreateQP creates a QP in the RESET state.
 func (pd *PD) CreateQP(a QPInitAttr) (*QP, error) {
+	if a.Type == abi.QPTXRCRecv {
+		return nil, fmt.Errorf("verbs: CreateQP: an XRC target QP is XRCD.CreateTargetQP's")
+	}
+	return pd.createQP(a, nil)
+}
+
+// createQP creates a QP with CREATE_QP, or with xrcd (an XRC target QP)
+// with CREATE_XRC_QP in that domain.
+func (pd *PD) createQP(a QPInitAttr, xrcd *XRCD) (*QP, error) {
 	c := pd.ctx
-	if a.SendCQ == nil || a.RecvCQ == nil {
-		return nil, fmt.Errorf("verbs: CreateQP needs a send and a receive CQ")
+	xrc := a.Type == abi.QPTXRCSend || a.Type == abi.QPTXRCRecv
+	if a.SendCQ == nil || (a.RecvCQ == nil) != xrc {
+		return nil, fmt.Errorf("verbs: CreateQP needs a send CQ, and a receive CQ unless an XRC QP (which has none)")
+	}
+	if xrc && a.SRQ != nil {
+		return nil, fmt.Errorf("verbs: CreateQP: an XRC QP takes no SRQ")
 	}
 	cp := a.Cap
 	cp.MaxSendWR = roundPow2(max(cp.MaxSendWR, 1))
 	sqBlocks := abi.SQWQEBlocks(cp.MaxSendSGE, cp.MaxInlineData)
-	req := abi.CmdCreateQPReq{QPType: a.Type, PDHandle: pd.Handle, SendCQ: a.SendCQ.Handle,
-		RecvCQ: a.RecvCQ.Handle, SRQHandle: abi.NoSRQ}
+	req := abi.CmdCreateQPReq{QPType: a.Type, PDHandle: pd.Handle, SendCQ: a.SendCQ.Handle, SRQHandle: abi.NoSRQ}
+	if a.RecvCQ != nil {
+		req.RecvCQ = a.RecvCQ.Handle
+	}
 	if a.SigAll {
 		req.SQSigAll = 1
 	}
@@ -57,10 +76,13 @@ func (pd *PD) CreateQP(a QPInitAttr) (*QP, error) {
 	}
 	req.SQPA = sq.PA
 	var rq *Buffer
-	if a.SRQ != nil {
+	switch {
+	case xrc:
+		cp.MaxRecvWR, cp.MaxRecvSGE = 0, 0
+	case a.SRQ != nil:
 		req.SRQHandle = a.SRQ.Handle
 		cp.MaxRecvWR, cp.MaxRecvSGE = 0, 0
-	} else {
+	default:
 		cp.MaxRecvWR = roundPow2(max(cp.MaxRecvWR, 1))
 		if rq, err = c.Alloc(int(cp.MaxRecvWR*abi.RQWQESize(cp.MaxRecvSGE)), 64); err != nil {
 			sq.Free()
@@ -70,7 +92,12 @@ func (pd *PD) CreateQP(a QPInitAttr) (*QP, error) {
 	}
 	req.Cap = cp
 	var r abi.RespCreateQP
-	if _, _, err := c.k.call(abi.CmdCreateQP, &req, nil, nil, &r); err != nil {
+	if xrcd != nil {
+		_, _, err = c.k.call(abi.CmdCreateXRCQP, &abi.CmdCreateXRCQPReq{QP: req, XRCDHandle: xrcd.Handle}, nil, nil, &r)
+	} else {
+		_, _, err = c.k.call(abi.CmdCreateQP, &req, nil, nil, &r)
+	}
+	if err != nil {
 		freeBuffers(sq, rq)
 		return nil, err
 	}
@@ -143,7 +170,7 @@ func (qp *QP) ToRTR(r RTRAttr) error {
 		a.AHAttr, a.PathMTU, a.DestQPNum, a.RQPSN = r.AV, r.PathMTU, r.DestQPN, r.RQPSN
 		mask |= abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrDestQPN | abi.QPAttrRQPSN
 	}
-	if qp.Type == abi.QPTRC {
+	if qp.Type == abi.QPTRC || qp.Type == abi.QPTXRCRecv { // the responders (the kernel's qp_state_table)
 		a.MaxDestRdAtomic, a.MinRNRTimer = r.MaxDestRdAtomic, r.MinRNRTimer
 		mask |= abi.QPAttrMaxDestRdAtomic | abi.QPAttrMinRNRTimer
 	}
@@ -159,13 +186,18 @@ type RTSAttr struct {
 	MaxRdAtomic uint8
 }
 
-// ToRTS moves an RTR QP to RTS (UD, UC: only the SQ PSN is used).
+// ToRTS moves an RTR QP to RTS (UD, UC: only the SQ PSN is used; an XRC
+// target QP, which sends nothing but responses, takes the timeout too).
 func (qp *QP) ToRTS(r RTSAttr) error {
 	a := abi.QPAttr{QPState: abi.QPSRTS, SQPSN: r.SQPSN}
 	mask := abi.QPAttrState | abi.QPAttrSQPSN
-	if qp.Type == abi.QPTRC {
+	switch qp.Type {
+	case abi.QPTRC, abi.QPTXRCSend: // the requesters (the kernel's qp_state_table)
 		a.Timeout, a.RetryCnt, a.RNRRetry, a.MaxRdAtomic = r.Timeout, r.RetryCnt, r.RNRRetry, r.MaxRdAtomic
 		mask |= abi.QPAttrTimeout | abi.QPAttrRetryCnt | abi.QPAttrRNRRetry | abi.QPAttrMaxQPRdAtomic
+	case abi.QPTXRCRecv:
+		a.Timeout = r.Timeout
+		mask |= abi.QPAttrTimeout
 	}
 	return qp.Modify(&a, mask)
 }
@@ -174,6 +206,9 @@ func (qp *QP) ToRTS(r RTSAttr) error {
 type SRQ struct {
 	ctx    *Context
 	Handle uint32
+	// XRCNum is an XRC SRQ's number (ibv_get_srq_num), which initiators
+	// name in their WRs; 0 for an ordinary SRQ.
+	XRCNum uint32
 	rq     workQueue
 	maxSGE uint32
 	rec    []byte // the SRQ's doorbell record
@@ -182,6 +217,12 @@ type SRQ struct {
 // CreateSRQ creates an SRQ of maxWR (rounded up to a power of two) WQEs
 // of up to maxSGE SGEs each.
 func (pd *PD) CreateSRQ(maxWR, maxSGE, limit uint32) (*SRQ, error) {
+	return pd.createSRQ(maxWR, maxSGE, limit, nil, nil)
+}
+
+// createSRQ creates an SRQ with CREATE_SRQ, or with xrcd (and the CQ of
+// its completions) an XRC SRQ with CREATE_XRC_SRQ.
+func (pd *PD) createSRQ(maxWR, maxSGE, limit uint32, xrcd *XRCD, cq *CQ) (*SRQ, error) {
 	c := pd.ctx
 	maxWR = roundPow2(max(maxWR, 1))
 	stride := abi.RQWQESize(maxSGE)
@@ -189,9 +230,17 @@ func (pd *PD) CreateSRQ(maxWR, maxSGE, limit uint32) (*SRQ, error) {
 	if err != nil {
 		return nil, err
 	}
-	var r abi.RespCreateSRQ
 	req := abi.CmdCreateSRQReq{RingPA: ring.PA, PDHandle: pd.Handle, MaxWR: maxWR, MaxSGE: maxSGE, SRQLimit: limit}
-	if _, _, err := c.k.call(abi.CmdCreateSRQ, &req, nil, nil, &r); err != nil {
+	var r abi.RespCreateSRQ
+	var num uint32
+	if xrcd != nil {
+		var rx abi.RespCreateXRCSRQ
+		_, _, err = c.k.call(abi.CmdCreateXRCSRQ, &abi.CmdCreateXRCSRQReq{SRQ: req, XRCDHandle: xrcd.Handle, CQHandle: cq.Handle}, nil, nil, &rx)
+		r, num = rx.SRQ, rx.SRQNum
+	} else {
+		_, _, err = c.k.call(abi.CmdCreateSRQ, &req, nil, nil, &r)
+	}
+	if err != nil {
 		ring.Free()
 		return nil, err
 	}
@@ -199,7 +248,7 @@ func (pd *PD) CreateSRQ(maxWR, maxSGE, limit uint32) (*SRQ, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &SRQ{ctx: c, Handle: r.SRQHandle, maxSGE: maxSGE, rec: rec,
+	return &SRQ{ctx: c, Handle: r.SRQHandle, XRCNum: num, maxSGE: maxSGE, rec: rec,
 		rq: newWorkQueue(ring, maxWR, r.RQWQESize, rec, abi.OffDBSRQPI, abi.OffDBSRQCI, c.summaryOf(r.DBIndex))}, nil
 }
 
