@@ -33,6 +33,8 @@ type Context struct {
 	mu     sync.Mutex
 	arenas []*HostMem // the default allocator's host memory
 	closed bool
+
+	odp odpState // on-demand paging (odp.go)
 }
 
 // Option configures Open.

@@ -62,7 +62,11 @@
 // QueryDevice. CreateCQWithTimestamps makes a CQ whose ring carries, after
 // its CQEs, one u64 per CQE: the CLOCK_REALTIME nanoseconds at which the
 // daemon wrote it, read with PollTS and comparable with QueryRTValues.
-// Memory windows (AllocMW, BindWR) are in mw.go.
+// Memory windows (AllocMW, BindWR) are in mw.go; ATOMIC WRITE and FLUSH
+// work requests (AtomicWriteWR, FlushWR) in placement.go; XRC domains,
+// XRC SRQs and target QPs (OpenXRCD, PD.CreateXRCSRQ, CreateTargetQP;
+// initiators are CreateQP's abi.QPTXRCSend) in xrc.go; on-demand paging
+// (ODPCaps, PD.RegMRODP, PD.RegMRImplicitODP, PD.AdviseMR) in odp.go.
 //
 // # Who consumes the work
 //
