@@ -53,12 +53,11 @@ func (pd *PD) CreateQP(a QPInitAttr) (*QP, error) {
 // with CREATE_XRC_QP in that domain.
 func (pd *PD) createQP(a QPInitAttr, xrcd *XRCD) (*QP, error) {
 	c := pd.ctx
+	// An XRC QP has no receive queue and no receive CQ; what a caller
+	// gives anyway goes to the daemon, which refuses it (EINVAL).
 	xrc := a.Type == abi.QPTXRCSend || a.Type == abi.QPTXRCRecv
-	if a.SendCQ == nil || (a.RecvCQ == nil) != xrc {
+	if a.SendCQ == nil || (a.RecvCQ == nil && !xrc) {
 		return nil, fmt.Errorf("verbs: CreateQP needs a send CQ, and a receive CQ unless an XRC QP (which has none)")
-	}
-	if xrc && a.SRQ != nil {
-		return nil, fmt.Errorf("verbs: CreateQP: an XRC QP takes no SRQ")
 	}
 	cp := a.Cap
 	cp.MaxSendWR = roundPow2(max(cp.MaxSendWR, 1))
@@ -66,6 +65,8 @@ func (pd *PD) createQP(a QPInitAttr, xrcd *XRCD) (*QP, error) {
 	req := abi.CmdCreateQPReq{QPType: a.Type, PDHandle: pd.Handle, SendCQ: a.SendCQ.Handle, SRQHandle: abi.NoSRQ}
 	if a.RecvCQ != nil {
 		req.RecvCQ = a.RecvCQ.Handle
+	} else {
+		req.RecvCQ = a.SendCQ.Handle
 	}
 	if a.SigAll {
 		req.SQSigAll = 1
@@ -77,8 +78,7 @@ func (pd *PD) createQP(a QPInitAttr, xrcd *XRCD) (*QP, error) {
 	req.SQPA = sq.PA
 	var rq *Buffer
 	switch {
-	case xrc:
-		cp.MaxRecvWR, cp.MaxRecvSGE = 0, 0
+	case xrc && a.SRQ == nil && cp.MaxRecvWR == 0 && cp.MaxRecvSGE == 0:
 	case a.SRQ != nil:
 		req.SRQHandle = a.SRQ.Handle
 		cp.MaxRecvWR, cp.MaxRecvSGE = 0, 0
