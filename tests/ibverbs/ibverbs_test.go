@@ -6,6 +6,7 @@ package ibverbs_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
 	"net/netip"
@@ -107,7 +108,27 @@ func (p *pair) kill(t *testing.T, i int) {
 }
 
 func (p *pair) daemonLogs() string {
-	return "vrnicd a:\n" + p.logs[0].String() + "\nvrnicd b:\n" + p.logs[1].String()
+	return "vrnicd a:\n" + p.logs[0].String() + p.counters("a") + "\nvrnicd b:\n" + p.logs[1].String() + p.counters("b")
+}
+
+// counters returns daemon name's device counters (retransmissions,
+// timeouts, NAKs, drops by reason, link errors) as JSON, for a failure
+// report: what a lost completion left behind.
+func (p *pair) counters(name string) string {
+	info, err := admin.Serving(admin.SocketPath(p.dir, name))
+	if err != nil {
+		return fmt.Sprintf("counters: %v\n", err)
+	}
+	b, err := json.Marshal(struct {
+		DataPath      admin.QPCounters   `json:"data_path"`
+		Wire          admin.WireCounters `json:"wire"`
+		LastLinkError string             `json:"last_link_error,omitempty"`
+		Counters      map[string]int64   `json:"counters"`
+	}{info.DataPath, info.Wire, info.LastLinkError, info.Counters})
+	if err != nil {
+		return fmt.Sprintf("counters: %v\n", err)
+	}
+	return "counters: " + string(b) + "\n"
 }
 
 // run runs PROGRAM ARGS through vrnic-run on p's daemons and waits up to
