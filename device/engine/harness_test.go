@@ -69,6 +69,12 @@ func newNode(t testing.TB, nw *link.Network, addr string, workers int, faults *l
 
 // newNodeWrap is newNode with every link wrapped by wrap (if not nil).
 func newNodeWrap(t testing.TB, nw *link.Network, addr string, workers int, faults *link.Faults, wrap func(Link) Link) *node {
+	return newNodeStart(t, nw, addr, workers, faults, wrap, true)
+}
+
+// newNodeStart is newNodeWrap; without start the engine's workers do not
+// run, and the test drives them, a pass at a time (worker.pass).
+func newNodeStart(t testing.TB, nw *link.Network, addr string, workers int, faults *link.Faults, wrap func(Link) Link, start bool) *node {
 	a := netip.MustParseAddr(addr)
 	ports, err := nw.Attach(a, workers, faults)
 	require.NoError(t, err)
@@ -86,7 +92,9 @@ func newNodeWrap(t testing.TB, nw *link.Network, addr string, workers int, fault
 	}
 	eng, err := New(cfg)
 	require.NoError(t, err)
-	eng.Start()
+	if start {
+		eng.Start()
+	}
 	t.Cleanup(func() { _ = eng.Close() })
 	return &node{eng: eng, mem: newFakeMem(), addr: a, ports: ports}
 }

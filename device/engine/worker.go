@@ -65,6 +65,9 @@ type WorkerCounters struct {
 	// while Sleeps is ahead of Wakes.
 	Sleeps atomic.Uint64
 	Wakes  atomic.Uint64
+	// SpinsCut counts the idle spins cut short because a yield found the
+	// CPU contended (yieldStolen).
+	SpinsCut atomic.Uint64
 }
 
 // osYield is osyield.Yield. An idle
@@ -90,6 +93,12 @@ const busyYieldEvery = 64
 
 // spinNanos is how long an idle worker keeps polling before it sleeps.
 const spinNanos = 50_000
+
+// yieldStolen is how long an idle worker's yield may take before the
+// worker takes it as a sign that its CPU is contended and sleeps instead
+// of spinning on: a yield with nothing else runnable returns in about a
+// microsecond.
+const yieldStolen = 20_000
 
 // txPoll is how long a worker holding frames its link did not take
 // (backpressure: a full buffer pool, receive queue or socket buffer) sleeps
@@ -518,6 +527,27 @@ func (w *worker) apply(m *ctlMsg) {
 	}
 }
 
+// pass is one pass of the worker loop: control operations, doorbells, one
+// receive batch, due timers, the active QPs' output, one send batch. It
+// reports whether it found work.
+func (w *worker) pass() bool {
+	w.busy = false
+	w.drainCtl()
+	w.now = w.clk.now()
+	w.drainKicks()
+	w.receive()
+	w.fire()
+	// Likewise for work posted after a control operation was (the
+	// doorbell of a QP just moved to RTS).
+	w.drainCtl()
+	w.serviceActive()
+	w.flush()
+	if len(w.parked) > 0 && w.now >= w.parkedDue {
+		w.parkSweep()
+	}
+	return w.busy
+}
+
 // run is the worker loop: control operations between batches, receive,
 // timers, output; busy-poll while there is work, then sleep until a kick,
 // a frame, a control message or the next timer.
@@ -536,21 +566,7 @@ func (w *worker) run(stop <-chan struct{}) {
 			return
 		default:
 		}
-		w.busy = false
-		w.drainCtl()
-		w.now = w.clk.now()
-		w.drainKicks()
-		w.receive()
-		w.fire()
-		// Likewise for work posted after a control operation was (the
-		// doorbell of a QP just moved to RTS).
-		w.drainCtl()
-		w.serviceActive()
-		w.flush()
-		if len(w.parked) > 0 && w.now >= w.parkedDue {
-			w.parkSweep()
-		}
-		if w.busy {
+		if w.pass() {
 			lastWork = w.now
 			// A busy worker still lets the goroutines that share its P
 			// run now and then: the doorbell poller (which clears
@@ -569,8 +585,17 @@ func (w *worker) run(stop <-chan struct{}) {
 		// clients in the same process) run on this P meanwhile.
 		if w.now-lastWork < spinNanos {
 			runtime.Gosched()
+			before := w.clk.now()
 			osYield()
-			continue
+			if w.clk.now()-before < yieldStolen {
+				continue
+			}
+			// Another thread had this CPU for a while: the machine has
+			// more runnable threads than CPUs. Spinning on would hand the
+			// CPU to them a time slice at a time (a yield lets any of them
+			// run to the end of its slice, milliseconds), while a sleeping
+			// worker's wake-up preempts them: sleep now.
+			w.Counters.SpinsCut.Add(1)
 		}
 		w.settleAll()
 		if !w.sleep(stop) {
