@@ -16,15 +16,16 @@ import (
 // TestReleaseContextWithManyAHs: a client creates as many address
 // handles as its limit allows (4096, beside a UD QP that shares their
 // table) and closes its context; meanwhile an operator asks for the
-// daemon's info in a loop. Asserted: every info answers within
-// ahInfoBound (the release holds the device lock, which info also takes:
-// when removing an AH copied the context's table, the release held it for
-// about a second on a 2-core machine), the daemon ends with no AH and no
-// context, and the release is done within 2 s (a generous bound: the
-// figure, logged, is milliseconds).
+// daemon's info in a loop. Asserted: every info is answered, and the
+// daemon ends with no AH and no context. How long the release holds the
+// device lock (which info also takes) is logged, not asserted: on a
+// loaded machine it is what the scheduler makes it. That the release
+// costs O(AHs) (removing an AH once copied the context's table, and a
+// release held the lock for about a second) is asserted where no
+// scheduler changes it, by counting the table's work
+// (engine.TestAHTableLinearWork).
 func TestReleaseContextWithManyAHs(t *testing.T) {
 	const ahs = 4096 // the default per-client limit
-	const ahInfoBound = 250 * time.Millisecond
 	sock, gid := cmDaemon(t, "ah0")
 	adm, err := admin.Dial(sock)
 	require.NoError(t, err)
@@ -108,6 +109,4 @@ func TestReleaseContextWithManyAHs(t *testing.T) {
 		ahs, created.Round(time.Microsecond), took.Round(time.Microsecond), len(samples), slowest.Round(time.Microsecond))
 	require.True(t, released, "the daemon still holds %+v 10 s after the close", last.Resources)
 	assert.NotEmpty(t, samples)
-	assert.Less(t, slowest, ahInfoBound, "an info waited that long for the device lock during the release")
-	assert.Less(t, took, 2*time.Second, "release of a context with %d AHs", ahs)
 }

@@ -46,6 +46,9 @@ type AHTable struct {
 	mu   sync.Mutex // serialises Set and Delete; guards live and used
 	live int        // entries in slots
 	used int        // slots not empty: live entries and tombstones
+	// work counts the slots Set, Delete and their rebuilds visited (a
+	// measure of their cost that no scheduler changes: tests).
+	work int
 }
 
 // ahSlots is one slot array of an AHTable: a power of two of slots, at
@@ -114,6 +117,7 @@ func (t *AHTable) Set(h uint32, ah *AH) {
 	free := -1
 	for i := a.home(h); ; i = (i + 1) & a.mask {
 		e := a.s[i].Load()
+		t.work++
 		switch {
 		case e == nil:
 			if free < 0 {
@@ -147,6 +151,7 @@ func (t *AHTable) Delete(h uint32) {
 		if e == nil {
 			return
 		}
+		t.work++
 		if e.h == h && e != &ahGone {
 			a.s[i].Store(&ahGone)
 			t.live--
@@ -171,7 +176,9 @@ func (t *AHTable) rebuildLocked(old *ahSlots, n int) *ahSlots {
 		size *= 2
 	}
 	a := &ahSlots{seed: rand.Uint32(), mask: uint32(size - 1), s: make([]atomic.Pointer[ahEntry], size)}
+	t.work += size
 	if old != nil {
+		t.work += len(old.s)
 		for i := range old.s {
 			e := old.s[i].Load()
 			if e == nil || e == &ahGone {

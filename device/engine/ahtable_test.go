@@ -231,3 +231,28 @@ func TestAHTableLookupAllocs(t *testing.T) {
 	}))
 	_ = sink
 }
+
+// TestAHTableLinearWork: creating and then destroying n AHs (a context's
+// whole table, as its release does) visits O(n) slots, rebuilds
+// included: the work per AH stays within a constant as n grows 64-fold.
+// (Destroying them once copied the table for each, O(n²): a release of
+// 4,096 AHs held the device lock for about a second.) The count is of
+// slots visited, so no scheduler changes it.
+func TestAHTableLinearWork(t *testing.T) {
+	perAH := func(n int) float64 {
+		var tab AHTable
+		// Handles spaced as a context's are (other objects in between).
+		for i := range uint32(n) {
+			tab.Set(i*3+1, testAH(i))
+		}
+		for i := range uint32(n) {
+			tab.Delete(i*3 + 1)
+		}
+		require.Zero(t, tab.Len())
+		return float64(tab.work) / float64(n)
+	}
+	small, large := perAH(64), perAH(4096)
+	t.Logf("slots visited per AH: %.1f for 64 AHs, %.1f for 4096", small, large)
+	assert.Less(t, large, 40.0, "slots visited per AH created and destroyed")
+	assert.Less(t, large, 2*small+8, "the work per AH does not grow with the table")
+}
