@@ -281,7 +281,9 @@ func (d *Device) Limits() Limits { return d.cfg.Limits }
 // first error of a burst and twice as long at each next one up to 1 s, as
 // net/http's server does, and tries again; a burst is logged when it
 // starts and when it ends, and each error is counted (AcceptErrors).
-const (
+// (Variables: a test makes the pause long enough that waiting it out
+// cannot pass for not waiting.)
+var (
 	acceptPauseMin = 5 * time.Millisecond
 	acceptPauseMax = time.Second
 )

@@ -1,5 +1,7 @@
 package device
 
+import "time"
+
 // StoreQPState stores s into QP qpn's state word, as the transport does
 // when it moves a QP to ERR on its own (and as only a test does for other
 // states, to reach SQE without a UD data path).
@@ -28,4 +30,12 @@ func SetEventBacklogMax(n int) (restore func()) {
 func SetEventAfterSend(f func(closeSink func())) (restore func()) {
 	eventAfterSend.Store(&f)
 	return func() { eventAfterSend.Store(nil) }
+}
+
+// SetAcceptPause sets the pauses of Serve after accept errors (first and
+// longest) until the returned function restores them.
+func SetAcceptPause(first, longest time.Duration) (restore func()) {
+	oldMin, oldMax := acceptPauseMin, acceptPauseMax
+	acceptPauseMin, acceptPauseMax = first, longest
+	return func() { acceptPauseMin, acceptPauseMax = oldMin, oldMax }
 }

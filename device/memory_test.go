@@ -140,11 +140,14 @@ func TestSparseHostMemory(t *testing.T) {
 
 	start := time.Now()
 	c := newMemClient(t, s.SocketPath, 4<<30)
-	assert.Less(t, time.Since(start), time.Second, "ADD_HOST_MEM of a sparse 4 GiB memfd")
+	added := time.Since(start)
 	qStart := time.Now()
 	_, err := other.QueryDevice()
 	require.NoError(t, err)
-	assert.Less(t, time.Since(qStart), 100*time.Millisecond)
+	// Timed for the log only (a loaded machine makes any bound a guess):
+	// that the command does no work per byte is asserted below, by what
+	// it locked and populated.
+	t.Logf("sparse 4 GiB ADD_HOST_MEM in %v; another client's query then in %v", added, time.Since(qStart))
 	s.Space.WaitPinned()
 	assert.Equal(t, base, vmLck(t), "adding host memory locks nothing")
 

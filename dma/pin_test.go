@@ -73,7 +73,9 @@ func TestSparseRegionCostsNothing(t *testing.T) {
 	start := time.Now()
 	info, err := s.AddRegion(1, fd, 1<<30)
 	require.NoError(t, err)
-	assert.Less(t, time.Since(start), 100*time.Millisecond, "adding sparse memory is O(1)")
+	// Quick, but timed only for the log: what shows it costs nothing is
+	// below (nothing locked, nothing populated), not a clock.
+	t.Logf("a sparse 1 GiB region added in %v", time.Since(start))
 	assert.Equal(t, !s.cfg.NoMlock, info.Locked, "pinned ranges will be locked")
 	s.WaitPinned()
 	assert.Equal(t, lck, procStatus(t, "VmLck"), "nothing locked by ADD_HOST_MEM")
