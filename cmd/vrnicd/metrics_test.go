@@ -311,9 +311,6 @@ func TestMetricsUDPFaults(t *testing.T) {
 	assert.Equal(t, uint64(sends), histCount(a1, "vrnic_completion_latency_seconds", devA("opcode", "send")))
 	assert.Equal(t, uint64(sends), histCount(b1, "vrnic_completion_latency_seconds", devB("opcode", "recv")))
 	assert.Zero(t, histCount(b1, "vrnic_completion_latency_seconds", devB("opcode", "rdma_write")), "the responder completes no WRITE")
-	for _, k := range []string{"retransmits_total", "ack_timeouts_total"} {
-		assert.Zero(t, value(a1, "vrnic_"+k, devA()), "%s before any fault", k)
-	}
 	// The link's own counters.
 	for _, f := range []string{"vrnic_link_frames_total", "vrnic_link_syscalls_total", "vrnic_link_datagrams_total", "vrnic_link_bytes_total"} {
 		for _, dir := range []string{"tx", "rx"} {
@@ -344,8 +341,9 @@ func TestMetricsUDPFaults(t *testing.T) {
 	a2, _, _ := scrape(t, urlA)
 	assert.Equal(t, 1.0, value(a2, "vrnic_fault_rule_applied_total", devA("rule", drop, "action", "drop")))
 	assert.GreaterOrEqual(t, value(a2, "vrnic_fault_rule_matched_total", devA("rule", drop, "action", "drop")), 1.0)
-	assert.GreaterOrEqual(t, value(a2, "vrnic_ack_timeouts_total", devA()), 1.0)
-	assert.GreaterOrEqual(t, value(a2, "vrnic_retransmits_total", devA()), 1.0)
+	// (A loaded machine may add spurious timeouts; the drop adds one.)
+	assert.GreaterOrEqual(t, value(a2, "vrnic_ack_timeouts_total", devA())-value(a1, "vrnic_ack_timeouts_total", devA()), 1.0)
+	assert.GreaterOrEqual(t, value(a2, "vrnic_retransmits_total", devA())-value(a1, "vrnic_retransmits_total", devA()), 1.0)
 	assert.Equal(t, 1.0, value(a2, "vrnic_fault_rules", devA("state", "enabled")))
 
 	// The second packet of a 4-packet WRITE lost: the responder sees a
