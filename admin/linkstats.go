@@ -5,17 +5,22 @@ package admin
 // that writes one JSON LinkStats document per connection, then closes).
 const StatsSuffix = ".stats"
 
-// LinkStats is the JSON a daemon serves on its stats socket (the TAP
-// link). A reader keeps fields unknown to its version in raw JSON output.
+// LinkStats is the JSON a daemon serves on its stats socket (the TAP and
+// UDP links). A reader keeps fields unknown to its version in raw JSON
+// output.
 type LinkStats struct {
 	Link      string `json:"link"`
-	Interface string `json:"interface"`
-	MAC       string `json:"mac"`
+	Interface string `json:"interface,omitempty"`
+	MAC       string `json:"mac,omitempty"`
+	// Local is the UDP link's address.
+	Local string `json:"local,omitempty"`
+	// Ports: the UDP link's counters, per port (socket; one per worker).
+	Ports []UDPPortStats `json:"ports,omitempty"`
 	// Offload is the TAP link's UDP segmentation offload: "uso", or
 	// "off: " and why.
 	Offload string `json:"offload,omitempty"`
-	// Queues: per queue, the frames the steering program put there and
-	// what the link did with them.
+	// The TAP link's. Queues: per queue, the frames the steering
+	// program put there and what the link did with them.
 	Queues []QueueStats `json:"queues"`
 	// SteerNonRoCE counts frames the steering program saw that were not
 	// RoCE v2 (they go to queue 0).
@@ -27,6 +32,44 @@ type LinkStats struct {
 	// Neighbors counts the NIC's ARP and neighbour discovery activity by
 	// counter name.
 	Neighbors map[string]uint64 `json:"neighbors"`
+}
+
+// UDPPortStats is a snapshot of one UDP link port's counters (package
+// link's UDPCounters): frames and datagrams, the system calls that moved
+// them (frames per call: TxFrames/TxCalls), segmentation offload, and
+// what was dropped and why.
+type UDPPortStats struct {
+	Port        int    `json:"port"`
+	TxFrames    uint64 `json:"tx_frames"`
+	TxBytes     uint64 `json:"tx_bytes"`
+	TxDatagrams uint64 `json:"tx_datagrams"`
+	TxCalls     uint64 `json:"tx_calls"` // sendmmsg calls that sent
+	RxFrames    uint64 `json:"rx_frames"`
+	RxBytes     uint64 `json:"rx_bytes"`
+	RxDatagrams uint64 `json:"rx_datagrams"`
+	RxCalls     uint64 `json:"rx_calls"` // recvmmsg calls that received
+	// UDP segmentation offload: on now (GSO, GRO); datagrams sent with
+	// UDP_SEGMENT holding two frames or more, received holding two or
+	// more (UDP_GRO); times the kernel refused a segmented send (GSO
+	// then off).
+	GSO    bool   `json:"gso"`
+	GRO    bool   `json:"gro"`
+	TxGSO  uint64 `json:"tx_gso"`
+	RxGRO  uint64 `json:"rx_gro"`
+	GSOOff uint64 `json:"gso_off"`
+	// Backpressure: sends stopped early (EAGAIN, ENOBUFS), the frames
+	// kept for later. The rest are frames lost: refused by the kernel
+	// (SendErrors, LastSendErrno the newest errno), failed receive calls,
+	// datagrams longer than a frame, of another address family, frames
+	// not sendable (too short, a bad destination).
+	Backpressure  uint64 `json:"backpressure"`
+	SendErrors    uint64 `json:"send_errors"`
+	LastSendErrno uint32 `json:"last_send_errno,omitempty"`
+	RecvErrors    uint64 `json:"recv_errors"`
+	RxTruncated   uint64 `json:"rx_truncated"`
+	RxForeign     uint64 `json:"rx_foreign"`
+	TxInvalid     uint64 `json:"tx_invalid"`
+	Wakeups       uint64 `json:"wakeups"`
 }
 
 // QueueStats is one queue's line of LinkStats: what the steering program

@@ -86,6 +86,21 @@ type Info struct {
 	// too_many_sge, ring_index, ...
 	RejectedWQEs    map[string]uint64 `json:"rejected_wqes,omitempty"`
 	LastLinkErrorAt time.Time         `json:"last_link_error_at,omitzero"`
+	// Held is what the daemon holds for the device's clients now.
+	Held HeldResources `json:"held"`
+}
+
+// HeldResources is what the daemon holds for a device's clients: the
+// memory they registered and what of it is pinned, the page tables of
+// their MRs and the file descriptors kept for them (what the per-uid
+// limits bound, summed over every uid).
+type HeldResources struct {
+	HostMemBytes uint64 `json:"host_mem_bytes"` // bytes of the host memory regions
+	PinnedBytes  uint64 `json:"pinned_bytes"`   // bytes pinned by MRs and rings (charged in 2 MiB chunks)
+	LockedBytes  uint64 `json:"locked_bytes"`   // of them, locked in RAM now (mlock)
+	LockFailures uint64 `json:"lock_failures"`  // locks that failed (RLIMIT_MEMLOCK): the memory stays pageable
+	MRPages      uint64 `json:"mr_pages"`       // page-table entries of the MRs
+	FDs          uint64 `json:"fds"`            // descriptors: connections, doorbell pages, kick and completion eventfds, memfds
 }
 
 // WireCounters are the engine's per-device frame counters, summed over

@@ -152,7 +152,28 @@ func (d *Device) infoLocked() admin.Info {
 		Connections: c.ConnectionsOpen.Load(),
 		DataPath:    d.dataPathTotalsLocked(),
 		Wire:        d.dp.WireCounters(),
+		Held:        d.heldLocked(),
 	}
+}
+
+// heldLocked sums what the daemon holds for the clients (the resources
+// listAccounts reports per uid). Called with d.mu held.
+func (d *Device) heldLocked() admin.HeldResources {
+	var h admin.HeldResources
+	for _, a := range d.accounts {
+		h.FDs += uint64(a.conns)
+	}
+	for _, cx := range d.contexts {
+		h.FDs += uint64(cx.fds())
+		for _, m := range cx.hostMem {
+			h.HostMemBytes += m.length
+		}
+		for _, m := range cx.mrs {
+			h.MRPages += uint64(m.npages)
+		}
+	}
+	h.PinnedBytes, h.LockedBytes, h.LockFailures = d.cfg.Space.LockStats()
+	return h
 }
 
 func linkTypeName(t abi.LinkType) string {

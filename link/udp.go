@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/internal/fdwait"
 	"github.com/vrnic/vrnic/roce"
 	"golang.org/x/sys/unix"
@@ -129,6 +130,13 @@ type UDPCounters struct {
 	TxGSO     atomic.Uint64 // datagrams sent with UDP_SEGMENT (two frames or more)
 	RxGRO     atomic.Uint64 // datagrams received holding two frames or more (UDP_GRO)
 	GSOOff    atomic.Uint64 // the kernel refused a segmented send: GSO turned off
+	// System calls that moved data (sendmmsg that sent, recvmmsg that
+	// received at least one datagram) and the datagrams they moved: the
+	// frames per call are TxFrames/TxCalls and RxFrames/RxCalls.
+	TxCalls     atomic.Uint64
+	TxDatagrams atomic.Uint64
+	RxCalls     atomic.Uint64
+	RxDatagrams atomic.Uint64
 	// LastSendErrno is the errno of the last send error (diagnosis).
 	LastSendErrno atomic.Uint32
 }
@@ -215,6 +223,7 @@ type UDPPort struct {
 	v6    bool   // the link's family
 	fcap  int    // cfg.FrameCap: the longest datagram RecvBatch returns
 	gso   bool   // SendBatch packs frames into UDP_SEGMENT messages
+	gso0  bool   // gso as the port started (Stats: on until GSOOff counts)
 	groRx *groRx // receive state with UDP_GRO on, else nil
 	ready chan struct{}
 	arm   chan struct{}
@@ -319,6 +328,7 @@ func NewUDP(cfg UDPConfig) (*UDPLink, error) {
 				p.groRx = newGRORx(cfg.Batch)
 			}
 			p.gso = p.gso && (v6 || cfg.SegmentIPv4.segments(a))
+			p.gso0 = p.gso
 		}
 		p.file = os.NewFile(uintptr(fd), fmt.Sprintf("udp:%v#%d", local, i))
 		rc, err := p.file.SyscallConn()
@@ -454,6 +464,24 @@ func sockaddrOf(ap netip.AddrPort) unix.Sockaddr {
 // Ports returns the ports, port i for worker i.
 func (l *UDPLink) Ports() []*UDPPort { return l.ports }
 
+// Stats returns a snapshot of every port's counters, by port.
+func (l *UDPLink) Stats() []admin.UDPPortStats {
+	out := make([]admin.UDPPortStats, len(l.ports))
+	for i, p := range l.ports {
+		c := &p.Counters
+		out[i] = admin.UDPPortStats{
+			Port: i, TxFrames: c.TxFrames.Load(), TxBytes: c.TxBytes.Load(), TxDatagrams: c.TxDatagrams.Load(), TxCalls: c.TxCalls.Load(),
+			RxFrames: c.RxFrames.Load(), RxBytes: c.RxBytes.Load(), RxDatagrams: c.RxDatagrams.Load(), RxCalls: c.RxCalls.Load(),
+			Backpressure: c.Backpressure.Load(), SendErrors: c.SendErrors.Load(), RecvErrors: c.RecvErrors.Load(),
+			RxTruncated: c.RxTruncated.Load(), RxForeign: c.RxForeign.Load(), TxInvalid: c.TxInvalid.Load(), Wakeups: c.Wakeups.Load(),
+			TxGSO: c.TxGSO.Load(), RxGRO: c.RxGRO.Load(), GSOOff: c.GSOOff.Load(), LastSendErrno: c.LastSendErrno.Load(),
+			GRO: p.groRx != nil,
+		}
+		out[i].GSO = p.gso0 && out[i].GSOOff == 0
+	}
+	return out
+}
+
 // LocalAddr returns the bound address and port: the source of every
 // datagram sent and the destination of every one received.
 func (l *UDPLink) LocalAddr() netip.AddrPort { return l.local }
@@ -553,6 +581,8 @@ func (p *UDPPort) send(fd uintptr) {
 		for s := 0; s < k; {
 			r, e := sendmmsg(fd, b.msgs[s:k], unix.MSG_DONTWAIT)
 			if r > 0 {
+				c.TxCalls.Add(1)
+				c.TxDatagrams.Add(uint64(r))
 				for j := s; j < s+r; j++ {
 					c.TxBytes.Add(uint64(b.bytes[j]))
 					c.TxFrames.Add(uint64(b.nfr[j]))
@@ -716,6 +746,10 @@ func recvNow(fd uintptr, msgs []unix.Mmsghdr, c *UDPCounters) int {
 				c.RecvErrors.Add(1)
 			}
 			return 0
+		}
+		if r > 0 {
+			c.RxCalls.Add(1)
+			c.RxDatagrams.Add(uint64(r))
 		}
 		return r
 	}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"sort"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -25,7 +26,7 @@ func fetchLink(sock string) (json.RawMessage, error) {
 	p := statsPath(sock)
 	c, err := net.DialTimeout("unix", p, 5*time.Second)
 	if err != nil {
-		return nil, fmt.Errorf("link counters: %w (only the TAP link serves them, on %s)", err, p)
+		return nil, fmt.Errorf("link counters: %w (only the TAP and UDP links serve them, on %s)", err, p)
 	}
 	defer c.Close()
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -66,6 +67,9 @@ func showLink(sock string, asJSON bool, w io.Writer) error {
 }
 
 func printLink(w io.Writer, st *admin.LinkStats) error {
+	if st.Link == "udp" {
+		return printUDPLink(w, st)
+	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "link\t%s\ninterface\t%s\nmac\t%s\n", st.Link, st.Interface, st.MAC)
 	if st.Offload != "" {
@@ -89,6 +93,38 @@ func printLink(w io.Writer, st *admin.LinkStats) error {
 		sort.Strings(keys)
 		for _, k := range keys {
 			fmt.Fprintf(tw, "%s%s\t%d\n", m.prefix, k, m.vals[k])
+		}
+	}
+	return tw.Flush()
+}
+
+// printUDPLink prints the UDP link's counters: a line per port (socket),
+// frames per system call, and what was lost and why.
+func printUDPLink(w io.Writer, st *admin.LinkStats) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "link\t%s\nlocal\t%s\n\n", st.Link, st.Local)
+	fmt.Fprintln(tw, "PORT\tTX_FRAMES\tTX_BYTES\tTX_DATAGRAMS\tTX_CALLS\tTX_PER_CALL\tRX_FRAMES\tRX_BYTES\tRX_DATAGRAMS\tRX_CALLS\tRX_PER_CALL\tGSO\tGRO\tTX_GSO\tRX_GRO\tGSO_OFF\tBACKPRESSURE\tSEND_ERRORS\tRECV_ERRORS\tRX_TRUNCATED\tRX_FOREIGN\tTX_INVALID")
+	per := func(n, calls uint64) string {
+		if calls == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.1f", float64(n)/float64(calls))
+	}
+	onOff := func(b bool) string {
+		if b {
+			return "on"
+		}
+		return "off"
+	}
+	for _, p := range st.Ports {
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", p.Port,
+			p.TxFrames, p.TxBytes, p.TxDatagrams, p.TxCalls, per(p.TxFrames, p.TxCalls),
+			p.RxFrames, p.RxBytes, p.RxDatagrams, p.RxCalls, per(p.RxFrames, p.RxCalls),
+			onOff(p.GSO), onOff(p.GRO), p.TxGSO, p.RxGRO, p.GSOOff, p.Backpressure, p.SendErrors, p.RecvErrors, p.RxTruncated, p.RxForeign, p.TxInvalid)
+	}
+	for _, p := range st.Ports {
+		if p.LastSendErrno != 0 {
+			fmt.Fprintf(tw, "\nport %d last send error\t%v\n", p.Port, syscall.Errno(p.LastSendErrno))
 		}
 	}
 	return tw.Flush()

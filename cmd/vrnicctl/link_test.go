@@ -51,10 +51,27 @@ func TestLinkCommand(t *testing.T) {
 
 	rc, _, errOut = ctl("-s", filepath.Join(dir, "none.sock"), "link")
 	assert.Equal(t, 1, rc)
-	assert.Contains(t, errOut, "only the TAP link serves them")
+	assert.Contains(t, errOut, "only the TAP and UDP links serve them")
 
 	serveStatsDoc(t, filepath.Join(dir, "e.stats"), `{"error":"map read failed"}`)
 	rc, _, errOut = ctl("-s", filepath.Join(dir, "e.sock"), "link")
 	assert.Equal(t, 1, rc)
 	assert.Contains(t, errOut, "map read failed")
+}
+
+// TestLinkCommandUDP: the UDP link's document prints a line per port with
+// the frames per system call (TX 12 frames in 4 calls: 3.0), the offload
+// state, and the newest send errno by name.
+func TestLinkCommandUDP(t *testing.T) {
+	dir := t.TempDir()
+	doc := `{"link":"udp","local":"127.0.43.1:4791","ports":[
+		{"port":0,"tx_frames":12,"tx_datagrams":6,"tx_calls":4,"rx_frames":9,"rx_calls":0,"gso":true,"gro":false,"tx_gso":3,"send_errors":2,"last_send_errno":111},
+		{"port":1,"rx_frames":5,"rx_datagrams":5,"rx_calls":5}]}` + "\n"
+	serveStatsDoc(t, filepath.Join(dir, "u0.stats"), doc)
+	rc, out, errOut := ctl("-s", filepath.Join(dir, "u0.sock"), "link")
+	require.Equal(t, 0, rc, errOut)
+	assert.Contains(t, out, "127.0.43.1:4791")
+	assert.Regexp(t, `(?m)^0\s+12\s+0\s+6\s+4\s+3\.0\s+9\s+0\s+0\s+0\s+-\s+on\s+off\s+3\s`, out)
+	assert.Regexp(t, `(?m)^1\s+0\s+0\s+0\s+0\s+-\s+5\s+0\s+5\s+5\s+1\.0\s`, out)
+	assert.Contains(t, out, "connection refused")
 }

@@ -415,7 +415,7 @@ type counterGroup struct {
 // counterGroups returns the device's data-path totals and wire counters
 // by their JSON names, in declaration order (the names -json uses).
 func counterGroups(i admin.Info) []counterGroup {
-	return []counterGroup{{"data_path", jsonFields(i.DataPath)}, {"wire", jsonFields(i.Wire)}}
+	return []counterGroup{{"data_path", jsonFields(i.DataPath)}, {"wire", jsonFields(i.Wire)}, {"held", jsonFields(i.Held)}}
 }
 
 // jsonFields returns the unsigned fields of a counters struct by their

@@ -78,6 +78,8 @@ func TestVrnicctl(t *testing.T) {
 	assert.Contains(t, out, "resources")
 	assert.Contains(t, out, "qp=1")
 	assert.Regexp(t, `data_path\s+packets_sent=0 packets_received=0 retransmits=0 .*recv_cqes=0 qkey_violations=0 no_recv_wqe=0 invalid_request_naks_sent=0 remote_access_naks_sent=0 remote_operational_naks_sent=0 invalid_request_naks_received=0 remote_access_naks_received=0 remote_operational_naks_received=0\n`, out)
+	assert.Regexp(t, `held\s+host_mem_bytes=[1-9]\d* pinned_bytes=[1-9]\d* locked_bytes=\d+ lock_failures=\d+ mr_pages=[1-9]\d* fds=[1-9]\d*\n`, out,
+		"what the daemon holds for the client: its memory, the MR's pages, descriptors")
 	rc, out, _ = ctl("-s", s.SocketPath, "counters")
 	require.Equal(t, 0, rc)
 	assert.Regexp(t, `resources\.qp\s+1\n`, out)
@@ -90,6 +92,8 @@ func TestVrnicctl(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &counters))
 	assert.Equal(t, int64(2), counters["resources.cq"])
 	assert.Positive(t, counters["contexts_opened"])
+	assert.Positive(t, counters["held.fds"])
+	assert.Positive(t, counters["held.host_mem_bytes"])
 	// The data-path totals (this device has no data path: all zero).
 	for _, k := range []string{"packets_sent", "packets_received", "retransmits", "timeouts", "rnr_naks_received",
 		"rnr_naks_sent", "seq_naks_received", "seq_naks_sent", "duplicates", "dropped", "send_cqes", "recv_cqes"} {

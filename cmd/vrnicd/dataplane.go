@@ -25,9 +25,9 @@ import (
 type dataPlane struct {
 	dp    *dataplane.DataPlane
 	close func() error // the links
-	// stats reads the link's counters for the stats socket (nil: the link
-	// has none to serve).
-	stats func() (any, error)
+	// stats reads the link's counters for the stats socket and the
+	// metrics (nil: the link has none to serve).
+	stats func() (admin.LinkStats, error)
 	// tap captures the engine's frames (vrnicctl capture).
 	tap         *capture.Tap
 	stopCapture chan struct{} // closed by stop
@@ -61,7 +61,7 @@ func newDataPlane(cfg *Config, li device.LinkInfo, space *dma.Space, workers int
 		close    = func() error { return nil }
 		fixup    func(*roce.Path)
 		resolve  func(context.Context, netip.Addr) error
-		stats    func() (any, error)
+		stats    func() (admin.LinkStats, error)
 		frameCap = engine.DefaultFrameCap
 		mode     = roce.ModeEthernet
 		udpLocal netip.AddrPort // the UDP link's address, in ModeUDP
@@ -101,6 +101,9 @@ func newDataPlane(cfg *Config, li device.LinkInfo, space *dma.Space, workers int
 			links = append(links, p)
 		}
 		close, mode, udpLocal = ul.Close, roce.ModeUDP, ul.LocalAddr()
+		stats = func() (admin.LinkStats, error) {
+			return admin.LinkStats{Link: "udp", Local: udpLocal.String(), Ports: ul.Stats()}, nil
+		}
 	case "tap":
 		frameCap = frameCapFor()
 		tl, err := openTAP(cfg, li.MAC, workers, frameCap, log)

@@ -274,7 +274,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	plane.dp.Start()
 	if plane.stats != nil {
 		statsPath := strings.TrimSuffix(sock, admin.SocketSuffix) + admin.StatsSuffix
-		stopStats, err := serveStats(statsPath, plane.stats, log)
+		stopStats, err := serveStats(statsPath, func() (any, error) { return plane.stats() }, log)
 		if err != nil {
 			dev.Close()
 			l.Close()
@@ -294,6 +294,17 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			}
 			cm := cmSvc.Info()
 			s.CM = &cm
+			if lat, err := plane.dp.Engine().CompletionLatency(); err == nil {
+				s.Latency = &lat
+			}
+			s.Faults = plane.faults.List()
+			if plane.stats != nil {
+				if st, err := plane.stats(); err == nil {
+					s.Link = &st
+				} else {
+					log.Warn("metrics: link counters", "err", err)
+				}
+			}
 			return s
 		})
 		if err != nil {

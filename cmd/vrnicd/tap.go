@@ -260,15 +260,15 @@ func (t *tapLink) close() error {
 
 // stats reads the counters (steering counters net of the start-up
 // verification runs).
-func (t *tapLink) stats() (any, error) {
+func (t *tapLink) stats() (admin.LinkStats, error) {
 	st := admin.LinkStats{Link: "tap", Interface: t.dev.Name(), MAC: t.dev.MAC().String(), Offload: t.link.Offload(), Filter: map[string]uint64{}, Neighbors: counterMap(t.dev.Neighbors().Stats())}
 	ss, err := t.progs.SteerStats()
 	if err != nil {
-		return nil, err
+		return admin.LinkStats{}, err
 	}
 	fs, err := t.progs.FilterStats()
 	if err != nil {
-		return nil, err
+		return admin.LinkStats{}, err
 	}
 	for i, q := range t.link.Stats() {
 		s := ss.Steered[i]

@@ -251,6 +251,7 @@ type swqe struct {
 	rdAtom  bool         // holds a max_rd_atomic credit
 	ah      *AH          // UD: the address handle the WQE named
 	result  uint64       // atomic original value
+	taken   int64        // when the requester fetched it (worker.now; latency.go)
 }
 
 // qpAttrs are the attributes a QP keeps of what ModifyQP set (QPAttr
@@ -641,6 +642,9 @@ func (qp *QP) completeSend(e *swqe) {
 	}
 	qp.Counters.SendCQEs.Add(1)
 	qp.w.Counters.CQEs.Add(1)
+	if e.status == abi.WCSuccess {
+		qp.w.recordLatency(c.Opcode, e.taken)
+	}
 	if err := qp.cfg.SendCQ.PushCQE(c, false); err != nil {
 		qp.cqOverflow()
 	}
@@ -658,6 +662,9 @@ func (qp *QP) completeRecv(r *RecvWork, st abi.WCStatus, op abi.WCOpcode, n uint
 func (qp *QP) pushRecv(c *abi.CQE, se bool) {
 	qp.Counters.RecvCQEs.Add(1)
 	qp.w.Counters.CQEs.Add(1)
+	if c.Status == abi.WCSuccess {
+		qp.w.recordLatency(c.Opcode, qp.resp.rqeTaken)
+	}
 	if err := qp.recvSink().PushCQE(c, se); err != nil {
 		qp.cqOverflow()
 	}

@@ -81,6 +81,7 @@ type responder struct {
 	ucDrop          bool     // UC: the message in progress lost packets; wait for FIRST/ONLY
 	rqeValid        bool     // rqe holds an RQE
 	rqe             RecvWork // the RQE of the SEND / WRITE-with-imm in progress
+	rqeTaken        int64    // when rqe was taken (worker.now; latency.go)
 	// xsrq is the XRC SRQ the request in progress names (target QPs;
 	// respCheckXRC), nil otherwise.
 	xsrq  *XRCSRQ
@@ -360,7 +361,7 @@ func (qp *QP) respCheckResource(p *packet) respState {
 			qp.queueNAK(roce.RNRNAKSyndrome(roce.RNRTimer(qp.attr.MinRNRTimer)), p.psn, false)
 			return respDone
 		}
-		r.rqeValid = true
+		r.rqeValid, r.rqeTaken = true, qp.w.now
 	case info.Is(roce.OpRead) || info.Is(roce.OpAtomic):
 		// The oldest resource is reused. It can still be sending
 		// responses to a re-executed duplicate READ the requester no

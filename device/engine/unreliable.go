@@ -156,6 +156,7 @@ func (w *worker) inputUD(qp *QP, pkt *roce.Packet, frameLen int, from netip.Addr
 		qp.Counters.Rare().Dropped.Add(1)
 		return
 	}
+	r.rqeTaken = w.now // taken and completed at once: latency.go
 	grh := w.grh[:]
 	sl := w.udGRH(grh, pkt, frameLen, from)
 	mem := qp.cfg.Mem
@@ -327,7 +328,7 @@ func (qp *QP) ucCheck(p *packet, info *roce.OpInfo) bool {
 			qp.Counters.Rare().NoRecvWQE.Add(1)
 			return false
 		}
-		r.rqeValid = true
+		r.rqeValid, r.rqeTaken = true, qp.w.now
 	}
 	return true
 }

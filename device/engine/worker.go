@@ -116,6 +116,9 @@ const (
 	// ctlBarrier does nothing: its applied channel says the worker has
 	// passed it (Engine.RemoveXRCSRQ).
 	ctlBarrier
+	// ctlLatency copies the worker's completion-latency histograms into
+	// lat (Engine.CompletionLatency).
+	ctlLatency
 )
 
 // ctlMsg is a control operation queued for a worker. Nobody waits for a
@@ -128,6 +131,7 @@ type ctlMsg struct {
 	attr    QPAttr
 	reply   chan ctlReply // ctlQuery
 	applied chan struct{} // ctlDestroy: closed once applied
+	lat     *Latencies    // ctlLatency
 }
 
 type ctlReply struct {
@@ -217,6 +221,8 @@ type worker struct {
 	probe SendWork
 
 	Counters WorkerCounters
+	// lat: completion latency by opcode (latency.go), the worker's alone.
+	lat Latencies
 }
 
 func newWorker(e *Engine, id int, l Link) *worker {
@@ -512,6 +518,8 @@ func (w *worker) apply(m *ctlMsg) {
 			w.lastRx = nil
 		}
 	case ctlBarrier:
+	case ctlLatency:
+		*m.lat = w.lat
 	case ctlQuery:
 		r.qp = w.qps[m.qpn]
 		if r.qp == nil {
