@@ -54,6 +54,15 @@ type Config struct {
 	// offer their device's value, and the CM clamps what a peer offers
 	// to this one.
 	MaxRdAtomic int `json:"max_rd_atomic,omitempty"`
+	// Nice is the scheduling priority (nice value, -20..19) every thread
+	// of the daemon runs at; 0 leaves the one it was started with. An
+	// emulated NIC competes for the CPU with its clients, which often
+	// busy-poll: a negative value gives the workers the CPU first when a
+	// frame or a doorbell wakes them, as a NIC's own processor (or the
+	// kernel's softirq, for Soft-RoCE) would have it. Below the starting
+	// value it needs CAP_SYS_NICE or RLIMIT_NICE (a systemd unit's Nice=
+	// needs neither).
+	Nice int `json:"nice,omitempty"`
 	// OperatorGroup names a group whose members may use the operator
 	// commands (vrnicctl) besides root and the daemon's own uid; empty:
 	// none. An unknown group is an error at start.
@@ -180,6 +189,7 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 		opGroup  = fs.String("operator-group", "", "group whose members may use the operator commands (vrnicctl) besides root and the daemon's uid")
 		fltFile  = fs.String("faults", "", "fault scenario file (JSON, or YAML by its .yaml/.yml name): the seed and the fault rules installed at start")
 		fltSeed  = fs.Uint64("fault-seed", 0, "seed of every fault decision (default: the scenario's, else drawn from the clock; logged)")
+		nice     = fs.Int("nice", 0, "scheduling priority of the daemon's threads, -20..19 (0: as started; below that needs CAP_SYS_NICE)")
 		rdAtom   = fs.Int("max-rd-atomic", 0, "outstanding RDMA READs and atomics per QP, each way: max_qp_rd_atom and max_qp_init_rd_atom, 1..255 (default 16; Soft-RoCE has 128)")
 	)
 	fs.Var(&tapAddr, "tap-addr", "TAP link: the NIC's address/prefix, e.g. 10.77.0.1/24 (repeatable; the first is GID 0)")
@@ -194,7 +204,7 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 	}
 	tapCfg := TAPConfig{Name: *tapName, Addrs: tapAddr, MAC: *tapMAC, NetNS: *tapNS, VerifySteering: *tapVer, MTU: *tapMTU}
 	c := &Config{Name: *name, Link: LinkConfig{Type: *link, Local: *local, MTU: *mtu, SegmentIPv4: seg4.v, TAP: tapCfg}, LogLevel: *level, Workers: *workers, PollSpin: *pollSpin,
-		OperatorGroup: *opGroup, MaxRdAtomic: *rdAtom, MetricsAddr: *metrics}
+		OperatorGroup: *opGroup, MaxRdAtomic: *rdAtom, MetricsAddr: *metrics, Nice: *nice}
 	if *cfgFile != "" {
 		fileCfg := Config{}
 		if err := loadConfigFile(*cfgFile, &fileCfg); err != nil {
@@ -262,6 +272,9 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 		if set["max-rd-atomic"] {
 			merged.MaxRdAtomic = *rdAtom
 		}
+		if set["nice"] {
+			merged.Nice = *nice
+		}
 		if set["metrics-addr"] {
 			merged.MetricsAddr = *metrics
 		}
@@ -312,6 +325,9 @@ func (c *Config) validate() error {
 	}
 	if _, ok := mtuCode(c.Link.MTU); !ok {
 		return fmt.Errorf("mtu %d: want 256, 512, 1024, 2048 or 4096", c.Link.MTU)
+	}
+	if c.Nice < -20 || c.Nice > 19 {
+		return fmt.Errorf("nice %d: want -20..19 (0: as started)", c.Nice)
 	}
 	if c.MaxRdAtomic < 0 || c.MaxRdAtomic > 255 {
 		return fmt.Errorf("max_rd_atomic %d: want 1..255 (0: the default, 16)", c.MaxRdAtomic)

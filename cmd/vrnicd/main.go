@@ -114,6 +114,12 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	raiseFdLimit(log)
+	if cfg.Nice != 0 {
+		if err := setNice(cfg.Nice); err != nil {
+			return err
+		}
+		log.Info("scheduling priority set", "nice", cfg.Nice)
+	}
 	if cfg.CPUProfile != "" {
 		f, err := os.Create(cfg.CPUProfile)
 		if err != nil {
