@@ -65,9 +65,6 @@ type WorkerCounters struct {
 	// while Sleeps is ahead of Wakes.
 	Sleeps atomic.Uint64
 	Wakes  atomic.Uint64
-	// SpinsCut counts the idle spins cut short because a yield found the
-	// CPU contended (yieldStolen).
-	SpinsCut atomic.Uint64
 }
 
 // osYield is osyield.Yield. An idle
@@ -93,12 +90,6 @@ const busyYieldEvery = 64
 
 // spinNanos is how long an idle worker keeps polling before it sleeps.
 const spinNanos = 50_000
-
-// yieldStolen is how long an idle worker's yield may take before the
-// worker takes it as a sign that its CPU is contended and sleeps instead
-// of spinning on: a yield with nothing else runnable returns in about a
-// microsecond.
-const yieldStolen = 20_000
 
 // txPoll is how long a worker holding frames its link did not take
 // (backpressure: a full buffer pool, receive queue or socket buffer) sleeps
@@ -593,17 +584,8 @@ func (w *worker) run(stop <-chan struct{}) {
 		// clients in the same process) run on this P meanwhile.
 		if w.now-lastWork < spinNanos {
 			runtime.Gosched()
-			before := w.clk.now()
 			osYield()
-			if w.clk.now()-before < yieldStolen {
-				continue
-			}
-			// Another thread had this CPU for a while: the machine has
-			// more runnable threads than CPUs. Spinning on would hand the
-			// CPU to them a time slice at a time (a yield lets any of them
-			// run to the end of its slice, milliseconds), while a sleeping
-			// worker's wake-up preempts them: sleep now.
-			w.Counters.SpinsCut.Add(1)
+			continue
 		}
 		w.settleAll()
 		if !w.sleep(stop) {
