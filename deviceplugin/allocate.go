@@ -51,15 +51,21 @@ func (p *Plugin) allocateContainer(ids []string) (*pb.ContainerAllocateResponse,
 	if len(ids) == 0 {
 		return nil, errors.New("no device requested")
 	}
-	names := sortedUnique(ids)
-	if len(names) != len(ids) {
+	if len(sortedUnique(ids)) != len(ids) {
 		return nil, fmt.Errorf("device listed twice in %q", ids)
 	}
+	// Shares of one daemon are one device to the container.
+	var names []string
+	for _, id := range ids {
+		n, ok := p.daemonOf(id)
+		if !ok {
+			return nil, fmt.Errorf("unknown device %q", id)
+		}
+		names = append(names, n)
+	}
+	names = sortedUnique(names)
 	var paths []string
 	for _, n := range names {
-		if !p.devs.known(n) {
-			return nil, fmt.Errorf("unknown device %q", n)
-		}
 		paths = append(paths, admin.SocketPath(p.cfg.RuntimeDir, n))
 	}
 	devs := devview.Query(names, paths, devview.Foreign, "vrnic-device-plugin")

@@ -63,6 +63,12 @@ type Config struct {
 	// LibDir holds the built drop-in libraries (ibverbs.Build); they are
 	// copied into StateDir, which the containers mount. Required.
 	LibDir string
+	// Shares is how many containers may use one daemon at once: each
+	// daemon is advertised as that many devices (IDs NAME#0 ..
+	// NAME#Shares-1; with 1, the ID is NAME). A daemon serves many
+	// clients; the per-uid limits of the daemon, not the count, bound
+	// what each takes. Default 1.
+	Shares int
 	// SysfsView mounts /sys/class/infiniband and
 	// /sys/class/infiniband_verbs describing the container's devices.
 	// The container runtime needs those directories to exist in the
@@ -120,6 +126,12 @@ func New(cfg Config) (*Plugin, error) {
 	defd(&cfg.PollInterval, 200*time.Millisecond)
 	defd(&cfg.HealthInterval, time.Second)
 	defd(&cfg.CallTimeout, 2*time.Second)
+	if cfg.Shares == 0 {
+		cfg.Shares = 1
+	}
+	if cfg.Shares < 0 || cfg.Shares > 1024 {
+		return nil, fmt.Errorf("shares %d: want 1..1024", cfg.Shares)
+	}
 	if err := CheckResourceName(cfg.ResourceName); err != nil {
 		return nil, err
 	}
@@ -243,15 +255,39 @@ func copyFile(src, dst string, mode os.FileMode) error {
 	return out.Close()
 }
 
-// Devices returns the device names the plugin knows, sorted, and whether
-// each is healthy.
-func (p *Plugin) Devices() (names []string, healthy []bool) {
-	devs, _, _ := p.devs.snapshot()
-	for _, d := range devs {
-		names = append(names, d.Name)
-		healthy = append(healthy, d.Healthy)
+// shareSep separates a daemon's name from the share number in a device
+// ID.
+const shareSep = "#"
+
+// deviceIDs returns the IDs of daemon name's devices.
+func (p *Plugin) deviceIDs(name string) []string {
+	if p.cfg.Shares == 1 {
+		return []string{name}
 	}
-	return names, healthy
+	ids := make([]string, p.cfg.Shares)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("%s%s%d", name, shareSep, i)
+	}
+	return ids
+}
+
+// daemonOf returns the daemon of device ID id, if the plugin advertises
+// it.
+func (p *Plugin) daemonOf(id string) (string, bool) {
+	name := id
+	if p.cfg.Shares > 1 {
+		i := strings.LastIndex(id, shareSep)
+		if i < 0 {
+			return "", false
+		}
+		var k int
+		if _, err := fmt.Sscanf(id[i+len(shareSep):], "%d", &k); err != nil || k < 0 || k >= p.cfg.Shares ||
+			id[i+len(shareSep):] != fmt.Sprint(k) {
+			return "", false
+		}
+		name = id[:i]
+	}
+	return name, p.devs.known(name)
 }
 
 // LibDir returns the directory of the installed libraries.

@@ -188,3 +188,28 @@ func TestRunWithoutDaemons(t *testing.T) {
 	req = recvRegister(t, kubelet)
 	assert.Equal(t, DefaultEndpoint, req.GetEndpoint())
 }
+
+// With shares, a daemon is several devices; their IDs map back to it and
+// nothing else does.
+func TestShares(t *testing.T) {
+	p := &Plugin{cfg: Config{Shares: 3}, devs: newTable()}
+	p.devs.add("a#b")
+	p.devs.add("c")
+	assert.Equal(t, []string{"a#b#0", "a#b#1", "a#b#2"}, p.deviceIDs("a#b"))
+	for id, want := range map[string]string{"a#b#0": "a#b", "a#b#2": "a#b", "c#1": "c"} {
+		n, ok := p.daemonOf(id)
+		assert.True(t, ok, id)
+		assert.Equal(t, want, n, id)
+	}
+	for _, id := range []string{"c", "c#3", "c#-1", "c#01", "c#", "d#0", "a#b"} {
+		_, ok := p.daemonOf(id)
+		assert.False(t, ok, id)
+	}
+	p.cfg.Shares = 1
+	assert.Equal(t, []string{"c"}, p.deviceIDs("c"))
+	n, ok := p.daemonOf("c")
+	assert.True(t, ok)
+	assert.Equal(t, "c", n)
+	_, ok = p.daemonOf("c#0")
+	assert.False(t, ok)
+}

@@ -27,7 +27,9 @@ func (p *Plugin) ListAndWatch(_ *pb.Empty, s pb.DevicePlugin_ListAndWatchServer)
 			if d.Healthy {
 				h = pb.Healthy
 			}
-			resp.Devices = append(resp.Devices, &pb.Device{ID: d.Name, Health: h})
+			for _, id := range p.deviceIDs(d.Name) {
+				resp.Devices = append(resp.Devices, &pb.Device{ID: id, Health: h})
+			}
 		}
 		if err := s.Send(resp); err != nil {
 			return err

@@ -8,7 +8,7 @@
 //
 //	vrnic-device-plugin [-resource vrnic.io/rdma] [-runtime-dir /run/vrnic]
 //	    [-plugin-dir /var/lib/kubelet/device-plugins] [-state-dir /var/lib/vrnic/device-plugin]
-//	    [-lib-dir DIR] [-sysfs-view auto|true|false]
+//	    [-lib-dir DIR] [-shares N] [-sysfs-view auto|true|false]
 //
 // Without -lib-dir it builds the libraries as vrnic-run does (package
 // ibverbs: the system's C compiler, libibverbs and librdmacm headers and
@@ -46,6 +46,7 @@ func run(args []string, stderr io.Writer) int {
 	runtimeDir := fl.String("runtime-dir", deviceplugin.DefaultRuntimeDir, "directory of the daemons' control sockets (the node's path)")
 	stateDir := fl.String("state-dir", deviceplugin.DefaultStateDir, "the plugin's directory for the libraries and the containers' views (the node's path)")
 	libDir := fl.String("lib-dir", "", "directory holding a built libibverbs.so.1, librdmacm.so.1 and libvrnic-netdev.so (default: build them into -state-dir)")
+	shares := fl.Int("shares", 1, "containers that may use one daemon at once: each daemon is advertised as this many devices")
 	sysfs := fl.String("sysfs-view", "auto", "mount /sys/class/infiniband{,_verbs} views into containers: true, false, or auto (when the node's sysfs has those classes)")
 	poll := fl.Duration("poll", 200*time.Millisecond, "how often to scan for new sockets, retry down daemons and check the kubelet's socket")
 	health := fl.Duration("health-interval", time.Second, "how often to ask a healthy daemon for INFO (its exit is seen at once)")
@@ -87,7 +88,7 @@ func run(args []string, stderr io.Writer) int {
 	}
 	p, err := deviceplugin.New(deviceplugin.Config{
 		ResourceName: *resource, PluginDir: *pluginDir, Endpoint: *endpoint,
-		RuntimeDir: *runtimeDir, StateDir: *stateDir, LibDir: *libDir, SysfsView: view,
+		RuntimeDir: *runtimeDir, StateDir: *stateDir, LibDir: *libDir, Shares: *shares, SysfsView: view,
 		PollInterval: *poll, HealthInterval: *health, Log: log,
 	})
 	if err != nil {

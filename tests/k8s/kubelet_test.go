@@ -286,8 +286,9 @@ func TestKubeletDevicePlugin(t *testing.T) {
 
 	// ListAndWatch: node A's two devices, healthy; not node B's.
 	list := watchList(t, ctx, dp)
+	// Each daemon is two devices (-shares 2).
 	bothHealthy := func(h map[string]string) bool {
-		return len(h) == 2 && h["a1"] == pb.Healthy && h["a2"] == pb.Healthy
+		return len(h) == 4 && h["a1#0"] == pb.Healthy && h["a1#1"] == pb.Healthy && h["a2#0"] == pb.Healthy && h["a2#1"] == pb.Healthy
 	}
 	waitListing(t, list, 30*time.Second, "a1 and a2 healthy", bothHealthy)
 
@@ -295,11 +296,14 @@ func TestKubeletDevicePlugin(t *testing.T) {
 	// stays healthy.
 	killed := time.Now()
 	require.NoError(t, a2.cmd.Process.Signal(syscall.SIGKILL))
-	l := waitListing(t, list, 30*time.Second, "a2 unhealthy", func(h map[string]string) bool { return h["a2"] == pb.Unhealthy })
+	l := waitListing(t, list, 30*time.Second, "a2 unhealthy", func(h map[string]string) bool {
+		return h["a2#0"] == pb.Unhealthy && h["a2#1"] == pb.Unhealthy
+	})
 	took := l.at.Sub(killed)
 	t.Logf("a2 unhealthy on the stream %v after SIGKILL", took)
 	assert.Less(t, took, time.Second, "a2 marked unhealthy too late")
-	assert.Equal(t, pb.Healthy, l.health["a1"])
+	assert.Equal(t, pb.Healthy, l.health["a1#0"])
+	assert.Equal(t, pb.Healthy, l.health["a1#1"])
 	<-a2.done
 
 	// It comes back: healthy again.
@@ -308,10 +312,13 @@ func TestKubeletDevicePlugin(t *testing.T) {
 	l = waitListing(t, list, 30*time.Second, "a2 healthy again", bothHealthy)
 	t.Logf("a2 healthy on the stream %v after its restart began", l.at.Sub(restarted))
 
-	// Allocate: an unknown device is refused; a2 gets its view.
-	_, err = dp.Allocate(ctx, &pb.AllocateRequest{ContainerRequests: []*pb.ContainerAllocateRequest{{DevicesIds: []string{"nope"}}}})
-	assert.Equal(t, codes.FailedPrecondition, status.Code(err), "allocating an unknown device: %v", err)
-	resp, err := dp.Allocate(ctx, &pb.AllocateRequest{ContainerRequests: []*pb.ContainerAllocateRequest{{DevicesIds: []string{"a2"}}}})
+	// Allocate: an unknown device is refused; a2's second share gets
+	// a2's view.
+	for _, bad := range []string{"nope", "a2", "a2#2"} {
+		_, err = dp.Allocate(ctx, &pb.AllocateRequest{ContainerRequests: []*pb.ContainerAllocateRequest{{DevicesIds: []string{bad}}}})
+		assert.Equal(t, codes.FailedPrecondition, status.Code(err), "allocating %q: %v", bad, err)
+	}
+	resp, err := dp.Allocate(ctx, &pb.AllocateRequest{ContainerRequests: []*pb.ContainerAllocateRequest{{DevicesIds: []string{"a2#1"}}}})
 	require.NoError(t, err)
 	require.Len(t, resp.GetContainerResponses(), 1)
 	car := resp.GetContainerResponses()[0]
@@ -580,7 +587,7 @@ func startPlugin(t *testing.T, bin, logDir, pluginDir, rundir, stateDir, libDir 
 	require.NoError(t, err)
 	defer logf.Close()
 	cmd := exec.Command(bin, "-plugin-dir", pluginDir, "-runtime-dir", rundir, "-state-dir", stateDir,
-		"-lib-dir", libDir, "-sysfs-view", "true", "-poll", "100ms", "-log-level", "debug")
+		"-lib-dir", libDir, "-shares", "2", "-sysfs-view", "true", "-poll", "100ms", "-log-level", "debug")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	require.NoError(t, cmd.Start())
