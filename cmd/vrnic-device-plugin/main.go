@@ -37,65 +37,78 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stderr))
 }
 
-func run(args []string, stderr io.Writer) int {
+// options are the command line's settings.
+type options struct {
+	cfg      deviceplugin.Config
+	sysfs    string // auto, true or false
+	logLevel slog.Level
+}
+
+// parseFlags parses the command line (without the program name).
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fl := flag.NewFlagSet("vrnic-device-plugin", flag.ContinueOnError)
 	fl.SetOutput(stderr)
-	resource := fl.String("resource", deviceplugin.DefaultResourceName, "extended resource name the devices are advertised as")
-	pluginDir := fl.String("plugin-dir", pb.DevicePluginPath, "the kubelet's device plugin directory (its kubelet.sock; the plugin's socket goes there)")
-	endpoint := fl.String("endpoint", deviceplugin.DefaultEndpoint, "the plugin's socket file name in -plugin-dir")
-	runtimeDir := fl.String("runtime-dir", deviceplugin.DefaultRuntimeDir, "directory of the daemons' control sockets (the node's path)")
-	stateDir := fl.String("state-dir", deviceplugin.DefaultStateDir, "the plugin's directory for the libraries and the containers' views (the node's path)")
-	libDir := fl.String("lib-dir", "", "directory holding a built libibverbs.so.1, librdmacm.so.1 and libvrnic-netdev.so (default: build them into -state-dir)")
-	shares := fl.Int("shares", 1, "containers that may use one daemon at once: each daemon is advertised as this many devices")
-	sysfs := fl.String("sysfs-view", "auto", "mount /sys/class/infiniband{,_verbs} views into containers: true, false, or auto (when the node's sysfs has those classes)")
-	poll := fl.Duration("poll", 200*time.Millisecond, "how often to scan for new sockets, retry down daemons and check the kubelet's socket")
-	health := fl.Duration("health-interval", time.Second, "how often to ask a healthy daemon for INFO (its exit is seen at once)")
+	o := &options{}
+	c := &o.cfg
+	fl.StringVar(&c.ResourceName, "resource", deviceplugin.DefaultResourceName, "extended resource name the devices are advertised as")
+	fl.StringVar(&c.PluginDir, "plugin-dir", pb.DevicePluginPath, "the kubelet's device plugin directory (its kubelet.sock; the plugin's socket goes there)")
+	fl.StringVar(&c.Endpoint, "endpoint", deviceplugin.DefaultEndpoint, "the plugin's socket file name in -plugin-dir")
+	fl.StringVar(&c.RuntimeDir, "runtime-dir", deviceplugin.DefaultRuntimeDir, "directory of the daemons' control sockets (the node's path)")
+	fl.StringVar(&c.StateDir, "state-dir", deviceplugin.DefaultStateDir, "the plugin's directory for the libraries and the containers' views (the node's path)")
+	fl.StringVar(&c.LibDir, "lib-dir", "", "directory holding a built libibverbs.so.1, librdmacm.so.1 and libvrnic-netdev.so (default: build them into -state-dir)")
+	fl.IntVar(&c.Shares, "shares", 1, "containers that may use one daemon at once: each daemon is advertised as this many devices")
+	fl.StringVar(&o.sysfs, "sysfs-view", "auto", "mount /sys/class/infiniband{,_verbs} views into containers: true, false, or auto (when the node's sysfs has those classes)")
+	fl.DurationVar(&c.PollInterval, "poll", 200*time.Millisecond, "how often to scan for new sockets, retry down daemons and check the kubelet's socket")
+	fl.DurationVar(&c.HealthInterval, "health-interval", time.Second, "how often to ask a healthy daemon for INFO (its exit is seen at once)")
 	level := fl.String("log-level", "info", "log level: debug, info, warn, error")
 	if err := fl.Parse(args); err != nil {
+		return nil, err
+	}
+	if fl.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fl.Args())
+	}
+	if err := o.logLevel.UnmarshalText([]byte(*level)); err != nil {
+		return nil, fmt.Errorf("-log-level: %w", err)
+	}
+	switch o.sysfs {
+	case "auto", "true", "false":
+	default:
+		return nil, fmt.Errorf("-sysfs-view %q: want auto, true or false", o.sysfs)
+	}
+	if err := deviceplugin.CheckResourceName(c.ResourceName); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+func run(args []string, stderr io.Writer) int {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
 		if err == flag.ErrHelp {
 			return 0
 		}
+		fmt.Fprintf(stderr, "vrnic-device-plugin: %v\n", err)
 		return 2
 	}
-	if fl.NArg() > 0 {
-		fmt.Fprintf(stderr, "vrnic-device-plugin: unexpected arguments %q\n", fl.Args())
-		return 2
-	}
-	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(*level)); err != nil {
-		fmt.Fprintf(stderr, "vrnic-device-plugin: -log-level: %v\n", err)
-		return 2
-	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lv}))
-	var view bool
-	switch *sysfs {
-	case "auto":
-		view = deviceplugin.SysfsClassesPresent()
-	case "true":
-		view = true
-	case "false":
-	default:
-		fmt.Fprintf(stderr, "vrnic-device-plugin: -sysfs-view %q: want auto, true or false\n", *sysfs)
-		return 2
-	}
-	if *libDir == "" {
-		dir, err := ibverbs.Build(ibverbs.Options{CacheDir: filepath.Join(*stateDir, "build"), Log: io.Discard})
+	cfg := o.cfg
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: o.logLevel}))
+	cfg.Log = log
+	cfg.SysfsView = o.sysfs == "true" || o.sysfs == "auto" && deviceplugin.SysfsClassesPresent()
+	if cfg.LibDir == "" {
+		dir, err := ibverbs.Build(ibverbs.Options{CacheDir: filepath.Join(cfg.StateDir, "build"), Log: io.Discard})
 		if err != nil {
 			log.Error("building the drop-in libraries (or pass -lib-dir)", "err", err)
 			return 1
 		}
-		*libDir = dir
+		cfg.LibDir = dir
 	}
-	p, err := deviceplugin.New(deviceplugin.Config{
-		ResourceName: *resource, PluginDir: *pluginDir, Endpoint: *endpoint,
-		RuntimeDir: *runtimeDir, StateDir: *stateDir, LibDir: *libDir, Shares: *shares, SysfsView: view,
-		PollInterval: *poll, HealthInterval: *health, Log: log,
-	})
+	p, err := deviceplugin.New(cfg)
 	if err != nil {
 		log.Error("starting", "err", err)
 		return 1
 	}
-	log.Info("vrnic device plugin", "resource", *resource, "runtime_dir", *runtimeDir, "libraries", p.LibDir(), "sysfs_view", view)
+	log.Info("vrnic device plugin", "resource", cfg.ResourceName, "runtime_dir", cfg.RuntimeDir, "libraries", p.LibDir(),
+		"shares", cfg.Shares, "sysfs_view", cfg.SysfsView)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if err := p.Run(ctx); err != nil {
