@@ -20,13 +20,14 @@ import (
 // snapshot I sent" without missing an update.
 type table struct {
 	mu      sync.Mutex
-	devs    map[string]bool // device name → healthy
+	devs    map[string]bool   // device name → healthy
+	downs   map[string]uint64 // device name → healthy-to-unhealthy transitions
 	changed chan struct{}
 	version uint64
 }
 
 func newTable() *table {
-	return &table{devs: map[string]bool{}, changed: make(chan struct{})}
+	return &table{devs: map[string]bool{}, downs: map[string]uint64{}, changed: make(chan struct{})}
 }
 
 // device is one device in a snapshot.
@@ -48,6 +49,18 @@ func (t *table) snapshot() ([]device, uint64, <-chan struct{}) {
 	return out, t.version, t.changed
 }
 
+// stats returns the devices and their healthy-to-unhealthy transitions.
+func (t *table) stats() ([]device, map[string]uint64) {
+	devs, _, _ := t.snapshot()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	downs := make(map[string]uint64, len(t.downs))
+	for k, v := range t.downs {
+		downs[k] = v
+	}
+	return devs, downs
+}
+
 // add adds name (unhealthy) and reports whether it is new.
 func (t *table) add(name string) bool {
 	t.mu.Lock()
@@ -64,8 +77,12 @@ func (t *table) add(name string) bool {
 func (t *table) set(name string, healthy bool) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if h, ok := t.devs[name]; ok && h == healthy {
+	h, ok := t.devs[name]
+	if ok && h == healthy {
 		return false
+	}
+	if h && !healthy {
+		t.downs[name]++
 	}
 	t.devs[name] = healthy
 	t.bump()

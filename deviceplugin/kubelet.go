@@ -109,6 +109,9 @@ func (p *Plugin) serveOnce(ctx context.Context, kubelet socketID) error {
 	if err := p.register(ctx); err != nil {
 		return err
 	}
+	p.count.registrations.Add(1)
+	p.count.registered.Store(true)
+	defer p.count.registered.Store(false)
 	p.log.Info("registered with the kubelet", "resource", p.cfg.ResourceName, "endpoint", sock)
 	kpath := filepath.Join(p.cfg.PluginDir, filepath.Base(pb.KubeletSocket))
 	tick := time.NewTicker(p.cfg.PollInterval)

@@ -101,6 +101,7 @@ type Plugin struct {
 	log    *slog.Logger
 	devs   *table
 	libDir string // the installed libraries, under StateDir
+	count  counters
 }
 
 var _ pb.DevicePluginServer = (*Plugin)(nil)

@@ -5,9 +5,11 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -187,6 +189,35 @@ func TestRunWithoutDaemons(t *testing.T) {
 	defer stop()
 	req = recvRegister(t, kubelet)
 	assert.Equal(t, DefaultEndpoint, req.GetEndpoint())
+
+	// The metrics say what happened: two registrations, two refused
+	// allocations, one unhealthy device that was never healthy. (The
+	// plugin counts a registration when the kubelet's answer reaches it,
+	// after the kubelet saw the request.)
+	require.Eventually(t, func() bool { return p.count.registrations.Load() == 2 }, 20*time.Second, time.Millisecond)
+	problems, err := testutil.CollectAndLint(p.Collector())
+	require.NoError(t, err)
+	assert.Empty(t, problems)
+	assert.NoError(t, testutil.CollectAndCompare(p.Collector(), strings.NewReader(`
+# HELP vrnic_plugin_advertised_devices Devices listed to the kubelet (each daemon's shares), by health.
+# TYPE vrnic_plugin_advertised_devices gauge
+vrnic_plugin_advertised_devices{health="healthy"} 0
+vrnic_plugin_advertised_devices{health="unhealthy"} 1
+# HELP vrnic_plugin_allocations_total Containers the kubelet asked devices for, by result (allocated, refused).
+# TYPE vrnic_plugin_allocations_total counter
+vrnic_plugin_allocations_total{result="allocated"} 0
+vrnic_plugin_allocations_total{result="refused"} 2
+# HELP vrnic_plugin_device_healthy 1 while the daemon answers on its control socket, else 0.
+# TYPE vrnic_plugin_device_healthy gauge
+vrnic_plugin_device_healthy{device="gone"} 0
+# HELP vrnic_plugin_device_unhealthy_transitions_total Times the daemon was seen to go from healthy to unhealthy.
+# TYPE vrnic_plugin_device_unhealthy_transitions_total counter
+vrnic_plugin_device_unhealthy_transitions_total{device="gone"} 0
+# HELP vrnic_plugin_kubelet_registrations_total Successful registrations with the kubelet (one at start, one after each kubelet restart).
+# TYPE vrnic_plugin_kubelet_registrations_total counter
+vrnic_plugin_kubelet_registrations_total 2
+`), "vrnic_plugin_advertised_devices", "vrnic_plugin_allocations_total", "vrnic_plugin_device_healthy",
+		"vrnic_plugin_device_unhealthy_transitions_total", "vrnic_plugin_kubelet_registrations_total"))
 }
 
 // With shares, a daemon is several devices; their IDs map back to it and

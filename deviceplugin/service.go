@@ -19,6 +19,8 @@ func (p *Plugin) GetDevicePluginOptions(context.Context, *pb.Empty) (*pb.DeviceP
 // (a device found, a daemon's health changing) until the kubelet closes
 // the stream or the plugin stops serving.
 func (p *Plugin) ListAndWatch(_ *pb.Empty, s pb.DevicePlugin_ListAndWatchServer) error {
+	p.count.streams.Add(1)
+	defer p.count.streams.Add(-1)
 	for {
 		devs, _, changed := p.devs.snapshot()
 		resp := &pb.ListAndWatchResponse{}
@@ -50,9 +52,11 @@ func (p *Plugin) Allocate(_ context.Context, req *pb.AllocateRequest) (*pb.Alloc
 	for _, cr := range req.GetContainerRequests() {
 		car, err := p.allocateContainer(cr.GetDevicesIds())
 		if err != nil {
+			p.count.refused.Add(1)
 			p.log.Warn("allocation refused", "devices", cr.GetDevicesIds(), "err", err)
 			return nil, status.Error(codes.FailedPrecondition, err.Error())
 		}
+		p.count.allocated.Add(1)
 		p.log.Info("allocated", "devices", cr.GetDevicesIds())
 		resp.ContainerResponses = append(resp.ContainerResponses, car)
 	}

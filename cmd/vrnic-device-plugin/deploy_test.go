@@ -76,8 +76,10 @@ func TestDaemonSets(t *testing.T) {
 
 			require.Len(t, plugin.Command, 1)
 			assert.Equal(t, "vrnic-device-plugin", filepath.Base(plugin.Command[0]))
-			o, err := parseFlags(plugin.Args, io.Discard)
-			require.NoError(t, err, "%q", plugin.Args)
+			args := plugin.ExpandArgs(map[string]string{"NODE_IP": "192.0.2.10"})[1:]
+			o, err := parseFlags(args, io.Discard)
+			require.NoError(t, err, "%q", args)
+			assert.Equal(t, "192.0.2.10:9465", o.metricsAddr)
 			assert.Equal(t, deviceplugin.DefaultResourceName, o.cfg.ResourceName)
 			for _, d := range []string{o.cfg.PluginDir, o.cfg.RuntimeDir, o.cfg.StateDir} {
 				assert.Equal(t, filepath.Clean(d), pod.HostPathOf(plugin, filepath.Clean(d)),

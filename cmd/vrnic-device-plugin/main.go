@@ -8,7 +8,7 @@
 //
 //	vrnic-device-plugin [-resource vrnic.io/rdma] [-runtime-dir /run/vrnic]
 //	    [-plugin-dir /var/lib/kubelet/device-plugins] [-state-dir /var/lib/vrnic/device-plugin]
-//	    [-lib-dir DIR] [-shares N] [-sysfs-view auto|true|false]
+//	    [-lib-dir DIR] [-shares N] [-sysfs-view auto|true|false] [-metrics-addr HOST:PORT]
 //
 // Without -lib-dir it builds the libraries as vrnic-run does (package
 // ibverbs: the system's C compiler, libibverbs and librdmacm headers and
@@ -21,12 +21,17 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	pb "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/vrnic/vrnic/deviceplugin"
@@ -39,9 +44,10 @@ func main() {
 
 // options are the command line's settings.
 type options struct {
-	cfg      deviceplugin.Config
-	sysfs    string // auto, true or false
-	logLevel slog.Level
+	cfg         deviceplugin.Config
+	sysfs       string // auto, true or false
+	logLevel    slog.Level
+	metricsAddr string
 }
 
 // parseFlags parses the command line (without the program name).
@@ -60,6 +66,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fl.StringVar(&o.sysfs, "sysfs-view", "auto", "mount /sys/class/infiniband{,_verbs} views into containers: true, false, or auto (when the node's sysfs has those classes)")
 	fl.DurationVar(&c.PollInterval, "poll", 200*time.Millisecond, "how often to scan for new sockets, retry down daemons and check the kubelet's socket")
 	fl.DurationVar(&c.HealthInterval, "health-interval", time.Second, "how often to ask a healthy daemon for INFO (its exit is seen at once)")
+	fl.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics over HTTP on this host:port (path /metrics); default: none")
 	level := fl.String("log-level", "info", "log level: debug, info, warn, error")
 	if err := fl.Parse(args); err != nil {
 		return nil, err
@@ -111,10 +118,48 @@ func run(args []string, stderr io.Writer) int {
 		"shares", cfg.Shares, "sysfs_view", cfg.SysfsView)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	if o.metricsAddr != "" {
+		ms, err := serveMetrics(o.metricsAddr, p)
+		if err != nil {
+			log.Error("metrics", "err", err)
+			return 1
+		}
+		defer ms.Close()
+		log.Info("metrics", "addr", ms.Addr().String())
+	}
 	if err := p.Run(ctx); err != nil {
 		log.Error("stopped", "err", err)
 		return 1
 	}
 	log.Info("stopped")
 	return 0
+}
+
+// metricsServer serves /metrics: the plugin's collector and the process
+// and Go runtime collectors.
+type metricsServer struct {
+	srv *http.Server
+	ln  net.Listener
+}
+
+func serveMetrics(addr string, p *deviceplugin.Plugin) (*metricsServer, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(p.Collector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), collectors.NewGoCollector())
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
+	s := &metricsServer{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}, ln: ln}
+	go s.srv.Serve(ln)
+	return s, nil
+}
+
+func (s *metricsServer) Addr() net.Addr { return s.ln.Addr() }
+
+func (s *metricsServer) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return s.srv.Shutdown(ctx)
 }

@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -257,8 +258,10 @@ func TestKubeletDevicePlugin(t *testing.T) {
 	_ = a1
 
 	kubelet := startKubelet(t, pluginDir)
-	plugin := startPlugin(t, bins["vrnic-device-plugin"], logDir, pluginDir, rundirA, stateDir, libDir)
-	_ = plugin
+	mport, err := launch.FreeTCPPort()
+	require.NoError(t, err)
+	metricsURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", mport)
+	startPlugin(t, bins["vrnic-device-plugin"], logDir, pluginDir, rundirA, stateDir, libDir, fmt.Sprintf("127.0.0.1:%d", mport))
 
 	// Registration: the API version, the plugin's socket in the kubelet's
 	// directory, the resource, and no PreStartContainer or preferred
@@ -323,6 +326,22 @@ func TestKubeletDevicePlugin(t *testing.T) {
 	require.Len(t, resp.GetContainerResponses(), 1)
 	car := resp.GetContainerResponses()[0]
 	checkAllocation(t, car, rundirA)
+
+	// The plugin's metrics: a2 went down once, the allocations.
+	assert.NoError(t, testutil.ScrapeAndCompare(metricsURL, strings.NewReader(`
+# HELP vrnic_plugin_device_unhealthy_transitions_total Times the daemon was seen to go from healthy to unhealthy.
+# TYPE vrnic_plugin_device_unhealthy_transitions_total counter
+vrnic_plugin_device_unhealthy_transitions_total{device="a1"} 0
+vrnic_plugin_device_unhealthy_transitions_total{device="a2"} 1
+# HELP vrnic_plugin_allocations_total Containers the kubelet asked devices for, by result (allocated, refused).
+# TYPE vrnic_plugin_allocations_total counter
+vrnic_plugin_allocations_total{result="allocated"} 1
+vrnic_plugin_allocations_total{result="refused"} 3
+# HELP vrnic_plugin_advertised_devices Devices listed to the kubelet (each daemon's shares), by health.
+# TYPE vrnic_plugin_advertised_devices gauge
+vrnic_plugin_advertised_devices{health="healthy"} 4
+vrnic_plugin_advertised_devices{health="unhealthy"} 0
+`), "vrnic_plugin_device_unhealthy_transitions_total", "vrnic_plugin_allocations_total", "vrnic_plugin_advertised_devices"))
 
 	c := newContainer(work, car)
 
@@ -581,13 +600,13 @@ func peer(vrnicRun, rundir, dev string, args ...string) (string, error) {
 }
 
 // startPlugin starts the device plugin and stops it by its PID at the end.
-func startPlugin(t *testing.T, bin, logDir, pluginDir, rundir, stateDir, libDir string) *proc {
+func startPlugin(t *testing.T, bin, logDir, pluginDir, rundir, stateDir, libDir, metricsAddr string) *proc {
 	t.Helper()
 	logf, err := os.Create(filepath.Join(logDir, "plugin.log"))
 	require.NoError(t, err)
 	defer logf.Close()
 	cmd := exec.Command(bin, "-plugin-dir", pluginDir, "-runtime-dir", rundir, "-state-dir", stateDir,
-		"-lib-dir", libDir, "-shares", "2", "-sysfs-view", "true", "-poll", "100ms", "-log-level", "debug")
+		"-lib-dir", libDir, "-shares", "2", "-sysfs-view", "true", "-metrics-addr", metricsAddr, "-poll", "100ms", "-log-level", "debug")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	require.NoError(t, cmd.Start())
