@@ -315,6 +315,21 @@ func TestKubeletDevicePlugin(t *testing.T) {
 	l = waitListing(t, list, 30*time.Second, "a2 healthy again", bothHealthy)
 	t.Logf("a2 healthy on the stream %v after its restart began", l.at.Sub(restarted))
 
+	// a2's daemon stops answering (stopped, its socket open): unhealthy
+	// once an INFO goes unanswered (-health-interval 200ms, then the
+	// plugin's 2 s call timeout); healthy again when it answers.
+	require.NoError(t, a2.cmd.Process.Signal(syscall.SIGSTOP))
+	stopped := time.Now()
+	l = waitListing(t, list, 30*time.Second, "a2 unhealthy while stopped", func(h map[string]string) bool {
+		return h["a2#0"] == pb.Unhealthy && h["a2#1"] == pb.Unhealthy
+	})
+	t.Logf("a2 unhealthy on the stream %v after SIGSTOP", l.at.Sub(stopped))
+	plog, err := os.ReadFile(filepath.Join(logDir, "plugin.log"))
+	require.NoError(t, err)
+	assert.Regexp(t, `msg="device unhealthy" device=a2 reason="INFO: .*i/o timeout"`, string(plog), "a2 unhealthy for its unanswered INFO")
+	require.NoError(t, a2.cmd.Process.Signal(syscall.SIGCONT))
+	waitListing(t, list, 30*time.Second, "a2 healthy after SIGCONT", bothHealthy)
+
 	// Allocate: an unknown device is refused; a2's second share gets
 	// a2's view.
 	for _, bad := range []string{"nope", "a2", "a2#2"} {
@@ -327,12 +342,12 @@ func TestKubeletDevicePlugin(t *testing.T) {
 	car := resp.GetContainerResponses()[0]
 	checkAllocation(t, car, rundirA)
 
-	// The plugin's metrics: a2 went down once, the allocations.
+	// The plugin's metrics: a2 went down twice, the allocations.
 	assert.NoError(t, testutil.ScrapeAndCompare(metricsURL, strings.NewReader(`
 # HELP vrnic_plugin_device_unhealthy_transitions_total Times the daemon was seen to go from healthy to unhealthy.
 # TYPE vrnic_plugin_device_unhealthy_transitions_total counter
 vrnic_plugin_device_unhealthy_transitions_total{device="a1"} 0
-vrnic_plugin_device_unhealthy_transitions_total{device="a2"} 1
+vrnic_plugin_device_unhealthy_transitions_total{device="a2"} 2
 # HELP vrnic_plugin_allocations_total Containers the kubelet asked devices for, by result (allocated, refused).
 # TYPE vrnic_plugin_allocations_total counter
 vrnic_plugin_allocations_total{result="allocated"} 1
@@ -606,7 +621,7 @@ func startPlugin(t *testing.T, bin, logDir, pluginDir, rundir, stateDir, libDir,
 	require.NoError(t, err)
 	defer logf.Close()
 	cmd := exec.Command(bin, "-plugin-dir", pluginDir, "-runtime-dir", rundir, "-state-dir", stateDir,
-		"-lib-dir", libDir, "-shares", "2", "-sysfs-view", "true", "-metrics-addr", metricsAddr, "-poll", "100ms", "-log-level", "debug")
+		"-lib-dir", libDir, "-shares", "2", "-sysfs-view", "true", "-metrics-addr", metricsAddr, "-health-interval", "200ms", "-poll", "100ms", "-log-level", "debug")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	require.NoError(t, cmd.Start())
