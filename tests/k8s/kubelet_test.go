@@ -252,10 +252,9 @@ func TestKubeletDevicePlugin(t *testing.T) {
 	libDir, err := ibverbs.Build(ibverbs.Options{})
 	require.NoError(t, err)
 
-	a1 := startDaemon(t, bins["vrnicd"], logDir, "a1", rundirA, addrA1)
+	startDaemon(t, bins["vrnicd"], logDir, "a1", rundirA, addrA1)
 	a2 := startDaemon(t, bins["vrnicd"], logDir, "a2", rundirA, addrA2)
 	b1 := startDaemon(t, bins["vrnicd"], logDir, "b1", rundirB, addrB1)
-	_ = a1
 
 	kubelet := startKubelet(t, pluginDir)
 	mport, err := launch.FreeTCPPort()
@@ -429,6 +428,13 @@ echo "uid=$(id -u) groups=$(id -G)"`)
 	t.Logf("ib_write_bw: a2 sent %d packets, b1 received %d", sent, recv)
 	assert.GreaterOrEqual(t, sent, minPkts)
 	assert.GreaterOrEqual(t, recv, minPkts)
+	// The daemon took the container's programs for what they are: clients
+	// of uid 1000 (its per-uid limits and operator rules key on it).
+	alog, err := os.ReadFile(filepath.Join(logDir, "a2.log"))
+	require.NoError(t, err)
+	for _, prog := range []string{"ibv_devices", "ibv_rc_pingpong", "ib_write_bw"} {
+		assert.Regexp(t, fmt.Sprintf(`msg="context opened" device=a2 ctx=\d+ client=ibv:%s pid=\d+ uid=%d\n`, prog, containerUID), string(alog))
+	}
 
 	// The kubelet restarts: it removes the sockets of its directory and
 	// serves a new kubelet.sock; the plugin registers again and serves.
