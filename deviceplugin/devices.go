@@ -109,10 +109,15 @@ func (t *table) bump() {
 func (p *Plugin) discover(ctx context.Context, wg *sync.WaitGroup) {
 	tick := time.NewTicker(p.cfg.PollInterval)
 	defer tick.Stop()
+	lastErr := ""
 	for {
 		ents, err := os.ReadDir(p.cfg.RuntimeDir)
-		if err != nil && !os.IsNotExist(err) {
-			p.log.Warn("reading the runtime directory", "dir", p.cfg.RuntimeDir, "err", err)
+		if err != nil && !os.IsNotExist(err) && err.Error() != lastErr {
+			p.log.Warn("reading the runtime directory", "dir", p.cfg.RuntimeDir, "err", err) // once per distinct error
+		}
+		lastErr = ""
+		if err != nil {
+			lastErr = err.Error()
 		}
 		for _, e := range ents {
 			n := e.Name()
