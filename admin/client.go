@@ -2,7 +2,9 @@ package admin
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"syscall"
@@ -14,9 +16,40 @@ import (
 // Client is an operator connection to a device's control socket (used by
 // vrnicctl, the launchers and tests). It opens no context.
 type Client struct {
-	c   *net.UnixConn
-	seq uint32
-	buf []byte
+	c       *net.UnixConn
+	seq     uint32
+	buf     []byte
+	timeout time.Duration // per call; 0: DefaultCallTimeout
+}
+
+// DefaultCallTimeout bounds a call (its request and its reply) unless
+// SetTimeout sets another bound.
+const DefaultCallTimeout = 10 * time.Second
+
+// SetTimeout bounds each later call to d (0: DefaultCallTimeout).
+func (a *Client) SetTimeout(d time.Duration) { a.timeout = d }
+
+// WaitClosed waits up to d for the daemon to close the connection (it
+// exited, or it dropped this client) and reports whether it did: true
+// with a nil error on end of file or a reset. A message the daemon sends
+// unasked is an error, as is any other failure to read; after either,
+// or after true, the Client is of no further use. It returns false, nil
+// when d passes with the connection open and quiet.
+func (a *Client) WaitClosed(d time.Duration) (bool, error) {
+	a.c.SetReadDeadline(time.Now().Add(d))
+	n, err := a.c.Read(a.buf)
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return false, nil
+	case errors.Is(err, io.EOF), errors.Is(err, syscall.ECONNRESET):
+		return true, nil
+	case err != nil:
+		return false, err
+	case n == 0:
+		// A zero-length read on a SOCK_SEQPACKET socket is its end.
+		return true, nil
+	}
+	return false, fmt.Errorf("unexpected %d-byte message from the daemon", n)
 }
 
 // Dial connects to the control socket at path.
@@ -73,7 +106,11 @@ func (a *Client) call(op abi.Cmd, req any) ([]byte, []int, error) {
 	h := abi.MsgHdr{Opcode: op, Length: uint32(len(msg)), Seq: a.seq}
 	h.Put(msg)
 	copy(msg[abi.SizeofMsgHdr:], payload)
-	a.c.SetDeadline(time.Now().Add(10 * time.Second))
+	to := a.timeout
+	if to <= 0 {
+		to = DefaultCallTimeout
+	}
+	a.c.SetDeadline(time.Now().Add(to))
 	if _, err := a.c.Write(msg); err != nil {
 		return nil, nil, err
 	}

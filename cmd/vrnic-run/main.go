@@ -34,6 +34,7 @@ import (
 
 	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/ibverbs"
+	"github.com/vrnic/vrnic/internal/devview"
 )
 
 func main() {
@@ -103,8 +104,9 @@ func main() {
 		if want == "" {
 			want = os.Getenv("VRNIC_DEVICE")
 		}
-		devs := queryDevices(rd, want)
-		nds := syntheticNetDevs(devs)
+		names, paths := devview.Sockets(rd, want)
+		devs := devview.Query(names, paths, devview.Local, "vrnic-run")
+		nds := devview.SyntheticNetDevs(devs, devview.Local)
 		env = withNetDevs(env, dir, prog, nds)
 		spec := viewSpec{Prog: prog, Args: args, Verbose: *verbose, Devices: devs, NetDevs: nds}
 		err := runInView(spec, env)

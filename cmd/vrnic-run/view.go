@@ -10,24 +10,18 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"net"
-	"net/netip"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime"
-	"sort"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 	"unsafe"
 
+	"github.com/vrnic/vrnic/internal/devview"
 	"golang.org/x/sys/unix"
-
-	"github.com/vrnic/vrnic/abi"
-	"github.com/vrnic/vrnic/verbs"
 )
 
 // stageEnv names the environment variable that makes vrnic-run the stage
@@ -36,103 +30,11 @@ const stageEnv = "VRNIC_RUN_VIEW_STAGE"
 
 // viewSpec is what the stage needs: the program and the devices.
 type viewSpec struct {
-	Prog    string       `json:"prog"`
-	Args    []string     `json:"args"`
-	Verbose bool         `json:"verbose"`
-	Devices []viewDevice `json:"devices"`
-	NetDevs []netDev     `json:"netdevs"` // the synthetic interfaces (netdev.go)
-}
-
-// viewDevice is one daemon's device as libibverbs users see it in sysfs.
-type viewDevice struct {
-	Name     string    `json:"name"`
-	Index    int       `json:"index"` // uverbsN
-	NodeGUID uint64    `json:"node_guid"`
-	SysGUID  uint64    `json:"sys_image_guid"`
-	FWVer    string    `json:"fw_ver"`
-	GIDs     []viewGID `json:"gids"` // the whole table, invalid entries zero
-}
-
-type viewGID struct {
-	GID    [16]byte `json:"gid"`
-	Valid  bool     `json:"valid"`
-	V2     bool     `json:"v2"`
-	NetDev string   `json:"netdev,omitempty"`
-}
-
-// daemonSockets lists the devices the C library lists, in the order that
-// numbers them (uverbsN): with want (VRNIC_DEVICE) only that one, else
-// every NAME.sock in dir, by name. Whether each answers is checked later.
-func daemonSockets(dir, want string) (names, paths []string) {
-	if want != "" {
-		if strings.Contains(want, "/") {
-			return []string{strings.TrimSuffix(filepath.Base(want), ".sock")}, []string{want}
-		}
-		return []string{want}, []string{filepath.Join(dir, want+".sock")}
-	}
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, nil
-	}
-	for _, e := range ents {
-		n := e.Name()
-		if len(n) > len(".sock") && strings.HasSuffix(n, ".sock") {
-			names = append(names, strings.TrimSuffix(n, ".sock"))
-		}
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		paths = append(paths, filepath.Join(dir, n+".sock"))
-	}
-	return names, paths
-}
-
-// queryDevices asks each daemon for its device, port and GID table. A
-// socket that accepts no connection is left out, as the C library does.
-func queryDevices(dir, want string) []viewDevice {
-	names, paths := daemonSockets(dir, want)
-	var out []viewDevice
-	for i, p := range paths {
-		c, err := net.Dial("unixpacket", p)
-		if err != nil {
-			continue
-		}
-		c.Close()
-		d := viewDevice{Name: names[i], Index: len(out), FWVer: "1.0"}
-		if ctx, err := verbs.Open(p, verbs.WithClientName("vrnic-run")); err == nil {
-			if a, err := ctx.QueryDevice(); err == nil {
-				d.NodeGUID, d.SysGUID = a.NodeGUID, a.SysImageGUID
-				if fw := strings.TrimRight(string(a.FWVer[:]), "\x00"); fw != "" {
-					d.FWVer = fw
-				}
-			}
-			n := uint32(abi.GIDTableLen)
-			if pa, err := ctx.QueryPort(1); err == nil && pa.GIDTblLen > 0 {
-				n = pa.GIDTblLen
-			}
-			for j := uint32(0); j < n; j++ {
-				g, err := ctx.QueryGID(1, j)
-				if err != nil {
-					break
-				}
-				vg := viewGID{GID: g.GID, Valid: g.Valid != 0, V2: g.GIDType == 2}
-				if vg.Valid {
-					vg.NetDev = netDevOf(netip.AddrFrom16(g.GID).Unmap())
-				}
-				d.GIDs = append(d.GIDs, vg)
-			}
-			ctx.Close()
-		}
-		out = append(out, d)
-	}
-	return out
-}
-
-// netDevOf returns the network interface holding addr, else the one whose
-// network contains it (127.0.0.2 on lo), else "".
-func netDevOf(addr netip.Addr) string {
-	name, _, _, _ := addrHome(addr)
-	return name
+	Prog    string           `json:"prog"`
+	Args    []string         `json:"args"`
+	Verbose bool             `json:"verbose"`
+	Devices []devview.Device `json:"devices"`
+	NetDevs []devview.NetDev `json:"netdevs"` // the synthetic interfaces (netdev.go)
 }
 
 // runInView starts the stage in new namespaces and waits for it, passing
@@ -260,7 +162,7 @@ func stage(specJSON string) {
 // the real ones plus the vrnic devices. Everything is built in a staging
 // tmpfs first and bound into place at the end, so a failure leaves both
 // as they were.
-func buildView(devs []viewDevice, nds []netDev) error {
+func buildView(devs []devview.Device, nds []devview.NetDev) error {
 	if err := unix.Mount("none", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
 	}
@@ -297,10 +199,10 @@ func buildView(devs []viewDevice, nds []netDev) error {
 	if err := copyDir("/sys/class", classDir, map[string]bool{"infiniband": true, "infiniband_verbs": true, "net": hasNet}); err != nil {
 		return err
 	}
-	if err := writeSysfs(classDir, devs, unix.Major(nullRdev), unix.Minor(nullRdev)); err != nil {
+	if err := devview.WriteSysfs(classDir, devs, unix.Major(nullRdev), unix.Minor(nullRdev)); err != nil {
 		return err
 	}
-	netAdd, err := writeDeviceSysfs(classDir, tmp, devs, nds)
+	netAdd, err := devview.WriteDeviceSysfs(classDir, tmp, devs, nds, bindable)
 	if err != nil {
 		return err
 	}
@@ -372,76 +274,6 @@ func bindFile(src, dst string) error {
 	f.Close()
 	if err := unix.Mount(src, dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		return fmt.Errorf("bind %s: %w", src, err)
-	}
-	return nil
-}
-
-// kernelGID formats a GID as the kernel's sysfs does: 8 groups of 4 hex
-// digits.
-func kernelGID(g [16]byte) string {
-	var b strings.Builder
-	for i := 0; i < 16; i += 2 {
-		if i > 0 {
-			b.WriteByte(':')
-		}
-		fmt.Fprintf(&b, "%02x%02x", g[i], g[i+1])
-	}
-	return b.String()
-}
-
-func guidString(g uint64) string {
-	return fmt.Sprintf("%04x:%04x:%04x:%04x", g>>48, g>>32&0xffff, g>>16&0xffff, g&0xffff)
-}
-
-// writeSysfs writes the infiniband and infiniband_verbs classes under
-// class; the char devices are major:minor (the node bound at
-// /dev/infiniband/uverbsN).
-func writeSysfs(class string, devs []viewDevice, major, minor uint32) error {
-	files := map[string]string{"infiniband_verbs/abi_version": "6"}
-	dirs := []string{"infiniband", "infiniband_verbs"}
-	for _, d := range devs {
-		ib := "infiniband/" + d.Name + "/"
-		uv := fmt.Sprintf("infiniband_verbs/uverbs%d/", d.Index)
-		dirs = append(dirs, ib+"ports/1/gids", ib+"ports/1/gid_attrs/types", ib+"ports/1/gid_attrs/ndevs",
-			ib+"ports/1/pkeys", uv)
-		for k, v := range map[string]string{
-			"node_guid": guidString(d.NodeGUID), "sys_image_guid": guidString(d.SysGUID),
-			"node_type": "1: CA", "fw_ver": d.FWVer, "node_desc": "vrnic " + d.Name,
-			"board_id": "VRNIC0001", "hca_type": "vrnic", "hw_rev": "0",
-			"ports/1/state": "4: ACTIVE", "ports/1/phys_state": "5: LinkUp",
-			"ports/1/link_layer": "Ethernet", "ports/1/lid": "0x0", "ports/1/sm_lid": "0x0",
-			"ports/1/lid_mask_count": "0", "ports/1/pkeys/0": "0xffff",
-		} {
-			files[ib+k] = v
-		}
-		for i, g := range d.GIDs {
-			n := strconv.Itoa(i)
-			files[ib+"ports/1/gids/"+n] = kernelGID(g.GID)
-			if !g.Valid {
-				continue
-			}
-			if g.V2 {
-				files[ib+"ports/1/gid_attrs/types/"+n] = "RoCE v2"
-			} else {
-				files[ib+"ports/1/gid_attrs/types/"+n] = "IB/RoCE v1"
-			}
-			if g.NetDev != "" {
-				files[ib+"ports/1/gid_attrs/ndevs/"+n] = g.NetDev
-			}
-		}
-		files[uv+"ibdev"] = d.Name
-		files[uv+"abi_version"] = "1"
-		files[uv+"dev"] = fmt.Sprintf("%d:%d", major, minor)
-	}
-	for _, dir := range dirs {
-		if err := os.MkdirAll(filepath.Join(class, dir), 0o755); err != nil {
-			return err
-		}
-	}
-	for p, v := range files {
-		if err := os.WriteFile(filepath.Join(class, p), []byte(v+"\n"), 0o444); err != nil {
-			return err
-		}
 	}
 	return nil
 }
