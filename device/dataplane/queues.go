@@ -73,13 +73,15 @@ type consumer struct {
 
 // take makes the next posted WQE of q current in w. It applies a pending
 // RESET first (resettable: an RQ or SQ, not a shared SRQ), reads the
-// client's producer index when nothing read earlier is left, and publishes
-// the consumer index as soon as the WQE is copied, so the client's flow
-// control sees the slot free (one store to the daemon's line). It returns
+// client's producer index when nothing read earlier is left (publishing
+// the consumer index first), and, with publishEach, publishes the consumer
+// index as soon as the WQE is copied, so the client's flow control sees
+// the slot free. Without it (an SQ: engine.SendPublisher) the engine
+// publishes once per batch, before any completion of what it took. It returns
 // false when nothing is posted; true with errRingBroken, once, for an
 // impossible producer index (w is not filled); true with the view's error
 // for a malformed WQE (consumed, its wr_id in w).
-func take[W any, Q ring[W]](c *consumer, q Q, w *W, resettable bool) (bool, error) {
+func take[W any, Q ring[W]](c *consumer, q Q, w *W, resettable, publishEach bool) (bool, error) {
 	if resettable {
 		if v := c.reset.v.Load(); uint32(v>>32) != c.seen {
 			c.seen = uint32(v >> 32)
@@ -104,7 +106,9 @@ func take[W any, Q ring[W]](c *consumer, q Q, w *W, resettable bool) (bool, erro
 	if !ok {
 		return false, nil
 	}
-	q.Publish()
+	if publishEach {
+		q.Publish()
+	}
 	return true, err
 }
 
@@ -152,7 +156,14 @@ func newScratch() *scratch {
 	return new(scratch)
 }
 
-var _ engine.SendSource = (*sqSource)(nil)
+var (
+	_ engine.SendSource    = (*sqSource)(nil)
+	_ engine.SendPublisher = (*sqSource)(nil)
+)
+
+// PublishSend implements engine.SendPublisher: the engine publishes the
+// consumer index once per batch (PollSend does not).
+func (s *sqSource) PublishSend() { s.q.Publish() }
 
 // newSQSource builds the send source of a QP; sc is its worker's scratch
 // (nil: one of its own).
@@ -172,7 +183,7 @@ func newSQSource(ring []byte, c abi.QPCap, rec doorbell.QPRecord, sc *scratch) (
 // into w (whose SGE and inline storage the engine sized from the same
 // capacities).
 func (s *sqSource) PollSend(w *engine.SendWork) (bool, error) {
-	ok, err := take(&s.consumer, s.q, s.wr, true)
+	ok, err := take(&s.consumer, s.q, s.wr, true, false)
 	if !ok {
 		return false, nil
 	}
@@ -236,7 +247,7 @@ func (s *recvSource) PollRecv(r *engine.RecvWork) (bool, error) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 	}
-	ok, err := take(&s.consumer, s.q, s.wr, s.mu == nil)
+	ok, err := take(&s.consumer, s.q, s.wr, s.mu == nil, true)
 	if !ok {
 		return false, nil
 	}

@@ -80,7 +80,9 @@ func TestSQSource(t *testing.T) {
 	assert.Equal(t, abi.WRSend, w.Opcode)
 	assert.Equal(t, sges, w.SGEs)
 	assert.Empty(t, w.Inline)
-	assert.Equal(t, uint32(1), q.rec.SQCI.Load(), "the slot is free once the WQE is copied")
+	assert.Zero(t, q.rec.SQCI.Load(), "the engine publishes the consumer index, once per batch")
+	s.PublishSend()
+	assert.Equal(t, uint32(1), q.rec.SQCI.Load(), "the slot is free once published")
 
 	ok, err = s.PollSend(w)
 	require.NoError(t, err)
@@ -95,6 +97,8 @@ func TestSQSource(t *testing.T) {
 	var we *queues.WQEError
 	require.ErrorAs(t, err, &we)
 	assert.Equal(t, uint64(3), w.WrID, "its wr_id is kept for the error completion")
+	assert.Equal(t, uint32(1), q.rec.SQCI.Load(), "not published yet")
+	s.PublishSend()
 	assert.Equal(t, uint32(3), q.rec.SQCI.Load())
 
 	ok, err = s.PollSend(w)

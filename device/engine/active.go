@@ -188,6 +188,9 @@ func (w *worker) serviceActive() {
 	for i := 0; i < len(w.active); {
 		qp := w.active[i]
 		w.service(qp)
+		if qp.sqTaken {
+			qp.publishSQ()
+		}
 		if qp.activeIdx == int32(i) && qp.settled(w.now) {
 			w.deactivate(i) // the last QP moved to i: serviced next
 			continue

@@ -101,6 +101,17 @@ type SendSource interface {
 	PollSend(w *SendWork) (bool, error)
 }
 
+// SendPublisher is a SendSource whose consumer index the client reads
+// (an SQ in shared memory): PollSend does not publish it, the engine
+// does, once per service of the QP and always before it writes a send
+// completion (so a client that polled a CQE never finds the slots of the
+// WQEs before it still taken). One store per batch instead of one per
+// WQE: the index shares a cache line with the producer index the client
+// writes.
+type SendPublisher interface {
+	PublishSend()
+}
+
 // RecvSource hands the engine the next posted receive WQE (RQ or SRQ).
 type RecvSource interface {
 	// PollRecv copies the next posted RQE into r and consumes it; false

@@ -298,7 +298,11 @@ func (e *swqe) isPlacement() bool { return e.Opcode == abi.WRAtomicWrite || e.Op
 type QP struct {
 	qpn   uint32
 	state abi.QPState
-	mtu   uint32
+	// sqPub is cfg.SQ if it is a SendPublisher, else nil; sqTaken: WQEs
+	// were taken from it since its consumer index was last published.
+	sqPub   SendPublisher
+	sqTaken bool
+	mtu     uint32
 	// lastCompPSN is comp.psn when the retry timer was last updated.
 	lastCompPSN uint32
 	cfg         QPConfig
@@ -361,6 +365,7 @@ func newQP(cfg QPConfig, w *worker) (*QP, error) {
 		return nil, fmt.Errorf("%w: QP %#x: SGE or inline limits out of range", ErrInvalid, cfg.QPN)
 	}
 	qp := &QP{qpn: cfg.QPN & roce.QPNMask, cfg: cfg, w: w, state: abi.QPSReset}
+	qp.sqPub, _ = cfg.SQ.(SendPublisher)
 	switch cfg.Type {
 	case 0, abi.QPTRC:
 		qp.cfg.Type, qp.svc = abi.QPTRC, roce.ServiceRC
@@ -573,6 +578,7 @@ func (qp *QP) flushSend() {
 		if !ok && err == nil {
 			break
 		}
+		qp.sqTaken = true
 		e.state, e.status = wqeDone, abi.WCWRFlushErr
 		qp.completeSend(e)
 	}
@@ -627,6 +633,9 @@ func (qp *QP) completeSend(e *swqe) {
 	if e.status == abi.WCSuccess && !qp.cfg.SigAll && e.Flags&abi.SendSignaled == 0 {
 		return
 	}
+	if qp.sqTaken {
+		qp.publishSQ() // the client sees the slots free before the CQE
+	}
 	c := &qp.w.cqe
 	*c = abi.CQE{
 		WrID:   e.WrID,
@@ -677,4 +686,12 @@ func (qp *QP) pushRecv(c *abi.CQE, se bool) {
 func (qp *QP) cqOverflow() {
 	qp.w.Counters.CQOverflows.Add(1)
 	qp.enterError()
+}
+
+// publishSQ publishes the send queue's consumer index (SendPublisher).
+func (qp *QP) publishSQ() {
+	qp.sqTaken = false
+	if qp.sqPub != nil {
+		qp.sqPub.PublishSend()
+	}
 }

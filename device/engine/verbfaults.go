@@ -76,13 +76,16 @@ var ErrInjectedBadWQE = errors.New("engine: send WQE treated as malformed (verb 
 func (qp *QP) pollSend(w *SendWork) (bool, error) {
 	h := qp.w.e.verb.Load()
 	if h == nil {
-		return qp.cfg.SQ.PollSend(w)
+		ok, err := qp.cfg.SQ.PollSend(w)
+		qp.sqTaken = qp.sqTaken || ok
+		return ok, err
 	}
 	if _, hit := h.f.VerbFault(VerbQPErr, qp.qpn, 0); hit {
 		qp.enterError()
 		return false, nil
 	}
 	ok, err := qp.cfg.SQ.PollSend(w)
+	qp.sqTaken = qp.sqTaken || ok
 	if ok && err == nil {
 		if _, hit := h.f.VerbFault(VerbBadWQE, qp.qpn, 0); hit {
 			return true, ErrInjectedBadWQE

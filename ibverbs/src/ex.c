@@ -31,7 +31,7 @@ static struct vrnic_send_wqe *wr_new(struct ibv_qp_ex *q, uint8_t opcode) {
 	qp->wr_cur = NULL;
 	if (qp->wr_err)
 		return NULL;
-	if (qp->wr_pi - __atomic_load_n(qp->sq.ci_word, __ATOMIC_ACQUIRE) > qp->sq.mask) {
+	if (vr_wq_full(&qp->sq, qp->wr_pi)) {
 		qp->wr_err = ENOMEM;
 		return NULL;
 	}

@@ -31,12 +31,9 @@ void vr_wq_init(struct vr_wq *q, struct vr_buf ring, uint32_t slots, uint32_t st
 	q->pi = 0;
 	q->pi_word = pi_word;
 	q->ci_word = ci_word;
+	q->ci_seen = 0; /* the daemon starts the index at 0 */
 	q->max_sge = max_sge;
 	pthread_spin_init(&q->lock, PTHREAD_PROCESS_PRIVATE);
-}
-
-static inline bool wq_full(const struct vr_wq *q, uint32_t pi) {
-	return pi - __atomic_load_n(q->ci_word, __ATOMIC_ACQUIRE) > q->mask;
 }
 
 static inline uint8_t *wq_slot(const struct vr_wq *q, uint32_t pi) {
@@ -172,7 +169,7 @@ int vr_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr
 	pthread_spin_lock(&qp->sq.lock);
 	uint32_t pi = qp->sq.pi;
 	for (; wr && !ret; wr = wr->next) {
-		if (wq_full(&qp->sq, pi)) {
+		if (vr_wq_full(&qp->sq, pi)) {
 			ret = ENOMEM;
 			break;
 		}
@@ -196,7 +193,7 @@ static int post_recv(struct vr_ctx *c, struct vr_wq *q, struct ibv_recv_wr *wr, 
 	pthread_spin_lock(&q->lock);
 	uint32_t pi = q->pi;
 	for (; wr && !ret; wr = wr->next) {
-		if (wq_full(q, pi)) {
+		if (vr_wq_full(q, pi)) {
 			ret = ENOMEM;
 			break;
 		}

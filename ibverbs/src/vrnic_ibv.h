@@ -205,9 +205,23 @@ struct vr_wq {
 	uint32_t pi;
 	uint32_t *pi_word;       /* doorbell record: our producer index */
 	const uint32_t *ci_word; /* doorbell record: the daemon's consumer index */
+	uint32_t ci_seen;        /* *ci_word when last read (it only grows) */
 	uint32_t max_sge;
 	pthread_spinlock_t lock;
 };
+
+/* vr_wq_full says whether slot pi is still the daemon's (the ring full
+ * there), with q's lock held. The consumer index is read from the doorbell
+ * record only when the copy last read says full: a post then reads no
+ * cache line the daemon writes while the ring has room by that copy. The
+ * index only grows, so the copy can only make the ring look fuller than it
+ * is, never let a slot the daemon has not consumed be overwritten. */
+static inline bool vr_wq_full(struct vr_wq *q, uint32_t pi) {
+	if (pi - q->ci_seen <= q->mask)
+		return false;
+	q->ci_seen = __atomic_load_n(q->ci_word, __ATOMIC_ACQUIRE);
+	return pi - q->ci_seen > q->mask;
+}
 
 /* The ibv_qp_ex operation rdma-core added after the installed headers'
  * last one (wr_atomic_write): ibv_wr_flush (rdma-core 45), appended to
