@@ -7,10 +7,12 @@ package abi
 
 // DBHeader is struct vrnic_db_header, record 0 of the doorbell page.
 type DBHeader struct {
-	Magic      uint32     `c:"magic"`
-	ABIVersion uint32     `c:"abi_version"`
-	KickNeeded uint32     `c:"kick_needed"`
-	Reserved0  [13]uint32 `c:"reserved0"`
+	Magic      uint32 `c:"magic"`
+	ABIVersion uint32 `c:"abi_version"`
+	KickNeeded uint32 `c:"kick_needed"`
+	// DaemonFlags (ABI 1.4): DBDaemonKickGen.
+	DaemonFlags uint32     `c:"daemon_flags"`
+	Reserved0   [12]uint32 `c:"reserved0"`
 	// ClientFlags and Summary (ABI 1.3): the doorbell summary, see
 	// DBFlagSummary.
 	ClientFlags uint32                 `c:"client_flags"`
@@ -27,9 +29,15 @@ type DBHeader struct {
 // records of marked groups; without the flag it reads the client's
 // records itself, a bounded number per pass.
 const (
-	DBFlagSummary  = 0x1
-	DBSummaryGroup = 8 // records per summary bit
-	DBSummaryWords = 8 // 8 words of 32 bits cover DBRecords records
+	DBFlagSummary = 0x1
+	// DBDaemonKickGen (daemon_flags, ABI 1.4): kick_needed holds a
+	// generation, non-zero and new each time the daemon prepares to
+	// sleep, rather than 1; a client writes the kick eventfd once per
+	// value it sees (one write wakes the daemon; more only cost system
+	// calls while it is still waking up).
+	DBDaemonKickGen = 0x1
+	DBSummaryGroup  = 8 // records per summary bit
+	DBSummaryWords  = 8 // 8 words of 32 bits cover DBRecords records
 )
 
 // DBQP is struct vrnic_db_qp.
@@ -66,6 +74,8 @@ const (
 	OffDBMagic      = 0
 	OffDBABIVersion = 4
 	OffDBKickNeeded = 8
+	// ABI 1.4: DBDaemonKickGen.
+	OffDBDaemonFlags = 12
 	// ABI 1.3: the client-written line of the header.
 	OffDBClientFlags = 64
 	OffDBSummary     = 96 // DBSummaryWords words

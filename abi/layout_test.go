@@ -226,7 +226,7 @@ var cConsts = map[string]uint64{
 	"VRNIC_WC_IP_CSUM_OK": uint64(WCIPCsumOK), "VRNIC_WC_WITH_INV": uint64(WCWithInv),
 
 	"VRNIC_DB_RECORD_SIZE": DBRecordSize, "VRNIC_DB_PAGE_SIZE": DBPageSize, "VRNIC_DB_MAGIC": DBMagic,
-	"VRNIC_DB_F_SUMMARY": DBFlagSummary, "VRNIC_DB_SUMMARY_GROUP": DBSummaryGroup, "VRNIC_DB_SUMMARY_WORDS": DBSummaryWords,
+	"VRNIC_DB_F_SUMMARY": DBFlagSummary, "VRNIC_DB_DF_KICK_GEN": DBDaemonKickGen, "VRNIC_DB_SUMMARY_GROUP": DBSummaryGroup, "VRNIC_DB_SUMMARY_WORDS": DBSummaryWords,
 	"VRNIC_CQ_ARM_ARMED": CQArmArmed, "VRNIC_CQ_ARM_SOLICITED": CQArmSolicited,
 	"VRNIC_CQ_ARM_SN_SHIFT": CQArmSNShift,
 }
@@ -286,6 +286,7 @@ var cOffsets = []struct {
 	{"OffDBMagic", OffDBMagic, "vrnic_db_header.magic"},
 	{"OffDBABIVersion", OffDBABIVersion, "vrnic_db_header.abi_version"},
 	{"OffDBKickNeeded", OffDBKickNeeded, "vrnic_db_header.kick_needed"},
+	{"OffDBDaemonFlags", OffDBDaemonFlags, "vrnic_db_header.daemon_flags"},
 	{"OffDBClientFlags", OffDBClientFlags, "vrnic_db_header.client_flags"},
 	{"OffDBSummary", OffDBSummary, "vrnic_db_header.summary"},
 	{"OffDBSQPI", OffDBSQPI, "vrnic_db_qp.sq_pi"},

@@ -41,7 +41,13 @@
  *   3. (ABI 1.3, optional) Mark the record in the page's doorbell summary
  *      (struct vrnic_db_header, "Doorbell summary" there).
  *   4. Load the page's kick_needed word (__ATOMIC_SEQ_CST). Only if it is
- *      non-zero, write the 8-byte value 1 to the kick eventfd.
+ *      non-zero, write the 8-byte value 1 to the kick eventfd. (ABI 1.4)
+ *      When the header's daemon_flags has VRNIC_DB_DF_KICK_GEN, the value
+ *      is a generation, new each time the daemon prepares to sleep: the
+ *      client may skip the write when it already wrote for that value
+ *      (one write wakes the daemon; more, while it is still waking, only
+ *      cost system calls). A client that keeps the value it kicked for
+ *      forgets it whenever it loads 0.
  *   While the daemon polls, kick_needed is 0 and posting costs no system
  *   call. The daemon sets kick_needed before it sleeps and re-reads every
  *   record after setting it, so a post racing with it going to sleep is
@@ -1300,6 +1306,7 @@ struct vrnic_cqe {
  * The summary never replaces the kick: with kick_needed set the client
  * kicks as always. */
 #define VRNIC_DB_F_SUMMARY     0x1u
+#define VRNIC_DB_DF_KICK_GEN   0x1u /* daemon_flags: kick_needed is a generation (step 4) */
 #define VRNIC_DB_SUMMARY_GROUP 8u   /* records per summary bit */
 #define VRNIC_DB_SUMMARY_WORDS 8u   /* 8 x 32 bits x 8 records = 2048 */
 
@@ -1308,7 +1315,8 @@ struct vrnic_db_header {
 	uint32_t magic;          /* VRNIC_DB_MAGIC */
 	uint32_t abi_version;
 	uint32_t kick_needed;    /* non-zero: the daemon sleeps; kick after posting */
-	uint32_t reserved0[13];
+	uint32_t daemon_flags;   /* ABI 1.4: VRNIC_DB_DF_* */
+	uint32_t reserved0[12];
 	/* client-written line */
 	uint32_t client_flags;   /* ABI 1.3: VRNIC_DB_F_* */
 	uint32_t reserved1[7];

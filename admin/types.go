@@ -84,8 +84,11 @@ type Info struct {
 	// RejectedWQEs counts the work requests the device rejected
 	// (malformed WQEs, broken rings) by cause: unknown_opcode,
 	// too_many_sge, ring_index, ...
-	RejectedWQEs    map[string]uint64 `json:"rejected_wqes,omitempty"`
-	LastLinkErrorAt time.Time         `json:"last_link_error_at,omitzero"`
+	RejectedWQEs map[string]uint64 `json:"rejected_wqes,omitempty"`
+	// Doorbells counts what the doorbell poller did: a client's post
+	// makes a system call (a kick) only after the poller went to sleep.
+	Doorbells       DoorbellCounters `json:"doorbells"`
+	LastLinkErrorAt time.Time        `json:"last_link_error_at,omitzero"`
 	// Held is what the daemon holds for the device's clients now.
 	Held HeldResources `json:"held"`
 }
@@ -381,4 +384,13 @@ type CMIDInfo struct {
 	State     string `json:"state,omitempty"`   // the connection's CM state
 	Peer      string `json:"peer,omitempty"`
 	LastEvent string `json:"last_event,omitempty"`
+}
+
+// DoorbellCounters count the doorbell poller's work since the device
+// started.
+type DoorbellCounters struct {
+	Passes   uint64 `json:"passes"`   // passes over the served pages
+	Sleeps   uint64 `json:"sleeps"`   // times it went to sleep (clients must kick)
+	Rechecks uint64 `json:"rechecks"` // re-checks before sleeping that found a post
+	Kicks    uint64 `json:"kicks"`    // kicks that woke it
 }

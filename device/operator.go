@@ -129,6 +129,7 @@ func (d *Device) infoLocked() admin.Info {
 		LastLinkError:   lastErr,
 		LastLinkErrorAt: lastErrAt,
 		RejectedWQEs:    d.dp.RejectedWQEs(),
+		Doorbells:       d.dp.Doorbells(),
 		Device:          d.cfg.Name,
 		ABIVersion:      fmt.Sprintf("%d.%d", abi.VersionMajor, abi.VersionMinor),
 		LinkType:        linkTypeName(d.cfg.Link.Type),

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/admin"
 )
 
 // DataPlane is the seam between the control plane (this package: the
@@ -99,6 +100,8 @@ type DataPlane interface {
 	// RejectedWQEs returns the work requests the data plane rejected
 	// (malformed WQEs, broken rings) by cause; nil for none.
 	RejectedWQEs() map[string]uint64
+	// Doorbells returns the doorbell poller's counters.
+	Doorbells() admin.DoorbellCounters
 }
 
 // noDataPlane is the data plane of a device that moves no data
@@ -120,6 +123,7 @@ func (noDataPlane) ResizeCQ(*CQ, []byte, uint32) (uint32, error)                
 func (noDataPlane) WireCounters() WireCounters                                       { return WireCounters{} }
 func (noDataPlane) LastLinkError() (string, time.Time)                               { return "", time.Time{} }
 func (noDataPlane) RejectedWQEs() map[string]uint64                                  { return nil }
+func (noDataPlane) Doorbells() admin.DoorbellCounters                                { return admin.DoorbellCounters{} }
 
 var _ DataPlane = noDataPlane{}
 

@@ -82,6 +82,7 @@ func New() (*Page, error) {
 	p := &Page{mem: mem, memfd: fd, kick: kick, used: make([]bool, abi.DBRecords), next: 1, nfree: abi.DBRecords - 1}
 	word(mem, abi.OffDBMagic).Store(abi.DBMagic)
 	word(mem, abi.OffDBABIVersion).Store(abi.Version)
+	word(mem, abi.OffDBDaemonFlags).Store(abi.DBDaemonKickGen)
 	p.KickNeeded().Store(0)
 	return p, nil
 }

@@ -203,6 +203,7 @@ func (p *Poller) Run(ctx context.Context) error {
 	defer p.running.Store(false)
 	var events [16]unix.EpollEvent
 	idle := 0
+	var gen uint32 // the kick_needed generation last advertised
 	lastWork := time.Now()
 	var seen uint64
 	for !stop.Load() {
@@ -231,8 +232,13 @@ func (p *Poller) Run(ctx context.Context) error {
 			p.hookBeforeArm()
 		}
 		pages := set.list
+		// A new generation each time (abi.DBDaemonKickGen): a client
+		// kicks once per value, never 0.
+		if gen++; gen == 0 {
+			gen = 1
+		}
 		for _, s := range pages {
-			s.kickNeeded.Store(1)
+			s.kickNeeded.Store(gen)
 		}
 		// Re-check every record after advertising kick_needed: a post that
 		// raced with the stores above is seen here, or its client saw

@@ -26,6 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/device"
 	"github.com/vrnic/vrnic/device/engine"
 	"github.com/vrnic/vrnic/dma"
@@ -381,6 +382,12 @@ func (dp *DataPlane) Engine() *engine.Engine { return dp.eng }
 
 // PollerStats returns the doorbell poller's counters.
 func (dp *DataPlane) PollerStats() doorbell.PollerStats { return dp.poller.Stats() }
+
+// Doorbells implements device.DataPlane: the poller's counters.
+func (dp *DataPlane) Doorbells() admin.DoorbellCounters {
+	st := dp.poller.Stats()
+	return admin.DoorbellCounters{Passes: st.Passes, Sleeps: st.Sleeps, Rechecks: st.Rechecks, Kicks: st.Kicks}
+}
 
 var _ device.DataPlane = (*DataPlane)(nil)
 

@@ -126,6 +126,7 @@ func (NopDataPlane) ResizeCQ(*device.CQ, []byte, uint32) (uint32, error)  { retu
 func (NopDataPlane) ReleaseSRQ(*device.SRQ)                               {}
 func (NopDataPlane) WireCounters() device.WireCounters                    { return device.WireCounters{} }
 func (NopDataPlane) RejectedWQEs() map[string]uint64                      { return nil }
+func (NopDataPlane) Doorbells() admin.DoorbellCounters                    { return admin.DoorbellCounters{} }
 func (NopDataPlane) LastLinkError() (string, time.Time)                   { return "", time.Time{} }
 
 var _ device.DataPlane = NopDataPlane{}

@@ -263,12 +263,24 @@ bool vr_check_dead(struct vr_ctx *c) {
 
 /* vr_kick wakes the daemon if it sleeps (kick_needed); the caller has
  * stored a producer index or arm word with a sequentially consistent
- * store. */
+ * store. With a daemon that numbers its sleeps (kick_gen) it writes once
+ * per generation: a post that finds the value this context already kicked
+ * for knows the daemon is woken, and will read its record, because the
+ * daemon clears kick_needed only after it woke and before it reads the
+ * records again (the value was still there after the post's store). */
 void vr_kick(struct vr_ctx *c) {
 	struct vrnic_db_header *h = (struct vrnic_db_header *)c->db;
-	if (__atomic_load_n(&h->kick_needed, __ATOMIC_SEQ_CST)) {
-		uint64_t one = 1;
-		ssize_t n = write(c->kick_fd, &one, sizeof one);
-		(void)n; /* EAGAIN: the counter is already non-zero, the daemon will wake */
+	uint32_t k = __atomic_load_n(&h->kick_needed, __ATOMIC_SEQ_CST);
+	if (!k) {
+		if (c->kick_gen && __atomic_load_n(&c->kicked, __ATOMIC_RELAXED))
+			__atomic_store_n(&c->kicked, 0, __ATOMIC_RELAXED);
+		return;
 	}
+	if (c->kick_gen && __atomic_load_n(&c->kicked, __ATOMIC_RELAXED) == k)
+		return;
+	uint64_t one = 1;
+	ssize_t n = write(c->kick_fd, &one, sizeof one);
+	(void)n; /* EAGAIN: the counter is already non-zero, the daemon will wake */
+	if (c->kick_gen)
+		__atomic_store_n(&c->kicked, k, __ATOMIC_RELAXED);
 }

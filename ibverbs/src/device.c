@@ -301,6 +301,8 @@ VR_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device) {
 		__atomic_fetch_or(&((struct vrnic_db_header *)c->db)->client_flags, VRNIC_DB_F_SUMMARY, __ATOMIC_SEQ_CST);
 		c->db_summary = true;
 	}
+	c->kick_gen = __atomic_load_n(&((struct vrnic_db_header *)c->db)->daemon_flags, __ATOMIC_ACQUIRE) &
+		      VRNIC_DB_DF_KICK_GEN;
 	if ((e = vr_call(c, VRNIC_CMD_QUERY_DEVICE, NULL, 0, NULL, 0, NULL, 0, &c->attr, sizeof c->attr)))
 		goto fail;
 	/* async_fd is an epoll fd over the context's event socket (the

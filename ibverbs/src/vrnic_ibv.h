@@ -89,6 +89,8 @@ struct vr_ctx {
 	uint32_t db_size;
 	int kick_fd;
 	bool db_summary; /* ABI 1.3: this context marks its posts in the page's summary */
+	bool kick_gen;   /* ABI 1.4: kick_needed is a generation (VRNIC_DB_DF_KICK_GEN) */
+	uint32_t kicked; /* the kick_needed value last kicked for (atomic; 0: none) */
 	int async_ep; /* async_fd: an epoll fd over events_fd and sock's hang-up */
 	int events_fd; /* the context's event socket (OPEN_EVENTS), or -1 */
 	int fatal_sent; /* IBV_EVENT_DEVICE_FATAL reported */

@@ -729,18 +729,31 @@ func TestPostSyscalls(t *testing.T) {
 	testenv.NeedRoot(t, "per-thread perf events on syscall tracepoints need root (or perf_event_paranoid <= 1 and a readable tracefs)")
 	prog := buildC(t, "post_syscalls.c", "-pthread")
 	p := startPair(t, "-poll-spin", "50ms")
+	before, err := admin.Serving(admin.SocketPath(p.dir, "a"))
+	require.NoError(t, err)
 	out, err := p.run(t, 120*time.Second, prog, "a", "b", "50000")
 	require.NoError(t, err, "%s\n%s", out, p.daemonLogs())
 	if strings.HasPrefix(out, "SKIP ") {
 		testenv.Need(t, false, strings.TrimSpace(out))
 	}
+	after, err := admin.Serving(admin.SocketPath(p.dir, "a"))
+	require.NoError(t, err)
 	m := regexp.MustCompile(`^WQES (\d+) SYSCALLS (\d+) KICKS (\d+)\n$`).FindStringSubmatch(out)
 	require.NotNil(t, m, "%s", out)
 	wqes, calls, kicks := mustAtoi(m[1]), mustAtoi(m[2]), mustAtoi(m[3])
 	assert.Equal(t, kicks, calls, "system calls besides the kicks while posting %d WQEs", wqes)
-	assert.LessOrEqual(t, float64(calls)/float64(wqes), 0.001, "system calls per WQE while the daemon polls")
-	t.Logf("%d WQEs: %d system calls, all kicks (%.3f per WQE); other system calls per WQE: %.4f",
-		wqes, calls, float64(kicks)/float64(wqes), float64(calls-kicks)/float64(wqes))
+	// A post kicks only when the poller said it was going to sleep
+	// (kick_needed): each sleep, or each re-check before one, allows one
+	// kick. How often it slept is the scheduler's doing (a poller kept off
+	// the CPU for its whole spin stops spinning: at load 13 one post in 20
+	// kicked); that posting costs no system call while it polls is not,
+	// and this holds whatever the load.
+	sleeps := after.Doorbells.Sleeps - before.Doorbells.Sleeps
+	rechecks := after.Doorbells.Rechecks - before.Doorbells.Rechecks
+	assert.LessOrEqual(t, uint64(kicks), sleeps+rechecks, "kicks beyond the poller's sleeps (%d) and re-checks (%d)", sleeps, rechecks)
+	assert.Less(t, kicks, wqes/10, "a kick per post or so")
+	t.Logf("%d WQEs: %d system calls, all kicks (%.3f per WQE); other system calls per WQE: %.4f; the poller slept %d times, re-checked %d",
+		wqes, calls, float64(kicks)/float64(wqes), float64(calls-kicks)/float64(wqes), sleeps, rechecks)
 }
 
 // TestParseReportNaN: a latency line whose stdev perftest printed as
