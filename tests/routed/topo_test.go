@@ -94,13 +94,13 @@ func newTopo(t *testing.T) *topo {
 				t.Errorf("ip netns del %s: %v: %s", ns, err, out)
 			}
 		})
+		// No duplicate address detection on the interfaces to come:
+		// their link-local addresses are usable at once.
+		sysctl(t, ns, "net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0")
 		ipCmd(t, "-n", ns, "link", "set", "lo", "up")
 	}
 	for _, r := range tp.routers {
-		for _, kv := range []string{"net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"} {
-			out, err := exec.Command("ip", "netns", "exec", r, "sysctl", "-q", "-w", kv).CombinedOutput()
-			require.NoError(t, err, "sysctl %s in %s: %s", kv, r, out)
-		}
+		sysctl(t, r, "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1")
 	}
 	// Host i: bridge br0 (its Ethernet segment) with the uplink veth up0,
 	// whose peer dI is router port .1 in r1 (hosts 0, 1) or r2 (2, 3);
@@ -108,7 +108,9 @@ func newTopo(t *testing.T) *topo {
 	// addresses (IPv6 addresses then join their multicast groups with
 	// the carrier present).
 	for i, h := range tp.hosts {
-		ipCmd(t, "-n", h, "link", "add", "br0", "type", "bridge", "mcast_snooping", "0")
+		// The bridge's MAC is fixed: it would otherwise follow its ports'
+		// (and change when a TAP NIC joins).
+		ipCmd(t, "-n", h, "link", "add", "br0", "address", fmt.Sprintf("02:42:01:42:00:%02x", i), "type", "bridge", "mcast_snooping", "0")
 		ipCmd(t, "-n", h, "link", "add", "up0", "type", "veth", "peer", "name", fmt.Sprintf("d%d", i), "netns", tp.routers[routerOf(i)])
 		ipCmd(t, "-n", h, "link", "set", "up0", "master", "br0")
 		ipCmd(t, "-n", h, "link", "set", "up0", "up")
@@ -146,7 +148,7 @@ func newTopo(t *testing.T) *topo {
 		}
 		for _, ns := range all {
 			var b strings.Builder
-			for _, c := range [][]string{{"ip", "-6", "neigh"}, {"ip", "neigh"}, {"ip", "-6", "route"}, {"ip", "-s", "link"}, {"nstat", "-az"}, {"sysctl", "-a", "--pattern", "forwarding"}} {
+			for _, c := range [][]string{{"ip", "neigh"}, {"ip", "-6", "route"}, {"ip", "-s", "-br", "link"}, {"nstat", "-a"}} {
 				out, _ := exec.Command("ip", append([]string{"netns", "exec", ns}, c...)...).CombinedOutput()
 				fmt.Fprintf(&b, "$ %s\n%s\n", strings.Join(c, " "), out)
 			}
@@ -154,6 +156,15 @@ func newTopo(t *testing.T) *topo {
 		}
 	})
 	return tp
+}
+
+// sysctl sets kernel parameters (name=value) in namespace ns.
+func sysctl(t *testing.T, ns string, kvs ...string) {
+	t.Helper()
+	for _, kv := range kvs {
+		out, err := exec.Command("ip", "netns", "exec", ns, "sysctl", "-q", "-w", kv).CombinedOutput()
+		require.NoError(t, err, "sysctl %s in %s: %s", kv, ns, out)
+	}
 }
 
 // hops returns the path from host from's namespace to dst: the routers'
@@ -304,4 +315,10 @@ func (tp *topo) checkPaths(t *testing.T) {
 	require.Equal(t, []string{gw6(0), hostAddr6(1)}, tp.hops(t, 0, hostAddr6(1)), "IPv6 path h0 → h1")
 	require.Equal(t, []string{gw6(0), transit6(1), hostAddr6(3)}, tp.hops(t, 0, hostAddr6(3)), "IPv6 path h0 → h3")
 	require.Equal(t, []string{gw6(3), transit6(0), hostAddr6(1)}, tp.hops(t, 3, hostAddr6(1)), "IPv6 path h3 → h1")
+}
+
+// TestTopology builds the routed network and checks its IPv4 and IPv6
+// paths (checkPaths), then that everything is gone at cleanup.
+func TestTopology(t *testing.T) {
+	newTopo(t).checkPaths(t)
 }
