@@ -1,6 +1,7 @@
 package routed
 
 import (
+	"fmt"
 	"sync"
 	"testing"
 
@@ -34,13 +35,15 @@ const killed = 3
 //
 //  1. every ordered pair runs rounds of WRITE, SEND and READ (each
 //     checked where the data lands), all pairs at once;
-//  2. the pairs not involving h3 keep running rounds; once each has
-//     completed one, h3's daemon is killed (SIGKILL by PID). A WRITE
-//     from each other host to h3 then completes with RETRY_EXC_ERR after
-//     the ACK timeout and retries, the QP is in ERROR and a SEND after it
-//     is flushed (WR_FLUSH_ERR); h3's helper gets errors from its dead
-//     daemon. The other pairs each complete two more rounds after the
-//     kill, checked;
+//  2. the pairs not involving h3 keep running rounds, and each other
+//     host streams WRITEs to h3 (four outstanding); once each pair has
+//     completed a round and each stream 20 WRITEs, h3's daemon is killed
+//     (SIGKILL by PID). Each stream's WRITEs in flight then fail: the
+//     first with RETRY_EXC_ERR after the ACK timeout and its retries,
+//     those behind it with WR_FLUSH_ERR; the QP is in ERROR and a SEND
+//     posted after it is flushed too; h3's helper gets errors from its
+//     dead daemon. The other pairs each complete two more rounds after
+//     the kill, checked;
 //  3. h3's daemon is restarted with the same address, a new helper opens
 //     it, and every other host replaces its QP to h3 with a new one,
 //     connected to h3's new QPs; the other pairs keep running meanwhile;
@@ -76,7 +79,8 @@ func allToAll(t *testing.T, kind linkKind) {
 	// 1. All pairs.
 	require.NoError(t, runRounds(hs, allPairs(), 0, 2), logs())
 
-	// 2. Kill h3's daemon while the other pairs' rounds run.
+	// 2. Kill h3's daemon while the other pairs' rounds run and each
+	// other host streams WRITEs to it.
 	others := allPairs(killed)
 	l := startLoops(hs, others, 100)
 	stopped := false
@@ -85,9 +89,34 @@ func allToAll(t *testing.T, kind linkKind) {
 			l.stop()
 		}
 	}()
+	type result struct {
+		rep reply
+		err error
+	}
+	streams := make([]chan result, nHosts)
+	for i := range nHosts {
+		if i != killed {
+			streams[i] = make(chan result, 1)
+			go func() {
+				rep, err := hs[i].call(request{Op: "stream", Peer: killed})
+				streams[i] <- result{rep, err}
+			}()
+		}
+	}
+	const streamed = 20
+	for i := range nHosts {
+		if i != killed {
+			_, err := hs[i].call(request{Op: "waitstream", Peer: killed, Size: streamed})
+			require.NoError(t, err, logs())
+		}
+	}
 	require.NoError(t, l.waitEach(nil, 1), logs())
 	ds[killed].kill(t)
 	atKill := l.counts()
+	// Each stream's WRITEs in flight fail: the first with RETRY_EXC_ERR
+	// (no ACK after the timeout and its retries), those behind it
+	// flushed (the stream checks that). The QP is in ERROR, and a SEND
+	// posted after it is flushed too.
 	var wg sync.WaitGroup
 	errs := make([]error, nHosts)
 	for i := range nHosts {
@@ -98,13 +127,20 @@ func allToAll(t *testing.T, kind linkKind) {
 		go func() {
 			defer wg.Done()
 			c := hs[i]
-			if errs[i] = c.postExpect(killed, abi.WRRDMAWrite, 4096, 7, abi.WCRetryExcErr); errs[i] != nil {
+			r := <-streams[i]
+			if errs[i] = r.err; r.err != nil {
+				return
+			}
+			t.Logf("h%d → h%d: %d WRITEs completed, then %v, %d flushed", i, killed, r.rep.OK, r.rep.Status, r.rep.Flushed)
+			if r.rep.Status != abi.WCRetryExcErr || r.rep.OK < streamed || r.rep.Flushed >= streamDepth {
+				errs[i] = fmt.Errorf("h%d → h%d stream: %d WRITEs, then %v and %d flushed; want at least %d, then RETRY_EXC_ERR and fewer than %d",
+					i, killed, r.rep.OK, r.rep.Status, r.rep.Flushed, streamed, streamDepth)
 				return
 			}
 			rep, err := c.call(request{Op: "state", Peer: killed})
 			if errs[i] = err; err == nil && rep.State != abi.QPSErr {
-				errs[i] = assert.AnError
-				t.Errorf("h%d's QP to h%d is in state %v after RETRY_EXC_ERR, want ERR", i, killed, rep.State)
+				errs[i] = fmt.Errorf("h%d's QP to h%d is in state %v after RETRY_EXC_ERR, want ERR", i, killed, rep.State)
+				return
 			}
 			if errs[i] == nil {
 				errs[i] = c.postExpect(killed, abi.WRSend, 64, 8, abi.WCWRFlushErr)

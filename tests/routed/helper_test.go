@@ -76,6 +76,9 @@ type reply struct {
 	Status abi.WCStatus `json:"status"`
 	Info   rcpair.Info  `json:"info"`
 	State  abi.QPState  `json:"state"`
+	// A stream's WRITEs that completed successfully, and of those
+	// after its first failure (Status), the ones flushed.
+	OK, Flushed int
 }
 
 // peerQP is this host's QP to one peer.
@@ -86,6 +89,14 @@ type peerQP struct {
 	psn      uint32
 	gid      int
 	peer     rcpair.Info
+
+	// streamed counts the successful WRITEs of a running stream,
+	// streamFailed says it saw its failure; streamMu and streamCond wake
+	// waitstream requests.
+	streamMu     sync.Mutex
+	streamCond   *sync.Cond
+	streamed     int
+	streamFailed bool
 }
 
 type helper struct {
@@ -180,6 +191,10 @@ func (h *helper) serve(r *request) reply {
 		err = h.checkRecv(r.Peer, r.Size, r.Seed)
 	case "post":
 		rep.Status, err = h.post(r.Peer, r.Kind, r.Size, r.Seed)
+	case "stream":
+		rep.OK, rep.Status, rep.Flushed, err = h.stream(r.Peer)
+	case "waitstream":
+		err = h.waitStream(r.Peer, r.Size)
 	default:
 		err = fmt.Errorf("unknown request %q", r.Op)
 	}
@@ -202,6 +217,7 @@ func (h *helper) create(j, gid int) (rcpair.Info, error) {
 		}
 	}
 	p := &peerQP{gid: gid}
+	p.streamCond = sync.NewCond(&p.streamMu)
 	var err error
 	if p.scq, err = h.ctx.CreateCQ(16, nil); err != nil {
 		return rcpair.Info{}, err
@@ -341,6 +357,101 @@ func (h *helper) post(j int, kind abi.WROpcode, size int, seed uint32) (abi.WCSt
 		return wc.Status, patternOK(h.area(j, offReadDst, size+64), size, seed)
 	}
 	return wc.Status, nil
+}
+
+// streamDepth is how many WRITEs a stream keeps outstanding.
+const streamDepth = 4
+
+// stream keeps streamDepth signalled 4 KiB WRITEs outstanding on the QP
+// to j, posting one for each that completes, until a completion is not
+// successful; then it posts no more and collects the outstanding ones.
+// It returns the successful WRITEs, the first failure's status and how
+// many of the WRITEs outstanding behind it were flushed (WR_FLUSH_ERR);
+// any other status behind the first failure is an error.
+func (h *helper) stream(j int) (ok int, first abi.WCStatus, flushed int, err error) {
+	p, err := h.peer(j)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	const size = 4096
+	pattern(h.area(j, offSrc, size), 0x5eed)
+	wr := &verbs.SendWR{Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, SGL: []abi.SGE{h.mr.SGE(uint32(j*slotSize+offSrc), size)},
+		RemoteAddr: p.peer.Addr + uint64(h.args.Host*slotSize+offWriteDst), RKey: p.peer.RKey}
+	wc := make([]abi.CQE, streamDepth)
+	outstanding, failed := 0, false
+	deadline := time.Now().Add(time.Minute)
+	for {
+		for !failed && outstanding < streamDepth {
+			wr.WrID++
+			p.mu.Lock()
+			err := p.qp.PostSend(wr)
+			p.mu.Unlock()
+			if err != nil {
+				return ok, first, flushed, fmt.Errorf("post WRITE %d: %w", wr.WrID, err)
+			}
+			outstanding++
+		}
+		if outstanding == 0 {
+			return ok, first, flushed, nil
+		}
+		n := p.scq.Poll(wc)
+		for _, c := range wc[:n] {
+			outstanding--
+			switch {
+			case !failed && c.Status == abi.WCSuccess:
+				ok++
+				p.streamMu.Lock()
+				p.streamed = ok
+				p.streamCond.Broadcast()
+				p.streamMu.Unlock()
+			case !failed:
+				failed, first = true, c.Status
+				p.streamMu.Lock()
+				p.streamFailed = true
+				p.streamCond.Broadcast()
+				p.streamMu.Unlock()
+			case c.Status == abi.WCWRFlushErr:
+				flushed++
+			default:
+				return ok, first, flushed, fmt.Errorf("WRITE %d after the failure (%v): status %v", c.WrID, first, c.Status)
+			}
+		}
+		if n == 0 {
+			if time.Now().After(deadline) {
+				return ok, first, flushed, fmt.Errorf("%d WRITEs outstanding for a minute", outstanding)
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
+}
+
+// waitStream waits until the stream on the QP to j has had n successful
+// WRITEs (a minute at most); a stream that fails first is an error.
+func (h *helper) waitStream(j, n int) error {
+	p, err := h.peer(j)
+	if err != nil {
+		return err
+	}
+	timedOut := false
+	stop := time.AfterFunc(time.Minute, func() {
+		p.streamMu.Lock()
+		timedOut = true
+		p.streamCond.Broadcast()
+		p.streamMu.Unlock()
+	})
+	defer stop.Stop()
+	p.streamMu.Lock()
+	defer p.streamMu.Unlock()
+	for !timedOut && !p.streamFailed && p.streamed < n {
+		p.streamCond.Wait()
+	}
+	switch {
+	case p.streamed >= n:
+		return nil
+	case p.streamFailed:
+		return fmt.Errorf("the stream failed after %d WRITEs, before %d", p.streamed, n)
+	}
+	return fmt.Errorf("the stream did not reach %d WRITEs in a minute", n)
 }
 
 // poll1 waits up to a minute for one completion on cq.
