@@ -90,19 +90,30 @@ exec ip netns exec "$ns" /bin/sh -c "$*"
 		args = append(args, "-np", "1", "--host", hostAddr(i)+":1",
 			vrnicRun, "-runtime-dir", tp.dir, "-cache-dir", cache, "-d", ds[i].name, prog)
 	}
-	before := make([]mwprogs.Counters, nHosts)
-	for i, d := range ds {
-		before[i] = mwprogs.ReadCounters(t, d.sock)
+	run := func() (*launch.Buffer, []mwprogs.Counters, error) {
+		before := make([]mwprogs.Counters, nHosts)
+		for i, d := range ds {
+			before[i] = mwprogs.ReadCounters(t, d.sock)
+		}
+		buf := &launch.Buffer{}
+		p, err := launch.Start(launch.Spec{Name: "mpirun", Bin: "ip", Args: args, Env: []string{"TMPDIR=" + work}, Stdout: buf, Stderr: buf})
+		require.NoError(t, err)
+		t.Cleanup(func() { p.Stop(0, 10*time.Second) })
+		if !p.Wait(4 * time.Minute) {
+			p.Stop(0, 10*time.Second)
+			require.Fail(t, "mpirun: no exit in 4 minutes", "%s", buf.String())
+		}
+		return buf, before, p.Err()
 	}
-	buf := &launch.Buffer{}
-	p, err := launch.Start(launch.Spec{Name: "mpirun", Bin: "ip", Args: args, Env: []string{"TMPDIR=" + work}, Stdout: buf, Stderr: buf})
-	require.NoError(t, err)
-	t.Cleanup(func() { p.Stop(0, 10*time.Second) })
-	if !p.Wait(4 * time.Minute) {
-		p.Stop(0, 10*time.Second)
-		require.Fail(t, "mpirun: no exit in 4 minutes", "%s", buf.String())
+	buf, before, err := run()
+	if err != nil && mwprogs.KnownUCXDefect(buf.String()) {
+		// The UCX defect internal/mwprogs.MPI runs a job once more for
+		// (UD taking a stale acknowledgement; README, "UCX and Open
+		// MPI"): once more here too, and that run must pass.
+		t.Logf("known UCX defect (UD stale acknowledgement); running the job once more:\n%s", buf.String())
+		buf, before, err = run()
 	}
-	require.NoError(t, p.Err(), "mpirun:\n%s", buf.String())
+	require.NoError(t, err, "mpirun:\n%s", buf.String())
 	m := mpiOK.FindStringSubmatch(buf.String())
 	require.NotNil(t, m, "mpi_check did not report OK:\n%s", buf.String())
 	assert.Equal(t, strconv.Itoa(nHosts), m[1], "ranks")
