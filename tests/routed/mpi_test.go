@@ -41,7 +41,12 @@ var mpiOK = regexp.MustCompile(`mpi_check: OK ranks=(\d+) bytes=(\d+)`)
 // ORTE daemon (orted) in the namespace of its address with ip netns exec
 // (as ssh would start it on another machine). The runtime's own TCP
 // traffic (orted to mpirun) then crosses the routers too. Each rank runs
-// through vrnic-run -d hI.
+// through vrnic-run -d hI. The agent gives each ORTE daemon a TMPDIR of
+// its host's: the namespaces share one machine's hostname, so the
+// daemons would otherwise share their job family's session directory
+// and the hwloc topology file ORTE writes there (rtc hwloc, hwloc.sm),
+// and two writing it at once crashed an orted in
+// hwloc_shmem_topology_write.
 func mpiJob(t *testing.T, kind linkKind) {
 	mpirun := testenv.NeedTool(t, "mpirun")
 	testenv.NeedTool(t, "mpicc")
@@ -66,13 +71,18 @@ func mpiJob(t *testing.T, kind linkKind) {
 	}
 	require.NoError(t, os.WriteFile(agent, []byte(`#!/bin/sh
 # Open MPI's rsh launch agent: "agent HOST COMMAND..." runs COMMAND (a
-# shell command line, as ssh runs it) in the network namespace of HOST.
+# shell command line, as ssh runs it) in the network namespace of HOST,
+# with a temporary directory of the host's own (on separate machines each
+# ORTE daemon has its own: they share its session directory layout).
 host=$1
 shift
 case "$host" in
 `+cases.String()+`*) echo "netns-agent: unknown host $host" >&2; exit 1 ;;
 esac
 echo "$host $ns" >>`+agentLog+`
+TMPDIR=`+work+`/tmp-$ns
+mkdir -p "$TMPDIR"
+export TMPDIR
 exec ip netns exec "$ns" /bin/sh -c "$*"
 `), 0o755))
 
