@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"sync"
 	"syscall"
 	"testing"
@@ -211,21 +212,12 @@ func allPairs(skip ...int) []pair {
 	var out []pair
 	for i := range nHosts {
 		for j := range nHosts {
-			if i != j && !slicesContains(skip, i) && !slicesContains(skip, j) {
+			if i != j && !slices.Contains(skip, i) && !slices.Contains(skip, j) {
 				out = append(out, pair{i, j})
 			}
 		}
 	}
 	return out
-}
-
-func slicesContains(s []int, v int) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
 
 // runRounds runs rounds first..first+n-1 on every pair at once (a
