@@ -13,6 +13,7 @@ pkgs=(
 	clang llvm  # regenerates the eBPF objects (ci checks they match)
 	libbpf-dev  # bpf_helpers.h for the eBPF C sources
 	iproute2    # ip netns / bridge / tuntap for the TAP integration tests
+	iputils-ping # ping with a TTL: tests/routed checks each path's routers
 	ibverbs-utils   # ibv_devices, ibv_devinfo, ibv_*_pingpong: run through vrnic-run by tests/ibverbs
 	perftest        # ib_write_bw and friends: the extended verbs path through vrnic-run
 	rdmacm-utils    # rping, ucmatose: the rdma_cm programs a future librdmacm must run

@@ -118,9 +118,17 @@ type TAPConfig struct {
 	// an interface name, else the kernel's tapN).
 	Name string `json:"name,omitempty"`
 	// Addrs are the NIC's addresses with their on-link prefixes
-	// ("10.77.0.1/24", "fd00::1/64"), GID 0 first. Peers must be on one
-	// of these prefixes (there is no router).
+	// ("10.77.0.1/24", "fd00::1/64"), GID 0 first. Peers on one of
+	// these prefixes are reached directly (their MAC by ARP/ND); others
+	// through the gateway of their address family (Gateways).
 	Addrs []string `json:"addrs,omitempty"`
+	// Gateways are the NIC's default routers, at most one IPv4 and one
+	// IPv6 address, each on one of the NIC's prefixes ("10.77.0.254").
+	// A peer off every prefix is reached through the gateway of its
+	// family: frames go to the gateway's MAC (resolved by ARP/ND) with
+	// the peer's IP address, as a host's default route sends them.
+	// Without one, such a peer is unreachable (EHOSTUNREACH at RTR).
+	Gateways []string `json:"gateways,omitempty"`
 	// MAC is the NIC's Ethernet address (default: derived from the
 	// device name, locally administered).
 	MAC string `json:"mac,omitempty"`
@@ -183,6 +191,7 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 		tapVer   = fs.Bool("tap-verify-steering", false, "TAP link: check the eBPF steering program against the engine's QP owners at start")
 		tapMTU   = fs.Int("tap-mtu", 0, "TAP link: the interface's MTU, 1280..4200 (default 4200; 1500 gives path MTU 1024)")
 		tapAddr  stringList
+		tapGW    stringList
 		cpuProf  = fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
 		traceTo  = fs.String("trace", "", "write a Go execution trace of the run to this file")
 		metrics  = fs.String("metrics-addr", "", "serve Prometheus metrics over HTTP on this host:port (path /metrics); default: none")
@@ -193,6 +202,7 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 		rdAtom   = fs.Int("max-rd-atomic", 0, "outstanding RDMA READs and atomics per QP, each way: max_qp_rd_atom and max_qp_init_rd_atom, 1..255 (default 16; Soft-RoCE has 128)")
 	)
 	fs.Var(&tapAddr, "tap-addr", "TAP link: the NIC's address/prefix, e.g. 10.77.0.1/24 (repeatable; the first is GID 0)")
+	fs.Var(&tapGW, "tap-gateway", "TAP link: the default router for peers off the -tap-addr prefixes, e.g. 10.77.0.254 (one per address family)")
 	fs.StringVar(local, "local", "127.0.0.1:4791", "same as -udp-local")
 	fs.Var(&seg4, "udp-segment-ipv4", "UDP link on IPv4: send a message's frames as one UDP_SEGMENT datagram: true (faster; off loopback only vrnic peers accept the ICRC of segments after the first), false, or auto (the default): on a loopback address only")
 	fs.Var(&peers, "udp-peer", "UDP link: a peer's ip:port (repeatable; peers are also found from the QPs' destination GIDs)")
@@ -202,7 +212,7 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
-	tapCfg := TAPConfig{Name: *tapName, Addrs: tapAddr, MAC: *tapMAC, NetNS: *tapNS, VerifySteering: *tapVer, MTU: *tapMTU}
+	tapCfg := TAPConfig{Name: *tapName, Addrs: tapAddr, Gateways: tapGW, MAC: *tapMAC, NetNS: *tapNS, VerifySteering: *tapVer, MTU: *tapMTU}
 	c := &Config{Name: *name, Link: LinkConfig{Type: *link, Local: *local, MTU: *mtu, SegmentIPv4: seg4.v, TAP: tapCfg}, LogLevel: *level, Workers: *workers, PollSpin: *pollSpin,
 		OperatorGroup: *opGroup, MaxRdAtomic: *rdAtom, MetricsAddr: *metrics, Nice: *nice}
 	if *cfgFile != "" {
@@ -253,6 +263,9 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 		}
 		if set["tap-addr"] {
 			merged.Link.TAP.Addrs = tapAddr
+		}
+		if set["tap-gateway"] {
+			merged.Link.TAP.Gateways = tapGW
 		}
 		if set["tap-mac"] {
 			merged.Link.TAP.MAC = *tapMAC

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"reflect"
+	"slices"
 	"strings"
 
 	"github.com/vishvananda/netlink"
@@ -27,7 +28,7 @@ func (c *TAPConfig) validate() error {
 	if len(c.Addrs) == 0 {
 		return errors.New("link tap needs at least one -tap-addr (address/prefix, e.g. 10.77.0.1/24)")
 	}
-	if _, err := c.prefixes(); err != nil {
+	if _, err := c.routes(); err != nil {
 		return err
 	}
 	if c.MAC != "" {
@@ -67,6 +68,73 @@ func (c *TAPConfig) prefixes() ([]netip.Prefix, error) {
 	return out, nil
 }
 
+// routes is the TAP NIC's routing table, as NIC firmware keeps one: its
+// on-link prefixes and a default gateway per address family (zero Addr:
+// none).
+type routes struct {
+	prefixes []netip.Prefix
+	gw4, gw6 netip.Addr
+}
+
+// routes parses Addrs and Gateways: each gateway is a unicast address on
+// one of the prefixes of its family, at most one per family.
+func (c *TAPConfig) routes() (routes, error) {
+	prefixes, err := c.prefixes()
+	if err != nil {
+		return routes{}, err
+	}
+	r := routes{prefixes: prefixes}
+	for _, s := range c.Gateways {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return routes{}, fmt.Errorf("tap-gateway %q: want an IP address: %w", s, err)
+		}
+		if a.Zone() != "" || a.IsUnspecified() || a.IsMulticast() || a.Is4In6() {
+			return routes{}, fmt.Errorf("tap-gateway %q: want a unicast IPv4 or IPv6 address", s)
+		}
+		gw := &r.gw6
+		if a.Is4() {
+			gw = &r.gw4
+		}
+		if gw.IsValid() {
+			return routes{}, fmt.Errorf("tap-gateway %q: a second gateway for the family of %v", s, *gw)
+		}
+		if !r.onLink(a) {
+			return routes{}, fmt.Errorf("tap-gateway %q: not on any -tap-addr prefix %v (a gateway must be on the link)", s, prefixes)
+		}
+		if slices.ContainsFunc(prefixes, func(p netip.Prefix) bool { return p.Addr() == a }) {
+			return routes{}, fmt.Errorf("tap-gateway %q: the NIC's own address", s)
+		}
+		*gw = a
+	}
+	return r, nil
+}
+
+// onLink reports whether a is on one of the prefixes.
+func (r *routes) onLink(a netip.Addr) bool {
+	for _, p := range r.prefixes {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// nextHop returns the address whose MAC frames to dst carry: dst itself
+// on the link, else the gateway of its family; false when there is none.
+// It never allocates (PathFixup calls it).
+func (r *routes) nextHop(dst netip.Addr) (netip.Addr, bool) {
+	dst = dst.Unmap()
+	if r.onLink(dst) {
+		return dst, true
+	}
+	gw := r.gw6
+	if dst.Is4() {
+		gw = r.gw4
+	}
+	return gw, gw.IsValid()
+}
+
 // mac parses MAC: a unicast Ethernet address.
 func (c *TAPConfig) mac() ([6]byte, error) {
 	hw, err := net.ParseMAC(c.MAC)
@@ -95,11 +163,11 @@ func (c *Config) tapIfName() string {
 // the link), the eBPF programs, and what the engine and the data plane
 // need from it.
 type tapLink struct {
-	link     *link.TAPLink
-	progs    *ebpf.Programs
-	dev      *tap.Device
-	prefixes []netip.Prefix
-	log      *slog.Logger
+	link   *link.TAPLink
+	progs  *ebpf.Programs
+	dev    *tap.Device
+	routes routes
+	log    *slog.Logger
 	// steerBase is the steering counters after the start-up
 	// verification, subtracted from what Stats reports.
 	steerBase ebpf.SteerStats
@@ -111,12 +179,12 @@ type tapLink struct {
 // CAP_BPF (root). Nothing stays on error.
 func openTAP(cfg *Config, mac [6]byte, workers, frameCap int, log *slog.Logger) (_ *tapLink, err error) {
 	tc := &cfg.Link.TAP
-	prefixes, err := tc.prefixes()
+	rt, err := tc.routes()
 	if err != nil {
 		return nil, err
 	}
-	addrs := make([]netip.Addr, len(prefixes))
-	for i, p := range prefixes {
+	addrs := make([]netip.Addr, len(rt.prefixes))
+	for i, p := range rt.prefixes {
 		addrs[i] = p.Addr()
 	}
 	var ns netns.NsHandle
@@ -154,7 +222,7 @@ func openTAP(cfg *Config, mac [6]byte, workers, frameCap int, log *slog.Logger) 
 	if err := dev.Control(progs.Attach); err != nil {
 		return nil, err
 	}
-	t := &tapLink{progs: progs, dev: dev, prefixes: prefixes, log: log}
+	t := &tapLink{progs: progs, dev: dev, routes: rt, log: log}
 	if tc.VerifySteering {
 		qpns := make([]uint32, 0, 4096)
 		for q := uint32(1); q <= 4096; q++ {
@@ -171,7 +239,7 @@ func openTAP(cfg *Config, mac [6]byte, workers, frameCap int, log *slog.Logger) 
 	if t.link, err = link.NewTAP(dev, link.TAPConfig{FrameCap: frameCap, Logger: log}); err != nil {
 		return nil, err
 	}
-	log.Info("tap link ready", "interface", dev.Name(), "netns", tc.NetNS, "mac", dev.MAC().String(), "addrs", tc.Addrs, "queues", workers)
+	log.Info("tap link ready", "interface", dev.Name(), "netns", tc.NetNS, "mac", dev.MAC().String(), "addrs", tc.Addrs, "gateways", tc.Gateways, "queues", workers)
 	return t, nil
 }
 
@@ -223,30 +291,37 @@ func (t *tapLink) links() []engine.Link {
 }
 
 // fixPath is the engine's PathFixup: source MAC is the NIC's, the
-// destination MAC the peer's from the neighbour cache (resolved on the
-// control path when the QP went to RTR; Lookup never waits and never
-// allocates). A peer missing from the cache keeps the engine's default
-// (broadcast would flood the bridge; a zero MAC is dropped by it).
+// destination MAC the next hop's (the peer's on the link, else the
+// gateway's) from the neighbour cache (resolved on the control path when
+// the QP went to RTR; nextHop and Lookup never wait and never allocate).
+// A next hop missing from the cache keeps the engine's default (broadcast
+// would flood the bridge; a zero MAC is dropped by it). The IP addresses
+// stay the peer's: a router forwards the frame on.
 func (t *tapLink) fixPath(p *roce.Path) {
 	p.SrcMAC = t.dev.MAC()
-	if mac, ok := t.dev.Neighbors().Lookup(p.Dst); ok {
+	hop, ok := t.routes.nextHop(p.Dst)
+	if !ok {
+		return
+	}
+	if mac, ok := t.dev.Neighbors().Lookup(hop); ok {
 		p.DstMAC = mac
 	}
 }
 
-// resolve is the data plane's Resolve hook: the peer must be on one of
-// the NIC's prefixes and answer ARP or neighbour discovery.
+// resolve is the data plane's Resolve hook: the peer's next hop (the
+// peer on one of the NIC's prefixes, else the gateway of its family)
+// must answer ARP or neighbour discovery.
 func (t *tapLink) resolve(ctx context.Context, peer netip.Addr) error {
 	peer = peer.Unmap()
-	onLink := false
-	for _, p := range t.prefixes {
-		if p.Contains(peer) {
-			onLink = true
-			break
-		}
+	hop, ok := t.routes.nextHop(peer)
+	if !ok {
+		return fmt.Errorf("%v is not on the link (prefixes %v) and there is no IPv%d -tap-gateway", peer, t.routes.prefixes, map[bool]int{true: 4, false: 6}[peer.Is4()])
 	}
-	if !onLink {
-		return fmt.Errorf("%v is not on the link (prefixes %v; no router)", peer, t.prefixes)
+	if hop != peer {
+		if _, err := t.dev.Neighbors().Resolve(ctx, hop); err != nil {
+			return fmt.Errorf("gateway %v of %v: %w", hop, peer, err)
+		}
+		return nil
 	}
 	_, err := t.dev.Neighbors().Resolve(ctx, peer)
 	return err

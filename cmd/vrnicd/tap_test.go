@@ -138,3 +138,53 @@ func TestRunTAP(t *testing.T) {
 	_, err = os.Stat(strings.TrimSuffix(sock, admin.SocketSuffix) + admin.StatsSuffix)
 	assert.ErrorIs(t, err, os.ErrNotExist, "stats socket removed")
 }
+
+// TestTAPRoutes: the TAP NIC's next hop is the peer on its prefixes and
+// the gateway of the peer's family off them; the gateways' checks.
+func TestTAPRoutes(t *testing.T) {
+	c, err := parseConfig([]string{"-link", "tap", "-tap-addr", "10.142.1.3/24", "-tap-addr", "fd42:142:1::3/64",
+		"-tap-gateway", "10.142.1.1", "-tap-gateway", "fd42:142:1::1"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"10.142.1.1", "fd42:142:1::1"}, c.Link.TAP.Gateways)
+	r, err := c.Link.TAP.routes()
+	require.NoError(t, err)
+	for dst, want := range map[string]string{
+		"10.142.1.7":        "10.142.1.7",
+		"::ffff:10.142.1.7": "10.142.1.7", // a GID's IPv4-mapped form
+		"10.142.3.2":        "10.142.1.1",
+		"fd42:142:1::9":     "fd42:142:1::9",
+		"fd42:142:4::2":     "fd42:142:1::1",
+	} {
+		hop, ok := r.nextHop(netip.MustParseAddr(dst))
+		assert.True(t, ok, dst)
+		assert.Equal(t, netip.MustParseAddr(want), hop, dst)
+	}
+	assert.Zero(t, testing.AllocsPerRun(100, func() { r.nextHop(netip.MustParseAddr("10.142.3.2")) }), "nextHop allocates")
+
+	c, err = parseConfig([]string{"-link", "tap", "-tap-addr", "10.142.1.3/24", "-tap-gateway", "10.142.1.1"}, io.Discard)
+	require.NoError(t, err)
+	r, err = c.Link.TAP.routes()
+	require.NoError(t, err)
+	_, ok := r.nextHop(netip.MustParseAddr("fd42:142:4::2"))
+	assert.False(t, ok, "no IPv6 gateway: an off-link IPv6 peer has no next hop")
+	c, err = parseConfig([]string{"-config", writeFile(t, `{"link":{"type":"tap","tap":{"addrs":["10.0.0.1/8"],"gateways":["10.0.0.254"]}}}`)}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"10.0.0.254"}, c.Link.TAP.Gateways, "from the file")
+
+	for name, tc := range map[string]struct {
+		args []string
+		msg  string
+	}{
+		"not-an-address": {[]string{"-tap-gateway", "router"}, "want an IP address"},
+		"off-link":       {[]string{"-tap-gateway", "10.9.0.1"}, "not on any -tap-addr prefix"},
+		"two-ipv4":       {[]string{"-tap-gateway", "10.142.1.1", "-tap-gateway", "10.142.1.2"}, "a second gateway"},
+		"own-address":    {[]string{"-tap-gateway", "10.142.1.3"}, "the NIC's own address"},
+		"multicast":      {[]string{"-tap-gateway", "224.0.0.1"}, "unicast"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := parseConfig(append([]string{"-link", "tap", "-tap-addr", "10.142.1.3/24"}, tc.args...), io.Discard)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.msg)
+		})
+	}
+}

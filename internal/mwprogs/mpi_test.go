@@ -23,11 +23,20 @@ func TestUDWireupCrash(t *testing.T) {
  9  /lib/x86_64-linux-gnu/libmpi.so.40(MPI_Init+0x6d)
 `
 	assert.True(t, udWireupCrash(ack))
+	// The same defect under load, caught by UD's own assertion (in its
+	// async thread: MPI_Init need not be on the stack).
+	assertion := `[vm:30123:a:30168]       ud_ep.c:721  Assertion ` + "`" + `((int16_t)((ep->tx.acked_psn) - (ep->tx.psn)) < 0)' failed: ep 0x55b5da68d400: flags=0x198 acked_psn=3 must be smaller than current_psn=3
+==== backtrace (tid:  30168) ====
+ 3  /lib/x86_64-linux-gnu/ucx/libuct_ib.so.0(uct_ud_ep_process_rx+0x502) [0x7fb851129302]
+[vm:30123] Signal: Aborted (6)
+`
+	assert.True(t, udWireupCrash(assertion))
 	for name, out := range map[string]string{
 		"wrong result":     "mpi_check: allreduce mismatch at rank 2\n",
 		"abort, not segv":  "Caught signal 6 (Aborted)\n uct_ud_ep_process_rx\n MPI_Init\n",
 		"after init":       "Caught signal 11 (Segmentation fault)\n uct_ud_ep_process_rx\n MPI_Allreduce\n",
 		"elsewhere in ucx": "Caught signal 11 (Segmentation fault)\n uct_rc_verbs_iface_progress\n MPI_Init\n",
+		"other assertion":  "ud_ep.c:300  Assertion `ep->tx.pending' failed\n uct_ud_ep_process_rx\n",
 	} {
 		assert.False(t, udWireupCrash(out), name)
 	}
