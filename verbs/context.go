@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 
 	"github.com/vrnic/vrnic/abi"
 	"golang.org/x/sys/unix"
@@ -29,6 +30,10 @@ type Context struct {
 	// summary: the daemon reads the doorbell summary (ABI 1.3) and this
 	// context marks every post there (DBFlagSummary set).
 	summary bool
+	// kickGen: kick_needed is a generation (abi.DBDaemonKickGen), and
+	// kicked the value this context last kicked for (0: none).
+	kickGen bool
+	kicked  atomic.Uint32
 
 	mu     sync.Mutex
 	arenas []*HostMem // the default allocator's host memory
@@ -107,6 +112,7 @@ func Open(socketPath string, opts ...Option) (*Context, error) {
 		or32(page[abi.OffDBClientFlags:], abi.DBFlagSummary)
 		c.summary = true
 	}
+	c.kickGen = load32(page[abi.OffDBDaemonFlags:])&abi.DBDaemonKickGen != 0
 	return c, nil
 }
 
@@ -182,10 +188,24 @@ func (c *Context) summaryOf(idx uint32) summaryBit {
 }
 
 // kick wakes the daemon if it asked for it (kick_needed set). Called after
-// the producer index store; both are sequentially consistent.
+// the producer index store; both are sequentially consistent. With a
+// daemon that numbers its sleeps (kickGen) it writes once per value: the
+// daemon clears kick_needed only after it woke and before it reads the
+// records again, so a post that still finds the value kicked for is read.
 func (c *Context) kick() {
-	if load32(c.dbPage[abi.OffDBKickNeeded:]) != 0 {
-		unix.Write(c.kickFd, c.kickVal[:])
+	k := load32(c.dbPage[abi.OffDBKickNeeded:])
+	if k == 0 {
+		if c.kickGen && c.kicked.Load() != 0 {
+			c.kicked.Store(0)
+		}
+		return
+	}
+	if c.kickGen && c.kicked.Load() == k {
+		return
+	}
+	unix.Write(c.kickFd, c.kickVal[:])
+	if c.kickGen {
+		c.kicked.Store(k)
 	}
 }
 

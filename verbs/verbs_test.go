@@ -134,13 +134,41 @@ func kickCount(t *testing.T, c *Context) uint64 {
 
 func TestKickOnlyWhenDaemonSleeps(t *testing.T) {
 	f := newFixture(t, abi.QPTRC)
+	require.True(t, f.c.kickGen, "the daemon numbers its sleeps (abi.DBDaemonKickGen)")
+	setKick := func(v uint32) { binary.LittleEndian.PutUint32(f.c.dbPage[abi.OffDBKickNeeded:], v) }
 	wr := SendWR{Opcode: abi.WRSend, SGL: []abi.SGE{f.mr.SGE(0, 8)}}
+	rwr := &RecvWR{WrID: 1, SGL: []abi.SGE{f.mr.SGE(0, 8)}}
 	require.NoError(t, f.qp.PostSend(&wr))
 	assert.Zero(t, kickCount(t, f.c), "daemon polling: no kick")
-	binary.LittleEndian.PutUint32(f.c.dbPage[abi.OffDBKickNeeded:], 1) // the daemon goes to sleep
+
+	// A daemon that does not number its sleeps: every post while it
+	// sleeps kicks.
+	f.c.kickGen = false
+	setKick(1) // the daemon goes to sleep
 	require.NoError(t, f.qp.PostSend(&wr))
-	require.NoError(t, f.qp.PostRecv(&RecvWR{WrID: 1, SGL: []abi.SGE{f.mr.SGE(0, 8)}}))
+	require.NoError(t, f.qp.PostRecv(rwr))
 	assert.Equal(t, uint64(2), kickCount(t, f.c))
+
+	// One that does: one kick per sleep, whatever the posts.
+	f.c.kickGen = true
+	require.NoError(t, f.qp.PostSend(&wr))
+	require.NoError(t, f.qp.PostRecv(rwr))
+	assert.Equal(t, uint64(1), kickCount(t, f.c), "one kick per sleep")
+	setKick(2) // woke, and sleeps again
+	require.NoError(t, f.qp.PostRecv(rwr))
+	require.NoError(t, f.qp.PostSend(&wr))
+	assert.Equal(t, uint64(1), kickCount(t, f.c), "one kick for the next sleep")
+	setKick(0) // polling: what was kicked for is forgotten
+	require.NoError(t, f.qp.PostRecv(rwr))
+	assert.Zero(t, kickCount(t, f.c))
+	setKick(2) // the same value after a 0 is a new sleep
+	ch, err := NewCompChannel()
+	require.NoError(t, err)
+	t.Cleanup(func() { ch.Close() })
+	cq, err := f.c.CreateCQ(4, ch)
+	require.NoError(t, err)
+	require.NoError(t, cq.ReqNotify(false))
+	assert.Equal(t, uint64(1), kickCount(t, f.c), "arming a CQ kicks too")
 }
 
 func TestPostRecv(t *testing.T) {
