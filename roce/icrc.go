@@ -30,22 +30,29 @@ import (
 // packet never written: crcMasked reads the bytes, ORs a per-layout mask
 // (icrcMasks, icrcBTHMask) into the first icrcMaskLen of them as they
 // are loaded, and feeds them to the CRC. On amd64 with PCLMULQDQ and
-// SSE4.1, for buffers of at least icrcFoldMin bytes, that is an assembly
-// routine (icrc_amd64.s) folding 4 x 128-bit lanes with carry-less
-// multiplies, the mask OR-ed in registers as the first two 64-byte blocks
-// are loaded (one block under 128 bytes, when the mask fits it); with AVX-512 VPCLMULQDQ, from icrcFoldWideMin bytes, the
-// same routine folds four zmm registers (16 lanes, 256 bytes a step)
-// instead. The wide form matters because hash/crc32 itself uses
-// VPCLMULQDQ on such CPUs from 1 KiB, where 128-bit PCLMULQDQ alone runs
-// at about half its speed. The folded state is reduced to 32 bits in the
-// assembly (a Barrett reduction); the under-16-byte tail finishes in Go
-// with slicing steps. A packet whose payload is copied in (Framer) has
-// its ICRC computed as it is copied: icrcFoldCopy stores every block it
-// loads, the headers' part coming from slicing steps over the just
-// written headers (crcHead), the state chained from piece to piece
-// (crcCopy). Elsewhere, and for short
-// buffers, the masked prefix is read as 8-byte words, OR-ed in registers
-// and fed to slicing-by-16 steps in Go, the rest going to crc32.Update.
+// SSE4.1 that is assembly (icrc_amd64.s). Under 128 bytes (an ACK, a
+// small WRITE, any packet's headers) it is icrcShort: one 128-bit lane
+// folded 16 bytes a step with carry-less multiplies, the mask OR-ed into
+// each block as it is loaded, the under-16-byte tail shuffled and
+// blended into a last block, and a Barrett reduction: a few multiplies
+// and no table lookups. On the UDP link it also takes the pseudo IP/UDP
+// header, composed in Go as 8-byte words (crcPseudoHead), ahead of the
+// transport packet, all in one call. From 128 bytes it is icrcFold,
+// folding 4 x 128-bit lanes, the mask OR-ed in registers as the first
+// two 64-byte blocks are loaded; with AVX-512 VPCLMULQDQ, from
+// icrcFoldWideMin bytes, the same routine folds four zmm registers (16
+// lanes, 256 bytes a step) instead. The wide form matters because
+// hash/crc32 itself uses VPCLMULQDQ on such CPUs from 1 KiB, where
+// 128-bit PCLMULQDQ alone runs at about half its speed. The folded state
+// is reduced to 32 bits in the assembly (a Barrett reduction); icrcFold's
+// under-16-byte tail finishes in Go with slicing steps. A packet whose
+// payload is copied in (Framer) has its ICRC computed as it is copied:
+// icrcFoldCopy stores every block it loads, the headers' part coming
+// from icrcShort over the just written headers (crcHead, crcPseudoHead),
+// the state chained from piece to piece (crcCopy). Without PCLMULQDQ
+// (and for buffers under 16 bytes), the masked prefix is read as 8-byte
+// words, OR-ed in registers and fed to slicing-by-16 steps in Go, the
+// rest going to crc32.Update.
 // Alternatives measured slower: a masked copy on the stack handed to
 // crc32.Update escapes to the heap (hash/crc32 calls its implementation
 // through a function value); storing masked bytes (in place or in a copy)
@@ -113,6 +120,9 @@ func icrcIP(pkt []byte, v6 bool, iphl int) uint32 {
 	mk := &icrcMasks[16]
 	if !v6 {
 		mk = &icrcMasks[iphl>>2&0xf]
+	}
+	if useFold && uint(len(pkt)-icrcShortMin) <= icrcShortMax-icrcShortMin {
+		return ^icrcShort(^icrcSeed, nil, 0, pkt, mk) // crcMasked's choice, one call less
 	}
 	// The variant bits end at BTH byte 4, at most iphl + UDP + BTH.
 	m := (iphl + UDPHeaderLen + bthFB + 1 + 7) &^ 7

@@ -347,22 +347,32 @@ TEXT ·icrcShort(SB), NOSPLIT, $0-60
 	MOVQ  mk+48(FP), DX
 	MOVL  c+0(FP), X2
 	MOVOU ·icrcK+16(SB), X0
+	MOVQ  CX, R9
+	ANDQ  $~15, R9               // R9: the whole blocks of p
 	TESTQ BX, BX
 	JZ    sbody0
 
-	// Header block 0, the state added to its first 4 bytes.
+	// Header block 0, the state added to its first 4 bytes, then the
+	// others (R8 their offset, BX their end).
 	MOVQ   0(DI), X1
 	PINSRQ $1, 8(DI), X1
 	PXOR   X2, X1
+	SHLQ   $4, BX
+	MOVQ   $16, R8
+	CMPQ   R8, BX
+	JAE    shead
+
+shloop:
+	MOVQ   (DI)(R8*1), X9
+	PINSRQ $1, 8(DI)(R8*1), X9
+	FOLD(X1, X5, X9)
+	ADDQ   $16, R8
+	CMPQ   R8, BX
+	JB     shloop
 
 shead:
-	ADDQ   $16, DI
-	DECQ   BX
-	JZ     sbody
-	MOVQ   0(DI), X9
-	PINSRQ $1, 8(DI), X9
-	FOLD(X1, X5, X9)
-	JMP    shead
+	XORL R8, R8                  // R8: offset in p
+	JMP  sbody
 
 sbody0:
 	// No header: body block 0, masked, the state added.
@@ -370,27 +380,28 @@ sbody0:
 	MOVOU (DX), X9
 	POR   X9, X1
 	PXOR  X2, X1
-	ADDQ  $16, SI
-	ADDQ  $16, DX
-	SUBQ  $16, CX
+	MOVQ  $16, R8
 
 sbody:
-	CMPQ  CX, $16
-	JB    stail
-	MOVOU (SI), X9
-	MOVOU (DX), X10
+	CMPQ R8, R9
+	JAE  stail
+
+sloop:
+	MOVOU (SI)(R8*1), X9
+	MOVOU (DX)(R8*1), X10
 	POR   X10, X9
 	FOLD(X1, X5, X9)
-	ADDQ  $16, SI
-	ADDQ  $16, DX
-	SUBQ  $16, CX
-	JMP   sbody
+	ADDQ  $16, R8
+	CMPQ  R8, R9
+	JB    sloop
 
 stail:
-	TESTQ CX, CX
-	JZ    sdone
+	SUBQ R9, CX                  // CX: the tail's length r
+	JZ   sdone
 
-	// The last 16 bytes of p, masked: the tail is their last r = CX.
+	// The last 16 bytes of p, masked: the tail is their last r.
+	ADDQ     R9, SI
+	ADDQ     R9, DX
 	MOVOU    -16(SI)(CX*1), X9
 	MOVOU    -16(DX)(CX*1), X10
 	POR      X10, X9
