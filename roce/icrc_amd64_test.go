@@ -158,3 +158,16 @@ func TestICRCShortKernel(t *testing.T) {
 		}
 	}
 }
+
+// TestICRCWithoutPCLMUL runs the ICRC tests against references and
+// captures with the assembly kernels switched off, as on an amd64 CPU
+// without PCLMULQDQ: the portable path the dispatchers fall back to.
+func TestICRCWithoutPCLMUL(t *testing.T) {
+	defer func(f, w bool) { useFold, useFoldWide = f, w }(useFold, useFoldWide)
+	useFold, useFoldWide = false, false
+	t.Run("pseudo", TestICRCPseudoMatchesReference)
+	t.Run("ip", TestICRCIPRandom)
+	t.Run("golden", TestICRCMatchesReference)
+	t.Run("golden-udp", TestGoldenUDPFrames)
+	t.Run("framer", TestFramerMatchesBuild)
+}
