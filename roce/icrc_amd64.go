@@ -8,10 +8,11 @@ import (
 	"golang.org/x/sys/cpu"
 )
 
-// icrcFoldMin and icrcFoldWideMin are the shortest buffers crcMasked
-// hands to icrcFold, narrow and wide (the four 64-byte lane groups).
-// Narrow takes one 64-byte block when the mask's span is within it, two
-// (icrcFoldMin2) otherwise. Shorter ones take the portable path.
+// icrcFoldMin and icrcFoldWideMin are the shortest buffers icrcFold
+// takes, narrow and wide (the four 64-byte lane groups): narrow, one
+// 64-byte block when the mask's span is within it, two (icrcFoldMin2)
+// otherwise. crcMasked hands it buffers from icrcFoldMin2 bytes; shorter
+// ones go to icrcShort (from icrcShortMin bytes) or the portable path.
 const (
 	icrcFoldMin     = 64
 	icrcFoldMin2    = 2 * 64
