@@ -421,9 +421,7 @@ func (p *Path) Begin(f *Framer, buf []byte, off, n int, h *Headers) error {
 	switch {
 	case !f.fuse:
 	case f.udp:
-		th := buf[l.tstart:off]
-		c, skip, mk := pseudoState(&f.ps, th, l.end-l.tstart)
-		f.crc = crcHead(c, th[skip:], mk, 8)
+		f.crc = crcPseudoHead(&f.ps, buf[l.tstart:off], l.end-l.tstart)
 	default:
 		mk := &icrcMasks[16]
 		if !l.v6 {

@@ -3,6 +3,7 @@ package roce
 import (
 	"encoding/binary"
 	"hash/crc32"
+	"math/bits"
 	"net/netip"
 )
 
@@ -27,24 +28,31 @@ import (
 // Speed: the state after the 8 0xFF bytes is computed once (icrcSeed).
 // Per packet the CRC runs in one pass over the packet in place, the
 // packet never written: crcMasked reads the bytes, ORs a per-layout mask
-// (icrcMasks, icrcBTHMasks) into the first icrcMaskLen of them as they
+// (icrcMasks, icrcBTHMask) into the first icrcMaskLen of them as they
 // are loaded, and feeds them to the CRC. On amd64 with PCLMULQDQ and
-// SSE4.1, for buffers of at least icrcFoldMin bytes, that is an assembly
-// routine (icrc_amd64.s) folding 4 x 128-bit lanes with carry-less
-// multiplies, the mask OR-ed in registers as the first two 64-byte blocks
-// are loaded (one block under 128 bytes, when the mask fits it); with AVX-512 VPCLMULQDQ, from icrcFoldWideMin bytes, the
-// same routine folds four zmm registers (16 lanes, 256 bytes a step)
-// instead. The wide form matters because hash/crc32 itself uses
-// VPCLMULQDQ on such CPUs from 1 KiB, where 128-bit PCLMULQDQ alone runs
-// at about half its speed. The folded state is reduced to 32 bits in the
-// assembly (a Barrett reduction); the under-16-byte tail finishes in Go
-// with slicing steps. A packet whose payload is copied in (Framer) has
-// its ICRC computed as it is copied: icrcFoldCopy stores every block it
-// loads, the headers' part coming from slicing steps over the just
-// written headers (crcHead), the state chained from piece to piece
-// (crcCopy). Elsewhere, and for short
-// buffers, the masked prefix is read as 8-byte words, OR-ed in registers
-// and fed to slicing-by-16 steps in Go, the rest going to crc32.Update.
+// SSE4.1 that is assembly (icrc_amd64.s). Under 128 bytes (an ACK, a
+// small WRITE, any packet's headers) it is icrcShort: one 128-bit lane
+// folded 16 bytes a step with carry-less multiplies, the mask OR-ed into
+// each block as it is loaded, the under-16-byte tail shuffled and
+// blended into a last block, and a Barrett reduction: a few multiplies
+// and no table lookups. On the UDP link it also takes the pseudo IP/UDP
+// header, composed in Go as 8-byte words (crcPseudoHead), ahead of the
+// transport packet, all in one call. From 128 bytes it is icrcFold,
+// folding 4 x 128-bit lanes, the mask OR-ed in registers as the first
+// two 64-byte blocks are loaded; with AVX-512 VPCLMULQDQ, from
+// icrcFoldWideMin bytes, the same routine folds four zmm registers (16
+// lanes, 256 bytes a step) instead. The wide form matters because
+// hash/crc32 itself uses VPCLMULQDQ on such CPUs from 1 KiB, where
+// 128-bit PCLMULQDQ alone runs at about half its speed. The folded state
+// is reduced to 32 bits in the assembly (a Barrett reduction); icrcFold's
+// under-16-byte tail finishes in Go with slicing steps. A packet whose
+// payload is copied in (Framer) has its ICRC computed as it is copied:
+// icrcFoldCopy stores every block it loads, the headers' part coming
+// from icrcShort over the just written headers (crcHead, crcPseudoHead),
+// the state chained from piece to piece (crcCopy). Without PCLMULQDQ
+// (and for buffers under 16 bytes), the masked prefix is read as 8-byte
+// words, OR-ed in registers and fed to slicing-by-16 steps in Go, the
+// rest going to crc32.Update.
 // Alternatives measured slower: a masked copy on the stack handed to
 // crc32.Update escapes to the heap (hash/crc32 calls its implementation
 // through a function value); storing masked bytes (in place or in a copy)
@@ -100,9 +108,9 @@ var icrcMasks = func() (m [17]icrcMask) {
 	return m
 }()
 
-// icrcBTHMasks mask BTH byte 4 of a buffer starting at BTH byte 0 ([0],
-// IPv6 pseudo header) or at BTH byte 4 ([1], IPv4 pseudo header).
-var icrcBTHMasks = [2]icrcMask{{bthFB: 0xff}, {0: 0xff}}
+// icrcBTHMask masks BTH byte 4 of a buffer starting at BTH byte 0: the
+// transport packet after a pseudo header.
+var icrcBTHMask = icrcMask{bthFB: 0xff}
 
 // icrcIP returns the ICRC of pkt, an IP packet (IPv4 when v6 is false,
 // with header length iphl) holding UDP and a transport packet through the
@@ -112,6 +120,9 @@ func icrcIP(pkt []byte, v6 bool, iphl int) uint32 {
 	mk := &icrcMasks[16]
 	if !v6 {
 		mk = &icrcMasks[iphl>>2&0xf]
+	}
+	if useFold && uint(len(pkt)-icrcShortMin) <= icrcShortMax-icrcShortMin {
+		return ^icrcShort(^icrcSeed, nil, 0, pkt, mk) // crcMasked's choice, one call less
 	}
 	// The variant bits end at BTH byte 4, at most iphl + UDP + BTH.
 	m := (iphl + UDPHeaderLen + bthFB + 1 + 7) &^ 7
@@ -144,10 +155,9 @@ func crcWords(c uint32, b []byte) uint32 {
 	return crcTail(c, b)
 }
 
-// crcHead is crcMaskedGeneric for headers: the first m bytes of p (m a
-// multiple of 8, at most icrcMaskLen and len(p)) OR-ed with mk, the rest
-// plain, all in slicing-by-16 steps.
-func crcHead(c uint32, p []byte, mk *icrcMask, m int) uint32 {
+// crcHeadGeneric is crcHead in portable Go: the first m bytes of p OR-ed
+// with mk, the rest plain, all in slicing-by-16 steps.
+func crcHeadGeneric(c uint32, p []byte, mk *icrcMask, m int) uint32 {
 	return crcWords(crcMaskedWords(c, p[:m], mk), p[m:])
 }
 
@@ -254,7 +264,7 @@ func crcWord2(c uint32, w0, w1 uint64) uint32 {
 
 // netWord places the 16-bit value v in network byte order in the low two
 // bytes of a little-endian word.
-func netWord(v uint64) uint64 { return v>>8&0xff | (v&0xff)<<8 }
+func netWord(v uint64) uint64 { return uint64(bits.ReverseBytes16(uint16(v))) }
 
 // Pseudo is the pseudo IP and UDP header over which the UDP link
 // (ModeUDP) computes the ICRC, since the kernel, not vrnic, writes the real
@@ -285,52 +295,117 @@ type Pseudo struct {
 	SrcPort, DstPort uint16
 }
 
-// icrcPseudo returns the ICRC of body (BTH..pad) under pseudo header ps.
-// The pseudo header (with the first BTH bytes for IPv4) is composed as
-// 8-byte words in registers and fed to slicing-by-16 steps (see Pseudo
-// for the values); the rest of body goes to crcMasked in place. body is
-// only read.
+// icrcPseudo returns the ICRC of body (BTH..pad) under pseudo header ps
+// (see Pseudo for the values). body is only read.
 func icrcPseudo(ps *Pseudo, body []byte) uint32 {
-	c, skip, mk := pseudoState(ps, body, len(body)+ICRCLen)
-	return ^crcMasked(c, body[skip:], mk, 8)
+	return ^crcPseudoHead(ps, body, len(body)+ICRCLen)
 }
 
-// pseudoState returns the raw CRC state after the pseudo header of ps
-// for a transport packet of tlen bytes (BTH through ICRC) starting with
-// body (at least BTHLen bytes), composed as 8-byte words in registers:
-// over IPv4 the first skip = 4 bytes of body are taken with it (skip is 0
-// over IPv6). The rest of body, from skip, goes on under mask mk (BTH
-// byte 4 masked), its span 8.
-func pseudoState(ps *Pseudo, body []byte, tlen int) (c uint32, skip int, mk *icrcMask) {
-	le := binary.LittleEndian
+// icrcShortMin and icrcShortMax bound the buffers icrcShort (amd64)
+// takes: a whole block up to the mask's length.
+const (
+	icrcShortMin = 16
+	icrcShortMax = icrcMaskLen
+)
+
+// pseudoHdr is a pseudo header as the CRC reads it: 16-byte blocks of two
+// little-endian 8-byte words each (load order: the first byte in the low
+// bits). Over IPv6 it is the 48 bytes of the IPv6 and UDP headers, three
+// blocks; over IPv4 the 28 bytes of the IPv4 and UDP headers preceded by
+// 4 zero bytes, two blocks, so that the transport packet after it starts
+// on a block boundary. The zero bytes do not change the CRC: the state
+// the CRC starts with over IPv4 is icrcSeed4, the one that 4 zero bytes
+// take to the usual ^icrcSeed.
+type pseudoHdr [6]uint64
+
+// icrcSeed4 is the raw CRC state that 4 zero bytes take to ^icrcSeed.
+var icrcSeed4 = crcUnshift(^icrcSeed, 4)
+
+// crcUnshift returns the raw CRC-32 state that n zero bytes take to c:
+// the CRC's step over a zero bit, c>>1 ^ (c&1)*crcPoly, run backwards
+// (crcPoly has its top bit set, so the top bit of a stepped state tells
+// whether the polynomial was added).
+func crcUnshift(c uint32, n int) uint32 {
+	for range 8 * n {
+		if c&(1<<31) != 0 {
+			c = (c^crcPoly)<<1 | 1
+		} else {
+			c <<= 1
+		}
+	}
+	return c
+}
+
+// crcPseudoHead returns the raw CRC-32 state after the pseudo header of
+// ps for a transport packet of tlen bytes (BTH through ICRC) and then
+// body, its first bytes (at least BTHLen), BTH byte 4 masked. The pseudo
+// header is composed as 8-byte words (see pseudoHdr); with PCLMULQDQ, a
+// short body goes with them to one icrcShort call, and otherwise to
+// crcPseudoLong. The addresses are read once each in their 16-byte
+// form (netip.Addr.As16: IPv4 and IPv4-mapped IPv6 alike as
+// ::ffff:a.b.c.d, an invalid address as zeros), which tells IPv4 from
+// IPv6 without converting them.
+func crcPseudoHead(ps *Pseudo, body []byte, tlen int) uint32 {
+	var h pseudoHdr
+	var c uint32
+	var nh int
 	ul := uint64(UDPHeaderLen + tlen) // UDP length
-	sp, dp := uint64(ps.SrcPort), uint64(ps.DstPort)
+	dp := uint64(ps.DstPort)
 	if dp == 0 {
 		dp = UDPPort
 	}
-	src, dst := ps.Src.Unmap(), ps.Dst.Unmap()
-	c = ^icrcSeed
-	if src.Is6() || dst.Is6() {
-		s, d := addr16(src), addr16(dst)
+	// source port | destination port | UDP length | checksum ff ff
+	udp := netWord(uint64(ps.SrcPort)) | netWord(dp)<<16 | netWord(ul)<<32 | 0xffff<<48
+	s0, s1 := addrWords(ps.Src)
+	d0, d1 := addrWords(ps.Dst)
+	if native6(ps.Src, s0, s1) || native6(ps.Dst, d0, d1) {
 		// 6f ff ff ff | payload length | next header 17 | hop limit ff
-		c = crcWord2(c, 0x6f|0xffffff<<8|netWord(ul)<<32|ProtocolUDP<<48|0xff<<56, le.Uint64(s[0:]))
-		c = crcWord2(c, le.Uint64(s[8:]), le.Uint64(d[0:]))
-		c = crcWord2(c, le.Uint64(d[8:]), netWord(sp)|netWord(dp)<<16|netWord(ul)<<32|0xffff<<48)
-		return c, 0, &icrcBTHMasks[0]
+		h[0] = 0x6f | 0xffffff<<8 | netWord(ul)<<32 | ProtocolUDP<<48 | 0xff<<56
+		h[1], h[2], h[3], h[4] = s0, s1, d0, d1
+		h[5] = udp
+		c, nh = ^icrcSeed, 3
+	} else {
+		// 00 00 00 00 | 45 ff | total length
+		h[0] = 0x45<<32 | 0xff<<40 | netWord(IPv4HeaderLen+ul)<<48
+		// id 0 | 40 00 (DF) | ttl ff | protocol 17 | checksum ff ff
+		h[1] = 0x40<<16 | 0xff<<32 | ProtocolUDP<<40 | 0xffff<<48
+		// source | destination: the last 4 bytes of each 16-byte form
+		h[2] = s1>>32 | d1&^0xffffffff
+		h[3] = udp
+		c, nh = icrcSeed4, 2
 	}
-	s, d := addr4(src), addr4(dst)
-	c = crcWord2(c,
-		// 45 ff | total length | id 0 | 40 00 (DF)
-		0x45|0xff<<8|netWord(IPv4HeaderLen+ul)<<16|0x40<<48,
-		// ttl ff | protocol 17 | checksum ff ff | source
-		0xff|ProtocolUDP<<8|0xffff<<16|uint64(le.Uint32(s[:]))<<32)
-	c = crcWord2(c,
-		// destination | source port | destination port
-		uint64(le.Uint32(d[:]))|netWord(sp)<<32|netWord(dp)<<48,
-		// UDP length | checksum ff ff | BTH 0..3
-		netWord(ul)|0xffff<<16|uint64(le.Uint32(body[0:]))<<32)
-	// BTH 4.. with byte 4 masked
-	return c, 4, &icrcBTHMasks[1]
+	if useFold && uint(len(body)-icrcShortMin) <= icrcShortMax-icrcShortMin {
+		return icrcShort(c, &h, nh, body, &icrcBTHMask)
+	}
+	return crcPseudoLong(c, &h, nh, body)
+}
+
+// addrWords returns the 16-byte form of a (netip.Addr.As16) as two
+// little-endian words.
+func addrWords(a netip.Addr) (w0, w1 uint64) {
+	b := a.As16()
+	return binary.LittleEndian.Uint64(b[:8]), binary.LittleEndian.Uint64(b[8:])
+}
+
+// native6 reports whether a, whose 16-byte form read as two little-endian
+// words is w0, w1, is a native IPv6 address: valid and not ::ffff:0:0/96
+// (what Unmap turns into IPv4).
+func native6(a netip.Addr, w0, w1 uint64) bool {
+	return a.IsValid() && (w0 != 0 || uint32(w1) != 0xffff0000)
+}
+
+// crcPseudoWords returns the raw CRC-32 state after c over the first nh
+// blocks of h, in slicing-by-16 steps.
+func crcPseudoWords(c uint32, h *pseudoHdr, nh int) uint32 {
+	for i := range nh {
+		c = crcWord2(c, h[2*i], h[2*i+1])
+	}
+	return c
+}
+
+// crcPseudoGeneric is crcPseudoLong in portable Go.
+func crcPseudoGeneric(c uint32, h *pseudoHdr, nh int, body []byte) uint32 {
+	return crcMaskedGeneric(crcPseudoWords(c, h, nh), body, &icrcBTHMask, 8)
 }
 
 // putICRC stores crc little-endian at b[0:4].

@@ -8,10 +8,11 @@ import (
 	"golang.org/x/sys/cpu"
 )
 
-// icrcFoldMin and icrcFoldWideMin are the shortest buffers crcMasked
-// hands to icrcFold, narrow and wide (the four 64-byte lane groups).
-// Narrow takes one 64-byte block when the mask's span is within it, two
-// (icrcFoldMin2) otherwise. Shorter ones take the portable path.
+// icrcFoldMin and icrcFoldWideMin are the shortest buffers icrcFold
+// takes, narrow and wide (the four 64-byte lane groups): narrow, one
+// 64-byte block when the mask's span is within it, two (icrcFoldMin2)
+// otherwise. crcMasked hands it buffers from icrcFoldMin2 bytes; shorter
+// ones go to icrcShort (from icrcShortMin bytes) or the portable path.
 const (
 	icrcFoldMin     = 64
 	icrcFoldMin2    = 2 * 64
@@ -84,15 +85,67 @@ func foldK(n int) uint64 {
 //go:noescape
 func icrcFold(c uint32, p []byte, mk *icrcMask, wide bool) uint32
 
+// icrcShort returns the raw CRC-32 state after c over the first nh
+// 16-byte blocks of h (nh may be 0, h then unused) followed by p, with
+// p[i]|mk[i] in place of p[i]; c is added to the first 4 bytes of the
+// first of them. len(p) must be 0 (with nh > 0) or from icrcShortMin to
+// icrcShortMax. Unlike icrcFold it keeps a single lane, folding 16 bytes
+// a step, and it takes the tail under 16 bytes in the assembly too. p is
+// only read.
+//
+//go:noescape
+func icrcShort(c uint32, h *pseudoHdr, nh int, p []byte, mk *icrcMask) uint32
+
+// icrcShuf are icrcShort's byte shuffles for a tail of r bytes (1..15),
+// two 32-byte tables each loaded at offset r: icrcShuf[r:r+16] moves
+// bytes r..15 of a block to 0..15-r and has the high bit set (PSHUFB
+// writes a zero, PBLENDVB takes its other operand) at 16-r..15;
+// icrcShuf[32+r:48+r] moves bytes 0..r-1 to 16-r..15, zeros below.
+var icrcShuf = func() (t [64]byte) {
+	for k := range 32 {
+		if k < 16 {
+			t[k], t[32+k] = byte(k), 0x80
+		} else {
+			t[k], t[32+k] = 0x80, byte(k-16)
+		}
+	}
+	return t
+}()
+
 // crcMasked returns the raw (not inverted) CRC-32 state after c over p,
 // with p[i]|mk[i] in place of p[i] for i < m: m, a multiple of 8 no
 // larger than icrcMaskLen or len(p), covers every nonzero byte of mk.
 // p is only read.
 func crcMasked(c uint32, p []byte, mk *icrcMask, m int) uint32 {
-	if !useFold || len(p) < icrcFoldMin || len(p) < icrcFoldMin2 && m > icrcFoldMin {
+	if !useFold || len(p) < icrcShortMin {
 		return crcMaskedGeneric(c, p, mk, m)
 	}
+	if len(p) < icrcFoldMin2 {
+		return icrcShort(c, nil, 0, p, mk)
+	}
 	return crcFolded(c, p, mk, useFoldWide && len(p) >= icrcFoldWideMin)
+}
+
+// crcHead is crcMasked for the headers of a packet, at most icrcMaskLen
+// bytes: through icrcShort from icrcShortMin bytes, in slicing steps
+// below that (crcHeadGeneric).
+func crcHead(c uint32, p []byte, mk *icrcMask, m int) uint32 {
+	if !useFold || len(p) < icrcShortMin || len(p) > icrcShortMax {
+		return crcHeadGeneric(c, p, mk, m)
+	}
+	return icrcShort(c, nil, 0, p, mk)
+}
+
+// crcPseudoLong returns the raw CRC-32 state after c over the first nh
+// blocks of the pseudo header h and then body (at least BTHLen bytes,
+// BTH byte 4 masked), for a body icrcShort does not take with the header:
+// the header through icrcShort, body through crcMasked; or all in
+// portable Go without PCLMULQDQ.
+func crcPseudoLong(c uint32, h *pseudoHdr, nh int, body []byte) uint32 {
+	if !useFold {
+		return crcPseudoGeneric(c, h, nh, body)
+	}
+	return crcMasked(icrcShort(c, h, nh, nil, &icrcBTHMask), body, &icrcBTHMask, 8)
 }
 
 // crcFolded is crcMasked through icrcFold (wide or narrow, which the

@@ -59,6 +59,18 @@ func TestICRCPseudoMatchesReference(t *testing.T) {
 		{Src: netip.MustParseAddr("192.0.2.1"), Dst: netip.MustParseAddr("198.51.100.7"), SrcPort: 0xc123, DstPort: 4791},
 		{Src: netip.MustParseAddr("2001:db8::1"), Dst: netip.MustParseAddr("2001:db8:ffff::2"), SrcPort: 4791},
 		{Src: netip.MustParseAddr("::ffff:10.0.0.1"), Dst: netip.MustParseAddr("10.0.0.2"), SrcPort: 1},
+		// Mixed and odd forms: one address missing (zeros in its family),
+		// the IPv6 unspecified address (native, though all zeros), a zone
+		// (not covered), IPv4-mapped against native IPv6 (IPv6).
+		{Dst: netip.MustParseAddr("2001:db8::9"), SrcPort: 0x1234, DstPort: 0x5678},
+		{Src: netip.MustParseAddr("2001:db8::9")},
+		{Src: netip.MustParseAddr("203.0.113.5"), SrcPort: 0xffff},
+		{Dst: netip.MustParseAddr("203.0.113.5")},
+		{Src: netip.IPv6Unspecified()},
+		{Src: netip.MustParseAddr("::ffff:0.0.0.0"), Dst: netip.IPv4Unspecified()},
+		{Src: netip.MustParseAddr("fe80::1%eth0"), Dst: netip.MustParseAddr("fe80::2")},
+		{Src: netip.MustParseAddr("::ffff:192.0.2.1"), Dst: netip.MustParseAddr("2001:db8::2")},
+		{Src: netip.MustParseAddr("::1"), Dst: netip.MustParseAddr("::ffff:127.0.0.1")},
 	}
 	lengths := append(icrcLengths(0, 300), 1000, 4096+RETHLen, 9000)
 	for _, ps := range pairs {
@@ -86,6 +98,21 @@ func TestICRCPseudoMatchesReference(t *testing.T) {
 			assert.Equal(t, refICRC(ip), icrcPseudo(&ps, body), "%+v n=%d", ps, n)
 		}
 	}
+}
+
+// TestCRCUnshift: crcUnshift(s, n) is the state that n zero bytes take
+// to s, and icrcSeed4 the one 4 zero bytes take to the ICRC's seed.
+func TestCRCUnshift(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	zeros := make([]byte, 40)
+	for n := range zeros {
+		for range 20 {
+			s := rng.Uint32()
+			require.Equal(t, s, crcWords(crcUnshift(s, n), zeros[:n]), "n=%d s=%#x", n, s)
+		}
+	}
+	require.Equal(t, ^icrcSeed, crcWords(icrcSeed4, zeros[:4]))
+	require.NotEqual(t, icrcSeed4, ^icrcSeed)
 }
 
 // TestICRCSeed: the state after 8 bytes of ones is Linux rxe's starting
@@ -141,7 +168,7 @@ func maskSpan(mk *icrcMask) int {
 }
 
 // icrcLayouts are every mask the package uses (IPv4 IHL 5..15, IPv6, the
-// two pseudo-header BTH masks), no mask, all ones and a random one.
+// pseudo-header BTH mask), no mask, all ones and a random one.
 func icrcLayouts(rng *rand.Rand) []icrcLayout {
 	var ls []icrcLayout
 	add := func(name string, mk *icrcMask) { ls = append(ls, icrcLayout{name, mk, maskSpan(mk)}) }
@@ -149,8 +176,7 @@ func icrcLayouts(rng *rand.Rand) []icrcLayout {
 		add(fmt.Sprintf("ipv4-ihl%d", ihl), &icrcMasks[ihl])
 	}
 	add("ipv6", &icrcMasks[16])
-	add("bth0", &icrcBTHMasks[0])
-	add("bth4", &icrcBTHMasks[1])
+	add("bth", &icrcBTHMask)
 	add("none", new(icrcMask))
 	ones, rnd := new(icrcMask), new(icrcMask)
 	for i := range ones {
