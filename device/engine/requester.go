@@ -309,6 +309,9 @@ func (qp *QP) reqWindow() reqState {
 
 // reqSend builds the packet at e.sendPSN.
 func (qp *QP) reqSend() reqState {
+	if qp.cc != nil && qp.cc.paced && qp.ccHold() {
+		return reqExit // congestion control: the pacer's timer resumes it
+	}
 	e := &qp.sq[qp.next&qp.sqMask]
 	buf := qp.w.txBuf()
 	if buf == nil {
@@ -394,6 +397,9 @@ func (qp *QP) reqSend() reqState {
 		// Nothing would ever report the packet sent.
 		qp.failWQE(e, abi.WCLocQPOpErr)
 		return reqExit
+	}
+	if queued && qp.cc != nil && qp.cc.paced {
+		qp.ccSent(len(qp.w.tx[qp.w.txN-1]))
 	}
 	if qp.req.dup && o.psn == qp.req.dupPSN {
 		qp.req.dup = false
