@@ -253,4 +253,3 @@ func (q *tqp) counters(t testing.TB) *QPCounters {
 	require.NoError(t, err)
 	return c
 }
-
