@@ -77,8 +77,10 @@
 //	             more than for (default 100ms) away
 //	  ecn        mark CE: the ECN bits of the IP header (checksum fixed; the
 //	             ICRC does not cover them); on the UDP link, whose IP header
-//	             the kernel writes, the BTH FECN bit. The engine has no CNP
-//	             or DCQCN handling: marks are counted and captured
+//	             the kernel writes, the BTH FECN bit. A receiving daemon
+//	             with -cc dcqcn answers a marked data packet with a CNP
+//	             (kernel-notes/congestion.md); marks are counted and
+//	             captured
 //	  down       the link is down for for: this frame and every later one in
 //	             the rule's direction(s) and peer are dropped until then
 //	  verb       a verb-level fault (below), named by verb
