@@ -209,6 +209,10 @@ func (l *Link) decide(r *rule, p *plan, v *view, n int, now int64) (string, bool
 			return "rate: drop", true
 		}
 		p.hold, p.due = true, at
+		if a.ceAbove > 0 && at-now > a.ceAbove {
+			p.ecn = true
+			return "rate: wait " + time.Duration(at-now).String() + ", ecn CE", true
+		}
 		return "rate: wait " + time.Duration(at-now).String(), true
 	}
 	return "", false

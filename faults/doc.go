@@ -74,7 +74,9 @@
 //	             the mean, stddev)
 //	  rate       bps or pps over the frames the rule matches, burst frames
 //	             (default 1); a frame waits its turn, or is dropped if that is
-//	             more than for (default 100ms) away
+//	             more than for (default 100ms) away; ce_above marks CE (as
+//	             ecn does) on the frames that wait longer than it: a queue
+//	             marking above a threshold
 //	  ecn        mark CE: the ECN bits of the IP header (checksum fixed; the
 //	             ICRC does not cover them); on the UDP link, whose IP header
 //	             the kernel writes, the BTH FECN bit. A receiving daemon

@@ -87,6 +87,7 @@ type action struct {
 	bps     uint64
 	pps     uint64
 	burst   int
+	ceAbove int64 // rate: mark CE on frames waiting longer (0: never)
 	verb    string
 }
 
@@ -243,6 +244,7 @@ func compile(spec admin.FaultRule, seed uint64, now int64) (*rule, error) {
 		c.dist = "fixed"
 	}
 	c.hold = int64(admin.FaultDuration(a.For))
+	c.ceAbove = int64(admin.FaultDuration(a.CEAbove))
 	switch a.Type {
 	case "reorder":
 		if c.frames == 0 {
