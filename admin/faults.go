@@ -58,6 +58,13 @@ type FaultRuleInfo struct {
 	// was applied to.
 	Matched uint64 `json:"matched"`
 	Applied uint64 `json:"applied"`
+	// A rate rule's queue: the frames it dropped (they would have waited
+	// longer than For), the nanoseconds the frames it held waited in all
+	// (the mean queueing delay of what it passed is RateWaitNs over
+	// Matched less RateDrops) and the frames it marked CE (CEAbove).
+	RateDrops  uint64 `json:"rate_drops,omitempty"`
+	RateWaitNs uint64 `json:"rate_wait_ns,omitempty"`
+	CEMarked   uint64 `json:"ce_marked,omitempty"`
 }
 
 // FaultScenario is what a scenario file (vrnicd -faults FILE, JSON or

@@ -386,6 +386,7 @@ func TestRateAndDown(t *testing.T) {
 	r.recv(t)
 	assert.Equal(t, []uint32{0, 1}, psns(r.fake.sent))
 	assert.Equal(t, "fault rule 1: rate: drop", r.obs.notes[2], "beyond the longest wait: dropped")
+	assert.Equal(t, uint64(2), r.inj.List()[0].RateDrops)
 
 	r.inj.Clear()
 	_, err := r.inj.Add([]admin.FaultRule{{ID: 2, Dir: "rx", PSN: "5", Action: admin.FaultAction{Type: "down", For: "1ms"}}})
@@ -459,6 +460,10 @@ func TestRateMarksCEAbove(t *testing.T) {
 	}
 	assert.Contains(t, r.obs.notes[3], "ecn CE")
 	assert.NotContains(t, r.obs.notes[2], "ecn")
+	st := r.inj.List()[0]
+	assert.Equal(t, uint64(3), st.CEMarked)
+	assert.Equal(t, uint64((1+2+3+4+5)*time.Millisecond), st.RateWaitNs)
+	assert.Zero(t, st.RateDrops)
 
 	bad := admin.FaultRule{ID: 2, Action: admin.FaultAction{Type: "drop", CEAbove: "1ms"}}
 	_, err := r.inj.Add([]admin.FaultRule{bad})
