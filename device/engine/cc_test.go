@@ -24,9 +24,24 @@ type ceLink struct {
 	mode   roce.Mode
 	mark   atomic.Bool
 	marked atomic.Uint64
+	// Ethernet frames sent: by their IP ECN field (before marking),
+	// CNPs and others.
+	ecn, cnpECN [4]atomic.Uint64
 }
 
 func (l *ceLink) SendBatch(frames [][]byte, peers []netip.AddrPort) (int, error) {
+	if l.mode == roce.ModeEthernet {
+		for _, f := range frames {
+			var pkt roce.Packet
+			if roce.Parse(f, &pkt) == nil {
+				if pkt.BTH.Opcode() == roce.OpCNP {
+					l.cnpECN[pkt.IPv4.TOS()&3].Add(1)
+				} else {
+					l.ecn[pkt.IPv4.TOS()&3].Add(1)
+				}
+			}
+		}
+	}
 	if l.mark.Load() {
 		for _, f := range frames {
 			var pkt roce.Packet
@@ -110,9 +125,9 @@ func TestCNPOnCE(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			nw := newNetworkMode(t, mode, 4096, 1024)
 			p := ccParams()
-			var mk *ceLink
+			var mk, lb *ceLink
 			na := newCCNode(t, nw, "10.0.0.1", p, func(l Link) Link { mk = &ceLink{Link: l, mode: mode}; return mk })
-			nb := newCCNode(t, nw, "10.0.0.2", p, nil)
+			nb := newCCNode(t, nw, "10.0.0.2", p, func(l Link) Link { lb = &ceLink{Link: l, mode: mode}; return lb })
 			o := defaultOpts()
 			a, b := na.newQP(t, 0x11, o), nb.newQP(t, 0x22, o)
 			connect(t, a, b, o)
@@ -134,6 +149,15 @@ func TestCNPOnCE(t *testing.T) {
 			assert.Equal(t, ca.CNPsReceived, na.eng.WorkerCounters(0).CNPsReceived.Load())
 			assert.Zero(t, na.eng.WorkerCounters(0).CNPsIgnored.Load())
 			assert.Zero(t, ca.SeqNAKsReceived, "CNPs do not disturb the PSN sequence")
+			if mode == roce.ModeEthernet {
+				// Every packet ECN-capable (ECT(0)), but the CNPs (Not-ECT).
+				for _, l := range []*ceLink{mk, lb} {
+					assert.NotZero(t, l.ecn[ecnECT0].Load())
+					assert.Zero(t, l.ecn[0].Load()+l.ecn[1].Load()+l.ecn[3].Load())
+					assert.Zero(t, l.cnpECN[1].Load()+l.cnpECN[2].Load()+l.cnpECN[3].Load())
+				}
+				assert.Equal(t, cb.CNPsSent, lb.cnpECN[0].Load())
+			}
 
 			mk.mark.Store(false)
 			// Recovery: the rate-increase timer brings the QP back to
@@ -194,6 +218,9 @@ func TestCNPWithCCOff(t *testing.T) {
 	require.NotZero(t, ca.CNPsReceived)
 	assert.Equal(t, ca.CNPsReceived, na.eng.WorkerCounters(0).CNPsIgnored.Load())
 	assert.Zero(t, a.counters(t).CCRate())
+	// Off, the packets are as without congestion control: ECN field 0.
+	assert.NotZero(t, mk.ecn[0].Load())
+	assert.Zero(t, mk.ecn[1].Load()+mk.ecn[2].Load()+mk.ecn[3].Load())
 
 	// The other way: b's WRITEs reach a, which has CC off, unmarked, so
 	// nothing; a never sends a CNP.
