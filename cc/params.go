@@ -85,6 +85,11 @@ type Params struct {
 	// PaceBurst is the pacer's bucket depth in bytes: what a limited QP
 	// may send at once (at least one frame). Default 16 KiB.
 	PaceBurst uint64
+	// LinkRate, when not 0, limits what the device's QPs send together
+	// to this rate, as a port's speed does: each engine worker (link
+	// queue) gets LinkRate / workers. Default 0: no limit beyond the
+	// QPs' own.
+	LinkRate uint64
 }
 
 // Mbps is a rate of n megabits per second in bits per second.
@@ -144,6 +149,8 @@ func (p *Params) Validate() error {
 		return bad("min_time_between_cnps %v: want [0, 1s]", p.MinTimeBetweenCNPs)
 	case p.PaceBurst < 4096 || p.PaceBurst > 64<<20:
 		return bad("pace_burst %d: want 4096 .. 64 MiB", p.PaceBurst)
+	case p.LinkRate != 0 && (p.LinkRate < Mbps(1) || p.LinkRate > Mbps(10_000_000)):
+		return bad("link_rate %d b/s: want 0 (none) or 1 Mb/s .. 10 Tb/s", p.LinkRate)
 	}
 	return nil
 }
@@ -157,8 +164,9 @@ type param struct {
 	dur  func(*Params) *time.Duration
 }
 
-// params is the table of parameters by their mlx5 names (and two of
-// vrnic's: line_rate, pace_burst). Rates are given in Mb/s, times in µs.
+// params is the table of parameters by their mlx5 names (and three of
+// vrnic's: line_rate, pace_burst, link_rate). Rates are given in Mb/s,
+// times in µs.
 var params = []param{
 	{name: "line_rate", kind: 'r', u64: func(p *Params) *uint64 { return &p.LineRate }},
 	{name: "rate_to_set_on_first_cnp", kind: 'r', u64: func(p *Params) *uint64 { return &p.RateOnFirstCNP }},
@@ -175,6 +183,7 @@ var params = []param{
 	{name: "initial_alpha_value", kind: 'n', u32: func(p *Params) *uint32 { return &p.InitialAlpha }},
 	{name: "min_time_between_cnps", kind: 't', dur: func(p *Params) *time.Duration { return &p.MinTimeBetweenCNPs }},
 	{name: "pace_burst", kind: 'n', u64: func(p *Params) *uint64 { return &p.PaceBurst }},
+	{name: "link_rate", kind: 'r', u64: func(p *Params) *uint64 { return &p.LinkRate }},
 }
 
 // Names returns the parameter names Set takes, in table order.

@@ -22,8 +22,10 @@ import (
 //     not an ACK and never reaches the completer (inputCNP).
 //   - Pacing: a QP whose rate is below the line rate asks its token
 //     bucket (cc.Pacer) before each request packet and waits on a timer
-//     of its worker when the bucket is empty (ccHold); a QP that never had
-//     a CNP, or recovered, pays one pointer test per packet.
+//     of its worker when the bucket is empty (ccHold). With
+//     cc.Params.LinkRate, the worker's own bucket (linkPace) limits what
+//     all its QPs send together, as a port's speed does. With congestion
+//     control off, the requester tests one pointer per packet.
 //   - Timers: the rate-increase timer and the pacing wake-up are timers
 //     of the worker's heap (timerCCRate, timerCCPace), as the ACK and RNR
 //     timers are.
@@ -194,23 +196,36 @@ func (qp *QP) onCCRateTimer() {
 // onCCPaceTimer: the QP's bucket holds tokens again.
 func (qp *QP) onCCPaceTimer() { qp.w.activate(qp) }
 
-// ccHold reports whether the pacer holds the QP's next packet back now,
-// and if so arms the wake-up for when it may go.
+// ccHold reports whether a pacer holds the QP's next packet back now
+// (its own, while limited, or the worker's link limiter), and if so arms
+// the wake-up for when it may go.
 func (qp *QP) ccHold() bool {
 	c, w := qp.cc, qp.w
-	if c.pace.Ready(w.now) {
-		return false
+	if c != nil && c.paced && !c.pace.Ready(w.now) {
+		if !c.paceTimer.armed() {
+			w.timers.set(&c.paceTimer, c.pace.ReadyAt(w.now))
+		}
+		return true
 	}
-	if !c.paceTimer.armed() {
-		w.timers.set(&c.paceTimer, c.pace.ReadyAt(w.now))
+	if l := w.linkPace; l != nil && !l.Ready(w.now) {
+		if !w.linkTimer.armed() {
+			w.timers.set(&w.linkTimer, l.ReadyAt(w.now))
+		}
+		return true
 	}
-	return true
+	return false
 }
 
 // ccSent charges n bytes the QP just queued to its bucket and byte
-// counter.
+// counter, and to the worker's link limiter.
 func (qp *QP) ccSent(n int) {
+	if l := qp.w.linkPace; l != nil {
+		l.Spend(n)
+	}
 	c := qp.cc
+	if c == nil || !c.paced {
+		return
+	}
 	c.pace.Spend(n)
 	if c.rp.OnSent(uint64(n)) {
 		qp.ccRate()

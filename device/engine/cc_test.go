@@ -280,3 +280,60 @@ func (q *tqp) counters(t testing.TB) *QPCounters {
 	require.NoError(t, err)
 	return c
 }
+
+// TestPacingHoldsTheRate: after one CNP (and no increase: the timer and
+// the byte counter are set beyond the test) a QP sends at most at its cut
+// rate, about 1 Mb/s here: B bytes take at least (B - burst) / rate. And
+// with link_rate the worker's QPs together send at most at that rate
+// without any CNP. Lower bounds only: a slow machine only takes longer.
+func TestPacingHoldsTheRate(t *testing.T) {
+	const size, n = 4096, 16 // 64 KiB
+	t.Run("qp", func(t *testing.T) {
+		nw := newNetworkMode(t, roce.ModeUDP, 4096, 1024)
+		p := ccParams()
+		p.LineRate = cc.Mbps(2) // the first cut: 2 · (1 - 1023/2048) ≈ 1 Mb/s
+		p.MinRate = cc.Mbps(1)
+		p.AIRate, p.HAIRate = cc.Mbps(1), cc.Mbps(1)
+		p.TimeReset, p.ByteReset, p.MinTimeBetweenCNPs = time.Second, 1<<32, time.Second
+		p.PaceBurst = 4096
+		var mk *ceLink
+		na := newCCNode(t, nw, "10.0.0.1", p, func(l Link) Link { mk = &ceLink{Link: l, mode: roce.ModeUDP}; return mk })
+		nb := newCCNode(t, nw, "10.0.0.2", p, nil)
+		o := defaultOpts()
+		a, b := na.newQP(t, 0x11, o), nb.newQP(t, 0x22, o)
+		connect(t, a, b, o)
+		mk.mark.Store(true)
+		writes(t, a, b, 1, 64, 1)
+		mk.mark.Store(false)
+		require.Eventually(t, func() bool { return a.counters(t).CCRate() != 0 }, waitFor, time.Millisecond, "the CNP arrives")
+		rate := a.counters(t).CCRate()
+		require.InDelta(t, float64(cc.Mbps(1)), float64(rate), float64(cc.Mbps(1))/100)
+		start := time.Now()
+		writes(t, a, b, n, size, 2)
+		took := time.Since(start)
+		least := time.Duration(float64((n*size-2*int(p.PaceBurst))*8) / float64(rate) * float64(time.Second))
+		assert.GreaterOrEqual(t, took, least, "%d bytes at %d b/s", n*size, rate)
+		assert.Equal(t, rate, a.counters(t).CCRate(), "no increase meanwhile")
+	})
+	t.Run("link", func(t *testing.T) {
+		nw := newNetworkMode(t, roce.ModeUDP, 4096, 1024)
+		p := ccParams()
+		p.LinkRate, p.PaceBurst = cc.Mbps(2), 4096
+		na := newCCNode(t, nw, "10.0.0.1", p, nil)
+		nb := newCCNode(t, nw, "10.0.0.2", ccParams(), nil)
+		o := defaultOpts()
+		a1, b1 := na.newQP(t, 0x11, o), nb.newQP(t, 0x22, o)
+		a2, b2 := na.newQP(t, 0x13, o), nb.newQP(t, 0x24, o)
+		connect(t, a1, b1, o)
+		connect(t, a2, b2, o)
+		start := time.Now()
+		done := make(chan struct{})
+		go func() { defer close(done); writes(t, a2, b2, n/2, size, 3) }()
+		writes(t, a1, b1, n/2, size, 4)
+		<-done
+		took := time.Since(start)
+		least := time.Duration(float64((n*size-2*int(p.PaceBurst))*8) / float64(p.LinkRate) * float64(time.Second))
+		assert.GreaterOrEqual(t, took, least, "two QPs, %d bytes together at %d b/s", n*size, p.LinkRate)
+		assert.Zero(t, a1.counters(t).CCRate(), "no CNP: the QPs themselves are not limited")
+	})
+}

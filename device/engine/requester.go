@@ -309,8 +309,8 @@ func (qp *QP) reqWindow() reqState {
 
 // reqSend builds the packet at e.sendPSN.
 func (qp *QP) reqSend() reqState {
-	if qp.cc != nil && qp.cc.paced && qp.ccHold() {
-		return reqExit // congestion control: the pacer's timer resumes it
+	if qp.w.ccp != nil && qp.ccHold() {
+		return reqExit // congestion control: a pacer's timer resumes it
 	}
 	e := &qp.sq[qp.next&qp.sqMask]
 	buf := qp.w.txBuf()
@@ -398,7 +398,7 @@ func (qp *QP) reqSend() reqState {
 		qp.failWQE(e, abi.WCLocQPOpErr)
 		return reqExit
 	}
-	if queued && qp.cc != nil && qp.cc.paced {
+	if queued && qp.w.ccp != nil {
 		qp.ccSent(len(qp.w.tx[qp.w.txN-1]))
 	}
 	if qp.req.dup && o.psn == qp.req.dupPSN {

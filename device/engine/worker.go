@@ -197,7 +197,11 @@ type worker struct {
 	udp   bool
 	local netip.AddrPort
 	// ccp: the congestion-control parameters (Config.CC); nil: off.
-	ccp *cc.Params
+	// linkPace, when set (cc.Params.LinkRate), limits what the worker's
+	// QPs send together; linkTimer wakes the worker when it may again.
+	ccp       *cc.Params
+	linkPace  *cc.Pacer
+	linkTimer timer
 
 	// scratch, reused for every packet and completion
 	pkt  roce.Packet
@@ -240,6 +244,11 @@ func newWorker(e *Engine, id int, l Link) *worker {
 		ccp:     e.cfg.CC,
 
 		ringLinger: ringLinger,
+	}
+	w.linkTimer = timer{idx: -1, kind: timerLinkPace}
+	if p := e.cfg.CC; p != nil && p.LinkRate != 0 {
+		w.linkPace = &cc.Pacer{}
+		w.linkPace.SetRate(p.LinkRate/uint64(len(e.cfg.Links)), p.PaceBurst, 0)
 	}
 	w.flushRQE.SGEs = make([]abi.SGE, 0, abi.MaxSGE)
 	w.probe.SGEs, w.probe.Inline = make([]abi.SGE, 0, abi.MaxSGE), make([]byte, 0, abi.MaxInline)
@@ -464,6 +473,9 @@ func (w *worker) fire() {
 			t.qp.onCCRateTimer()
 		case timerCCPace:
 			t.qp.onCCPaceTimer()
+		case timerLinkPace:
+			// Nothing more: the pass that follows services the active
+			// QPs, the held ones among them (busy, above).
 		}
 	}
 }
