@@ -313,6 +313,9 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 		}
 		if set["cc"] {
 			merged.CC.Mode = *ccMode
+			if *ccMode == "off" && !set["cc-param"] {
+				merged.CC.Params = nil // -cc off over a file: its parameters go too
+			}
 		}
 		if set["cc-param"] {
 			merged.CC.Params = ccParams

@@ -75,7 +75,7 @@ func (qp *QP) ccStop() {
 	c.paced = false
 	c.pace.SetRate(0, 0, qp.w.now)
 	if r := qp.Counters.rare.Load(); r != nil {
-		r.CCRate.Store(0)
+		r.ccRate.Store(0)
 	}
 }
 
@@ -175,13 +175,13 @@ func (qp *QP) ccRate() {
 		c.pace.SetRate(0, 0, w.now)
 		w.timers.stop(&c.rateTimer)
 		w.timers.stop(&c.paceTimer)
-		r.CCRate.Store(0)
+		r.ccRate.Store(0)
 		w.activate(qp) // a QP waiting for its bucket sends again
 		return
 	}
 	rate := c.rp.Rate()
 	c.pace.SetRate(rate, w.ccp.PaceBurst, w.now)
-	r.CCRate.Store(rate)
+	r.ccRate.Store(rate)
 }
 
 // onCCRateTimer is the rate-increase timer's expiry.

@@ -118,12 +118,12 @@ type RareQPCounters struct {
 	RemAccessNAKsReceived  atomic.Uint64
 	RemOpNAKsReceived      atomic.Uint64
 	// Congestion control (cc.go): CE-marked packets received, CNPs sent
-	// and received; CCRate is the QP's current rate in b/s while its
+	// and received; ccRate is the QP's current rate in b/s while its
 	// reaction point limits it, 0 while it is not limited (a gauge).
 	CEReceived   atomic.Uint64
 	CNPsSent     atomic.Uint64
 	CNPsReceived atomic.Uint64
-	CCRate       atomic.Uint64
+	ccRate       atomic.Uint64
 }
 
 // countErrNAK counts a fatal NAK of code c in sent or received; another
@@ -238,7 +238,7 @@ func (c *QPCounters) Load() QPCounterValues {
 // limits it, 0 while it does not (never did, or recovered).
 func (c *QPCounters) CCRate() uint64 {
 	if r := c.rare.Load(); r != nil {
-		return r.CCRate.Load()
+		return r.ccRate.Load()
 	}
 	return 0
 }
