@@ -30,8 +30,10 @@ import (
 //     of the worker's heap (timerCCRate, timerCCPace), as the ACK and RNR
 //     timers are.
 //
-// A QP's CC state is made the first time it sees CE or a CNP: one
-// allocation in its life, none for a QP that never meets congestion.
+// A QP's CC state is made the first time it sees CE or a CNP, and kept in
+// its worker's ccs map, not in the QP: an idle QP holds two flag bytes
+// (QP.ccHas, QP.ccPaced) in what was padding. A QP that never meets
+// congestion allocates nothing; RESET, ERR and destroy drop the state.
 
 // ECN field values (RFC 3168).
 const (
@@ -45,35 +47,40 @@ type qpCC struct {
 	rp        cc.RP
 	pace      cc.Pacer
 	np        cc.NP
-	paced     bool // rp.Active(): the requester asks pace before each packet
 	rateTimer timer
 	paceTimer timer
 }
 
 // ccState returns the QP's CC state, made on first use.
 func (qp *QP) ccState() *qpCC {
-	if qp.cc == nil {
-		c := &qpCC{}
-		c.rp.Init(qp.w.ccp)
-		c.rateTimer = timer{idx: -1, kind: timerCCRate, qp: qp}
-		c.paceTimer = timer{idx: -1, kind: timerCCPace, qp: qp}
-		qp.cc = c
+	w := qp.w
+	if qp.ccHas {
+		return w.ccs[qp]
 	}
-	return qp.cc
+	c := &qpCC{}
+	c.rp.Init(w.ccp)
+	c.rateTimer = timer{idx: -1, kind: timerCCRate, qp: qp}
+	c.paceTimer = timer{idx: -1, kind: timerCCPace, qp: qp}
+	if w.ccs == nil {
+		w.ccs = make(map[*QP]*qpCC)
+	}
+	w.ccs[qp] = c
+	qp.ccHas = true
+	return c
 }
 
-// ccStop stops the QP's CC timers and forgets its rate (RESET, ERR,
+// ccStop stops the QP's CC timers and drops its state (RESET, ERR,
 // destroy): a QP that comes back starts unlimited.
 func (qp *QP) ccStop() {
-	c := qp.cc
-	if c == nil {
+	if !qp.ccHas {
 		return
 	}
-	qp.w.timers.stop(&c.rateTimer)
-	qp.w.timers.stop(&c.paceTimer)
-	c.rp.Init(qp.w.ccp)
-	c.paced = false
-	c.pace.SetRate(0, 0, qp.w.now)
+	w := qp.w
+	c := w.ccs[qp]
+	w.timers.stop(&c.rateTimer)
+	w.timers.stop(&c.paceTimer)
+	delete(w.ccs, qp)
+	qp.ccHas, qp.ccPaced = false, false
 	if r := qp.Counters.rare.Load(); r != nil {
 		r.ccRate.Store(0)
 	}
@@ -159,19 +166,19 @@ func (w *worker) inputCNP(qp *QP, pkt *roce.Packet, src, dst netip.Addr) {
 	}
 	c := qp.ccState()
 	w.timers.set(&c.rateTimer, c.rp.OnCNP(w.now))
-	qp.ccRate()
+	qp.ccRate(c)
 }
 
 // sends reports whether the QP's requester may send (RTS, SQD).
 func (qp *QP) sends() bool { return qp.state == abi.QPSRTS || qp.state == abi.QPSSQD }
 
-// ccRate applies the reaction point's rate to the pacer and the
-// counters.
-func (qp *QP) ccRate() {
-	c, w := qp.cc, qp.w
-	c.paced = c.rp.Active()
+// ccRate applies the reaction point's rate of c, the QP's state, to its
+// pacer and counters.
+func (qp *QP) ccRate(c *qpCC) {
+	w := qp.w
+	qp.ccPaced = c.rp.Active()
 	r := qp.Counters.Rare()
-	if !c.paced {
+	if !qp.ccPaced {
 		c.pace.SetRate(0, 0, w.now)
 		w.timers.stop(&c.rateTimer)
 		w.timers.stop(&c.paceTimer)
@@ -186,11 +193,15 @@ func (qp *QP) ccRate() {
 
 // onCCRateTimer is the rate-increase timer's expiry.
 func (qp *QP) onCCRateTimer() {
-	c, w := qp.cc, qp.w
+	if !qp.ccHas {
+		return
+	}
+	w := qp.w
+	c := w.ccs[qp]
 	if next := c.rp.OnTimer(w.now); next != 0 {
 		w.timers.set(&c.rateTimer, next)
 	}
-	qp.ccRate()
+	qp.ccRate(c)
 }
 
 // onCCPaceTimer: the QP's bucket holds tokens again.
@@ -200,12 +211,14 @@ func (qp *QP) onCCPaceTimer() { qp.w.activate(qp) }
 // (its own, while limited, or the worker's link limiter), and if so arms
 // the wake-up for when it may go.
 func (qp *QP) ccHold() bool {
-	c, w := qp.cc, qp.w
-	if c != nil && c.paced && !c.pace.Ready(w.now) {
-		if !c.paceTimer.armed() {
-			w.timers.set(&c.paceTimer, c.pace.ReadyAt(w.now))
+	w := qp.w
+	if qp.ccPaced {
+		if c := w.ccs[qp]; !c.pace.Ready(w.now) {
+			if !c.paceTimer.armed() {
+				w.timers.set(&c.paceTimer, c.pace.ReadyAt(w.now))
+			}
+			return true
 		}
-		return true
 	}
 	if l := w.linkPace; l != nil && !l.Ready(w.now) {
 		if !w.linkTimer.armed() {
@@ -222,12 +235,12 @@ func (qp *QP) ccSent(n int) {
 	if l := qp.w.linkPace; l != nil {
 		l.Spend(n)
 	}
-	c := qp.cc
-	if c == nil || !c.paced {
+	if !qp.ccPaced {
 		return
 	}
+	c := qp.w.ccs[qp]
 	c.pace.Spend(n)
 	if c.rp.OnSent(uint64(n)) {
-		qp.ccRate()
+		qp.ccRate(c)
 	}
 }

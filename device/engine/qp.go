@@ -357,13 +357,15 @@ type QP struct {
 	// unrel: UC or UD, no acknowledgements: a send WQE is done once its
 	// last packet was handed to the link (worker.flush, sentThrough).
 	unrel bool
+	// Congestion control (cc.go): ccHas, the QP has CC state (in its
+	// worker's ccs, made when it first saw CE or a CNP); ccPaced, its
+	// reaction point limits it. Two bytes where the struct had padding:
+	// an idle QP holds no more than before.
+	ccHas, ccPaced bool
 
 	retryTimer timer
 	rnrTimer   timer
 	lastActive int64
-	// cc is the QP's congestion-control state, nil until it first sees
-	// CE or a CNP (cc.go).
-	cc *qpCC
 
 	Counters QPCounters
 }

@@ -202,6 +202,9 @@ type worker struct {
 	ccp       *cc.Params
 	linkPace  *cc.Pacer
 	linkTimer timer
+	// ccs holds the CC state of the worker's QPs that have one
+	// (QP.ccHas): those that met congestion.
+	ccs map[*QP]*qpCC
 
 	// scratch, reused for every packet and completion
 	pkt  roce.Packet

@@ -434,3 +434,57 @@ func fmtFloats(xs []float64) string {
 	}
 	return strings.Join(s, ", ")
 }
+
+// TestKernelCEMark: a CE mark the kernel puts in the IP header reaches
+// the engine through the UDP link (IP_RECVTOS: link/udp_ecn.go). An eBPF
+// program on the tc egress hook of the receiver's bridge port (vrnicctl
+// tcfault, action ecn) marks a share of the RoCE v2 frames on their way;
+// the receiver (-cc dcqcn, no fault rule of its own) counts them as CE
+// and answers with CNPs, which reach the sender.
+func TestKernelCEMark(t *testing.T) {
+	tp := newTopo(t)
+	dir, err := os.MkdirTemp("", "cc-kernel-")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	socks, stopDaemons := tp.daemons(t, dir, []string{"-cc", "dcqcn"})
+	defer stopDaemons()
+	vrnicctl := filepath.Join(bin, "vrnicctl")
+	target := []string{"dev=pr", "hook=egress", "netns=" + tp.ns["br"]}
+	out, err := exec.Command(vrnicctl, append([]string{"tcfault", "attach"}, target...)...).CombinedOutput()
+	if err != nil && strings.Contains(string(out), "not supported") {
+		t.Skipf("no tc BPF attachment here: %s", out)
+	}
+	require.NoError(t, err, "tcfault attach: %s", out)
+	t.Cleanup(func() {
+		if out, err := exec.Command(vrnicctl, append([]string{"tcfault", "detach"}, target...)...).CombinedOutput(); err != nil {
+			t.Errorf("tcfault detach: %v: %s", err, out)
+		}
+	})
+	out, err = exec.Command(vrnicctl, append(append([]string{"tcfault", "add"}, target...), "action=ecn", "prob=0.2", "seed=7")...).CombinedOutput()
+	require.NoError(t, err, "tcfault add: %s", out)
+
+	perf := filepath.Join(bin, "vrnic-perf")
+	addr := fmt.Sprintf("127.0.44.61:%d", 48000+os.Getpid()%1000)
+	srvOut := &launch.Buffer{}
+	srv, err := launch.Start(launch.Spec{Name: "vrnic-perf server", Bin: perf, Args: []string{"server", "-dev", socks["r"], "-listen", addr},
+		Stdout: srvOut, Stderr: srvOut})
+	require.NoError(t, err)
+	t.Cleanup(func() { srv.Stop(0, 5*time.Second) })
+	require.Eventually(t, func() bool { return dialable(addr) }, 10*time.Second, 10*time.Millisecond, "%s", srvOut.String())
+	cliOut := &launch.Buffer{}
+	cli, err := launch.Start(launch.Spec{Name: "vrnic-perf client", Bin: perf, Args: []string{"client", "-dev", socks["s1"], "-server", addr,
+		"-test", "write_bw", "-size", "65536", "-depth", "4", "-mtu", fmt.Sprint(mtu), "-iters", "200", "-json"}, Stdout: cliOut, Stderr: cliOut})
+	require.NoError(t, err)
+	t.Cleanup(func() { cli.Stop(0, 5*time.Second) })
+	require.True(t, cli.Wait(120*time.Second), "vrnic-perf client: %s", cliOut.String())
+	require.NoError(t, cli.Err(), "%s", cliOut.String())
+
+	var r, s admin.Info
+	require.NoError(t, json.Unmarshal(ctl(t, socks["r"], "-json", "info"), &r))
+	require.NoError(t, json.Unmarshal(ctl(t, socks["s1"], "-json", "info"), &s))
+	t.Logf("receiver: ce_received %d, cnps_sent %d; sender: cnps_received %d", r.DataPath.CEReceived, r.Wire.CNPsSent, s.Wire.CNPsReceived)
+	assert.NotZero(t, r.DataPath.CEReceived, "the kernel's CE marks reached the engine")
+	assert.NotZero(t, r.Wire.CNPsSent)
+	assert.LessOrEqual(t, r.Wire.CNPsSent, r.DataPath.CEReceived)
+	assert.Equal(t, r.Wire.CNPsSent, s.Wire.CNPsReceived)
+}
