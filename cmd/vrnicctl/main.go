@@ -369,7 +369,7 @@ func printInfo(w io.Writer, i admin.Info) error {
 	fmt.Fprintf(tw, "link\t%s\n", i.LinkType)
 	fmt.Fprintf(tw, "workers\t%d\n", i.Workers)
 	if i.CongestionControl != "" {
-		fmt.Fprintf(tw, "congestion_control\t%s %s\n", i.CongestionControl, i.CCParams)
+		fmt.Fprintf(tw, "congestion_control\t%s\n", strings.TrimSpace(i.CongestionControl+" "+i.CCParams))
 	}
 	fmt.Fprintf(tw, "uptime\t%.0fs\n", i.UptimeSec)
 	fmt.Fprintf(tw, "connections\t%d\n", i.Connections)
