@@ -54,6 +54,10 @@ func (p *Pacer) Spend(n int) {
 	}
 }
 
+// Holds reports whether, after n more bytes, the next frame will wait
+// (as of the last Ready or ReadyAt).
+func (p *Pacer) Holds(n int) bool { return p.rate != 0 && p.tokens < float64(n) }
+
 // ReadyAt returns the instant the bucket is back at zero (now when it
 // is, or when unlimited).
 func (p *Pacer) ReadyAt(now int64) int64 {

@@ -229,6 +229,19 @@ func (qp *QP) ccHold() bool {
 	return false
 }
 
+// ccAckReq reports whether a packet of about n bytes should ask for an
+// ACK because a pacer will hold the QP's next one: the responder ACKs only
+// what asks (AckReq), and a paced QP may pause longer than its ACK
+// timeout in the middle of a message; without an ACK for what it sent
+// before the pause, the timeout would fire and go-back-N resend it.
+func (qp *QP) ccAckReq(n int) bool {
+	if qp.ccPaced && qp.w.ccs[qp].pace.Holds(n) {
+		return true
+	}
+	l := qp.w.linkPace
+	return l != nil && l.Holds(n)
+}
+
 // ccSent charges n bytes the QP just queued to its bucket and byte
 // counter, and to the worker's link limiter.
 func (qp *QP) ccSent(n int) {

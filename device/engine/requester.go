@@ -369,7 +369,8 @@ func (qp *QP) reqSend() reqState {
 		o.se = last && e.Flags&abi.SendSolicited != 0 && e.Opcode != abi.WRRDMAWrite
 		qp.req.sinceAck++
 		o.ackReq = !qp.unrel && (last || qp.req.sinceAck >= ackReqEvery || roce.PSNDiff(e.sendPSN, qp.req.ackAllUntil) < 0 ||
-			roce.PSNDiff(roce.PSNAdd(e.sendPSN, 1), qp.comp.psn) >= int32(qp.w.window))
+			roce.PSNDiff(roce.PSNAdd(e.sendPSN, 1), qp.comp.psn) >= int32(qp.w.window) ||
+			qp.w.ccp != nil && qp.ccAckReq(hr+n))
 	}
 	if o.ackReq {
 		qp.req.sinceAck = 0
