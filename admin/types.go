@@ -177,8 +177,8 @@ type QPInfo struct {
 	Counters QPCounters `json:"counters"`
 	// CCRate is the QP's current send rate in b/s while congestion
 	// control limits it (after a CNP, until it recovers to the line
-	// rate); absent: not limited.
-	CCRate uint64 `json:"cc_rate_bps,omitempty"`
+	// rate); 0: not limited. A column of vrnicctl qps.
+	CCRate uint64 `json:"cc_rate_bps"`
 }
 
 // SRQInfo describes an SRQ.
