@@ -176,8 +176,9 @@ type phase struct {
 	meanWait    time.Duration // mean queueing delay of what it passed
 	probe       []time.Duration
 	probeLost   int
-	cnpsSent    uint64 // by the receiver
-	cnpsRecv    uint64 // by the senders
+	cnpsSent    uint64   // by the receiver
+	cnpsRecv    uint64   // by the senders
+	rates       []uint64 // sender 1's QPs' cc_rate_bps half-way (vrnicctl qps)
 }
 
 // jain is Jain's fairness index of xs: (Σx)² / (n Σx²), 1 when all are
@@ -250,6 +251,13 @@ func (tp *topo) run(t *testing.T, name string, extra []string, tolerateFailures 
 		defer wg.Done()
 		ph.probe, ph.probeLost = probe(t, socks["s1"], socks["r"], stop)
 	}()
+	// Half-way, what vrnicctl qps says of sender 1's QPs: their rates.
+	time.Sleep(runFor / 2)
+	var qps []admin.QPInfo
+	require.NoError(t, json.Unmarshal(ctl(t, socks["s1"], "-json", "qps"), &qps))
+	for _, q := range qps {
+		ph.rates = append(ph.rates, q.CCRate)
+	}
 	for _, c := range clis {
 		require.True(t, c.p.Wait(runFor+60*time.Second), "vrnic-perf client hangs: %s", c.out.String())
 	}
@@ -392,6 +400,13 @@ func TestCongestionDCQCN(t *testing.T) {
 	row("go-back-N restarts / ACK timeouts", func(p *phase) string { return fmt.Sprintf("%d / %d", p.retransmits, p.timeouts) })
 	row("CE marks / CNPs sent / CNPs received", func(p *phase) string { return fmt.Sprintf("%d / %d / %d", p.marks, p.cnpsSent, p.cnpsRecv) })
 	row("queueing delay, mean per frame passed", func(p *phase) string { return p.meanWait.Round(10 * time.Microsecond).String() })
+	row("sender 1's QP rates half-way (vrnicctl qps cc_rate_bps), Mb/s", func(p *phase) string {
+		s := make([]string, len(p.rates))
+		for i, r := range p.rates {
+			s[i] = fmt.Sprintf("%.1f", float64(r)/1e6)
+		}
+		return strings.Join(s, ", ")
+	})
 	row("probe WRITE latency p50 / p90 / p99", func(p *phase) string {
 		ds := slices.Clone(p.probe)
 		slices.Sort(ds)
@@ -417,6 +432,20 @@ func TestCongestionDCQCN(t *testing.T) {
 	assert.Less(t, on.retransmits, off.retransmits, "go-back-N restarts")
 	assert.Less(t, on.meanWait, off.meanWait, "mean queueing delay")
 	assert.Zero(t, on.probeLost)
+	// vrnicctl qps shows the limited QPs' rates (0: not limited): with
+	// DCQCN some of sender 1's are limited, below the line rate;
+	// without, none is.
+	limited := 0
+	for _, r := range on.rates {
+		if r != 0 {
+			limited++
+			assert.Less(t, r, uint64(1_000_000_000))
+		}
+	}
+	assert.NotZero(t, limited, "rates half-way: %v", on.rates)
+	for _, r := range off.rates {
+		assert.Zero(t, r)
+	}
 }
 
 func sum(xs []float64) float64 {
