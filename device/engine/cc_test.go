@@ -27,13 +27,14 @@ type ceLink struct {
 	// Ethernet frames sent: by their IP ECN field (before marking),
 	// CNPs and others.
 	ecn, cnpECN [4]atomic.Uint64
+	pkt         roce.Packet // scratch (the link's one sender)
 }
 
 func (l *ceLink) SendBatch(frames [][]byte, peers []netip.AddrPort) (int, error) {
+	pkt := &l.pkt
 	if l.mode == roce.ModeEthernet {
 		for _, f := range frames {
-			var pkt roce.Packet
-			if roce.Parse(f, &pkt) == nil {
+			if roce.Parse(f, pkt) == nil {
 				if pkt.BTH.Opcode() == roce.OpCNP {
 					l.cnpECN[pkt.IPv4.TOS()&3].Add(1)
 				} else {
@@ -44,9 +45,8 @@ func (l *ceLink) SendBatch(frames [][]byte, peers []netip.AddrPort) (int, error)
 	}
 	if l.mark.Load() {
 		for _, f := range frames {
-			var pkt roce.Packet
 			if l.mode == roce.ModeEthernet {
-				if roce.Parse(f, &pkt) != nil || pkt.Info.Flags&roce.OpWrite == 0 {
+				if roce.Parse(f, pkt) != nil || pkt.Info.Flags&roce.OpWrite == 0 {
 					continue
 				}
 				pkt.IPv4.SetTOS(pkt.IPv4.TOS() | ecnCE)
@@ -347,4 +347,50 @@ func TestPacingHoldsTheRate(t *testing.T) {
 		assert.GreaterOrEqual(t, took, least, "two QPs, %d bytes together at %d b/s", n*size, p.LinkRate)
 		assert.Zero(t, a1.counters(t).CCRate(), "no CNP: the QPs themselves are not limited")
 	})
+}
+
+// TestZeroAllocWriteCC: the RDMA WRITE path allocates nothing with
+// congestion control working: every WRITE packet marked CE, CNPs back,
+// the rate cut and recovering on the timers and byte counter, the QP
+// paced, the link limiter on.
+func TestZeroAllocWriteCC(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	nw := newNetworkMode(t, roce.ModeUDP, 128, 64)
+	p := ccParams()
+	p.MinRate = cc.Mbps(500) // between 500 Mb/s and the line rate: fast enough for the test
+	p.LinkRate = cc.Mbps(4000)
+	var mk *ceLink
+	na := newCCNode(t, nw, "10.0.0.1", p, func(l Link) Link { mk = &ceLink{Link: l, mode: roce.ModeUDP}; return mk })
+	nb := newCCNode(t, nw, "10.0.0.2", p, nil)
+	o := defaultOpts()
+	o.mtu, o.timeout = roce.MTU4096, 20
+	a, b := na.newQP(t, 0x11, o), nb.newQP(t, 0x22, o)
+	connect(t, a, b, o)
+	mk.mark.Store(true)
+	src := a.n.buffer(64<<10, 0x1000, abi.AccessAll, 1)
+	dst := b.n.buffer(64<<10, 0x1000, abi.AccessAll, 2)
+	sges := []abi.SGE{src.sge(0, 64<<10)}
+	wr := abi.SendWQE{Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: dst.va, RKey: dst.key}
+	var n int64
+	run := func() {
+		n++
+		wr.WrID = uint64(n)
+		if err := a.sq.post(wr, sges, nil); err != nil {
+			panic(err)
+		}
+		a.n.eng.Kick(a.qpn)
+		a.scq.spin(n)
+	}
+	for range 50 {
+		run()
+	}
+	allocs := testing.AllocsPerRun(200, run)
+	assert.Zero(t, allocs, "allocations per 64 KiB WRITE with congestion control")
+	ca, cb := a.counters(t).Load(), b.counters(t).Load()
+	require.NotZero(t, ca.CNPsReceived)
+	require.NotZero(t, cb.CNPsSent)
+	t.Logf("CNPs %d, rate now %d b/s", ca.CNPsReceived, a.counters(t).CCRate())
+	assert.Equal(t, sum(src.b), sum(dst.b))
 }
