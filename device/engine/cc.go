@@ -21,7 +21,8 @@ import (
 //     QP's peer, default partition, ICRC) cuts its rate (cc.RP); it is
 //     not an ACK and never reaches the completer (inputCNP).
 //   - Pacing: a QP whose rate is below the line rate asks its token
-//     bucket (cc.Pacer) before each request packet and waits on a timer
+//     bucket (cc.Pacer) before each request or READ response packet
+//     (reqSend, sendResponse) and waits on a timer
 //     of its worker when the bucket is empty (ccHold). With
 //     cc.Params.LinkRate, the worker's own bucket (linkPace) limits what
 //     all its QPs send together, as a port's speed does. With congestion

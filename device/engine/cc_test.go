@@ -22,6 +22,7 @@ import (
 type ceLink struct {
 	Link
 	mode   roce.Mode
+	ops    roce.OpFlags // the packets to mark: those with all of these (0: RDMA WRITE)
 	mark   atomic.Bool
 	marked atomic.Uint64
 	// Ethernet frames sent: by their IP ECN field (before marking),
@@ -43,16 +44,20 @@ func (l *ceLink) SendBatch(frames [][]byte, peers []netip.AddrPort) (int, error)
 			}
 		}
 	}
+	ops := l.ops
+	if ops == 0 {
+		ops = roce.OpWrite
+	}
 	if l.mark.Load() {
 		for _, f := range frames {
 			if l.mode == roce.ModeEthernet {
-				if roce.Parse(f, pkt) != nil || pkt.Info.Flags&roce.OpWrite == 0 {
+				if roce.Parse(f, pkt) != nil || pkt.Info.Flags&ops != ops {
 					continue
 				}
 				pkt.IPv4.SetTOS(pkt.IPv4.TOS() | ecnCE)
 				pkt.IPv4.SetChecksum(pkt.IPv4.CalculateChecksum())
 			} else {
-				if roce.BTH(f).Opcode().Info().Flags&roce.OpWrite == 0 {
+				if roce.BTH(f).Opcode().Info().Flags&ops != ops {
 					continue
 				}
 				roce.BTH(f).SetFECN(true)
@@ -318,6 +323,45 @@ func TestPacingHoldsTheRate(t *testing.T) {
 		least := time.Duration(float64((n*size-2*int(p.PaceBurst))*8) / float64(rate) * float64(time.Second))
 		assert.GreaterOrEqual(t, took, least, "%d bytes at %d b/s", n*size, rate)
 		assert.Equal(t, rate, a.counters(t).CCRate(), "no increase meanwhile")
+	})
+	t.Run("read", func(t *testing.T) {
+		// The responder is paced too: READ responses marked CE on their
+		// way make the requester send CNPs to the responder's QP.
+		nw := newNetworkMode(t, roce.ModeUDP, 4096, 1024)
+		p := ccParams()
+		p.LineRate, p.MinRate = cc.Mbps(2), cc.Mbps(1)
+		p.AIRate, p.HAIRate = cc.Mbps(1), cc.Mbps(1)
+		p.TimeReset, p.ByteReset, p.MinTimeBetweenCNPs = time.Second, 1<<32, time.Second
+		p.PaceBurst = 4096
+		na := newCCNode(t, nw, "10.0.0.1", p, nil)
+		var mk *ceLink
+		nb := newCCNode(t, nw, "10.0.0.2", p, func(l Link) Link {
+			mk = &ceLink{Link: l, mode: roce.ModeUDP, ops: roce.OpRead | roce.OpResponse}
+			return mk
+		})
+		o := defaultOpts()
+		a, b := na.newQP(t, 0x11, o), nb.newQP(t, 0x22, o)
+		connect(t, a, b, o)
+		local := a.n.buffer(n*size, 0x7000_0000, abi.AccessAll, 7)
+		remote := b.n.buffer(n*size, 0x8000_0000, abi.AccessAll, 8)
+		read := func(size int, wrid uint64) {
+			start := a.scq.count.Load()
+			a.send(t, abi.SendWQE{WrID: wrid, Opcode: abi.WRRDMARead, Flags: abi.SendSignaled, RemoteAddr: remote.va, RKey: remote.key}, local.sge(0, size))
+			require.True(t, a.scq.wait(int(start)+1, waitFor))
+			require.Equal(t, abi.WCSuccess, a.scq.all()[start].Status)
+		}
+		mk.mark.Store(true)
+		read(64, 1)
+		mk.mark.Store(false)
+		require.Eventually(t, func() bool { return b.counters(t).CCRate() != 0 }, waitFor, time.Millisecond, "the CNP reaches the responder")
+		assert.NotZero(t, a.counters(t).Load().CNPsSent)
+		rate := b.counters(t).CCRate()
+		start := time.Now()
+		read(n*size, 2)
+		took := time.Since(start)
+		least := time.Duration(float64((n*size-2*int(p.PaceBurst))*8) / float64(rate) * float64(time.Second))
+		assert.GreaterOrEqual(t, took, least, "a %d-byte READ answered at %d b/s", n*size, rate)
+		assert.Equal(t, sum(remote.b), sum(local.b))
 	})
 	t.Run("link", func(t *testing.T) {
 		nw := newNetworkMode(t, roce.ModeUDP, 4096, 1024)
