@@ -79,6 +79,7 @@ func ipCmd(t testing.TB, args ...string) {
 // veths and the bridge go with them) and checks nothing is left.
 func newTopo(t *testing.T) *topo {
 	testenv.Need(t, skipReason == "", skipReason)
+	testenv.NeedTool(t, "ss") // dialable: a server listens (a test connection would be its client)
 	tp := &topo{pfx: fmt.Sprintf("vcc%d", os.Getpid()%100000), ns: map[string]string{}, addr: map[string]netip.Addr{},
 		senders: []string{"s1", "s2", "s3"}, all: []string{"r", "s1", "s2", "s3"}}
 	t.Cleanup(func() { // registered first: runs last
