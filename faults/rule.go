@@ -47,9 +47,9 @@ type rule struct {
 
 	matched atomic.Uint64
 	applied atomic.Uint64
+	logged  atomic.Uint64
 	// rate: frames dropped, total wait (ns), frames marked CE.
 	rateDrops, rateWait, ceMarked atomic.Uint64
-	logged  atomic.Uint64
 
 	// downUntil is the end of a link-down period (injector clock; 0:
 	// the link is up).
