@@ -58,6 +58,13 @@ type FaultRuleInfo struct {
 	// was applied to.
 	Matched uint64 `json:"matched"`
 	Applied uint64 `json:"applied"`
+	// A rate rule's queue: the frames it dropped (they would have waited
+	// longer than For), the nanoseconds the frames it held waited in all
+	// (the mean queueing delay of what it passed is RateWaitNs over
+	// Matched less RateDrops) and the frames it marked CE (CEAbove).
+	RateDrops  uint64 `json:"rate_drops,omitempty"`
+	RateWaitNs uint64 `json:"rate_wait_ns,omitempty"`
+	CEMarked   uint64 `json:"ce_marked,omitempty"`
 }
 
 // FaultScenario is what a scenario file (vrnicd -faults FILE, JSON or
@@ -154,6 +161,10 @@ type FaultAction struct {
 	BPS   uint64 `json:"bps,omitempty"`
 	PPS   uint64 `json:"pps,omitempty"`
 	Burst int    `json:"burst,omitempty"`
+	// rate: CEAbove, when set, marks Congestion Experienced (as the ecn
+	// action) on the frames that wait longer than this: a queue that
+	// marks above a threshold, as a switch's does for DCQCN.
+	CEAbove string `json:"ce_above,omitempty"`
 	// verb: the verb-level fault, one of FaultVerbs. cqe_delay takes
 	// Delay (how long the CQE is held back); port_flap takes For (how
 	// long the port stays down).
@@ -389,6 +400,7 @@ func (a *FaultAction) validate() error {
 		{"delay", a.Delay != ""}, {"min", a.Min != ""}, {"max", a.Max != ""}, {"stddev", a.Stddev != ""},
 		{"field", a.Field != ""}, {"offset", a.Offset != nil}, {"mask", a.Mask != 0}, {"fix_icrc", a.FixICRC},
 		{"bps", a.BPS != 0}, {"pps", a.PPS != 0}, {"burst", a.Burst != 0}, {"verb", a.Verb != ""},
+		{"ce_above", a.CEAbove != ""},
 	}
 	takes := map[string][]string{
 		"drop":      nil,
@@ -397,7 +409,7 @@ func (a *FaultAction) validate() error {
 		"reorder":   {"frames", "for"},
 		"corrupt":   {"field", "offset", "mask", "fix_icrc"},
 		"delay":     {"dist", "delay", "min", "max", "stddev"},
-		"rate":      {"bps", "pps", "burst", "for"},
+		"rate":      {"bps", "pps", "burst", "for", "ce_above"},
 		"down":      {"for"},
 		"verb":      {"verb", "delay", "for"},
 	}
@@ -493,6 +505,11 @@ func (a *FaultAction) validate() error {
 		}
 		if _, err := hold("for", a.For, false); err != nil {
 			return err
+		}
+		if a.CEAbove != "" {
+			if _, err := hold("ce_above", a.CEAbove, false); err != nil {
+				return err
+			}
 		}
 	case "down":
 		if a.For == "" {

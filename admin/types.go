@@ -64,15 +64,19 @@ type ListReply struct {
 
 // Info is the JSON reply of InfoCmd.
 type Info struct {
-	Device      string           `json:"device"`
-	ABIVersion  string           `json:"abi_version"`
-	LinkType    string           `json:"link_type"`
-	Workers     int              `json:"workers"`
-	UptimeSec   float64          `json:"uptime_sec"`
-	Resources   ResourceCounts   `json:"resources"`
-	Limits      Limits           `json:"limits"`
-	Counters    map[string]int64 `json:"counters"`
-	Connections int64            `json:"connections"`
+	Device     string `json:"device"`
+	ABIVersion string `json:"abi_version"`
+	LinkType   string `json:"link_type"`
+	// CongestionControl is "dcqcn" or "off" (vrnicd -cc), with the
+	// DCQCN parameters when on (name=value, rates in Mb/s, times in µs).
+	CongestionControl string           `json:"congestion_control,omitempty"`
+	CCParams          string           `json:"cc_params,omitempty"`
+	Workers           int              `json:"workers"`
+	UptimeSec         float64          `json:"uptime_sec"`
+	Resources         ResourceCounts   `json:"resources"`
+	Limits            Limits           `json:"limits"`
+	Counters          map[string]int64 `json:"counters"`
+	Connections       int64            `json:"connections"`
 	// DataPath sums the engine's per-QP counters over every QP, live or
 	// destroyed, since the device started.
 	DataPath QPCounters `json:"data_path"`
@@ -122,6 +126,12 @@ type WireCounters struct {
 	// direction; Info.LastLinkError says what the newest was.
 	LinkSendErrors uint64 `json:"link_send_errors"`
 	LinkRecvErrors uint64 `json:"link_recv_errors"`
+	// Congestion Notification Packets the device sent and received;
+	// CNPsIgnored were received with congestion control off or for a
+	// QP that does not send (also in CNPsReceived).
+	CNPsSent     uint64 `json:"cnps_sent"`
+	CNPsReceived uint64 `json:"cnps_received"`
+	CNPsIgnored  uint64 `json:"cnps_ignored"`
 }
 
 // ContextInfo describes one client context.
@@ -183,6 +193,10 @@ type QPInfo struct {
 	SendWR   uint32     `json:"max_send_wr"`
 	RecvWR   uint32     `json:"max_recv_wr"`
 	Counters QPCounters `json:"counters"`
+	// CCRate is the QP's current send rate in b/s while congestion
+	// control limits it (after a CNP, until it recovers to the line
+	// rate); 0: not limited. A column of vrnicctl qps.
+	CCRate uint64 `json:"cc_rate_bps"`
 }
 
 // SRQInfo describes an SRQ.
@@ -322,6 +336,12 @@ type QPCounters struct {
 	InvalidReqNAKsReceived uint64 `json:"invalid_request_naks_received"`
 	RemAccessNAKsReceived  uint64 `json:"remote_access_naks_received"`
 	RemOpNAKsReceived      uint64 `json:"remote_operational_naks_received"`
+	// Congestion control (RoCE v2 annex A17.9, DCQCN): data packets
+	// received marked Congestion Experienced, and the Congestion
+	// Notification Packets (opcode 0x81) sent for them and received.
+	CEReceived   uint64 `json:"ce_received"`
+	CNPsSent     uint64 `json:"cnps_sent"`
+	CNPsReceived uint64 `json:"cnps_received"`
 }
 
 // Add adds every counter of o to c.

@@ -125,18 +125,24 @@ func (cn *conn) admin(r *request) (reply, error) {
 func (d *Device) infoLocked() admin.Info {
 	c := &d.counters
 	lastErr, lastErrAt := d.dp.LastLinkError()
+	var ccMode, ccParams string
+	if m, ok := d.dp.(ccModer); ok {
+		ccMode, ccParams = m.CongestionControl()
+	}
 	return admin.Info{
-		LastLinkError:   lastErr,
-		LastLinkErrorAt: lastErrAt,
-		RejectedWQEs:    d.dp.RejectedWQEs(),
-		Doorbells:       d.dp.Doorbells(),
-		Device:          d.cfg.Name,
-		ABIVersion:      fmt.Sprintf("%d.%d", abi.VersionMajor, abi.VersionMinor),
-		LinkType:        linkTypeName(d.cfg.Link.Type),
-		Workers:         d.cfg.NumWorkers,
-		UptimeSec:       time.Since(d.start).Seconds(),
-		Resources:       d.totals,
-		Limits:          d.cfg.Limits,
+		CongestionControl: ccMode,
+		CCParams:          ccParams,
+		LastLinkError:     lastErr,
+		LastLinkErrorAt:   lastErrAt,
+		RejectedWQEs:      d.dp.RejectedWQEs(),
+		Doorbells:         d.dp.Doorbells(),
+		Device:            d.cfg.Name,
+		ABIVersion:        fmt.Sprintf("%d.%d", abi.VersionMajor, abi.VersionMinor),
+		LinkType:          linkTypeName(d.cfg.Link.Type),
+		Workers:           d.cfg.NumWorkers,
+		UptimeSec:         time.Since(d.start).Seconds(),
+		Resources:         d.totals,
+		Limits:            d.cfg.Limits,
 		Counters: map[string]int64{
 			"commands":             int64(c.Commands.Load()),
 			"command_errors":       int64(c.CommandErrors.Load()),
@@ -251,6 +257,15 @@ func (d *Device) listCQs() []any {
 	return out
 }
 
+// ccRater and ccModer are what a data plane with congestion control adds
+// to DataPlane (package device/dataplane): a QP's current rate, the mode.
+type (
+	ccRater interface{ CCRate(q *QP) uint64 }
+	ccModer interface {
+		CongestionControl() (mode, params string)
+	}
+)
+
 func (d *Device) listQPs() []any {
 	var out []any
 	for _, cx := range d.sortedContexts() {
@@ -263,6 +278,9 @@ func (d *Device) listQPs() []any {
 				SQPSN: q.attr.SQPSN, RQPSN: q.attr.RQPSN, DestQPN: q.attr.DestQPNum,
 				PathMTU: q.attr.PathMTU.Bytes(), SendWR: q.attr.Cap.MaxSendWR, RecvWR: q.attr.Cap.MaxRecvWR,
 				Counters: d.dp.Counters(q)}
+			if c, ok := d.dp.(ccRater); ok {
+				qi.CCRate = c.CCRate(q)
+			}
 			if q.srq != nil {
 				h := q.srq.handle
 				qi.SRQ = &h

@@ -205,10 +205,17 @@ func (l *Link) decide(r *rule, p *plan, v *view, n int, now int64) (string, bool
 			return "", false
 		}
 		if at < 0 {
+			r.rateDrops.Add(1)
 			p.drop = true
 			return "rate: drop", true
 		}
 		p.hold, p.due = true, at
+		r.rateWait.Add(uint64(at - now))
+		if a.ceAbove > 0 && at-now > a.ceAbove {
+			r.ceMarked.Add(1)
+			p.ecn = true
+			return "rate: wait " + time.Duration(at-now).String() + ", ecn CE", true
+		}
 		return "rate: wait " + time.Duration(at-now).String(), true
 	}
 	return "", false

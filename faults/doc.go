@@ -74,11 +74,15 @@
 //	             the mean, stddev)
 //	  rate       bps or pps over the frames the rule matches, burst frames
 //	             (default 1); a frame waits its turn, or is dropped if that is
-//	             more than for (default 100ms) away
+//	             more than for (default 100ms) away; ce_above marks CE (as
+//	             ecn does) on the frames that wait longer than it: a queue
+//	             marking above a threshold
 //	  ecn        mark CE: the ECN bits of the IP header (checksum fixed; the
 //	             ICRC does not cover them); on the UDP link, whose IP header
-//	             the kernel writes, the BTH FECN bit. The engine has no CNP
-//	             or DCQCN handling: marks are counted and captured
+//	             the kernel writes, the BTH FECN bit. A receiving daemon
+//	             with -cc dcqcn answers a marked data packet with a CNP
+//	             (kernel-notes/congestion.md); marks are counted and
+//	             captured
 //	  down       the link is down for for: this frame and every later one in
 //	             the rule's direction(s) and peer are dropped until then
 //	  verb       a verb-level fault (below), named by verb

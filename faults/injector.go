@@ -258,7 +258,8 @@ func (inj *Injector) publish() {
 func infos(rs []*rule) []admin.FaultRuleInfo {
 	out := make([]admin.FaultRuleInfo, 0, len(rs))
 	for _, r := range rs {
-		out = append(out, admin.FaultRuleInfo{FaultRule: r.spec, Matched: r.matched.Load(), Applied: r.applied.Load()})
+		out = append(out, admin.FaultRuleInfo{FaultRule: r.spec, Matched: r.matched.Load(), Applied: r.applied.Load(),
+			RateDrops: r.rateDrops.Load(), RateWaitNs: r.rateWait.Load(), CEMarked: r.ceMarked.Load()})
 	}
 	return out
 }

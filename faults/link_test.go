@@ -386,6 +386,7 @@ func TestRateAndDown(t *testing.T) {
 	r.recv(t)
 	assert.Equal(t, []uint32{0, 1}, psns(r.fake.sent))
 	assert.Equal(t, "fault rule 1: rate: drop", r.obs.notes[2], "beyond the longest wait: dropped")
+	assert.Equal(t, uint64(2), r.inj.List()[0].RateDrops)
 
 	r.inj.Clear()
 	_, err := r.inj.Add([]admin.FaultRule{{ID: 2, Dir: "rx", PSN: "5", Action: admin.FaultAction{Type: "down", For: "1ms"}}})
@@ -441,4 +442,33 @@ func TestSeededDecisions(t *testing.T) {
 	assert.Equal(t, a, b)
 	assert.NotEqual(t, a, c)
 	assert.Less(t, len(a)/2, 64, "some frames dropped")
+}
+
+// TestRateMarksCEAbove: a rate rule with ce_above marks Congestion
+// Experienced (the BTH FECN bit on the UDP link) on the frames that wait
+// longer than the threshold, and only on those: a queue marking above a
+// threshold K.
+func TestRateMarksCEAbove(t *testing.T) {
+	r := newRig(t, 7, admin.FaultRule{ID: 1, Dir: "tx", Action: admin.FaultAction{Type: "rate", PPS: 1000, For: "10ms", CEAbove: "2500us"}})
+	f := writeMsgs(t, 1, 6, 0x11, 0) // waits 0, 1, ..., 5 ms
+	r.send(t, f)
+	r.clk.add(6 * time.Millisecond)
+	r.recv(t)
+	require.Equal(t, []uint32{0, 1, 2, 3, 4, 5}, psns(r.fake.sent))
+	for i, s := range r.fake.sent {
+		assert.Equal(t, i >= 3, roce.BTH(s).FECN(), "frame %d (waited %d ms)", i, i)
+	}
+	assert.Contains(t, r.obs.notes[3], "ecn CE")
+	assert.NotContains(t, r.obs.notes[2], "ecn")
+	st := r.inj.List()[0]
+	assert.Equal(t, uint64(3), st.CEMarked)
+	assert.Equal(t, uint64((1+2+3+4+5)*time.Millisecond), st.RateWaitNs)
+	assert.Zero(t, st.RateDrops)
+
+	bad := admin.FaultRule{ID: 2, Action: admin.FaultAction{Type: "drop", CEAbove: "1ms"}}
+	_, err := r.inj.Add([]admin.FaultRule{bad})
+	assert.Error(t, err, "ce_above belongs to rate")
+	bad = admin.FaultRule{ID: 3, Action: admin.FaultAction{Type: "rate", PPS: 10, CEAbove: "soon"}}
+	_, err = r.inj.Add([]admin.FaultRule{bad})
+	assert.Error(t, err)
 }

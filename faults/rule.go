@@ -48,6 +48,8 @@ type rule struct {
 	matched atomic.Uint64
 	applied atomic.Uint64
 	logged  atomic.Uint64
+	// rate: frames dropped, total wait (ns), frames marked CE.
+	rateDrops, rateWait, ceMarked atomic.Uint64
 
 	// downUntil is the end of a link-down period (injector clock; 0:
 	// the link is up).
@@ -87,6 +89,7 @@ type action struct {
 	bps     uint64
 	pps     uint64
 	burst   int
+	ceAbove int64 // rate: mark CE on frames waiting longer (0: never)
 	verb    string
 }
 
@@ -243,6 +246,7 @@ func compile(spec admin.FaultRule, seed uint64, now int64) (*rule, error) {
 		c.dist = "fixed"
 	}
 	c.hold = int64(admin.FaultDuration(a.For))
+	c.ceAbove = int64(admin.FaultDuration(a.CEAbove))
 	switch a.Type {
 	case "reorder":
 		if c.frames == 0 {

@@ -66,6 +66,12 @@ type UDPConfig struct {
 	// only place it is ever cut is inside the receiving socket, where no
 	// identification is seen (kernel-notes/udp-offload.md).
 	SegmentIPv4 SegmentPolicy
+	// ECN marks every datagram sent ECN-capable (ECT(0)) and reads the
+	// ECN field of every one received: a datagram marked Congestion
+	// Experienced reaches the engine with its BTH FECN bit set
+	// (udp_ecn.go). For congestion control; off, the IP header's ECN
+	// field is the kernel's default (0) and not read.
+	ECN bool
 	// Logger gets lifecycle messages. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -137,6 +143,7 @@ type UDPCounters struct {
 	TxDatagrams atomic.Uint64
 	RxCalls     atomic.Uint64
 	RxDatagrams atomic.Uint64
+	RxCE        atomic.Uint64 // datagrams received marked Congestion Experienced (UDPConfig.ECN)
 	// LastSendErrno is the errno of the last send error (diagnosis).
 	LastSendErrno atomic.Uint32
 }
@@ -170,6 +177,9 @@ type udpBatch struct {
 	bytes, seg      []int // UDP payload bytes; segment size (first frame's length)
 	nlen            []uint32
 	ctl             [][gsoCmsgLen]byte
+	// tos: rx, per message, room for its IP_TOS / IPV6_TCLASS control
+	// message (UDPConfig.ECN only; nil otherwise).
+	tos [][tosCmsgLen]byte
 }
 
 func newUDPBatch(n int) udpBatch {
@@ -224,6 +234,7 @@ type UDPPort struct {
 	fcap  int    // cfg.FrameCap: the longest datagram RecvBatch returns
 	gso   bool   // SendBatch packs frames into UDP_SEGMENT messages
 	gso0  bool   // gso as the port started (Stats: on until GSOOff counts)
+	ecn   bool   // UDPConfig.ECN: read each datagram's ECN field (udp_ecn.go)
 	groRx *groRx // receive state with UDP_GRO on, else nil
 	ready chan struct{}
 	arm   chan struct{}
@@ -303,6 +314,12 @@ func NewUDP(cfg UDPConfig) (*UDPLink, error) {
 			return nil, fmt.Errorf("link: UDP socket %d: %w", i, err)
 		}
 		fds = append(fds, fd)
+		if cfg.ECN {
+			if err := setECN(fd, v6); err != nil {
+				closeFDs()
+				return nil, fmt.Errorf("link: UDP socket %d: %w", i, err)
+			}
+		}
 		if err := unix.Bind(fd, sa); err != nil {
 			closeFDs()
 			if errors.Is(err, unix.EADDRINUSE) {
@@ -318,9 +335,12 @@ func NewUDP(cfg UDPConfig) (*UDPLink, error) {
 
 	for i, fd := range fds {
 		p := &UDPPort{
-			link: l, index: i, v6: v6, fcap: cfg.FrameCap,
+			link: l, index: i, v6: v6, fcap: cfg.FrameCap, ecn: cfg.ECN,
 			ready: make(chan struct{}, 1), arm: make(chan struct{}, 1),
 			tx: newUDPBatch(cfg.Batch), rx: newUDPBatch(cfg.Batch),
+		}
+		if cfg.ECN {
+			p.rx.tos = make([][tosCmsgLen]byte, cfg.Batch)
 		}
 		if !cfg.NoOffload {
 			var gro bool
@@ -684,6 +704,10 @@ func (p *UDPPort) recv(fd uintptr) {
 			m := &b.msgs[i]
 			m.Hdr = unix.Msghdr{Name: &b.names[i][0], Namelen: sockaddrLen, Iov: &b.iovs[i]}
 			m.Hdr.SetIovlen(1)
+			if p.ecn {
+				m.Hdr.Control = &b.tos[i][0]
+				m.Hdr.SetControllen(tosCmsgLen)
+			}
 			m.Len = 0
 		}
 		if k == 0 {
@@ -708,6 +732,9 @@ func (p *UDPPort) recv(fd uintptr) {
 			}
 			n := int(m.Len)
 			frames[slot] = frames[slot][:n]
+			if p.ecn && n >= udpMinPayload && markCE(frames[slot], b.tos[i][:min(int(m.Hdr.Controllen), tosCmsgLen)]) {
+				c.RxCE.Add(1)
+			}
 			if j != slot {
 				frames[j], frames[slot] = frames[slot], frames[j]
 			}
@@ -717,7 +744,7 @@ func (p *UDPPort) recv(fd uintptr) {
 			c.RxBytes.Add(uint64(n))
 		}
 		for i := range k {
-			b.iovs[i].Base, b.msgs[i].Hdr.Iov, b.msgs[i].Hdr.Name = nil, nil, nil
+			b.iovs[i].Base, b.msgs[i].Hdr.Iov, b.msgs[i].Hdr.Name, b.msgs[i].Hdr.Control = nil, nil, nil, nil
 		}
 		total = j
 	}

@@ -26,9 +26,12 @@ type udpPair struct {
 	from   []netip.AddrPort
 }
 
-func newUDPPair(tb testing.TB) *udpPair {
+func newUDPPair(tb testing.TB) *udpPair { return newUDPPairECN(tb, false) }
+
+// newUDPPairECN is newUDPPair with UDPConfig.ECN set to ecn on both links.
+func newUDPPairECN(tb testing.TB, ecn bool) *udpPair {
 	aAddr, bAddr := loopback4(tb), loopback4(tb)
-	mod := func(c *UDPConfig) { c.RecvBuffer, c.SendBuffer = 1<<20, 1<<20 }
+	mod := func(c *UDPConfig) { c.RecvBuffer, c.SendBuffer, c.ECN = 1<<20, 1<<20, ecn }
 	p := &udpPair{
 		a:    newTestLink(tb, aAddr, 1, mod).Ports()[0],
 		b:    newTestLink(tb, bAddr, 1, mod).Ports()[0],
@@ -147,6 +150,29 @@ func BenchmarkUDP4K(b *testing.B) {
 				b.Fatal("frames lost on loopback")
 			}
 		}
+	})
+	// ecn: the link with UDPConfig.ECN (ECT(0) sent, a TOS control
+	// message read per datagram) against the link without, interleaved
+	// batch by batch; cost = ECN time / plain link time.
+	b.Run("ecn", func(b *testing.B) {
+		off, on := newUDPPair(b), newUDPPairECN(b, true)
+		var toff, ton time.Duration
+		b.ReportAllocs()
+		for b.Loop() {
+			t0 := time.Now()
+			if off.round(b) != benchBatch {
+				b.Fatal("frames lost on loopback")
+			}
+			t1 := time.Now()
+			if on.round(b) != benchBatch {
+				b.Fatal("frames lost on loopback")
+			}
+			toff, ton = toff+t1.Sub(t0), ton+time.Since(t1)
+		}
+		frames := float64(b.N * benchBatch)
+		b.ReportMetric(float64(toff.Nanoseconds())/frames, "off-ns/frame")
+		b.ReportMetric(float64(ton.Nanoseconds())/frames, "ecn-ns/frame")
+		b.ReportMetric(float64(ton)/float64(toff), "cost")
 	})
 	b.Run("plain", func(b *testing.B) {
 		p := newPlainPair(b)

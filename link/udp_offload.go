@@ -146,9 +146,10 @@ func sameDestQP(a, b []byte) bool {
 // got datagrams in bufs, the next frame at offset off of datagram cur.
 type groRx struct {
 	bufs [][]byte
-	ctl  [][groCmsgLen]byte
-	lens []int // datagram lengths
-	segs []int // segment sizes (the datagram's length when not coalesced)
+	ctl  [][groCmsgLen + tosCmsgLen]byte // UDP_GRO, then IP_TOS / IPV6_TCLASS (UDPConfig.ECN)
+	ce   []bool                          // the datagram arrived marked CE (UDPConfig.ECN)
+	lens []int                           // datagram lengths
+	segs []int                           // segment sizes (the datagram's length when not coalesced)
 	from []netip.AddrPort
 	got  int
 	cur  int
@@ -161,7 +162,8 @@ func newGRORx(n int) *groRx {
 	n = min(n, groBufs)
 	g := &groRx{
 		bufs: make([][]byte, n),
-		ctl:  make([][groCmsgLen]byte, n),
+		ctl:  make([][groCmsgLen + tosCmsgLen]byte, n),
+		ce:   make([]bool, n),
 		lens: make([]int, n),
 		segs: make([]int, n),
 		from: make([]netip.AddrPort, n),
@@ -219,6 +221,9 @@ func (p *UDPPort) recvGRO(fd uintptr) {
 				continue
 			}
 			frames[total] = buf[:copy(buf, seg)]
+			if g.ce[g.cur] && l >= udpMinPayload {
+				frames[total][4] |= bthFECN // udp_ecn.go
+			}
 			peers[total] = g.from[g.cur]
 			total++
 			c.RxFrames.Add(1)
@@ -246,7 +251,11 @@ func (p *UDPPort) recvGROBufs(fd uintptr) int {
 		m := &b.msgs[i]
 		m.Hdr = unix.Msghdr{Name: &b.names[i][0], Namelen: sockaddrLen, Iov: &b.iovs[i], Control: &g.ctl[i][0]}
 		m.Hdr.SetIovlen(1)
-		m.Hdr.SetControllen(groCmsgLen)
+		if p.ecn {
+			m.Hdr.SetControllen(groCmsgLen + tosCmsgLen)
+		} else {
+			m.Hdr.SetControllen(groCmsgLen)
+		}
 		m.Len = 0
 	}
 	got := recvNow(fd, b.msgs[:n], c)
@@ -262,7 +271,16 @@ func (p *UDPPort) recvGROBufs(fd uintptr) int {
 			c.RxForeign.Add(1)
 			l = 0
 		}
-		s := groSegSize(&g.ctl[i], int(m.Hdr.Controllen))
+		ctl := g.ctl[i][:min(int(m.Hdr.Controllen), len(g.ctl[i]))]
+		s := groSegSize((*[groCmsgLen]byte)(g.ctl[i][:groCmsgLen]), len(ctl))
+		g.ce[i] = false
+		if p.ecn && l > 0 {
+			e, ok := cmsgECN(ctl)
+			g.ce[i] = ok && e == ecnCE
+			if g.ce[i] {
+				c.RxCE.Add(1)
+			}
+		}
 		if s <= 0 || s > l {
 			s = l
 		} else if s < l {

@@ -50,3 +50,37 @@ func groSegSize(b *[groCmsgLen]byte, n int) int {
 	}
 	return int(*(*int32)(unsafe.Pointer(&b[unix.SizeofCmsghdr])))
 }
+
+// tosCmsgLen is room for the IP_TOS (one byte) or IPV6_TCLASS (an int)
+// control message a socket with IP_RECVTOS or IPV6_RECVTCLASS receives:
+// CMSG_SPACE(sizeof(int)).
+const tosCmsgLen = unix.SizeofCmsghdr + 8
+
+// cmsgECN returns the ECN field of the IP_TOS or IPV6_TCLASS control
+// message among the control messages in b (as recvmsg filled it; in
+// order, so after a UDP_GRO one), and whether there is one.
+func cmsgECN(b []byte) (byte, bool) {
+	for len(b) >= unix.SizeofCmsghdr {
+		h := (*unix.Cmsghdr)(unsafe.Pointer(&b[0]))
+		l := int(h.Len)
+		if l < unix.SizeofCmsghdr || l > len(b) {
+			return 0, false
+		}
+		if l > unix.SizeofCmsghdr &&
+			(h.Level == unix.IPPROTO_IP && h.Type == unix.IP_TOS || h.Level == unix.IPPROTO_IPV6 && h.Type == unix.IPV6_TCLASS) {
+			// IP_TOS carries a byte; IPV6_TCLASS an int in host
+			// order, whose low byte is first on a little-endian host.
+			d := b[unix.SizeofCmsghdr:l]
+			if h.Type == unix.IPV6_TCLASS && len(d) >= 4 {
+				return byte(*(*int32)(unsafe.Pointer(&d[0]))) & 3, true
+			}
+			return d[0] & 3, true
+		}
+		sp := unix.CmsgSpace(l - unix.SizeofCmsghdr)
+		if sp > len(b) {
+			return 0, false
+		}
+		b = b[sp:]
+	}
+	return 0, false
+}

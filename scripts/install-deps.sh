@@ -8,11 +8,11 @@
 set -euo pipefail
 
 pkgs=(
-	tshark      # independent RoCE v2 decoder for golden-frame tests
+	tshark      # independent RoCE v2 decoder for golden-frame tests and the CNP (tests/dataplane/cnp_test.go)
 	gcc         # compiles the C ABI layout test and the C example client
 	clang llvm  # regenerates the eBPF objects (ci checks they match)
 	libbpf-dev  # bpf_helpers.h for the eBPF C sources
-	iproute2    # ip netns / bridge / tuntap for the TAP integration tests
+	iproute2    # ip netns / bridge / tuntap for the TAP integration tests; ss and ip for the congestion scenario (tests/congestion)
 	iputils-ping # ping with a TTL: tests/routed checks each path's routers
 	ibverbs-utils   # ibv_devices, ibv_devinfo, ibv_*_pingpong: run through vrnic-run by tests/ibverbs
 	perftest        # ib_write_bw and friends: the extended verbs path through vrnic-run

@@ -20,7 +20,7 @@ const faultUsage = `usage: vrnicctl [-d name|-s socket] [-json] fault list
        vrnicctl fault del ID...
        vrnicctl fault clear
 keys: ` + "id name disabled dir peer qpn src_qpn cq op psn msg pkt round prob count after until action\n" +
-	"      copies frames for dist delay min max stddev field offset mask fix_icrc bps pps burst verb\n" +
+	"      copies frames for dist delay min max stddev field offset mask fix_icrc bps pps burst ce_above verb\n" +
 	`e.g.  vrnicctl fault add dir=tx qpn=0x1234 msg=write:2 pkt=3 round=first action=drop`
 
 // runFault runs "vrnicctl fault ..." (args after "fault").
@@ -222,6 +222,7 @@ func describeRule(r *admin.FaultRule) string {
 	if a.Burst != 0 {
 		add("burst", strconv.Itoa(a.Burst))
 	}
+	add("ce_above", a.CEAbove)
 	add("verb", a.Verb)
 	return strings.Join(w, " ")
 }
@@ -352,9 +353,11 @@ func setFaultKey(r *admin.FaultRule, k, v string) error {
 		a.PPS, err = u64(64)
 	case "verb":
 		a.Verb = v
+	case "ce_above":
+		a.CEAbove = v
 	default:
 		keys := strings.Fields("id name disabled dir peer qpn src_qpn cq op psn msg pkt round prob count after until action " +
-			"copies frames for dist delay min max stddev field offset mask fix_icrc bps pps burst verb")
+			"copies frames for dist delay min max stddev field offset mask fix_icrc bps pps burst ce_above verb")
 		sort.Strings(keys)
 		return fmt.Errorf("unknown key (want one of %s)", strings.Join(keys, " "))
 	}

@@ -77,7 +77,7 @@ func TestVrnicctl(t *testing.T) {
 	require.Equal(t, 0, rc)
 	assert.Contains(t, out, "resources")
 	assert.Contains(t, out, "qp=1")
-	assert.Regexp(t, `data_path\s+packets_sent=0 packets_received=0 retransmits=0 .*recv_cqes=0 qkey_violations=0 no_recv_wqe=0 invalid_request_naks_sent=0 remote_access_naks_sent=0 remote_operational_naks_sent=0 invalid_request_naks_received=0 remote_access_naks_received=0 remote_operational_naks_received=0\n`, out)
+	assert.Regexp(t, `data_path\s+packets_sent=0 packets_received=0 retransmits=0 .*recv_cqes=0 qkey_violations=0 no_recv_wqe=0 invalid_request_naks_sent=0 remote_access_naks_sent=0 remote_operational_naks_sent=0 invalid_request_naks_received=0 remote_access_naks_received=0 remote_operational_naks_received=0 ce_received=0 cnps_sent=0 cnps_received=0\n`, out)
 	assert.Regexp(t, `held\s+host_mem_bytes=[1-9]\d* pinned_bytes=[1-9]\d* locked_bytes=\d+ lock_failures=\d+ mr_pages=[1-9]\d* fds=[1-9]\d*\n`, out,
 		"what the daemon holds for the client: its memory, the MR's pages, descriptors")
 	rc, out, _ = ctl("-s", s.SocketPath, "counters")

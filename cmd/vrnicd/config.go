@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/vrnic/vrnic/admin"
+	"github.com/vrnic/vrnic/cc"
 	"github.com/vrnic/vrnic/device"
 	"github.com/vrnic/vrnic/faults"
 )
@@ -77,6 +78,8 @@ type Config struct {
 	Faults *admin.FaultScenario `json:"faults,omitempty"`
 	// FaultsFile is the scenario file of -faults (flag only).
 	FaultsFile string `json:"-"`
+	// CC configures RoCE v2 congestion control (-cc, -cc-param).
+	CC CCConfig `json:"congestion_control,omitzero"`
 	// CPUProfile, when set (flag only), is a file the daemon writes a CPU
 	// profile of its whole run to.
 	CPUProfile string `json:"-"`
@@ -84,6 +87,46 @@ type Config struct {
 	// execution trace of the run to (go tool trace): scheduling and
 	// wake-up latencies of the workers, pollers and waiters.
 	Trace string `json:"-"`
+}
+
+// CCConfig configures RoCE v2 congestion control (kernel-notes/congestion.md).
+type CCConfig struct {
+	// Mode is "off" (the default) or "dcqcn". Off, the device's packets
+	// are exactly those of a NIC without congestion control (IP ECN
+	// field 0), it sends no CNP and ignores those it receives. DCQCN:
+	// its packets are ECN-capable (ECT(0)), it answers CE-marked ones
+	// with CNPs and paces each QP at the rate DCQCN gives it from the
+	// CNPs it receives.
+	Mode string `json:"mode,omitempty"`
+	// Params change DCQCN parameters from the mlx5 defaults:
+	// "name=value" with the mlx5 names (rpg_time_reset=300, ...), rates
+	// in Mb/s, times in µs; see package cc.
+	Params []string `json:"params,omitempty"`
+}
+
+// params returns the DCQCN parameters, nil when congestion control is
+// off.
+func (c *CCConfig) params() (*cc.Params, error) {
+	switch c.Mode {
+	case "", "off":
+		if len(c.Params) > 0 {
+			return nil, fmt.Errorf("cc-param given with congestion control off (-cc dcqcn turns it on)")
+		}
+		return nil, nil
+	case "dcqcn":
+	default:
+		return nil, fmt.Errorf("congestion control %q: want off or dcqcn", c.Mode)
+	}
+	p := cc.DefaultParams()
+	for _, kv := range c.Params {
+		if err := p.Set(kv); err != nil {
+			return nil, err
+		}
+	}
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	return &p, nil
 }
 
 // LinkConfig selects the link and its addresses.
@@ -199,12 +242,15 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 		fltFile  = fs.String("faults", "", "fault scenario file (JSON, or YAML by its .yaml/.yml name): the seed and the fault rules installed at start")
 		fltSeed  = fs.Uint64("fault-seed", 0, "seed of every fault decision (default: the scenario's, else drawn from the clock; logged)")
 		nice     = fs.Int("nice", 0, "scheduling priority of the daemon's threads, -20..19 (0: as started; below that needs CAP_SYS_NICE)")
+		ccMode   = fs.String("cc", "off", "RoCE v2 congestion control: off, or dcqcn (ECT(0) on the packets, CNPs for CE-marked ones, DCQCN rate control and pacing per QP)")
 		rdAtom   = fs.Int("max-rd-atomic", 0, "outstanding RDMA READs and atomics per QP, each way: max_qp_rd_atom and max_qp_init_rd_atom, 1..255 (default 16; Soft-RoCE has 128)")
 	)
 	fs.Var(&tapAddr, "tap-addr", "TAP link: the NIC's address/prefix, e.g. 10.77.0.1/24 (repeatable; the first is GID 0)")
 	fs.Var(&tapGW, "tap-gateway", "TAP link: the default router for peers off the -tap-addr prefixes, e.g. 10.77.0.254 (one per address family)")
 	fs.StringVar(local, "local", "127.0.0.1:4791", "same as -udp-local")
 	fs.Var(&seg4, "udp-segment-ipv4", "UDP link on IPv4: send a message's frames as one UDP_SEGMENT datagram: true (faster; off loopback only vrnic peers accept the ICRC of segments after the first), false, or auto (the default): on a loopback address only")
+	var ccParams stringList
+	fs.Var(&ccParams, "cc-param", "a DCQCN parameter, name=value with the mlx5 names (rates in Mb/s, times in µs), e.g. rpg_time_reset=300 (repeatable; -cc dcqcn)")
 	fs.Var(&peers, "udp-peer", "UDP link: a peer's ip:port (repeatable; peers are also found from the QPs' destination GIDs)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -214,7 +260,7 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 	}
 	tapCfg := TAPConfig{Name: *tapName, Addrs: tapAddr, Gateways: tapGW, MAC: *tapMAC, NetNS: *tapNS, VerifySteering: *tapVer, MTU: *tapMTU}
 	c := &Config{Name: *name, Link: LinkConfig{Type: *link, Local: *local, MTU: *mtu, SegmentIPv4: seg4.v, TAP: tapCfg}, LogLevel: *level, Workers: *workers, PollSpin: *pollSpin,
-		OperatorGroup: *opGroup, MaxRdAtomic: *rdAtom, MetricsAddr: *metrics, Nice: *nice}
+		OperatorGroup: *opGroup, MaxRdAtomic: *rdAtom, MetricsAddr: *metrics, Nice: *nice, CC: CCConfig{Mode: *ccMode, Params: ccParams}}
 	if *cfgFile != "" {
 		fileCfg := Config{}
 		if err := loadConfigFile(*cfgFile, &fileCfg); err != nil {
@@ -291,6 +337,15 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 		if set["metrics-addr"] {
 			merged.MetricsAddr = *metrics
 		}
+		if set["cc"] {
+			merged.CC.Mode = *ccMode
+			if *ccMode == "off" && !set["cc-param"] {
+				merged.CC.Params = nil // -cc off over a file: its parameters go too
+			}
+		}
+		if set["cc-param"] {
+			merged.CC.Params = ccParams
+		}
 		c = &merged
 	} else {
 		c.RuntimeDir, c.Socket, c.Link.Peers = *rundir, *socket, peers
@@ -349,6 +404,9 @@ func (c *Config) validate() error {
 		return fmt.Errorf("workers %d out of range", c.Workers)
 	}
 	if _, err := parseLevel(c.LogLevel); err != nil {
+		return err
+	}
+	if _, err := c.CC.params(); err != nil {
 		return err
 	}
 	if _, err := c.pollSpin(); err != nil {

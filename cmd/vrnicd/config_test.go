@@ -310,3 +310,46 @@ func TestActiveMTU(t *testing.T) {
 		assert.Equal(t, tc.want, li.MaxMTU, "%v", tc.args)
 	}
 }
+
+// TestCongestionControlConfig: -cc and -cc-param, the config file's
+// "congestion_control", flags over the file, and the refusals.
+func TestCongestionControlConfig(t *testing.T) {
+	c, err := parseConfig(nil, io.Discard)
+	require.NoError(t, err)
+	p, err := c.CC.params()
+	require.NoError(t, err)
+	assert.Nil(t, p, "off by default")
+
+	c, err = parseConfig([]string{"-cc", "dcqcn", "-cc-param", "rpg_time_reset=2000", "-cc-param", "line_rate=1000"}, io.Discard)
+	require.NoError(t, err)
+	p, err = c.CC.params()
+	require.NoError(t, err)
+	require.NotNil(t, p)
+	assert.Equal(t, 2*time.Millisecond, p.TimeReset)
+	assert.Equal(t, uint64(1_000_000_000), p.LineRate)
+	assert.Equal(t, uint32(1019), p.AlphaG, "the rest are the defaults")
+
+	f := writeFile(t, `{"name":"x","link":{"type":"udp"},"congestion_control":{"mode":"dcqcn","params":["rpg_ai_rate=1"]}}`)
+	c, err = parseConfig([]string{"-config", f}, io.Discard)
+	require.NoError(t, err)
+	p, err = c.CC.params()
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1_000_000), p.AIRate)
+	c, err = parseConfig([]string{"-config", f, "-cc", "off", "-cc-param", "rpg_ai_rate=2"}, io.Discard)
+	assert.Error(t, err, "parameters with congestion control off")
+	c, err = parseConfig([]string{"-config", f, "-cc", "off"}, io.Discard)
+	require.NoError(t, err, "the flag turns the file's off, and its parameters with it")
+	p, err = c.CC.params()
+	require.NoError(t, err)
+	assert.Nil(t, p)
+
+	for _, args := range [][]string{
+		{"-cc", "timely"},
+		{"-cc", "dcqcn", "-cc-param", "nope=1"},
+		{"-cc", "dcqcn", "-cc-param", "rpg_gd=2"},
+		{"-cc-param", "rpg_gd=11"},
+	} {
+		_, err := parseConfig(args, io.Discard)
+		assert.Error(t, err, "%v", args)
+	}
+}

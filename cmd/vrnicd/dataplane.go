@@ -66,6 +66,13 @@ func newDataPlane(cfg *Config, li device.LinkInfo, space *dma.Space, workers int
 		mode     = roce.ModeEthernet
 		udpLocal netip.AddrPort // the UDP link's address, in ModeUDP
 	)
+	ccp, err := cfg.CC.params() // nil: congestion control off
+	if err != nil {
+		return nil, err
+	}
+	if ccp != nil {
+		log.Info("congestion control: DCQCN", "params", ccp.String())
+	}
 	switch cfg.Link.Type {
 	case "mem":
 		nw, err := link.NewNetwork(link.Config{FrameCap: engine.DefaultFrameCap, Logger: log})
@@ -87,6 +94,9 @@ func newDataPlane(cfg *Config, li device.LinkInfo, space *dma.Space, workers int
 		}
 		ul, err := link.NewUDP(link.UDPConfig{
 			Local: local, Workers: workers, FrameCap: engine.DefaultFrameCap, Logger: log,
+			// Congestion control: ECT(0) on what the sockets send, the
+			// ECN field of what they receive (link/udp_ecn.go).
+			ECN: ccp != nil,
 			// The kernel default (about 208 KiB) holds only some 50
 			// 4 KiB frames per worker; a burst beyond it is dropped
 			// silently on loopback and costs a go-back-N retransmission.
@@ -135,7 +145,7 @@ func newDataPlane(cfg *Config, li device.LinkInfo, space *dma.Space, workers int
 	for i, l := range links {
 		links[i] = inj.Wrap(l, tap)
 	}
-	eng, err := engine.New(engine.Config{Links: links, Mode: mode, Local: udpLocal, MAC: li.MAC, FrameCap: frameCap, PathFixup: fixup, Logger: log})
+	eng, err := engine.New(engine.Config{Links: links, Mode: mode, Local: udpLocal, MAC: li.MAC, FrameCap: frameCap, PathFixup: fixup, Logger: log, CC: ccp})
 	if err != nil {
 		close()
 		return nil, err

@@ -785,6 +785,9 @@ func (dp *DataPlane) WireCounters() device.WireCounters {
 		c.BuildErrors += w.BuildErrors.Load()
 		c.LinkSendErrors += w.LinkSendErrors.Load()
 		c.LinkRecvErrors += w.LinkRecvErrors.Load()
+		c.CNPsSent += w.CNPsSent.Load()
+		c.CNPsReceived += w.CNPsReceived.Load()
+		c.CNPsIgnored += w.CNPsIgnored.Load()
 	}
 	return c
 }
@@ -816,6 +819,26 @@ func (dp *DataPlane) LastLinkError() (string, time.Time) {
 		return "", time.Time{}
 	}
 	return last.Op + ": " + last.Text, last.At
+}
+
+// CCRate returns the QP's rate in b/s while congestion control limits
+// it, 0 otherwise (the device's operator listing asks for it).
+func (dp *DataPlane) CCRate(q *device.QP) uint64 {
+	dp.mu.Lock()
+	defer dp.mu.Unlock()
+	if x := dp.qpLocked(q); x != nil && x.ctrs != nil {
+		return x.ctrs.CCRate()
+	}
+	return 0
+}
+
+// CongestionControl returns the engine's congestion control, "dcqcn" or
+// "off", and its parameters.
+func (dp *DataPlane) CongestionControl() (mode, params string) {
+	if p := dp.eng.CC(); p != nil {
+		return "dcqcn", p.String()
+	}
+	return "off", ""
 }
 
 // Counters implements device.DataPlane.

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/vrnic/vrnic/cc"
 	"github.com/vrnic/vrnic/roce"
 )
 
@@ -57,6 +58,13 @@ type Config struct {
 	// other copy of its destination address (it checks received frames
 	// against it).
 	PathFixup func(*roce.Path)
+	// CC, when set, turns on RoCE v2 congestion control with these
+	// parameters (validated by New): ECT(0) on the QPs' packets (the TAP
+	// link; the UDP link marks at its sockets), a CNP for every
+	// CE-marked packet (rate-limited per QP), DCQCN and pacing on the
+	// CNPs received (cc.go). Nil: off; CNPs received are counted and
+	// ignored.
+	CC *cc.Params
 }
 
 // DefaultFrameCap fits a 4096-byte payload with any headers.
@@ -114,6 +122,13 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.CC != nil {
+		if err := cfg.CC.Validate(); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+		}
+		p := *cfg.CC // the engine's own copy: the QPs point into it
+		cfg.CC = &p
+	}
 	e := &Engine{cfg: cfg, clk: newClock(), stop: make(chan struct{}), exited: make(chan struct{}), log: cfg.Logger}
 	for i, l := range cfg.Links {
 		if l == nil {
@@ -160,6 +175,9 @@ func (e *Engine) Close() error {
 	e.log.Info("engine stopped")
 	return nil
 }
+
+// CC returns the congestion-control parameters, nil when off.
+func (e *Engine) CC() *cc.Params { return e.cfg.CC }
 
 // Workers returns the number of workers.
 func (e *Engine) Workers() int { return len(e.workers) }

@@ -117,6 +117,13 @@ type RareQPCounters struct {
 	InvalidReqNAKsReceived atomic.Uint64
 	RemAccessNAKsReceived  atomic.Uint64
 	RemOpNAKsReceived      atomic.Uint64
+	// Congestion control (cc.go): CE-marked packets received, CNPs sent
+	// and received; ccRate is the QP's current rate in b/s while its
+	// reaction point limits it, 0 while it is not limited (a gauge).
+	CEReceived   atomic.Uint64
+	CNPsSent     atomic.Uint64
+	CNPsReceived atomic.Uint64
+	ccRate       atomic.Uint64
 }
 
 // countErrNAK counts a fatal NAK of code c in sent or received; another
@@ -186,6 +193,10 @@ type QPCounterValues struct {
 	InvalidReqNAKsReceived uint64
 	RemAccessNAKsReceived  uint64
 	RemOpNAKsReceived      uint64
+
+	CEReceived   uint64
+	CNPsSent     uint64
+	CNPsReceived uint64
 }
 
 // Load reads every counter (each atomically; not one snapshot of all).
@@ -216,7 +227,20 @@ func (c *QPCounters) Load() QPCounterValues {
 		InvalidReqNAKsReceived: r.InvalidReqNAKsReceived.Load(),
 		RemAccessNAKsReceived:  r.RemAccessNAKsReceived.Load(),
 		RemOpNAKsReceived:      r.RemOpNAKsReceived.Load(),
+
+		CEReceived:   r.CEReceived.Load(),
+		CNPsSent:     r.CNPsSent.Load(),
+		CNPsReceived: r.CNPsReceived.Load(),
 	}
+}
+
+// CCRate returns the QP's current rate in b/s while congestion control
+// limits it, 0 while it does not (never did, or recovered).
+func (c *QPCounters) CCRate() uint64 {
+	if r := c.rare.Load(); r != nil {
+		return r.ccRate.Load()
+	}
+	return 0
 }
 
 //go:generate go tool stringer -type=wqeState -linecomment
@@ -338,6 +362,11 @@ type QP struct {
 	// unrel: UC or UD, no acknowledgements: a send WQE is done once its
 	// last packet was handed to the link (worker.flush, sentThrough).
 	unrel bool
+	// Congestion control (cc.go): ccHas, the QP has CC state (in its
+	// worker's ccs, made when it first saw CE or a CNP); ccPaced, its
+	// reaction point limits it. Two bytes where the struct had padding:
+	// an idle QP holds no more than before.
+	ccHas, ccPaced bool
 
 	retryTimer timer
 	rnrTimer   timer
@@ -500,6 +529,7 @@ func (a *QPAttr) check() error {
 func (qp *QP) reset() {
 	qp.w.timers.stop(&qp.retryTimer)
 	qp.w.timers.stop(&qp.rnrTimer)
+	qp.ccStop()
 	qp.state = abi.QPSReset
 	qp.w.forgetTx(qp)
 	qp.ah = nil
@@ -522,6 +552,7 @@ func (qp *QP) enterError() {
 	}
 	qp.w.timers.stop(&qp.retryTimer)
 	qp.w.timers.stop(&qp.rnrTimer)
+	qp.ccStop()
 	qp.w.busy = true
 }
 

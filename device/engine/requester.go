@@ -310,6 +310,9 @@ func (qp *QP) reqWindow() reqState {
 
 // reqSend builds the packet at e.sendPSN.
 func (qp *QP) reqSend() reqState {
+	if qp.w.ccp != nil && qp.ccHold() {
+		return reqExit // congestion control: a pacer's timer resumes it
+	}
 	e := &qp.sq[qp.next&qp.sqMask]
 	buf := qp.w.txBuf()
 	if buf == nil {
@@ -367,7 +370,8 @@ func (qp *QP) reqSend() reqState {
 		o.se = last && e.Flags&abi.SendSolicited != 0 && e.Opcode != abi.WRRDMAWrite
 		qp.req.sinceAck++
 		o.ackReq = !qp.unrel && (last || qp.req.sinceAck >= ackReqEvery || roce.PSNDiff(e.sendPSN, qp.req.ackAllUntil) < 0 ||
-			roce.PSNDiff(roce.PSNAdd(e.sendPSN, 1), qp.comp.psn) >= int32(qp.w.window))
+			roce.PSNDiff(roce.PSNAdd(e.sendPSN, 1), qp.comp.psn) >= int32(qp.w.window) ||
+			qp.w.ccp != nil && qp.ccAckReq(hr+n))
 	}
 	if o.ackReq {
 		qp.req.sinceAck = 0
@@ -395,6 +399,9 @@ func (qp *QP) reqSend() reqState {
 		// Nothing would ever report the packet sent.
 		qp.failWQE(e, abi.WCLocQPOpErr)
 		return reqExit
+	}
+	if queued && qp.w.ccp != nil {
+		qp.ccSent(len(qp.w.tx[qp.w.txN-1]))
 	}
 	if qp.req.dup && o.psn == qp.req.dupPSN {
 		qp.req.dup = false

@@ -632,6 +632,9 @@ func (qp *QP) sendResponse(s *rdRes) bool {
 		s.active = false
 		return true
 	}
+	if qp.w.ccp != nil && qp.ccHold() {
+		return false // congestion control: a pacer's timer resumes it
+	}
 	// IBTA 9.7.5.1.3: READ responses are path-MTU sized (the last may be
 	// shorter); FIRST, LAST and ONLY carry an AETH.
 	n := min(s.left, qp.mtu)
@@ -662,7 +665,9 @@ func (qp *QP) sendResponse(s *rdRes) bool {
 				return true
 			}
 		}
-		qp.w.txFinish(qp, buf, o.psn)
+		if qp.w.txFinish(qp, buf, o.psn) && qp.w.ccp != nil {
+			qp.ccSent(len(qp.w.tx[qp.w.txN-1]))
+		}
 	}
 	s.va += uint64(n)
 	s.left -= n

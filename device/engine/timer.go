@@ -12,8 +12,11 @@ import "time"
 type timerKind uint8
 
 const (
-	timerRetry timerKind = iota // local ACK timeout (IBTA 9.7.6.1.1)
-	timerRNR                    // RNR NAK back-off (IBTA 9.7.5.2.8)
+	timerRetry    timerKind = iota // local ACK timeout (IBTA 9.7.6.1.1)
+	timerRNR                       // RNR NAK back-off (IBTA 9.7.5.2.8)
+	timerCCRate                    // DCQCN rate increase (cc.go)
+	timerCCPace                    // pacer: the bucket holds tokens again (cc.go)
+	timerLinkPace                  // the worker's link limiter holds tokens again (cc.go; qp nil)
 )
 
 // timer is one QP timer. idx is its heap position, -1 when not armed.

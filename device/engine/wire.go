@@ -87,6 +87,12 @@ func (qp *QP) setPath(remote netip.Addr) {
 		DontFragment: true,
 	}
 	qp.path.Mode, qp.path.SrcMAC = qp.w.e.cfg.Mode, qp.w.e.cfg.MAC
+	if qp.w.ccp != nil {
+		// ECN-capable (ECT(0)): a congested queue marks instead of
+		// dropping, and the peer answers the mark with a CNP (cc.go).
+		// The ICRC does not cover the field.
+		qp.path.TOS |= ecnECT0
+	}
 	pathPeer(&qp.path, &qp.w.e.cfg)
 }
 

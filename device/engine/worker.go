@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/cc"
 	"github.com/vrnic/vrnic/internal/osyield"
 	"github.com/vrnic/vrnic/roce"
 )
@@ -39,6 +40,12 @@ type WorkerCounters struct {
 	BadPeer     atomic.Uint64 // not from the QP's peer (source/destination address), wrong P_Key or service
 	CQOverflows atomic.Uint64
 	BuildErrors atomic.Uint64
+	// CNPs sent (notification point) and received (reaction point);
+	// CNPsIgnored: received with congestion control off or for a QP
+	// that does not send (also in CNPsReceived). cc.go.
+	CNPsSent     atomic.Uint64
+	CNPsReceived atomic.Uint64
+	CNPsIgnored  atomic.Uint64
 	// LinkSendErrors and LinkRecvErrors count the link's failed send and
 	// receive calls (a call, not a frame: a failed batch is one);
 	// lastLinkErr keeps the newest failure's text.
@@ -193,6 +200,15 @@ type worker struct {
 	// local (Config.Local).
 	udp   bool
 	local netip.AddrPort
+	// ccp: the congestion-control parameters (Config.CC); nil: off.
+	// linkPace, when set (cc.Params.LinkRate), limits what the worker's
+	// QPs send together; linkTimer wakes the worker when it may again.
+	ccp       *cc.Params
+	linkPace  *cc.Pacer
+	linkTimer timer
+	// ccs holds the CC state of the worker's QPs that have one
+	// (QP.ccHas): those that met congestion.
+	ccs map[*QP]*qpCC
 
 	// scratch, reused for every packet and completion
 	pkt  roce.Packet
@@ -202,8 +218,10 @@ type worker struct {
 	hdrs roce.Headers
 	// framer builds a packet whose payload is copied in (txBegin).
 	framer roce.Framer
-	cqe    abi.CQE
-	grh    [roce.GRHLen]byte // of a UD receive
+	// cnpPath is the path a CNP is built with (txCNP).
+	cnpPath roce.Path
+	cqe     abi.CQE
+	grh     [roce.GRHLen]byte // of a UD receive
 	// flushRQE is where flushRecv takes each posted RQE of a QP in ERR
 	// (room for abi.MaxSGE SGEs): one per worker, not per QP.
 	flushRQE RecvWork
@@ -232,8 +250,14 @@ func newWorker(e *Engine, id int, l Link) *worker {
 		txPSN:   make([]uint32, e.cfg.Batch),
 		udp:     e.cfg.Mode == roce.ModeUDP,
 		local:   e.cfg.Local,
+		ccp:     e.cfg.CC,
 
 		ringLinger: ringLinger,
+	}
+	w.linkTimer = timer{idx: -1, kind: timerLinkPace}
+	if p := e.cfg.CC; p != nil && p.LinkRate != 0 {
+		w.linkPace = &cc.Pacer{}
+		w.linkPace.SetRate(p.LinkRate/uint64(len(e.cfg.Links)), p.PaceBurst, 0)
 	}
 	w.flushRQE.SGEs = make([]abi.SGE, 0, abi.MaxSGE)
 	w.probe.SGEs, w.probe.Inline = make([]abi.SGE, 0, abi.MaxSGE), make([]byte, 0, abi.MaxInline)
@@ -370,6 +394,10 @@ func (w *worker) input(frame []byte, from netip.AddrPort) {
 	} else if from.Port() != peerOf(&qp.path).Port() {
 		src = netip.Addr{}
 	}
+	if pkt.Info.Service == roce.ServiceCNP {
+		w.inputCNP(qp, pkt, src, dst) // not an ACK: never the completer's
+		return
+	}
 	if pkt.Info.Service != qp.svc || pkt.BTH.PKey() != pkeyDefault ||
 		src.Unmap() != qp.path.Dst.Unmap() || dst.Unmap() != qp.attr.LocalAddr.Unmap() {
 		w.Counters.BadPeer.Add(1)
@@ -382,6 +410,9 @@ func (w *worker) input(frame []byte, from netip.AddrPort) {
 	}
 	qp.Counters.PacketsReceived.Add(1)
 	w.activate(qp)
+	if w.ccp != nil && ceMarked(pkt) {
+		w.ccCE(qp, pkt)
+	}
 	switch {
 	case qp.unrel:
 		qp.ucRx(&w.in)
@@ -447,6 +478,13 @@ func (w *worker) fire() {
 			t.qp.onRetryTimer()
 		case timerRNR:
 			t.qp.onRNRTimer()
+		case timerCCRate:
+			t.qp.onCCRateTimer()
+		case timerCCPace:
+			t.qp.onCCPaceTimer()
+		case timerLinkPace:
+			// Nothing more: the pass that follows services the active
+			// QPs, the held ones among them (busy, above).
 		}
 	}
 }
@@ -493,6 +531,7 @@ func (w *worker) apply(m *ctlMsg) {
 		}
 		w.timers.stop(&qp.retryTimer)
 		w.timers.stop(&qp.rnrTimer)
+		qp.ccStop()
 		if qp.unrel {
 			// Datagrams posted before the destroy go out, as on Linux
 			// rxe, whose ibv_post_send runs the requester in the
