@@ -59,10 +59,11 @@ type Config struct {
 	// of the daemon runs at; 0 leaves the one it was started with. An
 	// emulated NIC competes for the CPU with its clients, which often
 	// busy-poll: a negative value gives the workers the CPU first when a
-	// frame or a doorbell wakes them, as a NIC's own processor (or the
-	// kernel's softirq, for Soft-RoCE) would have it. Below the starting
-	// value it needs CAP_SYS_NICE or RLIMIT_NICE (a systemd unit's Nice=
-	// needs neither).
+	// frame or a doorbell wakes them (on a loaded host, far shorter
+	// hops), but an idle worker's polling then also keeps it from the
+	// clients (on a quiet host, longer hops and fewer messages: README).
+	// Below the starting value it needs CAP_SYS_NICE or RLIMIT_NICE (a
+	// systemd unit's Nice= needs neither).
 	Nice int `json:"nice,omitempty"`
 	// OperatorGroup names a group whose members may use the operator
 	// commands (vrnicctl) besides root and the daemon's own uid; empty:

@@ -77,18 +77,10 @@ func startPairArgs(t *testing.T, argsA, argsB []string) *pair {
 	a, b, err := launch.LoopbackPair(netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("127.0.0.2"))
 	require.NoError(t, err)
 	p.addr = [2]netip.Addr{a, b}
-	// As root the daemons run at the priority their systemd units give
-	// them (Nice=-10, deploy/systemd): the programs here busy-poll, and
-	// on a loaded machine a daemon waiting for their time slices stretches
-	// every hop by milliseconds.
-	var prio []string
-	if os.Geteuid() == 0 {
-		prio = []string{"-nice", "-10"}
-	}
 	for i, name := range []string{"a", "b"} {
 		p.logs[i] = &launch.Buffer{}
-		args := append([]string{"-name", name, "-runtime-dir", p.dir, "-link", "udp", "-workers", "1",
-			"-local", p.addr[i].String() + ":4791"}, prio...)
+		args := []string{"-name", name, "-runtime-dir", p.dir, "-link", "udp", "-workers", "1",
+			"-local", p.addr[i].String() + ":4791"}
 		proc, err := launch.Start(launch.Spec{Name: "vrnicd " + name, Bin: filepath.Join(bin, "vrnicd"),
 			Args: append(args, [][]string{argsA, argsB}[i]...), Stderr: p.logs[i]})
 		require.NoError(t, err)
