@@ -42,8 +42,26 @@ func TestZeroAllocWrite(t *testing.T) {
 
 func testZeroAllocWrite(t *testing.T, mode roce.Mode) {
 	a, b := steadyMode(t, mode)
-	src := a.n.buffer(64<<10, 0x1000, abi.AccessAll, 1)
-	dst := b.n.buffer(64<<10, 0x1000, abi.AccessAll, 2)
+	allocs, src, dst := writeAllocs(a, b)
+	assert.Zero(t, allocs, "allocations per 64 KiB WRITE")
+	ca, _ := a.n.eng.Counters(a.qpn)
+	cb, _ := b.n.eng.Counters(b.qpn)
+	t.Logf("A sent %d rcvd %d retrans %d timeouts %d; B sent %d rcvd %d dropped %d dups %d; sleeps A %d B %d",
+		ca.PacketsSent.Load(), ca.PacketsReceived.Load(), ca.Rare().Retransmits.Load(), ca.Rare().Timeouts.Load(),
+		cb.PacketsSent.Load(), cb.PacketsReceived.Load(), cb.Rare().Dropped.Load(), cb.Rare().Duplicates.Load(),
+		a.n.eng.WorkerCounters(0).Sleeps.Load(), b.n.eng.WorkerCounters(0).Sleeps.Load())
+	assert.Equal(t, sum(src.b), sum(dst.b))
+	for _, c := range a.scq.all() {
+		require.Equal(t, abi.WCSuccess, c.Status)
+	}
+}
+
+// writeAllocs runs signaled 64 KiB RDMA WRITEs from a to b, 50 to warm
+// up, and returns the allocations per WRITE after them and the two
+// buffers.
+func writeAllocs(a, b *tqp) (allocs float64, src, dst *buffer) {
+	src = a.n.buffer(64<<10, 0x1000, abi.AccessAll, 1)
+	dst = b.n.buffer(64<<10, 0x1000, abi.AccessAll, 2)
 	sges := []abi.SGE{src.sge(0, 64<<10)}
 	wr := abi.SendWQE{Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: dst.va, RKey: dst.key}
 	var n int64
@@ -59,18 +77,7 @@ func testZeroAllocWrite(t *testing.T, mode roce.Mode) {
 	for range 50 {
 		run()
 	}
-	allocs := testing.AllocsPerRun(200, run)
-	assert.Zero(t, allocs, "allocations per 64 KiB WRITE")
-	ca, _ := a.n.eng.Counters(a.qpn)
-	cb, _ := b.n.eng.Counters(b.qpn)
-	t.Logf("A sent %d rcvd %d retrans %d timeouts %d; B sent %d rcvd %d dropped %d dups %d; sleeps A %d B %d",
-		ca.PacketsSent.Load(), ca.PacketsReceived.Load(), ca.Rare().Retransmits.Load(), ca.Rare().Timeouts.Load(),
-		cb.PacketsSent.Load(), cb.PacketsReceived.Load(), cb.Rare().Dropped.Load(), cb.Rare().Duplicates.Load(),
-		a.n.eng.WorkerCounters(0).Sleeps.Load(), b.n.eng.WorkerCounters(0).Sleeps.Load())
-	assert.Equal(t, sum(src.b), sum(dst.b))
-	for _, c := range a.scq.all() {
-		require.Equal(t, abi.WCSuccess, c.Status)
-	}
+	return testing.AllocsPerRun(200, run), src, dst
 }
 
 // TestZeroAllocSend: the same for SEND/RECV.

@@ -413,24 +413,7 @@ func TestZeroAllocWriteCC(t *testing.T) {
 	a, b := na.newQP(t, 0x11, o), nb.newQP(t, 0x22, o)
 	connect(t, a, b, o)
 	mk.mark.Store(true)
-	src := a.n.buffer(64<<10, 0x1000, abi.AccessAll, 1)
-	dst := b.n.buffer(64<<10, 0x1000, abi.AccessAll, 2)
-	sges := []abi.SGE{src.sge(0, 64<<10)}
-	wr := abi.SendWQE{Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: dst.va, RKey: dst.key}
-	var n int64
-	run := func() {
-		n++
-		wr.WrID = uint64(n)
-		if err := a.sq.post(wr, sges, nil); err != nil {
-			panic(err)
-		}
-		a.n.eng.Kick(a.qpn)
-		a.scq.spin(n)
-	}
-	for range 50 {
-		run()
-	}
-	allocs := testing.AllocsPerRun(200, run)
+	allocs, src, dst := writeAllocs(a, b)
 	assert.Zero(t, allocs, "allocations per 64 KiB WRITE with congestion control")
 	ca, cb := a.counters(t).Load(), b.counters(t).Load()
 	require.NotZero(t, ca.CNPsReceived)
