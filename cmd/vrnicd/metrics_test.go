@@ -54,23 +54,26 @@ func scrape(t *testing.T, url string) (map[string]*dto.MetricFamily, []promlint.
 	return mfs, mine, b
 }
 
+// labelled reports whether m's labels include want.
+func labelled(m *dto.Metric, want map[string]string) bool {
+	have := map[string]string{}
+	for _, l := range m.GetLabel() {
+		have[l.GetName()] = l.GetValue()
+	}
+	for k, v := range want {
+		if have[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
 // value returns the value of the sample of family name whose labels
 // include want (0 when there is none).
 func value(mfs map[string]*dto.MetricFamily, name string, want map[string]string) float64 {
-	mf := mfs[name]
-	if mf == nil {
-		return 0
-	}
-next:
-	for _, m := range mf.GetMetric() {
-		have := map[string]string{}
-		for _, l := range m.GetLabel() {
-			have[l.GetName()] = l.GetValue()
-		}
-		for k, v := range want {
-			if have[k] != v {
-				continue next
-			}
+	for _, m := range mfs[name].GetMetric() {
+		if !labelled(m, want) {
+			continue
 		}
 		switch {
 		case m.Counter != nil:
@@ -158,22 +161,10 @@ func TestMetricsBadAddr(t *testing.T) {
 // histCount returns the sample count of the histogram of family name
 // whose labels include want (0 when there is none).
 func histCount(mfs map[string]*dto.MetricFamily, name string, want map[string]string) uint64 {
-	mf := mfs[name]
-	if mf == nil {
-		return 0
-	}
-next:
-	for _, m := range mf.GetMetric() {
-		have := map[string]string{}
-		for _, l := range m.GetLabel() {
-			have[l.GetName()] = l.GetValue()
+	for _, m := range mfs[name].GetMetric() {
+		if labelled(m, want) {
+			return m.GetHistogram().GetSampleCount()
 		}
-		for k, v := range want {
-			if have[k] != v {
-				continue next
-			}
-		}
-		return m.GetHistogram().GetSampleCount()
 	}
 	return 0
 }
