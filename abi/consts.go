@@ -212,6 +212,31 @@ const (
 	QPAttrCap              uint32 = 1 << 19
 	QPAttrDestQPN          uint32 = 1 << 20
 	QPAttrAll              uint32 = 1<<21 - 1
+	// QPAttrECE (vrnic's own, beyond the IBV_QP_* bits): the QP's ECE
+	// options in force (ECESelectiveRepeat, ECEAdaptiveRTO), settable
+	// in RESET, INIT and on the move to RTR only.
+	QPAttrECE uint32 = 1 << 30
+)
+
+// Enhanced Connection Establishment (ECE): the vendor ID and option bits
+// vrnic offers in the CM REQ (its Vendor ID field and the MAD's attribute
+// modifier, as Linux's cm.c carries struct ib_cm_ece) and through
+// ibv_query_ece / ibv_set_ece. A peer that does not know them answers
+// with none, and nothing on the QP's wire changes; both ends must have an
+// option for it to be in force.
+const (
+	// ECEVendorID is the PCI vendor ID the device reports.
+	ECEVendorID uint32 = 0x1ded
+	// ECESelectiveRepeat: the responder keeps out-of-order packets and
+	// names each hole with a selective NAK; the requester resends only
+	// the holes (device/engine, kernel-notes/loss.md).
+	ECESelectiveRepeat uint32 = 1 << 0
+	// ECEAdaptiveRTO: the requester's retransmission timer follows the
+	// measured round trip (RFC 6298) instead of the IBTA ACK timeout,
+	// which still bounds the retries.
+	ECEAdaptiveRTO uint32 = 1 << 1
+	// ECEOptions: every option this vrnic offers.
+	ECEOptions = ECESelectiveRepeat | ECEAdaptiveRTO
 )
 
 // Path migration states (QPAttr.PathMigState, enum ibv_mig_state). vrnic

@@ -79,6 +79,10 @@ type QPAttr struct {
 	QKey uint32
 	// Path: the addresses of the QP (the AV); set with abi.QPAttrAV.
 	LocalAddr, RemoteAddr netip.Addr
+	// ECE: the ECE options in force (abi.QPAttrECE; abi.ECEOptions
+	// bits), both ends' agreement: the control path sets them only
+	// when the peer offered them too (CM REQ/REP, ibv_set_ece).
+	ECE uint32
 }
 
 // QPCounters are per-QP data path counters (atomics: read from any
@@ -367,6 +371,8 @@ type QP struct {
 	// reaction point limits it. Two bytes where the struct had padding:
 	// an idle QP holds no more than before.
 	ccHas, ccPaced bool
+	// ece: the ECE options in force (abi.ECEOptions bits; sr.go).
+	ece uint8
 
 	retryTimer timer
 	rnrTimer   timer
@@ -456,6 +462,9 @@ func (qp *QP) modify(a *QPAttr) error {
 	if m&abi.QPAttrAccessFlags != 0 {
 		qp.attr.AccessFlags = a.AccessFlags
 	}
+	if m&abi.QPAttrECE != 0 {
+		qp.setECE(a.ECE)
+	}
 	if m&abi.QPAttrQKey != 0 {
 		qp.attr.QKey = a.QKey
 	}
@@ -513,6 +522,9 @@ func (a *QPAttr) check() error {
 	if a.Mask&abi.QPAttrAV != 0 &&
 		(!a.LocalAddr.IsValid() || !a.RemoteAddr.IsValid() || a.LocalAddr.Is4() != a.RemoteAddr.Is4()) {
 		return fmt.Errorf("%w: address vector %v -> %v", ErrInvalid, a.LocalAddr, a.RemoteAddr)
+	}
+	if a.Mask&abi.QPAttrECE != 0 && a.ECE&^abi.ECEOptions != 0 {
+		return fmt.Errorf("%w: ECE options %#x (known: %#x)", ErrInvalid, a.ECE, abi.ECEOptions)
 	}
 	if a.Mask&abi.QPAttrState != 0 {
 		switch a.State {
