@@ -133,6 +133,9 @@ func (qp *QP) compClassify(p *packet) compState {
 			if p.syndrome.NAK() == roce.NAKPSNSequenceError {
 				return compNAKSeq
 			}
+			if p.syndrome.NAK() == nakSelective && qp.sr != nil && qp.sr.sr {
+				return qp.compSNAK(p)
+			}
 			return compNAKErr
 		}
 	}
@@ -153,6 +156,9 @@ func (qp *QP) progress(psn uint32) {
 		qp.comp.retryLeft = qp.attr.RetryCnt
 		qp.comp.rnrLeft = qp.attr.RNRRetry
 		qp.comp.inRetry = false
+		if qp.sr != nil {
+			qp.srProgress(psn)
+		}
 		if qp.retryTimer.armed() {
 			qp.armRetry()
 		}
@@ -415,6 +421,9 @@ func (qp *QP) outstanding() bool {
 
 func (qp *QP) armRetry() {
 	if d := ackTimeout(qp.attr.Timeout); d > 0 {
+		if qp.sr != nil && qp.sr.rto {
+			d = qp.srTimeout(d)
+		}
 		qp.w.timers.set(&qp.retryTimer, qp.w.now+d)
 	}
 }
@@ -443,6 +452,9 @@ func (qp *QP) onRetryTimer() {
 		return
 	}
 	qp.Counters.Rare().Timeouts.Add(1)
+	if qp.sr != nil && qp.sr.rto && qp.srOnTimeout() {
+		return
+	}
 	qp.startRetry(true)
 }
 
@@ -533,6 +545,10 @@ func (qp *QP) rewind(psn uint32) {
 	}
 	qp.req.sinceAck = 0
 	qp.req.ackAllUntil = qp.req.psn
+	if qp.sr != nil {
+		// Go-back-N resends all of it; nothing is timed across it.
+		qp.sr.resend, qp.sr.rttOn = qp.sr.resend[:0], false
+	}
 	qp.w.busy = true
 }
 

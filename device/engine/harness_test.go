@@ -40,6 +40,7 @@ type qpOpts struct {
 	sqDepth   int
 	noConnect bool
 	typ       abi.QPType // 0: RC
+	ece       uint32     // ECE options in force (abi.QPAttrECE at RTR)
 }
 
 func defaultOpts() qpOpts {
@@ -145,11 +146,16 @@ func bringUp(t testing.TB, l, r *tqp, o qpOpts, upTo abi.QPState) {
 
 // rtrAttr moves l from INIT to RTR, connected to r.
 func rtrAttr(l, r *tqp, o qpOpts) QPAttr {
-	return QPAttr{
+	a := QPAttr{
 		Mask:  abi.QPAttrState | abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrDestQPN | abi.QPAttrRQPSN | abi.QPAttrMaxDestRdAtomic | abi.QPAttrMinRNRTimer,
 		State: abi.QPSRTR, LocalAddr: l.n.addr, RemoteAddr: r.n.addr, PathMTU: o.mtu, DestQPN: r.qpn,
 		RQPSN: r.qpn * 1000 & 0xffffff, MaxDestRdAtomic: o.rdAtomic, MinRNRTimer: o.minRNR,
 	}
+	if o.ece != 0 {
+		a.Mask |= abi.QPAttrECE
+		a.ECE = o.ece
+	}
+	return a
 }
 
 // pair builds two nodes with one connected QP each (Ethernet frames).

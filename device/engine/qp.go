@@ -342,6 +342,9 @@ type QP struct {
 	path roce.Path
 	// ah is the address handle path was last set from (UD).
 	ah *AH
+	// sr is the state of the ECE options in force (selective repeat,
+	// the adaptive retransmission timer; sr.go), nil without any.
+	sr *srState
 
 	// Send queue: a private ring of copies. head: oldest WQE not yet
 	// completed (completer); next: the WQE the requester works on; tail:
@@ -549,6 +552,7 @@ func (qp *QP) reset() {
 	qp.req = requester{psn: qp.attr.SQPSN, ackAllUntil: qp.attr.SQPSN}
 	qp.comp = completer{psn: qp.attr.SQPSN, retryLeft: qp.attr.RetryCnt, rnrLeft: qp.attr.RNRRetry}
 	qp.resp.clear(qp.attr.RQPSN)
+	qp.srRelease()
 }
 
 // enterError moves the QP to ERR. Outstanding and later WRs complete with
@@ -565,6 +569,7 @@ func (qp *QP) enterError() {
 	qp.w.timers.stop(&qp.retryTimer)
 	qp.w.timers.stop(&qp.rnrTimer)
 	qp.ccStop()
+	qp.srRelease()
 	qp.w.busy = true
 }
 

@@ -76,6 +76,9 @@ func (qp *QP) reqStep() {
 	if qp.state != abi.QPSRTS || qp.comp.rnrWait {
 		return
 	}
+	if qp.sr != nil && len(qp.sr.resend) > 0 && !qp.srResend() {
+		return
+	}
 	st := reqFetch
 	for st != reqExit {
 		switch st {
@@ -314,14 +317,37 @@ func (qp *QP) reqSend() reqState {
 		return reqExit // congestion control: a pacer's timer resumes it
 	}
 	e := &qp.sq[qp.next&qp.sqMask]
-	buf := qp.w.txBuf()
-	if buf == nil {
+	last, ok := qp.sendPacket(e, e.sendPSN, false)
+	if !ok {
 		return reqExit
 	}
-	idx := uint32(roce.PSNDiff(e.sendPSN, e.first))
-	last := idx+1 == e.npkts
+	if last {
+		e.sendPSN = roce.PSNAdd(e.last, 1)
+		e.state = wqePending
+		qp.next++
+	} else {
+		e.sendPSN = roce.PSNAdd(e.sendPSN, 1)
+	}
+	if !qp.unrel && !qp.retryTimer.armed() {
+		qp.armRetry()
+	}
+	return reqFetch
+}
+
+// sendPacket builds and queues the packet of e at psn: the next one of the
+// requester (reqSend) or, with resend, one a selective NAK named (sr.go),
+// which always asks for an ACK. It reports whether psn is e's last packet
+// (for a READ request: always), and false in ok when nothing was queued:
+// the transmit batch is full, or e failed (its status says why).
+func (qp *QP) sendPacket(e *swqe, psn uint32, resend bool) (last, ok bool) {
+	buf := qp.w.txBuf()
+	if buf == nil {
+		return false, false
+	}
+	idx := uint32(roce.PSNDiff(psn, e.first))
+	last = idx+1 == e.npkts
 	o := &qp.w.out
-	*o = packet{psn: e.sendPSN, srqn: e.RemoteQPN & roce.QPNMask}
+	*o = packet{psn: psn, srqn: e.RemoteQPN & roce.QPNMask}
 	var n, hr int   // payload length, headroom
 	var poff uint64 // message offset of the payload
 	switch e.Opcode {
@@ -360,7 +386,7 @@ func (qp *QP) reqSend() reqState {
 		n = int(min(uint64(qp.mtu), e.length-poff))
 		if hr = qp.path.Headroom(o.opcode); hr+n+roce.MaxTailroom > len(buf) {
 			qp.failWQE(e, abi.WCLocLenErr)
-			return reqExit
+			return false, false
 		}
 		info := o.opcode.Info()
 		if info.Has(roce.HdrRETH) {
@@ -369,8 +395,8 @@ func (qp *QP) reqSend() reqState {
 		o.imm, o.invRKey = e.ImmData, e.InvalidateRKey
 		o.se = last && e.Flags&abi.SendSolicited != 0 && e.Opcode != abi.WRRDMAWrite
 		qp.req.sinceAck++
-		o.ackReq = !qp.unrel && (last || qp.req.sinceAck >= ackReqEvery || roce.PSNDiff(e.sendPSN, qp.req.ackAllUntil) < 0 ||
-			roce.PSNDiff(roce.PSNAdd(e.sendPSN, 1), qp.comp.psn) >= int32(qp.w.window) ||
+		o.ackReq = !qp.unrel && (resend || last || qp.req.sinceAck >= ackReqEvery || roce.PSNDiff(psn, qp.req.ackAllUntil) < 0 ||
+			roce.PSNDiff(roce.PSNAdd(psn, 1), qp.comp.psn) >= int32(qp.w.window) ||
 			qp.w.ccp != nil && qp.ccAckReq(hr+n))
 	}
 	if o.ackReq {
@@ -391,36 +417,33 @@ func (qp *QP) reqSend() reqState {
 			qp.w.framer.Put(e.Inline[poff : poff+uint64(n)])
 		} else if err := qp.cfg.Mem.GatherTo(e.SGEs, poff, n, &qp.w.framer); err != nil {
 			qp.failWQE(e, localMemStatus(err))
-			return reqExit
+			return false, false
 		}
 		queued = qp.w.txFinish(qp, buf, o.psn)
 	}
 	if !queued && qp.unrel {
 		// Nothing would ever report the packet sent.
 		qp.failWQE(e, abi.WCLocQPOpErr)
-		return reqExit
+		return false, false
 	}
 	if queued && qp.w.ccp != nil {
 		qp.ccSent(len(qp.w.tx[qp.w.txN-1]))
+	}
+	if qp.sr != nil && queued {
+		qp.srSent(o, resend)
 	}
 	if qp.req.dup && o.psn == qp.req.dupPSN {
 		qp.req.dup = false
 		qp.w.txRepeat(qp)
 	}
 	if h := traceHook.Load(); h != nil {
-		(*h)(qp, "send %v psn %d", o.opcode, o.psn)
+		if resend {
+			(*h)(qp, "resend %v psn %d", o.opcode, o.psn)
+		} else {
+			(*h)(qp, "send %v psn %d", o.opcode, o.psn)
+		}
 	}
-	if last {
-		e.sendPSN = roce.PSNAdd(e.last, 1)
-		e.state = wqePending
-		qp.next++
-	} else {
-		e.sendPSN = roce.PSNAdd(e.sendPSN, 1)
-	}
-	if !qp.unrel && !qp.retryTimer.armed() {
-		qp.armRetry()
-	}
-	return reqFetch
+	return last, true
 }
 
 // dataOpcode picks the SEND or RDMA WRITE opcode of packet idx of e.

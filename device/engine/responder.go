@@ -184,6 +184,9 @@ func (qp *QP) respRx(p *packet) {
 			st = qp.respExecute(p)
 		}
 	}
+	if s := qp.sr; s != nil && s.hd < len(s.held) && !s.draining {
+		qp.srDrain()
+	}
 	qp.w.busy = true
 }
 
@@ -221,6 +224,10 @@ func (qp *QP) respCheckPSN(p *packet) respState {
 	case d < 0:
 		return respDuplicate
 	case d > 0:
+		if qp.sr != nil && qp.sr.sr {
+			qp.srHold(p, d)
+			return respDone
+		}
 		if !r.nakSent {
 			r.nakSent = true
 			qp.Counters.Rare().SeqNAKsSent.Add(1)
@@ -592,6 +599,9 @@ func (qp *QP) respOutput() bool {
 			continue
 		}
 		if !r.nakPending && !r.ackPending {
+			if qp.sr != nil && len(qp.sr.snaks) > 0 {
+				return qp.srOutput() // after the ACK or NAK (an RNR NAK first)
+			}
 			return true
 		}
 		buf := qp.w.txBuf()

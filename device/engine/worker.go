@@ -46,6 +46,9 @@ type WorkerCounters struct {
 	CNPsSent     atomic.Uint64
 	CNPsReceived atomic.Uint64
 	CNPsIgnored  atomic.Uint64
+	// HeldPackets: request packets the worker's responders keep out of
+	// order now (selective repeat, sr.go).
+	HeldPackets atomic.Int64
 	// LinkSendErrors and LinkRecvErrors count the link's failed send and
 	// receive calls (a call, not a frame: a failed batch is one);
 	// lastLinkErr keeps the newest failure's text.
@@ -228,6 +231,11 @@ type worker struct {
 	// probe is where the requester polls the SQ of a QP without a send
 	// ring (active.go: a ring is taken only for a WQE).
 	probe SendWork
+
+	// held: buffers of request packets responders keep out of order
+	// (sr.go); heldBytes is what they hold, heldFree the spare ones.
+	heldBytes int
+	heldFree  [][]byte
 
 	Counters WorkerCounters
 	// lat: completion latency by opcode (latency.go), the worker's alone.
@@ -542,6 +550,7 @@ func (w *worker) apply(m *ctlMsg) {
 			qp.reqStep()
 		}
 		w.forgetTx(qp)
+		qp.srRelease()
 		w.drop(qp)
 		delete(w.qps, m.qpn)
 		if w.lastRx == qp {

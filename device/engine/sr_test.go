@@ -1,0 +1,210 @@
+package engine
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/link"
+	"github.com/vrnic/vrnic/roce"
+)
+
+// srPair is an RC pair whose requester (a) loses the frames drop picks (by
+// the count of frames it sent before), with the ECE options ece on both
+// QPs, one worker each. The IBTA timeout is a second: no timer fires in
+// these tests unless the protocol needs one.
+func srPair(t *testing.T, mode roce.Mode, ece uint32, drop func(int64) bool) (*tqp, *tqp) {
+	nw := newNetworkMode(t, mode, 4096, 1024)
+	na := newNodeWrap(t, nw, "10.0.0.1", 1, nil, func(l Link) Link { return &dropLink{Link: l, drop: drop} })
+	nb := newNode(t, nw, "10.0.0.2", 1, nil)
+	o := defaultOpts()
+	o.timeout, o.ece = 18, ece
+	a, b := na.newQP(t, 0x11, o), nb.newQP(t, 0x22, o)
+	connect(t, a, b, o)
+	return a, b
+}
+
+// srWrite sends one RDMA WRITE of size bytes from a to b and checks the
+// data and the completion.
+func srWrite(t *testing.T, a, b *tqp, size int) {
+	t.Helper()
+	src := a.n.buffer(size, 0x10000000, abi.AccessAll, 1)
+	dst := b.n.buffer(size, 0x20000000, abi.AccessAll, 2)
+	a.send(t, abi.SendWQE{WrID: 7, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: dst.va, RKey: dst.key}, src.sge(0, size))
+	require.True(t, a.scq.wait(1, waitFor), "WRITE completion")
+	c := a.scq.all()[0]
+	require.Equal(t, abi.WCSuccess, c.Status)
+	require.True(t, bytes.Equal(src.b, dst.b), "the data arrived")
+}
+
+// TestSelectiveRepeatResendsOnlyTheHoles: a 64-packet WRITE loses its
+// packets 5, 20, 21 and 40 on the way. With selective repeat the responder
+// keeps what follows each gap and names each gap once; the requester
+// resends those four packets and nothing else, and no timer fires. Without
+// it (go-back-N) the same losses cost far more packets.
+func TestSelectiveRepeatResendsOnlyTheHoles(t *testing.T) {
+	lost := map[int64]bool{5: true, 20: true, 21: true, 40: true}
+	const size, pkts = 64 << 10, 64 // MTU 1024
+	for _, mode := range modes {
+		t.Run(mode.String(), func(t *testing.T) {
+			a, b := srPair(t, mode, abi.ECESelectiveRepeat, func(i int64) bool { return lost[i] })
+			srWrite(t, a, b, size)
+			ca, err := a.n.eng.Counters(a.qpn)
+			require.NoError(t, err)
+			cb, err := b.n.eng.Counters(b.qpn)
+			require.NoError(t, err)
+			assert.Equal(t, uint64(pkts+len(lost)), ca.PacketsSent.Load(), "the 64 packets and the 4 lost ones again")
+			assert.Equal(t, uint64(3), cb.Rare().SeqNAKsSent.Load(), "one selective NAK per gap: {5}, {20, 21}, {40}")
+			assert.Equal(t, uint64(3), ca.Rare().SeqNAKsReceived.Load())
+			assert.Zero(t, ca.Rare().Timeouts.Load(), "no timer needed")
+			assert.Zero(t, cb.Rare().Duplicates.Load(), "nothing arrived twice")
+
+			g, gb := srPair(t, mode, 0, func(i int64) bool { return lost[i] })
+			srWrite(t, g, gb, size)
+			cg, err := g.n.eng.Counters(g.qpn)
+			require.NoError(t, err)
+			t.Logf("packets sent for %d: selective repeat %d, go-back-N %d", pkts, ca.PacketsSent.Load(), cg.PacketsSent.Load())
+			assert.Greater(t, cg.PacketsSent.Load(), uint64(pkts+30), "go-back-N resends from each gap")
+		})
+	}
+}
+
+// TestSelectiveRepeatMixedOps: SENDs, READs and atomics behind a lost
+// packet are kept, then executed in PSN order once the gap is filled: each
+// exactly once, with the right data.
+func TestSelectiveRepeatMixedOps(t *testing.T) {
+	// Frame 1 is the first packet of the WRITE that follows the first
+	// SEND; everything after it arrives before its resend.
+	a, b := srPair(t, roce.ModeUDP, abi.ECEOptions, func(i int64) bool { return i == 1 })
+	na, nb := a.n, b.n
+	w := na.buffer(3000, 0x1000000, abi.AccessAll, 11)
+	wd := nb.buffer(3000, 0x2000000, abi.AccessAll, 12)
+	s := na.buffer(100, 0x3000000, abi.AccessAll, 13)
+	sd := nb.buffer(100, 0x4000000, abi.AccessAll, 14)
+	rd := na.buffer(2500, 0x5000000, abi.AccessAll, 15)
+	rs := nb.buffer(2500, 0x6000000, abi.AccessAll, 16)
+	ctr := nb.buffer(8, 0x7000000, abi.AccessAll, 0)
+	clear(ctr.b)
+	old := na.buffer(8, 0x8000000, abi.AccessAll, 0)
+	s0 := na.buffer(10, 0x9000000, abi.AccessAll, 17)
+	s0d := nb.buffer(10, 0xa000000, abi.AccessAll, 18)
+
+	b.recv(t, 1, s0d.sge(0, 10))
+	b.recv(t, 3, sd.sge(0, 100))
+	a.send(t, abi.SendWQE{WrID: 1, Opcode: abi.WRSend, Flags: abi.SendSignaled}, s0.sge(0, 10))
+	a.send(t, abi.SendWQE{WrID: 2, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: wd.va, RKey: wd.key}, w.sge(0, 3000))
+	a.send(t, abi.SendWQE{WrID: 3, Opcode: abi.WRSend, Flags: abi.SendSignaled}, s.sge(0, 100))
+	a.send(t, abi.SendWQE{WrID: 4, Opcode: abi.WRRDMARead, Flags: abi.SendSignaled, RemoteAddr: rs.va, RKey: rs.key}, rd.sge(0, 2500))
+	a.send(t, abi.SendWQE{WrID: 5, Opcode: abi.WRAtomicFetchAdd, Flags: abi.SendSignaled, RemoteAddr: ctr.va, RKey: ctr.key, CompareAdd: 5}, old.sge(0, 8))
+	require.True(t, a.scq.wait(5, waitFor), "five completions")
+	require.True(t, b.rcq.wait(2, waitFor), "two receives")
+	for i, c := range a.scq.all() {
+		assert.Equal(t, abi.WCSuccess, c.Status, "WR %d", c.WrID)
+		assert.Equal(t, uint64(i+1), c.WrID, "in order")
+	}
+	for i, c := range b.rcq.all() {
+		assert.Equal(t, abi.WCSuccess, c.Status)
+		assert.Equal(t, []uint64{1, 3}[i], c.WrID)
+	}
+	assert.Equal(t, w.b, wd.b, "WRITE")
+	assert.Equal(t, s.b, sd.b, "SEND")
+	assert.Equal(t, s0.b, s0d.b, "first SEND")
+	assert.Equal(t, rs.b, rd.b, "READ")
+	assert.Equal(t, []byte{5, 0, 0, 0, 0, 0, 0, 0}, ctr.b, "FETCH_ADD applied once")
+	cb, err := nb.eng.Counters(b.qpn)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), cb.Rare().SeqNAKsSent.Load(), "one gap")
+	assert.Zero(t, nb.eng.WorkerCounters(0).HeldPackets.Load(), "nothing kept once done")
+}
+
+// TestSelectiveRepeatTailLoss: the last packet of the last message is lost;
+// nothing follows it to show the gap, so the adaptive timer resends it,
+// long before the IBTA timeout (1 s here) and without consuming a retry.
+func TestSelectiveRepeatTailLoss(t *testing.T) {
+	var mu sync.Mutex
+	var retries []string
+	var hook traceFunc = func(qp *QP, format string, args ...any) {
+		if l := fmt.Sprintf(format, args...); strings.HasPrefix(l, "retry") {
+			mu.Lock()
+			retries = append(retries, l)
+			mu.Unlock()
+		}
+	}
+	traceHook.Store(&hook)
+	defer traceHook.Store(nil)
+	a, b := srPair(t, roce.ModeUDP, abi.ECEOptions, func(i int64) bool { return i == 3 })
+	srWrite(t, a, b, 4096)
+	ca, err := a.n.eng.Counters(a.qpn)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), ca.Rare().Timeouts.Load(), "one timeout")
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, retries, 1)
+	assert.True(t, strings.HasPrefix(retries[0], "retry rto "), "the adaptive timer, no retry counted: %q", retries[0])
+}
+
+// TestLossySelectiveRepeat is TestLossy with both options in force: every
+// WR completes exactly once with the right data under drops, duplicates,
+// reordering, delays and corruption both ways.
+func TestLossySelectiveRepeat(t *testing.T) {
+	for _, tc := range []struct {
+		loss float64
+		wrs  int
+	}{{0.01, 200}, {0.10, 120}, {0.30, 40}} {
+		t.Run(fmt.Sprintf("loss%.0f%%", tc.loss*100), func(t *testing.T) {
+			seed := uint64(0x5e1ec700) + uint64(tc.loss*1000)
+			t.Logf("fault seed %#x", seed)
+			f := link.Faults{Seed: seed, Drop: tc.loss, Duplicate: tc.loss / 2, Reorder: tc.loss / 2, Delay: tc.loss / 4, Corrupt: tc.loss / 10}
+			fb := f
+			fb.Seed += 100
+			o := defaultOpts()
+			o.mtu, o.ece = roce.MTU1024, abi.ECEOptions
+			if tc.loss >= 0.3 {
+				o.mtu = roce.MTU4096 // as TestLossy
+			}
+			o.timeout = 12
+			if raceEnabled {
+				o.timeout = 14
+			}
+			a, b := pair(t, 2, &f, &fb, o)
+			var trace []string
+			var tmu sync.Mutex
+			var hook traceFunc = func(qp *QP, format string, args ...any) {
+				tmu.Lock()
+				trace = append(trace, fmt.Sprintf("%d ", qp.w.now/1000)+fmt.Sprintf(format, args...))
+				if len(trace) > 4000 {
+					trace = trace[2000:]
+				}
+				tmu.Unlock()
+			}
+			traceHook.Store(&hook)
+			defer func() {
+				traceHook.Store(nil)
+				if t.Failed() {
+					tmu.Lock()
+					for _, l := range trace {
+						fmt.Println(l)
+					}
+					tmu.Unlock()
+				}
+			}()
+			runMix(t, a, b, tc.wrs, seed)
+			ca, err := a.n.eng.Counters(a.qpn)
+			require.NoError(t, err)
+			cb, err := b.n.eng.Counters(b.qpn)
+			require.NoError(t, err)
+			t.Logf("A: sent %d retransmits %d timeouts %d snaks rcvd %d; B: dups %d snaks sent %d",
+				ca.PacketsSent.Load(), ca.Rare().Retransmits.Load(), ca.Rare().Timeouts.Load(), ca.Rare().SeqNAKsReceived.Load(),
+				cb.Rare().Duplicates.Load(), cb.Rare().SeqNAKsSent.Load())
+			if tc.loss >= 0.1 {
+				assert.NotZero(t, cb.Rare().SeqNAKsSent.Load(), "gaps were named")
+			}
+		})
+	}
+}
