@@ -65,6 +65,9 @@ const (
 	rtoMin  = 100_000
 	rtoInit = 1_000_000
 	rtoG    = 10_000
+	// reNAKMin: a gap is named again no sooner than this after its
+	// last selective NAK (ns; reNAKAfter).
+	reNAKMin = 50_000
 	// maxBackoff: doublings of the adaptive timer at most.
 	maxBackoff = 16
 )
@@ -88,6 +91,10 @@ type srState struct {
 	hd       int
 	draining bool
 	snaks    []psnRange
+	// headNAKAt: when the gap at the expected PSN was last named;
+	// fillRTT: how long gaps take to be filled after that (smoothed),
+	// 0 before the first.
+	headNAKAt, fillRTT int64
 
 	// Requester: the PSNs to resend.
 	resend []psnRange
@@ -198,6 +205,13 @@ func (qp *QP) srHold(p *packet, d int32) {
 		qp.Counters.Rare().Dropped.Add(1)
 		return
 	}
+	if len(held) > 0 && !r.nakSent && qp.w.now-s.headNAKAt > s.reNAKAfter() {
+		// The gap at the expected PSN outlived its NAK by far more than
+		// gaps take to fill: the resend (or the NAK) was lost. Name it
+		// again rather than wait for the requester's timer, which would
+		// resend everything.
+		qp.srQueueSNAK(psnRange{r.epsn, held[0].p.psn})
+	}
 	// After an RNR NAK (nakSent) the requester resends everything from
 	// the NAKed PSN when its RNR timer ends: no gap to name.
 	if i == len(held) && !r.nakSent && roce.PSNDiff(p.psn, next) > 0 {
@@ -217,6 +231,13 @@ func (qp *QP) srHold(p *packet, d int32) {
 	s.held[at] = h
 }
 
+// reNAKAfter is how long a gap at the expected PSN may stay after its
+// selective NAK before it is named again: twice the usual time to fill
+// one, at least reNAKMin.
+func (s *srState) reNAKAfter() int64 {
+	return max(2*s.fillRTT, reNAKMin)
+}
+
 // srAfter is the PSN after request p: a READ request uses a PSN for each
 // response packet.
 func (qp *QP) srAfter(p *packet) uint32 {
@@ -229,6 +250,9 @@ func (qp *QP) srAfter(p *packet) uint32 {
 // srQueueSNAK queues a selective NAK for g.
 func (qp *QP) srQueueSNAK(g psnRange) {
 	s := qp.sr
+	if g.start == qp.resp.epsn {
+		s.headNAKAt = qp.w.now
+	}
 	qp.Counters.Rare().SeqNAKsSent.Add(1)
 	if len(s.snaks) == maxSNAKs {
 		s.snaks[len(s.snaks)-1].end = g.end
@@ -241,6 +265,13 @@ func (qp *QP) srQueueSNAK(g psnRange) {
 // the responder, in PSN order, after a request filled a gap (respRx).
 func (qp *QP) srDrain() {
 	s := qp.sr
+	if s.headNAKAt != 0 {
+		if d := qp.w.now - s.headNAKAt; s.fillRTT == 0 {
+			s.fillRTT = d
+		} else {
+			s.fillRTT += (d - s.fillRTT) / 8
+		}
+	}
 	s.draining = true
 	for s.hd < len(s.held) {
 		h := s.held[s.hd]
@@ -262,6 +293,11 @@ func (qp *QP) srDrain() {
 	}
 	if s.hd == len(s.held) {
 		s.held, s.hd = s.held[:0], 0
+		s.headNAKAt = 0
+	} else {
+		// The next gap is at the expected PSN now; it was named when
+		// found.
+		s.headNAKAt = qp.w.now
 	}
 	s.draining = false
 }
@@ -315,6 +351,12 @@ func (qp *QP) compSNAK(p *packet) compState {
 		s.resend = append(s.resend, g)
 	}
 	qp.Counters.Rare().Retransmits.Add(1)
+	// The responder is alive and taking packets: the retransmission
+	// timer starts again (not the retry count, which only progress
+	// restores).
+	if qp.retryTimer.armed() {
+		qp.armRetry()
+	}
 	return compDone
 }
 
