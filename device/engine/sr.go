@@ -91,10 +91,11 @@ type srState struct {
 	hd       int
 	draining bool
 	snaks    []psnRange
-	// headNAKAt: when the gap at the expected PSN was last named;
-	// fillRTT: how long gaps take to be filled after that (smoothed),
-	// 0 before the first.
-	headNAKAt, fillRTT int64
+	// headNAKAt: when the gap at the expected PSN was last named,
+	// headFound when first (0: no gap); fillRTT: how long gaps take to
+	// be filled after they are first named (smoothed), 0 before the
+	// first.
+	headNAKAt, headFound, fillRTT int64
 
 	// Requester: the PSNs to resend.
 	resend []psnRange
@@ -252,6 +253,9 @@ func (qp *QP) srQueueSNAK(g psnRange) {
 	s := qp.sr
 	if g.start == qp.resp.epsn {
 		s.headNAKAt = qp.w.now
+		if s.headFound == 0 {
+			s.headFound = qp.w.now
+		}
 	}
 	qp.Counters.Rare().SeqNAKsSent.Add(1)
 	if len(s.snaks) == maxSNAKs {
@@ -265,8 +269,11 @@ func (qp *QP) srQueueSNAK(g psnRange) {
 // the responder, in PSN order, after a request filled a gap (respRx).
 func (qp *QP) srDrain() {
 	s := qp.sr
-	if s.headNAKAt != 0 {
-		if d := qp.w.now - s.headNAKAt; s.fillRTT == 0 {
+	if roce.PSNDiff(s.held[s.hd].p.psn, qp.resp.epsn) > 0 {
+		return // the gap is still there
+	}
+	if s.headFound != 0 {
+		if d := qp.w.now - s.headFound; s.fillRTT == 0 {
 			s.fillRTT = d
 		} else {
 			s.fillRTT += (d - s.fillRTT) / 8
@@ -291,13 +298,13 @@ func (qp *QP) srDrain() {
 			break // the QP was reset under the packet (it cannot be; be safe)
 		}
 	}
+	s.headFound = 0
 	if s.hd == len(s.held) {
 		s.held, s.hd = s.held[:0], 0
-		s.headNAKAt = 0
 	} else {
-		// The next gap is at the expected PSN now; it was named when
-		// found.
-		s.headNAKAt = qp.w.now
+		// The next gap is at the expected PSN now. It was named when
+		// found, and is timed from here.
+		s.headNAKAt, s.headFound = qp.w.now, qp.w.now
 	}
 	s.draining = false
 }
