@@ -492,7 +492,11 @@ func (qp *QP) startRetry(timeout bool) {
 	if h := traceHook.Load(); h != nil {
 		(*h)(qp, "retry timeout=%v from %d left %d", timeout, qp.comp.psn, qp.comp.retryLeft)
 	}
-	qp.rewind(qp.comp.psn)
+	if timeout && qp.sr != nil && qp.sr.sr {
+		qp.srProbe()
+	} else {
+		qp.rewind(qp.comp.psn)
+	}
 	qp.armRetry()
 }
 

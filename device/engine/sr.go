@@ -193,6 +193,12 @@ func (qp *QP) srHold(p *packet, d int32) {
 	for i > 0 && roce.PSNDiff(held[i-1].p.psn, p.psn) > 0 {
 		i--
 	}
+	if len(held) > 0 && !r.nakSent && qp.w.now-s.headNAKAt > s.reNAKAfter() {
+		// The gap at the expected PSN outlived its NAK by far more than
+		// gaps take to fill: the resend (or the NAK) was lost. Name it
+		// again rather than wait for the requester's timer.
+		qp.srQueueSNAK(psnRange{r.epsn, held[0].p.psn})
+	}
 	if i > 0 && held[i-1].p.psn == p.psn {
 		qp.Counters.Rare().Duplicates.Add(1)
 		return
@@ -205,13 +211,6 @@ func (qp *QP) srHold(p *packet, d int32) {
 	if buf == nil {
 		qp.Counters.Rare().Dropped.Add(1)
 		return
-	}
-	if len(held) > 0 && !r.nakSent && qp.w.now-s.headNAKAt > s.reNAKAfter() {
-		// The gap at the expected PSN outlived its NAK by far more than
-		// gaps take to fill: the resend (or the NAK) was lost. Name it
-		// again rather than wait for the requester's timer, which would
-		// resend everything.
-		qp.srQueueSNAK(psnRange{r.epsn, held[0].p.psn})
 	}
 	// After an RNR NAK (nakSent) the requester resends everything from
 	// the NAKed PSN when its RNR timer ends: no gap to name.
@@ -506,7 +505,35 @@ func (qp *QP) srOnTimeout() bool {
 	if h := traceHook.Load(); h != nil {
 		(*h)(qp, "retry rto from %d srtt %d rttvar %d", qp.comp.psn, s.srtt, s.rttvar)
 	}
-	qp.rewind(qp.comp.psn)
+	if s.sr {
+		qp.srProbe()
+	} else {
+		qp.rewind(qp.comp.psn)
+	}
 	qp.armRetry()
 	return true
+}
+
+// srProbe is what a retransmission timeout resends with selective repeat:
+// the oldest packet not acknowledged and the newest one sent, not
+// everything since (go-back-N). The first fills the gap the responder
+// waits at, if that is what was lost; the second, if it was lost too,
+// shows the responder the gap before it (a loss at the tail, with nothing
+// after it to show it), which it then names; the responder names a gap
+// again when a packet it already holds arrives long after the gap's NAK.
+func (qp *QP) srProbe() {
+	s := qp.sr
+	qp.Counters.Rare().Retransmits.Add(1)
+	s.rttOn = false
+	last := roce.PSNAdd(qp.req.psn, roce.PSNMask)
+	if qp.next != qp.tail {
+		if e := &qp.sq[qp.next&qp.sqMask]; e.state == wqeSending {
+			last = roce.PSNAdd(e.sendPSN, roce.PSNMask)
+		}
+	}
+	s.resend = append(s.resend[:0], psnRange{qp.comp.psn, roce.PSNAdd(qp.comp.psn, 1)})
+	if roce.PSNDiff(last, qp.comp.psn) > 0 {
+		s.resend = append(s.resend, psnRange{last, roce.PSNAdd(last, 1)})
+	}
+	qp.w.busy = true
 }
