@@ -58,7 +58,7 @@ const (
 	// heldBufSize: one kept packet's payload buffer (the largest path
 	// MTU); maxHeldFree of them are kept for reuse.
 	heldBufSize = 4096
-	maxHeldFree = 256
+	maxHeldFree = 1024
 	// rtoMin, rtoInit, rtoG: the adaptive timer's least value, its value
 	// before the first sample and the clock granularity term of RFC 6298
 	// (ns).
