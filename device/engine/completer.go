@@ -82,6 +82,9 @@ func (qp *QP) compRx(p *packet) {
 			st = qp.compClassify(p)
 		case compAck:
 			qp.ackThrough(p.psn)
+			if qp.sr != nil && qp.sr.sr {
+				qp.srDelivered(p.msn)
+			}
 			st = compDone
 		case compRead:
 			st = qp.compRead(p)

@@ -297,6 +297,9 @@ func (qp *QP) reqWindow() reqState {
 	if roce.PSNDiff(psn, qp.comp.psn) >= int32(qp.w.window) {
 		return reqExit
 	}
+	if qp.sr != nil && qp.sr.sr && roce.PSNDiff(psn, qp.srDeliveredPSN()) >= srInFlight {
+		return reqExit // selective repeat: the packets in flight (sr.go)
+	}
 	if e.state == wqePosted {
 		e.first = qp.req.psn
 		e.last = roce.PSNAdd(e.first, e.npkts-1)

@@ -611,6 +611,9 @@ func (qp *QP) respOutput() bool {
 		o := &qp.w.out
 		*o = packet{opcode: roce.OpRCAck, psn: roce.PSNAdd(r.epsn, roce.PSNMask), msn: r.msn,
 			syndrome: roce.ACKSyndrome(roce.CreditsInvalid)}
+		if qp.sr != nil && qp.sr.sr {
+			o.msn = qp.srReceived() // selective repeat: sr.go
+		}
 		if r.nakPending {
 			o.syndrome, o.psn = r.nak, r.nakPSN
 		}

@@ -68,6 +68,13 @@ const (
 	// reNAKMin: a gap is named again no sooner than this after its
 	// last selective NAK (ns; reNAKAfter).
 	reNAKMin = 50_000
+	// srInFlight: the packets a requester with selective repeat has in
+	// flight at most: sent after the newest one the responder is known
+	// to have (srDeliveredPSN). It is what keeps the queue in front of
+	// the responder short, so that a resend waits behind few packets and
+	// a gap is filled long before the send window, which bounds the
+	// PSNs from the oldest unacknowledged one, runs out.
+	srInFlight = 128
 	// maxBackoff: doublings of the adaptive timer at most.
 	maxBackoff = 16
 )
@@ -97,8 +104,10 @@ type srState struct {
 	// first.
 	headNAKAt, headFound, fillRTT int64
 
-	// Requester: the PSNs to resend.
-	resend []psnRange
+	// Requester: the PSNs to resend; delivered, the PSN after the
+	// newest one the responder is known to have.
+	resend    []psnRange
+	delivered uint32
 
 	// Adaptive timer: SRTT and RTTVAR (ns; srtt 0: no sample yet); the
 	// packet being timed; doublings since the last progress; when the
@@ -217,6 +226,11 @@ func (qp *QP) srHold(p *packet, d int32) {
 	if i == len(held) && !r.nakSent && roce.PSNDiff(p.psn, next) > 0 {
 		qp.srQueueSNAK(psnRange{next, p.psn})
 	}
+	if p.ackReq {
+		// Tell the requester what arrived (srReceived): it keeps
+		// sending while the gap is filled.
+		r.ackPending = true
+	}
 	h := heldPkt{p: *p, buf: buf}
 	h.p.payload = buf[:copy(buf, p.payload)]
 	if s.hd > 0 && len(s.held) == cap(s.held) {
@@ -245,6 +259,35 @@ func (qp *QP) srAfter(p *packet) uint32 {
 		return roce.PSNAdd(p.psn, readPackets(p.dmaLen, qp.mtu))
 	}
 	return roce.PSNAdd(p.psn, 1)
+}
+
+// srReceived is the PSN after the newest request the responder has, in
+// order or kept: what its ACKs carry in the AETH's MSN field with
+// selective repeat (the MSN means nothing to a requester).
+func (qp *QP) srReceived() uint32 {
+	if s := qp.sr; s.hd < len(s.held) {
+		return qp.srAfter(&s.held[len(s.held)-1].p)
+	}
+	return qp.resp.epsn
+}
+
+// srDelivered records that the responder has the requests before psn
+// (an ACK's MSN field, srReceived; a selective NAK's end).
+func (qp *QP) srDelivered(psn uint32) {
+	psn &= roce.PSNMask
+	if d := qp.srDeliveredPSN(); roce.PSNDiff(psn, d) > 0 && roce.PSNDiff(psn, qp.req.psn) <= 0 {
+		qp.sr.delivered = psn
+	}
+}
+
+// srDeliveredPSN is the PSN after the newest request the responder is
+// known to have: at least the oldest one not acknowledged.
+func (qp *QP) srDeliveredPSN() uint32 {
+	s := qp.sr
+	if roce.PSNDiff(s.delivered, qp.comp.psn) < 0 || roce.PSNDiff(s.delivered, qp.req.psn) > 0 {
+		s.delivered = qp.comp.psn
+	}
+	return s.delivered
 }
 
 // srQueueSNAK queues a selective NAK for g.
@@ -347,6 +390,7 @@ func (qp *QP) compSNAK(p *packet) compState {
 		return compDone
 	}
 	s := qp.sr
+	qp.srDelivered(roce.PSNAdd(g.end, 1))
 	s.rttOn = false // Karn: no sample across a resend
 	switch n := len(s.resend); {
 	case n > 0 && roce.PSNDiff(g.start, s.resend[n-1].end) <= 0 && roce.PSNDiff(g.end, s.resend[n-1].end) > 0:
