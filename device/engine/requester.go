@@ -400,6 +400,7 @@ func (qp *QP) sendPacket(e *swqe, psn uint32, resend bool) (last, ok bool) {
 		qp.req.sinceAck++
 		o.ackReq = !qp.unrel && (resend || last || qp.req.sinceAck >= ackReqEvery || roce.PSNDiff(psn, qp.req.ackAllUntil) < 0 ||
 			roce.PSNDiff(roce.PSNAdd(psn, 1), qp.comp.psn) >= int32(qp.w.window) ||
+			qp.sr != nil && qp.sr.sr && roce.PSNDiff(roce.PSNAdd(psn, 1), qp.srDeliveredPSN()) >= srInFlight ||
 			qp.w.ccp != nil && qp.ccAckReq(hr+n))
 	}
 	if o.ackReq {
