@@ -136,8 +136,11 @@ func (qp *QP) compClassify(p *packet) compState {
 			if p.syndrome.NAK() == roce.NAKPSNSequenceError {
 				return compNAKSeq
 			}
-			if p.syndrome.NAK() == nakSelective && qp.sr != nil && qp.sr.sr {
-				return qp.compSNAK(p)
+			if p.syndrome.NAK() == nakSelective {
+				if qp.sr != nil && qp.sr.sr {
+					return qp.compSNAK(p)
+				}
+				return qp.compStraySNAK()
 			}
 			return compNAKErr
 		}

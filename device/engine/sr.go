@@ -410,6 +410,20 @@ func (qp *QP) compSNAK(p *packet) compState {
 	return compDone
 }
 
+// compStraySNAK: a selective NAK to a QP without selective repeat (the
+// peer was told it is on, this end was not: VRNIC_ECE on one side only).
+// It acknowledges nothing; go-back-N from the oldest PSN not acknowledged
+// covers the gap it names, at most once per episode as for a NAK-sequence
+// error, so the QP goes on rather than taking an unknown NAK for an error.
+func (qp *QP) compStraySNAK() compState {
+	qp.Counters.Rare().SeqNAKsReceived.Add(1)
+	if qp.comp.rnrWait || qp.comp.inRetry {
+		return compDone
+	}
+	qp.startRetry(false)
+	return compDone
+}
+
 // srResend sends the PSNs selective NAKs named (reqStep); false when it
 // could not finish (the transmit batch is full, congestion control holds
 // the QP, or a WQE failed).

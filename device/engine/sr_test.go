@@ -20,14 +20,42 @@ import (
 // QPs, one worker each. The IBTA timeout is a second: no timer fires in
 // these tests unless the protocol needs one.
 func srPair(t *testing.T, mode roce.Mode, ece uint32, drop func(int64) bool) (*tqp, *tqp) {
+	return srPair2(t, mode, ece, ece, drop)
+}
+
+// srPair2 is srPair with a's options eceA and b's eceB.
+func srPair2(t *testing.T, mode roce.Mode, eceA, eceB uint32, drop func(int64) bool) (*tqp, *tqp) {
 	nw := newNetworkMode(t, mode, 4096, 1024)
 	na := newNodeWrap(t, nw, "10.0.0.1", 1, nil, func(l Link) Link { return &dropLink{Link: l, drop: drop} })
 	nb := newNode(t, nw, "10.0.0.2", 1, nil)
-	o := defaultOpts()
-	o.timeout, o.ece = 18, ece
-	a, b := na.newQP(t, 0x11, o), nb.newQP(t, 0x22, o)
-	connect(t, a, b, o)
+	oa, ob := defaultOpts(), defaultOpts()
+	oa.timeout, oa.ece = 18, eceA
+	ob.timeout, ob.ece = 18, eceB
+	a, b := na.newQP(t, 0x11, oa), nb.newQP(t, 0x22, ob)
+	bringUp(t, a, b, oa, abi.QPSRTS)
+	bringUp(t, b, a, ob, abi.QPSRTS)
 	return a, b
+}
+
+// TestSelectiveRepeatOneSided: ECE options in force on one end only (a
+// misconfiguration: VRNIC_ECE set on one host) still move the data. A
+// requester without selective repeat takes a selective NAK for go-back-N;
+// a responder without it sends go-back-N's NAK, which a requester with it
+// understands.
+func TestSelectiveRepeatOneSided(t *testing.T) {
+	lost := map[int64]bool{5: true, 20: true, 40: true}
+	for _, tc := range []struct {
+		name       string
+		eceA, eceB uint32
+	}{{"requester", abi.ECEOptions, 0}, {"responder", 0, abi.ECEOptions}} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := srPair2(t, roce.ModeUDP, tc.eceA, tc.eceB, func(i int64) bool { return lost[i] })
+			srWrite(t, a, b, 64<<10)
+			ca, err := a.n.eng.Counters(a.qpn)
+			require.NoError(t, err)
+			assert.NotZero(t, ca.Rare().SeqNAKsReceived.Load(), "the gaps were NAKed")
+		})
+	}
 }
 
 // srWrite sends one RDMA WRITE of size bytes from a to b and checks the
