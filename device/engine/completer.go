@@ -71,6 +71,16 @@ func (qp *QP) compRx(p *packet) {
 	if h := traceHook.Load(); h != nil {
 		(*h)(qp, "rx %v psn %d syn %v comp.psn %d req.psn %d", p.opcode, p.psn, p.syndrome, qp.comp.psn, qp.req.psn)
 	}
+	if qp.sr != nil && qp.sr.sr && p.opcode == roce.OpRCAck && p.syndrome.Kind() == roce.SyndromeACK {
+		// Selective repeat: the MSN field says what the responder has,
+		// beyond a gap too; an ACK of nothing new (the PSN before the
+		// gap) carries only that.
+		qp.srDelivered(p.msn)
+		if roce.PSNDiff(p.psn, qp.comp.psn) < 0 {
+			qp.w.busy = true
+			return
+		}
+	}
 	for st != compDone {
 		if h := traceHook.Load(); h != nil {
 			(*h)(qp, "  comp state %v", st)
@@ -82,9 +92,6 @@ func (qp *QP) compRx(p *packet) {
 			st = qp.compClassify(p)
 		case compAck:
 			qp.ackThrough(p.psn)
-			if qp.sr != nil && qp.sr.sr {
-				qp.srDelivered(p.msn)
-			}
 			st = compDone
 		case compRead:
 			st = qp.compRead(p)
