@@ -89,6 +89,9 @@ func (w *worker) deactivate(i int) {
 	qp := w.active[i]
 	removeAt(&w.active, i, activePos)
 	w.Counters.ActiveQPs.Store(int64(len(w.active)))
+	if qp.sr != nil {
+		qp.srShrink()
+	}
 	if qp.sq != nil {
 		w.park(qp)
 	}
@@ -171,7 +174,7 @@ func (qp *QP) settled(now int64) bool {
 		return false
 	}
 	r := &qp.resp
-	if r.ackPending || r.nakPending {
+	if r.ackPending || r.nakPending || qp.sr != nil && len(qp.sr.snaks) > 0 {
 		return false
 	}
 	for i := range r.res {

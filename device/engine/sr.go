@@ -156,6 +156,16 @@ func (qp *QP) srRelease() {
 	s.held, s.hd = s.held[:0], 0
 	s.snaks, s.resend = s.snaks[:0], s.resend[:0]
 	s.rttOn, s.backoff, s.budgetAt = false, 0, 0
+	s.srtt, s.rttvar, s.fillRTT, s.headNAKAt, s.headFound, s.delivered = 0, 0, 0, 0, 0, 0
+}
+
+// srShrink lets an idle QP (parkSweep) give back what selective repeat
+// grew for its losses: the kept-packet list (up to a window of entries)
+// and the NAK and resend queues, when they are empty.
+func (qp *QP) srShrink() {
+	if s := qp.sr; s != nil && s.hd == len(s.held) && len(s.snaks) == 0 && len(s.resend) == 0 {
+		s.held, s.hd, s.snaks, s.resend = nil, 0, nil, nil
+	}
 }
 
 // heldGet returns a buffer for a kept packet's payload, nil when the
