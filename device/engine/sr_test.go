@@ -265,3 +265,59 @@ func TestLossySelectiveRepeat(t *testing.T) {
 		})
 	}
 }
+
+// TestAdaptiveTimer: the timer follows RFC 6298 from the samples, doubles
+// at each timeout without progress, never exceeds the IBTA timeout, and
+// counts a retry only once a whole IBTA timeout passed without progress.
+// The test is the worker (not started): its clock is set by hand.
+func TestAdaptiveTimer(t *testing.T) {
+	e, err := New(Config{Links: []Link{&nullLink{ready: make(chan struct{}, 1)}}, Mode: roce.ModeEthernet})
+	require.NoError(t, err)
+	w := e.workers[0]
+	qp, err := newQP(QPConfig{QPN: 1, SQ: newFakeSQ(16), RQ: newFakeRQ(16), SendCQ: newFakeCQ(16), RecvCQ: newFakeCQ(16),
+		Mem: newFakeMem(), SQDepth: 16}, w)
+	require.NoError(t, err)
+	qp.setECE(abi.ECEAdaptiveRTO)
+	const code = 10 // 4.19 ms
+	ibta := ackTimeout(code)
+	qp.state = abi.QPSRTS
+	qp.attr.Timeout, qp.attr.RetryCnt, qp.comp.retryLeft = code, 7, 7
+	qp.comp.psn, qp.req.psn, qp.req.ackAllUntil = 100, 110, 100
+
+	assert.Equal(t, int64(rtoInit), qp.srTimeout(ibta), "before any sample")
+	w.now = 1_000_000
+	qp.srSent(&packet{psn: 104, ackReq: true}, false)
+	qp.srSent(&packet{psn: 105, ackReq: true}, false) // one at a time
+	w.now += 50_000
+	qp.progress(105) // acknowledges 104: a 50 µs sample
+	assert.Equal(t, int64(50_000), qp.sr.srtt)
+	assert.Equal(t, int64(25_000), qp.sr.rttvar)
+	assert.Equal(t, int64(150_000), qp.srTimeout(ibta), "SRTT + 4 RTTVAR")
+	qp.srSent(&packet{psn: 106, ackReq: true}, true) // a resend: not timed (Karn)
+	assert.False(t, qp.sr.rttOn)
+
+	qp.armRetry()
+	require.True(t, qp.retryTimer.armed())
+	assert.Equal(t, w.now+150_000, qp.retryTimer.when)
+	w.now += 150_000
+	w.fire()
+	assert.Equal(t, uint64(1), qp.Counters.Rare().Timeouts.Load())
+	assert.Equal(t, uint8(7), qp.comp.retryLeft, "no retry counted within the IBTA timeout")
+	assert.Equal(t, w.now+300_000, qp.retryTimer.when, "doubled")
+	progressAt := w.now - 150_000
+	for qp.srTimeout(ibta) < ibta {
+		w.now = qp.retryTimer.when
+		w.fire()
+		if w.now-progressAt < ibta {
+			assert.Equal(t, uint8(7), qp.comp.retryLeft, "within an IBTA timeout of the progress")
+		}
+	}
+	assert.Equal(t, ibta, qp.srTimeout(ibta), "at most the IBTA timeout")
+	assert.Equal(t, uint8(6), qp.comp.retryLeft, "one retry counted: the first timeout an IBTA timeout after the progress")
+	w.now = qp.retryTimer.when // another IBTA timeout later
+	w.fire()
+	assert.Equal(t, uint8(5), qp.comp.retryLeft, "one retry per IBTA timeout without progress")
+	qp.progress(107)
+	assert.Equal(t, uint8(7), qp.comp.retryLeft)
+	assert.Equal(t, int64(150_000), qp.srTimeout(ibta), "progress ends the backoff")
+}
