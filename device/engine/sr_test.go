@@ -181,8 +181,9 @@ func TestSelectiveRepeatMixedOps(t *testing.T) {
 }
 
 // TestSelectiveRepeatTailLoss: the last packet of the last message is lost;
-// nothing follows it to show the gap, so the adaptive timer resends it,
-// long before the IBTA timeout (1 s here) and without consuming a retry.
+// nothing follows it to show the gap, so the adaptive timer resends it
+// (with the oldest unacknowledged packet), long before the IBTA timeout
+// (1 s here) and without consuming a retry.
 func TestSelectiveRepeatTailLoss(t *testing.T) {
 	var mu sync.Mutex
 	var retries []string
@@ -199,11 +200,15 @@ func TestSelectiveRepeatTailLoss(t *testing.T) {
 	srWrite(t, a, b, 4096)
 	ca, err := a.n.eng.Counters(a.qpn)
 	require.NoError(t, err)
-	assert.Equal(t, uint64(1), ca.Rare().Timeouts.Load(), "one timeout")
+	assert.NotZero(t, ca.Rare().Timeouts.Load(), "a timeout found the loss")
 	mu.Lock()
 	defer mu.Unlock()
-	require.Len(t, retries, 1)
-	assert.True(t, strings.HasPrefix(retries[0], "retry rto "), "the adaptive timer, no retry counted: %q", retries[0])
+	require.NotEmpty(t, retries)
+	for _, l := range retries {
+		// A slow machine may time out the probe too; the IBTA timeout
+		// (1 s) never passes here, so no retry is ever counted.
+		assert.True(t, strings.HasPrefix(l, "retry rto "), "the adaptive timer, no retry counted: %q", l)
+	}
 }
 
 // TestLossySelectiveRepeat is TestLossy with both options in force: every
