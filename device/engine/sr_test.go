@@ -176,7 +176,7 @@ func TestSelectiveRepeatMixedOps(t *testing.T) {
 	assert.Equal(t, []byte{5, 0, 0, 0, 0, 0, 0, 0}, ctr.b, "FETCH_ADD applied once")
 	cb, err := nb.eng.Counters(b.qpn)
 	require.NoError(t, err)
-	assert.Equal(t, uint64(1), cb.Rare().SeqNAKsSent.Load(), "one gap")
+	assert.NotZero(t, cb.Rare().SeqNAKsSent.Load(), "the gap was named (again, if it outlived its NAK on a slow machine)")
 	assert.Zero(t, nb.eng.WorkerCounters(0).HeldPackets.Load(), "nothing kept once done")
 }
 
