@@ -143,8 +143,8 @@ func (s *Series) WriteTables(w io.Writer, conds []Condition) {
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "write_bw counters (daemon A sends the WRITEs, B the ACKs):")
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| condition | requests needed | requests sent again | lost to the injector | sent again per loss | retransmits (A) | timeouts (A) | seq NAKs sent (B) | duplicates (B) | ICRC errors (B) | socket drops A / B |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| condition | requests needed | requests sent again | lost to the injector | sent again per loss | retransmits (A) | timeouts (A) | seq NAKs sent (B) | discarded by B's QP | duplicates (B) | ICRC errors (B) | socket drops A / B |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, c := range conds {
 		cell := func(f func(r *Result) (float64, bool), fn func(float64) string) string {
 			vs, failed := s.values(c.Key, WriteBW, func(r, _ *Result) (float64, bool) { return f(r) })
@@ -164,6 +164,7 @@ func (s *Series) WriteTables(w io.Writer, conds []Condition) {
 			cell(u(func(r *Result) uint64 { return r.Client.DataPath.Retransmits }), count),
 			cell(u(func(r *Result) uint64 { return r.Client.DataPath.Timeouts }), count),
 			cell(u(func(r *Result) uint64 { return r.Server.DataPath.SeqNAKsSent }), count),
+			cell(u(func(r *Result) uint64 { return r.Server.DataPath.Dropped }), count),
 			cell(u(func(r *Result) uint64 { return r.Server.DataPath.Duplicates }), count),
 			cell(u(func(r *Result) uint64 { return r.Server.Wire.ICRCErrors }), count),
 			cell(u(func(r *Result) uint64 { return r.Client.SocketDrops }), count) + " / " +
@@ -195,7 +196,7 @@ func (s *Series) WriteTables(w io.Writer, conds []Condition) {
 	// Counters this package does not put in a column (a transport mode
 	// may add its own), so that nothing the daemons count is hidden.
 	known := map[string]bool{"packets_sent": true, "packets_received": true, "retransmits": true, "timeouts": true,
-		"seq_naks_sent": true, "seq_naks_received": true, "duplicates": true, "send_cqes": true, "recv_cqes": true,
+		"seq_naks_sent": true, "seq_naks_received": true, "duplicates": true, "dropped": true, "send_cqes": true, "recv_cqes": true,
 		"wire.rx_frames": true, "wire.tx_frames": true, "wire.icrc_errors": true}
 	var extra []string
 	for _, c := range conds {
