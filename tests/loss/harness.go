@@ -649,13 +649,15 @@ func (p *Pair) Run(t testing.TB, test Test, c Condition) *Result {
 	return r
 }
 
-// RunAll runs every test of Tests under each condition, in order, on
-// the pair.
+// RunAll runs every test of Tests under each condition on the pair,
+// test by test (a test's conditions one after the other, so that its
+// clean run, the baseline of its ratios, is measured close in time to
+// the others: the load of a shared machine drifts).
 func (p *Pair) RunAll(t testing.TB, conds []Condition) []*Result {
 	t.Helper()
 	var rs []*Result
-	for _, c := range conds {
-		for _, test := range Tests {
+	for _, test := range Tests {
+		for _, c := range conds {
 			rs = append(rs, p.Run(t, test, c))
 		}
 	}
