@@ -58,6 +58,16 @@ func cpuModel() string {
 	return "unknown"
 }
 
+// loadAvg is the 1-minute load average (/proc/loadavg).
+func loadAvg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return "unknown"
+	}
+	return f[0]
+}
+
 func kernelRelease() string {
 	b, _ := os.ReadFile("/proc/sys/kernel/osrelease")
 	return strings.TrimSpace(string(b))
@@ -138,6 +148,7 @@ func TestLossTable(t *testing.T) {
 		t.Log(n)
 	}
 
+	load0 := loadAvg()
 	series := map[[2]int]*Series{}
 	var order []*Series
 	for k := range reps {
@@ -164,8 +175,9 @@ func TestLossTable(t *testing.T) {
 	}
 
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "CPU: %s (lscpu model name), %d CPUs, Linux %s, %s; %d run(s) of %v per test, write_bw depth %s; ranges are min–max over the runs, ratios against the clean run of the same run.\n\n",
-		cpuModel(), runtime.NumCPU(), kernelRelease(), runtime.Version(), reps, dur, map[bool]string{true: "128 (vrnic-perf's default)", false: strconv.Itoa(depth)}[depth == 0])
+	fmt.Fprintf(&b, "CPU: %s (lscpu model name), %d CPUs, Linux %s, %s; load average %s at the start, %s at the end; %d run(s) of %v per test, write_bw depth %s; ranges are min–max over the runs, ratios against the clean run of the same run.\n\n",
+		cpuModel(), runtime.NumCPU(), kernelRelease(), runtime.Version(), load0, loadAvg(), reps, dur,
+		map[bool]string{true: "128 (vrnic-perf's default)", false: strconv.Itoa(depth)}[depth == 0])
 	for _, n := range notes {
 		fmt.Fprintf(&b, "- %s\n", n)
 	}
