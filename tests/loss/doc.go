@@ -53,8 +53,8 @@
 // Every probability is drawn from a seed: the daemons get -fault-seed
 // (Config.Seed+1 and +2) and each rule a fixed id, reinstalled before
 // each test, so each test of a condition meets the same sequence of
-// decisions; the tc rules get seed= (Config.Seed + rule index). With one
-// worker per daemon, the same traffic gives the same faults.
+// decisions; tc rule i gets seed=Config.Seed+100+i. With one worker per
+// daemon, the same traffic gives the same faults.
 //
 // # Tests
 //
