@@ -116,7 +116,7 @@ func init() {
 		abi.CmdRegDMMR:       {sz(&abi.CmdRegDMMRReq{}), 0, 0, true, (*conn).regDMMR},
 		abi.CmdQueryDeviceEx: {0, 0, 0, true, (*conn).queryDeviceEx},
 		abi.CmdCreateQP:      {sz(&abi.CmdCreateQPReq{}), 0, 0, true, (*conn).createQP},
-		abi.CmdModifyQP:      {sz(&abi.CmdModifyQPReq{}), 0, 0, true, (*conn).modifyQP},
+		abi.CmdModifyQP:      {-1, 0, 0, true, (*conn).modifyQP}, // ABI 1.5 or 1.4 length (ece.go)
 		abi.CmdQueryQP:       {handle, 0, 0, true, (*conn).queryQP},
 		abi.CmdDestroyQP:     {handle, 0, 0, true, (*conn).destroyQP},
 		abi.CmdCreateSRQ:     {sz(&abi.CmdCreateSRQReq{}), 0, 0, true, (*conn).createSRQ},
