@@ -412,6 +412,9 @@ type CMIDInfo struct {
 	State     string `json:"state,omitempty"`   // the connection's CM state
 	Peer      string `json:"peer,omitempty"`
 	LastEvent string `json:"last_event,omitempty"`
+	// ECE names the ECE options agreed on the connection ("sr,rto";
+	// empty: none).
+	ECE string `json:"ece,omitempty"`
 }
 
 // DoorbellCounters count the doorbell poller's work since the device

@@ -136,7 +136,7 @@ func init() {
 		abi.CmdCMDestroyID:   {handle, 0, 0, true, (*conn).cmCommand},
 		abi.CmdCMListen:      {sz(&abi.CmdCMListenReq{}), 0, 0, true, (*conn).cmCommand},
 		abi.CmdCMConnect:     {sz(&abi.CmdCMConnectReq{}), 0, 0, true, (*conn).cmCommand},
-		abi.CmdCMAccept:      {sz(&abi.CmdCMAcceptReq{}), 0, 0, true, (*conn).cmCommand},
+		abi.CmdCMAccept:      {-1, 0, 0, true, (*conn).cmCommand}, // ABI 1.5 or 1.4 length (package cm)
 		abi.CmdCMReject:      {sz(&abi.CmdCMPrivateReq{}), 0, 0, true, (*conn).cmCommand},
 		abi.CmdCMEstablish:   {handle, 0, 0, true, (*conn).cmCommand},
 		abi.CmdCMDisconnect:  {sz(&abi.CmdCMPrivateReq{}), 0, 0, true, (*conn).cmCommand},
