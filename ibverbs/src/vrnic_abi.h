@@ -1535,8 +1535,10 @@ struct vrnic_device_attr_ex {
  * CONNECT_RESPONSE: the REP's; zero otherwise), what rdma_get_remote_ece
  * returns. The RTR attributes (the events' qp_attr and CM_INIT_QP_ATTR)
  * of an RC connection then carry VRNIC_QP_ECE and the agreed options in
- * qp_attr.ece_options: on the passive side the REQ's options the device
- * supports, on the active side the REP's options among those offered.
+ * qp_attr.ece_options: on the passive side the options of a REQ carrying
+ * vrnic's vendor ID that the device supports, on the active side those of
+ * a REP carrying vrnic's vendor ID among the ones offered; none in any
+ * other case (UC connections have none).
  * CM_ACCEPT's ece_options are those the passive side's QP takes (the
  * client applied them at RTR); the REP carries the agreed options among
  * them, or no ECE when that leaves none.
