@@ -72,9 +72,13 @@ func (e CMEventType) String() string {
 
 // CmdCMCreateIDReq is struct vrnic_cmd_cm_create_id.
 type CmdCMCreateIDReq struct {
-	QPType   QPType `c:"qp_type"`
-	Reserved uint32 `c:"reserved"`
+	QPType QPType `c:"qp_type"`
+	Flags  uint32 `c:"flags"` // ABI 1.5: CMIDFlag*
 }
+
+// CMIDFlagECE is VRNIC_CM_ID_F_ECE (ABI 1.5): the CM ID, and a listener's
+// connection requests, negotiate ECE; their events are CMEventECE.
+const CMIDFlagECE = 1 << 0
 
 // RespCMID is struct vrnic_resp_cm_id.
 type RespCMID struct {
@@ -110,7 +114,7 @@ type CmdCMConnectReq struct {
 	MaxCMRetries       uint8                  `c:"max_cm_retries"`
 	PrivateDataLen     uint8                  `c:"private_data_len"`
 	PrivateData        [CMMaxPrivateData]byte `c:"private_data"`
-	Reserved           [4]byte                `c:"reserved"`
+	ECEOptions         uint32                 `c:"ece_options"` // ABI 1.5, CMIDFlagECE: offered in the REQ
 }
 
 // CmdCMAcceptReq is struct vrnic_cmd_cm_accept.
@@ -126,7 +130,15 @@ type CmdCMAcceptReq struct {
 	Reserved           [3]byte                `c:"reserved"`
 	PrivateDataLen     uint8                  `c:"private_data_len"`
 	PrivateData        [CMMaxPrivateData]byte `c:"private_data"`
+	// ABI 1.5 (a 1.4 client sends the first OffCMAcceptECE bytes):
+	// CMIDFlagECE, RC: the ECE options the QP took at RTR.
+	ECEOptions uint32 `c:"ece_options"`
+	Reserved2  uint32 `c:"reserved2"`
 }
+
+// OffCMAcceptECE is where ABI 1.5 extended CM_ACCEPT: the length of the
+// command of a 1.4 client, which the daemon still takes.
+const OffCMAcceptECE = 248
 
 // CmdCMPrivateReq is struct vrnic_cmd_cm_private (CM_REJECT,
 // CM_DISCONNECT).
@@ -167,7 +179,7 @@ type CMQPAttr struct {
 	PortNum         uint8    `c:"port_num"`
 	Reserved        uint8    `c:"reserved"`
 	PKeyIndex       uint16   `c:"pkey_index"`
-	Reserved2       uint16   `c:"reserved2"`
+	ECEOptions      uint16   `c:"ece_options"` // ABI 1.5, RTR with QPAttrECE: the agreed ECE options
 }
 
 // CMEvent is struct vrnic_cm_event: one datagram on a context's event
@@ -194,6 +206,22 @@ type CMEvent struct {
 	PrivateData        [CMMaxPrivateData]byte `c:"private_data"`
 	Reserved2          [4]byte                `c:"reserved2"`
 }
+
+// CMECE is struct vrnic_cm_ece: the ECE a REQ or REP carried.
+type CMECE struct {
+	VendorID uint32 `c:"vendor_id"` // 24 bits; 0: none
+	Options  uint32 `c:"options"`   // the MAD's attribute modifier
+}
+
+// CMEventECE is struct vrnic_cm_event_ece (ABI 1.5): the events of a CM
+// ID created with CMIDFlagECE.
+type CMEventECE struct {
+	Ev      CMEvent `c:"ev"`
+	PeerECE CMECE   `c:"peer_ece"`
+}
+
+// SizeofCMEventECE is sizeof(struct vrnic_cm_event_ece).
+const SizeofCMEventECE = 360
 
 // Private returns the event's private data.
 func (e *CMEvent) Private() []byte {

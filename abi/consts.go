@@ -1,13 +1,16 @@
 package abi
 
-import "strconv"
+import (
+	"strconv"
+	"strings"
+)
 
 //go:generate go tool stringer -type=WROpcode,WCOpcode,WCStatus -linecomment -output=consts_string.go
 
 // ABI version (VRNIC_ABI_VERSION_*).
 const (
 	VersionMajor = 1
-	VersionMinor = 4
+	VersionMinor = 5
 	Version      = VersionMajor<<16 | VersionMinor
 )
 
@@ -212,9 +215,10 @@ const (
 	QPAttrCap              uint32 = 1 << 19
 	QPAttrDestQPN          uint32 = 1 << 20
 	QPAttrAll              uint32 = 1<<21 - 1
-	// QPAttrECE (vrnic's own, beyond the IBV_QP_* bits): the QP's ECE
-	// options in force (ECESelectiveRepeat, ECEAdaptiveRTO), settable
-	// in RESET, INIT and on the move to RTR only.
+	// QPAttrECE (ABI 1.5, vrnic's own, beyond the IBV_QP_* bits): the
+	// QP's ECE options in force (ECESelectiveRepeat, ECEAdaptiveRTO;
+	// CmdModifyQPReq.ECEOptions), settable on RC and XRC QPs in the
+	// RESET→INIT, INIT→INIT and INIT→RTR transitions only.
 	QPAttrECE uint32 = 1 << 30
 )
 
@@ -417,4 +421,76 @@ func (c Cmd) String() string {
 		return cmdNames[c]
 	}
 	return "CMD_" + strconv.FormatUint(uint64(c), 10)
+}
+
+// eceNames are the ECE options' short names (ECEString, ParseECE), in bit
+// order.
+var eceNames = []struct {
+	bit  uint32
+	name string
+}{{ECESelectiveRepeat, "sr"}, {ECEAdaptiveRTO, "rto"}}
+
+// ECEString names the ECE options of opts: "sr,rto", "sr", ...; "none"
+// for 0. A bit without a name shows as its hexadecimal value.
+func ECEString(opts uint32) string {
+	if opts == 0 {
+		return "none"
+	}
+	var s string
+	for _, n := range eceNames {
+		if opts&n.bit != 0 {
+			if s != "" {
+				s += ","
+			}
+			s += n.name
+			opts &^= n.bit
+		}
+	}
+	if opts != 0 {
+		if s != "" {
+			s += ","
+		}
+		s += "0x" + strconv.FormatUint(uint64(opts), 16)
+	}
+	return s
+}
+
+// ParseECE reads a list of ECE options as the operator writes them (the
+// drop-in library's VRNIC_ECE, vrnic-perf -ece): names separated by
+// commas ("sr", "rto", also "selective-repeat" and "adaptive-rto"),
+// "all" for every option, "none" or "" for none.
+func ParseECE(s string) (uint32, error) {
+	var opts uint32
+	for _, w := range splitList(s) {
+		switch w {
+		case "none", "0":
+		case "all":
+			opts |= ECEOptions
+		case "sr", "selective-repeat":
+			opts |= ECESelectiveRepeat
+		case "rto", "adaptive-rto":
+			opts |= ECEAdaptiveRTO
+		default:
+			return 0, &eceError{w}
+		}
+	}
+	return opts, nil
+}
+
+type eceError struct{ word string }
+
+func (e *eceError) Error() string {
+	return "ECE option " + strconv.Quote(e.word) + ": want sr, rto, all or none (comma-separated)"
+}
+
+// splitList splits a comma-separated list, dropping blanks around and
+// between its words.
+func splitList(s string) []string {
+	var out []string
+	for _, w := range strings.Split(s, ",") {
+		if w = strings.TrimSpace(w); w != "" {
+			out = append(out, w)
+		}
+	}
+	return out
 }

@@ -234,12 +234,19 @@ type QPAttr struct {
 	Cap              QPCap   `c:"cap"`
 }
 
-// CmdModifyQPReq is struct vrnic_cmd_modify_qp.
+// CmdModifyQPReq is struct vrnic_cmd_modify_qp. A client of ABI 1.4
+// sends its first OffModifyQPECE bytes (no ECE).
 type CmdModifyQPReq struct {
-	QPN      uint32 `c:"qpn"`
-	AttrMask uint32 `c:"attr_mask"`
-	Attr     QPAttr `c:"attr"`
+	QPN        uint32 `c:"qpn"`
+	AttrMask   uint32 `c:"attr_mask"`
+	Attr       QPAttr `c:"attr"`
+	ECEOptions uint32 `c:"ece_options"` // ABI 1.5, with QPAttrECE: ECE* bits
+	Reserved   uint32 `c:"reserved"`    // ABI 1.5
 }
+
+// OffModifyQPECE is where ABI 1.5 extended MODIFY_QP: the length of the
+// command of a 1.4 client, which the daemon still takes.
+const OffModifyQPECE = 108
 
 // RespQueryQP is struct vrnic_resp_query_qp.
 type RespQueryQP struct {
@@ -250,7 +257,7 @@ type RespQueryQP struct {
 	RecvCQ          uint32 `c:"recv_cq"`
 	SRQHandle       uint32 `c:"srq_handle"`
 	PDHandle        uint32 `c:"pd_handle"`
-	Reserved        uint32 `c:"reserved"`
+	ECEOptions      uint32 `c:"ece_options"` // ABI 1.5: the ECE options in force
 	PacketsSent     uint64 `c:"packets_sent"`
 	PacketsReceived uint64 `c:"packets_received"`
 	Retransmits     uint64 `c:"retransmits"`

@@ -75,6 +75,8 @@ var cStructs = []struct {
 	{"vrnic_cmd_cm_init_qp_attr", CmdCMInitQPAttrReq{}},
 	{"vrnic_cm_qp_attr", CMQPAttr{}},
 	{"vrnic_cm_event", CMEvent{}},
+	{"vrnic_cm_ece", CMECE{}},
+	{"vrnic_cm_event_ece", CMEventECE{}},
 	{"vrnic_cmd_create_ah", CmdCreateAHReq{}},
 	{"vrnic_cmd_alloc_mw", CmdAllocMWReq{}},
 	{"vrnic_resp_alloc_mw", RespAllocMW{}},
@@ -192,6 +194,11 @@ var cConsts = map[string]uint64{
 	"VRNIC_QP_MIN_RNR_TIMER": uint64(QPAttrMinRNRTimer), "VRNIC_QP_SQ_PSN": uint64(QPAttrSQPSN),
 	"VRNIC_QP_MAX_DEST_RD_ATOMIC": uint64(QPAttrMaxDestRdAtomic), "VRNIC_QP_PATH_MIG_STATE": uint64(QPAttrPathMigState),
 	"VRNIC_QP_CAP": uint64(QPAttrCap), "VRNIC_QP_DEST_QPN": uint64(QPAttrDestQPN),
+	"VRNIC_QP_ECE": uint64(QPAttrECE),
+
+	"VRNIC_ECE_VENDOR_ID": uint64(ECEVendorID), "VRNIC_ECE_SELECTIVE_REPEAT": uint64(ECESelectiveRepeat),
+	"VRNIC_ECE_ADAPTIVE_RTO": uint64(ECEAdaptiveRTO), "VRNIC_ECE_OPTIONS": uint64(ECEOptions),
+	"VRNIC_CM_ID_F_ECE": CMIDFlagECE,
 
 	"VRNIC_WR_RDMA_WRITE": uint64(WRRDMAWrite), "VRNIC_WR_RDMA_WRITE_WITH_IMM": uint64(WRRDMAWriteWithImm),
 	"VRNIC_WR_SEND": uint64(WRSend), "VRNIC_WR_SEND_WITH_IMM": uint64(WRSendWithImm),
@@ -300,6 +307,9 @@ var cOffsets = []struct {
 	{"OffDBOverflow", OffDBOverflow, "vrnic_db_cq.overflow"},
 	{"OffDBSRQPI", OffDBSRQPI, "vrnic_db_srq.srq_pi"},
 	{"OffDBSRQCI", OffDBSRQCI, "vrnic_db_srq.srq_ci"},
+
+	{"OffModifyQPECE", OffModifyQPECE, "vrnic_cmd_modify_qp.ece_options"},
+	{"OffCMAcceptECE", OffCMAcceptECE, "vrnic_cmd_cm_accept.ece_options"},
 }
 
 // cFuncMacros are the function-like macros; they are checked on a grid of
@@ -562,6 +572,8 @@ func TestSizeConstants(t *testing.T) {
 		{"DBRecordSize/qp", DBRecordSize, reflect.TypeOf(DBQP{}).Size()},
 		{"DBRecordSize/cq", DBRecordSize, reflect.TypeOf(DBCQ{}).Size()},
 		{"DBRecordSize/srq", DBRecordSize, reflect.TypeOf(DBSRQ{}).Size()},
+		{"SizeofCMEvent", SizeofCMEvent, reflect.TypeOf(CMEvent{}).Size()},
+		{"SizeofCMEventECE", SizeofCMEventECE, reflect.TypeOf(CMEventECE{}).Size()},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { assert.Equal(t, c.want, c.got) })

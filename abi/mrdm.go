@@ -85,5 +85,7 @@ type CmdRegDMMRReq struct {
 type DeviceAttrEx struct {
 	MaxDMSize     uint64 `c:"max_dm_size"`
 	DMMaxLogAlign uint32 `c:"dm_max_log_align"`
-	Reserved      uint32 `c:"reserved"`
+	// ECEOptions (ABI 1.5) are the ECE options the device supports:
+	// 0 when the operator switched ECE off (vrnicd -ece=false).
+	ECEOptions uint32 `c:"ece_options"`
 }

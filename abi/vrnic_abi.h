@@ -66,7 +66,7 @@
 /* ABI version: OPEN_CONTEXT fails with EPROTO unless the major matches and
  * the client's minor is <= the daemon's. */
 #define VRNIC_ABI_VERSION_MAJOR 1
-#define VRNIC_ABI_VERSION_MINOR 4
+#define VRNIC_ABI_VERSION_MINOR 5
 #define VRNIC_ABI_VERSION ((VRNIC_ABI_VERSION_MAJOR << 16) | VRNIC_ABI_VERSION_MINOR)
 
 /* ------------------------------------------------------------------------
@@ -249,7 +249,9 @@ struct vrnic_async_event {
  * event type, as in struct vrnic_async_event, and CM event types are
  * VRNIC_CM_EVENT_BASE (0x100) + enum rdma_cm_event_type, distinct from
  * every enum vrnic_event_type value. A reader that may see CM events
- * reads with a buffer of at least sizeof(struct vrnic_cm_event) and tells
+ * reads with a buffer of at least sizeof(struct vrnic_cm_event) (ABI 1.5:
+ * of struct vrnic_cm_event_ece, for IDs created with VRNIC_CM_ID_F_ECE,
+ * whose events carry the peer's ECE after it) and tells
  * the two apart by the type (or the datagram's length: 16 bytes for
  * struct vrnic_async_event). Only a context that created a CM ID gets CM
  * events. The daemon never waits on the socket: a CM event that does not
@@ -271,8 +273,12 @@ struct vrnic_async_event {
 /* CM_CREATE_ID. Reply: struct vrnic_resp_cm_id. */
 struct vrnic_cmd_cm_create_id {
 	uint32_t qp_type;        /* enum vrnic_qp_type of the QP it will connect: RC, UC or UD (SIDR) */
-	uint32_t reserved;
+	uint32_t flags;          /* ABI 1.5: VRNIC_CM_ID_F_*; 0 before */
 };
+
+/* ABI 1.5: the ID (and, for a listener, its connection requests' IDs)
+ * negotiates ECE (see "Enhanced Connection Establishment" below). */
+#define VRNIC_CM_ID_F_ECE 0x1u
 
 struct vrnic_resp_cm_id {
 	uint32_t cm_id;          /* the new CM ID, never 0 */
@@ -337,7 +343,7 @@ struct vrnic_cmd_cm_connect {
 	uint8_t  max_cm_retries;      /* 0..15; 0: 15 */
 	uint8_t  private_data_len;
 	uint8_t  private_data[VRNIC_CM_MAX_PRIVATE_DATA];
-	uint8_t  reserved[4];
+	uint32_t ece_options;         /* ABI 1.5, VRNIC_CM_ID_F_ECE: the ECE options the REQ offers; 0: none (before 1.5: reserved, 0) */
 };
 
 /* CM_ACCEPT. No reply struct. For a CONNECT_REQUEST's CM ID: sends the
@@ -359,6 +365,10 @@ struct vrnic_cmd_cm_accept {
 	uint8_t  reserved[3];
 	uint8_t  private_data_len;
 	uint8_t  private_data[VRNIC_CM_MAX_PRIVATE_DATA];
+	/* ABI 1.5 (a 1.4 client sends the command without these 8 bytes):
+	 * VRNIC_CM_ID_F_ECE, RC: the ECE options the QP took at RTR. */
+	uint32_t ece_options;
+	uint32_t reserved2;
 };
 
 /* CM_REJECT (a CONNECT_REQUEST, or a CONNECT_RESPONSE not yet answered):
@@ -415,7 +425,7 @@ struct vrnic_cm_qp_attr {
 	uint8_t  port_num;           /* INIT: 1 */
 	uint8_t  reserved;
 	uint16_t pkey_index;         /* INIT: 0 (P_Key 0xFFFF) */
-	uint16_t reserved2;
+	uint16_t ece_options;        /* ABI 1.5, RTR with VRNIC_QP_ECE (VRNIC_CM_ID_F_ECE, RC): the agreed ECE options */
 };
 
 enum vrnic_cm_event_type {   /* VRNIC_CM_EVENT_BASE + enum rdma_cm_event_type */
@@ -908,6 +918,9 @@ enum vrnic_qp_attr_mask {
 	VRNIC_QP_PATH_MIG_STATE     = 1u << 18,
 	VRNIC_QP_CAP                = 1u << 19,
 	VRNIC_QP_DEST_QPN           = 1u << 20,
+	/* ABI 1.5, vrnic's own (beyond the IBV_QP_* bits): ece_options of
+	 * struct vrnic_cmd_modify_qp ("ECE" below). */
+	VRNIC_QP_ECE                = 1u << 30,
 };
 
 /* Address vector (RoCE v2: the GRH fields become the IP header). */
@@ -946,10 +959,16 @@ struct vrnic_qp_attr {
 	struct vrnic_qp_cap cap;
 };
 
+/* MODIFY_QP. ABI 1.5 added ece_options and reserved: the daemon also
+ * takes the command of a 1.4 client, the first
+ * offsetof(struct vrnic_cmd_modify_qp, ece_options) bytes (without
+ * VRNIC_QP_ECE, which needs the whole struct). */
 struct vrnic_cmd_modify_qp {
 	uint32_t qpn;
 	uint32_t attr_mask;      /* enum vrnic_qp_attr_mask */
 	struct vrnic_qp_attr attr;
+	uint32_t ece_options;    /* ABI 1.5, with VRNIC_QP_ECE: enum vrnic_ece_option bits ("ECE" below) */
+	uint32_t reserved;       /* ABI 1.5: 0 */
 };
 
 /* QUERY_QP reply */
@@ -961,7 +980,7 @@ struct vrnic_resp_query_qp {
 	uint32_t recv_cq;
 	uint32_t srq_handle;
 	uint32_t pd_handle;
-	uint32_t reserved;
+	uint32_t ece_options;    /* ABI 1.5: the ECE options in force (enum vrnic_ece_option; 0 before 1.5) */
 	uint64_t packets_sent;
 	uint64_t packets_received;
 	uint64_t retransmits;
@@ -1474,7 +1493,83 @@ struct vrnic_cmd_reg_dm_mr {
 struct vrnic_device_attr_ex {
 	uint64_t max_dm_size;    /* bytes of device memory (ALLOC_DM) */
 	uint32_t dm_max_log_align; /* VRNIC_DM_MAX_LOG_ALIGN */
-	uint32_t reserved;
+	uint32_t ece_options;    /* ABI 1.5: the ECE options the device supports (enum
+				  * vrnic_ece_option); 0: none (vrnicd -ece=false, or a
+				  * daemon before 1.5) */
 };
+
+/* ------------------------------------------------------------------------
+ * Enhanced Connection Establishment (ECE, ABI 1.5)
+ *
+ * vrnic's own transport options for RC (and XRC) QPs. They change what
+ * the QP puts on the wire, so an option is only ever in force when both
+ * ends of the connection are vrnic devices that agreed on it; a peer that
+ * does not know them (any other RoCE v2 device) never sees anything but
+ * the standard transport.
+ *
+ * The agreement: as Linux's CM carries struct ib_cm_ece (drivers/
+ * infiniband/core/cm.c), a REQ offers the options with vrnic's PCI vendor
+ * ID in its Vendor ID field (24 bits) and the options in the MAD header's
+ * attribute modifier; the REP answers with the options the passive side
+ * takes, the intersection of the offer and its own, in the same two
+ * places. A REQ without ECE (a Linux peer), with another vendor ID, or a
+ * REP without it agrees on none, and then the REP is exactly the REP
+ * without ECE. Programs that connect their QPs out of band agree over
+ * their own channel (vrnic-perf), or the operator says the peer is a
+ * vrnic device (the drop-in library's VRNIC_ECE).
+ *
+ * MODIFY_QP sets the options of a QP with VRNIC_QP_ECE and ece_options:
+ * on an RC or XRC QP, in the RESET->INIT, INIT->INIT and INIT->RTR
+ * transitions only (else EINVAL); a bit outside enum vrnic_ece_option is
+ * EINVAL, an option the device does not support (QUERY_DEVICE_EX
+ * ece_options) EOPNOTSUPP. RESET clears them. QUERY_QP reports those in
+ * force.
+ *
+ * The CM (ABI 1.5): a CM ID created with VRNIC_CM_ID_F_ECE takes part
+ * (without it, the ID's REQ and REP carry no ECE and nothing below
+ * changes, as for a client of ABI 1.4); a listener's connection requests
+ * inherit the flag. CM_CONNECT's ece_options are offered in the REQ (at
+ * most those the device supports; 0: the REQ carries none). Every event
+ * of such an ID is a struct vrnic_cm_event_ece: the event followed by the
+ * ECE of the message it reports (CONNECT_REQUEST: the REQ's;
+ * CONNECT_RESPONSE: the REP's; zero otherwise), what rdma_get_remote_ece
+ * returns. The RTR attributes (the events' qp_attr and CM_INIT_QP_ATTR)
+ * of an RC connection then carry VRNIC_QP_ECE and the agreed options in
+ * qp_attr.ece_options: on the passive side the options of a REQ carrying
+ * vrnic's vendor ID that the device supports, on the active side those of
+ * a REP carrying vrnic's vendor ID among the ones offered; none in any
+ * other case (UC connections have none).
+ * CM_ACCEPT's ece_options are those the passive side's QP takes (the
+ * client applied them at RTR); the REP carries the agreed options among
+ * them, or no ECE when that leaves none.
+ * ------------------------------------------------------------------------ */
+
+#define VRNIC_ECE_VENDOR_ID 0x1ded /* = vrnic_device_attr.vendor_id */
+
+enum vrnic_ece_option {
+	/* The responder keeps out-of-order packets and names each gap with
+	 * a selective NAK; the requester resends only the gaps. */
+	VRNIC_ECE_SELECTIVE_REPEAT = 1u << 0,
+	/* The requester's retransmission timer follows the measured round
+	 * trip (RFC 6298) instead of the ACK timeout, which still bounds
+	 * the retries. */
+	VRNIC_ECE_ADAPTIVE_RTO     = 1u << 1,
+};
+
+#define VRNIC_ECE_OPTIONS 0x3u /* every enum vrnic_ece_option bit */
+
+/* The ECE of a REQ or REP (Linux's struct rdma_ucm_ece). */
+struct vrnic_cm_ece {
+	uint32_t vendor_id;      /* the Vendor ID field (24 bits); 0: the message carried none */
+	uint32_t options;        /* the MAD header's attribute modifier */
+};
+
+/* One datagram on the event socket per CM event of a CM ID created with
+ * VRNIC_CM_ID_F_ECE (a reader of such events reads with a buffer of at
+ * least this size). */
+struct vrnic_cm_event_ece {
+	struct vrnic_cm_event ev;
+	struct vrnic_cm_ece peer_ece; /* CONNECT_REQUEST: the REQ's; CONNECT_RESPONSE: the REP's */
+};                                    /* 360 bytes */
 
 #endif /* VRNIC_ABI_H */

@@ -85,6 +85,9 @@ type Info struct {
 	// LastLinkError is the newest failed link call of any worker
 	// ("send: TEXT" or "receive: TEXT"), with its time; empty: none.
 	LastLinkError string `json:"last_link_error,omitempty"`
+	// ECE names the ECE options the device supports ("sr,rto"), "none"
+	// when the operator switched them off (vrnicd -ece=false).
+	ECE string `json:"ece,omitempty"`
 	// RejectedWQEs counts the work requests the device rejected
 	// (malformed WQEs, broken rings) by cause: unknown_opcode,
 	// too_many_sge, ring_index, ...
@@ -197,6 +200,11 @@ type QPInfo struct {
 	// control limits it (after a CNP, until it recovers to the line
 	// rate); 0: not limited. A column of vrnicctl qps.
 	CCRate uint64 `json:"cc_rate_bps"`
+	// ECE names the ECE options in force on the QP ("sr,rto", "sr",
+	// ...; abi.ECEString), "" for none: what the CM or the program
+	// agreed with the peer (vrnic_abi.h "Enhanced Connection
+	// Establishment"). A column of vrnicctl qps.
+	ECE string `json:"ece"`
 }
 
 // SRQInfo describes an SRQ.
@@ -404,6 +412,9 @@ type CMIDInfo struct {
 	State     string `json:"state,omitempty"`   // the connection's CM state
 	Peer      string `json:"peer,omitempty"`
 	LastEvent string `json:"last_event,omitempty"`
+	// ECE names the ECE options agreed on the connection ("sr,rto";
+	// empty: none).
+	ECE string `json:"ece,omitempty"`
 }
 
 // DoorbellCounters count the doorbell poller's work since the device

@@ -34,6 +34,11 @@ type conn struct {
 	// ackTimeout is the path's ACK timeout exponent (Linux av.timeout):
 	// the QP's RTS timeout, the MRA grace and the TimeWait length.
 	ackTimeout uint8
+	// ECE (ece.go): the options this side's REQ offered (active), the
+	// options agreed (the QP's at RTR), and the ECE of the peer's REQ or
+	// REP as it came.
+	eceOffer, ece uint32
+	peerECE       ECE
 
 	// timeout is the response timeout of this side's requests, and
 	// maxRetries how often they are repeated.

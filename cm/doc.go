@@ -36,7 +36,8 @@
 // interface), MADs from QP1 (HandleMAD, called by QP1's engine worker: it
 // copies the MAD into the inbox and never blocks), timer expiries (the
 // Manager's Clock posts them) and the release of a context. Events go to
-// the clients' event sockets as struct vrnic_cm_event. Errors keep their
+// the clients' event sockets as struct vrnic_cm_event (struct
+// vrnic_cm_event_ece for IDs that negotiate ECE). Errors keep their
 // cause and carry the errno the client gets.
 //
 // Manager (manager.go, recv.go, conn.go, qpattr.go) is transport-agnostic:
@@ -52,6 +53,14 @@
 // and SIDR_REP with every field at its IBTA byte and bit position. Decode
 // refuses anything but a whole, well-formed CM MAD with an error (never a
 // panic; see the fuzz test).
+//
+// ece.go holds Enhanced Connection Establishment: vrnic's own transport
+// options of an RC connection, offered in the REQ and agreed in the REP
+// with vrnic's vendor ID (the REQ's and REP's Vendor ID fields and the
+// MAD header's attribute modifier, as Linux carries struct ib_cm_ece);
+// QPAttr(RTR).ECE gives each side the agreed options. A peer without ECE
+// sees a REQ that differs only in those fields and gets the REP it would
+// get without ECE.
 //
 // cma.go holds the rdma_cm conventions on top: service IDs (port space
 // << 16 | port), the cma_hdr at the front of REQ and SIDR_REQ private

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/roce"
 )
 
@@ -165,6 +166,9 @@ func newCapturingManager(t *testing.T, guid uint64, dev rxeDevice) *capturingMan
 	m, err := NewManager(Config{
 		CAGUID: guid, AckDelay: RXEAckDelay, PortMTU: dev.mtu, MaxRdAtomic: dev.maxRdAtomic,
 		MaxInitRdAtomic: dev.maxInitRdA, Clock: NewFakeClock(t0), Seed: guid,
+		// As vrnicd by default: ECE on, which a Linux peer must not notice
+		// but in the REQ's ECE fields.
+		ECE: abi.ECEOptions,
 		Sender: SenderFunc(func(dst GID, mad []byte) error {
 			h, msg, err := Decode(mad)
 			require.NoError(t, err)
@@ -250,6 +254,25 @@ func TestRxeCapturesLinuxPSNs(t *testing.T) {
 	assert.GreaterOrEqual(t, checked, 15, "PSNs checked against the wire")
 }
 
+// TestRxeCapturesNoECE: Linux with Soft-RoCE (a provider without ECE)
+// sends no ECE: neither vendor ID nor options in its REQs and REPs.
+func TestRxeCapturesNoECE(t *testing.T) {
+	for _, name := range rxeCaptures {
+		c := loadRxeCapture(t, name)
+		for _, cn := range c.conns(t) {
+			for _, m := range []*capMAD{cn.req, cn.rep} {
+				assert.Zero(t, m.hdr.AttrModifier, "%s frame %d", name, m.frame)
+				switch x := m.msg.(type) {
+				case *REQ:
+					assert.Zero(t, x.VendorID, "%s frame %d", name, m.frame)
+				case *REP:
+					assert.Zero(t, x.VendorID, "%s frame %d", name, m.frame)
+				}
+			}
+		}
+	}
+}
+
 // TestGoldenRxePassive puts vrnic's CM in host A's place: B's REQ from
 // each capture arrives at a listener, the owner accepts as the Linux
 // server's program and librdmacm did, and the REP must be A's; the QP
@@ -309,6 +332,7 @@ func goldenPassive(t *testing.T, c *rxeCapture, cn capConn, dev rxeDevice) {
 		assert.Equal(t, psn, rts.SQPSN, "the first PSN Linux's A sent on the wire")
 	}
 	assert.Equal(t, req.Primary.LocalACKTimeout, rts.Timeout, "av.timeout: the REQ's packet life time + 1")
+	assert.Zero(t, rtr.ECE, "Linux's REQ offers no ECE option")
 	assert.Equal(t, req.RetryCount, rts.RetryCount)
 	assert.Equal(t, req.RNRRetryCount, rts.RNRRetry)
 	assert.Equal(t, minU8(req.ResponderResources, dev.maxInitRdA), rts.MaxRdAtomic,
@@ -319,9 +343,12 @@ func goldenPassive(t *testing.T, c *rxeCapture, cn capConn, dev rxeDevice) {
 	// most the device's, ucma_valid_param): the REP announces the PSN
 	// the RTR attributes expect.
 	respRes, initDepth := minU8(rep.ResponderResources, dev.maxRdAtomic), minU8(rep.InitiatorDepth, dev.maxInitRdA)
+	// vrnic's library accepts with the options its QP took: those of the
+	// RTR attributes; the QP could take them all.
 	require.NoError(t, a.m.Accept(id, AcceptParams{QPN: rep.LocalQPN, StartingPSN: rtr.RQPSN,
 		ResponderResources: respRes, InitiatorDepth: initDepth, FlowControl: rep.EndToEndFlowControl,
-		RNRRetryCount: rep.RNRRetryCount, SRQ: rep.SRQ, FailoverAccepted: 0, PrivateData: rep.PrivateData[:]}))
+		RNRRetryCount: rep.RNRRetryCount, SRQ: rep.SRQ, FailoverAccepted: 0, PrivateData: rep.PrivateData[:],
+		ECE: rtr.ECE | abi.ECEOptions}))
 	sent, evs = a.take()
 	require.Empty(t, evs)
 	require.Len(t, sent, 1)
@@ -329,6 +356,8 @@ func goldenPassive(t *testing.T, c *rxeCapture, cn capConn, dev rxeDevice) {
 	require.True(t, ok, "%T", sent[0].msg)
 	assert.Equal(t, rxeB, sent[0].dst)
 	assert.Equal(t, cn.req.hdr.TID, sent[0].hdr.TID, "the REP carries the REQ's transaction ID")
+	assert.Equal(t, cn.rep.hdr.AttrModifier, sent[0].hdr.AttrModifier, "the REP's attribute modifier: no ECE")
+	assert.Equal(t, cn.rep.raw[:24], sent[0].raw[:24], "the MAD header as Linux's")
 	assert.Equal(t, rtr.RQPSN, got.StartingPSN, "the REP's Starting PSN is the PSN A's RTR expects")
 	want := *rep
 	want.LocalCommID, want.StartingPSN = got.LocalCommID, got.StartingPSN
@@ -388,7 +417,7 @@ func goldenActive(t *testing.T, c *rxeCapture, cn capConn, dev rxeDevice) {
 		StartingPSN: myPSN, ResponderResources: respRes, InitiatorDepth: initDepth,
 		FlowControl: req.EndToEndFlowControl, RetryCount: req.RetryCount, RNRRetryCount: req.RNRRetryCount,
 		RemoteCMResponseTimeout: CMAResponseTimeout, LocalCMResponseTimeout: CMAResponseTimeout,
-		MaxCMRetries: CMAMaxCMRetries, SRQ: req.SRQ, PrivateData: pd})
+		MaxCMRetries: CMAMaxCMRetries, SRQ: req.SRQ, PrivateData: pd, ECE: abi.ECEOptions})
 	require.NoError(t, err)
 	sent, _ := b.take()
 	require.Len(t, sent, 1)
@@ -396,10 +425,16 @@ func goldenActive(t *testing.T, c *rxeCapture, cn capConn, dev rxeDevice) {
 	require.True(t, ok, "%T", sent[0].msg)
 	assert.Equal(t, rxeA, sent[0].dst)
 	reqTID := sent[0].hdr.TID
+	// The REQ offers vrnic's ECE options (what vrnic's library offers
+	// by default), which Linux's did not: its ECE fields differ, every
+	// other field is Linux's.
+	assert.Equal(t, uint32(abi.ECEOptions), sent[0].hdr.AttrModifier, "the REQ's ECE options")
+	assert.Zero(t, cn.req.hdr.AttrModifier)
 	want := *req
 	want.LocalCommID, want.StartingPSN = gotREQ.LocalCommID, myPSN
 	want.ResponderResources, want.InitiatorDepth = respRes, initDepth
-	assert.Equal(t, &want, gotREQ, "REQ field by field (comm ID and PSN aside)")
+	want.VendorID = abi.ECEVendorID
+	assert.Equal(t, &want, gotREQ, "REQ field by field (comm ID, PSN and ECE aside)")
 	assert.Equal(t, roce.MTU1024, gotREQ.PathMTU, "the port's active MTU bounds the route's")
 	assert.Equal(t, uint32(myPSN), gotREQ.StartingPSN, "the REQ announces the PSN this side expects")
 
@@ -417,6 +452,7 @@ func goldenActive(t *testing.T, c *rxeCapture, cn capConn, dev rxeDevice) {
 	require.NoError(t, err)
 	assert.Equal(t, roce.MTU1024, rtr.PathMTU)
 	assert.Equal(t, rep.LocalQPN, rtr.DestQPN)
+	assert.Zero(t, rtr.ECE, "Linux's REP agrees on no ECE option")
 	assert.Equal(t, uint32(myPSN), rtr.RQPSN, "B expects the PSN its REQ announced (ib_send_cm_req: rq_psn)")
 	assert.Equal(t, minU8(rep.InitiatorDepth, dev.maxRdAtomic), rtr.MaxDestRdAtomic,
 		"responder resources: A's initiator depth, at most the device's")

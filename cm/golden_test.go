@@ -2,8 +2,10 @@ package cm
 
 import (
 	"bytes"
+	"encoding/binary"
 	"flag"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -15,13 +17,22 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/internal/testenv"
 	"github.com/vrnic/vrnic/roce"
 )
 
-var update = flag.Bool("update", false, "rewrite testdata/golden_cm.pcap")
+var update = flag.Bool("update", false, "rewrite testdata/golden_cm.pcap and golden_cm_ece.pcap")
 
-const goldenPcap = "testdata/golden_cm.pcap"
+// The golden captures: golden_cm.pcap is the exchange between two CMs
+// without ECE (vrnicd -ece=false, or any Linux host); golden_cm_ece.pcap
+// the same exchange with vrnic's CM offering its ECE options to a peer
+// that has none, as vrnicd does by default with a Linux host: its REQ
+// differs in the ECE fields only (TestGoldenECEOnlyREQ).
+const (
+	goldenPcap    = "testdata/golden_cm.pcap"
+	goldenECEPcap = "testdata/golden_cm_ece.pcap"
+)
 
 var (
 	goldenMAC = map[string][6]byte{"A": {0x02, 0, 0, 0, 0, 0x0a}, "B": {0x02, 0, 0, 0, 0, 0x0b}}
@@ -32,9 +43,11 @@ var (
 // Managers with Linux's values (an rxe port: ACK delay 15; rdma_cm: TCP
 // port space, response timeout 20, 15 retries, packet life time 16, hop
 // limit 64) and returns the MADs in the order they crossed the network.
-func goldenExchange(t *testing.T) []packet {
+// A offers the ECE options ece (0: A has none, as Linux); B, the peer,
+// has none.
+func goldenExchange(t *testing.T, ece uint32) []packet {
 	n := newNet(t)
-	a := n.add("A", goldenIP["A"].String(), 0x0002c90300a1b2c3, true)
+	a := n.addWith("A", goldenIP["A"].String(), 0x0002c90300a1b2c3, true, func(c *Config) { c.ECE = ece })
 	b := n.add("B", goldenIP["B"].String(), 0x0002c90300d4e5f6, true)
 	b.accept = AcceptParams{QPN: 0x0000d2, StartingPSN: 0x7a3c11, ResponderResources: 16, InitiatorDepth: 16,
 		RNRRetryCount: 7, PrivateData: []byte("server says hi")}
@@ -51,7 +64,7 @@ func goldenExchange(t *testing.T) []packet {
 		ServiceID: ServiceID(PortSpaceTCP, dst.Port()), QPN: 0x000011, QPType: TransportRC,
 		StartingPSN: 0x5c2d9e, ResponderResources: 16, InitiatorDepth: 16, RetryCount: 7, RNRRetryCount: 7,
 		RemoteCMResponseTimeout: CMAResponseTimeout, LocalCMResponseTimeout: CMAResponseTimeout,
-		MaxCMRetries: CMAMaxCMRetries, PrivateData: pd,
+		MaxCMRetries: CMAMaxCMRetries, PrivateData: pd, ECE: ece,
 	})
 	require.NoError(t, err)
 	n.run()
@@ -82,8 +95,8 @@ func udFrame(t *testing.T, from, to string, psn uint32, mad []byte) []byte {
 	return frame
 }
 
-func goldenFrames(t *testing.T) ([]packet, []byte) {
-	pkts := goldenExchange(t)
+func goldenFrames(t *testing.T, ece uint32) ([]packet, []byte) {
+	pkts := goldenExchange(t, ece)
 	var out bytes.Buffer
 	pw, err := roce.NewPcapWriter(&out, false)
 	require.NoError(t, err)
@@ -95,18 +108,74 @@ func goldenFrames(t *testing.T) ([]packet, []byte) {
 	return pkts, out.Bytes()
 }
 
-// TestGoldenPcap checks the exchange against the committed capture
-// (go test -run TestGoldenPcap -update rewrites it): the MADs a Linux
+// TestGoldenPcap checks the exchanges against the committed captures
+// (go test -run TestGoldenPcap -update rewrites them): the MADs a Linux
 // peer would see must not change by accident.
 func TestGoldenPcap(t *testing.T) {
-	_, got := goldenFrames(t)
-	if *update {
-		require.NoError(t, os.MkdirAll("testdata", 0o755))
-		require.NoError(t, os.WriteFile(goldenPcap, got, 0o644))
+	for _, c := range []struct {
+		file string
+		ece  uint32
+	}{{goldenPcap, 0}, {goldenECEPcap, abi.ECEOptions}} {
+		t.Run(c.file, func(t *testing.T) {
+			_, got := goldenFrames(t, c.ece)
+			if *update {
+				require.NoError(t, os.MkdirAll("testdata", 0o755))
+				require.NoError(t, os.WriteFile(c.file, got, 0o644))
+			}
+			want, err := os.ReadFile(c.file)
+			require.NoError(t, err, "run go test -run TestGoldenPcap -update to create it")
+			assert.Equal(t, want, got)
+		})
 	}
-	want, err := os.ReadFile(goldenPcap)
-	require.NoError(t, err, "run go test -run TestGoldenPcap -update to create it")
-	assert.Equal(t, want, got)
+}
+
+// readMADs returns the MADs of a capture of goldenFrames.
+func readMADs(t *testing.T, pcap []byte) [][]byte {
+	t.Helper()
+	pr, err := roce.NewPcapReader(bytes.NewReader(pcap))
+	require.NoError(t, err)
+	var mads [][]byte
+	for {
+		_, data, err := pr.Next()
+		if err == io.EOF {
+			return mads
+		}
+		require.NoError(t, err)
+		var pkt roce.Packet
+		require.NoError(t, roce.Parse(bytes.Clone(data), &pkt))
+		mads = append(mads, bytes.Clone(pkt.Payload))
+	}
+}
+
+// TestGoldenECEOnlyREQ: offering ECE to a peer without it changes one
+// message a Linux peer sees, the REQ, in exactly its ECE fields: vrnic's
+// vendor ID in the Vendor ID field (24 bits at byte 5 of the CM data) and
+// the options in the MAD header's attribute modifier. Every other byte of
+// every MAD of the exchange (REP, RTU, DREQ, DREP included) is the
+// committed capture's without ECE.
+func TestGoldenECEOnlyREQ(t *testing.T) {
+	plain, err := os.ReadFile(goldenPcap)
+	require.NoError(t, err)
+	_, withECE := goldenFrames(t, abi.ECEOptions)
+	want, got := readMADs(t, plain), readMADs(t, withECE)
+	require.Len(t, got, len(want))
+	for i := range want {
+		require.Len(t, got[i], MADLen)
+		attr := AttrID(binary.BigEndian.Uint16(got[i][16:]))
+		if attr != AttrREQ {
+			assert.Equal(t, want[i], got[i], "MAD %d (%v) unchanged", i, attr)
+			continue
+		}
+		d := MADHeaderLen
+		assert.Equal(t, []byte{0, 0, 0, byte(abi.ECEOptions)}, got[i][20:24], "REQ attribute modifier: the options")
+		assert.Equal(t, []byte{0, 0, 0, 0}, want[i][20:24])
+		assert.Equal(t, []byte{0x00, 0x1d, 0xed}, got[i][d+5:d+8], "REQ Vendor ID: vrnic's")
+		assert.Equal(t, []byte{0, 0, 0}, want[i][d+5:d+8])
+		g, w := bytes.Clone(got[i]), bytes.Clone(want[i])
+		copy(g[20:24], w[20:24])
+		copy(g[d+5:d+8], w[d+5:d+8])
+		assert.Equal(t, w, g, "the REQ differs in its ECE fields only")
+	}
 }
 
 // TestGoldenTshark has Wireshark's InfiniBand dissector (UDP port 4791 is
@@ -114,7 +183,7 @@ func TestGoldenPcap(t *testing.T) {
 // the CM fields it reads are those encoded.
 func TestGoldenTshark(t *testing.T) {
 	testenv.NeedTool(t, "tshark")
-	pkts, pcap := goldenFrames(t)
+	pkts, pcap := goldenFrames(t, abi.ECEOptions)
 	file := t.TempDir() + "/cm.pcap"
 	require.NoError(t, os.WriteFile(file, pcap, 0o644))
 
@@ -127,7 +196,7 @@ func TestGoldenTshark(t *testing.T) {
 		"infiniband.bth.opcode", "infiniband.bth.destqp", "infiniband.bth.p_key", "infiniband.deth.q_key",
 		"infiniband.deth.srcqp", "infiniband.mad.baseversion", "infiniband.mad.mgmtclass",
 		"infiniband.mad.classversion", "infiniband.mad.method", "infiniband.mad.transactionid",
-		"infiniband.mad.attributeid",
+		"infiniband.mad.attributeid", "infiniband.mad.attributemodifier",
 		// REQ
 		"infiniband.cm.req", "infiniband.cm.req.serviceid", "infiniband.cm.req.localcaguid",
 		"infiniband.cm.req.localqpn", "infiniband.cm.req.responderres", "infiniband.cm.req.initdepth",
@@ -180,6 +249,7 @@ func TestGoldenTshark(t *testing.T) {
 			"infiniband.mad.baseversion": "0x01", "infiniband.mad.mgmtclass": "0x07",
 			"infiniband.mad.classversion": "0x02", "infiniband.mad.method": "0x03",
 			"infiniband.mad.transactionid": hex(h.TID, 16), "infiniband.mad.attributeid": hex(uint64(h.AttrID), 4),
+			"infiniband.mad.attributemodifier": hex(uint64(h.AttrModifier), 8),
 		}
 		switch m := msg.(type) {
 		case *REQ:
@@ -218,6 +288,8 @@ func TestGoldenTshark(t *testing.T) {
 			} {
 				want[k] = v
 			}
+			// The ECE offer: the options in the attribute modifier.
+			assert.Equal(t, "0x00000003", got["infiniband.mad.attributemodifier"])
 			// The values Linux puts in an rdma_cm REQ over RoCE v2.
 			assert.Equal(t, "65535", got["infiniband.cm.req.prim_locallid"])
 			assert.Equal(t, "0x0000000001061d2f", got["infiniband.cm.req.serviceid"])
@@ -252,4 +324,12 @@ func TestGoldenTshark(t *testing.T) {
 			assert.Equal(t, want[f], got[f], "frame %d (%v): %s", i+1, h.AttrID, f)
 		}
 	}
+
+	// Wireshark 4.0 has no field for the REQ's Vendor ID: it shows the
+	// REQ's bytes 4..7 (a reserved byte and the 24-bit Vendor ID) as
+	// "Reserved", where vrnic's vendor ID must be.
+	out, err = exec.Command("tshark", "-r", file, "-Y", "infiniband.mad.attributeid == 0x0010", "-T", "fields",
+		"-E", "occurrence=a", "-E", "aggregator=|", "-e", "infiniband.reserved").Output()
+	require.NoError(t, err)
+	assert.Contains(t, strings.Split(strings.TrimSpace(string(out)), "|"), "00001ded", "the REQ's Vendor ID")
 }

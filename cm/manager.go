@@ -10,6 +10,7 @@ import (
 	mrand "math/rand/v2"
 	"time"
 
+	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/roce"
 )
 
@@ -69,6 +70,10 @@ type Config struct {
 	MaxHalfOpenTime time.Duration
 	// Logger receives lifecycle messages; nil discards them.
 	Logger *slog.Logger
+	// ECE are the ECE options (abi.ECEOptions bits, ece.go) this CM
+	// offers in REQs and takes from them, with vrnic's vendor ID; 0:
+	// none, and no REQ or REP carries ECE (vrnicd -ece=false).
+	ECE uint32
 }
 
 // PathParams is the primary path of a connection as the active side
@@ -114,8 +119,10 @@ type ConnectParams struct {
 	// PrivateData: at most REQPrivateDataLen bytes (rdma_cm: a cma_hdr
 	// then the consumer's bytes, see CMAPrivateData).
 	PrivateData []byte
-	// VendorID is the ECE vendor ID (24 bits), 0 for none.
-	VendorID uint32
+	// ECE are the ECE options the REQ offers with vrnic's vendor ID
+	// (ece.go), at most Config.ECE; an RC REQ only. None: the REQ
+	// carries no ECE.
+	ECE uint32
 }
 
 // AcceptParams are what Accept puts into the REP (struct
@@ -135,7 +142,10 @@ type AcceptParams struct {
 	SRQ                bool
 	FailoverAccepted   uint8 // 0..3; 0 (accepted) as rdma_cm sends
 	PrivateData        []byte
-	VendorID           uint32
+	// ECE are the ECE options this side's QP took (ece.go): the REP
+	// answers with those of the REQ's this CM supports among them, or
+	// without ECE when none is left.
+	ECE uint32
 }
 
 // SIDRParams are what SIDRRequest puts into the SIDR_REQ.
@@ -412,11 +422,15 @@ func (m *Manager) sendMAD(dst GID, mad []byte, retry bool) {
 }
 
 // send encodes msg and queues it for dst; it returns the MAD.
-func (m *Manager) send(dst GID, tid uint64, msg Message) []byte {
+func (m *Manager) send(dst GID, tid uint64, msg Message) []byte { return m.sendMod(dst, tid, 0, msg) }
+
+// sendMod is send with the MAD header's attribute modifier attrMod (a
+// REQ's or REP's ECE options).
+func (m *Manager) sendMod(dst GID, tid uint64, attrMod uint32, msg Message) []byte {
 	if rej, ok := msg.(*REJ); ok {
 		countREJ(&m.stats.RejectsSent, rej.Reason)
 	}
-	mad, err := Marshal(tid, 0, msg)
+	mad, err := Marshal(tid, attrMod, msg)
 	if err != nil {
 		// The API checks every value before it builds a message, so
 		// this is a bug; it is logged, not fatal.
@@ -583,7 +597,7 @@ func (m *Manager) Connect(p ConnectParams) (ConnID, error) {
 		checkBits("RetryCount", uint64(p.RetryCount), 3), checkBits("RNRRetryCount", uint64(p.RNRRetryCount), 3),
 		checkBits("RemoteCMResponseTimeout", uint64(p.RemoteCMResponseTimeout), 5),
 		checkBits("LocalCMResponseTimeout", uint64(p.LocalCMResponseTimeout), 5),
-		checkBits("MaxCMRetries", uint64(p.MaxCMRetries), 4), checkBits("VendorID", uint64(p.VendorID), 24),
+		checkBits("MaxCMRetries", uint64(p.MaxCMRetries), 4),
 		checkBits("FlowLabel", uint64(pa.FlowLabel), 20), checkBits("SL", uint64(pa.SL), 4),
 		checkBits("Rate", uint64(pa.Rate), 6), checkBits("PacketLifeTime", uint64(pa.PacketLifeTime), 5),
 		checkPrivate(p.PrivateData, REQPrivateDataLen),
@@ -615,8 +629,11 @@ func (m *Manager) Connect(p ConnectParams) (ConnID, error) {
 		timeout: reqTimeout(pa.PacketLifeTime, p.RemoteCMResponseTimeout),
 	}
 	c.tid = m.formTID(c)
+	if p.QPType == TransportRC {
+		c.eceOffer = p.ECE & m.cfg.ECE & abi.ECEOptions
+	}
 	req := &REQ{
-		LocalCommID: c.id, VendorID: p.VendorID, ServiceID: p.ServiceID, LocalCAGUID: m.cfg.CAGUID,
+		LocalCommID: c.id, ServiceID: p.ServiceID, LocalCAGUID: m.cfg.CAGUID,
 		LocalQPN: p.QPN, ResponderResources: p.ResponderResources, InitiatorDepth: p.InitiatorDepth,
 		RemoteCMResponseTimeout: p.RemoteCMResponseTimeout, TransportServiceType: p.QPType,
 		EndToEndFlowControl: p.FlowControl, StartingPSN: p.StartingPSN,
@@ -635,9 +652,12 @@ func (m *Manager) Connect(p ConnectParams) (ConnID, error) {
 		req.Primary.LocalLID, req.Primary.RemoteLID = PermissiveLID, PermissiveLID
 	}
 	copy(req.PrivateData[:], p.PrivateData)
+	if c.eceOffer != 0 {
+		req.VendorID = abi.ECEVendorID
+	}
 	c.path.MTU = mtu
 	m.conns[c.id] = c
-	m.startOut(c, m.send(c.peer, c.tid, req), c.timeout)
+	m.startOut(c, m.sendMod(c.peer, c.tid, c.eceOffer, req), c.timeout)
 	m.log.Debug("cm: REQ sent", "conn", c.id, "service", p.ServiceID, "peer", c.peer)
 	return ConnID(c.id), nil
 }
@@ -651,7 +671,7 @@ func (m *Manager) Accept(id ConnID, p AcceptParams) error {
 	err := checkAll(
 		checkBits("QPN", uint64(p.QPN), 24), checkBits("StartingPSN", uint64(p.StartingPSN), 24),
 		checkBits("RNRRetryCount", uint64(p.RNRRetryCount), 3), checkBits("FailoverAccepted", uint64(p.FailoverAccepted), 2),
-		checkBits("VendorID", uint64(p.VendorID), 24), checkPrivate(p.PrivateData, REPPrivateDataLen),
+		checkPrivate(p.PrivateData, REPPrivateDataLen),
 	)
 	if err != nil {
 		return err
@@ -663,20 +683,26 @@ func (m *Manager) Accept(id ConnID, p AcceptParams) error {
 		if m.twQPN[p.QPN] > 0 {
 			return fmt.Errorf("%w: %#x", ErrQPNInTimeWait, p.QPN)
 		}
+		// The options agreed: those of the REQ this CM supports that the
+		// QP took. None: the REP carries no ECE (ece.go).
+		c.ece &= p.ECE
 		rep := &REP{
-			LocalCommID: c.id, RemoteCommID: c.remoteID, LocalQPN: p.QPN, VendorID: p.VendorID,
+			LocalCommID: c.id, RemoteCommID: c.remoteID, LocalQPN: p.QPN,
 			StartingPSN: p.StartingPSN, ResponderResources: p.ResponderResources,
 			InitiatorDepth: p.InitiatorDepth, TargetACKDelay: m.cfg.AckDelay,
 			FailoverAccepted: p.FailoverAccepted, EndToEndFlowControl: p.FlowControl,
 			RNRRetryCount: p.RNRRetryCount, SRQ: p.SRQ, LocalCAGUID: m.cfg.CAGUID,
 		}
 		copy(rep.PrivateData[:], p.PrivateData)
+		if c.ece != 0 {
+			rep.VendorID = abi.ECEVendorID
+		}
 		c.state = StateREPSent
 		c.localQPN = p.QPN
 		c.rqPSN = p.StartingPSN
 		c.initiatorDepth = p.InitiatorDepth
 		c.responderResources = p.ResponderResources
-		m.startOut(c, m.send(c.peer, c.tid, rep), c.timeout)
+		m.startOut(c, m.sendMod(c.peer, c.tid, c.ece, rep), c.timeout)
 		m.hoUpdate(c)
 		return nil
 	})

@@ -49,6 +49,9 @@ type QPAttr struct {
 	RQPSN           uint32
 	MaxDestRdAtomic uint8 // RC
 	MinRNRTimer     uint8 // RC
+	// ECE are the ECE options agreed with the peer (RC; ece.go): on the
+	// passive side before Accept, those of the REQ this CM supports.
+	ECE uint32
 
 	// RTS.
 	SQPSN       uint32
@@ -114,6 +117,7 @@ func (m *Manager) QPAttr(id ConnID, state QPState) (QPAttr, error) {
 		a.RQPSN = c.rqPSN
 		if c.qpType == TransportRC {
 			a.MaxDestRdAtomic = clampDepth(c.responderResources, m.cfg.MaxRdAtomic)
+			a.ECE = c.ece
 		}
 	case QPStateRTS:
 		if !known {

@@ -141,6 +141,10 @@ func (m *Manager) recvREQ(src GID, h *Header, req *REQ) {
 		ln:         ln, arrived: m.clock.Now(),
 		reqAttempt: reqTimeout(plt, req.RemoteCMResponseTimeout), reqTries: int(req.MaxCMRetries) + 1,
 	}
+	c.peerECE = ECE{VendorID: req.VendorID, Options: h.AttrModifier}
+	if c.qpType == TransportRC {
+		c.ece = vrnicECE(c.peerECE) & m.cfg.ECE
+	}
 	// The REP and the DREQ are repeated as the REQ asks, within bounds.
 	c.timeout, c.maxRetries = peerResponse(req.LocalCMResponseTimeout, req.MaxCMRetries, m.maxHalfOpenTime)
 	m.conns[c.id] = c
@@ -149,7 +153,7 @@ func (m *Manager) recvREQ(src GID, h *Header, req *REQ) {
 	c.inRemote, c.inRemoteQP = true, true
 	m.hoUpdate(c)
 	r := *req
-	m.emit(c, Event{Type: EventConnectRequest, REQ: &r, PrivateData: append([]byte(nil), req.PrivateData[:]...)})
+	m.emit(c, Event{Type: EventConnectRequest, REQ: &r, ECE: c.peerECE, PrivateData: append([]byte(nil), req.PrivateData[:]...)})
 }
 
 func (m *Manager) recvMRA(src GID, mra *MRA) {
@@ -260,11 +264,14 @@ func (m *Manager) recvREP(src GID, h *Header, rep *REP) {
 	c.responderResources = rep.InitiatorDepth
 	c.rnrRetryCount = rep.RNRRetryCount
 	c.ackTimeout = AckTimeout(rep.TargetACKDelay, c.ackTimeout-1)
+	// The options agreed: those the REP answers of the ones offered.
+	c.peerECE = ECE{VendorID: rep.VendorID, Options: h.AttrModifier}
+	c.ece = vrnicECE(c.peerECE) & c.eceOffer
 	m.byRemote[remoteKey{c.remoteID, c.remoteCAGUID, c.peer}] = c
 	m.byRemoteQP[qpKey{c.remoteQPN, c.remoteCAGUID, c.peer}] = c
 	c.inRemote, c.inRemoteQP = true, true
 	r := *rep
-	m.emit(c, Event{Type: EventREPReceived, REP: &r, PrivateData: append([]byte(nil), rep.PrivateData[:]...)})
+	m.emit(c, Event{Type: EventREPReceived, REP: &r, ECE: c.peerECE, PrivateData: append([]byte(nil), rep.PrivateData[:]...)})
 }
 
 func (m *Manager) recvRTU(src GID, rtu *RTU) {

@@ -63,10 +63,14 @@ func (s *Service) cmdCreateID(c Client, payload []byte) (any, error) {
 	default:
 		return nil, errnoErr(unix.EINVAL, "CM ID for QP type %d", r.QPType)
 	}
+	if r.Flags&^abi.CMIDFlagECE != 0 {
+		return nil, errnoErr(unix.EINVAL, "CM ID flags %#x: unknown bits %#x", r.Flags, r.Flags&^abi.CMIDFlagECE)
+	}
 	id, err := s.newID(s.client(c), r.QPType)
 	if err != nil {
 		return nil, err
 	}
+	id.ece = r.Flags&abi.CMIDFlagECE != 0
 	return &abi.RespCMID{CMID: id.handle}, nil
 }
 
@@ -147,6 +151,9 @@ func (s *Service) cmdConnect(c Client, payload []byte) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := s.checkECE(id, r.ECEOptions); err != nil {
+		return nil, err
+	}
 	timeout, retries := r.CMResponseTimeout, r.MaxCMRetries
 	if timeout == 0 {
 		timeout = CMAResponseTimeout
@@ -179,7 +186,7 @@ func (s *Service) cmdConnect(c Client, payload []byte) (any, error) {
 			ResponderResources: r.ResponderResources, InitiatorDepth: r.InitiatorDepth,
 			RetryCount: r.RetryCount & 7, RNRRetryCount: r.RNRRetryCount & 7,
 			RemoteCMResponseTimeout: timeout, LocalCMResponseTimeout: timeout, MaxCMRetries: retries,
-			SRQ: r.SRQ != 0, PrivateData: pd,
+			SRQ: r.SRQ != 0, PrivateData: pd, ECE: r.ECEOptions,
 		})
 	}
 	if err != nil {
@@ -197,8 +204,15 @@ func (s *Service) cmdConnect(c Client, payload []byte) (any, error) {
 
 func (s *Service) cmdAccept(c Client, payload []byte) (any, error) {
 	var r abi.CmdCMAcceptReq
+	if len(payload) == abi.OffCMAcceptECE {
+		// A client of ABI 1.4: the command without ece_options.
+		payload = append(payload[:len(payload):len(payload)], make([]byte, abi.Sizeof(&r)-abi.OffCMAcceptECE)...)
+	}
 	if err := decode(abi.CmdCMAccept, payload, &r); err != nil {
 		return nil, err
+	}
+	if r.Reserved2 != 0 {
+		return nil, errnoErr(unix.EINVAL, "CM_ACCEPT: reserved2 must be 0")
 	}
 	id, err := s.lookup(c, r.CMID)
 	if err != nil {
@@ -211,6 +225,9 @@ func (s *Service) cmdAccept(c Client, payload []byte) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := s.checkECE(id, r.ECEOptions); err != nil {
+		return nil, err
+	}
 	if id.qpType == abi.QPTUD {
 		err = s.mgr.SIDRReply(id.conn, SIDRReplyParams{Status: SIDRSuccess, QPN: r.QPN, QKey: r.QKey, PrivateData: pd})
 		if err == nil {
@@ -219,7 +236,7 @@ func (s *Service) cmdAccept(c Client, payload []byte) (any, error) {
 	} else {
 		err = s.mgr.Accept(id.conn, AcceptParams{QPN: r.QPN, StartingPSN: r.StartingPSN & 0xffffff,
 			ResponderResources: r.ResponderResources, InitiatorDepth: r.InitiatorDepth,
-			RNRRetryCount: r.RNRRetryCount & 7, SRQ: r.SRQ != 0, PrivateData: pd})
+			RNRRetryCount: r.RNRRetryCount & 7, SRQ: r.SRQ != 0, PrivateData: pd, ECE: r.ECEOptions})
 	}
 	if err != nil {
 		return nil, err
@@ -344,6 +361,23 @@ func (s *Service) cmdInitQPAttr(c Client, payload []byte) (any, error) {
 		}
 		return nil, err
 	}
-	mergeQPAttr(out, &a)
+	mergeQPAttr(out, &a, id.takesECE())
 	return out, nil
+}
+
+// checkECE checks the ECE options of a CM_CONNECT or CM_ACCEPT: only an
+// ID created with abi.CMIDFlagECE has any, and only known ones. Options
+// the device does not support are not refused: the Manager offers and
+// takes at most Config.ECE.
+func (s *Service) checkECE(id *cmID, opts uint32) error {
+	if opts == 0 {
+		return nil
+	}
+	if !id.ece {
+		return errnoErr(unix.EINVAL, "ece_options %#x on CM ID %d, created without VRNIC_CM_ID_F_ECE", opts, id.handle)
+	}
+	if opts&^abi.ECEOptions != 0 {
+		return errnoErr(unix.EINVAL, "ece_options %#x: unknown bits %#x", opts, opts&^abi.ECEOptions)
+	}
+	return nil
 }

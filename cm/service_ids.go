@@ -48,6 +48,10 @@ type cmID struct {
 	init    abi.CMQPAttr
 	hasInit bool
 	last    string // the last event reported (operator view)
+	// ece: created with abi.CMIDFlagECE (a listener's requests inherit
+	// it): the client negotiates ECE (ece.go); its events are
+	// abi.CMEventECE and its RC RTR attributes carry the agreed options.
+	ece bool
 }
 
 // client returns the IDs of c, creating them.
@@ -206,6 +210,7 @@ func (s *Service) connectRequest(ev *Event) {
 		return
 	}
 	id.conn, id.parent, id.peer, id.serviceID = ev.Conn, l, ev.Peer, ev.ServiceID
+	id.ece = l.ece
 	l.pending++
 	s.byConn[ev.Conn] = id
 	out := abi.CMEvent{Type: abi.CMEventConnectRequest, CMID: id.handle, ListenID: l.handle}
@@ -239,8 +244,13 @@ func (s *Service) post(id *cmID, out *abi.CMEvent, ev *Event) {
 	}
 	out.PrivateDataLen = uint8(copy(out.PrivateData[:], ev.PrivateData))
 	id.last = out.Type.String()
-	b := make([]byte, abi.SizeofCMEvent)
-	if _, err := abi.Marshal(b, out); err != nil {
+	var v any = out
+	if id.ece {
+		// ABI 1.5: the event and the ECE of the REQ or REP it reports.
+		v = &abi.CMEventECE{Ev: *out, PeerECE: abi.CMECE{VendorID: ev.ECE.VendorID, Options: ev.ECE.Options}}
+	}
+	b := make([]byte, abi.Sizeof(v))
+	if _, err := abi.Marshal(b, v); err != nil {
 		s.log.Error("cm: cannot encode event", "event", out.Type, "err", err)
 		return
 	}
@@ -255,16 +265,21 @@ func (s *Service) qpAttr(id *cmID, dst *abi.CMQPAttr, conn ConnID, states ...QPS
 		if err != nil {
 			continue
 		}
-		mergeQPAttr(dst, &a)
+		mergeQPAttr(dst, &a, id.takesECE())
 		if st == QPStateInit {
 			id.init, id.hasInit = abi.CMQPAttr{}, true
-			mergeQPAttr(&id.init, &a)
+			mergeQPAttr(&id.init, &a, false)
 		}
 	}
 }
 
-// mergeQPAttr adds the attributes of one transition to dst.
-func mergeQPAttr(dst *abi.CMQPAttr, a *QPAttr) {
+// takesECE reports whether id's RTR attributes carry the agreed ECE
+// options: an RC ID of a client that negotiates them.
+func (id *cmID) takesECE() bool { return id.ece && id.qpType == abi.QPTRC }
+
+// mergeQPAttr adds the attributes of one transition to dst, with ece the
+// agreed ECE options of an RTR (abi.QPAttrECE).
+func mergeQPAttr(dst *abi.CMQPAttr, a *QPAttr, ece bool) {
 	dst.AttrMask |= abi.QPAttrState
 	switch a.State {
 	case QPStateInit:
@@ -289,6 +304,10 @@ func mergeQPAttr(dst *abi.CMQPAttr, a *QPAttr) {
 		dst.DGID, dst.FlowLabel, dst.HopLimit = a.AH.DGID, a.AH.FlowLabel, a.AH.HopLimit
 		dst.TrafficClass, dst.SL, dst.SGIDIndex = a.AH.TrafficClass, a.AH.SL, 0
 		dst.MaxDestRdAtomic, dst.MinRNRTimer = a.MaxDestRdAtomic, a.MinRNRTimer
+		if ece {
+			dst.AttrMask |= abi.QPAttrECE
+			dst.ECEOptions = uint16(a.ECE & abi.ECEOptions)
+		}
 	case QPStateRTS:
 		dst.QPState = abi.QPSRTS
 		dst.AttrMask |= abi.QPAttrSQPSN | abi.QPAttrTimeout | abi.QPAttrRetryCnt | abi.QPAttrRNRRetry | abi.QPAttrMaxQPRdAtomic
@@ -360,6 +379,9 @@ func (s *Service) idInfo(id *cmID) admin.CMIDInfo {
 			e.State = cs.String()
 		}
 		e.Peer = fmt.Sprint(GID(id.peer))
+		if ece := s.mgr.ConnECE(id.conn); ece != 0 {
+			e.ECE = abi.ECEString(ece)
+		}
 	}
 	return e
 }

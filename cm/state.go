@@ -90,6 +90,9 @@ type Event struct {
 	REQ *REQ
 	// REP is the reply (EventREPReceived).
 	REP *REP
+	// ECE is the ECE the REQ or REP carried (EventConnectRequest,
+	// EventREPReceived; ece.go).
+	ECE ECE
 	// Reason and ARI (its RejectInfoLen bytes) of a REJ (EventRejected).
 	Reason RejectReason
 	ARI    []byte

@@ -105,6 +105,10 @@ type Config struct {
 	// DMSize is the device memory (ibv_alloc_dm) the device has in all,
 	// shared by its contexts; 0 means DefaultDMSize.
 	DMSize uint64
+	// NoECE switches vrnic's ECE transport options off (vrnicd
+	// -ece=false): the device supports none (QUERY_DEVICE_EX), and
+	// MODIFY_QP refuses to set one (ece.go).
+	NoECE bool
 }
 
 // DeviceCounters are the device's control-path counters.

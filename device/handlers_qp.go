@@ -210,14 +210,34 @@ func lookupQPArg(r *request, cx *Context) (*QP, error) {
 
 func (cn *conn) modifyQP(r *request) (reply, error) {
 	var c abi.CmdModifyQPReq
-	if err := decode(r, &c); err != nil {
-		return reply{}, err
+	switch len(r.payload) {
+	case abi.Sizeof(&c):
+		if err := decode(r, &c); err != nil {
+			return reply{}, err
+		}
+		if c.Reserved != 0 {
+			return reply{}, errorf(errInval, "reserved must be 0")
+		}
+	case abi.OffModifyQPECE:
+		// A client of ABI 1.4: the command without ece_options.
+		full := make([]byte, abi.Sizeof(&c))
+		copy(full, r.payload)
+		if _, err := abi.Unmarshal(full, &c); err != nil {
+			return reply{}, errorf(errMsgSize, "%v: %v", r.hdr.Opcode, err)
+		}
+		if c.AttrMask&abi.QPAttrECE != 0 {
+			return reply{}, errorf(errInval, "VRNIC_QP_ECE needs the ABI 1.5 command (%d bytes, with ece_options), not %d bytes",
+				abi.Sizeof(&c), len(r.payload))
+		}
+	default:
+		return reply{}, errorf(errMsgSize, "%v: payload is %d bytes, want %d (ABI 1.5) or %d (ABI 1.4)", r.hdr.Opcode,
+			len(r.payload), abi.Sizeof(&c), abi.OffModifyQPECE)
 	}
 	q, err := cn.ctx.lookupQP(c.QPN)
 	if err != nil {
 		return reply{}, err
 	}
-	if err := cn.d.modifyQPLocked(q, AttrMask(c.AttrMask), &c.Attr); err != nil {
+	if err := cn.d.modifyQPLocked(q, AttrMask(c.AttrMask), &c.Attr, c.ECEOptions); err != nil {
 		return reply{}, err
 	}
 	return reply{}, nil
@@ -227,7 +247,7 @@ func (cn *conn) modifyQP(r *request) (reply, error) {
 // move the QP to ERR at any moment (StateWord); a transition validated
 // against a state the QP left meanwhile fails, and the client can query
 // the QP and try again from ERR.
-func (d *Device) modifyQPLocked(q *QP, mask AttrMask, a *abi.QPAttr) error {
+func (d *Device) modifyQPLocked(q *QP, mask AttrMask, a *abi.QPAttr, ece uint32) error {
 	cur := q.state.Load()
 	next := cur
 	if mask&AttrState != 0 {
@@ -236,10 +256,13 @@ func (d *Device) modifyQPLocked(q *QP, mask AttrMask, a *abi.QPAttr) error {
 		}
 		next = a.QPState
 	}
-	if err := checkTransition(q.typ, cur, next, mask); err != nil {
+	if err := checkTransition(q.typ, cur, next, mask&^AttrECE); err != nil {
 		return err
 	}
 	if err := d.checkAttrValues(q, cur, mask, a); err != nil {
+		return err
+	}
+	if err := d.checkECE(q, cur, next, mask, ece); err != nil {
 		return err
 	}
 	if err := d.dp.CheckModifyQP(q, cur, next, mask, a); err != nil {
@@ -258,6 +281,11 @@ func (d *Device) modifyQPLocked(q *QP, mask AttrMask, a *abi.QPAttr) error {
 		d.releasePeer(q)
 	}
 	d.applyAttr(q, next, mask, a)
+	if next == StateReset {
+		q.ece = 0
+	} else if mask&AttrECE != 0 {
+		q.ece = ece
+	}
 	d.dp.ModifyQP(q, cur, mask)
 	if next == StateErr && cur != StateErr {
 		q.qpEnteredError(false) // the client's own move: no QP_FATAL
@@ -278,6 +306,7 @@ func (cn *conn) queryQP(r *request) (reply, error) {
 		RecvCQ:          q.recvCQ.handle,
 		SRQHandle:       abi.NoSRQ,
 		PDHandle:        q.pd.handle,
+		ECEOptions:      q.ece,
 		PacketsSent:     ctr.PacketsSent,
 		PacketsReceived: ctr.PacketsReceived,
 		Retransmits:     ctr.Retransmits,

@@ -343,5 +343,6 @@ func (cn *conn) regDMMR(r *request) (reply, error) {
 }
 
 func (cn *conn) queryDeviceEx(r *request) (reply, error) {
-	return reply{body: &abi.DeviceAttrEx{MaxDMSize: cn.d.dmSize(), DMMaxLogAlign: abi.DMMaxLogAlign}}, nil
+	return reply{body: &abi.DeviceAttrEx{MaxDMSize: cn.d.dmSize(), DMMaxLogAlign: abi.DMMaxLogAlign,
+		ECEOptions: cn.d.ECEOptions()}}, nil
 }

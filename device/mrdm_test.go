@@ -53,7 +53,7 @@ func TestDMCommands(t *testing.T) {
 	var ax abi.DeviceAttrEx
 	_, err := abi.Unmarshal(rep.body, &ax)
 	require.NoError(t, err)
-	assert.Equal(t, abi.DeviceAttrEx{MaxDMSize: device.DefaultDMSize, DMMaxLogAlign: abi.DMMaxLogAlign}, ax)
+	assert.Equal(t, abi.DeviceAttrEx{MaxDMSize: device.DefaultDMSize, DMMaxLogAlign: abi.DMMaxLogAlign, ECEOptions: abi.ECEOptions}, ax)
 
 	for _, tc := range []struct {
 		name string

@@ -132,6 +132,7 @@ func (d *Device) infoLocked() admin.Info {
 	return admin.Info{
 		CongestionControl: ccMode,
 		CCParams:          ccParams,
+		ECE:               abi.ECEString(d.ECEOptions()),
 		LastLinkError:     lastErr,
 		LastLinkErrorAt:   lastErrAt,
 		RejectedWQEs:      d.dp.RejectedWQEs(),
@@ -280,6 +281,9 @@ func (d *Device) listQPs() []any {
 				Counters: d.dp.Counters(q)}
 			if c, ok := d.dp.(ccRater); ok {
 				qi.CCRate = c.CCRate(q)
+			}
+			if q.ece != 0 {
+				qi.ECE = abi.ECEString(q.ece)
 			}
 			if q.srq != nil {
 				h := q.srq.handle

@@ -34,6 +34,8 @@ func FuzzModifyQP(f *testing.F) {
 	seed(QPTypeUD, StateRTR, AttrState|AttrSQPSN, good)
 	seed(QPTypeUD, StateSQE, AttrState|AttrQKey, good)
 	seed(QPTypeRC, StateErr, attrAll, good)
+	seed(QPTypeRC, StateInit|3<<5, AttrState|AttrECE|AttrAV|AttrPathMTU|AttrDestQPN|AttrRQPSN|AttrMaxDestRdAtomic|AttrMinRNRTimer, good)
+	seed(QPTypeUC, StateReset|1<<5, AttrState|AttrECE|AttrPKeyIndex|AttrPort|AttrAccessFlags, good)
 	f.Fuzz(func(t *testing.T, typ uint32, cur uint8, mask uint32, attr []byte) {
 		var a abi.QPAttr
 		if len(attr) < abi.Sizeof(&a) {
@@ -52,7 +54,10 @@ func FuzzModifyQP(f *testing.F) {
 			return snapshot{q.state.Load(), q.attr, local, remote}
 		}
 		before := snap()
-		err := d.modifyQPLocked(q, AttrMask(mask), &a)
+		// The ECE options come from the state byte's top bits (bit 2 of
+		// them is no option: refused).
+		ece := uint32(cur >> 5)
+		err := d.modifyQPLocked(q, AttrMask(mask), &a, ece)
 		if err != nil {
 			require.Equal(t, before, snap(), "a refused modify changes nothing")
 			require.NotEmpty(t, err.Error())
@@ -69,6 +74,10 @@ func FuzzModifyQP(f *testing.F) {
 		require.LessOrEqual(t, q.attr.Timeout, uint8(maxTimer5))
 		require.LessOrEqual(t, q.attr.RetryCnt, uint8(maxRetry3))
 		require.LessOrEqual(t, q.attr.MaxRdAtomic, uint8(abi.MaxRdAtomic))
+		require.Zero(t, q.ece&^abi.ECEOptions, "only known ECE options")
+		if !eceQPType(q.typ) {
+			require.Zero(t, q.ece, "ECE options on RC and XRC QPs only")
+		}
 		if st := q.state.Load(); st != StateReset && st != StateErr && AttrMask(mask)&AttrPathMTU != 0 {
 			require.GreaterOrEqual(t, q.attr.PathMTU, abi.MTU256)
 		}

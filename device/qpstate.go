@@ -103,6 +103,8 @@ func (m AttrMask) String() string {
 		}
 		if i < numAttrBits {
 			sb.WriteString(attrNames[i])
+		} else if 1<<i == abi.QPAttrECE {
+			sb.WriteString("ECE")
 		} else {
 			fmt.Fprintf(&sb, "bit%d", i)
 		}

@@ -226,6 +226,9 @@ type QP struct {
 	peer    peerKey
 	claimed bool
 	sigAll  bool
+	// ece are the ECE options in force (ece.go): set by MODIFY_QP's
+	// VRNIC_QP_ECE, cleared by RESET.
+	ece uint32
 }
 
 // QPN returns the QP number.

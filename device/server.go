@@ -116,7 +116,7 @@ func init() {
 		abi.CmdRegDMMR:       {sz(&abi.CmdRegDMMRReq{}), 0, 0, true, (*conn).regDMMR},
 		abi.CmdQueryDeviceEx: {0, 0, 0, true, (*conn).queryDeviceEx},
 		abi.CmdCreateQP:      {sz(&abi.CmdCreateQPReq{}), 0, 0, true, (*conn).createQP},
-		abi.CmdModifyQP:      {sz(&abi.CmdModifyQPReq{}), 0, 0, true, (*conn).modifyQP},
+		abi.CmdModifyQP:      {-1, 0, 0, true, (*conn).modifyQP}, // ABI 1.5 or 1.4 length (ece.go)
 		abi.CmdQueryQP:       {handle, 0, 0, true, (*conn).queryQP},
 		abi.CmdDestroyQP:     {handle, 0, 0, true, (*conn).destroyQP},
 		abi.CmdCreateSRQ:     {sz(&abi.CmdCreateSRQReq{}), 0, 0, true, (*conn).createSRQ},
@@ -136,7 +136,7 @@ func init() {
 		abi.CmdCMDestroyID:   {handle, 0, 0, true, (*conn).cmCommand},
 		abi.CmdCMListen:      {sz(&abi.CmdCMListenReq{}), 0, 0, true, (*conn).cmCommand},
 		abi.CmdCMConnect:     {sz(&abi.CmdCMConnectReq{}), 0, 0, true, (*conn).cmCommand},
-		abi.CmdCMAccept:      {sz(&abi.CmdCMAcceptReq{}), 0, 0, true, (*conn).cmCommand},
+		abi.CmdCMAccept:      {-1, 0, 0, true, (*conn).cmCommand}, // ABI 1.5 or 1.4 length (package cm)
 		abi.CmdCMReject:      {sz(&abi.CmdCMPrivateReq{}), 0, 0, true, (*conn).cmCommand},
 		abi.CmdCMEstablish:   {handle, 0, 0, true, (*conn).cmCommand},
 		abi.CmdCMDisconnect:  {sz(&abi.CmdCMPrivateReq{}), 0, 0, true, (*conn).cmCommand},

@@ -12,9 +12,9 @@ import (
 	"github.com/vrnic/vrnic/internal/testenv"
 )
 
-// eceProg calls the ECE functions of librdmacm as rdma-core's cma.c
-// answers them with a kernel whose CM carries no ECE: EINVAL for the
-// arguments rdma-core refuses, else 0 and no remote options.
+// eceProg calls the ECE functions of librdmacm as far as they need no
+// device: rdma-core's EINVAL for a NULL ID or ece (tests/ibverbs'
+// rdmacm_ece.c covers the rest on real IDs and connections).
 const eceProg = `#include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -23,43 +23,21 @@ const eceProg = `#include <errno.h>
 static int bad(const char *what) { printf("ERROR %s (errno %d)\n", what, errno); return 1; }
 
 int main(void) {
-	struct rdma_cm_id id;
-	memset(&id, 0, sizeof id);
-	struct ibv_ece e = { .vendor_id = 0x15b3, .options = 7 };
-	if (rdma_set_local_ece(&id, &e))
-		return bad("rdma_set_local_ece");
-	struct ibv_ece r;
-	memset(&r, 0xff, sizeof r);
-	if (rdma_get_remote_ece(&id, &r) || r.vendor_id || r.options || r.comp_mask)
-		return bad("rdma_get_remote_ece");
-	struct ibv_ece z = { .options = 1 }, m = { .vendor_id = 1, .comp_mask = 1 };
+	struct ibv_ece e = { .vendor_id = 0x1ded, .options = 1 }, r;
 	errno = 0;
-	if (rdma_set_local_ece(&id, &z) != -1 || errno != EINVAL)
-		return bad("rdma_set_local_ece vendor_id 0");
-	errno = 0;
-	if (rdma_set_local_ece(&id, &m) != -1 || errno != EINVAL)
-		return bad("rdma_set_local_ece comp_mask");
-	errno = 0;
-	if (rdma_set_local_ece(&id, NULL) != -1 || errno != EINVAL)
-		return bad("rdma_set_local_ece NULL");
+	if (rdma_set_local_ece(NULL, &e) != -1 || errno != EINVAL)
+		return bad("rdma_set_local_ece NULL id");
 	errno = 0;
 	if (rdma_get_remote_ece(NULL, &r) != -1 || errno != EINVAL)
 		return bad("rdma_get_remote_ece NULL id");
-	id.qp = (struct ibv_qp *)&id; /* an ID with a QP of its own */
-	errno = 0;
-	if (rdma_set_local_ece(&id, &e) != -1 || errno != EINVAL)
-		return bad("rdma_set_local_ece with a QP");
-	errno = 0;
-	if (rdma_get_remote_ece(&id, &r) != -1 || errno != EINVAL)
-		return bad("rdma_get_remote_ece with a QP");
 	printf("OK\n");
 	return 0;
 }
 `
 
-// TestECEAsRdmaCore: rdma_set_local_ece and rdma_get_remote_ece answer as
-// rdma-core's librdmacm does without ECE in the kernel's CM (not ENOSYS
-// or EOPNOTSUPP).
+// TestECEAsRdmaCore: rdma_set_local_ece and rdma_get_remote_ece exist
+// and check their arguments as rdma-core's librdmacm does (not ENOSYS or
+// EOPNOTSUPP); tests/ibverbs runs them on IDs and connections.
 func TestECEAsRdmaCore(t *testing.T) {
 	testenv.NeedTool(t, "cc")
 	testenv.Need(t, SystemCMLibrary() != "", "no system librdmacm.so.1")

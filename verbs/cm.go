@@ -156,7 +156,7 @@ func (id *CMID) InitQPAttr(state abi.QPState) (abi.CMQPAttr, error) {
 }
 
 // ApplyQPAttr moves qp to a.QPState with the attributes of a (the
-// result of InitQPAttr).
+// result of InitQPAttr), the agreed ECE options included.
 func (qp *QP) ApplyQPAttr(a *abi.CMQPAttr) error {
 	q := abi.QPAttr{QPState: a.QPState, QPAccessFlags: a.QPAccessFlags, PKeyIndex: a.PKeyIndex, PortNum: a.PortNum,
 		PathMTU: a.PathMTU, DestQPNum: a.DestQPNum, RQPSN: a.RQPSN, SQPSN: a.SQPSN,
@@ -164,7 +164,7 @@ func (qp *QP) ApplyQPAttr(a *abi.CMQPAttr) error {
 		RNRRetry: a.RNRRetry, MaxRdAtomic: a.MaxRdAtomic,
 		AHAttr: abi.AHAttr{DGID: a.DGID, FlowLabel: a.FlowLabel, SGIDIndex: a.SGIDIndex, HopLimit: a.HopLimit,
 			TrafficClass: a.TrafficClass, SL: a.SL, PortNum: 1}}
-	return qp.Modify(&q, a.AttrMask)
+	return qp.ModifyECE(&q, a.AttrMask, uint32(a.ECEOptions))
 }
 
 func b2u8(b bool) uint8 {

@@ -250,6 +250,10 @@ type DeviceAttrEx struct {
 	// placement capabilities the daemon executes (DeviceCapEx*).
 	DeviceCapFlagsEx uint64
 	PhysPortCntEx    uint32
+	// ECEOptions are the ECE options the device supports (abi.ECE*
+	// bits; 0: none, the operator switched them off, or a daemon before
+	// ABI 1.5): what RTRAttr.ECE may ask for.
+	ECEOptions uint32
 }
 
 // Extended device capability bits (enum ibv_device_cap_flags_ex beyond
@@ -274,7 +278,7 @@ func (c *Context) QueryDeviceEx() (DeviceAttrEx, error) {
 	if err != nil {
 		return DeviceAttrEx{}, err
 	}
-	a.MaxDMSize, a.DMMaxLogAlign = x.MaxDMSize, x.DMMaxLogAlign
+	a.MaxDMSize, a.DMMaxLogAlign, a.ECEOptions = x.MaxDMSize, x.DMMaxLogAlign, x.ECEOptions
 	a.CompletionTimestampMask = ^uint64(0)
 	a.HCACoreClock = HCACoreClockKHz
 	a.PhysPortCntEx = uint32(a.PhysPortCnt)

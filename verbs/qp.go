@@ -123,7 +123,15 @@ func (qp *QP) Destroy() error {
 // Modify changes the QP's attributes and state (ibv_modify_qp); mask is a
 // set of abi.QPAttr* bits.
 func (qp *QP) Modify(attr *abi.QPAttr, mask uint32) error {
-	_, _, err := qp.ctx.k.call(abi.CmdModifyQP, &abi.CmdModifyQPReq{QPN: qp.QPN, AttrMask: mask, Attr: *attr}, nil, nil, nil)
+	return qp.ModifyECE(attr, mask, 0)
+}
+
+// ModifyECE is Modify with the QP's ECE options (abi.ECE* bits), which
+// it sets when mask has abi.QPAttrECE: on an RC or XRC QP, from RESET to
+// INIT, in INIT or from INIT to RTR (vrnic_abi.h "Enhanced Connection
+// Establishment"). Set only options both ends agreed on.
+func (qp *QP) ModifyECE(attr *abi.QPAttr, mask, ece uint32) error {
+	_, _, err := qp.ctx.k.call(abi.CmdModifyQP, &abi.CmdModifyQPReq{QPN: qp.QPN, AttrMask: mask, Attr: *attr, ECEOptions: ece}, nil, nil, nil)
 	return err
 }
 
@@ -159,6 +167,11 @@ type RTRAttr struct {
 	RQPSN           uint32
 	MaxDestRdAtomic uint8
 	MinRNRTimer     uint8
+	// ECE are vrnic's ECE options for the connection (abi.ECE* bits: the
+	// transport options the two ends agreed on, e.g. over the channel
+	// they exchanged their QP numbers on; at most those
+	// DeviceAttrEx.ECEOptions has); 0 sets none. RC and XRC QPs only.
+	ECE uint32
 }
 
 // ToRTR moves an INIT QP to RTR. For a UD QP the attributes are unused:
@@ -174,7 +187,10 @@ func (qp *QP) ToRTR(r RTRAttr) error {
 		a.MaxDestRdAtomic, a.MinRNRTimer = r.MaxDestRdAtomic, r.MinRNRTimer
 		mask |= abi.QPAttrMaxDestRdAtomic | abi.QPAttrMinRNRTimer
 	}
-	return qp.Modify(&a, mask)
+	if r.ECE != 0 {
+		mask |= abi.QPAttrECE
+	}
+	return qp.ModifyECE(&a, mask, r.ECE)
 }
 
 // RTSAttr are the attributes of the RTR→RTS step.

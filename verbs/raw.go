@@ -1,5 +1,7 @@
 package verbs
 
+import "github.com/vrnic/vrnic/abi"
+
 // Raw views of the shared memory the library writes for its QPs and CQs:
 // for tools and tests of the daemon's defences against a client that
 // writes anything there (garbage indices, garbage WQEs). Writing through
@@ -34,3 +36,11 @@ func (c *Context) RawKick() { c.kick() }
 // daemon holds under it: for tests of the daemon's checks of PD handles
 // (another context's, a stale one).
 func (c *Context) RawPD(handle uint32) *PD { return &PD{ctx: c, Handle: handle} }
+
+// RawCommand sends command op with payload as its body, whatever it
+// holds, and waits for the reply (without a body): for tests of how the
+// daemon takes commands of other lengths (an older ABI's) or contents.
+func (c *Context) RawCommand(op abi.Cmd, payload []byte) error {
+	_, _, err := c.k.call(op, nil, payload, nil, nil)
+	return err
+}

@@ -51,14 +51,23 @@ func clientConn(dev string, cc *ctrlConn, o *options) ([]result, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := cc.send(message{Kind: "hello", Options: o, QPs: infos}); err != nil {
+	// The ECE offer: the options asked for that the device supports. The
+	// server answers with those it takes of them (ECE negotiation over
+	// the control connection, as a REQ and its REP would do it).
+	caps, err := e.eceCaps()
+	if err != nil {
+		return nil, err
+	}
+	offer := *o
+	offer.ECE &= caps
+	if err := cc.send(message{Kind: "hello", Options: &offer, QPs: infos}); err != nil {
 		return nil, err
 	}
 	m, err := cc.recv("hello", 60*time.Second)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errPeer, err)
 	}
-	if err := e.connect(m.QPs); err != nil {
+	if err := e.connect(m.QPs, m.ECE&offer.ECE); err != nil {
 		return nil, err
 	}
 	if err := e.fillRecv(); err != nil {

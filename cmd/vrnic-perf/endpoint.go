@@ -45,6 +45,9 @@ type endpoint struct {
 	grh   int // UD: the GRH in front of every received message (abi.GRHLen), else 0
 	idle  int // empty polls in a row
 	hist  histogram
+	// ece are the ECE options in force on the QPs (QUERY_QP after
+	// connect): those both sides agreed on.
+	ece uint32
 }
 
 // qpRes is one QP and its memory, with the work requests the measured
@@ -138,9 +141,23 @@ func (e *endpoint) infos() ([]rcpair.Info, error) {
 	return r, nil
 }
 
-// connect moves every QP to RTS towards its peer and, for tests that
-// receive, fills its receive queue.
-func (e *endpoint) connect(peers []rcpair.Info) error {
+// eceCaps returns the ECE options the device supports (RC QPs only; a
+// daemon without ECE has none).
+func (e *endpoint) eceCaps() (uint32, error) {
+	if e.opt.Transport != transportRC {
+		return 0, nil
+	}
+	x, err := e.ctx.QueryDeviceEx()
+	if err != nil {
+		return 0, err
+	}
+	return x.ECEOptions, nil
+}
+
+// connect moves every QP to RTS towards its peer, RC QPs with the ECE
+// options ece both sides agreed on, and, for tests that receive, fills
+// its receive queue.
+func (e *endpoint) connect(peers []rcpair.Info, ece uint32) error {
 	if len(peers) != len(e.qps) {
 		return fmt.Errorf("%w: peer has %d QPs, want %d", errProtocol, len(peers), len(e.qps))
 	}
@@ -153,12 +170,19 @@ func (e *endpoint) connect(peers []rcpair.Info) error {
 			if err := e.connectUD(q); err != nil {
 				return err
 			}
-		} else if err := rcpair.Connect(q.qp, q.psn, q.peer, rcpair.Attr{MTU: rcpair.MTU(e.opt.MTU), MaxRdAtomic: abi.MaxRdAtomic}); err != nil {
+		} else if err := rcpair.Connect(q.qp, q.psn, q.peer, rcpair.Attr{MTU: rcpair.MTU(e.opt.MTU),
+			MaxRdAtomic: abi.MaxRdAtomic, ECE: ece}); err != nil {
 			return err
 		}
 		q.rsge[0] = q.mr.SGE(0, uint32(e.area))
 		q.rwr = verbs.RecvWR{SGL: q.rsge[:]}
 	}
+	// What the QPs run, as the daemon says (the report names it).
+	r, err := e.qps[0].qp.Query()
+	if err != nil {
+		return fmt.Errorf("QUERY_QP %#x: %w", e.qps[0].qp.QPN, err)
+	}
+	e.ece = r.ECEOptions
 	return nil
 }
 

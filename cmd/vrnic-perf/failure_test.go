@@ -41,7 +41,7 @@ func fakeServer(t *testing.T, dev string, tamper func([]rcpair.Info), perSize fu
 				return err
 			}
 			defer e.close()
-			if err := e.connect(hello.QPs); err != nil {
+			if err := e.connect(hello.QPs, 0); err != nil {
 				return err
 			}
 			infos, err := e.infos()
@@ -141,7 +141,7 @@ func TestServerRejectsBadStart(t *testing.T) {
 	d := startDaemon(t, "perf-proto", "-link", "mem")
 	path := filepath.Join(t.TempDir(), "ctrl.sock")
 	errc := make(chan error, 1)
-	go func() { errc <- serve(d.sock, "unix:"+path, &launch.Buffer{}) }()
+	go func() { errc <- serve(d.sock, "unix:"+path, 0, &launch.Buffer{}) }()
 	nc, err := dial("unix:" + path)
 	require.NoError(t, err)
 	defer nc.Close()

@@ -3,7 +3,7 @@
 // rate and latency of RDMA WRITE, RDMA READ, SEND/RECV and atomics over RC
 // (and UC or UD) QPs between two processes on two devices.
 //
-//	vrnic-perf server -dev SOCKET [-listen ADDR]
+//	vrnic-perf server -dev SOCKET [-listen ADDR] [-selective-repeat] [-ece LIST]
 //	vrnic-perf client -dev SOCKET -server ADDR [test options]
 //	vrnic-perf run [-link udp|mem | -dev-a SOCKET -dev-b SOCKET] [test options]
 //
@@ -38,6 +38,15 @@
 // skips the checksums); a failed completion stops the run with its status
 // and a non-zero exit.
 //
+// ECE: -selective-repeat (and -ece sr,rto, all or none) asks for vrnic's
+// ECE transport options on RC QPs, on the client and on the server: the
+// client offers those its device supports in its hello, the server takes
+// those it asked for too and its device supports, sets them at RTR and
+// tells the client, which sets them too: an option runs only when both
+// sides asked for it, as the CM's REQ and REP agree on them for rdma_cm
+// programs. run passes them to both roles. The report names the options
+// in force (ece).
+//
 // Figures: Gb/s and MB/s (10^6 bytes per second) of payload, Mops/s,
 // latency min/p50/p99/p99.9/max from a histogram with 1.6 % bucket
 // resolution, retransmissions and RNR NAKs from the QPs' counters
@@ -68,7 +77,7 @@ func main() {
 }
 
 const usage = `usage:
-  vrnic-perf server -dev SOCKET [-listen ADDR]
+  vrnic-perf server -dev SOCKET [-listen ADDR] [-selective-repeat] [-ece LIST]
   vrnic-perf client -dev SOCKET -server ADDR [test options]
   vrnic-perf run [-link udp|mem] [-dev-a SOCKET -dev-b SOCKET] [test options]
   vrnic-perf scale -dev-a SOCKET -dev-b SOCKET [-qps N] [-depth D] [-hold]
@@ -115,13 +124,19 @@ func serverMain(args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	dev := fs.String("dev", "", "the device's control socket")
 	listen := fs.String("listen", ":18515", "control address: host:port (TCP) or unix:/path")
+	var ece eceFlags
+	ece.add(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *dev == "" || fs.NArg() > 0 {
 		return fmt.Errorf("%w: -dev is required, no arguments", errUsage)
 	}
-	return serve(*dev, *listen, stdout)
+	opts, _, err := ece.options()
+	if err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	return serve(*dev, *listen, opts, stdout)
 }
 
 func clientMain(args []string, stdout, stderr io.Writer) error {

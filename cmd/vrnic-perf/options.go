@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/vrnic/vrnic/abi"
@@ -76,6 +77,42 @@ type options struct {
 	TotalDepth int `json:"total_depth,omitempty"`
 	// Transport is the QP type: rc (default), uc or ud.
 	Transport string `json:"transport"`
+	// ECE are the ECE options (abi.ECE* bits) the client offers the
+	// server for its RC QPs (-ece, -selective-repeat): over the control
+	// connection it sends those its device supports, and both sides set
+	// those the server also wants and supports (server.go), as the CM's
+	// REQ and REP would agree on them.
+	ECE uint32 `json:"ece,omitempty"`
+	// eceFlags are -ece and -selective-repeat, which finish turns into
+	// ECE.
+	eceFlags eceFlags
+}
+
+// eceFlags are the ECE options one side asks for on its command line.
+type eceFlags struct {
+	list            string
+	selectiveRepeat bool
+}
+
+func (f *eceFlags) add(fs *flag.FlagSet) {
+	fs.StringVar(&f.list, "ece", "", "vrnic's ECE transport options to negotiate with the peer (RC): sr, rto, all or none, comma-separated; both sides must ask for an option for it to be used")
+	fs.BoolVar(&f.selectiveRepeat, "selective-repeat", false, "negotiate selective repeat with the peer (the ECE option sr; RC, both sides)")
+}
+
+// options returns the options asked for; given reports whether any flag
+// was.
+func (f *eceFlags) options() (opts uint32, given bool, err error) {
+	if f.list != "" {
+		if opts, err = abi.ParseECE(f.list); err != nil {
+			return 0, true, err
+		}
+		given = true
+	}
+	if f.selectiveRepeat {
+		opts |= abi.ECESelectiveRepeat
+		given = true
+	}
+	return opts, given, nil
 }
 
 // Transports of -transport.
@@ -119,6 +156,7 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.Verify, "verify", true, "verify the data moved (checksums, atomic words) after each size")
 	fs.BoolVar(&o.JSON, "json", false, "print the results as JSON")
 	fs.StringVar(&o.Transport, "transport", transportRC, "QP type: rc, uc (write_bw, send_bw, write_lat, send_lat) or ud (send_bw, send_lat; messages up to -mtu)")
+	o.eceFlags.add(fs)
 }
 
 var errOption = errors.New("bad option")
@@ -170,6 +208,13 @@ func (o *options) finish() error {
 	if o.RecvDepth == 0 {
 		o.RecvDepth = min(max(4*o.Depth, 512), abi.MaxQPWR)
 	}
+	// The flags give the options (the client); options received keep
+	// theirs (the server).
+	if ece, given, err := o.eceFlags.options(); err != nil {
+		return bad("%v", err)
+	} else if given {
+		o.ECE = ece
+	}
 	switch {
 	case o.Atomic != atomicFetchAdd && o.Atomic != atomicCmpSwap:
 		return bad("atomic %q: want fetch_add or cmp_swap", o.Atomic)
@@ -219,6 +264,12 @@ func (o *options) finish() error {
 		}
 	default:
 		return bad("transport %q: want rc, uc or ud", o.Transport)
+	}
+	switch {
+	case o.ECE&^abi.ECEOptions != 0:
+		return bad("ECE options %#x: unknown bits", o.ECE)
+	case o.ECE != 0 && o.Transport != transportRC:
+		return bad("ECE options (%s) over %s: they are options of RC QPs", abi.ECEString(o.ECE), strings.ToUpper(o.Transport))
 	}
 	return nil
 }

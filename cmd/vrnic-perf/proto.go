@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/internal/rcpair"
 )
 
@@ -17,8 +18,8 @@ import (
 // both exchange what the other needs to address them. Messages are
 // newline-delimited JSON, one message per line, at most maxLine bytes.
 //
-//	client → server  hello{options, qps[]}      the client's QPs (RESET)
-//	server → client  hello{qps[]}               the server's QPs, in RTS
+//	client → server  hello{options, qps[]}      the client's QPs (RESET); options.ece: the ECE offer
+//	server → client  hello{qps[], ece}          the server's QPs, in RTS; ece: the options it took
 //	                 (client moves its QPs to RTS)
 //	for each message size:
 //	client → server  start{size, iters}
@@ -41,6 +42,9 @@ type message struct {
 	Counters *counters     `json:"counters,omitempty"`
 	Lost     uint64        `json:"lost,omitempty"` // verdict, UC/UD send tests: messages that never arrived
 	Error    string        `json:"error,omitempty"`
+	// ECE (the server's hello) are the ECE options the server took of
+	// the client's offer (options.ece) and set on its QPs.
+	ECE uint32 `json:"ece,omitempty"`
 }
 
 // counters are the transport counters of one side's QPs over one size
@@ -82,6 +86,9 @@ func decodeMessage(line []byte) (message, error) {
 		if q.QPN >= 1<<24 || q.PSN >= 1<<24 {
 			return m, fmt.Errorf("%w: QPN %#x or PSN %#x out of 24 bits", errProtocol, q.QPN, q.PSN)
 		}
+	}
+	if m.ECE&^abi.ECEOptions != 0 {
+		return m, fmt.Errorf("%w: ECE options %#x: unknown bits", errProtocol, m.ECE)
 	}
 	if m.Options != nil {
 		if err := m.Options.finish(); err != nil {

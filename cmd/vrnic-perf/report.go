@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/vrnic/vrnic/abi"
 )
 
 // result is the outcome of one message size.
@@ -32,12 +34,15 @@ type result struct {
 	Verified    bool          `json:"verified"`
 	Lost        uint64        `json:"lost,omitempty"` // UC/UD SENDs that never arrived
 	LoopAllocs  uint64        `json:"loop_allocs"`
+	// ECE names the ECE options in force on the QPs ("sr,rto", "none").
+	ECE string `json:"ece"`
 }
 
 func (e *endpoint) makeResult(size int, m measurement, c counters) result {
 	o := e.opt
 	r := result{Test: o.Test, Transport: o.Transport, Size: size, QPs: o.QPs, Depth: o.Depth, MTU: o.MTU, Inline: o.inline(size),
-		CQMod: o.CQMod, Events: o.Events, Ops: m.ops, Bytes: m.ops * uint64(size), Seconds: m.elapsed.Seconds(), Client: c}
+		CQMod: o.CQMod, Events: o.Events, Ops: m.ops, Bytes: m.ops * uint64(size), Seconds: m.elapsed.Seconds(), Client: c,
+		ECE: abi.ECEString(e.ece)}
 	if o.Test == atomicBW {
 		r.Atomic = o.Atomic
 	}
@@ -65,6 +70,10 @@ func writeJSON(w io.Writer, rs []result) error {
 
 // writeTable prints results like perftest: one line per size.
 func writeTable(w io.Writer, o *options, rs []result) {
+	ece := "none"
+	if len(rs) > 0 {
+		ece = rs[0].ECE
+	}
 	what := string(o.Test)
 	if o.Test == atomicBW {
 		what += " " + o.Atomic
@@ -72,8 +81,8 @@ func writeTable(w io.Writer, o *options, rs []result) {
 	if o.Transport != transportRC {
 		what += " over " + strings.ToUpper(o.Transport)
 	}
-	fmt.Fprintf(w, "%s: %d QP(s), depth %d, MTU %d, inline ≤ %d B, signal every %d, %s\n", what, o.QPs, o.Depth, o.MTU,
-		o.Inline, o.CQMod, map[bool]string{true: "completion events", false: "polling"}[o.Events])
+	fmt.Fprintf(w, "%s: %d QP(s), depth %d, MTU %d, inline ≤ %d B, signal every %d, %s, ECE %s\n", what, o.QPs, o.Depth, o.MTU,
+		o.Inline, o.CQMod, map[bool]string{true: "completion events", false: "polling"}[o.Events], ece)
 	if o.Test.latency() {
 		half := ""
 		if o.Test.pingPong() {

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/internal/launch"
 )
@@ -138,7 +139,12 @@ func (l *launcher) run(ctx context.Context, c *runConfig, stdout, stderr io.Writ
 	if c.ctrl == "tcp" {
 		listen = "127.0.0.1:0"
 	}
-	srv, err := l.start("server", self, []string{"server", "-dev", devB, "-listen", listen})
+	srvArgs := []string{"server", "-dev", devB, "-listen", listen}
+	if c.opt.ECE != 0 {
+		// The server asks for the ECE options the client offers.
+		srvArgs = append(srvArgs, "-ece", abi.ECEString(c.opt.ECE))
+	}
+	srv, err := l.start("server", self, srvArgs)
 	if err != nil {
 		return err
 	}

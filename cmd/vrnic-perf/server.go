@@ -26,8 +26,10 @@ func (e *endpoint) checksumAll(off, size int) uint32 {
 }
 
 // serve runs the server role: it waits for one client on listen, serves
-// every size the client runs and exits when the client says bye.
-func serve(dev, listen string, stdout io.Writer) error {
+// every size the client runs and exits when the client says bye. ece are
+// the ECE options it takes from the client's offer (-ece,
+// -selective-repeat).
+func serve(dev, listen string, ece uint32, stdout io.Writer) error {
 	network, addr := splitAddr(listen)
 	ln, err := net.Listen(network, addr)
 	if err != nil {
@@ -41,7 +43,7 @@ func serve(dev, listen string, stdout io.Writer) error {
 	}
 	defer nc.Close()
 	cc := newCtrlConn(nc)
-	err = serveConn(dev, cc)
+	err = serveConn(dev, cc, ece)
 	if err != nil && !errors.Is(err, errPeer) {
 		cc.send(message{Kind: "error", Error: err.Error()})
 	}
@@ -51,7 +53,7 @@ func serve(dev, listen string, stdout io.Writer) error {
 // errPeer marks errors reported by the other side.
 var errPeer = errors.New("from the peer")
 
-func serveConn(dev string, cc *ctrlConn) error {
+func serveConn(dev string, cc *ctrlConn, ece uint32) error {
 	hello, err := cc.recv("hello", 30*time.Second)
 	if err != nil {
 		return err
@@ -65,7 +67,14 @@ func serveConn(dev string, cc *ctrlConn) error {
 		return err
 	}
 	defer e.close()
-	if err := e.connect(hello.QPs); err != nil {
+	// The ECE options agreed: those the client offered that this side
+	// asked for and its device supports; the answer tells the client.
+	caps, err := e.eceCaps()
+	if err != nil {
+		return err
+	}
+	agreed := o.ECE & ece & caps
+	if err := e.connect(hello.QPs, agreed); err != nil {
 		return err
 	}
 	if err := e.fillRecv(); err != nil {
@@ -75,7 +84,7 @@ func serveConn(dev string, cc *ctrlConn) error {
 	if err != nil {
 		return err
 	}
-	if err := cc.send(message{Kind: "hello", QPs: infos}); err != nil {
+	if err := cc.send(message{Kind: "hello", QPs: infos, ECE: agreed}); err != nil {
 		return err
 	}
 	for {

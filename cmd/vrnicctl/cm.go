@@ -71,7 +71,7 @@ func showCM(path string, asJSON bool, w io.Writer) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "CTX\tID\tTYPE\tROLE\tSERVICE\tCONN\tSTATE\tPEER\tLAST EVENT")
+	fmt.Fprintln(tw, "CTX\tID\tTYPE\tROLE\tSERVICE\tCONN\tSTATE\tPEER\tLAST EVENT\tECE")
 	for _, id := range info.IDs {
 		svc := "-"
 		if id.ServiceID != 0 {
@@ -84,8 +84,8 @@ func showCM(path string, asJSON bool, w io.Writer) error {
 		if id.Conn != 0 {
 			conn = fmt.Sprintf("%#x", id.Conn)
 		}
-		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", id.Ctx, id.ID, id.QPType, id.Role, svc, conn,
-			dash(id.State), dash(id.Peer), dash(id.LastEvent))
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", id.Ctx, id.ID, id.QPType, id.Role, svc, conn,
+			dash(id.State), dash(id.Peer), dash(id.LastEvent), dash(id.ECE))
 	}
 	return tw.Flush()
 }

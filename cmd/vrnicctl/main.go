@@ -368,6 +368,9 @@ func printInfo(w io.Writer, i admin.Info) error {
 	fmt.Fprintf(tw, "abi\t%s\n", i.ABIVersion)
 	fmt.Fprintf(tw, "link\t%s\n", i.LinkType)
 	fmt.Fprintf(tw, "workers\t%d\n", i.Workers)
+	if i.ECE != "" {
+		fmt.Fprintf(tw, "ece\t%s\n", i.ECE)
+	}
 	if i.CongestionControl != "" {
 		fmt.Fprintf(tw, "congestion_control\t%s\n", strings.TrimSpace(i.CongestionControl+" "+i.CCParams))
 	}

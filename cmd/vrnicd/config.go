@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/cc"
 	"github.com/vrnic/vrnic/device"
@@ -81,6 +82,13 @@ type Config struct {
 	FaultsFile string `json:"-"`
 	// CC configures RoCE v2 congestion control (-cc, -cc-param).
 	CC CCConfig `json:"congestion_control,omitzero"`
+	// ECE says whether the device negotiates vrnic's transport options
+	// (selective repeat, the adaptive retransmission timer) with peers
+	// that are vrnic devices too (-ece; default true): its CM offers them
+	// in REQs and takes them from REQs, and MODIFY_QP sets them. false:
+	// it offers and takes none, and its REQs and REPs are those of a
+	// device without ECE.
+	ECE *bool `json:"ece,omitempty"`
 	// CPUProfile, when set (flag only), is a file the daemon writes a CPU
 	// profile of its whole run to.
 	CPUProfile string `json:"-"`
@@ -245,6 +253,7 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 		nice     = fs.Int("nice", 0, "scheduling priority of the daemon's threads, -20..19 (0: as started; below that needs CAP_SYS_NICE)")
 		ccMode   = fs.String("cc", "off", "RoCE v2 congestion control: off, or dcqcn (ECT(0) on the packets, CNPs for CE-marked ones, DCQCN rate control and pacing per QP)")
 		rdAtom   = fs.Int("max-rd-atomic", 0, "outstanding RDMA READs and atomics per QP, each way: max_qp_rd_atom and max_qp_init_rd_atom, 1..255 (default 16; Soft-RoCE has 128)")
+		ece      = fs.Bool("ece", true, "negotiate vrnic's transport options (selective repeat, adaptive retransmission timer) with vrnic peers through ECE; false: offer and accept none")
 	)
 	fs.Var(&tapAddr, "tap-addr", "TAP link: the NIC's address/prefix, e.g. 10.77.0.1/24 (repeatable; the first is GID 0)")
 	fs.Var(&tapGW, "tap-gateway", "TAP link: the default router for peers off the -tap-addr prefixes, e.g. 10.77.0.254 (one per address family)")
@@ -261,7 +270,8 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 	}
 	tapCfg := TAPConfig{Name: *tapName, Addrs: tapAddr, Gateways: tapGW, MAC: *tapMAC, NetNS: *tapNS, VerifySteering: *tapVer, MTU: *tapMTU}
 	c := &Config{Name: *name, Link: LinkConfig{Type: *link, Local: *local, MTU: *mtu, SegmentIPv4: seg4.v, TAP: tapCfg}, LogLevel: *level, Workers: *workers, PollSpin: *pollSpin,
-		OperatorGroup: *opGroup, MaxRdAtomic: *rdAtom, MetricsAddr: *metrics, Nice: *nice, CC: CCConfig{Mode: *ccMode, Params: ccParams}}
+		OperatorGroup: *opGroup, MaxRdAtomic: *rdAtom, MetricsAddr: *metrics, Nice: *nice, CC: CCConfig{Mode: *ccMode, Params: ccParams},
+		ECE: ece}
 	if *cfgFile != "" {
 		fileCfg := Config{}
 		if err := loadConfigFile(*cfgFile, &fileCfg); err != nil {
@@ -346,6 +356,9 @@ func parseConfig(args []string, stderr io.Writer) (*Config, error) {
 		}
 		if set["cc-param"] {
 			merged.CC.Params = ccParams
+		}
+		if set["ece"] {
+			merged.ECE = ece
 		}
 		c = &merged
 	} else {
@@ -503,3 +516,12 @@ func (o *optBool) Set(s string) error {
 
 // IsBoolFlag lets the flag be given bare (-f means -f=true).
 func (o *optBool) IsBoolFlag() bool { return true }
+
+// eceOptions returns the ECE options the device offers and takes:
+// every one unless the configuration switched ECE off.
+func (c *Config) eceOptions() uint32 {
+	if c.ECE != nil && !*c.ECE {
+		return 0
+	}
+	return abi.ECEOptions
+}

@@ -275,6 +275,35 @@ func TestMaxRdAtomicConfig(t *testing.T) {
 	assert.Zero(t, c.MaxRdAtomic)
 }
 
+// TestECEConfig: ECE is on unless the flag (-ece=false) or the config
+// file ("ece": false) switches it off; the flag wins over the file.
+func TestECEConfig(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		args []string
+		file string
+		want uint32
+	}{
+		{"default", nil, "", abi.ECEOptions},
+		{"flag off", []string{"-ece=false"}, "", 0},
+		{"flag on", []string{"-ece"}, "", abi.ECEOptions},
+		{"file default", nil, `{"name":"x","link":{"type":"udp"}}`, abi.ECEOptions},
+		{"file off", nil, `{"name":"x","link":{"type":"udp"},"ece":false}`, 0},
+		{"file off, flag on", []string{"-ece=true"}, `{"name":"x","link":{"type":"udp"},"ece":false}`, abi.ECEOptions},
+		{"file on, flag off", []string{"-ece=false"}, `{"name":"x","link":{"type":"udp"},"ece":true}`, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			args := c.args
+			if c.file != "" {
+				args = append([]string{"-config", writeFile(t, c.file)}, args...)
+			}
+			cfg, err := parseConfig(args, io.Discard)
+			require.NoError(t, err)
+			assert.Equal(t, c.want, cfg.eceOptions())
+		})
+	}
+}
+
 // TestActiveMTU: the port's MTU follows the link as Soft-RoCE's follows
 // its net device (1500 bytes: 1024), capped by -mtu.
 func TestActiveMTU(t *testing.T) {

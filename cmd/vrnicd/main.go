@@ -245,7 +245,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		// The port and device the CM speaks for: it clamps what a peer
 		// offers to them.
 		CM: cm.Config{CAGUID: device.NodeGUID(cfg.Name), AckDelay: cm.RXEAckDelay,
-			MaxRdAtomic: rdAtomic, MaxInitRdAtomic: rdAtomic},
+			MaxRdAtomic: rdAtomic, MaxInitRdAtomic: rdAtomic, ECE: cfg.eceOptions()},
 		GSI:    qp1,
 		GIDs:   li.GIDs,
 		MaxMTU: roce.MTU(li.MaxMTU),
@@ -271,6 +271,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		Faults:        plane.faults.Serve,
 		CM:            cmSvc,
 		MaxRdAtomic:   rdAtomic,
+		NoECE:         cfg.eceOptions() == 0,
 	})
 	if err != nil {
 		l.Close()

@@ -660,7 +660,8 @@ func (dp *DataPlane) ModifyQP(q *device.QP, prev device.QPState, mask device.Att
 		if x.srq == nil && x.rq != nil {
 			x.rq.reset.request(x.rec.RQPI.Load())
 		}
-		dp.modifyEngine(x, engine.QPAttr{Mask: abi.QPAttrState, State: abi.QPSReset})
+		// RESET clears the QP's ECE options (the device did: q.ECE()).
+		dp.modifyEngine(x, engine.QPAttr{Mask: abi.QPAttrState | abi.QPAttrECE, State: abi.QPSReset})
 		return
 	}
 	if mask&device.AttrState != 0 {
@@ -680,6 +681,24 @@ func (dp *DataPlane) ModifyQP(q *device.QP, prev device.QPState, mask device.Att
 		}
 	}
 	a := q.Attr()
+	ea := engineAttr(q, &a, state, mask)
+	if prev == device.StateInit && state == device.StateRTR && !x.ud {
+		if err := dp.resolvePeer(x.qpn, &a.AHAttr); err != nil {
+			// Normally CheckModifyQP refused the change already; this is
+			// the last line: the engine never gets an RTR QP it cannot
+			// address, the QP goes to ERR (its WRs complete flushed).
+			dp.log.Error("QP to RTR with an unreachable peer; moving the QP to ERR", "qpn", x.qpn, "err", err)
+			dp.toError(x)
+			return
+		}
+	}
+	dp.modifyEngine(x, ea)
+}
+
+// engineAttr is the engine's view of a MODIFY_QP the device applied to q:
+// the attributes of mask as q now holds them (a: q.Attr()), its ECE
+// options included.
+func engineAttr(q *device.QP, a *abi.QPAttr, state device.QPState, mask device.AttrMask) engine.QPAttr {
 	ea := engine.QPAttr{
 		Mask:            uint32(mask),
 		State:           state,
@@ -695,21 +714,12 @@ func (dp *DataPlane) ModifyQP(q *device.QP, prev device.QPState, mask device.Att
 		MaxRdAtomic:     a.MaxRdAtomic,
 		MaxDestRdAtomic: a.MaxDestRdAtomic,
 		QKey:            a.QKey,
+		ECE:             q.ECE(), // with abi.QPAttrECE (device.AttrECE) in mask
 	}
 	if mask&device.AttrAV != 0 {
 		ea.LocalAddr, ea.RemoteAddr = q.Path()
 	}
-	if prev == device.StateInit && state == device.StateRTR && !x.ud {
-		if err := dp.resolvePeer(x.qpn, &a.AHAttr); err != nil {
-			// Normally CheckModifyQP refused the change already; this is
-			// the last line: the engine never gets an RTR QP it cannot
-			// address, the QP goes to ERR (its WRs complete flushed).
-			dp.log.Error("QP to RTR with an unreachable peer; moving the QP to ERR", "qpn", x.qpn, "err", err)
-			dp.toError(x)
-			return
-		}
-	}
-	dp.modifyEngine(x, ea)
+	return ea
 }
 
 // modifyEngine queues a for the engine; a change the engine refuses (an

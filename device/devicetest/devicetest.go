@@ -45,6 +45,8 @@ type Options struct {
 	Faults func(admin.FaultRequest) (admin.FaultReply, error)
 	// MaxRdAtomic is device.Config.MaxRdAtomic (0: the default, 16).
 	MaxRdAtomic uint8
+	// NoECE is device.Config.NoECE: the device supports no ECE option.
+	NoECE bool
 }
 
 // Start creates a device listening on a socket in a new temporary
@@ -76,6 +78,7 @@ func Start(o Options) (*Server, error) {
 		Faults:    o.Faults,
 
 		MaxRdAtomic: o.MaxRdAtomic,
+		NoECE:       o.NoECE,
 	})
 	if err != nil {
 		space.Close()

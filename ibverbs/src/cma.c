@@ -208,7 +208,9 @@ static uint32_t vr_qpt(enum ibv_qp_type t) {
 }
 
 static int create_handle(struct cma_dev *d, enum ibv_qp_type t, uint32_t *handle) {
-	struct vrnic_cmd_cm_create_id c = { .qp_type = vr_qpt(t) };
+	/* Every ID takes part in ECE: its events carry the peer's, its RTR
+	 * attributes the agreed options (cma_ece.c). */
+	struct vrnic_cmd_cm_create_id c = { .qp_type = vr_qpt(t), .flags = VRNIC_CM_ID_F_ECE };
 	struct vrnic_resp_cm_id r;
 	int ret = cm_call(d, VRNIC_CMD_CM_CREATE_ID, &c, sizeof c, &r, sizeof r);
 	if (!ret)
@@ -817,6 +819,9 @@ VR_EXPORT int rdma_resolve_route(struct rdma_cm_id *cid, int timeout_ms) {
 
 /* ---------------------------------------------------------------- QPs */
 
+/* cm_attr_to_ibv converts the CM's attributes to libibverbs'; the agreed
+ * ECE options (VRNIC_QP_ECE, which libibverbs has no mask bit for) are
+ * left out: modify_to applies them with ibv_set_ece. */
 static void cm_attr_to_ibv(const struct vrnic_cm_qp_attr *a, struct ibv_qp_attr *q, int *mask) {
 	memset(q, 0, sizeof *q);
 	q->qp_state = (enum ibv_qp_state)a->qp_state;
@@ -841,13 +846,23 @@ static void cm_attr_to_ibv(const struct vrnic_cm_qp_attr *a, struct ibv_qp_attr 
 	q->max_rd_atomic = a->max_rd_atomic;
 	q->port_num = a->port_num ? a->port_num : 1;
 	q->pkey_index = a->pkey_index;
-	*mask = (int)a->attr_mask;
+	*mask = (int)(a->attr_mask & ~VRNIC_QP_ECE);
 }
+
+static int init_qp_attr(struct cma_id *id, struct ibv_qp_attr *qp_attr, int *qp_attr_mask, int *ece);
 
 VR_EXPORT int rdma_init_qp_attr(struct rdma_cm_id *cid, struct ibv_qp_attr *qp_attr, int *qp_attr_mask) {
 	struct cma_id *id = (struct cma_id *)cid;
 	if (!id || !qp_attr || !qp_attr_mask)
 		return ERRNO(EINVAL);
+	int ece;
+	return init_qp_attr(id, qp_attr, qp_attr_mask, &ece);
+}
+
+/* init_qp_attr is rdma_init_qp_attr; *ece gets the agreed ECE options of
+ * an RTR (the CM's VRNIC_QP_ECE), -1 when the attributes carry none. */
+static int init_qp_attr(struct cma_id *id, struct ibv_qp_attr *qp_attr, int *qp_attr_mask, int *ece) {
+	*ece = -1;
 	enum ibv_qp_state st = qp_attr->qp_state;
 	bool ud = id->id.qp_type == IBV_QPT_UD;
 	if (st == IBV_QPS_INIT && (ud || !id->connected_once)) {
@@ -881,6 +896,8 @@ VR_EXPORT int rdma_init_qp_attr(struct rdma_cm_id *cid, struct ibv_qp_attr *qp_a
 	if (ret)
 		return ERRNO(ret);
 	cm_attr_to_ibv(&a, qp_attr, qp_attr_mask);
+	if (a.attr_mask & VRNIC_QP_ECE)
+		*ece = a.ece_options & VRNIC_ECE_OPTIONS;
 	if (st == IBV_QPS_RTR && id->tos_set)
 		qp_attr->ah_attr.grh.traffic_class = id->tos;
 	if (st == IBV_QPS_RTS && id->ack_timeout_set) {
@@ -892,9 +909,11 @@ VR_EXPORT int rdma_init_qp_attr(struct rdma_cm_id *cid, struct ibv_qp_attr *qp_a
 
 static int modify_to(struct cma_id *id, enum ibv_qp_state st, int rd_override, uint32_t sq_psn, bool set_psn) {
 	struct ibv_qp_attr a = { .qp_state = st };
-	int mask = 0;
-	if (rdma_init_qp_attr(&id->id, &a, &mask))
+	int mask = 0, ece;
+	if (init_qp_attr(id, &a, &mask, &ece))
 		return -1;
+	if (ece >= 0) /* the agreed ECE options go with this RTR */
+		cma_apply_ece(id, (uint32_t)ece);
 	if (st == IBV_QPS_RTR && rd_override >= 0)
 		a.max_dest_rd_atomic = (uint8_t)rd_override;
 	if (st == IBV_QPS_RTS && rd_override >= 0)
@@ -1151,6 +1170,8 @@ VR_EXPORT int rdma_connect(struct rdma_cm_id *cid, struct rdma_conn_param *p) {
 		c.path_mtu = (uint8_t)id->id.route.path_rec->mtu;
 	c.responder_resources = id->responder_resources;
 	c.initiator_depth = id->initiator_depth;
+	if (!ud)
+		c.ece_options = cma_offer_ece(id);
 	c.retry_count = p ? p->retry_count : 7;
 	c.rnr_retry_count = p ? p->rnr_retry_count : 7;
 	struct cma_hdr h;
@@ -1292,6 +1313,7 @@ VR_EXPORT int rdma_accept(struct rdma_cm_id *cid, struct rdma_conn_param *p) {
 	c.responder_resources = id->responder_resources;
 	c.initiator_depth = id->initiator_depth;
 	c.rnr_retry_count = p ? p->rnr_retry_count : 7;
+	c.ece_options = cma_accept_ece(id);
 	ret = put_private(c.private_data, &c.private_data_len, VRNIC_CM_REP_PRIVATE_DATA, NULL, 0,
 			  p ? p->private_data : NULL, p ? p->private_data_len : 0);
 	if (!ret)
@@ -1473,12 +1495,14 @@ static struct cma_id *child_of(struct cma_id *l, struct cma_dev *d, const struct
 	return c;
 }
 
-/* dispatch queues one CM event read from device d's event socket. */
-static void dispatch(struct cma_dev *d, const struct vrnic_cm_event *r) {
+/* dispatch queues one CM event read from device d's event socket, with
+ * the ECE of the REQ or REP it reports (zero for none). */
+static void dispatch(struct cma_dev *d, const struct vrnic_cm_event *r, const struct vrnic_cm_ece *ece) {
 	struct cma_event *e = calloc(1, sizeof *e);
 	if (!e)
 		return;
 	e->raw = *r;
+	e->peer_ece = *ece;
 	uint32_t orphan = 0;
 	pthread_mutex_lock(&g_mu);
 	if (r->event_type == VRNIC_CM_EVENT_CONNECT_REQUEST) {
@@ -1544,7 +1568,9 @@ static void *dispatcher(void *arg) {
 		}
 		for (int i = 0; i < n; i++) {
 			struct cma_dev *d = evs[i].data.ptr;
-			struct vrnic_cm_event r;
+			/* The IDs take part in ECE: their events are struct
+			 * vrnic_cm_event_ece (struct vrnic_cm_event before). */
+			struct vrnic_cm_event_ece r;
 			ssize_t got = recv(d->ev_fd, &r, sizeof r, MSG_DONTWAIT);
 			if (got < 0 && (errno == EAGAIN || errno == EINTR))
 				continue;
@@ -1553,8 +1579,12 @@ static void *dispatcher(void *arg) {
 				device_gone(d);
 				continue;
 			}
-			if ((size_t)got == sizeof r && r.event_type >= VRNIC_CM_EVENT_BASE)
-				dispatch(d, &r);
+			if ((size_t)got == sizeof r && r.ev.event_type >= VRNIC_CM_EVENT_BASE) {
+				dispatch(d, &r.ev, &r.peer_ece);
+			} else if ((size_t)got == sizeof r.ev && r.ev.event_type >= VRNIC_CM_EVENT_BASE) {
+				struct vrnic_cm_ece none = { 0 };
+				dispatch(d, &r.ev, &none);
+			}
 			/* Anything else (an asynchronous event of the CM context,
 			 * which has no QPs) is not for rdma_cm. */
 		}
@@ -1611,6 +1641,8 @@ static bool process(struct cma_event *e) {
 			set_dev(e->child, e->child->dev);
 		e->ev.id = &e->child->id;
 		e->ev.listen_id = &id->id;
+		e->child->remote_ece = (struct ibv_ece){ .vendor_id = e->peer_ece.vendor_id,
+			.options = e->peer_ece.options };
 		if (ud) {
 			set_private(e, CMA_HDR_LEN, true);
 			e->ev.param.ud.qp_num = r->peer_qpn;
@@ -1638,6 +1670,7 @@ static bool process(struct cma_event *e) {
 		}
 		copy_conn(e, true);
 		set_private(e, 0, false);
+		id->remote_ece = (struct ibv_ece){ .vendor_id = e->peer_ece.vendor_id, .options = e->peer_ece.options };
 		if (!id->id.qp)
 			return true; /* the program moves its QP and calls rdma_establish */
 		if (modify_to(id, IBV_QPS_INIT, -1, 0, false) || modify_to(id, IBV_QPS_RTR, -1, 0, false) ||

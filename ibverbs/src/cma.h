@@ -101,6 +101,10 @@ struct cma_id {
 	uint8_t initiator_depth;
 	uint8_t responder_resources;
 	uint32_t psn;              /* the first PSN our QP expects (its rq_psn), which our REQ or REP announces */
+	/* ECE (cma_ece.c): what rdma_set_local_ece set (an ID without a QP
+	 * of its own offers and accepts these), and what the peer's REQ or
+	 * REP carried (rdma_get_remote_ece). */
+	struct ibv_ece local_ece, remote_ece;
 	int delivered, acked;      /* events handed to the program, and acked */
 	struct ibv_qp_init_attr *qp_init_attr; /* rdma_create_ep, passive */
 	struct cma_hent hconn;  /* handle's entry in the handle table, while handle != 0 */
@@ -113,12 +117,18 @@ struct cma_event {
 	struct cma_id *child;    /* CONNECT_REQUEST: the new ID */
 	bool synth;              /* made by the library (ADDR/ROUTE_*, DEVICE_REMOVAL) */
 	struct vrnic_cm_event raw;
+	struct vrnic_cm_ece peer_ece; /* the REQ's or REP's ECE (struct vrnic_cm_event_ece) */
 	uint8_t pd[VRNIC_CM_MAX_PRIVATE_DATA];
 	struct cma_event *next;
 };
 
 /* cma.c */
 VR_HIDDEN int cma_complete(struct cma_id *id);
+
+/* cma_ece.c */
+VR_HIDDEN uint32_t cma_offer_ece(struct cma_id *id);
+VR_HIDDEN uint32_t cma_accept_ece(struct cma_id *id);
+VR_HIDDEN void cma_apply_ece(struct cma_id *id, uint32_t agreed);
 
 /* cma_addr.c */
 VR_HIDDEN socklen_t cma_addrlen(const struct sockaddr *a);

@@ -1,10 +1,13 @@
 /* misc.c - helpers of the libibverbs API that need no device: strings,
- * rate conversions, fork support, and the verbs this device does not
- * offer (they fail with EOPNOTSUPP or ENOSYS as documented). */
+ * rate conversions, fork support, ECE (ibv_query_ece, ibv_set_ece,
+ * VRNIC_ECE), and the verbs this device does not offer (they fail with
+ * EOPNOTSUPP or ENOSYS as documented). */
 #include "vrnic_ibv.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
@@ -133,18 +136,190 @@ VR_EXPORT struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *qp) {
 	return &q->ex;
 }
 
+/* ------------------------------------------------------------------
+ * Enhanced Connection Establishment (ECE): vrnic's transport options of
+ * an RC or XRC QP (vrnic_abi.h "Enhanced Connection Establishment"),
+ * which both ends must agree on. As rdma-core's mlx5 provider
+ * (mlx5_query_ece, mlx5_set_ece):
+ *
+ *   ibv_query_ece: vendor_id VRNIC_ECE_VENDOR_ID and the QP's options:
+ *     before any ibv_set_ece every option the device supports (the
+ *     offer librdmacm puts in a REQ; QUERY_DEVICE_EX), after it those
+ *     set (the options the device supports among them: what the QP will
+ *     run, as mlx5 reports what its firmware took), after the CM set
+ *     them the agreed ones. UC and UD QPs have none.
+ *   ibv_set_ece: a vendor_id of 0 is EOPNOTSUPP (libibverbs), a
+ *     comp_mask bit or another vendor's ID EINVAL, and a device with ECE
+ *     switched off (vrnicd -ece=false) or a QP without options (UC, UD)
+ *     EOPNOTSUPP, as mlx5 refuses another vendor and a device without
+ *     ECE: another vendor's options are never applied. The options are
+ *     stored on the QP and sent with its next MODIFY_QP to INIT or RTR
+ *     (the transitions that take them), as mlx5 sends them with its next
+ *     modify.
+ *
+ * VRNIC_ECE (sr, rto, all, none; comma-separated) is the operator's
+ * statement that the peers of this process's QPs are vrnic devices too,
+ * for programs that connect their QPs out of band (perftest without -R,
+ * the pingpongs): its options (those the device supports) go to every RC
+ * or XRC QP moved to RTR that has no options of its own (none set with
+ * ibv_set_ece, and none agreed through librdmacm).
+ * ------------------------------------------------------------------ */
+
+static bool ece_qp_type(const struct ibv_qp *qp) {
+	return qp->qp_type == IBV_QPT_RC || qp->qp_type == IBV_QPT_XRC_SEND || qp->qp_type == IBV_QPT_XRC_RECV;
+}
+
+/* vr_ece_caps returns the ECE options the device supports, asked once
+ * per context (QUERY_DEVICE_EX; a daemon that refuses it has none). */
+uint32_t vr_ece_caps(struct vr_ctx *c) {
+	uint64_t v = __atomic_load_n(&c->ece_caps, __ATOMIC_ACQUIRE);
+	if (v == 0) {
+		struct vrnic_device_attr_ex a;
+		int ret = vr_call(c, VRNIC_CMD_QUERY_DEVICE_EX, NULL, 0, NULL, 0, NULL, 0, &a, sizeof a);
+		if (ret == EIO || ret == ENOTCONN || ret == EPIPE)
+			return 0;
+		v = ret ? 1 : (uint64_t)(a.ece_options & VRNIC_ECE_OPTIONS) + 1; /* + 1: 0 is "not asked yet" */
+		__atomic_store_n(&c->ece_caps, v, __ATOMIC_RELEASE);
+	}
+	return (uint32_t)(v - 1);
+}
+
+/* vr_parse_ece reads a list of ECE options (VRNIC_ECE): sr or
+ * selective-repeat, rto or adaptive-rto, all, none, separated by commas.
+ * It returns the options, and the first word it did not know in *bad
+ * (NULL if none). */
+uint32_t vr_parse_ece(const char *s, const char **bad) {
+	static const struct {
+		const char *name;
+		uint32_t opts;
+	} words[] = { { "sr", VRNIC_ECE_SELECTIVE_REPEAT }, { "selective-repeat", VRNIC_ECE_SELECTIVE_REPEAT },
+		{ "rto", VRNIC_ECE_ADAPTIVE_RTO }, { "adaptive-rto", VRNIC_ECE_ADAPTIVE_RTO }, { "all", VRNIC_ECE_OPTIONS },
+		{ "none", 0 }, { "0", 0 } };
+	uint32_t opts = 0;
+	*bad = NULL;
+	while (s && *s) {
+		while (*s == ' ' || *s == '\t' || *s == ',')
+			s++;
+		size_t n = strcspn(s, ", \t");
+		if (!n)
+			break;
+		bool known = false;
+		for (size_t i = 0; i < sizeof words / sizeof words[0]; i++) {
+			if (strlen(words[i].name) == n && !strncmp(s, words[i].name, n)) {
+				opts |= words[i].opts;
+				known = true;
+			}
+		}
+		if (!known && !*bad)
+			*bad = s;
+		s += n;
+	}
+	return opts;
+}
+
+static uint32_t env_opts;
+
+static void read_env_ece(void) {
+	const char *e = getenv("VRNIC_ECE");
+	const char *bad;
+	env_opts = vr_parse_ece(e, &bad);
+	if (bad)
+		fprintf(stderr, "vrnic: VRNIC_ECE=%s: unknown option at \"%s\" (want sr, rto, all or none, comma-separated): ignored\n",
+			e, bad);
+}
+
+/* env_ece returns VRNIC_ECE's options, read once. */
+static uint32_t env_ece(void) {
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
+	pthread_once(&once, read_env_ece);
+	return env_opts;
+}
+
+/* qp_ece returns the options the QP reports: until something set them,
+ * every option the device supports. */
+static uint32_t qp_ece(struct ibv_qp *qp) {
+	struct vr_qp *q = vr_qp(qp);
+	if (!ece_qp_type(qp))
+		return 0;
+	if (!q->ece_known) {
+		q->ece = vr_ece_caps(vr_ctx(qp->context));
+		q->ece_known = true;
+	}
+	return q->ece;
+}
+
+/* vr_modify_ece decides the ECE options a MODIFY_QP of qp (attr, mask)
+ * carries (VRNIC_QP_ECE): those ibv_set_ece stored, when the QP moves to
+ * INIT or RTR; else, for an RC or XRC QP moving to RTR without options
+ * of its own, VRNIC_ECE's (those the device supports). It returns false
+ * when the command carries none. */
+bool vr_modify_ece(struct ibv_qp *qp, const struct ibv_qp_attr *attr, int mask, uint32_t *opts) {
+	if (!(mask & IBV_QP_STATE) || !ece_qp_type(qp))
+		return false;
+	if (attr->qp_state != IBV_QPS_INIT && attr->qp_state != IBV_QPS_RTR)
+		return false;
+	struct vr_qp *q = vr_qp(qp);
+	if (q->ece_pending) {
+		*opts = q->ece;
+		return true;
+	}
+	if (attr->qp_state == IBV_QPS_RTR && !q->ece_own) {
+		uint32_t e = env_ece() & vr_ece_caps(vr_ctx(qp->context));
+		if (e) {
+			*opts = e;
+			return true;
+		}
+	}
+	return false;
+}
+
+/* vr_modified_ece records a MODIFY_QP that succeeded: the options it
+ * carried (sent) are the QP's; RESET forgets every option, as the daemon
+ * does. */
+void vr_modified_ece(struct ibv_qp *qp, const struct ibv_qp_attr *attr, int mask, bool sent, uint32_t opts) {
+	struct vr_qp *q = vr_qp(qp);
+	if (sent) {
+		q->ece = opts;
+		q->ece_known = true;
+		q->ece_pending = false;
+	}
+	if ((mask & IBV_QP_STATE) && attr->qp_state == IBV_QPS_RESET)
+		q->ece_known = q->ece_pending = q->ece_own = false;
+}
+
 VR_EXPORT int ibv_query_ece(struct ibv_qp *qp, struct ibv_ece *ece) {
-	(void)qp;
-	(void)ece;
-	errno = EOPNOTSUPP;
-	return EOPNOTSUPP;
+	if (!qp || !ece) {
+		errno = EINVAL;
+		return EINVAL;
+	}
+	ece->vendor_id = VRNIC_ECE_VENDOR_ID;
+	ece->options = qp_ece(qp);
+	ece->comp_mask = 0;
+	return 0;
 }
 
 VR_EXPORT int ibv_set_ece(struct ibv_qp *qp, struct ibv_ece *ece) {
-	(void)qp;
-	(void)ece;
-	errno = EOPNOTSUPP;
-	return EOPNOTSUPP;
+	if (!qp || !ece) {
+		errno = EINVAL;
+		return EINVAL;
+	}
+	if (!ece->vendor_id) { /* libibverbs' ibv_set_ece */
+		errno = EOPNOTSUPP;
+		return EOPNOTSUPP;
+	}
+	if (ece->comp_mask || ece->vendor_id != VRNIC_ECE_VENDOR_ID) {
+		errno = EINVAL;
+		return EINVAL;
+	}
+	uint32_t caps = vr_ece_caps(vr_ctx(qp->context));
+	if (!caps || !ece_qp_type(qp)) {
+		errno = EOPNOTSUPP;
+		return EOPNOTSUPP;
+	}
+	struct vr_qp *q = vr_qp(qp);
+	q->ece = ece->options & caps;
+	q->ece_known = q->ece_pending = q->ece_own = true;
+	return 0;
 }
 
 VR_EXPORT int ibv_query_qp_data_in_order(struct ibv_qp *qp, enum ibv_wr_opcode op, uint32_t flags) {

@@ -570,11 +570,19 @@ VR_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mas
 	 * than MIGRATED, then fail with EOPNOTSUPP. */
 	if (mask & IBV_QP_PATH_MIG_STATE)
 		v->path_mig_state = (unsigned)attr->path_mig_state > 0xff ? 0xff : (uint8_t)attr->path_mig_state;
+	/* ECE options stored by ibv_set_ece, or VRNIC_ECE's (misc.c). */
+	uint32_t ece = 0;
+	bool with_ece = vr_modify_ece(qp, attr, mask, &ece);
+	if (with_ece) {
+		m.attr_mask |= VRNIC_QP_ECE;
+		m.ece_options = ece;
+	}
 	int ret = vr_call(vr_ctx(qp->context), VRNIC_CMD_MODIFY_QP, &m, sizeof m, NULL, 0, NULL, 0, NULL, 0);
 	if (ret) {
 		errno = ret;
 		return ret;
 	}
+	vr_modified_ece(qp, attr, mask, with_ece, ece);
 	if (mask & IBV_QP_STATE)
 		qp->state = attr->qp_state;
 	/* A QP back in RESET leaves nothing in its CQs, as with mlx5 (its

@@ -113,6 +113,7 @@ struct vr_ctx {
 	struct vrnic_resp_odp_attach odp_caps;
 	uint8_t odp_nonce[16];
 	uint64_t max_dm_size; /* QUERY_DEVICE_EX's + 1; 0: not asked yet (mrdm.c) */
+	uint64_t ece_caps;    /* QUERY_DEVICE_EX's ece_options + 1; 0: not asked yet (misc.c) */
 };
 
 enum vr_obj_kind { VR_OBJ_QP = 1, VR_OBJ_CQ, VR_OBJ_SRQ };
@@ -245,6 +246,13 @@ struct vr_qp {
 	uint32_t wr_pi;     /* producer index of the next WQE to build */
 	uint8_t *wr_cur;    /* the WQE being built, NULL if none */
 	int wr_err;         /* first error of this batch */
+	/* ECE (misc.c): the options ibv_query_ece reports (valid once
+	 * ece_known; until then the device's), whether ibv_set_ece stored
+	 * them for the next MODIFY_QP to INIT or RTR, and whether the QP has
+	 * options of its own (set, or agreed by librdmacm), which VRNIC_ECE
+	 * leaves alone. */
+	uint32_t ece;
+	bool ece_known, ece_pending, ece_own;
 };
 
 _Static_assert(offsetof(struct vr_qp, wr_flush) == sizeof(struct ibv_qp_ex),
@@ -405,6 +413,12 @@ VR_HIDDEN struct ibv_mr *vr_reg_dm_mr(struct ibv_pd *pd, struct ibv_dm *dm, uint
 				      unsigned int access);
 VR_HIDDEN int vr_max_dm_size(struct vr_ctx *c, uint64_t *max);
 VR_HIDDEN void vr_cq_clean(struct vr_cq *cq, uint32_t qpn);
+
+/* misc.c */
+VR_HIDDEN uint32_t vr_ece_caps(struct vr_ctx *c);
+VR_HIDDEN uint32_t vr_parse_ece(const char *s, const char **bad);
+VR_HIDDEN bool vr_modify_ece(struct ibv_qp *qp, const struct ibv_qp_attr *attr, int mask, uint32_t *opts);
+VR_HIDDEN void vr_modified_ece(struct ibv_qp *qp, const struct ibv_qp_attr *attr, int mask, bool sent, uint32_t opts);
 
 /* ah.c */
 VR_HIDDEN void vr_ah_to_vr(const struct ibv_ah_attr *a, struct vrnic_ah_attr *v);

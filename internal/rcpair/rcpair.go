@@ -55,6 +55,9 @@ type Attr struct {
 	// outstanding (max_rd_atomic) and those it accepts from the peer
 	// (max_dest_rd_atomic).
 	MaxRdAtomic uint8
+	// ECE are vrnic's ECE options both sides agreed on over their own
+	// channel (abi.ECE* bits), set at RTR; 0: none.
+	ECE uint32
 }
 
 // Connect moves qp, in RESET, to INIT, to RTR towards peer and to RTS,
@@ -66,7 +69,7 @@ func Connect(qp *verbs.QP, psn uint32, peer Info, a Attr) error {
 	}
 	if err := qp.ToRTR(verbs.RTRAttr{AV: abi.AHAttr{DGID: peer.GID, HopLimit: 64, PortNum: 1},
 		PathMTU: a.MTU, DestQPN: peer.QPN, RQPSN: peer.PSN,
-		MaxDestRdAtomic: a.MaxRdAtomic, MinRNRTimer: 1}); err != nil {
+		MaxDestRdAtomic: a.MaxRdAtomic, MinRNRTimer: 1, ECE: a.ECE}); err != nil {
 		return fmt.Errorf("QP %#x to RTR: %w", qp.QPN, err)
 	}
 	if err := qp.ToRTS(verbs.RTSAttr{SQPSN: psn, Timeout: 14, RetryCnt: 7, RNRRetry: 7,
