@@ -135,6 +135,10 @@ type WireCounters struct {
 	CNPsSent     uint64 `json:"cnps_sent"`
 	CNPsReceived uint64 `json:"cnps_received"`
 	CNPsIgnored  uint64 `json:"cnps_ignored"`
+	// HeldPackets are the request packets the device's responders keep
+	// out of order now, waiting for a gap to be filled (selective repeat;
+	// a level, not a count).
+	HeldPackets uint64 `json:"held_packets"`
 }
 
 // ContextInfo describes one client context.

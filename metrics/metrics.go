@@ -61,7 +61,8 @@ var (
 	dControl   = desc("control_events_total", "Control-path events, by kind (commands, command errors, refused connections, ...).", "event")
 
 	dPackets    = desc("packets_total", "RoCE packets the device's QPs sent and received.", "direction")
-	dRetrans    = desc("retransmits_total", "Go-back-N retransmissions started by requesters.")
+	dRetrans    = desc("retransmits_total", "Retransmissions started by requesters: go-back-N restarts; with selective repeat, each selective NAK acted on and each timeout's probe.")
+	dOOOHeld    = desc("out_of_order_held_packets", "Request packets responders keep out of order now, waiting for a gap to be filled (selective repeat).")
 	dTimeouts   = desc("ack_timeouts_total", "Local ACK timeouts of requesters.")
 	dNAKsSent   = desc("naks_sent_total", "NAKs responders sent, by kind (rnr, sequence, and the fatal invalid_request, remote_access, remote_operational).", "kind")
 	dNAKsRecv   = desc("naks_received_total", "NAKs requesters received, by kind (as naks_sent_total).", "kind")
@@ -118,7 +119,7 @@ func New(src Source) *Collector { return &Collector{src: src} }
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{dInfo, dUptime, dWorkers, dConns, dResources, dLimits, dQPs, dControl,
-		dPackets, dRetrans, dTimeouts, dNAKsSent, dNAKsRecv, dDups, dQPDropped, dCQEs, dWireFrames, dWireDrop,
+		dPackets, dRetrans, dOOOHeld, dTimeouts, dNAKsSent, dNAKsRecv, dDups, dQPDropped, dCQEs, dWireFrames, dWireDrop,
 		dCQOverflow, dBuildErr, dLinkErr, dLinkLast, dRejected, dCMMADs, dCMBad, dCMHalfOpen, dCMDropped, dCMRejects,
 		dHeld, dLockFail, dMRPages, dFDs, dLatency, dFaultMatched, dFaultApplied, dFaultRules,
 		dLinkFrames, dLinkBytes, dLinkDgrams, dLinkCalls, dLinkSeg, dLinkSegFr, dLinkOffload, dLinkOffOff, dLinkBackp,
@@ -189,6 +190,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(dWireDrop, w.ICRCErrors, "icrc")
 	counter(dWireDrop, w.UnknownQP, "unknown_qp")
 	counter(dWireDrop, w.BadPeer, "bad_peer")
+	gauge(dOOOHeld, float64(w.HeldPackets))
 	counter(dCQOverflow, w.CQOverflows)
 	counter(dBuildErr, w.BuildErrors)
 	for reason, n := range in.RejectedWQEs {

@@ -798,6 +798,7 @@ func (dp *DataPlane) WireCounters() device.WireCounters {
 		c.CNPsSent += w.CNPsSent.Load()
 		c.CNPsReceived += w.CNPsReceived.Load()
 		c.CNPsIgnored += w.CNPsIgnored.Load()
+		c.HeldPackets += uint64(max(w.HeldPackets.Load(), 0))
 	}
 	return c
 }
