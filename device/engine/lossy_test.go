@@ -19,19 +19,26 @@ import (
 // link that drops, duplicates, reorders, delays and corrupts frames in
 // both directions, and checks that every WR completes exactly once,
 // successfully, with the right data, and every atomic applied once.
-func TestLossy(t *testing.T) {
+//
+// TestLossySelectiveRepeat (sr_test.go) runs it with selective repeat and
+// the adaptive timer in force on both QPs.
+func TestLossy(t *testing.T) { testLossy(t, 0, 0x5eed0000) }
+
+// testLossy is TestLossy with the ECE options ece on both QPs and the
+// faults seeded from seed.
+func testLossy(t *testing.T, ece uint32, seed0 uint64) {
 	for _, tc := range []struct {
 		loss float64
 		wrs  int
 	}{{0.01, 200}, {0.10, 120}, {0.30, 40}} {
 		t.Run(fmt.Sprintf("loss%.0f%%", tc.loss*100), func(t *testing.T) {
-			seed := uint64(0x5eed0000) + uint64(tc.loss*1000)
+			seed := seed0 + uint64(tc.loss*1000)
 			t.Logf("fault seed %#x (port i uses seed+i; node B seed+100)", seed)
 			f := link.Faults{Seed: seed, Drop: tc.loss, Duplicate: tc.loss / 2, Reorder: tc.loss / 2, Delay: tc.loss / 4, Corrupt: tc.loss / 10}
 			fb := f
 			fb.Seed += 100
 			o := defaultOpts()
-			o.mtu = roce.MTU1024
+			o.mtu, o.ece = roce.MTU1024, ece
 			if tc.loss >= 0.3 {
 				// READ recovery is the weak spot at 30% loss: each lost
 				// response costs a restart that needs the request and
@@ -84,6 +91,9 @@ func TestLossy(t *testing.T) {
 				b.n.eng.WorkerCounters(0).ICRCErrors.Load()+b.n.eng.WorkerCounters(1).ICRCErrors.Load())
 			if tc.loss >= 0.1 {
 				assert.NotZero(t, ca.Rare().Retransmits.Load(), "the faults must have caused retransmissions")
+				if ece&abi.ECESelectiveRepeat != 0 {
+					assert.NotZero(t, cb.Rare().SeqNAKsSent.Load(), "gaps were named")
+				}
 			}
 		})
 	}

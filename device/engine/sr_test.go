@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vrnic/vrnic/abi"
-	"github.com/vrnic/vrnic/link"
 	"github.com/vrnic/vrnic/roce"
 )
 
@@ -214,62 +213,7 @@ func TestSelectiveRepeatTailLoss(t *testing.T) {
 // TestLossySelectiveRepeat is TestLossy with both options in force: every
 // WR completes exactly once with the right data under drops, duplicates,
 // reordering, delays and corruption both ways.
-func TestLossySelectiveRepeat(t *testing.T) {
-	for _, tc := range []struct {
-		loss float64
-		wrs  int
-	}{{0.01, 200}, {0.10, 120}, {0.30, 40}} {
-		t.Run(fmt.Sprintf("loss%.0f%%", tc.loss*100), func(t *testing.T) {
-			seed := uint64(0x5e1ec700) + uint64(tc.loss*1000)
-			t.Logf("fault seed %#x", seed)
-			f := link.Faults{Seed: seed, Drop: tc.loss, Duplicate: tc.loss / 2, Reorder: tc.loss / 2, Delay: tc.loss / 4, Corrupt: tc.loss / 10}
-			fb := f
-			fb.Seed += 100
-			o := defaultOpts()
-			o.mtu, o.ece = roce.MTU1024, abi.ECEOptions
-			if tc.loss >= 0.3 {
-				o.mtu = roce.MTU4096 // as TestLossy
-			}
-			o.timeout = 12
-			if raceEnabled {
-				o.timeout = 14
-			}
-			a, b := pair(t, 2, &f, &fb, o)
-			var trace []string
-			var tmu sync.Mutex
-			var hook traceFunc = func(qp *QP, format string, args ...any) {
-				tmu.Lock()
-				trace = append(trace, fmt.Sprintf("%d ", qp.w.now/1000)+fmt.Sprintf(format, args...))
-				if len(trace) > 4000 {
-					trace = trace[2000:]
-				}
-				tmu.Unlock()
-			}
-			traceHook.Store(&hook)
-			defer func() {
-				traceHook.Store(nil)
-				if t.Failed() {
-					tmu.Lock()
-					for _, l := range trace {
-						fmt.Println(l)
-					}
-					tmu.Unlock()
-				}
-			}()
-			runMix(t, a, b, tc.wrs, seed)
-			ca, err := a.n.eng.Counters(a.qpn)
-			require.NoError(t, err)
-			cb, err := b.n.eng.Counters(b.qpn)
-			require.NoError(t, err)
-			t.Logf("A: sent %d retransmits %d timeouts %d snaks rcvd %d; B: dups %d snaks sent %d",
-				ca.PacketsSent.Load(), ca.Rare().Retransmits.Load(), ca.Rare().Timeouts.Load(), ca.Rare().SeqNAKsReceived.Load(),
-				cb.Rare().Duplicates.Load(), cb.Rare().SeqNAKsSent.Load())
-			if tc.loss >= 0.1 {
-				assert.NotZero(t, cb.Rare().SeqNAKsSent.Load(), "gaps were named")
-			}
-		})
-	}
-}
+func TestLossySelectiveRepeat(t *testing.T) { testLossy(t, abi.ECEOptions, 0x5e1ec700) }
 
 // TestAdaptiveTimer: the timer follows RFC 6298 from the samples, doubles
 // at each timeout without progress, never exceeds the IBTA timeout, and
