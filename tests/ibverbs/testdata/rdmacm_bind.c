@@ -40,23 +40,9 @@
 #include <sys/un.h>
 #include <time.h>
 
-static void fail(const char *what, const char *detail) {
-	printf("ERROR %s: %s\n", what, detail);
-	exit(1);
-}
-
-static void die(const char *what) {
-	fail(what, strerror(errno));
-}
+#include "cmcheck.h"
 
 static struct sockaddr_in a_addr, b_addr;
-
-static struct sockaddr_in in4(const char *s, uint16_t port) {
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port) };
-	if (inet_pton(AF_INET, s, &a.sin_addr) != 1)
-		fail("inet_pton", s);
-	return a;
-}
 
 static struct rdma_cm_id *new_id(struct rdma_event_channel *ch, enum rdma_port_space ps) {
 	struct rdma_cm_id *id;
@@ -91,22 +77,6 @@ static void expect_dev(const char *what, struct rdma_cm_id *id, const char *dev)
 	}
 	if (!id->pd)
 		fail(what, "no PD");
-}
-
-static struct rdma_cm_event *get_event(struct rdma_event_channel *ch, enum rdma_cm_event_type want) {
-	struct pollfd p = { .fd = ch->fd, .events = POLLIN };
-	if (poll(&p, 1, 20000) != 1)
-		fail("event", rdma_event_str(want));
-	struct rdma_cm_event *ev;
-	if (rdma_get_cm_event(ch, &ev))
-		die("rdma_get_cm_event");
-	if (ev->event != want || ev->status) {
-		char d[160];
-		snprintf(d, sizeof d, "%s status %d, want %s", rdma_event_str(ev->event), ev->status,
-			 rdma_event_str(want));
-		fail("event", d);
-	}
-	return ev;
 }
 
 static void ack_event(struct rdma_event_channel *ch, enum rdma_cm_event_type want) {
@@ -261,23 +231,6 @@ static void setup_qp(struct end *e) {
 	struct ibv_recv_wr wr = { .wr_id = 1, .sg_list = &sge, .num_sge = 1 }, *bad;
 	if (ibv_post_recv(e->id->qp, &wr, &bad))
 		die("ibv_post_recv");
-}
-
-static void wait_wc(struct ibv_cq *cq, enum ibv_wc_opcode op) {
-	struct ibv_wc wc;
-	for (int i = 0; i < 20000; i++) {
-		int n = ibv_poll_cq(cq, 1, &wc);
-		if (n < 0)
-			die("ibv_poll_cq");
-		if (n == 1) {
-			if (wc.status != IBV_WC_SUCCESS || wc.opcode != op)
-				fail("completion", ibv_wc_status_str(wc.status));
-			return;
-		}
-		struct timespec ts = { 0, 1000000 };
-		nanosleep(&ts, NULL);
-	}
-	fail("completion", "none in 20 s");
 }
 
 static void send_to(struct end *from, struct end *to, const char *text) {

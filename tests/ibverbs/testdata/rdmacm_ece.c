@@ -34,34 +34,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static void fail(const char *what, const char *detail) {
-	printf("ERROR %s: %s\n", what, detail);
-	exit(1);
-}
-
-static void die(const char *what) { fail(what, strerror(errno)); }
-
-static struct sockaddr_in in4(const char *s, uint16_t port) {
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port) };
-	if (inet_pton(AF_INET, s, &a.sin_addr) != 1)
-		fail("inet_pton", s);
-	return a;
-}
-
-static struct rdma_cm_event *get_event(struct rdma_event_channel *ch, enum rdma_cm_event_type want) {
-	struct pollfd p = { .fd = ch->fd, .events = POLLIN };
-	if (poll(&p, 1, 20000) != 1)
-		fail("event", rdma_event_str(want));
-	struct rdma_cm_event *ev;
-	if (rdma_get_cm_event(ch, &ev))
-		die("rdma_get_cm_event");
-	if (ev->event != want || ev->status) {
-		char d[160];
-		snprintf(d, sizeof d, "%s status %d, want %s", rdma_event_str(ev->event), ev->status, rdma_event_str(want));
-		fail("event", d);
-	}
-	return ev;
-}
+#include "cmcheck.h"
 
 static void expect_ece(const char *what, struct ibv_ece got, uint32_t vendor, uint32_t options) {
 	if (got.vendor_id != vendor || got.options != options || got.comp_mask) {
@@ -136,23 +109,6 @@ static void move(struct end *e, enum ibv_qp_state state) {
 		die("rdma_init_qp_attr");
 	if ((errno = ibv_modify_qp(e->qp, &a, mask)))
 		die("ibv_modify_qp with rdma_init_qp_attr's mask");
-}
-
-static void wait_wc(struct ibv_cq *cq, enum ibv_wc_opcode op) {
-	struct ibv_wc wc;
-	for (int i = 0; i < 20000; i++) {
-		int n = ibv_poll_cq(cq, 1, &wc);
-		if (n < 0)
-			die("ibv_poll_cq");
-		if (n == 1) {
-			if (wc.status != IBV_WC_SUCCESS || wc.opcode != op)
-				fail("completion", ibv_wc_status_str(wc.status));
-			return;
-		}
-		struct timespec ts = { 0, 1000000 };
-		nanosleep(&ts, NULL);
-	}
-	fail("completion", "none in 20 s");
 }
 
 static void send_to(struct end *from, struct end *to, const char *text) {
