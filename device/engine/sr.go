@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"unsafe"
+
 	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/roce"
 )
@@ -52,12 +54,11 @@ const (
 	// more widens the newest.
 	maxResend = 16
 	// maxHeldBytes: what the packets a worker's responders keep out of
-	// order may hold together; a packet beyond it is dropped (the
-	// requester's timer resends it).
+	// order may hold together (frame buffers); a packet beyond it is
+	// dropped (the requester's timer resends it).
 	maxHeldBytes = 16 << 20
-	// heldBufSize: one kept packet's payload buffer (the largest path
-	// MTU); maxHeldFree of them are kept for reuse.
-	heldBufSize = 4096
+	// maxHeldFree: spare frame buffers a worker keeps for reuse (a
+	// window's worth).
 	maxHeldFree = 1024
 	// rtoMin, rtoInit, rtoG: the adaptive timer's least value, its value
 	// before the first sample and the clock granularity term of RFC 6298
@@ -168,39 +169,73 @@ func (qp *QP) srShrink() {
 	}
 }
 
-// heldGet returns a buffer for a kept packet's payload, nil when the
-// worker's responders hold maxHeldBytes already.
+// heldGet returns a spare frame buffer (Config.FrameCap) for a kept
+// packet, nil when the worker's responders hold maxHeldBytes already.
 func (w *worker) heldGet() []byte {
-	if w.heldBytes+heldBufSize > maxHeldBytes {
+	n := w.e.cfg.FrameCap
+	if w.heldBytes+n > maxHeldBytes {
 		return nil
 	}
-	w.heldBytes += heldBufSize
+	w.heldBytes += n
 	w.Counters.HeldPackets.Add(1)
-	if n := len(w.heldFree); n > 0 {
-		b := w.heldFree[n-1]
-		w.heldFree = w.heldFree[:n-1]
+	if k := len(w.heldFree); k > 0 {
+		b := w.heldFree[k-1]
+		w.heldFree = w.heldFree[:k-1]
 		return b
 	}
-	return make([]byte, heldBufSize)
+	return make([]byte, n)
 }
 
-// heldPut gives back a buffer heldGet returned.
+// heldPut gives back the buffer of a kept packet.
 func (w *worker) heldPut(b []byte) {
 	if b == nil {
 		return
 	}
-	w.heldBytes -= heldBufSize
+	w.heldBytes -= w.e.cfg.FrameCap
 	w.Counters.HeldPackets.Add(-1)
-	if len(w.heldFree) < maxHeldFree {
+	if len(w.heldFree) < maxHeldFree && cap(b) >= w.e.cfg.FrameCap {
 		w.heldFree = append(w.heldFree, b[:cap(b)])
 	}
+}
+
+// heldTake returns the buffer p's payload lies in and puts a spare one in
+// its place among the worker's receive buffers, so that a kept packet
+// costs no copy; when p is not the frame being received (or the worker
+// holds too much) it copies p's payload into a spare buffer instead. nil:
+// nothing to keep it in.
+func (w *worker) heldTake(p *packet) []byte {
+	spare := w.heldGet()
+	if spare == nil {
+		return nil
+	}
+	if i := w.rxCur; i >= 0 && within(p.payload, w.rx[i]) {
+		b := w.rx[i]
+		w.rx[i] = spare[:cap(spare)]
+		return b
+	}
+	p.payload = spare[:copy(spare, p.payload)]
+	return spare
+}
+
+// within reports whether the bytes of v lie in b's array (v empty: yes).
+func within(v, b []byte) bool {
+	if len(v) == 0 {
+		return true
+	}
+	b = b[:cap(b)]
+	if len(b) == 0 {
+		return false
+	}
+	lo := uintptr(unsafe.Pointer(&b[0]))
+	at := uintptr(unsafe.Pointer(&v[0]))
+	return at >= lo && at+uintptr(len(v)) <= lo+uintptr(len(b))
 }
 
 // srHold keeps request p, d PSNs beyond the expected one, and names the
 // gap before it if it is a new one (respCheckPSN, selective repeat).
 func (qp *QP) srHold(p *packet, d int32) {
 	s, r := qp.sr, &qp.resp
-	if d >= int32(qp.w.window) || len(p.payload) > heldBufSize {
+	if d >= int32(qp.w.window) || len(p.payload) > qp.w.e.cfg.FrameCap {
 		// Beyond anything the requester may have sent: bogus.
 		qp.Counters.Rare().Dropped.Add(1)
 		return
@@ -226,8 +261,8 @@ func (qp *QP) srHold(p *packet, d int32) {
 	if len(held) > 0 {
 		next = qp.srAfter(&held[len(held)-1].p)
 	}
-	buf := qp.w.heldGet()
-	if buf == nil {
+	h := heldPkt{p: *p}
+	if h.buf = qp.w.heldTake(&h.p); h.buf == nil {
 		qp.Counters.Rare().Dropped.Add(1)
 		return
 	}
@@ -241,8 +276,6 @@ func (qp *QP) srHold(p *packet, d int32) {
 		// sending while the gap is filled.
 		r.ackPending = true
 	}
-	h := heldPkt{p: *p, buf: buf}
-	h.p.payload = buf[:copy(buf, p.payload)]
 	if s.hd > 0 && len(s.held) == cap(s.held) {
 		// Slide the live entries to the front before the slice grows.
 		n := copy(s.held, s.held[s.hd:])

@@ -236,6 +236,10 @@ type worker struct {
 	// (sr.go); heldBytes is what they hold, heldFree the spare ones.
 	heldBytes int
 	heldFree  [][]byte
+	// rxCur is the index in rx of the frame input is handling (-1 when
+	// it handles none of them): a responder that keeps the packet takes
+	// that buffer and puts a spare one in its place (sr.go).
+	rxCur int
 
 	Counters WorkerCounters
 	// lat: completion latency by opcode (latency.go), the worker's alone.
@@ -248,6 +252,7 @@ func newWorker(e *Engine, id int, l Link) *worker {
 		qps:     make(map[uint32]*QP),
 		clk:     e.clk,
 		window:  uint32(e.cfg.Window),
+		rxCur:   -1,
 		ctlWake: make(chan struct{}, 1),
 		kick:    make(chan struct{}, 1),
 		rx:      make([][]byte, e.cfg.Batch),
@@ -350,8 +355,10 @@ func (w *worker) receive() {
 	// to RTR the peer learned of before it sent them) applies first.
 	w.drainCtl()
 	for i := range n {
+		w.rxCur = i
 		w.input(w.rx[i], w.rxFrom[i])
 	}
+	w.rxCur = -1
 }
 
 // input parses one frame (ICRC verified) from its source from (ModeUDP;

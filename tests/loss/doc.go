@@ -58,7 +58,8 @@
 //
 // # Tests
 //
-// write_bw (64 KiB RDMA WRITEs, -depth outstanding, the server's memory
+// write_bw (64 KiB RDMA WRITEs, -depth outstanding, the client waiting
+// for completion events rather than polling, the server's memory
 // checksummed after the run), send_lat and read_lat (8 bytes, one at a
 // time). vrnic-perf verifies the data and fails on any completion in
 // error.
@@ -76,7 +77,8 @@
 //
 // # Selective repeat
 //
-// Config.SR passes -selective-repeat to the vrnic-perf server and client;
+// Config.SR passes -selective-repeat -ece rto (selective repeat and the
+// adaptive retransmission timer) to the vrnic-perf server and client;
 // SRSupported asks the vrnic-perf binary (client -h and server -h)
 // whether it has the flag. Without it the SR runs are skipped, saying
 // so.
