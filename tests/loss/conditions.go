@@ -10,7 +10,8 @@ type Condition struct {
 	// Key names it in logs and in environment variables (none, drop0.1,
 	// drop1, mix); Label in the tables.
 	Key, Label string
-	// Drop: the probability of dropping a request (0 for none and mix).
+	// Drop: the probability of dropping a request (0 for none, whose
+	// rules drop nothing, and mix).
 	Drop float64
 	// Mix: 5% dropped each way, plus duplicates, reordering, 1% corrupt.
 	Mix bool
@@ -59,10 +60,11 @@ func (c Condition) DaemonRules() [][]string {
 			{"id=3", "name=" + ruleDuplicate, "dir=tx", "prob=" + prob(mixDuplicate), "action=duplicate"},
 			{"id=4", "name=" + ruleReorder, "dir=tx", "prob=" + prob(mixReorder), "action=reorder", "frames=3"},
 		}
-	case c.Drop > 0:
-		return [][]string{{"id=1", "name=" + ruleDrop, "dir=tx", "op=request", "prob=" + prob(c.Drop), "action=drop"}}
 	}
-	return nil
+	// Clean installs the drop rule too, with probability 0 (it matches
+	// every request and drops none), so that what the injector costs per
+	// frame is in the baseline the lossy runs are divided by.
+	return [][]string{{"id=1", "name=" + ruleDrop, "dir=tx", "op=request", "prob=" + prob(c.Drop), "action=drop"}}
 }
 
 // requestOps are the RC request opcodes as tc rules match them
@@ -86,6 +88,8 @@ func (c Condition) KernelRules(seed uint64) [][]string {
 		add("action=corrupt", "op=rc", "offset=-5", "prob="+prob(mixCorrupt)) // the last byte before the ICRC
 		add("action=duplicate", "op=rc", "prob="+prob(mixDuplicate))
 	case c.Drop > 0:
+		// (Clean installs none: the program stays attached, and a rule
+		// costs it a few instructions per frame.)
 		for _, op := range requestOps {
 			add("action=drop", "op="+op, "prob="+prob(c.Drop))
 		}
