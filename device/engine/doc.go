@@ -99,6 +99,11 @@
 // the CQE status in one place (completeSend). A QP in ERR completes every outstanding and later WR on
 // both queues with WR_FLUSH_ERR.
 //
+// Loss is recovered as the IBTA says (go-back-N from a sequence NAK or an
+// ACK timeout) unless both ends are vrnic and agreed otherwise (ECE,
+// abi.ECEOptions): then sr.go's selective repeat and adaptive timer run,
+// and nothing else on the wire changes (kernel-notes/loss.md).
+//
 // What the engine needs from other layers is declared here as interfaces:
 // Memory (package dma), SendSource and RecvSource (package queues),
 // CompletionSink (a CQ) and Link (package link: the TAP, UDP and
