@@ -37,7 +37,21 @@ func TestQPsECE(t *testing.T) {
 	require.NoError(t, qps[0].ModifyECE(&a, abi.QPAttrState|abi.QPAttrPKeyIndex|abi.QPAttrPort|abi.QPAttrAccessFlags|abi.QPAttrECE, abi.ECEOptions))
 	require.NoError(t, qps[1].ToInit(0, 0))
 
-	rc, out, _ := ctl("-s", s.SocketPath, "qps")
+	// The listing is in QPN order, which need not be the order of
+	// creation: what each row should show is looked up by its QPN.
+	want := map[uint32]string{qps[0].QPN: "sr,rto", qps[1].QPN: ""}
+	rc, out, _ := ctl("-s", s.SocketPath, "-json", "qps")
+	require.Equal(t, 0, rc)
+	var infos []admin.QPInfo
+	require.NoError(t, json.Unmarshal([]byte(out), &infos))
+	require.Len(t, infos, 2)
+	for _, qi := range infos {
+		w, ok := want[qi.QPN]
+		require.True(t, ok, "QP %#x listed", qi.QPN)
+		assert.Equal(t, w, qi.ECE, "QP %#x", qi.QPN)
+	}
+
+	rc, out, _ = ctl("-s", s.SocketPath, "qps")
 	require.Equal(t, 0, rc)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	require.Len(t, lines, 3)
@@ -45,17 +59,14 @@ func TestQPsECE(t *testing.T) {
 	assert.Equal(t, "ECE", head[len(head)-1], "the last column")
 	assert.Equal(t, []string{"CTX", "QPN", "TYPE", "STATE"}, head[:4], "the columns before it")
 	assert.Equal(t, "CC_RATE_BPS", head[len(head)-2])
-	for i, want := range []string{"sr,rto", "-"} {
+	for i, qi := range infos { // the same order as the JSON's
+		w := want[qi.QPN]
+		if w == "" {
+			w = "-"
+		}
 		f := strings.Fields(lines[1+i])
-		assert.Equal(t, want, f[len(f)-1], "QP %d", i)
+		assert.Equal(t, w, f[len(f)-1], "QP %#x", qi.QPN)
 	}
-	rc, out, _ = ctl("-s", s.SocketPath, "-json", "qps")
-	require.Equal(t, 0, rc)
-	var infos []admin.QPInfo
-	require.NoError(t, json.Unmarshal([]byte(out), &infos))
-	require.Len(t, infos, 2)
-	assert.Equal(t, "sr,rto", infos[0].ECE)
-	assert.Empty(t, infos[1].ECE)
 
 	rc, out, _ = ctl("-s", s.SocketPath, "info")
 	require.Equal(t, 0, rc)
