@@ -13,12 +13,13 @@ import (
 	"github.com/vrnic/vrnic/roce"
 )
 
-// addECE is svcNet.add with Config.ECE ece.
+// addECE is svcNet.add with Config.ECE ece (add: none).
 func (n *svcNet) addECE(t *testing.T, ip string, guid uint64, ece uint32) *Service {
 	gid := GIDFromIP(netip.MustParseAddr(ip))
 	s, err := NewService(ServiceConfig{
 		CM:  Config{CAGUID: guid, AckDelay: RXEAckDelay, ECE: ece},
 		GSI: svcGSI{n: n, gid: gid}, GIDs: [][16]byte{gid}, MaxMTU: roce.MTU1024,
+		InboxMADs: 1 << 16,
 	})
 	require.NoError(t, err)
 	t.Cleanup(s.Close)

@@ -15,7 +15,6 @@ import (
 
 	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/admin"
-	"github.com/vrnic/vrnic/roce"
 )
 
 // svcNet joins Services in one process: a MAD sent to a GID goes to the
@@ -46,18 +45,7 @@ func (g svcGSI) SendMAD(dst [16]byte, mad []byte) error {
 func (svcGSI) Stats() admin.QP1Stats { return admin.QP1Stats{} }
 
 func (n *svcNet) add(t *testing.T, ip string, guid uint64) *Service {
-	gid := GIDFromIP(netip.MustParseAddr(ip))
-	s, err := NewService(ServiceConfig{
-		CM:  Config{CAGUID: guid, AckDelay: RXEAckDelay},
-		GSI: svcGSI{n: n, gid: gid}, GIDs: [][16]byte{gid}, MaxMTU: roce.MTU1024,
-		InboxMADs: 1 << 16,
-	})
-	require.NoError(t, err)
-	t.Cleanup(s.Close)
-	n.mu.Lock()
-	n.svcs[gid] = s
-	n.mu.Unlock()
-	return s
+	return n.addECE(t, ip, guid, 0)
 }
 
 // svcClient is a context: it counts its uid's IDs and hands each event to

@@ -11,9 +11,20 @@ import (
 )
 
 // roles runs the server with serverArgs and the client with clientArgs
-// (test options included) on the device sock and returns the client's
-// results.
+// (ECE options) for a 50-WRITE write_bw of 4 KiB on the device sock, and
+// returns the client's results, checked.
 func roles(t *testing.T, sock string, serverArgs, clientArgs []string) []result {
+	t.Helper()
+	rs := runRoles(t, sock, serverArgs, append([]string{"-test", "write_bw", "-size", "4096", "-iters", "50"}, clientArgs...))
+	checkResult(t, rs[0], writeBW, 4096, 50)
+	return rs
+}
+
+// runRoles runs the two roles as separate commands over TCP, as a user
+// does on two hosts: the server with serverArgs, the client with
+// clientArgs (the test's options) and -json, both on the device sock; it
+// returns the client's one result.
+func runRoles(t *testing.T, sock string, serverArgs, clientArgs []string) []result {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -26,14 +37,12 @@ func roles(t *testing.T, sock string, serverArgs, clientArgs []string) []result 
 		srvErr.WriteString(e)
 		srv <- code
 	}()
-	code, out, errOut := perf(t, append([]string{"client", "-dev", sock, "-server", addr, "-test", "write_bw",
-		"-size", "4096", "-iters", "50", "-json"}, clientArgs...)...)
+	code, out, errOut := perf(t, append([]string{"client", "-dev", sock, "-server", addr, "-json"}, clientArgs...)...)
 	require.Equal(t, 0, code, "client stderr:\n%s", errOut)
 	require.Equal(t, 0, <-srv, "server stderr:\n%s", srvErr.String())
 	var r report
 	require.NoError(t, json.Unmarshal([]byte(out), &r))
 	require.Len(t, r.Results, 1)
-	checkResult(t, r.Results[0], writeBW, 4096, 50)
 	return r.Results
 }
 

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -233,24 +232,8 @@ func TestRunStartsAndStopsDaemons(t *testing.T) {
 // as a user does on two hosts.
 func TestServerClientRoles(t *testing.T) {
 	d := startDaemon(t, "perf-roles", "-link", "mem")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	ln.Close()
-	srv := make(chan int, 1)
-	var srvErr bytes.Buffer
-	go func() {
-		code, _, e := perf(t, "server", "-dev", d.sock, "-listen", addr)
-		srvErr.WriteString(e)
-		srv <- code
-	}()
-	code, out, errOut := perf(t, "client", "-dev", d.sock, "-server", addr, "-test", "read_bw", "-size", "65536", "-iters", "200", "-json")
-	require.Equal(t, 0, code, "client stderr:\n%s", errOut)
-	require.Equal(t, 0, <-srv, "server stderr:\n%s", srvErr.String())
-	var r report
-	require.NoError(t, json.Unmarshal([]byte(out), &r))
-	require.Len(t, r.Results, 1)
-	checkResult(t, r.Results[0], readBW, 65536, 200)
+	rs := runRoles(t, d.sock, nil, []string{"-test", "read_bw", "-size", "65536", "-iters", "200"})
+	checkResult(t, rs[0], readBW, 65536, 200)
 }
 
 // TestUDPLink runs bandwidth and latency tests between two daemons over
