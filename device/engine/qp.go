@@ -374,8 +374,6 @@ type QP struct {
 	// reaction point limits it. Two bytes where the struct had padding:
 	// an idle QP holds no more than before.
 	ccHas, ccPaced bool
-	// ece: the ECE options in force (abi.ECEOptions bits; sr.go).
-	ece uint8
 
 	retryTimer timer
 	rnrTimer   timer

@@ -128,7 +128,6 @@ func (qp *QP) setECE(opts uint32) {
 	if qp.svc != roce.ServiceRC {
 		opts = 0
 	}
-	qp.ece = uint8(opts)
 	if opts == 0 {
 		qp.srRelease()
 		qp.sr = nil
@@ -141,7 +140,16 @@ func (qp *QP) setECE(opts uint32) {
 }
 
 // ECE reports the ECE options in force on the QP.
-func (qp *QP) ECE() uint32 { return uint32(qp.ece) }
+func (qp *QP) ECE() uint32 {
+	var o uint32
+	if s := qp.sr; s != nil && s.sr {
+		o |= abi.ECESelectiveRepeat
+	}
+	if s := qp.sr; s != nil && s.rto {
+		o |= abi.ECEAdaptiveRTO
+	}
+	return o
+}
 
 // srRelease forgets what selective repeat holds and owes (RESET, ERR,
 // destroy): the kept packets' buffers go back to the worker.
