@@ -36,10 +36,12 @@ func qpECE(t *testing.T, sock string) map[uint32]string {
 }
 
 // waitOutput waits until out holds want (the program printed it) or the
-// program ended.
+// program ended. The bound only ends a hung test: the sanitized programs
+// took 25 s to get there on a quiet machine and over 60 s with two CPU
+// hogs beside the test.
 func waitOutput(t *testing.T, proc *launch.Proc, out *launch.Buffer, want string, p *pair) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(5 * time.Minute)
 	for !strings.Contains(out.String(), want) {
 		require.True(t, proc.Running() && time.Now().Before(deadline), "no %q:\n%s\n%s", want, out.String(), p.daemonLogs())
 		time.Sleep(10 * time.Millisecond)
@@ -230,7 +232,7 @@ func TestECERdmaCMExternal(t *testing.T) {
 			}
 			assert.Equal(t, c.want, got, "auto, external, plain: client, server")
 			require.NoError(t, os.WriteFile(gate, nil, 0o644))
-			require.True(t, proc.Wait(120*time.Second), "%s", out.String())
+			require.True(t, proc.Wait(5*time.Minute), "%s", out.String())
 			require.NoError(t, proc.Err(), "%s\n%s", out.String(), p.daemonLogs())
 			assert.True(t, strings.HasSuffix(out.String(), "OK auto external plain\n"), "%s", out.String())
 		})
