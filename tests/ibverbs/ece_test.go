@@ -22,6 +22,11 @@ import (
 // qpECE returns the ECE options the daemon behind sock holds for each of
 // its QPs (admin.QPsCmd, "" for none), by QP number.
 func qpECE(t *testing.T, sock string) map[uint32]string {
+	return qpECEWhere(t, sock, func(admin.QPInfo) bool { return true })
+}
+
+// qpECEWhere is qpECE for the QPs keep picks.
+func qpECEWhere(t *testing.T, sock string, keep func(admin.QPInfo) bool) map[uint32]string {
 	t.Helper()
 	a, err := admin.Dial(sock)
 	require.NoError(t, err)
@@ -30,7 +35,9 @@ func qpECE(t *testing.T, sock string) map[uint32]string {
 	require.NoError(t, err)
 	out := map[uint32]string{}
 	for _, q := range qps {
-		out[q.QPN] = q.ECE
+		if keep(q) {
+			out[q.QPN] = q.ECE
+		}
 	}
 	return out
 }
@@ -96,19 +103,7 @@ func TestECEVerbs(t *testing.T) {
 
 // rcInRTS returns the daemon's RC QPs in RTS and the ECE options of each.
 func rcInRTS(t *testing.T, sock string) map[uint32]string {
-	t.Helper()
-	a, err := admin.Dial(sock)
-	require.NoError(t, err)
-	defer a.Close()
-	qps, err := admin.ListAs[admin.QPInfo](a, admin.QPsCmd)
-	require.NoError(t, err)
-	out := map[uint32]string{}
-	for _, q := range qps {
-		if q.Type == "RC" && q.State == "RTS" {
-			out[q.QPN] = q.ECE
-		}
-	}
-	return out
+	return qpECEWhere(t, sock, func(q admin.QPInfo) bool { return q.Type == "RC" && q.State == "RTS" })
 }
 
 // TestECERdmaCM runs Debian's rping (RC, rdma_create_qp: the library
