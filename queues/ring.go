@@ -99,16 +99,6 @@ func (c *consumer) Err() error { return c.broken }
 // largest WQE: abi.MaxSGE SGEs or abi.MaxInline inline bytes).
 const MaxSlotBytes = (1 + max((abi.MaxSGE+abi.SGEsPerBlock-1)/abi.SGEsPerBlock, (abi.MaxInline+abi.WQEBlock-1)/abi.WQEBlock)) * abi.WQEBlock
 
-// SlotBuffer is the private copy of one slot a queue decodes a WQE from;
-// queues consumed by one goroutine may share one (SQConfig.Slot,
-// RecvConfig.Slot).
+// SlotBuffer is the storage of one slot's inline data for SQ.Next; queues
+// consumed by one goroutine may share one (SQConfig.Slot).
 type SlotBuffer [MaxSlotBytes]byte
-
-// slotBuffer returns the caller's shared slot buffer, or one of the
-// queue's own.
-func slotBuffer(shared *SlotBuffer) *SlotBuffer {
-	if shared != nil {
-		return shared
-	}
-	return new(SlotBuffer)
-}

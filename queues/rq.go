@@ -11,10 +11,6 @@ import (
 type RecvConfig struct {
 	Slots  uint32 // power of two, 1..abi.MaxQPWR (abi.MaxSRQWR for an SRQ)
 	MaxSGE uint32 // <= abi.MaxSGE
-	// Slot is as SQConfig.Slot: a buffer shared by queues that one
-	// goroutine consumes (not an SRQ's, which several
-	// workers consume under its lock).
-	Slot *SlotBuffer
 }
 
 // Stride is the slot size in bytes.
@@ -38,7 +34,6 @@ func (wr *RecvWR) SGEs() []abi.SGE { return wr.SGE[:wr.NumSGE] }
 type RecvQueue struct {
 	consumer
 	maxSGE uint32
-	buf    *SlotBuffer // private copy of one slot (RecvConfig.Slot: shared)
 }
 
 // NewRQ returns a receive queue over ring whose producer index is pi (rq_pi)
@@ -61,7 +56,6 @@ func newRecvQueue(ring []byte, cfg RecvConfig, maxSlots uint32, pi, ci *atomic.U
 	if err := q.init(ring, cfg.Slots, cfg.Stride(), maxSlots, pi, ci); err != nil {
 		return nil, err
 	}
-	q.buf = slotBuffer(cfg.Slot)
 	return q, nil
 }
 
@@ -75,35 +69,51 @@ func (q *RecvQueue) Publish() { q.publish() }
 // Next consumes the next receive WQE seen by the last Poll into wr; see
 // SQ.Next for the error contract.
 func (q *RecvQueue) Next(wr *RecvWR) (bool, error) {
+	d := RecvDest{SGEs: wr.SGE[:0]}
+	ok, err := q.NextInto(&d)
+	wr.WrID, wr.NumSGE, wr.Length = d.WrID, uint32(len(d.SGEs)), d.Length
+	return ok, err
+}
+
+// RecvDest is where NextInto decodes a receive WQE; the capacity of SGEs
+// must hold the queue's max_sge.
+type RecvDest struct {
+	WrID   uint64
+	SGEs   []abi.SGE
+	Length uint64 // the SGE lengths
+}
+
+// NextInto consumes the next receive WQE seen by the last Poll straight
+// into d, reading each field of the slot once (see SQ.NextInto). A
+// malformed WQE returns true with a *WQEError, d.WrID set and no SGEs.
+func (q *RecvQueue) NextInto(d *RecvDest) (bool, error) {
 	off, index, ok := q.next()
 	if !ok {
 		return false, nil
 	}
 	slot := q.ring[off : off+q.stride]
-	copy(q.buf[:abi.SizeofRecvWQE], slot)
 	var h abi.RecvWQE
-	h.Decode(q.buf[:])
-	wr.WrID, wr.NumSGE, wr.Length = h.WrID, 0, 0
+	h.Decode(slot)
+	d.WrID, d.SGEs, d.Length = h.WrID, d.SGEs[:0], 0
 	r := ReasonNone
 	switch {
 	case h.Reserved != 0:
 		r = ReasonReserved
-	case h.NumSGE > q.maxSGE: // maxSGE SGEs fit the slot by construction
+	case h.NumSGE > q.maxSGE || int(h.NumSGE) > cap(d.SGEs): // maxSGE SGEs fit the slot by construction
 		r = ReasonTooManySGE
 	}
 	if r == ReasonNone {
-		n := abi.SizeofRecvWQE + h.NumSGE*abi.SizeofSGE
-		copy(q.buf[abi.SizeofRecvWQE:n], slot[abi.SizeofRecvWQE:n])
+		sges := d.SGEs[:h.NumSGE]
 		var total uint64
-		for i := range h.NumSGE {
+		for i := range sges {
 			o := abi.SizeofRecvWQE + i*abi.SizeofSGE
-			wr.SGE[i].Decode(q.buf[o : o+abi.SizeofSGE])
-			total += uint64(wr.SGE[i].Length)
+			sges[i].Decode(slot[o : o+abi.SizeofSGE])
+			total += uint64(sges[i].Length)
 		}
 		if total > abi.MaxMsgBytes {
 			r = ReasonLength
 		} else {
-			wr.NumSGE, wr.Length = h.NumSGE, total
+			d.SGEs, d.Length = sges, total
 		}
 	}
 	if r != ReasonNone {

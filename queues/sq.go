@@ -12,11 +12,10 @@ type SQConfig struct {
 	Slots     uint32 // power of two, 1..abi.MaxQPWR
 	MaxSGE    uint32 // <= abi.MaxSGE
 	MaxInline uint32 // <= abi.MaxInline
-	// Slot, if set, is the private copy of one slot the queue decodes each
-	// WQE from, instead of a buffer of its own: queues consumed by one
-	// goroutine one WQE at a time may share one (a worker's), so that an
-	// idle queue holds none.
-	// SendWR.Inline aliases it until the next Next of any queue sharing it.
+	// Slot, if set, is where Next copies inline data (SendWR.Inline
+	// aliases it until the next Next of any queue sharing it), instead of
+	// a buffer of the queue's own, taken at its first Next. NextInto
+	// needs none.
 	Slot *SlotBuffer
 }
 
@@ -46,7 +45,7 @@ type SQ struct {
 	consumer
 	maxSGE    uint32
 	maxInline uint32
-	buf       *SlotBuffer // private copy of one slot (SQConfig.Slot: shared)
+	buf       *SlotBuffer // Next's inline data (SQConfig.Slot: shared; nil until needed)
 }
 
 // NewSQ returns a send queue over ring (client memory, at least
@@ -61,7 +60,7 @@ func NewSQ(ring []byte, cfg SQConfig, pi, ci *atomic.Uint32) (*SQ, error) {
 	if err := q.init(ring, cfg.Slots, cfg.Stride(), abi.MaxQPWR, pi, ci); err != nil {
 		return nil, err
 	}
-	q.buf = slotBuffer(cfg.Slot)
+	q.buf = cfg.Slot
 	return q, nil
 }
 
@@ -81,20 +80,48 @@ func (q *SQ) Publish() { q.publish() }
 // true with a *WQEError (wr.WrID is set): complete it with the error's
 // status and move the QP to ERROR.
 func (q *SQ) Next(wr *SendWR) (bool, error) {
+	if q.buf == nil {
+		q.buf = new(SlotBuffer) // only for Next: NextInto copies into its caller's storage
+	}
+	d := SendDest{WQE: &wr.SendWQE, SGEs: wr.SGE[:0], Inline: q.buf[abi.SizeofSendWQE:abi.SizeofSendWQE]}
+	ok, err := q.NextInto(&d)
+	wr.Inline, wr.Length = nil, d.Length
+	if ok && err == nil && wr.Flags&abi.SendInline != 0 {
+		wr.Inline = d.Inline
+	}
+	return ok, err
+}
+
+// SendDest is where NextInto decodes a WQE: the caller's control block,
+// and SGE and inline storage whose capacities hold the queue's max_sge
+// and max_inline (the lengths are set by NextInto).
+type SendDest struct {
+	WQE    *abi.SendWQE
+	SGEs   []abi.SGE
+	Inline []byte
+	// Length is the message length: the SGE lengths or inline_len.
+	Length uint64
+}
+
+// NextInto consumes the next WQE seen by the last Poll straight into d:
+// every field of the slot is read once from the ring into d and every
+// decision is made on d, so nothing the client stores meanwhile can change
+// what was checked, and the WQE is copied once. It returns false when
+// there is none; like Next, true with a *WQEError for a malformed WQE
+// (d.WQE.WrID set, no SGEs or inline data). The capacities of d.SGEs and
+// d.Inline must hold the queue's max_sge and max_inline.
+func (q *SQ) NextInto(d *SendDest) (bool, error) {
 	off, index, ok := q.next()
 	if !ok {
 		return false, nil
 	}
 	slot := q.ring[off : off+q.stride]
-	// Copy the control block once; decide everything on the copy.
-	copy(q.buf[:abi.SizeofSendWQE], slot)
-	wr.SendWQE.Decode(q.buf[:])
-	wr.Inline = nil
-	wr.Length = 0
-	if r := q.check(wr, slot); r != ReasonNone {
+	d.WQE.Decode(slot)
+	d.SGEs, d.Inline, d.Length = d.SGEs[:0], d.Inline[:0], 0
+	if r := q.check(d, slot); r != ReasonNone {
 		// Leave nothing a careless caller could index out of range with.
-		wr.NumSGE, wr.Inline, wr.Length = 0, nil, 0
-		return true, &WQEError{WrID: wr.WrID, Index: index, Reason: r}
+		d.WQE.NumSGE, d.SGEs, d.Inline, d.Length = 0, d.SGEs[:0], d.Inline[:0], 0
+		return true, &WQEError{WrID: d.WQE.WrID, Index: index, Reason: r}
 	}
 	return true, nil
 }
@@ -107,10 +134,10 @@ func carriesData(op abi.WROpcode) bool {
 	return false
 }
 
-// check validates the decoded control block and copies and decodes the
-// SGEs or inline data from slot into private memory.
-func (q *SQ) check(wr *SendWR, slot []byte) Reason {
-	w := &wr.SendWQE
+// check validates the decoded control block in d and decodes the SGEs or
+// copies the inline data from slot into d.
+func (q *SQ) check(d *SendDest, slot []byte) Reason {
+	w := d.WQE
 	switch {
 	case !w.Opcode.Valid():
 		return ReasonOpcode
@@ -129,9 +156,8 @@ func (q *SQ) check(wr *SendWR, slot []byte) Reason {
 			return ReasonInlineTooLong
 		}
 		n := abi.SizeofSendWQE + w.InlineLen
-		copy(q.buf[abi.SizeofSendWQE:n], slot[abi.SizeofSendWQE:n])
-		wr.Inline = q.buf[abi.SizeofSendWQE:n]
-		wr.Length = uint64(w.InlineLen)
+		d.Inline = append(d.Inline, slot[abi.SizeofSendWQE:n]...)
+		d.Length = uint64(w.InlineLen)
 		return ReasonNone
 	}
 	if w.InlineLen != 0 {
@@ -143,20 +169,23 @@ func (q *SQ) check(wr *SendWR, slot []byte) Reason {
 	if uint32(w.NumSGE) > q.maxSGE { // maxSGE SGEs fit the slot by construction
 		return ReasonTooManySGE
 	}
-	n := abi.SizeofSendWQE + uint32(w.NumSGE)*abi.SizeofSGE
-	copy(q.buf[abi.SizeofSendWQE:n], slot[abi.SizeofSendWQE:n])
-	var total uint64
-	for i := range uint32(w.NumSGE) {
-		o := abi.SizeofSendWQE + i*abi.SizeofSGE
-		wr.SGE[i].Decode(q.buf[o : o+abi.SizeofSGE])
-		total += uint64(wr.SGE[i].Length)
+	n := int(w.NumSGE)
+	if cap(d.SGEs) < n {
+		return ReasonTooManySGE // the caller's storage is short: never with max_sge
 	}
-	wr.Length = total
+	sges := d.SGEs[:n]
+	var total uint64
+	for i := range sges {
+		o := abi.SizeofSendWQE + i*abi.SizeofSGE
+		sges[i].Decode(slot[o : o+abi.SizeofSGE])
+		total += uint64(sges[i].Length)
+	}
+	d.SGEs, d.Length = sges, total
 	if total > abi.MaxMsgBytes {
 		return ReasonLength
 	}
 	if w.Opcode == abi.WRAtomicCmpAndSwp || w.Opcode == abi.WRAtomicFetchAdd {
-		if w.NumSGE != 1 || wr.SGE[0].Length != 8 {
+		if w.NumSGE != 1 || sges[0].Length != 8 {
 			return ReasonAtomicSGE
 		}
 	}

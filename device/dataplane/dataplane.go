@@ -138,11 +138,10 @@ type DataPlane struct {
 	recordReads atomic.Uint64
 	pageReads   atomic.Uint64
 
-	// accs and scratch are per engine worker: the memory accessor and
-	// the WQE decoding space the worker's QPs share (an idle QP holds
-	// neither).
-	accs    []*dma.Accessor
-	scratch []*scratch
+	// accs are per engine worker: the memory accessor the worker's QPs
+	// share (an idle QP holds none). WQEs need no decoding space: the
+	// queues decode them straight into the engine's entries.
+	accs []*dma.Accessor
 	// qpIDs numbers the QPs for their memory views (qpMemory.qp).
 	qpIDs atomic.Uint64
 
@@ -256,10 +255,6 @@ func New(cfg Config) (*DataPlane, error) {
 		ahs:     map[device.Owner]*ahTable{},
 	}
 	dp.watch.Store(&[]*pageWatch{})
-	dp.scratch = make([]*scratch, dp.eng.Workers())
-	for i := range dp.scratch {
-		dp.scratch[i] = newScratch()
-	}
 	for range dp.eng.Workers() {
 		dp.accs = append(dp.accs, dp.space.NewAccessor())
 	}
@@ -408,7 +403,7 @@ func (dp *DataPlane) CreateQP(q *device.QP) error {
 	sqRing, _ := q.SQ()
 	x := &dpQP{qpn: qpn, page: page, rec: rec, state: q.StateWord(), owner: q.Owner(), ud: q.Type() == abi.QPTUD}
 	owner := dp.eng.Owner(qpn)
-	if x.sq, err = newSQSource(sqRing, cp, rec, dp.scratch[owner]); err != nil {
+	if x.sq, err = newSQSource(sqRing, cp, rec); err != nil {
 		return err
 	}
 	maxRecvSGE := cp.MaxRecvSGE
@@ -421,7 +416,7 @@ func (dp *DataPlane) CreateQP(q *device.QP) error {
 		x.srq = &r
 	} else if t := q.Type(); t != abi.QPTXRCSend && t != abi.QPTXRCRecv {
 		rqRing, _ := q.RQ()
-		if x.rq, err = newRQSource(rqRing, cp.MaxRecvWR, cp.MaxRecvSGE, rec, dp.scratch[owner]); err != nil {
+		if x.rq, err = newRQSource(rqRing, cp.MaxRecvWR, cp.MaxRecvSGE, rec); err != nil {
 			return err
 		}
 	}

@@ -31,7 +31,7 @@ func FuzzSQSource(f *testing.F) {
 		r := make([]byte, slots*stride)
 		copy(r, ring)
 		rec := doorbell.QPRecord{SQPI: new(atomic.Uint32), RQPI: new(atomic.Uint32), SQCI: new(atomic.Uint32), RQCI: new(atomic.Uint32)}
-		s, err := newSQSource(r, abi.QPCap{MaxSendWR: slots, MaxSendSGE: maxSGE, MaxInlineData: maxInline}, rec, nil)
+		s, err := newSQSource(r, abi.QPCap{MaxSendWR: slots, MaxSendSGE: maxSGE, MaxInlineData: maxInline}, rec)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -91,7 +91,7 @@ func FuzzRecvSource(f *testing.F) {
 		r := make([]byte, slots*stride)
 		copy(r, ring)
 		pi, ci := new(atomic.Uint32), new(atomic.Uint32)
-		s, err := newRQSource(r, slots, maxSGE, doorbell.QPRecord{RQPI: pi, RQCI: ci}, nil)
+		s, err := newRQSource(r, slots, maxSGE, doorbell.QPRecord{RQPI: pi, RQCI: ci})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -131,29 +131,24 @@ func discardTo[W any, Q ring[W]](q Q, target uint32, w *W) {
 	q.Publish()
 }
 
-// sqSource is a QP's send queue as the engine's SendSource.
+// sqSource is a QP's send queue as the engine's SendSource: the queue
+// decodes each WQE straight into the engine's entry (queues.SQ.NextInto),
+// so a WQE is copied once, from the ring into the engine's private ring.
 type sqSource struct {
 	q *queues.SQ
-	// wr is where a WQE is decoded before it is copied into the engine's
-	// ring: the owning worker's (scratch), shared by its QPs.
-	wr *queues.SendWR
 	consumer
 }
 
-// scratch is one engine worker's decoding space for the work sources of
-// its QPs (only the owning worker calls them, one at a time): an idle QP
-// holds no WQE-sized buffer of its own.
-type scratch struct {
-	send queues.SendWR
-	recv queues.RecvWR
-	// slot is the copy of one ring slot the queues decode from
-	// (queues.SQConfig.Slot): one per worker, not per queue.
-	slot queues.SlotBuffer
-}
+// sqInto is the send queue as take's ring of engine.SendWork.
+type sqInto struct{ *queues.SQ }
 
-// newScratch returns a worker's decoding space.
-func newScratch() *scratch {
-	return new(scratch)
+// Next decodes the next WQE into w (its SGE and inline storage the engine
+// sized from the QP's capabilities).
+func (q sqInto) Next(w *engine.SendWork) (bool, error) {
+	d := queues.SendDest{WQE: &w.SendWQE, SGEs: w.SGEs, Inline: w.Inline}
+	ok, err := q.NextInto(&d)
+	w.SGEs, w.Inline = d.SGEs, d.Inline
+	return ok, err
 }
 
 var (
@@ -165,71 +160,60 @@ var (
 // consumer index once per batch (PollSend does not).
 func (s *sqSource) PublishSend() { s.q.Publish() }
 
-// newSQSource builds the send source of a QP; sc is its worker's scratch
-// (nil: one of its own).
-func newSQSource(ring []byte, c abi.QPCap, rec doorbell.QPRecord, sc *scratch) (*sqSource, error) {
-	if sc == nil {
-		sc = newScratch()
-	}
-	q, err := queues.NewSQ(ring, queues.SQConfig{Slots: c.MaxSendWR, MaxSGE: c.MaxSendSGE, MaxInline: c.MaxInlineData, Slot: &sc.slot}, rec.SQPI, rec.SQCI)
+// newSQSource builds the send source of a QP.
+func newSQSource(ring []byte, c abi.QPCap, rec doorbell.QPRecord) (*sqSource, error) {
+	q, err := queues.NewSQ(ring, queues.SQConfig{Slots: c.MaxSendWR, MaxSGE: c.MaxSendSGE, MaxInline: c.MaxInlineData}, rec.SQPI, rec.SQCI)
 	if err != nil {
 		return nil, err
 	}
-	return &sqSource{q: q, wr: &sc.send}, nil
+	return &sqSource{q: q}, nil
 }
 
 // PollSend implements engine.SendSource. The WQE is read once from the
-// ring into private memory and validated by package queues, then copied
-// into w (whose SGE and inline storage the engine sized from the same
-// capacities).
+// ring into w and validated there by package queues (w's SGE and inline
+// storage the engine sized from the same capacities).
 func (s *sqSource) PollSend(w *engine.SendWork) (bool, error) {
-	ok, err := take(&s.consumer, s.q, s.wr, true, false)
+	w.SGEs, w.Inline = w.SGEs[:0], w.Inline[:0]
+	ok, err := take(&s.consumer, sqInto{s.q}, w, true, false)
 	if !ok {
 		return false, nil
 	}
-	w.SGEs, w.Inline = w.SGEs[:0], w.Inline[:0]
-	if err != nil {
-		w.SendWQE = abi.SendWQE{}
-		if !errors.Is(err, errRingBroken) {
-			w.SendWQE = s.wr.SendWQE // *queues.WQEError: consumed, wr_id kept
-		}
-		return true, err
+	if err != nil && errors.Is(err, errRingBroken) {
+		w.SendWQE = abi.SendWQE{} // nothing was read: no wr_id
 	}
-	w.SendWQE = s.wr.SendWQE
-	sges := s.wr.SGEs()
-	if len(sges) > cap(w.SGEs) || len(s.wr.Inline) > cap(w.Inline) {
-		// Cannot happen: both were sized from the QP's capabilities.
-		return true, errWorkTooBig
-	}
-	w.SGEs = append(w.SGEs, sges...)
-	w.Inline = append(w.Inline, s.wr.Inline...)
-	return true, nil
+	return true, err
 }
 
-var errWorkTooBig = errors.New("dataplane: WQE larger than the engine's private copy")
-
-// recvSource is an RQ or SRQ as the engine's RecvSource.
+// recvSource is an RQ or SRQ as the engine's RecvSource: like an SQ, the
+// queue decodes each WQE straight into the engine's entry.
 type recvSource struct {
 	mu  *sync.Mutex // non-nil for an SRQ (shared by workers)
 	srq *device.SRQ // the SRQ's limit and its event (nil for an RQ)
 	q   *queues.RecvQueue
-	wr  *queues.RecvWR // an RQ's: its worker's scratch; an SRQ's own
 	consumer
 }
 
 var _ engine.RecvSource = (*recvSource)(nil)
 
-// newRQSource builds the receive source of a QP's own RQ; sc is its
-// worker's scratch (nil: one of its own).
-func newRQSource(ring []byte, slots, maxSGE uint32, rec doorbell.QPRecord, sc *scratch) (*recvSource, error) {
-	if sc == nil {
-		sc = newScratch()
-	}
-	q, err := queues.NewRQ(ring, queues.RecvConfig{Slots: slots, MaxSGE: maxSGE, Slot: &sc.slot}, rec.RQPI, rec.RQCI)
+// recvInto is a receive queue as take's ring of engine.RecvWork.
+type recvInto struct{ *queues.RecvQueue }
+
+// Next decodes the next receive WQE into r (its SGE storage the engine
+// sized from the queue's max_sge).
+func (q recvInto) Next(r *engine.RecvWork) (bool, error) {
+	d := queues.RecvDest{SGEs: r.SGEs}
+	ok, err := q.NextInto(&d)
+	r.WrID, r.SGEs = d.WrID, d.SGEs
+	return ok, err
+}
+
+// newRQSource builds the receive source of a QP's own RQ.
+func newRQSource(ring []byte, slots, maxSGE uint32, rec doorbell.QPRecord) (*recvSource, error) {
+	q, err := queues.NewRQ(ring, queues.RecvConfig{Slots: slots, MaxSGE: maxSGE}, rec.RQPI, rec.RQCI)
 	if err != nil {
 		return nil, err
 	}
-	return &recvSource{q: q, wr: &sc.recv}, nil
+	return &recvSource{q: q}, nil
 }
 
 func newSRQSource(ring []byte, slots, maxSGE uint32, rec doorbell.SRQRecord) (*recvSource, error) {
@@ -237,7 +221,7 @@ func newSRQSource(ring []byte, slots, maxSGE uint32, rec doorbell.SRQRecord) (*r
 	if err != nil {
 		return nil, err
 	}
-	return &recvSource{q: q, mu: new(sync.Mutex), wr: new(queues.RecvWR)}, nil
+	return &recvSource{q: q, mu: new(sync.Mutex)}, nil
 }
 
 // PollRecv implements engine.RecvSource. An SRQ is not reset with a QP
@@ -247,22 +231,17 @@ func (s *recvSource) PollRecv(r *engine.RecvWork) (bool, error) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 	}
-	ok, err := take(&s.consumer, s.q, s.wr, s.mu == nil, true)
+	r.SGEs = r.SGEs[:0]
+	ok, err := take(&s.consumer, recvInto{s.q}, r, s.mu == nil, true)
 	if !ok {
 		return false, nil
 	}
-	r.WrID, r.SGEs = s.wr.WrID, r.SGEs[:0]
 	if err != nil {
 		if errors.Is(err, errRingBroken) {
 			r.WrID = 0
 		}
 		return true, err
 	}
-	sges := s.wr.SGEs()
-	if len(sges) > cap(r.SGEs) {
-		return true, errWorkTooBig
-	}
-	r.SGEs = append(r.SGEs, sges...)
 	if s.srq != nil {
 		s.checkLimit()
 	}

@@ -34,7 +34,7 @@ func newTestSQ(t testing.TB, slots, maxSGE, maxInline uint32) (*testSQ, *sqSourc
 	stride := abi.SQWQEBlocks(maxSGE, maxInline) * abi.WQEBlock
 	q := &testSQ{ring: make([]byte, slots*stride), stride: stride, slots: slots,
 		rec: doorbell.QPRecord{SQPI: new(atomic.Uint32), RQPI: new(atomic.Uint32), SQCI: new(atomic.Uint32), RQCI: new(atomic.Uint32)}}
-	s, err := newSQSource(q.ring, c, q.rec, nil)
+	s, err := newSQSource(q.ring, c, q.rec)
 	require.NoError(t, err)
 	return q, s
 }
@@ -182,7 +182,7 @@ func (q *testRQ) post(wrid uint64, sges ...abi.SGE) {
 func TestRecvSourceRQ(t *testing.T) {
 	q := &testRQ{slots: 4, stride: abi.RQWQESize(2), pi: new(atomic.Uint32), ci: new(atomic.Uint32)}
 	q.ring = make([]byte, q.slots*q.stride)
-	s, err := newRQSource(q.ring, q.slots, 2, doorbell.QPRecord{RQPI: q.pi, RQCI: q.ci}, nil)
+	s, err := newRQSource(q.ring, q.slots, 2, doorbell.QPRecord{RQPI: q.pi, RQCI: q.ci})
 	require.NoError(t, err)
 	r := &engine.RecvWork{SGEs: make([]abi.SGE, 0, 2)}
 	q.post(11, abi.SGE{Addr: 1, Length: 100, LKey: 2})
