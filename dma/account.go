@@ -150,18 +150,33 @@ func (s *Space) refundPinned(a *account, n uint64) {
 // and left would leave the daemon's RSS high for minutes.
 const heapReturnMin = 4 << 20
 
+// freeOSMemory collects the Go heap and returns its free memory to the
+// operating system; tests replace it.
+var freeOSMemory = debug.FreeOSMemory
+
 // maybeReturnHeap returns the Go heap's free memory to the operating
 // system, in the background, once heapReturnMin bytes of page tables went
-// back to the heap. Caller does not hold mu.
+// back to the heap. Tables freed while a return runs may miss its
+// collection (a client's MRs are deregistered one by one, and the first
+// heapReturnMin bytes start the return): the background goroutine goes
+// again while heapReturnMin bytes or more were freed since it last began,
+// else those tables would stay on the heap, as garbage, until the next
+// collection, which a heap grown by them puts far off. Caller does not
+// hold mu.
 func (s *Space) maybeReturnHeap() {
 	if s.heapFreed.Load() < heapReturnMin || !s.bgRunning.CompareAndSwap(false, true) {
 		return
 	}
-	s.heapFreed.Store(0)
 	s.pinWG.Add(1)
 	go func() {
 		defer s.pinWG.Done()
-		defer s.bgRunning.Store(false)
-		debug.FreeOSMemory()
+		for {
+			s.heapFreed.Store(0)
+			freeOSMemory()
+			s.bgRunning.Store(false)
+			if s.heapFreed.Load() < heapReturnMin || !s.bgRunning.CompareAndSwap(false, true) {
+				return
+			}
+		}
 	}()
 }

@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"fmt"
 	"os"
+	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -333,4 +335,54 @@ func TestTablesReturnToTheSystem(t *testing.T) {
 	require.Equal(t, 8, mrs)
 	after := procStatus(t, "VmRSS")
 	assert.Less(t, after, before+8*mib, fmt.Sprintf("RSS %d MiB before, %d with the tables, %d after", before>>20, during>>20, after>>20))
+}
+
+// TestHeapReturnedAfterLateFrees: page tables on the Go heap that are
+// freed while a return of the heap to the system runs (a client's MRs go
+// one by one, and the first heapReturnMin bytes start the return) get a
+// return of their own once it ends; else they would stay on the heap, as
+// garbage, until some later collection. The first return is held in the
+// middle by the test, so the order of events is fixed.
+func TestHeapReturnedAfterLateFrees(t *testing.T) {
+	var calls atomic.Int32
+	started := make(chan struct{})
+	release := make(chan struct{})
+	freeOSMemory = func() {
+		if calls.Add(1) == 1 {
+			close(started)
+			<-release
+		}
+	}
+	t.Cleanup(func() { freeOSMemory = debug.FreeOSMemory }) // after s.Close (cleanups run last first)
+	s := newSpace(t, Config{})
+	h := addHostMem(t, s, 1, 4096)
+	// 8192 pages that all alias one page: a flat table of 64 KiB, on
+	// the Go heap (below tableMmapMin).
+	alias := make([]uint64, 8192)
+	for i := range alias {
+		alias[i] = h.pa(0)
+	}
+	const n = heapReturnMin / (8192 * 8) // tables whose release starts a return
+	var keys []uint32
+	for range 3 * n {
+		mr, err := s.RegisterMR(1, 1, 0, 8192*4096, 0, PageShift4K, alias)
+		require.NoError(t, err)
+		keys = append(keys, mr.LKey)
+	}
+	for _, k := range keys[:n-1] {
+		require.NoError(t, s.DeregisterMR(1, k))
+	}
+	s.pinWG.Wait()
+	require.Zero(t, calls.Load(), "less than heapReturnMin freed: no return")
+	require.NoError(t, s.DeregisterMR(1, keys[n-1]))
+	<-started // the return runs; the test holds it
+
+	// The other tables are freed while it runs.
+	for _, k := range keys[n:] {
+		require.NoError(t, s.DeregisterMR(1, k))
+	}
+	assert.Equal(t, int32(1), calls.Load(), "one return at a time")
+	close(release)
+	s.pinWG.Wait() // the returns are done
+	assert.Equal(t, int32(2), calls.Load(), "a second return, for the tables freed during the first")
 }

@@ -35,12 +35,14 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/internal/launch"
 	"github.com/vrnic/vrnic/internal/rcpair"
 	"github.com/vrnic/vrnic/verbs"
@@ -70,9 +72,12 @@ func TestMemHelperProcess(t *testing.T) {
 
 func TestMemorySparseHostMem(t *testing.T) {
 	memProbe(t, "sparse", func(t *testing.T, r memProbeResult) {
-		ms, err := strconv.Atoi(r.hostile["add_ms"])
+		// Pages of the memfd in memory after ADD_HOST_MEM, before the
+		// client touched any (mincore): a daemon that populated the
+		// holes (touching or locking them) would be slow and fill RAM.
+		populated, err := strconv.Atoi(r.hostile["populated_pages"])
 		require.NoError(t, err)
-		assert.Less(t, ms, 1000, "ADD_HOST_MEM of a sparse 2 GiB memfd took %d ms", ms)
+		assert.Zero(t, populated, "pages of the sparse 2 GiB memfd populated by ADD_HOST_MEM")
 		assert.Equal(t, "ENOMEM", r.hostile["all"], "an MR over 2 GiB exceeds the uid's pinned limit")
 		assert.Equal(t, "ok", r.hostile["mr256"], "an MR over 256 MiB does not")
 		assert.LessOrEqual(t, r.during.lck, r.base.lck+(256+16)<<20, "locked while the hostile client holds 256 MiB of a sparse memfd")
@@ -121,6 +126,7 @@ func memProbe(t *testing.T, mode string, check func(*testing.T, memProbeResult))
 	time.Sleep(time.Second)
 	var r memProbeResult
 	r.base = memHelperStatus(t, d.p.Pid())
+	heldBase := memHelperHeld(t, d.sock)
 	opsBefore, _ := v.progress()
 
 	h, fields := memHelperStartHostile(t, d.sock, mode)
@@ -128,25 +134,43 @@ func memProbe(t *testing.T, mode string, check func(*testing.T, memProbeResult))
 	time.Sleep(time.Second) // the victim works beside it; the pinner catches up
 	r.during = memHelperStatus(t, d.p.Pid())
 	opsDuring, st := v.progress()
-	t.Logf("%s: baseline %v, with the hostile client %v; hostile reported %v", mode, r.base, r.during, fields)
+	t.Logf("%s: baseline %v, with the hostile client %v; hostile reported %v; slowest victim command %v, longest pause %v",
+		mode, r.base, r.during, fields, st.maxCtl, st.maxGap)
 	require.NoError(t, st.err, "the victim failed while the hostile client ran")
 	assert.Greater(t, opsDuring, opsBefore, "the victim progressed while the hostile client ran")
-	assert.Less(t, st.maxGap, 3*time.Second, "longest pause between two victim operations")
-	assert.Less(t, st.maxCtl, 2*time.Second, "slowest victim command")
+	// Hang bounds only: with two CPU hogs beside the test a victim
+	// step took up to 1.6 s of wall time (the test process, the daemon
+	// and the hostile client share two CPUs); tens of seconds mean a
+	// victim stuck behind the hostile client (a lock held across its
+	// registrations, a command that spins). That the victim is served
+	// at all while the hostile client is there is the progress check
+	// above.
+	assert.Less(t, st.maxGap, 20*time.Second, "longest pause between two victim operations")
+	assert.Less(t, st.maxCtl, 20*time.Second, "slowest victim command")
 	check(t, r)
 
-	// The hostile client dies.
+	// The hostile client dies. What the daemon holds for its clients
+	// (its own accounting: memory regions, pins, locks, page-table
+	// entries, descriptors) goes back to the victim's exactly; the
+	// kernel's figures follow: locked memory to the baseline, RSS near
+	// it once the page tables freed to the Go heap are returned
+	// (dma.Space.maybeReturnHeap). The daemon does that as soon as it
+	// processed the client's exit; the deadline only ends a wait on a
+	// hung daemon.
 	require.NoError(t, h.Process.Kill())
 	_ = h.Wait()
-	deadline := time.Now().Add(20 * time.Second)
+	var heldAfter admin.HeldResources
+	deadline := time.Now().Add(60 * time.Second)
 	for {
+		heldAfter = memHelperHeld(t, d.sock)
 		r.after = memHelperStatus(t, d.p.Pid())
-		if r.after.rss <= r.base.rss+48<<20 && r.after.lck <= r.base.lck+4<<20 || time.Now().After(deadline) {
+		if heldAfter == heldBase && r.after.rss <= r.base.rss+48<<20 && r.after.lck <= r.base.lck+4<<20 || time.Now().After(deadline) {
 			break
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond)
 	}
-	t.Logf("%s: after the hostile client left: %v", mode, r.after)
+	t.Logf("%s: after the hostile client left: %v; held %+v (with the victim alone %+v)", mode, r.after, heldAfter, heldBase)
+	assert.Equal(t, heldBase, heldAfter, "what the daemon holds for its clients, back to the victim's alone")
 	assert.LessOrEqual(t, r.after.rss, r.base.rss+48<<20, "RSS back near the baseline after the hostile client left")
 	assert.LessOrEqual(t, r.after.lck, r.base.lck+4<<20, "locked memory back to the baseline after the hostile client left")
 
@@ -222,6 +246,18 @@ func memHelperStatus(t testing.TB, pid int) memStatus {
 		}
 	}
 	return s
+}
+
+// memHelperHeld asks the daemon at sock what it holds for its clients
+// (admin.Info.Held).
+func memHelperHeld(t testing.TB, sock string) admin.HeldResources {
+	t.Helper()
+	a, err := admin.Dial(sock)
+	require.NoError(t, err)
+	defer a.Close()
+	info, err := a.Info()
+	require.NoError(t, err)
+	return info.Held
 }
 
 // memHelperStartHostile runs the hostile client in mode against sock, as
@@ -302,6 +338,16 @@ func memHelperHostile(mode, sock string) (string, error) {
 			return "", err
 		}
 		add := time.Since(start)
+		// The memfd's pages in memory now, before this client touched
+		// any: what the daemon populated.
+		vec := make([]byte, size/4096)
+		if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&mem[0])), uintptr(len(mem)), uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
+			return "", fmt.Errorf("mincore: %w", e)
+		}
+		populated := 0
+		for _, v := range vec {
+			populated += int(v & 1)
+		}
 		copy(mem, "hostile")
 		pd, err := r.allocPD()
 		if err != nil {
@@ -314,7 +360,7 @@ func memHelperHostile(mode, sock string) (string, error) {
 		}
 		errAll := r.regMR(pd, size, size/4096, pa+uint64(pbl))
 		err256 := r.regMR(pd, 256<<20, 65536, pa+uint64(pbl))
-		return fmt.Sprintf("add_ms=%d all=%s mr256=%s", add.Milliseconds(), memErrName(errAll), memErrName(err256)), nil
+		return fmt.Sprintf("add_ms=%d populated_pages=%d all=%s mr256=%s", add.Milliseconds(), populated, memErrName(errAll), memErrName(err256)), nil
 	case "alias", "many":
 		size, pages, tries := 16<<20, 1<<20, 64
 		if mode == "many" {

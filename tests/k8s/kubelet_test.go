@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -294,16 +295,23 @@ func TestKubeletDevicePlugin(t *testing.T) {
 	}
 	waitListing(t, list, 30*time.Second, "a1 and a2 healthy", bothHealthy)
 
-	// a2's daemon dies: unhealthy within a second, on the stream; a1
-	// stays healthy.
+	// a2's daemon dies: unhealthy on the stream, seen from its control
+	// connection closing (the watcher waits on it), not from an INFO
+	// that timed out or a later check; a1 stays healthy. The plugin's
+	// log says why it marked a2 unhealthy: the hangup, or an INFO that
+	// was under way when the kernel closed the connection (EOF, reset,
+	// broken pipe), never an i/o timeout. (How long that took is the
+	// scheduler's business on a loaded machine; it is only logged.)
 	killed := time.Now()
 	require.NoError(t, a2.cmd.Process.Signal(syscall.SIGKILL))
 	l := waitListing(t, list, 30*time.Second, "a2 unhealthy", func(h map[string]string) bool {
 		return h["a2#0"] == pb.Unhealthy && h["a2#1"] == pb.Unhealthy
 	})
-	took := l.at.Sub(killed)
-	t.Logf("a2 unhealthy on the stream %v after SIGKILL", took)
-	assert.Less(t, took, time.Second, "a2 marked unhealthy too late")
+	t.Logf("a2 unhealthy on the stream %v after SIGKILL", l.at.Sub(killed))
+	why := pluginUnhealthyReason(t, filepath.Join(logDir, "plugin.log"), "a2", 1)
+	t.Logf("the plugin marked a2 unhealthy: %s", why)
+	assert.Regexp(t, `^(the daemon closed its control connection|INFO: .*(EOF|connection reset by peer|broken pipe))$`, why,
+		"a2 unhealthy for its control connection closing")
 	assert.Equal(t, pb.Healthy, l.health["a1#0"])
 	assert.Equal(t, pb.Healthy, l.health["a1#1"])
 	<-a2.done
@@ -618,6 +626,31 @@ func peer(vrnicRun, rundir, dev string, args ...string) (string, error) {
 		return "", err
 	}
 	return p.wait(2 * time.Minute)
+}
+
+// pluginUnhealthyReason returns the reason of the nth "device unhealthy"
+// line of device dev in the plugin's log (the plugin updates its
+// listings, then logs: the line may follow the listing); the 30 s
+// deadline only ends a wait on a hung plugin.
+func pluginUnhealthyReason(t *testing.T, logPath, dev string, nth int) string {
+	t.Helper()
+	re := regexp.MustCompile(`msg="device unhealthy" device=` + regexp.QuoteMeta(dev) + ` reason=("(?:[^"\\]|\\.)*"|\S+)`)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		b, err := os.ReadFile(logPath)
+		require.NoError(t, err)
+		if m := re.FindAllStringSubmatch(string(b), -1); len(m) >= nth {
+			why := m[nth-1][1]
+			if u, err := strconv.Unquote(why); err == nil {
+				why = u
+			}
+			return why
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no line %d of %s unhealthy in the plugin's log:\n%s", nth, dev, b)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // startPlugin starts the device plugin and stops it by its PID at the end.

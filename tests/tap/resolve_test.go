@@ -27,7 +27,15 @@ func TestUnreachablePeer(t *testing.T) {
 	require.NoError(t, err)
 	cq, err := c.CreateCQ(16, nil)
 	require.NoError(t, err)
-	for _, peer := range []string{"10.77.0.99", "192.0.2.1"} {
+	// How each gives up: an on-link peer after its requests went
+	// unanswered (tap.ErrUnresolved), or when the data plane's
+	// ResolveTimeout ends the wait; an off-link one without a gateway
+	// at once. Either way by the daemon's own bounds, whatever the
+	// wall time on a loaded machine.
+	for peer, why := range map[string]string{
+		"10.77.0.99": `did not answer \d+ requests|context deadline exceeded`,
+		"192.0.2.1":  `192\.0\.2\.1 is not on the link`,
+	} {
 		t.Run(peer, func(t *testing.T) {
 			qp, err := pd.CreateQP(verbs.QPInitAttr{Type: abi.QPTRC, SendCQ: cq, RecvCQ: cq, Cap: abi.QPCap{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}})
 			require.NoError(t, err)
@@ -38,7 +46,8 @@ func TestUnreachablePeer(t *testing.T) {
 			require.Error(t, err, "MODIFY_QP to RTR with an unreachable peer fails")
 			assert.ErrorIs(t, err, unix.EHOSTUNREACH)
 			assert.ErrorContains(t, err, peer, "the error names the peer")
-			assert.Less(t, time.Since(start), 10*time.Second, "bounded by the resolution timeout")
+			t.Logf("refused after %v: %v", time.Since(start), err)
+			assert.Regexp(t, why, err.Error(), "how the resolution gave up")
 			r, qerr := qp.Query()
 			require.NoError(t, qerr)
 			assert.Equal(t, abi.QPSInit, r.Attr.QPState, "the refused change is not applied")
