@@ -158,9 +158,33 @@ func (qp *QP) respRx(p *packet) {
 	if qp.verbRequestErr() {
 		return
 	}
-	st := respCheckPSN
 	if h := traceHook.Load(); h != nil {
 		(*h)(qp, "B rx %v psn %d epsn %d nakSent %v ack %v", p.opcode, p.psn, qp.resp.epsn, qp.resp.nakSent, p.ackReq)
+	}
+	// The checks in their order, each leading to the next or ending the
+	// packet: a new request goes through them without a dispatch; the
+	// loop takes any other course (a duplicate).
+	st := qp.respCheckPSN(p)
+	if st == respCheckXRC {
+		st = qp.respCheckXRC(p)
+	}
+	if st == respCheckOpSeq {
+		st = qp.respCheckOpSeq(p)
+	}
+	if st == respCheckOpAllowed {
+		st = qp.respCheckOpAllowed(p)
+	}
+	if st == respCheckResource {
+		st = qp.respCheckResource(p)
+	}
+	if st == respCheckLength {
+		st = qp.respCheckLength(p)
+	}
+	if st == respCheckRKey {
+		st = qp.respCheckRKey(p)
+	}
+	if st == respExecute {
+		st = qp.respExecute(p)
 	}
 	for st != respDone {
 		switch st {
