@@ -100,8 +100,13 @@ func FuzzParseUDP(f *testing.F) {
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		ps := Pseudo{}
-		var pkt Packet
-		_ = ParseUDP(confine(data), &ps, &pkt)
+		var pkt, rx Packet
+		err := ParseUDP(confine(data), &ps, &pkt)
+		r := NewPseudoRx(netip.AddrPort{})
+		require.Equal(t, err, r.ParseUDP(confine(data), netip.AddrPort{}, &rx))
+		if err == nil {
+			require.Equal(t, pkt, rx)
+		}
 		if len(data) < BTHLen+ICRCLen {
 			return
 		}

@@ -380,6 +380,54 @@ func crcPseudoHead(ps *Pseudo, body []byte, tlen int) uint32 {
 	return crcPseudoLong(c, &h, nh, body)
 }
 
+// PseudoRx is the pseudo header (see Pseudo) of the datagrams received on
+// one local address and port, its local half composed once (NewPseudoRx):
+// per datagram only the source is.
+type PseudoRx struct {
+	d0, d1 uint64 // the local address's 16-byte form (addrWords)
+	dst6   bool   // the local address is native IPv6
+	dp     uint64 // the local port in network order (netWord), 4791 for 0
+}
+
+// NewPseudoRx returns the PseudoRx of datagrams received on local.
+func NewPseudoRx(local netip.AddrPort) PseudoRx {
+	r := PseudoRx{dp: netWord(uint64(local.Port()))}
+	if local.Port() == 0 {
+		r.dp = netWord(UDPPort)
+	}
+	r.d0, r.d1 = addrWords(local.Addr())
+	r.dst6 = native6(local.Addr(), r.d0, r.d1)
+	return r
+}
+
+// crc is crcPseudoHead for a transport packet of tlen bytes from from
+// whose first bytes are body.
+func (r *PseudoRx) crc(from netip.AddrPort, body []byte, tlen int) uint32 {
+	var h pseudoHdr
+	var c uint32
+	var nh int
+	ul := uint64(UDPHeaderLen + tlen)
+	udp := netWord(uint64(from.Port())) | r.dp<<16 | netWord(ul)<<32 | 0xffff<<48
+	src := from.Addr()
+	s0, s1 := addrWords(src)
+	if r.dst6 || native6(src, s0, s1) {
+		h[0] = 0x6f | 0xffffff<<8 | netWord(ul)<<32 | ProtocolUDP<<48 | 0xff<<56
+		h[1], h[2], h[3], h[4] = s0, s1, r.d0, r.d1
+		h[5] = udp
+		c, nh = ^icrcSeed, 3
+	} else {
+		h[0] = 0x45<<32 | 0xff<<40 | netWord(IPv4HeaderLen+ul)<<48
+		h[1] = 0x40<<16 | 0xff<<32 | ProtocolUDP<<40 | 0xffff<<48
+		h[2] = s1>>32 | r.d1&^0xffffffff
+		h[3] = udp
+		c, nh = icrcSeed4, 2
+	}
+	if useFold && uint(len(body)-icrcShortMin) <= icrcShortMax-icrcShortMin {
+		return icrcShort(c, &h, nh, body, &icrcBTHMask)
+	}
+	return crcPseudoLong(c, &h, nh, body)
+}
+
 // addrWords returns the 16-byte form of a (netip.Addr.As16) as two
 // little-endian words.
 func addrWords(a netip.Addr) (w0, w1 uint64) {

@@ -100,6 +100,36 @@ func TestICRCPseudoMatchesReference(t *testing.T) {
 	}
 }
 
+// TestPseudoRxMatchesPseudo: a PseudoRx made for a local address and
+// port gives the ICRC icrcPseudo gives with the same pseudo header, for
+// every family mix and length (the forms TestICRCPseudoMatchesReference
+// checks against the reference).
+func TestPseudoRxMatchesPseudo(t *testing.T) {
+	addrs := []netip.Addr{{}, netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("2001:db8::1"),
+		netip.MustParseAddr("::ffff:10.0.0.1"), netip.IPv6Unspecified(), netip.IPv4Unspecified(),
+		netip.MustParseAddr("fe80::1%eth0"), netip.MustParseAddr("::1")}
+	ports := []uint16{0, 1, 4791, 0xc123}
+	lengths := append(icrcLengths(0, 200), 1000, 4096+RETHLen)
+	for _, src := range addrs {
+		for _, dst := range addrs {
+			for _, sp := range ports {
+				for _, dp := range ports[:2] {
+					ps := Pseudo{Src: src, Dst: dst, SrcPort: sp, DstPort: dp}
+					r := NewPseudoRx(netip.AddrPortFrom(dst, dp))
+					from := netip.AddrPortFrom(src, sp)
+					for _, n := range lengths {
+						body := make([]byte, BTHLen+n)
+						for i := range body {
+							body[i] = byte(i*29 + n)
+						}
+						require.Equal(t, icrcPseudo(&ps, body), ^r.crc(from, body, len(body)+ICRCLen), "%+v n=%d", ps, n)
+					}
+				}
+			}
+		}
+	}
+}
+
 // TestCRCUnshift: crcUnshift(s, n) is the state that n zero bytes take
 // to s, and icrcSeed4 the one 4 zero bytes take to the ICRC's seed.
 func TestCRCUnshift(t *testing.T) {

@@ -222,9 +222,12 @@ func Parse(frame []byte, pkt *Packet) error {
 // length fields), ErrBadBTHVersion, ErrUnknownOpcode, ErrOpcodeLength,
 // ErrBadPad, ErrICRC.
 func ParseUDP(b []byte, ps *Pseudo, pkt *Packet) error {
-	*pkt = Packet{Mode: ModeUDP}
-	if len(b) > 0xffff-IPv6HeaderLen-UDPHeaderLen {
-		return fmt.Errorf("%w: %d-byte datagram", ErrBadLength, len(b))
+	// Cleared, then the mode set: a literal with a nonzero field is
+	// copied from a static template instead, twice the instructions.
+	*pkt = Packet{}
+	pkt.Mode = ModeUDP
+	if len(b) > maxDatagram {
+		return datagramLenError(len(b))
 	}
 	if err := parseTransport(b, pkt); err != nil {
 		return err
@@ -233,6 +236,35 @@ func ParseUDP(b []byte, ps *Pseudo, pkt *Packet) error {
 		return ErrICRC
 	}
 	return nil
+}
+
+// ParseUDP is the package's ParseUDP for a datagram from source from to
+// the address r was made for: the same checks, errors and result as
+// ParseUDP with Pseudo{Src: from.Addr(), SrcPort: from.Port(), Dst:
+// local.Addr(), DstPort: local.Port()}, without composing the local half
+// of the pseudo header again.
+func (r *PseudoRx) ParseUDP(b []byte, from netip.AddrPort, pkt *Packet) error {
+	*pkt = Packet{}
+	pkt.Mode = ModeUDP
+	if len(b) > maxDatagram {
+		return datagramLenError(len(b))
+	}
+	if err := parseTransport(b, pkt); err != nil {
+		return err
+	}
+	if pkt.ICRC != ^r.crc(from, b[:len(b)-ICRCLen], len(b)) {
+		return ErrICRC
+	}
+	return nil
+}
+
+// maxDatagram is the longest transport packet the pseudo header's length
+// fields hold (over IPv6, the larger headers).
+const maxDatagram = 0xffff - IPv6HeaderLen - UDPHeaderLen
+
+// datagramLenError is ParseUDP's error for an n-byte datagram.
+func datagramLenError(n int) error {
+	return fmt.Errorf("%w: %d-byte datagram", ErrBadLength, n)
 }
 
 // parseTransport checks t (BTH through ICRC) against the opcode table

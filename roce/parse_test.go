@@ -327,8 +327,12 @@ func TestUDPModeRoundTrip(t *testing.T) {
 			for _, c := range goldenCases(false) {
 				c.path = tt.send
 				frame := buildCase(t, c)
-				var pkt Packet
+				var pkt, rx Packet
 				err := ParseUDP(frame, &tt.recv, &pkt)
+				r := NewPseudoRx(netip.AddrPortFrom(tt.recv.Dst, tt.recv.DstPort))
+				rerr := r.ParseUDP(frame, netip.AddrPortFrom(tt.recv.Src, tt.recv.SrcPort), &rx)
+				assert.Equal(t, err, rerr, c.name)
+				assert.Equal(t, pkt, rx, c.name)
 				if !tt.ok {
 					assert.ErrorIs(t, err, ErrICRC, c.name)
 					continue
@@ -373,6 +377,12 @@ func TestParseUDPDefects(t *testing.T) {
 	require.NoError(t, ParseUDP(tp, &ps, &pkt))
 	tp[len(tp)-5] ^= 4
 	assert.ErrorIs(t, ParseUDP(tp, &ps, &pkt), ErrICRC)
+	r := NewPseudoRx(netip.AddrPort{})
+	assert.ErrorIs(t, r.ParseUDP(nil, netip.AddrPort{}, &pkt), ErrTruncated)
+	assert.ErrorIs(t, r.ParseUDP(make([]byte, 70000), netip.AddrPort{}, &pkt), ErrBadLength)
+	assert.ErrorIs(t, r.ParseUDP(tp, netip.AddrPort{}, &pkt), ErrICRC)
+	tp[len(tp)-5] ^= 4
+	require.NoError(t, r.ParseUDP(tp, netip.AddrPort{}, &pkt))
 }
 
 // TestBuildErrors covers Build's refusals.

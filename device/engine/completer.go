@@ -186,6 +186,12 @@ func (qp *QP) progress(psn uint32) {
 // responses are missing means those were lost: an implied NAK, and the
 // requester retries from the first missing one.
 func (qp *QP) ackThrough(psn uint32) bool {
+	// The progress the WQEs make is recorded once, through the newest
+	// (progress of an older PSN first changes nothing the later one does
+	// not: the retry counters, the timer and the RTT sample come out the
+	// same).
+	var adv uint32
+	advanced := false
 	for i := qp.head; i != qp.tail; i++ {
 		e := &qp.sq[i&qp.sqMask]
 		if e.info == nil { // local operation
@@ -207,18 +213,25 @@ func (qp *QP) ackThrough(psn uint32) bool {
 			if roce.PSNDiff(psn, roce.PSNAdd(e.first, e.rcvd)) < 0 {
 				break // covers only responses already placed
 			}
+			if advanced {
+				advanced = false
+				qp.progress(adv)
+			}
 			qp.implicitNAK(e)
 			return false
 		}
 		if roce.PSNDiff(e.last, psn) <= 0 {
 			if e.state != wqeDone {
 				e.state = wqeDone
-				qp.progress(roce.PSNAdd(e.last, 1))
+				adv, advanced = roce.PSNAdd(e.last, 1), true
 			}
 			continue
 		}
-		qp.progress(roce.PSNAdd(psn, 1))
+		adv, advanced = roce.PSNAdd(psn, 1), true
 		break
+	}
+	if advanced {
+		qp.progress(adv)
 	}
 	return true
 }

@@ -342,6 +342,10 @@ type QP struct {
 	path roce.Path
 	// ah is the address handle path was last set from (UD).
 	ah *AH
+	// rxPeer is where the last frame for the QP that passed the peer
+	// check came from (worker.fromPeer): a frame from there again passes
+	// it without the address comparisons. Cleared with the path.
+	rxPeer rxPeer
 	// sr is the state of the ECE options in force (selective repeat,
 	// the adaptive retransmission timer; sr.go), nil without any.
 	sr *srState
@@ -493,6 +497,7 @@ func (qp *QP) modify(a *QPAttr) error {
 	if m&abi.QPAttrAV != 0 && qp.svc != roce.ServiceUD {
 		qp.attr.LocalAddr = a.LocalAddr
 		qp.setPath(a.RemoteAddr)
+		qp.rxPeer = rxPeer{}
 	}
 	if m&abi.QPAttrState != 0 {
 		switch a.State {

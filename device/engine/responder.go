@@ -158,9 +158,44 @@ func (qp *QP) respRx(p *packet) {
 	if qp.verbRequestErr() {
 		return
 	}
-	st := respCheckPSN
 	if h := traceHook.Load(); h != nil {
 		(*h)(qp, "B rx %v psn %d epsn %d nakSent %v ack %v", p.opcode, p.psn, qp.resp.epsn, qp.resp.nakSent, p.ackReq)
+	}
+	if !qp.respWriteOnly(p) {
+		qp.respSteps(p)
+	}
+	if s := qp.sr; s != nil && s.hd < len(s.held) && !s.draining {
+		qp.srDrain()
+	}
+	qp.w.busy = true
+}
+
+// respSteps runs request p through the responder's steps.
+func (qp *QP) respSteps(p *packet) {
+	// The checks in their order, each leading to the next or ending the
+	// packet: a new request goes through them without a dispatch; the
+	// loop takes any other course (a duplicate).
+	st := qp.respCheckPSN(p)
+	if st == respCheckXRC {
+		st = qp.respCheckXRC(p)
+	}
+	if st == respCheckOpSeq {
+		st = qp.respCheckOpSeq(p)
+	}
+	if st == respCheckOpAllowed {
+		st = qp.respCheckOpAllowed(p)
+	}
+	if st == respCheckResource {
+		st = qp.respCheckResource(p)
+	}
+	if st == respCheckLength {
+		st = qp.respCheckLength(p)
+	}
+	if st == respCheckRKey {
+		st = qp.respCheckRKey(p)
+	}
+	if st == respExecute {
+		st = qp.respExecute(p)
 	}
 	for st != respDone {
 		switch st {
@@ -184,10 +219,43 @@ func (qp *QP) respRx(p *packet) {
 			st = qp.respExecute(p)
 		}
 	}
-	if s := qp.sr; s != nil && s.hd < len(s.held) && !s.draining {
-		qp.srDrain()
+}
+
+// respWriteOnly runs the commonest request, an RC RDMA WRITE Only at the
+// expected PSN with no message in progress, on a QP that permits it, of a
+// length the checks accept, in one step: what respCheckPSN through
+// respExecute do with it (R_Key check, placement, the next PSN and MSN,
+// the ACK owed), their failures answered as they answer them. false: p
+// is not such a request, and nothing was done.
+func (qp *QP) respWriteOnly(p *packet) bool {
+	r := &qp.resp
+	n := uint32(len(p.payload))
+	if p.opcode != roce.OpRCWriteOnly || p.psn != r.epsn || r.inSend || r.inWrite ||
+		qp.cfg.Type == abi.QPTXRCRecv || qp.attr.AccessFlags&abi.AccessRemoteWrite == 0 ||
+		n > qp.mtu || n != p.dmaLen {
+		return false
 	}
-	qp.w.busy = true
+	r.nakSent = false
+	mem := qp.respMem()
+	if n > 0 { // a zero-length WRITE names no memory (respCheckRKey)
+		if err := mem.CheckRemote(p.rkey, p.va, uint64(n), abi.AccessRemoteWrite); err != nil {
+			qp.fatalNAK(remoteMemNAK(err), p)
+			return true
+		}
+	}
+	r.wVA, r.wRKey, r.wLen, r.off = p.va, p.rkey, p.dmaLen, 0
+	if n > 0 {
+		if err := mem.WriteRemote(p.rkey, p.va, p.payload); err != nil {
+			qp.fatalNAK(remoteMemNAK(err), p)
+			return true
+		}
+	}
+	r.msn = roce.PSNAdd(r.msn, 1)
+	r.epsn = roce.PSNAdd(r.epsn, 1)
+	if p.ackReq {
+		r.ackPending = true
+	}
+	return true
 }
 
 // queueNAK records a NAK to send at psn. A fatal NAK (the QP goes to ERR

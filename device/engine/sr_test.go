@@ -270,3 +270,32 @@ func TestAdaptiveTimer(t *testing.T) {
 	assert.Equal(t, uint8(7), qp.comp.retryLeft)
 	assert.Equal(t, int64(150_000), qp.srTimeout(ibta), "progress ends the backoff")
 }
+
+// TestSelectiveRepeatWriteOnly: single-packet WRITEs (the responder's
+// one-step case, respWriteOnly) with packets lost: the responder keeps
+// what follows each gap, and the resent WRITE that fills it lets the kept
+// ones run, in order; every WRITE lands and completes.
+func TestSelectiveRepeatWriteOnly(t *testing.T) {
+	lost := map[int64]bool{3: true, 10: true, 11: true}
+	a, b := srPair(t, roce.ModeUDP, abi.ECESelectiveRepeat, func(i int64) bool { return lost[i] })
+	const n, size = 24, 64
+	src := a.n.buffer(n*size, 0x10000000, abi.AccessAll, 1)
+	dst := b.n.buffer(n*size, 0x20000000, abi.AccessAll, 2)
+	for i := range n {
+		require.NoError(t, a.sq.post(abi.SendWQE{WrID: uint64(i), Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled,
+			RemoteAddr: dst.va + uint64(i*size), RKey: dst.key}, []abi.SGE{src.sge(i*size, size)}, nil))
+	}
+	a.n.eng.Kick(a.qpn)
+	require.True(t, a.scq.wait(n, waitFor), "WRITE completions")
+	for i, c := range a.scq.all() {
+		require.Equal(t, abi.WCSuccess, c.Status)
+		require.Equal(t, uint64(i), c.WrID, "in order")
+	}
+	require.True(t, bytes.Equal(src.b, dst.b), "the data arrived")
+	cb, err := b.n.eng.Counters(b.qpn)
+	require.NoError(t, err)
+	assert.NotZero(t, cb.Rare().SeqNAKsSent.Load(), "the gaps were found")
+	ca, err := a.n.eng.Counters(a.qpn)
+	require.NoError(t, err)
+	assert.Zero(t, ca.Rare().Timeouts.Load(), "no timer needed: the filled gap let the kept WRITEs run")
+}

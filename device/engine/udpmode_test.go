@@ -97,6 +97,28 @@ func TestUDPPeerCheck(t *testing.T) {
 		assert.Zero(t, w.Counters.BadPeer.Load())
 		assert.Zero(t, qp.Counters.PacketsReceived.Load())
 	})
+	t.Run("after-the-peer", func(t *testing.T) {
+		// The peer's frames pass; one from elsewhere for the same QP
+		// after them is still refused, and after a new address vector
+		// the old peer is a stranger.
+		w, qp := fuzzWorker(t, roce.ModeUDP)
+		send(t, w, fuzzPeer, fuzzPeer, 100)
+		send(t, w, fuzzPeer, fuzzPeer, 101)
+		other := netip.AddrPortFrom(fuzzPeer.Addr(), 50000)
+		send(t, w, other, other, 102)
+		send(t, w, stranger, stranger, 102)
+		assert.Equal(t, uint64(2), w.Counters.BadPeer.Load())
+		assert.Equal(t, uint64(2), qp.Counters.PacketsReceived.Load())
+		send(t, w, fuzzPeer, fuzzPeer, 102)
+		assert.Equal(t, uint64(3), qp.Counters.PacketsReceived.Load())
+		a := QPAttr{Mask: abi.QPAttrAV, LocalAddr: fuzzLocal.Addr(), RemoteAddr: stranger.Addr()}
+		require.NoError(t, qp.modify(&a))
+		send(t, w, fuzzPeer, fuzzPeer, 103)
+		assert.Equal(t, uint64(3), w.Counters.BadPeer.Load(), "the old peer after a new address vector")
+		send(t, w, stranger, stranger, 103)
+		assert.Equal(t, uint64(4), qp.Counters.PacketsReceived.Load())
+		assert.Equal(t, uint32(4), qp.resp.msn)
+	})
 	t.Run("not-our-address", func(t *testing.T) {
 		w, qp := fuzzWorker(t, roce.ModeUDP)
 		a := QPAttr{Mask: abi.QPAttrAV, LocalAddr: netip.MustParseAddr("10.0.0.9"), RemoteAddr: fuzzPeer.Addr()}

@@ -38,7 +38,10 @@ type packet struct {
 
 func (p *packet) fill(pkt *roce.Packet) {
 	b := pkt.BTH
-	*p = packet{opcode: b.Opcode(), psn: b.PSN(), ackReq: b.AckReq(), se: b.SE(), payload: pkt.Payload}
+	// Cleared in place, then set: a literal with fields set is built on
+	// the stack and copied.
+	*p = packet{}
+	p.opcode, p.psn, p.ackReq, p.se, p.payload = b.Opcode(), b.PSN(), b.AckReq(), b.SE(), pkt.Payload
 	if pkt.RETH != nil {
 		p.va, p.rkey, p.dmaLen = pkt.RETH.VA(), pkt.RETH.RKey(), pkt.RETH.DMALength()
 	}

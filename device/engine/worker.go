@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"encoding/binary"
 	"errors"
 	"net/netip"
 	"runtime"
@@ -214,8 +215,10 @@ type worker struct {
 	ccs map[*QP]*qpCC
 
 	// scratch, reused for every packet and completion
-	pkt  roce.Packet
-	ps   roce.Pseudo // of the received packet (ModeUDP)
+	pkt roce.Packet
+	// psrx is the local half of the pseudo header of every received
+	// datagram (ModeUDP: the address and port the link receives on).
+	psrx roce.PseudoRx
 	in   packet
 	out  packet
 	hdrs roce.Headers
@@ -264,6 +267,7 @@ func newWorker(e *Engine, id int, l Link) *worker {
 		udp:     e.cfg.Mode == roce.ModeUDP,
 		local:   e.cfg.Local,
 		ccp:     e.cfg.CC,
+		psrx:    roce.NewPseudoRx(e.cfg.Local),
 
 		ringLinger: ringLinger,
 	}
@@ -369,8 +373,7 @@ func (w *worker) input(frame []byte, from netip.AddrPort) {
 	if w.udp {
 		// The pseudo header of the datagram: from the address beside
 		// it to the link's.
-		w.ps = roce.Pseudo{Src: from.Addr(), SrcPort: from.Port(), Dst: w.local.Addr(), DstPort: w.local.Port()}
-		err = roce.ParseUDP(frame, &w.ps, pkt)
+		err = w.psrx.ParseUDP(frame, from, pkt)
 	} else {
 		err = roce.Parse(frame, pkt)
 	}
@@ -397,24 +400,12 @@ func (w *worker) input(frame []byte, from netip.AddrPort) {
 		w.inputUD(qp, pkt, len(frame), from)
 		return
 	}
-	// DESIGN 5: RC packets are accepted only from the QP's peer (source
-	// = its destination GID, destination = its source GID), in the
-	// default partition. In ModeUDP the peer's port is known too: a
-	// daemon sends from the port it is reached on (its socket's), so a
-	// datagram for the QP comes from the port the QP sends to; another
-	// process on the peer host cannot pose as the peer daemon.
-	src, dst := from.Addr(), w.local.Addr()
-	if !w.udp {
-		src, dst = pkt.Src(), pkt.Dst()
-	} else if from.Port() != peerOf(&qp.path).Port() {
-		src = netip.Addr{}
-	}
 	if pkt.Info.Service == roce.ServiceCNP {
+		src, dst := w.rxAddrs(qp, pkt, from)
 		w.inputCNP(qp, pkt, src, dst) // not an ACK: never the completer's
 		return
 	}
-	if pkt.Info.Service != qp.svc || pkt.BTH.PKey() != pkeyDefault ||
-		src.Unmap() != qp.path.Dst.Unmap() || dst.Unmap() != qp.attr.LocalAddr.Unmap() {
+	if pkt.Info.Service != qp.svc || pkt.BTH.PKey() != pkeyDefault || !w.fromPeer(qp, pkt, from) {
 		w.Counters.BadPeer.Add(1)
 		return
 	}
@@ -438,6 +429,64 @@ func (w *worker) input(frame []byte, from netip.AddrPort) {
 	default:
 		qp.Counters.Rare().Dropped.Add(1)
 	}
+}
+
+// rxAddrs returns the source and destination addresses of pkt, a frame
+// for qp from from (ModeUDP: the address beside it), for the peer check.
+//
+// DESIGN 5: RC packets are accepted only from the QP's peer (source
+// = its destination GID, destination = its source GID), in the
+// default partition. In ModeUDP the peer's port is known too: a
+// daemon sends from the port it is reached on (its socket's), so a
+// datagram for the QP comes from the port the QP sends to; another
+// process on the peer host cannot pose as the peer daemon: from another
+// port the source is returned invalid, which no QP's peer is.
+func (w *worker) rxAddrs(qp *QP, pkt *roce.Packet, from netip.AddrPort) (src, dst netip.Addr) {
+	if !w.udp {
+		return pkt.Src(), pkt.Dst()
+	}
+	src, dst = from.Addr(), w.local.Addr()
+	if from.Port() != peerOf(&qp.path).Port() {
+		src = netip.Addr{}
+	}
+	return src, dst
+}
+
+// rxPeer is the source of the last frame for a QP that passed the peer
+// check (QP.rxPeer): in ModeUDP the address and port beside it, over
+// IPv4 in ModeEthernet the source and destination addresses of its IP
+// header (ip4); ok says it holds one.
+type rxPeer struct {
+	ok   bool
+	from netip.AddrPort
+	ip4  uint64
+}
+
+// fromPeer reports whether pkt, a frame for qp from from, comes from the
+// QP's peer to the QP's address (rxAddrs). A frame from exactly where the
+// last one that passed came from passes with one comparison; any other
+// is checked in full, and remembered if it passes.
+func (w *worker) fromPeer(qp *QP, pkt *roce.Packet, from netip.AddrPort) bool {
+	var ip4 uint64
+	if w.udp {
+		if qp.rxPeer.ok && from == qp.rxPeer.from {
+			return true
+		}
+	} else if h := pkt.IPv4; len(h) >= roce.IPv4HeaderLen {
+		ip4 = binary.BigEndian.Uint64(h[12:20]) // source, destination
+		if qp.rxPeer.ok && ip4 == qp.rxPeer.ip4 {
+			return true
+		}
+	}
+	src, dst := w.rxAddrs(qp, pkt, from)
+	if src.Unmap() != qp.path.Dst.Unmap() || dst.Unmap() != qp.attr.LocalAddr.Unmap() {
+		return false
+	}
+	if w.udp || pkt.IPv4 != nil {
+		// IPv6 frames (ModeEthernet) are checked every time.
+		qp.rxPeer = rxPeer{ok: true, from: from, ip4: ip4}
+	}
+	return true
 }
 
 // service runs the QP's output machines.
