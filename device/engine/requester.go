@@ -409,6 +409,12 @@ func (qp *QP) sendPacket(e *swqe, psn uint32, resend bool) (last, ok bool) {
 	var queued bool
 	if o.opcode.Info().Flags&roce.OpPayload == 0 {
 		queued = qp.w.txQueue(qp, buf, o)
+	} else if qp.w.shortOK(qp, o, n) {
+		var err error
+		if queued, err = qp.w.txShort(qp, e, buf, o, poff, n); err != nil {
+			qp.failWQE(e, localMemStatus(err))
+			return false, false
+		}
 	} else if queued = qp.w.txBegin(qp, buf, o, hr, n); queued {
 		// The payload goes from the client's memory (or the WQE's inline
 		// data) into the frame in one pass that computes the ICRC too.

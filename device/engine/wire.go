@@ -180,6 +180,11 @@ func (w *worker) txFinish(qp *QP, buf []byte, psn uint32) bool {
 		w.Counters.BuildErrors.Add(1)
 		return false
 	}
+	return w.txQueued(qp, buf, frame, psn)
+}
+
+// txQueued queues frame, built at the start of buf, for qp's peer.
+func (w *worker) txQueued(qp *QP, buf, frame []byte, psn uint32) bool {
 	w.tx[w.txN] = buf[:len(frame)]
 	w.txTo[w.txN] = peerOf(&qp.path)
 	w.txUnrel[w.txN] = nil
@@ -190,6 +195,67 @@ func (w *worker) txFinish(qp *QP, buf []byte, psn uint32) bool {
 	w.busy = true
 	qp.Counters.PacketsSent.Add(1)
 	return true
+}
+
+// shortOK reports whether o, a data packet of n payload bytes of qp, is
+// a roce.Short the worker builds with txShort: an RC SEND Only or RDMA
+// WRITE Only shorter than roce.FuseMin over the UDP link, without
+// congestion control (which marks what it sends).
+func (w *worker) shortOK(qp *QP, o *packet, n int) bool {
+	return w.udp && qp.svc == roce.ServiceRC && w.ccp == nil && n < roce.FuseMin &&
+		(o.opcode == roce.OpRCWriteOnly || o.opcode == roce.OpRCSendOnly)
+}
+
+// frameSink takes a payload into a frame as Memory.GatherTo hands it
+// over: a plain copy, for the packets txShort builds (their ICRC is
+// computed over the frame afterwards).
+type frameSink struct {
+	b   []byte
+	n   int
+	err bool
+}
+
+func (s *frameSink) Put(p []byte) {
+	if len(p) > len(s.b)-s.n {
+		s.err = true
+		return
+	}
+	s.n += copy(s.b[s.n:], p)
+}
+
+// txShort builds and queues o (shortOK) in buf, its payload the n bytes
+// of e's message at poff, with roce.Path.BuildShort instead of the
+// general txBegin, Framer and txFinish: the same bytes, built with a
+// fraction of the work. An error is GatherTo's (the WQE fails); false
+// without one, as txFinish.
+func (w *worker) txShort(qp *QP, e *swqe, buf []byte, o *packet, poff uint64, n int) (bool, error) {
+	s := &w.short
+	*s = roce.Short{WriteOnly: o.opcode == roce.OpRCWriteOnly, SE: o.se, AckReq: o.ackReq, PKey: pkeyDefault,
+		DestQP: qp.attr.DestQPN, PSN: o.psn, VA: o.va, RKey: o.rkey, DMALen: o.dmaLen}
+	hl := s.ShortHeaderLen()
+	if hl+n+3+roce.ICRCLen > len(buf) {
+		w.Counters.BuildErrors.Add(1)
+		return false, nil
+	}
+	if e.Flags&abi.SendInline != 0 {
+		copy(buf[hl:hl+n], e.Inline[poff:poff+uint64(n)])
+	} else {
+		sk := &w.sink
+		*sk = frameSink{b: buf[hl : hl+n]}
+		if err := qp.cfg.Mem.GatherTo(e.SGEs, poff, n, sk); err != nil {
+			return false, err
+		}
+		if sk.err || sk.n != n {
+			w.Counters.BuildErrors.Add(1)
+			return false, nil
+		}
+	}
+	frame, ok := qp.path.BuildShort(buf, s, n)
+	if !ok {
+		w.Counters.BuildErrors.Add(1)
+		return false, nil
+	}
+	return w.txQueued(qp, buf, frame, o.psn), nil
 }
 
 // txRepeat queues a copy of the frame txQueue queued last, if the batch

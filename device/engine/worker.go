@@ -224,6 +224,8 @@ type worker struct {
 	hdrs roce.Headers
 	// framer builds a packet whose payload is copied in (txBegin).
 	framer roce.Framer
+	short  roce.Short // txShort's packet
+	sink   frameSink  // txShort's payload
 	// cnpPath is the path a CNP is built with (txCNP).
 	cnpPath roce.Path
 	cqe     abi.CQE
