@@ -67,14 +67,17 @@
 // Every frame buffer is a []byte of Config.FrameCap bytes; each worker
 // owns Batch receive and Batch send buffers and exchanges them with its
 // link (see Link). A frame is built in place: the payload is copied once
-// from client memory (Memory.Gather or ReadRemote) to
+// from client memory (Memory.GatherTo or ReadRemoteTo) to
 // buf[Path.Headroom(op):], roce.Path.Build writes the headers of the
 // mode in front of it (so the frame starts at buf[0]) and the pad and
-// ICRC behind it; the peer beside a frame is a netip.AddrPort in an array
+// ICRC behind it (an RC SEND or WRITE Only shorter than roce.FuseMin over
+// the UDP link: roce.Path.BuildShort, the same bytes with less work,
+// txShort); the peer beside a frame is a netip.AddrPort in an array
 // of the worker's (txTo, rxFrom), never allocated per packet. On
 // receive the payload is copied once from the frame to client memory
 // (Scatter or WriteRemote). Per QP, send WQEs are copied once from the SQ
-// (SendSource) into a private ring of SQDepth entries whose SGE lists and
+// (SendSource: package queues decodes each straight from the ring into
+// the entry) into a private ring of SQDepth entries whose SGE lists and
 // inline data live in slabs allocated with the ring, which the QP holds
 // only while it is active (active.go):
 //

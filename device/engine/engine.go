@@ -43,12 +43,13 @@ type Config struct {
 	// FrameCap is the size of every frame buffer; it must equal the
 	// link's. Default DefaultFrameCap.
 	FrameCap int
-	// Batch is the number of frames per receive or send batch. Default 64,
-	// what the links take per call (and the UDP link's segments per
-	// datagram): between two daemons, 8-byte WRITEs at depth 128 moved
-	// 1.2-1.9x the messages of 32 per batch, a pass sending a whole
-	// completion interval; the engine alone over the in-memory link had
-	// shown no gain from 64 (BENCHMARKS.md, per-message cost).
+	// Batch is the number of frames per receive or send batch. Default 32:
+	// over the in-memory link 64 gave no gain and, with the link pools, a
+	// working set of frame buffers beyond the L2 cache (BENCHMARKS.md,
+	// engine section); BenchmarkWrite8B, which waits for each 64 WRITEs'
+	// completion, lost 25-50 % with 64 (the receiver no longer starts on
+	// the first half while the second is built). Between two daemons
+	// over the UDP link 64 moved more (vrnicd sets it there).
 	Batch int
 	// Window is the most PSNs a QP has unacknowledged. Default 512.
 	Window int
@@ -114,7 +115,7 @@ func New(cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("%w: frame capacity %d too small", ErrInvalid, cfg.FrameCap)
 	}
 	if cfg.Batch <= 0 {
-		cfg.Batch = 64
+		cfg.Batch = 32
 	}
 	if cfg.Window <= 0 {
 		cfg.Window = 512
