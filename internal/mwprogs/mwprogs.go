@@ -87,10 +87,7 @@ type Counters struct{ Sent, Received uint64 }
 // ReadCounters reads the data path's packet counters of the daemon on sock.
 func ReadCounters(t *testing.T, sock string) Counters {
 	t.Helper()
-	a, err := admin.Dial(sock)
-	require.NoError(t, err)
-	defer a.Close()
-	info, err := a.Info()
+	info, err := admin.Serving(sock)
 	require.NoError(t, err)
 	return Counters{Sent: info.DataPath.PacketsSent, Received: info.DataPath.PacketsReceived}
 }

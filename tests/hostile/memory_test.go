@@ -252,10 +252,7 @@ func memHelperStatus(t testing.TB, pid int) memStatus {
 // (admin.Info.Held).
 func memHelperHeld(t testing.TB, sock string) admin.HeldResources {
 	t.Helper()
-	a, err := admin.Dial(sock)
-	require.NoError(t, err)
-	defer a.Close()
-	info, err := a.Info()
+	info, err := admin.Serving(sock)
 	require.NoError(t, err)
 	return info.Held
 }
