@@ -63,6 +63,13 @@ func newNetNS(t testing.TB) (string, netns.NsHandle) {
 			t.Errorf("ip netns del %s: %v: %s", name, err, out)
 		}
 	})
+	// No IPv6 link-local address on the devices made here, hence none of
+	// the kernel's own ICMPv6 at link-up (DAD, router solicitation, MLD):
+	// sent before a test attaches its steering program, the kernel's
+	// queue selection put one on a queue other than 0 in a loaded run.
+	// What the kernel sends is then only what a test's traffic asks for.
+	out, err = exec.Command("ip", "netns", "exec", name, "sysctl", "-q", "-w", "net.ipv6.conf.default.addr_gen_mode=1").CombinedOutput()
+	require.NoError(t, err, "sysctl addr_gen_mode: %s", out)
 	h, err := netns.GetFromName(name)
 	require.NoError(t, err)
 	t.Cleanup(func() { h.Close() })
