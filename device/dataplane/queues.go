@@ -178,7 +178,7 @@ func (s *sqSource) PollSend(w *engine.SendWork) (bool, error) {
 	if !ok {
 		return false, nil
 	}
-	if err != nil && errors.Is(err, errRingBroken) {
+	if errors.Is(err, errRingBroken) {
 		w.SendWQE = abi.SendWQE{} // nothing was read: no wr_id
 	}
 	return true, err
