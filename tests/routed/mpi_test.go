@@ -101,6 +101,9 @@ exec ip netns exec "$ns" /bin/sh -c "$*"
 			vrnicRun, "-runtime-dir", tp.dir, "-cache-dir", cache, "-d", ds[i].name, prog)
 	}
 	run := func() (*launch.Buffer, []mwprogs.Counters, error) {
+		// Each run's launches are its own: a second run must not
+		// find the first's in the log.
+		require.NoError(t, os.WriteFile(agentLog, nil, 0o644))
 		before := make([]mwprogs.Counters, nHosts)
 		for i, d := range ds {
 			before[i] = mwprogs.ReadCounters(t, d.sock)
