@@ -573,6 +573,10 @@ func (qp *QP) enterError() {
 	qp.w.timers.stop(&qp.rnrTimer)
 	qp.ccStop()
 	qp.srRelease()
+	// Serviced, so that its WQEs are flushed now: a UD QP that failed on
+	// a datagram (inputUD) is not on the active list otherwise, and its
+	// posted receives would wait for the client's next doorbell.
+	qp.w.activate(qp)
 	qp.w.busy = true
 }
 
