@@ -6,10 +6,16 @@ import "strconv"
 // (OPEN_EVENTS), numbered as enum ibv_event_type.
 type EventType uint32
 
-// Asynchronous events.
+// Asynchronous events. The QP events are the affiliated asynchronous
+// errors of IBTA 11.6.3.1 and C9-222.1.1: a QP whose error a completion
+// reports (an error completion of the WR that failed) raises none of
+// them, as on Linux (rxe, mlx5); one of them tells the client of an error
+// no completion reports, and the QP is then in ERR.
 const (
 	EventCQErr            EventType = 0  // element: CQ handle; the CQ overflowed
-	EventQPFatal          EventType = 1  // element: QPN; the transport moved the QP to ERR
+	EventQPFatal          EventType = 1  // element: QPN; local work queue catastrophic error: in ERR, no completion can report why
+	EventQPReqErr         EventType = 2  // element: QPN; RC responder: an invalid request no receive completion reports, in ERR
+	EventQPAccessErr      EventType = 3  // element: QPN; RC responder: an access violation (R_Key, rights) no receive completion reports, in ERR
 	EventDeviceFatal      EventType = 8  // never sent: end of file on the event socket
 	EventPortActive       EventType = 9  // element: port number
 	EventPortErr          EventType = 10 // element: port number
@@ -18,9 +24,9 @@ const (
 )
 
 var eventNames = map[EventType]string{
-	EventCQErr: "CQ_ERR", EventQPFatal: "QP_FATAL", EventDeviceFatal: "DEVICE_FATAL",
-	EventPortActive: "PORT_ACTIVE", EventPortErr: "PORT_ERR", EventQPLastWQEReached: "QP_LAST_WQE_REACHED",
-	EventSRQLimitReached: "SRQ_LIMIT_REACHED",
+	EventCQErr: "CQ_ERR", EventQPFatal: "QP_FATAL", EventQPReqErr: "QP_REQ_ERR", EventQPAccessErr: "QP_ACCESS_ERR",
+	EventDeviceFatal: "DEVICE_FATAL", EventPortActive: "PORT_ACTIVE", EventPortErr: "PORT_ERR",
+	EventQPLastWQEReached: "QP_LAST_WQE_REACHED", EventSRQLimitReached: "SRQ_LIMIT_REACHED",
 }
 
 // String returns the event's name without the VRNIC_EVENT_ prefix.

@@ -157,6 +157,7 @@ var cConsts = map[string]uint64{
 	"VRNIC_CM_EVENT_REJECTED": uint64(CMEventRejected), "VRNIC_CM_EVENT_ESTABLISHED": uint64(CMEventEstablished),
 	"VRNIC_CM_EVENT_DISCONNECTED": uint64(CMEventDisconnected), "VRNIC_CM_EVENT_TIMEWAIT_EXIT": uint64(CMEventTimeWaitExit),
 	"VRNIC_EVENT_CQ_ERR": uint64(EventCQErr), "VRNIC_EVENT_QP_FATAL": uint64(EventQPFatal),
+	"VRNIC_EVENT_QP_REQ_ERR": uint64(EventQPReqErr), "VRNIC_EVENT_QP_ACCESS_ERR": uint64(EventQPAccessErr),
 	"VRNIC_EVENT_DEVICE_FATAL": uint64(EventDeviceFatal), "VRNIC_EVENT_PORT_ACTIVE": uint64(EventPortActive),
 	"VRNIC_EVENT_PORT_ERR": uint64(EventPortErr), "VRNIC_EVENT_QP_LAST_WQE_REACHED": uint64(EventQPLastWQEReached),
 	"VRNIC_EVENT_SRQ_LIMIT_REACHED": uint64(EventSRQLimitReached),

@@ -192,10 +192,25 @@ struct vrnic_resp_open_context {
  * reads; beyond 4 MiB waiting per context an event is dropped (and
  * counted: vrnicctl counters, async_events_dropped). End of file on it
  * means the daemon is gone (what libibverbs reports as
- * IBV_EVENT_DEVICE_FATAL). */
+ * IBV_EVENT_DEVICE_FATAL).
+ *
+ * The QP events are the affiliated asynchronous errors of IBTA 11.6.3.1
+ * and C9-222.1.1, as Linux drivers raise them: an error that a completion
+ * reports (the error completion of the WR that failed: LOC_PROT_ERR,
+ * RETRY_EXC_ERR, REM_ACCESS_ERR, ...) raises none, though the QP goes to
+ * ERR; QP_FATAL (local work queue catastrophic error) is an error no
+ * completion can report: a completion its CQ refused (with CQ_ERR on the
+ * CQ), a broken ring (an impossible producer index), a change the daemon
+ * could not apply; QP_REQ_ERR and QP_ACCESS_ERR are an RC responder's
+ * class C errors (an invalid request; an R_Key or access violation) on a
+ * request that consumed no receive WQE (RDMA WRITE, READ, atomic). A
+ * client's own MODIFY_QP to ERR raises none. A library that does not know
+ * an event type skips it. */
 enum vrnic_event_type {               /* = enum ibv_event_type */
 	VRNIC_EVENT_CQ_ERR                = 0,  /* element: CQ handle; the CQ overflowed */
-	VRNIC_EVENT_QP_FATAL              = 1,  /* element: QPN; the transport moved the QP to ERR */
+	VRNIC_EVENT_QP_FATAL              = 1,  /* element: QPN; in ERR, an error no completion can report (see below) */
+	VRNIC_EVENT_QP_REQ_ERR            = 2,  /* element: QPN; RC responder, invalid request, no receive completion; in ERR */
+	VRNIC_EVENT_QP_ACCESS_ERR         = 3,  /* element: QPN; RC responder, access violation, no receive completion; in ERR */
 	VRNIC_EVENT_DEVICE_FATAL          = 8,  /* never sent: end of file on the socket */
 	VRNIC_EVENT_PORT_ACTIVE           = 9,  /* element: port number */
 	VRNIC_EVENT_PORT_ERR              = 10, /* element: port number */

@@ -11,10 +11,10 @@ import (
 )
 
 // AsyncEvents is a context's asynchronous event channel (OPEN_EVENTS):
-// what ibv_get_async_event reads. The daemon sends QP_FATAL,
-// QP_LAST_WQE_REACHED, CQ_ERR and SRQ_LIMIT_REACHED on it (see
-// abi.EventType); when the daemon goes away, Get returns one
-// abi.EventDeviceFatal event and then ErrClosed.
+// what ibv_get_async_event reads. The daemon sends QP_FATAL, QP_REQ_ERR,
+// QP_ACCESS_ERR, QP_LAST_WQE_REACHED, CQ_ERR, SRQ_LIMIT_REACHED,
+// PORT_ERR and PORT_ACTIVE on it (see abi.EventType); when the daemon goes
+// away, Get returns one abi.EventDeviceFatal event and then ErrClosed.
 type AsyncEvents struct {
 	fd    int
 	fatal bool // DEVICE_FATAL delivered

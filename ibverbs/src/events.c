@@ -2,8 +2,9 @@
  *
  * The context's async_fd is an epoll fd over two things: the event socket
  * the daemon hands out with OPEN_EVENTS (ABI 1.1), which carries one
- * struct vrnic_async_event per event (QP_FATAL, QP_LAST_WQE_REACHED,
- * CQ_ERR, SRQ_LIMIT_REACHED: the numbering of enum ibv_event_type), and the
+ * struct vrnic_async_event per event (QP_FATAL, QP_REQ_ERR,
+ * QP_ACCESS_ERR, QP_LAST_WQE_REACHED, CQ_ERR, SRQ_LIMIT_REACHED: the
+ * numbering of enum ibv_event_type), and the
  * control socket's hang-up. End of file on the event socket, or the
  * hang-up, means the daemon went away: IBV_EVENT_DEVICE_FATAL, once. An
  * event naming an object the program has destroyed meanwhile is skipped.
@@ -94,6 +95,8 @@ static int fill(struct vr_ctx *c, const struct vrnic_async_event *e, struct ibv_
 	uint32_t id = (uint32_t)e->element;
 	switch (e->event_type) {
 	case VRNIC_EVENT_QP_FATAL:
+	case VRNIC_EVENT_QP_REQ_ERR:
+	case VRNIC_EVENT_QP_ACCESS_ERR:
 	case VRNIC_EVENT_QP_LAST_WQE_REACHED:
 		return (ev->element.qp = obj_find(c, VR_OBJ_QP, id)) != NULL;
 	case VRNIC_EVENT_CQ_ERR:
