@@ -176,7 +176,7 @@ type FaultAction struct {
 //	rnr          a receive that would take a posted RQE is answered with
 //	             an RNR NAK instead (count: how many)
 //	qp_err       the QP goes to ERR at its next send WQE fetch or request
-//	             received, as a transport error (QP_FATAL, flushes)
+//	             received, as a catastrophic error (QP_FATAL, flushes)
 //	cq_overflow  the next completion into the CQ overflows it (CQ_ERR,
 //	             the QP to ERR)
 //	cqe_delay    the next completion into the CQ is held back for delay

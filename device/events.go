@@ -17,11 +17,17 @@ import (
 // of a SOCK_SEQPACKET socket pair; the device keeps the other end and
 // sends one struct vrnic_async_event per event on it:
 //
-//   - QP_FATAL: the transport moved a QP to ERR on its own (an error
-//     completion, a broken ring, an overflowed CQ, a change it could not
-//     apply): StateWord.TransportState, on the engine worker, when the
-//     state was not ERR already (a MODIFY_QP to ERR stores ERR first, so a
-//     client's own move raises nothing);
+//   - QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR: the affiliated asynchronous
+//     errors (IBTA 11.6.3.1) of a QP the transport moved to ERR on an
+//     error no completion reports: QP_FATAL for a catastrophic one (a
+//     completion its CQ refused, a broken ring, a change it could not
+//     apply), QP_REQ_ERR and QP_ACCESS_ERR for an RC responder's class C
+//     errors on a request that consumed no receive WQE (C9-222.1.1).
+//     StateWord.TransportError, on the engine worker, when the state was
+//     not ERR already (a MODIFY_QP to ERR stores ERR first, so a client's
+//     own move raises nothing). An error a completion reports (the error
+//     completion of the WR that failed) raises none of them, as on Linux
+//     (device/engine/status.go, errEvent);
 //   - QP_LAST_WQE_REACHED: a QP with an SRQ entered ERR, whatever the
 //     cause (the SRQ will not give it another WQE);
 //   - CQ_ERR: a CQ overflowed (once per CQ);
@@ -228,11 +234,12 @@ func (cx *Context) closeEvents() {
 	}
 }
 
-// qpEnteredError raises the events of q's entry into ERR: QP_FATAL when
-// the transport moved it (fatal), QP_LAST_WQE_REACHED when it has an SRQ.
-func (q *QP) qpEnteredError(fatal bool) {
-	if fatal {
-		q.ctx.postEvent(abi.EventQPFatal, uint64(q.qpn))
+// qpEnteredError raises the events of q's entry into ERR: ev if
+// affiliated (the affiliated asynchronous error of an error no completion
+// reports), then QP_LAST_WQE_REACHED when q has an SRQ.
+func (q *QP) qpEnteredError(ev abi.EventType, affiliated bool) {
+	if affiliated {
+		q.ctx.postEvent(ev, uint64(q.qpn))
 	}
 	if q.srq != nil {
 		q.ctx.postEvent(abi.EventQPLastWQEReached, uint64(q.qpn))

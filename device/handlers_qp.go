@@ -288,7 +288,7 @@ func (d *Device) modifyQPLocked(q *QP, mask AttrMask, a *abi.QPAttr, ece uint32)
 	}
 	d.dp.ModifyQP(q, cur, mask)
 	if next == StateErr && cur != StateErr {
-		q.qpEnteredError(false) // the client's own move: no QP_FATAL
+		q.qpEnteredError(0, false) // the client's own move: no affiliated error
 	}
 	return nil
 }

@@ -132,9 +132,10 @@ var _ DataPlane = noDataPlane{}
 // transition rules read. Who writes it:
 //
 //	control path (MODIFY_QP, under Device.mu)      engine worker owning the QP
-//	  CompareAndSwap(cur, next): a transition        TransportState(ERR): the
-//	  validated against cur takes effect only if     transport moved the QP to ERR
-//	  the transport did not move the QP meanwhile    on its own (error completion,
+//	  CompareAndSwap(cur, next): a transition        TransportState(ERR),
+//	  validated against cur takes effect only if     TransportError(ev): the
+//	  the transport did not move the QP meanwhile    transport moved the QP to ERR
+//	                                                 on its own (error completion,
 //	                                                 broken ring, CQ overflow)
 //
 //	  RESET ──► INIT ──► RTR ──► RTS ◄──► SQD          any state ──► ERR
@@ -161,11 +162,10 @@ func (w *StateWord) CompareAndSwap(cur, next QPState) bool {
 }
 
 // TransportState stores the state the transport moved the QP to (the
-// engine's StateObserver; called on the QP's worker, never blocks). A move
-// into ERR from another state raises the QP's asynchronous events
-// (QP_FATAL; QP_LAST_WQE_REACHED with an SRQ: events.go); a MODIFY_QP to
-// ERR stored ERR before the engine applied it, so a client's own move
-// raises no QP_FATAL.
+// engine's StateObserver; called on the QP's worker, never blocks): ERR
+// after an error a completion reports, which raises no affiliated
+// asynchronous error (QP_LAST_WQE_REACHED only, with an SRQ: events.go),
+// or SQE.
 func (w *StateWord) TransportState(s abi.QPState) {
 	if s == StateSQE {
 		_ = w.v.CompareAndSwap(uint32(StateRTS), uint32(s)) || w.v.CompareAndSwap(uint32(StateSQD), uint32(s))
@@ -173,7 +173,21 @@ func (w *StateWord) TransportState(s abi.QPState) {
 	}
 	old := w.v.Swap(uint32(s))
 	if s == StateErr && QPState(old) != StateErr && w.q != nil {
-		w.q.qpEnteredError(true)
+		w.q.qpEnteredError(0, false)
+	}
+}
+
+// TransportError stores ERR, which the transport moved the QP to on an
+// error no completion reports (the engine's StateObserver; on the QP's
+// worker, never blocks), and raises ev, the affiliated asynchronous error
+// that tells the client (QP_FATAL, QP_REQ_ERR or QP_ACCESS_ERR), then
+// QP_LAST_WQE_REACHED with an SRQ. A QP in ERR already raises nothing: a
+// MODIFY_QP to ERR stored ERR before the engine applied it, so a client's
+// own move raises no event.
+func (w *StateWord) TransportError(ev abi.EventType) {
+	old := w.v.Swap(uint32(StateErr))
+	if QPState(old) != StateErr && w.q != nil {
+		w.q.qpEnteredError(ev, true)
 	}
 }
 

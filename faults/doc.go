@@ -107,9 +107,10 @@
 //	             many). The requester waits the RNR timer and retries, up
 //	             to rnr_retry times (7: forever): it succeeds once the
 //	             rule is spent, or completes the WR with
-//	             RNR_RETRY_EXC_ERR (and its QP goes to ERR, QP_FATAL)
+//	             RNR_RETRY_EXC_ERR (and its QP goes to ERR; no
+//	             asynchronous event: the completion says why, as on Linux)
 //	qp_err       the QP goes to ERR at its next send WQE fetch or request
-//	             received, as on a transport error: QP_FATAL on its
+//	             received, as on a catastrophic error: QP_FATAL on its
 //	             context's event socket, every outstanding WR flushed
 //	             (WR_FLUSH_ERR). A QP in ERR drops what it receives without
 //	             an answer (IBTA 10.3.1), so the peer's requests time out:
@@ -131,8 +132,8 @@
 //	             destroyed meanwhile are dropped
 //	bad_wqe      the next send WQE fetched is treated as malformed:
 //	             LOC_QP_OP_ERR, as for a WQE the ring's checks reject; the
-//	             QP goes to ERR (QP_FATAL), its later WRs are flushed,
-//	             nothing of it reaches the wire
+//	             QP goes to ERR (no event: the completion says why), its
+//	             later WRs are flushed, nothing of it reaches the wire
 //	port_flap    the port goes down for for (after after): every context
 //	             of the device gets PORT_ERR, QUERY_PORT says DOWN, every
 //	             frame in either direction is dropped (captured with

@@ -92,8 +92,12 @@ import (
 // device's state word of the QP (device.StateWord, the engine's
 // StateObserver) on the worker, in the same step: QUERY_QP and the
 // transition rules see the state the transport is in, with no goroutine
-// or lock in between. A change the engine refuses, or an RTR whose peer
-// cannot be resolved, moves the engine's QP to ERR the same way.
+// or lock in between. The state word raises the affiliated asynchronous
+// error the engine names when no completion reports the error (QP_FATAL,
+// QP_REQ_ERR, QP_ACCESS_ERR: engine/status.go, errEvent), and none after
+// an error completion. A change the engine refuses, or an RTR whose peer
+// cannot be resolved, moves the engine's QP to ERR the same way, with
+// QP_FATAL.
 //
 // # Scope
 //

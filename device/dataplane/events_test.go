@@ -29,10 +29,27 @@ func openEvents(t *testing.T, c *dpClient) *verbs.AsyncEvents {
 	return ev
 }
 
+// markEvents moves a new QP of c with an SRQ to ERR and checks that the
+// next event of ev is its QP_LAST_WQE_REACHED, which MODIFY_QP raises
+// before it replies: no event was waiting before it.
+func markEvents(t *testing.T, c *dpClient, ev *verbs.AsyncEvents, msg string) {
+	t.Helper()
+	srq, err := c.pd.CreateSRQ(4, 1, 0)
+	require.NoError(t, err)
+	qp, err := c.pd.CreateQP(verbs.QPInitAttr{Type: abi.QPTRC, SendCQ: c.scq, RecvCQ: c.rcq, SRQ: srq,
+		Cap: abi.QPCap{MaxSendWR: 4, MaxSendSGE: 1}})
+	require.NoError(t, err)
+	require.NoError(t, qp.Modify(&abi.QPAttr{QPState: abi.QPSErr}, abi.QPAttrState))
+	require.Equal(t, abi.AsyncEvent{Type: abi.EventQPLastWQEReached, Element: uint64(qp.QPN)}, nextEvent(t, ev), msg)
+}
+
 // TestAsyncEvents: the events of a context's event socket, in order.
 //
 //   - A WRITE to an rkey the peer never granted: both QPs go to ERR on
-//     their own, each context gets QP_FATAL with its QPN.
+//     their own. The requester's error completion (REM_ACCESS_ERR) says
+//     why: no event. The responder has no completion that does (the
+//     WRITE took no receive WQE): QP_ACCESS_ERR with its QPN (IBTA
+//     C9-222.1.1, as Linux rxe raises it).
 //   - A client's own MODIFY_QP to ERR raises no QP_FATAL: the next event
 //     of that context is the CQ_ERR of a CQ it then overflows, followed by
 //     the QP_FATAL of the overflowing QP.
@@ -51,8 +68,9 @@ func TestAsyncEvents(t *testing.T) {
 	require.NoError(t, a.qp.PostSend(&verbs.SendWR{WrID: 1, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled,
 		SGL: []abi.SGE{a.mr.SGE(0, 8)}, RemoteAddr: b.mr.Addr, RKey: b.mr.RKey ^ 0x5a}))
 	assert.Equal(t, abi.WCRemAccessErr, pollN(t, a.scq, 1)[0].Status)
-	assert.Equal(t, abi.AsyncEvent{Type: abi.EventQPFatal, Element: uint64(a.qp.QPN)}, nextEvent(t, eva), "requester")
-	assert.Equal(t, abi.AsyncEvent{Type: abi.EventQPFatal, Element: uint64(b.qp.QPN)}, nextEvent(t, evb), "responder")
+	// The completion is written after the move to ERR and its events.
+	markEvents(t, a, eva, "no event for the requester, whose completion says why")
+	assert.Equal(t, abi.AsyncEvent{Type: abi.EventQPAccessErr, Element: uint64(b.qp.QPN)}, nextEvent(t, evb), "responder")
 
 	// A client's own move to ERR: no event; then a CQ overflow.
 	c := newDPClient(t, na, 2) // CQs of 2 CQEs
@@ -110,4 +128,41 @@ func TestAsyncEvents(t *testing.T) {
 	assert.Equal(t, abi.EventDeviceFatal, ev.Type)
 	_, err = eva.Get(0)
 	assert.ErrorIs(t, err, verbs.ErrClosed)
+}
+
+// TestAsyncEventsUDDeadMR: a UD QP's posted receive WQE points into an MR
+// the client has since deregistered (as a client tearing down does when
+// it frees its receive buffers before it destroys the QP), and a datagram
+// arrives. The receive completes with LOC_PROT_ERR, the WQE behind it is
+// flushed and the QP is in ERR; the completion says why, so no
+// asynchronous event is raised (Linux raises none with an error
+// completion: rxe moves the QP to ERR silently, mlx5 raises QP_FATAL only
+// for a WQ catastrophic error). The sender is untouched.
+func TestAsyncEventsUDDeadMR(t *testing.T) {
+	_, nb, a, b, qa, qb := dpTwoQPs(t, abi.QPTUD)
+	eva, evb := openEvents(t, a), openEvents(t, b)
+	udUp(t, qa, 0x1111)
+	udUp(t, qb, 0x2222)
+	ah, err := a.pd.CreateAH(abi.AHAttr{DGID: nb.gid, PortNum: 1})
+	require.NoError(t, err)
+	gone, err := b.ctx.Alloc(8192, 4096)
+	require.NoError(t, err)
+	goneMR, err := b.pd.RegMR(gone, abi.AccessLocalWrite)
+	require.NoError(t, err)
+	require.NoError(t, qb.PostRecv(&verbs.RecvWR{WrID: 1, SGL: []abi.SGE{goneMR.SGE(0, 4096)}}))
+	require.NoError(t, qb.PostRecv(&verbs.RecvWR{WrID: 2, SGL: []abi.SGE{b.mr.SGE(0, 4096)}}))
+	require.NoError(t, goneMR.Dereg())
+
+	require.NoError(t, qa.PostSend(&verbs.SendWR{WrID: 10, Opcode: abi.WRSend, Flags: abi.SendSignaled, AH: ah,
+		RemoteQPN: qb.QPN, RemoteQKey: 0x2222, SGL: []abi.SGE{a.mr.SGE(0, 64)}}))
+	assert.Equal(t, abi.WCSuccess, pollN(t, a.scq, 1)[0].Status)
+	rc := pollN(t, b.rcq, 2)
+	rc[0].VendorErr = 0 // not this test's subject
+	assert.Equal(t, abi.CQE{WrID: 1, Status: abi.WCLocProtErr, Opcode: abi.WCRecv, QPNum: qb.QPN}, rc[0])
+	assert.Equal(t, abi.CQE{WrID: 2, Status: abi.WCWRFlushErr, Opcode: abi.WCRecv, QPNum: qb.QPN}, rc[1])
+	requireState(t, qb, abi.QPSErr, "the receiver's QP is in ERR")
+	requireState(t, qa, abi.QPSRTS, "the sender's QP is untouched")
+	// The flush follows the move to ERR and whatever event it raised.
+	markEvents(t, b, evb, "no QP_FATAL: the receive's LOC_PROT_ERR says why")
+	markEvents(t, a, eva, "nothing for the sender")
 }

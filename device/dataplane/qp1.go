@@ -464,6 +464,10 @@ func (q *QP1) repost(slot uint32) {
 // (a send failed), through RESET from ERR.
 type qp1State QP1
 
+// TransportError: QP1 is in ERR; nobody hears of QP1's errors but the
+// daemon, which brings it back as from any other move to ERR.
+func (s *qp1State) TransportError(abi.EventType) { s.TransportState(abi.QPSErr) }
+
 func (s *qp1State) TransportState(st abi.QPState) {
 	q := (*QP1)(s)
 	switch st {

@@ -507,7 +507,7 @@ func (qp *QP) startRetry(timeout bool) {
 					return
 				}
 			}
-			qp.enterError()
+			qp.enterError(evFatal) // no WQE left to complete with the error
 			return
 		}
 		qp.comp.retryLeft--

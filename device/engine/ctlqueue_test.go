@@ -35,6 +35,7 @@ func (l *wedgeLink) RecvBatch(f [][]byte, _ []netip.AddrPort) (int, error) {
 type stateRecorder struct{ s atomic.Uint32 }
 
 func (r *stateRecorder) TransportState(s abi.QPState) { r.s.Store(uint32(s)) }
+func (r *stateRecorder) TransportError(abi.EventType) { r.s.Store(uint32(abi.QPSErr)) }
 
 // TestControlNeverWaits: CreateQP, ModifyQP and DestroyQP return while the
 // QP's worker is stuck (they queue; nobody waits for a worker), and the

@@ -68,7 +68,8 @@ func TestRNR(t *testing.T) {
 		require.True(t, a.rcq.wait(1, waitFor))
 		wantCQE(t, a.scq.all()[1], abi.CQE{WrID: 2, Status: abi.WCWRFlushErr, Opcode: abi.WCSend, QPNum: a.qpn})
 		wantCQE(t, a.rcq.all()[0], abi.CQE{WrID: 3, Status: abi.WCWRFlushErr, Opcode: abi.WCRecv, QPNum: a.qpn})
-		_ = b
+		wantErrEvents(t, a) // RNR_RETRY_EXC_ERR says why: no event
+		assert.Nil(t, b.state.events())
 	})
 }
 
@@ -117,6 +118,7 @@ func TestDeadPeer(t *testing.T) {
 			require.True(t, a.rcq.wait(2, waitFor))
 			wantCQE(t, a.scq.all()[2], abi.CQE{WrID: 3, Status: abi.WCWRFlushErr, Opcode: abi.WCSend, QPNum: a.qpn})
 			wantCQE(t, a.rcq.all()[1], abi.CQE{WrID: 10, Status: abi.WCWRFlushErr, Opcode: abi.WCRecv, QPNum: a.qpn})
+			wantErrEvents(t, a) // RETRY_EXC_ERR says why: no event
 		})
 	}
 }
@@ -157,6 +159,11 @@ func TestRemoteErrors(t *testing.T) {
 		require.True(t, b.rcq.wait(1, waitFor))
 		wantCQE(t, b.rcq.all()[0], abi.CQE{WrID: 20, Status: abi.WCWRFlushErr, Opcode: abi.WCRecv, QPNum: b.qpn})
 		wantErrNAKs(t, a, b, roce.NAKRemoteAccessError)
+		// The requester's completion says why; the responder's client
+		// has no completion that does (the WRITE took no receive WQE):
+		// QP_ACCESS_ERR (IBTA C9-222.1.1).
+		wantErrEvents(t, a)
+		wantErrEvents(t, b, abi.EventQPAccessErr)
 	})
 	t.Run("bad_rkey_read_and_misaligned_atomic", func(t *testing.T) {
 		for _, wr := range []abi.SendWQE{
@@ -176,9 +183,12 @@ func TestRemoteErrors(t *testing.T) {
 			wantCQE(t, a.scq.all()[0], abi.CQE{WrID: 1, Status: want, Opcode: wcOpcode(wr.Opcode), QPNum: a.qpn})
 			if want == abi.WCRemAccessErr {
 				wantErrNAKs(t, a, b, roce.NAKRemoteAccessError)
+				wantErrEvents(t, b, abi.EventQPAccessErr)
 			} else {
 				wantErrNAKs(t, a, b, roce.NAKInvalidRequest)
+				wantErrEvents(t, b, abi.EventQPReqErr)
 			}
+			wantErrEvents(t, a)
 		}
 	})
 	t.Run("recv_too_small", func(t *testing.T) {
@@ -192,6 +202,9 @@ func TestRemoteErrors(t *testing.T) {
 		wantCQE(t, a.scq.all()[0], abi.CQE{WrID: 1, Status: abi.WCRemInvReqErr, Opcode: abi.WCSend, QPNum: a.qpn})
 		wantCQE(t, b.rcq.all()[0], abi.CQE{WrID: 7, Status: abi.WCLocLenErr, Opcode: abi.WCRecv, QPNum: b.qpn})
 		wantErrNAKs(t, a, b, roce.NAKInvalidRequest)
+		// Both clients have a completion that says why: no event.
+		wantErrEvents(t, a)
+		wantErrEvents(t, b)
 	})
 	t.Run("remote_operational", func(t *testing.T) {
 		// The responder cannot write the RECV's buffer (its lkey is
@@ -211,6 +224,8 @@ func TestRemoteErrors(t *testing.T) {
 		wantCQE(t, b.rcq.all()[0], abi.CQE{WrID: 7, Status: abi.WCLocProtErr, Opcode: abi.WCRecv, QPNum: b.qpn})
 		wantCQE(t, b.rcq.all()[1], abi.CQE{WrID: 8, Status: abi.WCWRFlushErr, Opcode: abi.WCRecv, QPNum: b.qpn})
 		wantErrNAKs(t, a, b, roce.NAKRemoteOperationalErr)
+		wantErrEvents(t, a)
+		wantErrEvents(t, b) // LOC_PROT_ERR says why: no event
 	})
 	t.Run("local_protection", func(t *testing.T) {
 		a, b := pair(t, 1, nil, nil, defaultOpts())
@@ -218,6 +233,8 @@ func TestRemoteErrors(t *testing.T) {
 		a.send(t, abi.SendWQE{WrID: 1, Opcode: abi.WRRDMAWrite, Flags: abi.SendSignaled, RemoteAddr: dst.va, RKey: dst.key}, abi.SGE{Addr: 0x1000, Length: 100, LKey: 0xbad})
 		require.True(t, a.scq.wait(1, waitFor))
 		wantCQE(t, a.scq.all()[0], abi.CQE{WrID: 1, Status: abi.WCLocProtErr, Opcode: abi.WCRDMAWrite, QPNum: a.qpn})
+		wantErrEvents(t, a)
+		assert.Nil(t, b.state.events())
 	})
 }
 

@@ -4,9 +4,12 @@ import (
 	"hash/crc32"
 	"math/rand/v2"
 	"net/netip"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/vrnic/vrnic/abi"
@@ -27,6 +30,33 @@ type tqp struct {
 	sq       *fakeSQ
 	rq       *fakeRQ
 	scq, rcq *fakeCQ
+	state    *stateRec
+}
+
+// stateRec is a StateObserver: the last state reported and the
+// asynchronous events the moves to ERR raised, in order.
+type stateRec struct {
+	v   atomic.Uint32
+	mu  sync.Mutex
+	evs []abi.EventType
+}
+
+func (s *stateRec) TransportState(st abi.QPState) { s.v.Store(uint32(st)) }
+
+func (s *stateRec) TransportError(ev abi.EventType) {
+	s.mu.Lock()
+	s.evs = append(s.evs, ev)
+	s.mu.Unlock()
+	s.v.Store(uint32(abi.QPSErr))
+}
+
+func (s *stateRec) load() abi.QPState { return abi.QPState(s.v.Load()) }
+
+// events returns the events raised so far.
+func (s *stateRec) events() []abi.EventType {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]abi.EventType(nil), s.evs...)
 }
 
 type qpOpts struct {
@@ -107,7 +137,8 @@ func (n *node) newQP(t testing.TB, qpn uint32, o qpOpts) *tqp {
 // newQPWith is newQP with the engine's send source wrapped by wrap (if
 // not nil).
 func (n *node) newQPWith(t testing.TB, qpn uint32, o qpOpts, wrap func(SendSource) SendSource) *tqp {
-	q := &tqp{n: n, qpn: qpn, sq: newFakeSQ(4096), rq: newFakeRQ(4096), scq: newFakeCQ(8192), rcq: newFakeCQ(8192)}
+	q := &tqp{n: n, qpn: qpn, sq: newFakeSQ(4096), rq: newFakeRQ(4096), scq: newFakeCQ(8192), rcq: newFakeCQ(8192),
+		state: &stateRec{}}
 	var sq SendSource = q.sq
 	if wrap != nil {
 		sq = wrap(sq)
@@ -115,7 +146,7 @@ func (n *node) newQPWith(t testing.TB, qpn uint32, o qpOpts, wrap func(SendSourc
 	_, err := n.eng.CreateQP(QPConfig{
 		QPN: qpn, SQ: sq, RQ: q.rq, SendCQ: q.scq, RecvCQ: q.rcq, Mem: n.mem,
 		SQDepth: o.sqDepth, MaxSendSGE: abi.MaxSGE, MaxRecvSGE: abi.MaxSGE, MaxInline: abi.MaxInline, SigAll: o.sigAll,
-		Type: o.typ,
+		Type: o.typ, State: q.state,
 	})
 	require.NoError(t, err)
 	return q
@@ -187,6 +218,21 @@ func (q *tqp) send(t testing.TB, w abi.SendWQE, sges ...abi.SGE) {
 func (q *tqp) recv(t testing.TB, wrid uint64, sges ...abi.SGE) {
 	require.NoError(t, q.rq.post(wrid, sges...))
 	q.n.eng.Kick(q.qpn)
+}
+
+// wantErrEvents waits until q is in ERR (a receive it posts now completes
+// flushed, which happens only after the move to ERR and the events it
+// raised) and checks the asynchronous events its move raised, in order:
+// none (want empty) when a completion reported the error.
+func wantErrEvents(t testing.TB, q *tqp, want ...abi.EventType) {
+	t.Helper()
+	n := int(q.rcq.count.Load())
+	q.recv(t, 0xe77, abi.SGE{})
+	require.True(t, q.rcq.wait(n+1, waitFor), "QP %#x goes to ERR", q.qpn)
+	c := q.rcq.all()[n]
+	require.Equal(t, [2]uint64{0xe77, uint64(abi.WCWRFlushErr)}, [2]uint64{c.WrID, uint64(c.Status)}, "QP %#x is in ERR", q.qpn)
+	assert.Equal(t, want, q.state.events(), "asynchronous events of QP %#x", q.qpn)
+	assert.Equal(t, abi.QPSErr, q.state.load())
 }
 
 // buffer is a registered buffer of n bytes filled with seeded random data.

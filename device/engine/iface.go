@@ -131,14 +131,31 @@ type CompletionSink interface {
 	PushCQE(c *abi.CQE, se bool) error
 }
 
-// StateObserver is told the state the engine moved a QP to on its own:
-// ERR, after an error completion, a broken ring or a completion refused by
-// an overflowed CQ (IBTA 10.3.1: the transport places the QP in the Error
-// state). The control plane keeps its copy of the state there (QUERY_QP,
-// the transition rules): one call, on the QP's owning worker, at the
-// moment the engine changes state. It must not block or allocate.
+// StateObserver is told the state the engine moved a QP to on its own
+// (IBTA 10.3.1: the transport places the QP in the Error state), and
+// whether the move is one the client hears of only through an affiliated
+// asynchronous error (IBTA 11.6.3.1). The control plane keeps its copy of
+// the state there (QUERY_QP, the transition rules) and raises the events:
+// one call, on the QP's owning worker, at the moment the engine changes
+// state. Neither method may block or allocate.
+//
+//   - TransportState(ERR): an error a completion reports (the error
+//     completion of the WR that failed: IBTA C9-222.1.1, as Linux rxe and
+//     mlx5 report it, with no event); TransportState(SQE): a UD or UC
+//     send WR failed.
+//   - TransportError(ev): ERR through an error no completion reports; ev
+//     is the affiliated asynchronous error that tells the client (status.go,
+//     errEvent): abi.EventQPFatal (a local work queue catastrophic error:
+//     a completion its CQ refused, a broken ring, a change the engine
+//     could not apply, ModifyQP to ERR), abi.EventQPReqErr or
+//     abi.EventQPAccessErr (an RC responder's class C error on a request
+//     that consumed no receive WQE). A ModifyQP to ERR is reported so
+//     because the data plane uses it for changes it could not apply; the
+//     control plane, which stores a client's own MODIFY_QP to ERR before
+//     queuing it, sees the QP in ERR already and raises nothing for it.
 type StateObserver interface {
 	TransportState(abi.QPState)
+	TransportError(ev abi.EventType)
 }
 
 // Link is the engine's network attachment for one worker (a TAP queue, a

@@ -502,7 +502,11 @@ func (qp *QP) modify(a *QPAttr) error {
 	if m&abi.QPAttrState != 0 {
 		switch a.State {
 		case abi.QPSErr:
-			qp.enterError()
+			// QP_FATAL for the data plane's own moves (a change it could
+			// not apply); the control plane stored a client's MODIFY_QP
+			// to ERR before queuing it and raises nothing for that one
+			// (StateObserver).
+			qp.enterError(evFatal)
 		case abi.QPSReset:
 			qp.reset()
 		case abi.QPSInit, abi.QPSRTR, abi.QPSRTS, abi.QPSSQD:
@@ -561,13 +565,19 @@ func (qp *QP) reset() {
 // enterError moves the QP to ERR. Outstanding and later WRs complete with
 // WR_FLUSH_ERR (the WQE that caused the error carries its own status) on
 // both queues; nothing is dropped silently (IBTA 10.3.1 "Error state").
-func (qp *QP) enterError() {
+// ev is the asynchronous event that tells the client why, evNone when a
+// completion does (status.go, errEvent).
+func (qp *QP) enterError(ev errEvent) {
 	if qp.state == abi.QPSErr {
 		return
 	}
 	qp.state = abi.QPSErr
 	if qp.cfg.State != nil {
-		qp.cfg.State.TransportState(abi.QPSErr)
+		if ev == evNone {
+			qp.cfg.State.TransportState(abi.QPSErr)
+		} else {
+			qp.cfg.State.TransportError(errEventTypes[ev])
+		}
 	}
 	qp.w.timers.stop(&qp.retryTimer)
 	qp.w.timers.stop(&qp.rnrTimer)
@@ -586,7 +596,7 @@ func (qp *QP) enterError() {
 // MODIFY_QP SQE → RTS resumes sending. An RC QP goes to ERR instead.
 func (qp *QP) enterSQE() {
 	if qp.state != abi.QPSRTS && qp.state != abi.QPSSQD {
-		qp.enterError()
+		qp.enterError(evNone) // the failed WR's completion says why
 		return
 	}
 	qp.state = abi.QPSSQE
@@ -735,12 +745,12 @@ func (qp *QP) pushRecv(c *abi.CQE, se bool) {
 }
 
 // cqOverflow handles a completion the CQ refused: an overrun CQ is in
-// error and the QPs that complete into it go to ERR (IBTA 11.4.2.1; the
-// CQ's sink keeps refusing, so every later completion is lost and
-// counted).
+// error and the QPs that complete into it go to ERR with QP_FATAL, the
+// one way left to tell their clients (IBTA 11.4.2.1, C9-218; the CQ's
+// sink keeps refusing, so every later completion is lost and counted).
 func (qp *QP) cqOverflow() {
 	qp.w.Counters.CQOverflows.Add(1)
-	qp.enterError()
+	qp.enterError(evFatal)
 }
 
 // publishSQ publishes the send queue's consumer index (SendPublisher).

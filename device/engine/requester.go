@@ -142,7 +142,7 @@ func (qp *QP) reqFetch() reqState {
 	if err != nil {
 		// A WQE the source rejected (package queues: too many SGEs,
 		// unknown opcode, ...) or a broken ring: status from the table.
-		qp.failWQE(e, qp.w.rejectedSource(err))
+		qp.failSource(e, err)
 		return reqExit
 	}
 	if st := qp.prepareWQE(e); st != abi.WCSuccess {
@@ -231,7 +231,21 @@ func (qp *QP) failWQE(e *swqe, st abi.WCStatus) {
 		qp.enterSQE()
 		return
 	}
-	qp.enterError()
+	qp.enterError(evNone) // e's completion says why
+}
+
+// failSource fails e, which the SendSource consumed with error err: a
+// rejected WQE as failWQE does; a broken ring (no WR stands for e) moves
+// the QP to ERR with QP_FATAL, whatever its type (sourceEvent).
+func (qp *QP) failSource(e *swqe, err error) {
+	st := qp.w.rejectedSource(err)
+	ev := sourceEvent(err)
+	if ev == evNone {
+		qp.failWQE(e, st)
+		return
+	}
+	e.status, e.state = st, wqeDone
+	qp.enterError(ev)
 }
 
 // reqLocal executes LOCAL_INV and BIND_MW when the requester reaches

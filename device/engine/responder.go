@@ -92,7 +92,8 @@ type responder struct {
 
 	ackPending bool
 	nakPending bool
-	nakFatal   bool // move to ERR once the NAK is out
+	nakFatal   bool     // move to ERR once the NAK is out
+	nakEv      errEvent // with nakFatal: the event of the move (status.go)
 	nak        roce.Syndrome
 	nakPSN     uint32
 
@@ -133,7 +134,7 @@ func (r *responder) keep(res rdRes, n uint32) {
 func (r *responder) clear(epsn uint32) {
 	r.epsn, r.msn, r.nakSent = epsn, 0, false
 	r.inSend, r.inWrite, r.rqeValid, r.off, r.ucDrop = false, false, false, 0, false
-	r.ackPending, r.nakPending, r.nakFatal = false, false, false
+	r.ackPending, r.nakPending, r.nakFatal, r.nakEv = false, false, false, evNone
 	r.xsrq = nil
 	clear(r.res)
 	r.resNext = 0
@@ -259,13 +260,13 @@ func (qp *QP) respWriteOnly(p *packet) bool {
 }
 
 // queueNAK records a NAK to send at psn. A fatal NAK (the QP goes to ERR
-// after it) is never replaced.
-func (qp *QP) queueNAK(s roce.Syndrome, psn uint32, fatal bool) {
+// after it, raising ev) is never replaced.
+func (qp *QP) queueNAK(s roce.Syndrome, psn uint32, fatal bool, ev errEvent) {
 	r := &qp.resp
 	if r.nakPending && r.nakFatal {
 		return
 	}
-	r.nak, r.nakPSN, r.nakPending, r.nakFatal = s, psn, true, fatal
+	r.nak, r.nakPSN, r.nakPending, r.nakFatal, r.nakEv = s, psn, true, fatal, ev
 	r.ackPending = false
 	if fatal {
 		qp.Counters.Rare().countErrNAK(s.NAK(), true)
@@ -273,9 +274,19 @@ func (qp *QP) queueNAK(s roce.Syndrome, psn uint32, fatal bool) {
 }
 
 // fatalNAK answers p with NAK code c and moves the QP to ERR once the NAK
-// has been sent (IBTA 9.9.3.1.2: responder class C and D errors).
+// has been sent (IBTA 9.9.3.1.2: responder class C and D errors). No
+// receive completion reports the error: the client hears of it through
+// QP_REQ_ERR or QP_ACCESS_ERR (C9-222.1.1; status.go, classCEvent).
 func (qp *QP) fatalNAK(c roce.NAKCode, p *packet) respState {
-	qp.queueNAK(roce.NAKSyndrome(c), p.psn, true)
+	return qp.fatalNAKAfter(c, p, classCEvent(c))
+}
+
+// fatalNAKAfter is fatalNAK for an error a receive completion was written
+// for (class A, or a class C error of a SEND in its receive WQE's
+// buffers): ev is evNone, as that completion reports it, unless the
+// receive queue itself failed (sourceEvent).
+func (qp *QP) fatalNAKAfter(c roce.NAKCode, p *packet, ev errEvent) respState {
+	qp.queueNAK(roce.NAKSyndrome(c), p.psn, true, ev)
 	qp.Counters.Rare().Dropped.Add(1)
 	return respDone
 }
@@ -299,7 +310,7 @@ func (qp *QP) respCheckPSN(p *packet) respState {
 		if !r.nakSent {
 			r.nakSent = true
 			qp.Counters.Rare().SeqNAKsSent.Add(1)
-			qp.queueNAK(roce.NAKSyndrome(roce.NAKPSNSequenceError), r.epsn, false)
+			qp.queueNAK(roce.NAKSyndrome(roce.NAKPSNSequenceError), r.epsn, false, evNone)
 		}
 		qp.Counters.Rare().Dropped.Add(1)
 		return respDone
@@ -426,14 +437,14 @@ func (qp *QP) respCheckResource(p *packet) respState {
 			// QP goes to ERR once the NAK is out, which flushes the
 			// rest.
 			qp.completeRecv(&r.rqe, qp.w.rejectedSource(err), abi.WCRecv, 0, 0, 0, false)
-			return qp.fatalNAK(recvSourceNAK, p)
+			return qp.fatalNAKAfter(recvSourceNAK, p, sourceEvent(err))
 		}
 		if !ok {
 			qp.Counters.Rare().RNRNAKsSent.Add(1)
 			// The rest of the message now arrives out of sequence;
 			// the RNR NAK is the one NAK of this gap.
 			r.nakSent = true
-			qp.queueNAK(roce.RNRNAKSyndrome(roce.RNRTimer(qp.attr.MinRNRTimer)), p.psn, false)
+			qp.queueNAK(roce.RNRNAKSyndrome(roce.RNRTimer(qp.attr.MinRNRTimer)), p.psn, false, evNone)
 			return respDone
 		}
 		r.rqeValid, r.rqeTaken = true, qp.w.now
@@ -541,7 +552,7 @@ func (qp *QP) respExecute(p *packet) respState {
 				st, c := recvMemStatus(err)
 				r.rqeValid = false
 				qp.completeRecv(&r.rqe, st, abi.WCRecv, 0, 0, 0, false)
-				return qp.fatalNAK(c, p)
+				return qp.fatalNAKAfter(c, p, evNone)
 			}
 		}
 		r.off += uint64(len(p.payload))
@@ -556,7 +567,7 @@ func (qp *QP) respExecute(p *packet) respState {
 				if err := mem.Invalidate(p.invRKey); err != nil {
 					r.rqeValid = false
 					qp.completeRecv(&r.rqe, invalidateRecvStatus, abi.WCRecv, 0, 0, 0, false)
-					return qp.fatalNAK(invalidateNAK, p)
+					return qp.fatalNAKAfter(invalidateNAK, p, evNone)
 				}
 				flags, immInv = abi.WCWithInv, p.invRKey
 			}
@@ -689,10 +700,10 @@ func (qp *QP) respOutput() bool {
 		if h := traceHook.Load(); h != nil {
 			(*h)(qp, "B tx ack %v psn %d", o.syndrome, o.psn)
 		}
-		fatal := r.nakPending && r.nakFatal
-		r.ackPending, r.nakPending, r.nakFatal = false, false, false
+		fatal, ev := r.nakPending && r.nakFatal, r.nakEv
+		r.ackPending, r.nakPending, r.nakFatal, r.nakEv = false, false, false, evNone
 		if fatal {
-			qp.enterError()
+			qp.enterError(ev)
 			return true
 		}
 	}
@@ -742,7 +753,8 @@ func (qp *QP) sendResponse(s *rdRes) bool {
 		if n > 0 {
 			if err := s.mem.ReadRemoteTo(s.rkey, s.va, int(n), &qp.w.framer); err != nil {
 				s.active = false
-				qp.queueNAK(roce.NAKSyndrome(remoteMemNAK(err)), s.cur, true)
+				c := remoteMemNAK(err)
+				qp.queueNAK(roce.NAKSyndrome(c), s.cur, true, classCEvent(c))
 				return true
 			}
 		}

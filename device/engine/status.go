@@ -9,8 +9,9 @@ import (
 )
 
 // Completion statuses and NAK codes: the one place that says which status
-// a work request completes with, and which NAK code a responder answers
-// with, for each cause of failure the engine can meet. The requester, the
+// a work request completes with, which NAK code a responder answers
+// with, and which asynchronous event (if any) a move to ERR raises
+// (errEvent), for each cause of failure the engine can meet. The requester, the
 // responder and the completer look their statuses up here; none of them
 // picks an error status of its own, except for causes with a single
 // obvious answer that name it at the one place they happen (a malformed
@@ -303,4 +304,83 @@ const (
 func unreliableRecvStatus(err error) (abi.WCStatus, bool) {
 	st, _ := recvMemStatus(err)
 	return st, classOf(err) != memLength
+}
+
+// errEvent is how a QP's client learns why the engine moved the QP to ERR
+// (qp.go, enterError): through a completion, or through an affiliated
+// asynchronous error (IBTA 11.6.3.1; the StateObserver raises it).
+//
+// The IBTA reports an error in a completion whenever it can be tied to a
+// WR: C9-222.1.1 for the responder ("If the error can be related to a
+// particular WQE on a given receive queue, the QP shall be placed into the
+// error state and the error shall be reported to the responder's client
+// as a Completion error"), and the requester's errors all complete its
+// WQE. Linux does the same: rxe moves a QP to ERR after an error
+// completion (rxe_comp.c COMPST_ERROR, rxe_resp.c RESPST_ERROR through
+// rxe_qp_error) without an event, and mlx5 raises IB_EVENT_QP_FATAL only
+// when the device reports a WQ_CATAS_ERROR (mlx5_ib_qp_event), not with an
+// error CQE. Raising QP_FATAL after an error completion would tell clients
+// a catastrophe happened where the verbs say none did (UCX, for one, logs
+// every QP_FATAL as an error).
+//
+// An event is raised only for what no completion reports:
+//
+//   - evFatal, QP_FATAL, "Local Work Queue Catastrophic Error": a
+//     completion the CQ refused (C9-218 and C11-37: the QPs that complete
+//     into an overrun CQ go to ERR with an affiliated asynchronous error,
+//     the CQ gets CQ_ERR); a broken ring (an impossible producer index, or
+//     any other source failure that is not one rejected WQE: the queue
+//     itself cannot be read, whatever completion is written for it); a
+//     change the engine could not apply; an injected qp_err fault.
+//   - evReqErr, QP_REQ_ERR ("Invalid Request Local Work Queue Error") and
+//     evAccessErr, QP_ACCESS_ERR ("Local Access Violation Work Queue
+//     Error"): an RC responder's class C error (NAK Invalid Request or
+//     Remote Access Error) on a request no receive completion reports
+//     (RDMA WRITE, READ, atomic: C9-222.1.1's "cannot be related to a
+//     particular WQE"). Linux rxe raises IB_EVENT_QP_ACCESS_ERR for the
+//     R_Key violations of such requests (rxe_resp.c,
+//     RESPST_ERR_RKEY_VIOLATION_EVENT), mlx5 both from the device's
+//     WQ_ACCESS_ERROR and WQ_INVAL_REQ_ERROR.
+//
+// evNone: an error completion reports the error (or the WQE that failed is
+// flushed behind one), and no event is raised.
+type errEvent uint8
+
+const (
+	evNone errEvent = iota
+	evFatal
+	evReqErr
+	evAccessErr
+)
+
+// errEventTypes: errEvent -> the event the StateObserver raises.
+var errEventTypes = [...]abi.EventType{
+	evFatal:     abi.EventQPFatal,
+	evReqErr:    abi.EventQPReqErr,
+	evAccessErr: abi.EventQPAccessErr,
+}
+
+// classCEvent is the event of an RC responder's fatal NAK with code c on
+// a request no receive completion reports. A code other than the two of
+// class C (none is sent so today) is catastrophic.
+func classCEvent(c roce.NAKCode) errEvent {
+	switch c {
+	case roce.NAKInvalidRequest:
+		return evReqErr
+	case roce.NAKRemoteAccessError:
+		return evAccessErr
+	}
+	return evFatal
+}
+
+// sourceEvent is the event of a source error err after the WQE it
+// consumed completed with sourceStatus(err): none for a rejected WQE
+// (*queues.WQEError, or one a bad_wqe fault treats as malformed), whose
+// completion carries its own wr_id and status; QP_FATAL for a broken ring
+// or any other failure of the source, which no WR stands for.
+func sourceEvent(err error) errEvent {
+	if _, ok := errors.AsType[*queues.WQEError](err); ok || errors.Is(err, ErrInjectedBadWQE) {
+		return evNone
+	}
+	return evFatal
 }

@@ -129,7 +129,9 @@ func TestStatusNoAlloc(t *testing.T) {
 // TestBadSendWQE: a send WQE the source consumed with an error (package
 // queues rejected it, or the ring is broken) completes with the status of
 // the table (num_sge > max_send_sge: LOC_LEN_ERR), the QP goes to ERR and
-// everything else, posted before or after, is flushed.
+// everything else, posted before or after, is flushed. A rejected WQE's
+// completion says why, and no asynchronous event is raised; a broken ring
+// is a catastrophic error, QP_FATAL.
 func TestBadSendWQE(t *testing.T) {
 	for _, c := range []struct {
 		name   string
@@ -187,6 +189,12 @@ func TestBadSendWQE(t *testing.T) {
 			// Counted once, under its cause.
 			assert.Equal(t, map[string]uint64{c.cause: 1}, a.n.eng.WorkerCounters(0).RejectedWQEs())
 			assert.Nil(t, b.n.eng.WorkerCounters(0).RejectedWQEs())
+			if c.reason == queues.ReasonNone {
+				wantErrEvents(t, a, abi.EventQPFatal)
+			} else {
+				wantErrEvents(t, a)
+			}
+			assert.Nil(t, b.state.events())
 		})
 	}
 }
@@ -196,7 +204,9 @@ func TestBadSendWQE(t *testing.T) {
 // responder's client gets a receive completion in error (LOC_QP_OP_ERR
 // with wr_id 0 for the ring; the table's status with its wr_id for the
 // WQE), the requester gets NAK Remote Operational Error (REM_OP_ERR), and
-// both QPs go to ERR, flushing the rest.
+// both QPs go to ERR, flushing the rest. The responder's client hears of
+// a broken ring through QP_FATAL; of a malformed receive WQE through its
+// completion only, and the requester through its own (REM_OP_ERR).
 func TestRecvSourceError(t *testing.T) {
 	for _, c := range []struct {
 		name   string
@@ -238,6 +248,14 @@ func TestRecvSourceError(t *testing.T) {
 			require.NoError(t, err)
 			assert.Zero(t, cb.Rare().RNRNAKsSent.Load(), "an error, not a missing receive")
 			assert.Equal(t, map[string]uint64{c.cause: 1}, b.n.eng.WorkerCounters(0).RejectedWQEs())
+			if c.reason == queues.ReasonNone {
+				// Its flushed send showed b in ERR; a broken ring takes
+				// no receive to flush (wantErrEvents).
+				assert.Equal(t, []abi.EventType{abi.EventQPFatal}, b.state.events())
+			} else {
+				wantErrEvents(t, b)
+			}
+			wantErrEvents(t, a)
 		})
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"net/netip"
 	"os"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,28 +12,22 @@ import (
 
 	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/link"
+	"github.com/vrnic/vrnic/queues"
 	"github.com/vrnic/vrnic/roce"
 )
-
-// stateRec is a StateObserver that keeps the last state reported.
-type stateRec struct{ v atomic.Uint32 }
-
-func (s *stateRec) TransportState(st abi.QPState) { s.v.Store(uint32(st)) }
-func (s *stateRec) load() abi.QPState             { return abi.QPState(s.v.Load()) }
 
 // udQP is a UD QP of a test node with its context's AH table.
 type udQP struct {
 	*tqp
-	ahs   *AHTable
-	state *stateRec
+	ahs *AHTable
 }
 
 const udPD = 7
 
 // newUDQP creates a UD QP with Q_Key qkey and brings it to RTS.
 func (n *node) newUDQP(t testing.TB, qpn, qkey uint32) *udQP {
-	q := &udQP{tqp: &tqp{n: n, qpn: qpn, sq: newFakeSQ(4096), rq: newFakeRQ(4096), scq: newFakeCQ(8192), rcq: newFakeCQ(8192)},
-		ahs: &AHTable{}, state: &stateRec{}}
+	q := &udQP{tqp: &tqp{n: n, qpn: qpn, sq: newFakeSQ(4096), rq: newFakeRQ(4096), scq: newFakeCQ(8192), rcq: newFakeCQ(8192),
+		state: &stateRec{}}, ahs: &AHTable{}}
 	_, err := n.eng.CreateQP(QPConfig{
 		QPN: qpn, SQ: q.sq, RQ: q.rq, SendCQ: q.scq, RecvCQ: q.rcq, Mem: n.mem,
 		SQDepth: 256, MaxSendSGE: abi.MaxSGE, MaxRecvSGE: abi.MaxSGE, MaxInline: abi.MaxInline, SigAll: true,
@@ -295,6 +288,66 @@ func TestUDReceiveDrops(t *testing.T) {
 				assert.Equal(t, abi.WCSuccess, c.Status, "wr %d", c.WrID)
 			}
 			assert.Equal(t, uint64(1), ctr.Rare().Dropped.Load())
+		})
+	}
+}
+
+// TestUDReceiveErrors: a datagram whose receive WQE cannot take it
+// otherwise than for its length moves the UD QP to ERR. A receive WQE
+// whose buffer the QP cannot write (an L_Key that names no MR, as after
+// the client deregistered the MR its posted WQE points to) completes with
+// LOC_PROT_ERR, a malformed one with its table status; the completion
+// says why, so no asynchronous event is raised (as rxe and mlx5 raise
+// none with an error completion). A broken RQ ring completes with
+// LOC_QP_OP_ERR and wr_id 0, and raises QP_FATAL: no WR stands for it.
+func TestUDReceiveErrors(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		post func(t *testing.T, b *udQP, dst *buffer)
+		want abi.CQE
+		evs  []abi.EventType
+	}{
+		{"dead_lkey", func(t *testing.T, b *udQP, dst *buffer) {
+			b.recv(t, 10, abi.SGE{Addr: dst.va, Length: 4096, LKey: dst.key ^ 0x5a00})
+			b.recv(t, 11, dst.sge(0, 4096))
+		}, abi.CQE{WrID: 10, Status: abi.WCLocProtErr, Opcode: abi.WCRecv}, nil},
+		{"malformed", func(t *testing.T, b *udQP, dst *buffer) {
+			require.NoError(t, b.rq.postErr(10, &queues.WQEError{WrID: 10, Reason: queues.ReasonReserved}))
+			b.recv(t, 11, dst.sge(0, 4096))
+		}, abi.CQE{WrID: 10, Status: abi.WCLocQPOpErr, Opcode: abi.WCRecv}, nil},
+		{"broken_ring", func(t *testing.T, b *udQP, _ *buffer) {
+			b.rq.breakRing()
+		}, abi.CQE{WrID: 0, Status: abi.WCLocQPOpErr, Opcode: abi.WCRecv}, []abi.EventType{abi.EventQPFatal}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			a, b := udPair(t, roce.ModeEthernet)
+			src := a.n.buffer(256, 0x10000, 0, 1)
+			dst := b.n.buffer(4096, 0x20000, abi.AccessLocalWrite, 2)
+			c.post(t, b, dst)
+			a.send(t, udSend(1, 1, b.qpn, 0x2222), src.sge(0, 64))
+			require.True(t, a.scq.wait(1, waitFor))
+			assert.Equal(t, abi.WCSuccess, a.scq.all()[0].Status, "a UD send completes whatever the receiver does")
+			require.True(t, b.rcq.wait(1, waitFor))
+			c.want.QPNum = b.qpn
+			wantCQE(t, b.rcq.all()[0], c.want)
+			if c.evs == nil {
+				// The QP is in ERR: the receive behind the failed one is
+				// flushed at once, with no doorbell rung since.
+				require.True(t, b.rcq.wait(2, waitFor))
+				wantCQE(t, b.rcq.all()[1], abi.CQE{WrID: 11, Status: abi.WCWRFlushErr, Opcode: abi.WCRecv, QPNum: b.qpn})
+			}
+			// A send is flushed.
+			b.send(t, udSend(20, 1, a.qpn, 0x1111), dst.sge(0, 8))
+			require.True(t, b.scq.wait(1, waitFor))
+			wantCQE(t, b.scq.all()[0], abi.CQE{WrID: 20, Status: abi.WCWRFlushErr, Opcode: abi.WCSend, QPNum: b.qpn})
+			if c.evs == nil {
+				wantErrEvents(t, b.tqp)
+			} else {
+				assert.Equal(t, c.evs, b.state.events())
+				assert.Equal(t, abi.QPSErr, b.state.load())
+			}
+			assert.Nil(t, a.state.events())
+			assert.Zero(t, a.state.load(), "the transport never moved the sender")
 		})
 	}
 }

@@ -147,7 +147,7 @@ func (w *worker) inputUD(qp *QP, pkt *roce.Packet, frameLen int, from netip.Addr
 	ok, err := qp.cfg.RQ.PollRecv(&r.rqe)
 	if err != nil {
 		qp.completeRecv(&r.rqe, qp.w.rejectedSource(err), abi.WCRecv, 0, 0, 0, false)
-		qp.enterError()
+		qp.enterError(sourceEvent(err))
 		return
 	}
 	if !ok {
@@ -167,7 +167,7 @@ func (w *worker) inputUD(qp *QP, pkt *roce.Packet, frameLen int, from netip.Addr
 		st, fatal := unreliableRecvStatus(err)
 		qp.completeRecv(&r.rqe, st, abi.WCRecv, 0, 0, 0, false)
 		if fatal {
-			qp.enterError()
+			qp.enterError(evNone) // the receive's completion says why
 		}
 		return
 	}
@@ -321,7 +321,7 @@ func (qp *QP) ucCheck(p *packet, info *roce.OpInfo) bool {
 		ok, err := qp.cfg.RQ.PollRecv(&r.rqe)
 		if err != nil {
 			qp.completeRecv(&r.rqe, qp.w.rejectedSource(err), abi.WCRecv, 0, 0, 0, false)
-			qp.enterError()
+			qp.enterError(sourceEvent(err))
 			return false
 		}
 		if !ok {
@@ -346,7 +346,7 @@ func (qp *QP) ucExecute(p *packet, info *roce.OpInfo) {
 				qp.completeRecv(&r.rqe, st, abi.WCRecv, 0, 0, 0, false)
 				qp.ucDropMessage(p)
 				if fatal {
-					qp.enterError()
+					qp.enterError(evNone) // the receive's completion says why
 				}
 				return
 			}

@@ -14,11 +14,13 @@ const (
 	// request; a fault answers with an RNR NAK as if none were posted.
 	VerbRNR VerbPoint = iota + 1
 	// VerbQPErr: a QP fetches a send WQE or receives a request; a fault
-	// moves it to ERR as a transport error would (QP_FATAL, flushes), and
-	// the request, if any, is dropped as an ERR QP drops it.
+	// moves it to ERR as a catastrophic error would (QP_FATAL, flushes:
+	// no completion says why), and the request, if any, is dropped as an
+	// ERR QP drops it.
 	VerbQPErr
 	// VerbBadWQE: a send WQE was fetched; a fault treats it as malformed
-	// (LOC_QP_OP_ERR, the QP to ERR), as a WQE package queues rejects.
+	// (LOC_QP_OP_ERR, the QP to ERR; no asynchronous event, the
+	// completion says why), as a WQE package queues rejects.
 	VerbBadWQE
 	// VerbCQOverflow: a completion is about to be written to CQ cq; a
 	// fault overflows the CQ (package device/dataplane).
@@ -81,7 +83,7 @@ func (qp *QP) pollSend(w *SendWork) (bool, error) {
 		return ok, err
 	}
 	if _, hit := h.f.VerbFault(VerbQPErr, qp.qpn, 0); hit {
-		qp.enterError()
+		qp.enterError(evFatal)
 		return false, nil
 	}
 	ok, err := qp.cfg.SQ.PollSend(w)
@@ -118,6 +120,6 @@ func (qp *QP) verbRequestErr() bool {
 		return false
 	}
 	qp.Counters.Rare().Dropped.Add(1)
-	qp.enterError()
+	qp.enterError(evFatal)
 	return true
 }

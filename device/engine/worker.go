@@ -586,7 +586,7 @@ func (w *worker) apply(m *ctlMsg) {
 		}
 		if err := qp.modify(&m.attr); err != nil {
 			w.e.log.Warn("engine: a QP change could not be applied; moving the QP to ERR", "qpn", qp.qpn, "err", err)
-			qp.enterError()
+			qp.enterError(evFatal)
 		}
 		w.activate(qp)
 	case ctlDestroy:

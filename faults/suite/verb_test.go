@@ -10,6 +10,7 @@ import (
 
 	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/admin"
+	"github.com/vrnic/vrnic/verbs"
 )
 
 // pair starts two daemons and connects an RC QP on each; the cleanup
@@ -30,6 +31,24 @@ func pair(t *testing.T, o ConnOpts) (*Daemon, *Daemon, *Endpoint, *Endpoint) {
 
 func verbRule(verb string, qpn *uint32, cq *uint32, count uint64) admin.FaultRule {
 	return admin.FaultRule{QPN: qpn, CQ: cq, Count: count, Action: admin.FaultAction{Type: "verb", Verb: verb}}
+}
+
+// noEventBefore checks that e's context has no asynchronous event waiting:
+// it moves a new QP with an SRQ to ERR, which raises QP_LAST_WQE_REACHED
+// before MODIFY_QP replies, and that is the next event. What happened
+// before the call (a QP's move to ERR, which raises its events before the
+// completions that follow it are written) raised nothing.
+func noEventBefore(t *testing.T, e *Endpoint, msg string) {
+	t.Helper()
+	srq, err := e.PD.CreateSRQ(4, 1, 0)
+	require.NoError(t, err)
+	qp, err := e.PD.CreateQP(verbs.QPInitAttr{Type: abi.QPTRC, SendCQ: e.CQ, RecvCQ: e.CQ, SRQ: srq,
+		Cap: abi.QPCap{MaxSendWR: 4, MaxSendSGE: 1}})
+	require.NoError(t, err)
+	require.NoError(t, qp.Modify(&abi.QPAttr{QPState: abi.QPSErr}, abi.QPAttrState))
+	evs, err := e.WaitEvent(abi.EventQPLastWQEReached, 5*time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, []abi.AsyncEvent{{Type: abi.EventQPLastWQEReached, Element: uint64(qp.QPN)}}, evs, msg)
 }
 
 func applied(t *testing.T, d *Daemon, id uint32) uint64 {
@@ -77,7 +96,8 @@ func TestVerbRNRRecovers(t *testing.T) {
 // TestVerbRNRRetryExceeded: with rnr_retry 2 on A and more injected RNR
 // NAKs than that, A's SEND completes with RNR_RETRY_EXC_ERR after 3 RNR
 // NAKs (the first and two retries), the next WR is flushed, and A's QP
-// is in ERR with QP_FATAL raised. B's RECVs stay posted: B is fine.
+// is in ERR; the completion says why, so no asynchronous event is raised
+// (as on Linux). B's RECVs stay posted: B is fine.
 func TestVerbRNRRetryExceeded(t *testing.T) {
 	_, b, ea, eb := pair(t, ConnOpts{RNRRetry: U8(2)})
 	_, err := b.AddRules(verbRule("rnr", &eb.QP.QPN, nil, 10))
@@ -93,19 +113,22 @@ func TestVerbRNRRetryExceeded(t *testing.T) {
 	}
 	assert.Equal(t, []abi.WCStatus{abi.WCRNRRetryExcErr, abi.WCWRFlushErr}, st)
 	assert.Equal(t, uint64(3), res.A.RNRNAKsReceived)
-	_, err = ea.WaitEvent(abi.EventQPFatal, 5*time.Second)
+	qa, err := ea.QP.Query()
 	require.NoError(t, err)
+	assert.Equal(t, abi.QPSErr, qa.Attr.QPState)
+	noEventBefore(t, ea, "no QP_FATAL: RNR_RETRY_EXC_ERR says why")
 	q, err := eb.QP.Query()
 	require.NoError(t, err)
 	assert.Equal(t, abi.QPSRTS, q.Attr.QPState, "the responder's QP is untouched")
 }
 
 // TestVerbQPErr: B's QP goes to ERR when A's SEND arrives: B gets
-// QP_FATAL and its posted RECV is flushed (WR_FLUSH_ERR); a QP in ERR
-// drops what it receives without answering (IBTA 10.3.1), so A hears
-// nothing: its SEND completes with RETRY_EXC_ERR once retry_cnt
-// retransmissions timed out (not REM_OP_ERR, which only a responder that
-// answers sends), and A's QP goes to ERR too (QP_FATAL).
+// QP_FATAL (no completion says why) and its posted RECV is flushed
+// (WR_FLUSH_ERR); a QP in ERR drops what it receives without answering
+// (IBTA 10.3.1), so A hears nothing: its SEND completes with
+// RETRY_EXC_ERR once retry_cnt retransmissions timed out (not REM_OP_ERR,
+// which only a responder that answers sends), and A's QP goes to ERR too,
+// with no event: its completion says why.
 func TestVerbQPErr(t *testing.T) {
 	_, b, ea, eb := pair(t, ConnOpts{RetryCnt: U8(2), Timeout: U8(8)})
 	_, err := b.AddRules(verbRule("qp_err", &eb.QP.QPN, nil, 1))
@@ -120,9 +143,11 @@ func TestVerbQPErr(t *testing.T) {
 		return abi.WCWRFlushErr
 	}))
 	assert.Equal(t, uint64(2), res.A.Retransmits, "retry_cnt retransmissions before the error")
+	evs, err := eb.WaitEvent(abi.EventQPFatal, 5*time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, []abi.AsyncEvent{{Type: abi.EventQPFatal, Element: uint64(eb.QP.QPN)}}, evs)
+	noEventBefore(t, ea, "no event for A: RETRY_EXC_ERR says why")
 	for _, e := range []*Endpoint{ea, eb} {
-		_, err := e.WaitEvent(abi.EventQPFatal, 5*time.Second)
-		require.NoError(t, err, e.D.Name)
 		q, err := e.QP.Query()
 		require.NoError(t, err)
 		assert.Equal(t, abi.QPSErr, q.Attr.QPState, e.D.Name)
@@ -131,7 +156,8 @@ func TestVerbQPErr(t *testing.T) {
 
 // TestVerbBadWQE: A's next send WQE is treated as malformed: it completes
 // with LOC_QP_OP_ERR, the WR after it is flushed, A's QP goes to ERR
-// with QP_FATAL, and nothing reaches B.
+// (no asynchronous event: the completion says why), and nothing reaches
+// B.
 func TestVerbBadWQE(t *testing.T) {
 	a, _, ea, eb := pair(t, ConnOpts{})
 	_, err := a.AddRules(verbRule("bad_wqe", &ea.QP.QPN, nil, 1))
@@ -142,8 +168,10 @@ func TestVerbBadWQE(t *testing.T) {
 	require.NoError(t, res.CheckCompletions(func(_ string, i int, _ Op) abi.WCStatus {
 		return [...]abi.WCStatus{abi.WCLocQPOpErr, abi.WCWRFlushErr}[i]
 	}))
-	_, err = ea.WaitEvent(abi.EventQPFatal, 5*time.Second)
+	q, err := ea.QP.Query()
 	require.NoError(t, err)
+	assert.Equal(t, abi.QPSErr, q.Attr.QPState)
+	noEventBefore(t, ea, "no QP_FATAL: LOC_QP_OP_ERR says why")
 	assert.Zero(t, res.B.PacketsReceived, "B received nothing")
 }
 
