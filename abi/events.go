@@ -19,8 +19,8 @@ const (
 	EventDeviceFatal      EventType = 8  // never sent: end of file on the event socket
 	EventPortActive       EventType = 9  // element: port number
 	EventPortErr          EventType = 10 // element: port number
+	EventSRQLimitReached  EventType = 15 // element: SRQ handle; the limit is disarmed
 	EventQPLastWQEReached EventType = 16 // element: QPN of a QP with an SRQ, now in ERR
-	EventSRQLimitReached  EventType = 18 // element: SRQ handle; the limit is disarmed
 )
 
 var eventNames = map[EventType]string{

@@ -214,8 +214,8 @@ enum vrnic_event_type {               /* = enum ibv_event_type */
 	VRNIC_EVENT_DEVICE_FATAL          = 8,  /* never sent: end of file on the socket */
 	VRNIC_EVENT_PORT_ACTIVE           = 9,  /* element: port number */
 	VRNIC_EVENT_PORT_ERR              = 10, /* element: port number */
+	VRNIC_EVENT_SRQ_LIMIT_REACHED     = 15, /* element: SRQ handle; the limit is disarmed (0) */
 	VRNIC_EVENT_QP_LAST_WQE_REACHED   = 16, /* element: QPN of a QP with an SRQ, now in ERR */
-	VRNIC_EVENT_SRQ_LIMIT_REACHED     = 18, /* element: SRQ handle; the limit is disarmed (0) */
 };
 
 struct vrnic_async_event {

@@ -88,6 +88,18 @@ static void *obj_find(struct vr_ctx *c, uint32_t kind, uint32_t id) {
 	return o;
 }
 
+/* The daemon numbers its events as enum ibv_event_type: fill passes the
+ * number through. */
+_Static_assert((int)VRNIC_EVENT_CQ_ERR == (int)IBV_EVENT_CQ_ERR, "CQ_ERR");
+_Static_assert((int)VRNIC_EVENT_QP_FATAL == (int)IBV_EVENT_QP_FATAL, "QP_FATAL");
+_Static_assert((int)VRNIC_EVENT_QP_REQ_ERR == (int)IBV_EVENT_QP_REQ_ERR, "QP_REQ_ERR");
+_Static_assert((int)VRNIC_EVENT_QP_ACCESS_ERR == (int)IBV_EVENT_QP_ACCESS_ERR, "QP_ACCESS_ERR");
+_Static_assert((int)VRNIC_EVENT_DEVICE_FATAL == (int)IBV_EVENT_DEVICE_FATAL, "DEVICE_FATAL");
+_Static_assert((int)VRNIC_EVENT_PORT_ACTIVE == (int)IBV_EVENT_PORT_ACTIVE, "PORT_ACTIVE");
+_Static_assert((int)VRNIC_EVENT_PORT_ERR == (int)IBV_EVENT_PORT_ERR, "PORT_ERR");
+_Static_assert((int)VRNIC_EVENT_QP_LAST_WQE_REACHED == (int)IBV_EVENT_QP_LAST_WQE_REACHED, "QP_LAST_WQE_REACHED");
+_Static_assert((int)VRNIC_EVENT_SRQ_LIMIT_REACHED == (int)IBV_EVENT_SRQ_LIMIT_REACHED, "SRQ_LIMIT_REACHED");
+
 /* fill maps a daemon event onto ev; 0 when the object it names is gone. */
 static int fill(struct vr_ctx *c, const struct vrnic_async_event *e, struct ibv_async_event *ev) {
 	memset(ev, 0, sizeof *ev);
