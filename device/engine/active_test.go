@@ -169,3 +169,40 @@ func rtsQP(t *testing.T, e *Engine, o qpOpts) *tqp {
 	bringUp(t, qp, peer, o, abi.QPSRTS)
 	return qp
 }
+
+// TestParkSweepSpaced: QPs parked in turn, each due at a time of its own,
+// are swept at most every ringLinger/sweepSpacing, not once per QP; none
+// gives its ring back before ringLinger, and each within
+// ringLinger/sweepSpacing after it.
+func TestParkSweepSpaced(t *testing.T) {
+	const n, gap = 1000, int64(10 * time.Microsecond)
+	w := &worker{ringLinger: ringLinger}
+	qps := make([]*QP, n)
+	for i := range qps {
+		qps[i] = &QP{activeIdx: -1, parkedIdx: -1, lastActive: int64(i) * gap}
+		w.park(qps[i])
+	}
+	released := make([]int64, n)
+	sweeps := 0
+	for w.now = 0; len(w.parked) > 0; w.now += int64(time.Microsecond) {
+		require.Less(t, w.now, 3*int64(ringLinger), "rings still parked")
+		if w.now < w.parkedDue {
+			continue
+		}
+		w.parkSweep()
+		sweeps++
+		for i, qp := range qps {
+			if qp.parkedIdx < 0 && released[i] == 0 {
+				released[i] = w.now
+			}
+		}
+	}
+	for i, qp := range qps {
+		due := qp.lastActive + ringLinger
+		assert.GreaterOrEqual(t, released[i], due, "QP %d's ring given back before ringLinger", i)
+		assert.LessOrEqual(t, released[i], due+ringLinger/sweepSpacing, "QP %d's ring given back late", i)
+	}
+	// The QPs' due times span n×gap (10 ms): about 8 sweeps, not 1,000.
+	assert.LessOrEqual(t, sweeps, int(int64(n)*gap/(ringLinger/sweepSpacing))+2, "sweeps")
+	t.Logf("%d sweeps for %d QPs parked %v apart", sweeps, n, time.Duration(gap))
+}

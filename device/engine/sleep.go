@@ -149,8 +149,9 @@ func (w *worker) sleep(stop <-chan struct{}) bool {
 		}
 	}
 	if len(w.parked) > 0 && (at < 0 || w.parkedDue < at) {
-		// Parked send rings to give back: wake for the sweep (once
-		// per ringLinger at most; with none left, no deadline).
+		// Parked send rings to give back: wake for the sweep (at
+		// most every ringLinger/sweepSpacing; with none left, no
+		// deadline).
 		at = max(w.parkedDue, now)
 	}
 	if w.txN > 0 && (at < 0 || at-now > int64(txPoll)) {
