@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/internal/evmark"
 	"github.com/vrnic/vrnic/verbs"
 )
 
@@ -34,13 +35,9 @@ func openEvents(t *testing.T, c *dpClient) *verbs.AsyncEvents {
 // before it replies: no event was waiting before it.
 func markEvents(t *testing.T, c *dpClient, ev *verbs.AsyncEvents, msg string) {
 	t.Helper()
-	srq, err := c.pd.CreateSRQ(4, 1, 0)
+	mark, err := evmark.Raise(c.pd, c.scq, c.rcq)
 	require.NoError(t, err)
-	qp, err := c.pd.CreateQP(verbs.QPInitAttr{Type: abi.QPTRC, SendCQ: c.scq, RecvCQ: c.rcq, SRQ: srq,
-		Cap: abi.QPCap{MaxSendWR: 4, MaxSendSGE: 1}})
-	require.NoError(t, err)
-	require.NoError(t, qp.Modify(&abi.QPAttr{QPState: abi.QPSErr}, abi.QPAttrState))
-	require.Equal(t, abi.AsyncEvent{Type: abi.EventQPLastWQEReached, Element: uint64(qp.QPN)}, nextEvent(t, ev), msg)
+	require.Equal(t, mark, nextEvent(t, ev), msg)
 }
 
 // TestAsyncEvents: the events of a context's event socket, in order.

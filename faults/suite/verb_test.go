@@ -10,7 +10,7 @@ import (
 
 	"github.com/vrnic/vrnic/abi"
 	"github.com/vrnic/vrnic/admin"
-	"github.com/vrnic/vrnic/verbs"
+	"github.com/vrnic/vrnic/internal/evmark"
 )
 
 // pair starts two daemons and connects an RC QP on each; the cleanup
@@ -40,15 +40,11 @@ func verbRule(verb string, qpn *uint32, cq *uint32, count uint64) admin.FaultRul
 // completions that follow it are written) raised nothing.
 func noEventBefore(t *testing.T, e *Endpoint, msg string) {
 	t.Helper()
-	srq, err := e.PD.CreateSRQ(4, 1, 0)
+	mark, err := evmark.Raise(e.PD, e.CQ, e.CQ)
 	require.NoError(t, err)
-	qp, err := e.PD.CreateQP(verbs.QPInitAttr{Type: abi.QPTRC, SendCQ: e.CQ, RecvCQ: e.CQ, SRQ: srq,
-		Cap: abi.QPCap{MaxSendWR: 4, MaxSendSGE: 1}})
-	require.NoError(t, err)
-	require.NoError(t, qp.Modify(&abi.QPAttr{QPState: abi.QPSErr}, abi.QPAttrState))
 	evs, err := e.WaitEvent(abi.EventQPLastWQEReached, 5*time.Second)
 	require.NoError(t, err)
-	assert.Equal(t, []abi.AsyncEvent{{Type: abi.EventQPLastWQEReached, Element: uint64(qp.QPN)}}, evs, msg)
+	assert.Equal(t, []abi.AsyncEvent{mark}, evs, msg)
 }
 
 func applied(t *testing.T, d *Daemon, id uint32) uint64 {
