@@ -35,7 +35,9 @@ const (
 // TestBenchTable measures perftest through vrnic's libibverbs against
 // vrnic-perf on the same two daemons, interleaved, and prints the table
 // of BENCHMARKS.md (medians and ratios library/vrnic-perf). It runs only
-// with VRNIC_IBVERBS_BENCH=1 (VRNIC_IBVERBS_BENCH_ROUNDS, default 3):
+// with VRNIC_IBVERBS_BENCH=1 (VRNIC_IBVERBS_BENCH_ROUNDS, default 3;
+// VRNIC_IBVERBS_BENCH_ONLY, a substring of the rows' names, keeps only
+// the rows that have it, e.g. "_lat"):
 //
 //	VRNIC_IBVERBS_BENCH=1 go test -run TestBenchTable -v ./tests/ibverbs/
 func TestBenchTable(t *testing.T) {
@@ -64,6 +66,10 @@ func TestBenchTable(t *testing.T) {
 		// yardstick for the library's latency.
 		{"ib_write_lat 8 B", []string{"ib_write_lat", "-s", "8", "-n", "5000"},
 			[]string{"-test", "send_lat", "-size", "8", "-iters", "5000"}, true},
+	}
+	if only := os.Getenv("VRNIC_IBVERBS_BENCH_ONLY"); only != "" {
+		cases = slices.DeleteFunc(cases, func(c benchCase) bool { return !strings.Contains(c.name, only) })
+		require.NotEmpty(t, cases, "no row's name contains VRNIC_IBVERBS_BENCH_ONLY=%q", only)
 	}
 	// lib[i][f], perf[i][f]: case i's figure f, a value per round.
 	lib := make([][2][]float64, len(cases))
