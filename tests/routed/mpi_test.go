@@ -1,6 +1,7 @@
 package routed
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -15,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/vrnic/vrnic/admin"
 	"github.com/vrnic/vrnic/internal/launch"
 	"github.com/vrnic/vrnic/internal/mwprogs"
 	"github.com/vrnic/vrnic/internal/testenv"
@@ -113,8 +115,9 @@ exec ip netns exec "$ns" /bin/sh -c "$*"
 		require.NoError(t, err)
 		t.Cleanup(func() { p.Stop(0, 10*time.Second) })
 		if !p.Wait(4 * time.Minute) {
+			state := daemonsState(ds) // while the ranks still hold their QPs
 			p.Stop(0, 10*time.Second)
-			require.Fail(t, "mpirun: no exit in 4 minutes", "%s", buf.String())
+			require.Fail(t, "mpirun: no exit in 4 minutes", "%s\n%s", buf.String(), state)
 		}
 		return buf, before, p.Err()
 	}
@@ -149,4 +152,36 @@ exec ip netns exec "$ns" /bin/sh -c "$*"
 		assert.GreaterOrEqual(t, c.Received-before[i].Received, uint64(48), "packets vrnicd h%d received", i)
 	}
 	t.Logf("%s", strings.TrimSpace(m[0]))
+}
+
+// daemonsState is what each daemon can tell of a hung job: its device
+// information (frames that reached no QP by reason, the data path's
+// totals, the newest link error) and its QPs (state, PSNs, counters), so
+// that a hang seen once can be told apart: a datagram vrnic dropped or
+// misplaced, or a job waiting on its own.
+func daemonsState(ds []*daemon) string {
+	var b strings.Builder
+	for i, d := range ds {
+		fmt.Fprintf(&b, "vrnicd h%d:\n", i)
+		a, err := admin.Dial(d.sock)
+		if err != nil {
+			fmt.Fprintf(&b, "  dial: %v\n", err)
+			continue
+		}
+		if info, err := a.Info(); err != nil {
+			fmt.Fprintf(&b, "  info: %v\n", err)
+		} else {
+			j, _ := json.Marshal(info)
+			fmt.Fprintf(&b, "  info: %s\n", j)
+		}
+		if qps, err := a.List(admin.QPsCmd); err != nil {
+			fmt.Fprintf(&b, "  qps: %v\n", err)
+		} else {
+			for _, q := range qps {
+				fmt.Fprintf(&b, "  qp: %s\n", q)
+			}
+		}
+		a.Close()
+	}
+	return b.String()
 }
