@@ -274,11 +274,26 @@ func (qp *QP) queueNAK(s roce.Syndrome, psn uint32, fatal bool, ev errEvent) {
 }
 
 // fatalNAK answers p with NAK code c and moves the QP to ERR once the NAK
-// has been sent (IBTA 9.9.3.1.2: responder class C and D errors). No
-// receive completion reports the error: the client hears of it through
-// QP_REQ_ERR or QP_ACCESS_ERR (C9-222.1.1; status.go, classCEvent).
+// has been sent (IBTA 9.9.3.1.2: responder class C and D errors).
+//
+// When the message in progress holds a receive WQE (a SEND past the
+// packet that took it, or the last packet of a SEND or an RDMA WRITE with
+// immediate, which took one before its length or R_Key was checked), the
+// error relates to that WQE (C9-222.1.1): it completes with the error,
+// REM_INV_REQ_ERR for an invalid request and REM_ACCESS_ERR for a remote
+// access error, and no event is raised, as Linux rxe completes it
+// (rxe_resp.c: do_class_ac_error, then do_complete with the WQE it took
+// in check_resource). Otherwise no receive completion can report the
+// error: the client hears of it through QP_REQ_ERR or QP_ACCESS_ERR
+// (status.go, classCEvent).
 func (qp *QP) fatalNAK(c roce.NAKCode, p *packet) respState {
-	return qp.fatalNAKAfter(c, p, classCEvent(c))
+	r := &qp.resp
+	if !r.rqeValid {
+		return qp.fatalNAKAfter(c, p, classCEvent(c))
+	}
+	r.rqeValid = false
+	qp.completeRecv(&r.rqe, classCRecvStatus(c), abi.WCRecv, 0, 0, 0, false)
+	return qp.fatalNAKAfter(c, p, evNone)
 }
 
 // fatalNAKAfter is fatalNAK for an error a receive completion was written

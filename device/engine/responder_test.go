@@ -73,13 +73,14 @@ type respRig struct {
 	link *captureLink
 	mem  []byte
 	rcq  *fakeCQ
+	st   *stateRec
 }
 
 func newRespRig(t *testing.T) *respRig {
 	l := &captureLink{ready: make(chan struct{}, 1)}
 	e, err := New(Config{Links: []Link{l}, Mode: roce.ModeEthernet})
 	require.NoError(t, err)
-	r := &respRig{w: e.workers[0], link: l, mem: make([]byte, 1<<16), rcq: newFakeCQ(64)}
+	r := &respRig{w: e.workers[0], link: l, mem: make([]byte, 1<<16), rcq: newFakeCQ(64), st: &stateRec{}}
 	mem := newFakeMem()
 	require.Equal(t, uint32(0x200), mem.reg(r.mem, 0x1000, abi.AccessAll))
 	rq := newFakeRQ(64)
@@ -87,7 +88,7 @@ func newRespRig(t *testing.T) *respRig {
 		require.NoError(t, rq.post(uint64(i), abi.SGE{Addr: 0x1000 + 4096*uint64(i), Length: 4096, LKey: 0x200}))
 	}
 	r.qp = createOn(t, r.w, QPConfig{QPN: 0x11, SQ: newFakeSQ(16), RQ: rq, SendCQ: newFakeCQ(64), RecvCQ: r.rcq,
-		Mem: mem, SQDepth: 16, MaxSendSGE: 4, MaxRecvSGE: 4})
+		Mem: mem, SQDepth: 16, MaxSendSGE: 4, MaxRecvSGE: 4, State: r.st})
 	for _, a := range []QPAttr{
 		{Mask: abi.QPAttrState | abi.QPAttrAccessFlags, State: abi.QPSInit, AccessFlags: abi.AccessAll},
 		{Mask: abi.QPAttrState | abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrDestQPN | abi.QPAttrRQPSN | abi.QPAttrMaxDestRdAtomic,
@@ -209,4 +210,72 @@ func TestResponderDuplicates(t *testing.T) {
 	assert.Equal(t, abi.QPSRTS, r.qp.state)
 	assert.Equal(t, uint64(1), r.qp.Counters.Rare().SeqNAKsSent.Load())
 	assert.Len(t, r.rcq.all(), 1, "one receive completion in all")
+}
+
+// TestResponderClassCWithRQE: an RC responder's class C error (NAK Invalid
+// Request or Remote Access Error) in a message that holds a receive WQE
+// completes that WQE with the error, REM_INV_REQ_ERR or REM_ACCESS_ERR,
+// and raises no event (IBTA C9-222.1.1: the error relates to that WQE; as
+// Linux rxe: do_class_ac_error, then do_complete); the QP goes to ERR and
+// flushes the other receives. The same errors in a message that holds none
+// complete nothing and raise QP_REQ_ERR or QP_ACCESS_ERR.
+func TestResponderClassCWithRQE(t *testing.T) {
+	good := roce.Headers{RETH: roce.RETHFields{VA: 0x1000, RKey: 0x200, DMALength: 64}, Imm: 0xabcd}
+	badKey := roce.Headers{RETH: roce.RETHFields{VA: 0x1000, RKey: 0xbad00, DMALength: 64}, Imm: 0xabcd}
+	badLen := roce.Headers{RETH: roce.RETHFields{VA: 0x1000, RKey: 0x200, DMALength: 65}, Imm: 0xabcd}
+	type pkt struct {
+		op roce.Opcode
+		n  int
+		h  roce.Headers
+	}
+	for _, c := range []struct {
+		name   string
+		pkts   []pkt // from PSN 100; the last one fails
+		nak    roce.NAKCode
+		status abi.WCStatus    // of receive 0; 0: it is flushed as the others
+		event  []abi.EventType // raised by the move to ERR
+	}{
+		{"write_imm_bad_rkey", []pkt{{roce.OpRCWriteOnlyImm, 64, badKey}},
+			roce.NAKRemoteAccessError, abi.WCRemAccessErr, nil},
+		{"write_imm_bad_length", []pkt{{roce.OpRCWriteOnlyImm, 64, badLen}},
+			roce.NAKInvalidRequest, abi.WCRemInvReqErr, nil},
+		{"send_middle_short", []pkt{{roce.OpRCSendFirst, 256, good}, {roce.OpRCSendMiddle, 100, good}},
+			roce.NAKInvalidRequest, abi.WCRemInvReqErr, nil},
+		{"send_then_write", []pkt{{roce.OpRCSendFirst, 256, good}, {roce.OpRCWriteOnly, 64, good}},
+			roce.NAKInvalidRequest, abi.WCRemInvReqErr, nil},
+		{"write_imm_last_bad_length", []pkt{{roce.OpRCWriteFirst, 256, roce.Headers{RETH: roce.RETHFields{VA: 0x1000, RKey: 0x200, DMALength: 300}}},
+			{roce.OpRCWriteLastImm, 64, good}},
+			roce.NAKInvalidRequest, abi.WCRemInvReqErr, nil},
+		// No receive WQE held: events, as before.
+		{"write_bad_rkey", []pkt{{roce.OpRCWriteOnly, 64, badKey}},
+			roce.NAKRemoteAccessError, 0, []abi.EventType{abi.EventQPAccessErr}},
+		{"write_first_imm_bad_rkey", []pkt{{roce.OpRCWriteFirst, 256, roce.Headers{RETH: roce.RETHFields{VA: 0x1000, RKey: 0xbad00, DMALength: 300}}}},
+			roce.NAKRemoteAccessError, 0, []abi.EventType{abi.EventQPAccessErr}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := newRespRig(t)
+			var got []sent
+			for i, p := range c.pkts {
+				got = r.in(t, p.op, 100+uint32(i), pattern(p.n, byte(i)), p.h)
+			}
+			last := uint32(100 + len(c.pkts) - 1)
+			require.Len(t, got, 1, "the answer to the failing packet")
+			assert.Equal(t, roce.OpRCAck, got[0].op)
+			assert.Equal(t, last, got[0].psn)
+			assert.Equal(t, roce.NAKSyndrome(c.nak), got[0].syn, "NAK %v", got[0].syn)
+			r.w.service(r.qp) // the move to ERR flushes the receives
+			cqes := r.rcq.all()
+			require.Len(t, cqes, 8, "the 8 receives posted")
+			first := 0
+			if c.status != 0 {
+				wantCQE(t, cqes[0], abi.CQE{WrID: 0, Status: c.status, Opcode: abi.WCRecv, QPNum: 0x11})
+				first = 1
+			}
+			for i := first; i < 8; i++ {
+				wantCQE(t, cqes[i], abi.CQE{WrID: uint64(i), Status: abi.WCWRFlushErr, Opcode: abi.WCRecv, QPNum: 0x11})
+			}
+			assert.Equal(t, abi.QPSErr, r.st.load())
+			assert.Equal(t, c.event, r.st.events(), "asynchronous events")
+		})
+	}
 }

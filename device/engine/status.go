@@ -373,6 +373,18 @@ func classCEvent(c roce.NAKCode) errEvent {
 	return evFatal
 }
 
+// classCRecvStatus is the status of the receive WQE a message held when
+// the responder's class C error with NAK code c ended it (fatalNAK), as
+// Linux rxe's (RESPST_ERR_RKEY_VIOLATION: IB_WC_REM_ACCESS_ERR; the
+// invalid requests, RESPST_ERR_LENGTH and the opcode sequence errors:
+// IB_WC_REM_INV_REQ_ERR).
+func classCRecvStatus(c roce.NAKCode) abi.WCStatus {
+	if c == roce.NAKRemoteAccessError {
+		return abi.WCRemAccessErr
+	}
+	return abi.WCRemInvReqErr
+}
+
 // sourceEvent is the event of a source error err after the WQE it
 // consumed completed with sourceStatus(err): none for a rejected WQE
 // (*queues.WQEError, or one a bad_wqe fault treats as malformed), whose
