@@ -6,8 +6,9 @@ import (
 	"github.com/stretchr/testify/assert"
 )
 
-// TestUDWireupCrash: only a segmentation fault inside MPI_Init in UCX's
-// UD receive path is taken for the known UCX defect.
+// TestUDWireupCrash: only a segmentation fault in UCX's UD receive path
+// inside MPI_Init or in UCX's async thread, or UD's assertion on an
+// acknowledged PSN, is taken for the known UCX defect.
 func TestUDWireupCrash(t *testing.T) {
 	crash := `[vm:8521 :0:8521] Caught signal 11 (Segmentation fault: address not mapped to object at address 0x7fc6e98d5000)
 ==== backtrace (tid:   8521) ====
@@ -23,6 +24,16 @@ func TestUDWireupCrash(t *testing.T) {
  9  /lib/x86_64-linux-gnu/libmpi.so.40(MPI_Init+0x6d)
 `
 	assert.True(t, udWireupCrash(ack))
+	// The same crash in UCX's async thread, which progresses UD while
+	// the rank waits: MPI_Init is not on its stack.
+	async := `[vm:27343:a:27384] Caught signal 11 (Segmentation fault: address not mapped to object at address 0x7f6244138000)
+==== backtrace (tid:  27384) ====
+ 3  /lib/x86_64-linux-gnu/libucp.so.0(+0xbbe57) [0x7f8f4d5aee57]
+ 4  /lib/x86_64-linux-gnu/ucx/libuct_ib.so.0(uct_ud_ep_process_rx+0x246) [0x7f8f4d1c7046]
+ 9  /lib/x86_64-linux-gnu/libucs.so.0(ucs_async_dispatch_handlers+0x3c) [0x7f8f4d4acbcc]
+11  /lib/x86_64-linux-gnu/libucs.so.0(ucs_event_set_wait+0xe1) [0x7f8f4d4c89c1]
+`
+	assert.True(t, udWireupCrash(async))
 	// The same defect under load, caught by UD's own assertion (in its
 	// async thread: MPI_Init need not be on the stack).
 	assertion := `[vm:30123:a:30168]       ud_ep.c:721  Assertion ` + "`" + `((int16_t)((ep->tx.acked_psn) - (ep->tx.psn)) < 0)' failed: ep 0x55b5da68d400: flags=0x198 acked_psn=3 must be smaller than current_psn=3
@@ -36,6 +47,7 @@ func TestUDWireupCrash(t *testing.T) {
 		"abort, not segv":  "Caught signal 6 (Aborted)\n uct_ud_ep_process_rx\n MPI_Init\n",
 		"after init":       "Caught signal 11 (Segmentation fault)\n uct_ud_ep_process_rx\n MPI_Allreduce\n",
 		"elsewhere in ucx": "Caught signal 11 (Segmentation fault)\n uct_rc_verbs_iface_progress\n MPI_Init\n",
+		"async, not ud":    "Caught signal 11 (Segmentation fault)\n uct_rc_verbs_iface_event_arm\n ucs_async_dispatch_handlers\n",
 		"other assertion":  "ud_ep.c:300  Assertion `ep->tx.pending' failed\n uct_ud_ep_process_rx\n",
 	} {
 		assert.False(t, udWireupCrash(out), name)
