@@ -291,8 +291,16 @@ func (qp *QP) fatalNAK(c roce.NAKCode, p *packet) respState {
 	if !r.rqeValid {
 		return qp.fatalNAKAfter(c, p, classCEvent(c))
 	}
+	return qp.failRQE(classCRecvStatus(c), c, p)
+}
+
+// failRQE completes the receive WQE the message holds with status st and
+// answers p with the fatal NAK c, raising no event: the completion says
+// why.
+func (qp *QP) failRQE(st abi.WCStatus, c roce.NAKCode, p *packet) respState {
+	r := &qp.resp
 	r.rqeValid = false
-	qp.completeRecv(&r.rqe, classCRecvStatus(c), abi.WCRecv, 0, 0, 0, false)
+	qp.completeRecv(&r.rqe, st, abi.WCRecv, 0, 0, 0, false)
 	return qp.fatalNAKAfter(c, p, evNone)
 }
 
@@ -565,9 +573,7 @@ func (qp *QP) respExecute(p *packet) respState {
 				// The receive buffer is too small or not writable
 				// (memTable: the receive status and the NAK).
 				st, c := recvMemStatus(err)
-				r.rqeValid = false
-				qp.completeRecv(&r.rqe, st, abi.WCRecv, 0, 0, 0, false)
-				return qp.fatalNAKAfter(c, p, evNone)
+				return qp.failRQE(st, c, p)
 			}
 		}
 		r.off += uint64(len(p.payload))
@@ -580,9 +586,7 @@ func (qp *QP) respExecute(p *packet) respState {
 				flags, immInv = abi.WCWithImm, p.imm
 			case info.Is(roce.OpInvalidate):
 				if err := mem.Invalidate(p.invRKey); err != nil {
-					r.rqeValid = false
-					qp.completeRecv(&r.rqe, invalidateRecvStatus, abi.WCRecv, 0, 0, 0, false)
-					return qp.fatalNAKAfter(invalidateNAK, p, evNone)
+					return qp.failRQE(invalidateRecvStatus, invalidateNAK, p)
 				}
 				flags, immInv = abi.WCWithInv, p.invRKey
 			}
