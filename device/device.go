@@ -195,6 +195,11 @@ type Device struct {
 	refusing atomic.Int32  // refused connections waiting for their first command
 
 	wg sync.WaitGroup
+	// releases counts the awaitRelease goroutines still waiting for the
+	// data plane: Close waits for them, so memory a destroyed QP pinned
+	// is unpinned before Close returns (and before the owner closes the
+	// DMA space under it).
+	releases sync.WaitGroup
 }
 
 // ErrClosed is returned by Serve after Close.
@@ -368,6 +373,7 @@ func (d *Device) Close() error {
 	if d.closed {
 		d.mu.Unlock()
 		d.wg.Wait()
+		d.releases.Wait()
 		return nil
 	}
 	d.closed = true
@@ -380,6 +386,10 @@ func (d *Device) Close() error {
 	}
 	d.mu.Unlock()
 	d.wg.Wait()
+	// The connections are gone, so their contexts' QPs are destroyed;
+	// the data plane (still running: it closes after the device)
+	// confirms each removal, then what the QPs pinned is released.
+	d.releases.Wait()
 	d.log.Info("device closed")
 	return nil
 }

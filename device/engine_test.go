@@ -229,3 +229,34 @@ func TestDestroyQPWaitsForDataPlane(t *testing.T) {
 	close(eng.release)
 	require.NoError(t, <-done)
 }
+
+// TestCloseWaitsForReleases: Device.Close returns only once what the QPs
+// of a departed client pinned is released, which waits for the data
+// plane to confirm their removal; before, Close could return first and
+// its owner close the DMA space under a late release (a data race seen
+// in the data plane tests' cleanup).
+func TestCloseWaitsForReleases(t *testing.T) {
+	eng := &gateEngine{release: make(chan struct{})}
+	s, c, _, _ := startWithRCQP(t, eng)
+	held := s.Space.PinnedBytes()
+	require.NotZero(t, held, "the QP's rings are pinned")
+	require.NoError(t, c.Close()) // the client leaves: its QP is destroyed
+	require.Eventually(t, func() bool { return s.Device.Counts().QP == 0 }, 10*time.Second, time.Millisecond,
+		"the daemon destroyed the departed client's QP")
+	closed := make(chan struct{})
+	go func() {
+		s.Device.Close()
+		close(closed)
+	}()
+	// A Close that returned now would be seen well within this (it can
+	// only make the test miss an early return, never fail a correct
+	// daemon).
+	select {
+	case <-closed:
+		t.Fatalf("Device.Close returned before the data plane confirmed the removal (%d bytes still pinned)", s.Space.PinnedBytes())
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(eng.release)
+	<-closed
+	assert.Zero(t, s.Space.PinnedBytes(), "Close returned with the QP's memory still pinned")
+}

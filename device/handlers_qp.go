@@ -341,9 +341,8 @@ func (d *Device) freeQP(cx *Context, q *QP) <-chan struct{} {
 	d.releasePeer(q)
 	var applied chan struct{}
 	if final != nil {
-		cx.lingering++
 		applied = make(chan struct{})
-		go d.awaitRelease(cx, final, applied)
+		d.startRelease(cx, final, applied)
 	}
 	d.releaseLater(cx, func() {
 		d.unpinQP(q)
@@ -604,6 +603,18 @@ func (d *Device) releaseLater(cx *Context, f func()) {
 		return
 	}
 	f()
+}
+
+// startRelease counts one more removal of cx the data plane has not
+// confirmed and waits for it in a goroutine of its own (awaitRelease),
+// which Close waits for. Called under the device lock.
+func (d *Device) startRelease(cx *Context, final <-chan QPCounters, applied chan<- struct{}) {
+	cx.lingering++
+	d.releases.Add(1)
+	go func() {
+		defer d.releases.Done()
+		d.awaitRelease(cx, final, applied)
+	}()
 }
 
 // awaitRelease waits for the data plane to confirm a QP removal of cx

@@ -196,13 +196,12 @@ func (d *Device) freeXRCSRQLocked(cx *Context, s *SRQ) {
 	x.cq.users--
 	if xdp, ok := d.dp.(XRCDataPlane); ok {
 		if done := xdp.RemoveXRCSRQ(s); done != nil {
-			cx.lingering++
 			final := make(chan QPCounters, 1)
 			go func() {
 				<-done
 				final <- QPCounters{}
 			}()
-			go d.awaitRelease(cx, final, make(chan struct{}))
+			d.startRelease(cx, final, make(chan struct{}))
 		}
 	}
 }
