@@ -439,8 +439,8 @@ func (dp *DataPlane) CreateQP(q *device.QP) error {
 	// engine) fails CREATE_QP.
 	ecfg := engine.QPConfig{
 		QPN: qpn, SQ: x.sq, RQ: x.rq, SendCQ: &x.sinks[0], RecvCQ: &x.sinks[1], Mem: x.mem,
-		SQDepth: int(cp.MaxSendWR), MaxSendSGE: int(cp.MaxSendSGE), MaxRecvSGE: int(maxRecvSGE),
-		MaxInline: int(cp.MaxInlineData), SigAll: q.SigAll(), State: q.StateWord(),
+		SQDepth: int32(cp.MaxSendWR), MaxSendSGE: int32(cp.MaxSendSGE), MaxRecvSGE: int32(maxRecvSGE),
+		MaxInline: int32(cp.MaxInlineData), SigAll: q.SigAll(), State: q.StateWord(),
 		Type: q.Type(), PD: q.PDHandle(), XRCD: q.XRCD(),
 	}
 	if x.rq == nil {

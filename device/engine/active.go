@@ -202,7 +202,7 @@ func (w *worker) serviceActive() {
 	for i := 0; i < len(w.active); {
 		qp := w.active[i]
 		w.service(qp)
-		if qp.sqTaken {
+		if qp.req.sqTaken {
 			qp.publishSQ()
 		}
 		if qp.activeIdx == int32(i) && qp.settled(w.now) {
@@ -245,7 +245,7 @@ func (qp *QP) ensureSQ() {
 	if qp.sq != nil {
 		return
 	}
-	s := sqShape{qp.cfg.SQDepth, qp.cfg.MaxSendSGE, qp.cfg.MaxInline}
+	s := sqShape{int(qp.cfg.SQDepth), int(qp.cfg.MaxSendSGE), int(qp.cfg.MaxInline)}
 	w := qp.w
 	w.Counters.RingQPs.Add(1)
 	if l := w.rings[s]; len(l) > 0 {
@@ -281,7 +281,7 @@ func (w *worker) releaseSQ(qp *QP) {
 	}
 	qp.sq = nil
 	w.Counters.RingQPs.Add(-1)
-	s := sqShape{qp.cfg.SQDepth, qp.cfg.MaxSendSGE, qp.cfg.MaxInline}
+	s := sqShape{int(qp.cfg.SQDepth), int(qp.cfg.MaxSendSGE), int(qp.cfg.MaxInline)}
 	if w.ringBytes+s.bytes() > ringCacheBytes {
 		return
 	}

@@ -145,7 +145,7 @@ func (n *node) newQPWith(t testing.TB, qpn uint32, o qpOpts, wrap func(SendSourc
 	}
 	_, err := n.eng.CreateQP(QPConfig{
 		QPN: qpn, SQ: sq, RQ: q.rq, SendCQ: q.scq, RecvCQ: q.rcq, Mem: n.mem,
-		SQDepth: o.sqDepth, MaxSendSGE: abi.MaxSGE, MaxRecvSGE: abi.MaxSGE, MaxInline: abi.MaxInline, SigAll: o.sigAll,
+		SQDepth: int32(o.sqDepth), MaxSendSGE: abi.MaxSGE, MaxRecvSGE: abi.MaxSGE, MaxInline: abi.MaxInline, SigAll: o.sigAll,
 		Type: o.typ, State: q.state,
 	})
 	require.NoError(t, err)

@@ -65,7 +65,7 @@ func TestSendPublishBeforeCompletion(t *testing.T) {
 	a := &tqp{n: na, qpn: 0x11, sq: sq.fakeSQ, rq: newFakeRQ(64), scq: cq.fakeCQ, rcq: newFakeCQ(64)}
 	_, err := na.eng.CreateQP(QPConfig{
 		QPN: a.qpn, SQ: sq, RQ: a.rq, SendCQ: cq, RecvCQ: a.rcq, Mem: na.mem,
-		SQDepth: o.sqDepth, MaxSendSGE: abi.MaxSGE, MaxRecvSGE: abi.MaxSGE, MaxInline: abi.MaxInline,
+		SQDepth: int32(o.sqDepth), MaxSendSGE: abi.MaxSGE, MaxRecvSGE: abi.MaxSGE, MaxInline: abi.MaxInline,
 	})
 	require.NoError(t, err)
 	b := nb.newQP(t, 0x22, o)

@@ -28,10 +28,10 @@ type QPConfig struct {
 	// SQDepth is the number of send WQEs the engine keeps (a power of
 	// two, at most abi.MaxQPWR); MaxSendSGE, MaxRecvSGE and MaxInline
 	// size the private copies.
-	SQDepth    int
-	MaxSendSGE int
-	MaxRecvSGE int
-	MaxInline  int
+	SQDepth    int32
+	MaxSendSGE int32
+	MaxRecvSGE int32
+	MaxInline  int32
 	// AHs resolves the address handles named by UD WQEs: the table of
 	// the QP's context (UD only; nil: every UD WQE fails).
 	AHs *AHTable
@@ -326,11 +326,7 @@ func (e *swqe) isPlacement() bool { return e.Opcode == abi.WRAtomicWrite || e.Op
 type QP struct {
 	qpn   uint32
 	state abi.QPState
-	// sqPub is cfg.SQ if it is a SendPublisher, else nil; sqTaken: WQEs
-	// were taken from it since its consumer index was last published.
-	sqPub   SendPublisher
-	sqTaken bool
-	mtu     uint32
+	mtu   uint32
 	// lastCompPSN is comp.psn when the retry timer was last updated.
 	lastCompPSN uint32
 	cfg         QPConfig
@@ -343,9 +339,11 @@ type QP struct {
 	// ah is the address handle path was last set from (UD).
 	ah *AH
 	// rxPeer is where the last frame for the QP that passed the peer
-	// check came from (worker.fromPeer): a frame from there again passes
-	// it without the address comparisons. Cleared with the path.
-	rxPeer rxPeer
+	// check came from (0: none): a frame from there again passes it
+	// without the address comparisons (worker.fromPeer says how it is
+	// kept).
+	// Cleared with the path.
+	rxPeer uint64
 	// sr is the state of the ECE options in force (selective repeat,
 	// the adaptive retransmission timer; sr.go), nil without any.
 	sr *srState
@@ -405,7 +403,6 @@ func newQP(cfg QPConfig, w *worker) (*QP, error) {
 		return nil, fmt.Errorf("%w: QP %#x: SGE or inline limits out of range", ErrInvalid, cfg.QPN)
 	}
 	qp := &QP{qpn: cfg.QPN & roce.QPNMask, cfg: cfg, w: w, state: abi.QPSReset}
-	qp.sqPub, _ = cfg.SQ.(SendPublisher)
 	switch cfg.Type {
 	case 0, abi.QPTRC:
 		qp.cfg.Type, qp.svc = abi.QPTRC, roce.ServiceRC
@@ -497,7 +494,7 @@ func (qp *QP) modify(a *QPAttr) error {
 	if m&abi.QPAttrAV != 0 && qp.svc != roce.ServiceUD {
 		qp.attr.LocalAddr = a.LocalAddr
 		qp.setPath(a.RemoteAddr)
-		qp.rxPeer = rxPeer{}
+		qp.rxPeer = 0
 	}
 	if m&abi.QPAttrState != 0 {
 		switch a.State {
@@ -556,7 +553,8 @@ func (qp *QP) reset() {
 	qp.w.forgetTx(qp)
 	qp.ah = nil
 	qp.head, qp.next, qp.tail = 0, 0, 0
-	qp.req = requester{psn: qp.attr.SQPSN, ackAllUntil: qp.attr.SQPSN}
+	// WQEs taken before the reset are still to be published.
+	qp.req = requester{psn: qp.attr.SQPSN, ackAllUntil: qp.attr.SQPSN, sqTaken: qp.req.sqTaken}
 	qp.comp = completer{psn: qp.attr.SQPSN, retryLeft: qp.attr.RetryCnt, rnrLeft: qp.attr.RNRRetry}
 	qp.resp.clear(qp.attr.RQPSN)
 	qp.srRelease()
@@ -643,7 +641,7 @@ func (qp *QP) flushSend() {
 		if !ok && err == nil {
 			break
 		}
-		qp.sqTaken = true
+		qp.req.sqTaken = true
 		e.state, e.status = wqeDone, abi.WCWRFlushErr
 		qp.completeSend(e)
 	}
@@ -698,7 +696,7 @@ func (qp *QP) completeSend(e *swqe) {
 	if e.status == abi.WCSuccess && !qp.cfg.SigAll && e.Flags&abi.SendSignaled == 0 {
 		return
 	}
-	if qp.sqTaken {
+	if qp.req.sqTaken {
 		qp.publishSQ() // the client sees the slots free before the CQE
 	}
 	c := &qp.w.cqe
@@ -755,8 +753,8 @@ func (qp *QP) cqOverflow() {
 
 // publishSQ publishes the send queue's consumer index (SendPublisher).
 func (qp *QP) publishSQ() {
-	qp.sqTaken = false
-	if qp.sqPub != nil {
-		qp.sqPub.PublishSend()
+	qp.req.sqTaken = false
+	if p, ok := qp.cfg.SQ.(SendPublisher); ok {
+		p.PublishSend()
 	}
 }

@@ -41,7 +41,7 @@ const (
 // requester is the per-QP requester state.
 type requester struct {
 	psn      uint32 // next PSN to assign to a new message
-	rdAtomic int    // READ/atomic WQEs holding a max_rd_atomic credit
+	rdAtomic int32  // READ/atomic WQEs holding a max_rd_atomic credit
 	sinceAck uint32 // packets sent since the last AckReq
 	// ackAllUntil: after a go-back-N restart every retransmitted packet
 	// (PSNs before this one) asks for an ACK, so that one surviving
@@ -52,6 +52,9 @@ type requester struct {
 	// left (see redundantRetries).
 	dupPSN uint32
 	dup    bool
+	// sqTaken: WQEs were taken from the send queue since its consumer
+	// index was last published (QP.publishSQ).
+	sqTaken bool
 }
 
 // redundantRetries: when an ACK timeout leaves fewer than this many
@@ -293,7 +296,7 @@ func (qp *QP) reqFence() reqState {
 func (qp *QP) reqCredits() reqState {
 	e := &qp.sq[qp.next&qp.sqMask]
 	if e.state == wqePosted && e.isReadAtomic() {
-		if qp.req.rdAtomic >= int(qp.attr.MaxRdAtomic) {
+		if qp.req.rdAtomic >= int32(qp.attr.MaxRdAtomic) {
 			return reqExit
 		}
 	}

@@ -95,12 +95,12 @@ type responder struct {
 	nakFatal   bool     // move to ERR once the NAK is out
 	nakEv      errEvent // with nakFatal: the event of the move (status.go)
 	nak        roce.Syndrome
+	resNext    uint8 // slot of res the next READ/atomic takes (the oldest)
 	nakPSN     uint32
 
 	// res is allocated (resN slots) by the first READ or atomic request
 	// the QP answers (slot): a QP that never serves one holds none.
-	res     []rdRes
-	resNext int // slot the next READ/atomic takes (the oldest)
+	res []rdRes
 }
 
 func (r *responder) setResources(n int) {
@@ -126,7 +126,7 @@ func (r *responder) slot() *rdRes {
 // it comes again) and moves past the request: ePSN by n, the MSN by one.
 func (r *responder) keep(res rdRes, n uint32) {
 	*r.slot() = res
-	r.resNext = (r.resNext + 1) % len(r.res)
+	r.resNext = uint8((int(r.resNext) + 1) % len(r.res))
 	r.epsn = roce.PSNAdd(r.epsn, n)
 	r.msn = roce.PSNAdd(r.msn, 1)
 }
@@ -675,7 +675,7 @@ func flushAccess(plt uint8) uint32 {
 func (r *responder) oldestActive() *rdRes {
 	n := len(r.res)
 	for i := range n {
-		s := &r.res[(r.resNext+i)%n]
+		s := &r.res[(int(r.resNext)+i)%n]
 		if s.active {
 			return s
 		}

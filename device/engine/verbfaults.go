@@ -79,7 +79,7 @@ func (qp *QP) pollSend(w *SendWork) (bool, error) {
 	h := qp.w.e.verb.Load()
 	if h == nil {
 		ok, err := qp.cfg.SQ.PollSend(w)
-		qp.sqTaken = qp.sqTaken || ok
+		qp.req.sqTaken = qp.req.sqTaken || ok
 		return ok, err
 	}
 	if _, hit := h.f.VerbFault(VerbQPErr, qp.qpn, 0); hit {
@@ -87,7 +87,7 @@ func (qp *QP) pollSend(w *SendWork) (bool, error) {
 		return false, nil
 	}
 	ok, err := qp.cfg.SQ.PollSend(w)
-	qp.sqTaken = qp.sqTaken || ok
+	qp.req.sqTaken = qp.req.sqTaken || ok
 	if ok && err == nil {
 		if _, hit := h.f.VerbFault(VerbBadWQE, qp.qpn, 0); hit {
 			return true, ErrInjectedBadWQE

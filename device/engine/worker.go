@@ -454,40 +454,34 @@ func (w *worker) rxAddrs(qp *QP, pkt *roce.Packet, from netip.AddrPort) (src, ds
 	return src, dst
 }
 
-// rxPeer is the source of the last frame for a QP that passed the peer
-// check (QP.rxPeer): in ModeUDP the address and port beside it, over
-// IPv4 in ModeEthernet the source and destination addresses of its IP
-// header (ip4); ok says it holds one.
-type rxPeer struct {
-	ok   bool
-	from netip.AddrPort
-	ip4  uint64
-}
-
 // fromPeer reports whether pkt, a frame for qp from from, comes from the
 // QP's peer to the QP's address (rxAddrs). A frame from exactly where the
 // last one that passed came from passes with one comparison; any other
 // is checked in full, and remembered if it passes.
+//
+// Where a frame came from, as QP.rxPeer keeps it (the key): in ModeUDP an
+// IPv4 source address and port, with bit 48 set; in ModeEthernet, over
+// IPv4, the source and destination addresses of its IP header. 0 for an
+// IPv6 source, checked in full every time (a frame from 0.0.0.0 to
+// 0.0.0.0 never passes the check).
 func (w *worker) fromPeer(qp *QP, pkt *roce.Packet, from netip.AddrPort) bool {
-	var ip4 uint64
+	var key uint64
 	if w.udp {
-		if qp.rxPeer.ok && from == qp.rxPeer.from {
-			return true
+		a := from.Addr().As16() // IPv4 as IPv4-mapped: ::ffff:a.b.c.d
+		if lo := binary.BigEndian.Uint64(a[8:]); binary.BigEndian.Uint64(a[:8]) == 0 && lo>>32 == 0xffff {
+			key = 1<<48 | (lo&0xffffffff)<<16 | uint64(from.Port())
 		}
 	} else if h := pkt.IPv4; len(h) >= roce.IPv4HeaderLen {
-		ip4 = binary.BigEndian.Uint64(h[12:20]) // source, destination
-		if qp.rxPeer.ok && ip4 == qp.rxPeer.ip4 {
-			return true
-		}
+		key = binary.BigEndian.Uint64(h[12:20]) // source, destination
+	}
+	if key != 0 && key == qp.rxPeer {
+		return true
 	}
 	src, dst := w.rxAddrs(qp, pkt, from)
 	if src.Unmap() != qp.path.Dst.Unmap() || dst.Unmap() != qp.attr.LocalAddr.Unmap() {
 		return false
 	}
-	if w.udp || pkt.IPv4 != nil {
-		// IPv6 frames (ModeEthernet) are checked every time.
-		qp.rxPeer = rxPeer{ok: true, from: from, ip4: ip4}
-	}
+	qp.rxPeer = key
 	return true
 }
 
