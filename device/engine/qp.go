@@ -339,9 +339,8 @@ type QP struct {
 	// ah is the address handle path was last set from (UD).
 	ah *AH
 	// rxPeer is where the last frame for the QP that passed the peer
-	// check came from (0: none): a frame from there again passes it
-	// without the address comparisons (worker.fromPeer says how it is
-	// kept).
+	// check came from (0: none; worker.fromPeer says how it is kept): a
+	// frame from there again passes it without the address comparisons.
 	// Cleared with the path.
 	rxPeer uint64
 	// sr is the state of the ECE options in force (selective repeat,
