@@ -63,6 +63,11 @@ type sqShape struct {
 	depth, sges, inline int
 }
 
+// sqShape is the shape of qp's send ring.
+func (qp *QP) sqShape() sqShape {
+	return sqShape{int(qp.cfg.SQDepth), int(qp.cfg.MaxSendSGE), int(qp.cfg.MaxInline)}
+}
+
 // bytes is about what a ring of the shape holds.
 func (s sqShape) bytes() int {
 	return s.depth * (swqeBytes + 16*s.sges + s.inline)
@@ -245,7 +250,7 @@ func (qp *QP) ensureSQ() {
 	if qp.sq != nil {
 		return
 	}
-	s := sqShape{int(qp.cfg.SQDepth), int(qp.cfg.MaxSendSGE), int(qp.cfg.MaxInline)}
+	s := qp.sqShape()
 	w := qp.w
 	w.Counters.RingQPs.Add(1)
 	if l := w.rings[s]; len(l) > 0 {
@@ -281,7 +286,7 @@ func (w *worker) releaseSQ(qp *QP) {
 	}
 	qp.sq = nil
 	w.Counters.RingQPs.Add(-1)
-	s := sqShape{int(qp.cfg.SQDepth), int(qp.cfg.MaxSendSGE), int(qp.cfg.MaxInline)}
+	s := qp.sqShape()
 	if w.ringBytes+s.bytes() > ringCacheBytes {
 		return
 	}
