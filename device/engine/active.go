@@ -290,8 +290,17 @@ func (w *worker) releaseSQ(qp *QP) {
 	if w.ringBytes+s.bytes() > ringCacheBytes {
 		return
 	}
-	for i := range sq {
-		e := &sq[i]
+	// Clear the slots used since the ring was taken (no pointer into
+	// what they named stays reachable; the next QP's ring starts clean):
+	// those just before tail, back to the first unused one or round the
+	// whole ring, not the whole ring each time (a QP used once between
+	// two idle spells, in a round robin over a thousand, used one slot
+	// and cleared hundreds).
+	for i, j := 0, qp.tail-1; i < len(sq); i, j = i+1, j-1 {
+		e := &sq[j&qp.sqMask]
+		if !e.used {
+			break
+		}
 		sges, inl := e.SGEs[:0], e.Inline[:0]
 		*e = swqe{}
 		e.SGEs, e.Inline = sges, inl

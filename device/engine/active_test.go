@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vrnic/vrnic/abi"
+	"github.com/vrnic/vrnic/roce"
 )
 
 // countingSQ counts the polls of a send source.
@@ -205,4 +206,46 @@ func TestParkSweepSpaced(t *testing.T) {
 	// The QPs' due times span n×gap (10 ms): about 8 sweeps, not 1,000.
 	assert.LessOrEqual(t, sweeps, int(int64(n)*gap/(ringLinger/sweepSpacing))+2, "sweeps")
 	t.Logf("%d sweeps for %d QPs parked %v apart", sweeps, n, time.Duration(gap))
+}
+
+// TestReleaseSQClearsUsedSlots: a send ring given back has every slot
+// that held a WQE cleared (no pointer left to what it named, nothing for
+// the next QP to inherit), whether the slots used wrap round the ring or
+// cover it more than once, and keeps its SGE and inline storage.
+func TestReleaseSQClearsUsedSlots(t *testing.T) {
+	info := roce.OpRCWriteFirst.Info()
+	for _, tc := range []struct {
+		name      string
+		from, end uint32 // tail when the ring was taken, tail at release
+	}{
+		{"one", 3, 4},
+		{"wrapping", 13, 18},
+		{"the whole ring, more than once", 5, 40},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := &worker{}
+			qp := &QP{w: w, cfg: QPConfig{SQDepth: 8, MaxSendSGE: 2, MaxInline: 16}, sqMask: 7}
+			qp.sq = newSQRing(qp.sqShape())
+			ring := qp.sq
+			for i := tc.from; i != tc.end; i++ {
+				e := &qp.sq[i&qp.sqMask]
+				e.SGEs = append(e.SGEs[:0], abi.SGE{Addr: 1, Length: 2, LKey: 3})
+				e.Inline = append(e.Inline[:0], 9)
+				e.WrID, e.length, e.info, e.ah, e.state, e.used = uint64(i), 8, info, &AH{}, wqeDone, true
+			}
+			qp.head, qp.next, qp.tail = tc.end, tc.end, tc.end
+			w.releaseSQ(qp)
+			require.Nil(t, qp.sq, "given back")
+			require.Len(t, w.rings[qp.sqShape()], 1, "kept for reuse")
+			for i := range ring {
+				e := &ring[i]
+				assert.Empty(t, e.SGEs, "slot %d", i)
+				assert.Equal(t, 2, cap(e.SGEs), "slot %d keeps its SGE storage", i)
+				assert.Equal(t, 16, cap(e.Inline), "slot %d keeps its inline storage", i)
+				c := *e
+				c.SGEs, c.Inline = nil, nil
+				assert.Equal(t, swqe{}, c, "slot %d cleared", i)
+			}
+		})
+	}
 }

@@ -267,8 +267,11 @@ const (
 // swqe is a send WQE in the private ring with its transport state.
 type swqe struct {
 	SendWork
-	state   wqeState
-	status  abi.WCStatus // set once, turned into the CQE status in completeSend
+	state  wqeState
+	status abi.WCStatus // set once, turned into the CQE status in completeSend
+	// used: the slot has held a WQE since the ring was last cleared
+	// (releaseSQ clears only those).
+	used    bool
 	length  uint64       // message length
 	info    *roce.OpInfo // of the first packet's opcode family (nil: local op)
 	npkts   uint32       // PSNs the message uses

@@ -140,7 +140,7 @@ func (qp *QP) reqFetch() reqState {
 		}
 	}
 	qp.tail++
-	e.state, e.status, e.rcvd, e.rdAtom, e.result = wqePosted, abi.WCSuccess, 0, false, 0
+	e.state, e.status, e.rcvd, e.rdAtom, e.result, e.used = wqePosted, abi.WCSuccess, 0, false, 0, true
 	e.taken = qp.w.now
 	if err != nil {
 		// A WQE the source rejected (package queues: too many SGEs,
