@@ -70,6 +70,10 @@ type UDPPortStats struct {
 	RxForeign     uint64 `json:"rx_foreign"`
 	TxInvalid     uint64 `json:"tx_invalid"`
 	Wakeups       uint64 `json:"wakeups"`
+	// Frames received for another port's QP and handed to it, and those
+	// dropped because its inbox was full (a link of several workers).
+	RxForwarded    uint64 `json:"rx_forwarded,omitempty"`
+	RxForwardDrops uint64 `json:"rx_forward_drops,omitempty"`
 }
 
 // QueueStats is one queue's line of LinkStats: what the steering program

@@ -144,6 +144,10 @@ type UDPCounters struct {
 	RxCalls     atomic.Uint64
 	RxDatagrams atomic.Uint64
 	RxCE        atomic.Uint64 // datagrams received marked Congestion Experienced (UDPConfig.ECN)
+	// Frames this port received for another port's QP and handed to
+	// it, and those dropped because its inbox was full (udp_forward.go).
+	RxForwarded    atomic.Uint64
+	RxForwardDrops atomic.Uint64
 	// LastSendErrno is the errno of the last send error (diagnosis).
 	LastSendErrno atomic.Uint32
 }
@@ -251,6 +255,10 @@ type UDPPort struct {
 	rxPeers  []netip.AddrPort
 	txN, rxN int
 	rxErr    error
+
+	// inbox: frames other ports received for this port's QPs
+	// (udp_forward.go).
+	inbox udpInbox
 
 	Counters UDPCounters
 }
@@ -495,6 +503,7 @@ func (l *UDPLink) Stats() []admin.UDPPortStats {
 			Backpressure: c.Backpressure.Load(), SendErrors: c.SendErrors.Load(), RecvErrors: c.RecvErrors.Load(),
 			RxTruncated: c.RxTruncated.Load(), RxForeign: c.RxForeign.Load(), TxInvalid: c.TxInvalid.Load(), Wakeups: c.Wakeups.Load(),
 			TxGSO: c.TxGSO.Load(), RxGRO: c.RxGRO.Load(), GSOOff: c.GSOOff.Load(), LastSendErrno: c.LastSendErrno.Load(),
+			RxForwarded: c.RxForwarded.Load(), RxForwardDrops: c.RxForwardDrops.Load(),
 			GRO: p.groRx != nil,
 		}
 		out[i].GSO = p.gso0 && out[i].GSOOff == 0
@@ -669,7 +678,11 @@ func (p *UDPPort) RecvBatch(frames [][]byte, peers []netip.AddrPort) (int, error
 	if len(peers) < len(frames) {
 		return 0, fmt.Errorf("%w: %d frames, %d peers", ErrInvalid, len(frames), len(peers))
 	}
-	p.rxFrames, p.rxPeers, p.rxN, p.rxErr = frames, peers, 0, nil
+	k := p.takeInbox(frames, peers)
+	if k == len(frames) {
+		return k, nil
+	}
+	p.rxFrames, p.rxPeers, p.rxN, p.rxErr = frames[k:], peers[k:], 0, nil
 	recv := p.recvFn
 	if p.groRx != nil {
 		recv = p.recvGROFn
@@ -677,9 +690,9 @@ func (p *UDPPort) RecvBatch(frames [][]byte, peers []netip.AddrPort) (int, error
 	err := p.rc.Control(recv)
 	p.rxFrames, p.rxPeers = nil, nil
 	if err != nil {
-		return 0, fmt.Errorf("%w: %v", ErrUDPClosed, err)
+		return k, fmt.Errorf("%w: %v", ErrUDPClosed, err)
 	}
-	return p.rxN, p.rxErr
+	return k + p.rxN, p.rxErr
 }
 
 // recv is RecvBatch on the socket fd.
@@ -734,6 +747,12 @@ func (p *UDPPort) recv(fd uintptr) {
 			frames[slot] = frames[slot][:n]
 			if p.ecn && n >= udpMinPayload && markCE(frames[slot], b.tos[i][:min(int(m.Hdr.Controllen), tosCmsgLen)]) {
 				c.RxCE.Add(1)
+			}
+			if n >= udpMinPayload {
+				if dst, other := p.steersElsewhere(frames[slot]); other {
+					p.forward(dst, frames[slot], from)
+					continue
+				}
 			}
 			if j != slot {
 				frames[j], frames[slot] = frames[slot], frames[j]

@@ -27,8 +27,13 @@ import (
 // Steering: the reuseport program picks the socket of a datagram from its
 // first frame's BTH, and a segmented datagram reaches one socket whole
 // (on loopback the kernel cuts it, if at all, at that socket). So a
-// message only holds frames for one destination QP, which all belong to
-// one worker of the receiver. Receive coalescing cannot be told that:
+// message holds frames for one destination QP, which all belong to one
+// worker of the receiver, with one exception: plain ACKs for several QPs
+// share one (coalescesAcross), a receiver of several workers handing
+// those for another worker's QP to it (udp_forward.go), where one that
+// comes after a later ACK of its QP is a harmless duplicate. The ACKs a
+// worker writes for many QPs in one batch then go as one datagram.
+// Receive coalescing cannot be told any of that:
 // the kernel merges the datagrams of one flow (addresses and ports: all
 // QPs between two daemons) whatever QP they are for, and the merged
 // datagram goes to the socket of its first frame's QP. A link of several
@@ -111,7 +116,7 @@ func (p *UDPPort) buildTx(i, end int) (k int) {
 		b.iovs[j].Base = &payload[0]
 		b.iovs[j].SetLen(len(payload))
 		j++
-		if m := k - 1; open && peers[f] == peers[b.first[m]] && sameDestQP(payload, frames[b.first[m]]) && len(payload) <= b.seg[m] &&
+		if m := k - 1; open && peers[f] == peers[b.first[m]] && (sameDestQP(payload, frames[b.first[m]]) || coalescesAcross(payload, frames[b.first[m]])) && len(payload) <= b.seg[m] &&
 			b.nfr[m] < gsoMaxSegs && b.bytes[m]+len(payload) <= udpMaxPayload {
 			b.nfr[m]++
 			b.bytes[m] += len(payload)

@@ -96,7 +96,7 @@ var (
 	dLinkOffload  = desc("link_segmentation_offload_ports", "Ports (UDP) or queues (TAP) with segmentation offload on, by direction (tx: UDP GSO, TAP USO; rx: UDP GRO).", "direction")
 	dLinkOffOff   = desc("link_offload_refused_total", "Segmented sends the kernel refused (the port then sends one datagram per frame).")
 	dLinkBackp    = desc("link_backpressure_total", "Sends stopped early because the kernel had no room (the frames are kept and sent later).")
-	dLinkDrop     = desc("link_dropped_frames_total", "Frames the link dropped, by reason (UDP: send_error, truncated, foreign_family, unsendable; TAP: send_error, bad_input, loop_queue_full, not_roce, misqueued).", "reason")
+	dLinkDrop     = desc("link_dropped_frames_total", "Frames the link dropped, by reason (UDP: send_error, truncated, foreign_family, unsendable, inbox_full; TAP: send_error, bad_input, loop_queue_full, not_roce, misqueued).", "reason")
 	dLinkCallErr  = desc("link_syscall_errors_total", "Failed reads or receive calls of the link's own (besides link_errors_total), by direction.", "direction")
 	dLinkWakeups  = desc("link_wakeups_total", "Times the link's poller woke a sleeping worker.")
 	dLinkSteered  = desc("link_steered_frames_total", "Frames the TAP's steering program saw, by kind (roce: put on its QP's queue; non_roce: to queue 0).", "kind")
@@ -308,6 +308,8 @@ func collectLink(l *admin.LinkStats, gauge func(*prometheus.Desc, float64, ...st
 			t.RxForeign += p.RxForeign
 			t.TxInvalid += p.TxInvalid
 			t.Wakeups += p.Wakeups
+			t.RxForwarded += p.RxForwarded
+			t.RxForwardDrops += p.RxForwardDrops
 			if p.GSO {
 				gso++
 			}
@@ -317,6 +319,7 @@ func collectLink(l *admin.LinkStats, gauge func(*prometheus.Desc, float64, ...st
 		}
 		counter(dLinkFrames, t.TxFrames, "tx")
 		counter(dLinkFrames, t.RxFrames, "rx")
+		counter(dLinkFrames, t.RxForwarded, "forwarded")
 		counter(dLinkBytes, t.TxBytes, "tx")
 		counter(dLinkBytes, t.RxBytes, "rx")
 		counter(dLinkDgrams, t.TxDatagrams, "tx")
@@ -333,6 +336,7 @@ func collectLink(l *admin.LinkStats, gauge func(*prometheus.Desc, float64, ...st
 		counter(dLinkDrop, t.RxTruncated, "truncated")
 		counter(dLinkDrop, t.RxForeign, "foreign_family")
 		counter(dLinkDrop, t.TxInvalid, "unsendable")
+		counter(dLinkDrop, t.RxForwardDrops, "inbox_full")
 		counter(dLinkCallErr, t.RecvErrors, "rx")
 		counter(dLinkWakeups, t.Wakeups)
 	case "tap":

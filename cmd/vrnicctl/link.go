@@ -103,7 +103,7 @@ func printLink(w io.Writer, st *admin.LinkStats) error {
 func printUDPLink(w io.Writer, st *admin.LinkStats) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "link\t%s\nlocal\t%s\n\n", st.Link, st.Local)
-	fmt.Fprintln(tw, "PORT\tTX_FRAMES\tTX_BYTES\tTX_DATAGRAMS\tTX_CALLS\tTX_PER_CALL\tRX_FRAMES\tRX_BYTES\tRX_DATAGRAMS\tRX_CALLS\tRX_PER_CALL\tGSO\tGRO\tTX_GSO\tRX_GRO\tGSO_OFF\tBACKPRESSURE\tSEND_ERRORS\tRECV_ERRORS\tRX_TRUNCATED\tRX_FOREIGN\tTX_INVALID")
+	fmt.Fprintln(tw, "PORT\tTX_FRAMES\tTX_BYTES\tTX_DATAGRAMS\tTX_CALLS\tTX_PER_CALL\tRX_FRAMES\tRX_BYTES\tRX_DATAGRAMS\tRX_CALLS\tRX_PER_CALL\tGSO\tGRO\tTX_GSO\tRX_GRO\tGSO_OFF\tBACKPRESSURE\tSEND_ERRORS\tRECV_ERRORS\tRX_TRUNCATED\tRX_FOREIGN\tTX_INVALID\tRX_FORWARDED\tFORWARD_DROPS")
 	per := func(n, calls uint64) string {
 		if calls == 0 {
 			return "-"
@@ -117,10 +117,10 @@ func printUDPLink(w io.Writer, st *admin.LinkStats) error {
 		return "off"
 	}
 	for _, p := range st.Ports {
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", p.Port,
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", p.Port,
 			p.TxFrames, p.TxBytes, p.TxDatagrams, p.TxCalls, per(p.TxFrames, p.TxCalls),
 			p.RxFrames, p.RxBytes, p.RxDatagrams, p.RxCalls, per(p.RxFrames, p.RxCalls),
-			onOff(p.GSO), onOff(p.GRO), p.TxGSO, p.RxGRO, p.GSOOff, p.Backpressure, p.SendErrors, p.RecvErrors, p.RxTruncated, p.RxForeign, p.TxInvalid)
+			onOff(p.GSO), onOff(p.GRO), p.TxGSO, p.RxGRO, p.GSOOff, p.Backpressure, p.SendErrors, p.RecvErrors, p.RxTruncated, p.RxForeign, p.TxInvalid, p.RxForwarded, p.RxForwardDrops)
 	}
 	for _, p := range st.Ports {
 		if p.LastSendErrno != 0 {
