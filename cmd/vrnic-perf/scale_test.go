@@ -196,34 +196,49 @@ func BenchmarkQPScale(b *testing.B) {
 	b.Log("\n" + w.String())
 }
 
-// BenchmarkUDPWriteBWManyQPs measures write_bw of 64 KiB messages between
-// two vrnicd over the UDP link on one QP (16 outstanding) and on
-// VRNIC_MANY_QPS (default 1000) QPs posted in turn (16 outstanding over
-// all of them), interleaved, two rounds each, and reports the many-QP
-// aggregate over the one-QP rate (medians).
+// BenchmarkUDPWriteBWManyQPs measures write_bw between two vrnicd over
+// the UDP link on one QP (16 outstanding) and on VRNIC_MANY_QPS (default
+// 1000) QPs posted in turn (16 outstanding over all of them), in
+// VRNIC_MANY_ROUNDS rounds (default 4) of one run each, the order
+// alternating from round to round, messages of VRNIC_MANY_SIZE bytes
+// (default 65536). It reports the median of the rounds' ratios (many-QP
+// aggregate over one QP, each round's pair measured back to back) and the
+// medians of each side.
 func BenchmarkUDPWriteBWManyQPs(b *testing.B) {
 	da, dc := scaleDaemons(b, "127.0.0.1", "127.0.0.2")
-	many := 1000
-	if v := os.Getenv("VRNIC_MANY_QPS"); v != "" {
-		var err error
-		many, err = strconv.Atoi(v)
-		require.NoError(b, err)
+	env := func(name string, def int) int {
+		v := os.Getenv(name)
+		if v == "" {
+			return def
+		}
+		n, err := strconv.Atoi(v)
+		require.NoError(b, err, name)
+		require.Positive(b, n, name)
+		return n
 	}
+	many, rounds, size := env("VRNIC_MANY_QPS", 1000), env("VRNIC_MANY_ROUNDS", 4), env("VRNIC_MANY_SIZE", 65536)
 	dur := "3s"
 	run := func(args ...string) float64 {
-		rs := perfJSON(b, da.sock, dc.sock, append([]string{"-test", "write_bw", "-size", "65536", "-duration", dur}, args...)...)
+		rs := perfJSON(b, da.sock, dc.sock, append([]string{"-test", "write_bw", "-size", strconv.Itoa(size), "-duration", dur}, args...)...)
 		require.Len(b, rs, 1)
 		return rs[0].MBps
 	}
 	b.ResetTimer()
-	var one, all []float64
-	for range 2 {
-		one = append(one, run("-qps", "1", "-depth", "16"))
-		all = append(all, run("-qps", strconv.Itoa(many), "-depth", "1", "-total-depth", "16"))
+	var one, all, ratio []float64
+	for r := range rounds {
+		var o, m float64
+		if r%2 == 0 {
+			o = run("-qps", "1", "-depth", "16")
+			m = run("-qps", strconv.Itoa(many), "-depth", "1", "-total-depth", "16")
+		} else {
+			m = run("-qps", strconv.Itoa(many), "-depth", "1", "-total-depth", "16")
+			o = run("-qps", "1", "-depth", "16")
+		}
+		one, all, ratio = append(one, o), append(all, m), append(ratio, m/o)
 	}
 	b.StopTimer()
 	b.ReportMetric(median(one), "one-MB/s")
 	b.ReportMetric(median(all), "many-MB/s")
-	b.ReportMetric(median(all)/median(one), "ratio")
-	b.Logf("one QP %v MB/s; %d QPs %v MB/s", one, many, all)
+	b.ReportMetric(median(ratio), "ratio")
+	b.Logf("%d-byte WRITEs: one QP %.0f MB/s; %d QPs %.0f MB/s; ratios by round %.2f", size, one, many, all, ratio)
 }
