@@ -59,6 +59,7 @@ func (e *endpoint) runBW(size, iters int) (measurement, error) {
 	o := e.opt
 	depth := uint64(o.Depth)
 	mod := uint64(o.CQMod)
+	areas := uint64(o.Areas)
 	for _, q := range e.qps {
 		q.target = uint64(iters)
 		if iters == 0 {
@@ -93,6 +94,11 @@ func (e *endpoint) runBW(size, iters int) (measurement, error) {
 				q.wr.Flags &^= abi.SendSignaled
 				if n%mod == 0 || n == q.target {
 					q.wr.Flags |= abi.SendSignaled
+				}
+				if areas > 1 {
+					off := uint64(e.area) * ((n - 1) % areas)
+					q.sge[0].Addr = q.mr.Addr + off
+					q.wr.RemoteAddr = q.peer.Addr + off
 				}
 				if o.Test == atomicBW {
 					slot := (n - 1) % depth

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -92,7 +93,9 @@ func (e *endpoint) runSize(cc *ctrlConn, size int) (result, error) {
 		b := q.buf.Bytes
 		switch o.Test {
 		case writeBW, sendBW:
-			fillPattern(b[:size], size, i)
+			for a := range o.Areas { // the same message in each
+				fillPattern(b[a*e.area:a*e.area+size], size, i)
+			}
 		case readBW, readLat:
 			clear(b[:size])
 		case atomicBW:
@@ -129,7 +132,8 @@ func (e *endpoint) runSize(cc *ctrlConn, size int) (result, error) {
 	if err != nil {
 		return result{}, err
 	}
-	done := message{Kind: "done", Size: size, Checksum: e.checksumAll(0, size)}
+	done := message{Kind: "done", Size: size, Areas: e.areasWritten()}
+	done.Checksum = e.checksumAreas(0, size, done.Areas)
 	for _, q := range e.qps {
 		if o.Test.latency() {
 			done.Sent = append(done.Sent, q.posted)
@@ -139,7 +143,7 @@ func (e *endpoint) runSize(cc *ctrlConn, size int) (result, error) {
 	}
 	var verifyErr error
 	if o.Verify {
-		verifyErr = e.verifyClient(size, started.Checksum)
+		verifyErr = e.verifyClient(size, started.Checksum, done.Areas)
 	}
 	if err := cc.send(done); err != nil {
 		return result{}, err
@@ -165,13 +169,32 @@ func (e *endpoint) runSize(cc *ctrlConn, size int) (result, error) {
 	return r, nil
 }
 
-// verifyClient checks what the test left in this side's memory.
-func (e *endpoint) verifyClient(size int, serverSum uint32) error {
+// areasWritten is the number of message areas every QP's WRs used: all
+// of them once each QP posted as many WRs as there are areas.
+func (e *endpoint) areasWritten() int {
+	n := e.opt.Areas
+	for _, q := range e.qps {
+		n = min(n, int(q.posted))
+	}
+	return max(n, 1)
+}
+
+// verifyClient checks what the test left in this side's memory: READs
+// landed the server's data (serverSum: the first area of each QP), in
+// each of the first areas areas.
+func (e *endpoint) verifyClient(size int, serverSum uint32, areas int) error {
 	o := e.opt
 	switch o.Test {
 	case readBW, readLat:
 		if got := e.checksumAll(0, size); got != serverSum {
 			return fmt.Errorf("%w: %s %d B: checksum of the data read %#08x, the server's data %#08x", errVerify, o.Test, size, got, serverSum)
+		}
+		for i, q := range e.qps {
+			for a := 1; a < areas; a++ { // the server holds the same message in each
+				if !bytes.Equal(q.buf.Bytes[a*e.area:a*e.area+size], q.buf.Bytes[:size]) {
+					return fmt.Errorf("%w: %s %d B: QP %d: area %d holds other data than area 0", errVerify, o.Test, size, i, a)
+				}
+			}
 		}
 	case writeLat, sendLat:
 		q := e.qps[0]

@@ -105,7 +105,7 @@ func newEndpoint(socket string, o *options, name string) (_ *endpoint, err error
 		e.grh = abi.GRHLen
 	}
 	e.area = (max(o.maxMsg()+e.grh, 8*o.Depth) + 63) &^ 63
-	bufLen := e.area
+	bufLen := e.area * o.Areas
 	if o.Test.latency() {
 		bufLen *= 2
 	}
@@ -163,8 +163,8 @@ func (e *endpoint) connect(peers []rcpair.Info, ece uint32) error {
 	}
 	for i, q := range e.qps {
 		q.peer = peers[i]
-		if q.peer.Len < uint64(e.area) {
-			return fmt.Errorf("%w: peer buffer of %d bytes, want at least %d", errProtocol, q.peer.Len, e.area)
+		if q.peer.Len < uint64(e.area*e.opt.Areas) {
+			return fmt.Errorf("%w: peer buffer of %d bytes, want at least %d", errProtocol, q.peer.Len, e.area*e.opt.Areas)
 		}
 		if e.opt.Transport == transportUD {
 			if err := e.connectUD(q); err != nil {

@@ -20,7 +20,11 @@
 // Tests (-test): write_bw, read_bw, send_bw, atomic_bw (-atomic fetch_add
 // or cmp_swap), write_lat, send_lat, read_lat. Bandwidth tests keep -depth
 // work requests outstanding per QP on -qps QPs and request a completion
-// every -cq-mod; latency tests run one operation at a time. write_lat and
+// every -cq-mod (-total-depth bounds the WRs outstanding over all QPs,
+// posted to the QPs in turn); -areas N gives each QP's buffer N message
+// areas that successive write_bw or read_bw WRs use in turn, so that one
+// QP touches as much memory as N QPs (a many-QP run's footprint with one
+// QP); latency tests run one operation at a time. write_lat and
 // send_lat are ping-pongs (the server answers each message with the same
 // operation) and report half the round trip, read_lat the whole READ, as
 // perftest does.

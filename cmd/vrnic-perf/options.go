@@ -45,9 +45,12 @@ const (
 
 // Limits of the options.
 const (
-	maxSize  = 8 << 20
-	maxQPs   = 4096
-	maxDepth = 4096
+	maxSize = 8 << 20
+	maxQPs  = 4096
+	// maxAreas and maxAreaBytes bound -areas and the buffer it makes.
+	maxAreas     = 65536
+	maxAreaBytes = 1 << 30
+	maxDepth     = 4096
 	// sweepBytes bounds the bytes moved per QP for one size of a -a sweep
 	// without -duration: large sizes run fewer iterations.
 	sweepBytes = 256 << 20
@@ -75,6 +78,10 @@ type options struct {
 	// TotalDepth bounds the WRs outstanding over all QPs together (0:
 	// QPs × Depth); the client posts to the QPs in turn.
 	TotalDepth int `json:"total_depth,omitempty"`
+	// Areas is the number of message areas of each QP's buffer on both
+	// sides (0 or 1: one); write_bw and read_bw WRs use them in turn, so
+	// that one QP can touch as much memory as Areas QPs of one area each.
+	Areas int `json:"areas,omitempty"`
 	// Transport is the QP type: rc (default), uc or ud.
 	Transport string `json:"transport"`
 	// ECE are the ECE options (abi.ECE* bits) the client offers the
@@ -148,6 +155,7 @@ func (o *options) addFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.Depth, "depth", 128, "outstanding work requests per QP (bandwidth tests)")
 	fs.IntVar(&o.QPs, "qps", 1, "number of QPs (bandwidth tests)")
 	fs.IntVar(&o.TotalDepth, "total-depth", 0, "outstanding work requests over all QPs together, posted to the QPs in turn (bandwidth tests; default qps × depth)")
+	fs.IntVar(&o.Areas, "areas", 1, "message areas per QP buffer, used in turn by successive WRs of a QP (write_bw, read_bw): the memory one QP touches, as that many QPs would")
 	fs.IntVar(&o.RecvDepth, "rx-depth", 0, "receives posted per QP (send tests; default max(4 × depth, 512))")
 	fs.IntVar(&o.MTU, "mtu", 4096, "path MTU: 256, 512, 1024, 2048 or 4096")
 	fs.IntVar(&o.Inline, "inline", 0, "SEND and RDMA WRITE messages up to this size are posted inline (0..512)")
@@ -208,6 +216,9 @@ func (o *options) finish() error {
 	if o.RecvDepth == 0 {
 		o.RecvDepth = min(max(4*o.Depth, 512), abi.MaxQPWR)
 	}
+	if o.Areas == 0 {
+		o.Areas = 1
+	}
 	// The flags give the options (the client); options received keep
 	// theirs (the server).
 	if ece, given, err := o.eceFlags.options(); err != nil {
@@ -246,6 +257,12 @@ func (o *options) finish() error {
 		return bad("total-depth %d out of range (0..qps × depth %d, bandwidth tests)", o.TotalDepth, o.QPs*o.Depth)
 	case o.TotalDepth > 0 && o.CQMod != 1:
 		return bad("total-depth needs cq-mod 1 (every WR signaled)")
+	case o.Areas < 1 || o.Areas > maxAreas:
+		return bad("areas %d out of range (1..%d)", o.Areas, maxAreas)
+	case o.Areas > 1 && o.Test != writeBW && o.Test != readBW:
+		return bad("areas: write_bw and read_bw only")
+	case o.Areas > 1 && int64(o.Areas)*int64(o.maxMsg()) > maxAreaBytes:
+		return bad("areas %d of %d bytes: more than %d bytes per QP", o.Areas, o.maxMsg(), maxAreaBytes)
 	case o.cqEntries() > abi.MaxCQE:
 		return bad("qps × depth too large for one CQ (%d entries)", abi.MaxCQE)
 	}

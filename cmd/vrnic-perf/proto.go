@@ -39,9 +39,13 @@ type message struct {
 	Iters    int           `json:"iters,omitempty"`
 	Sent     []uint64      `json:"sent,omitempty"`
 	Checksum uint32        `json:"checksum,omitempty"`
-	Counters *counters     `json:"counters,omitempty"`
-	Lost     uint64        `json:"lost,omitempty"` // verdict, UC/UD send tests: messages that never arrived
-	Error    string        `json:"error,omitempty"`
+	// Areas (done, write_bw and read_bw) is how many message areas of
+	// each QP's buffer the test wrote (-areas: all of them once every QP
+	// posted that many WRs); Checksum covers those.
+	Areas    int       `json:"areas,omitempty"`
+	Counters *counters `json:"counters,omitempty"`
+	Lost     uint64    `json:"lost,omitempty"` // verdict, UC/UD send tests: messages that never arrived
+	Error    string    `json:"error,omitempty"`
 	// ECE (the server's hello) are the ECE options the server took of
 	// the client's offer (options.ece) and set on its QPs.
 	ECE uint32 `json:"ece,omitempty"`

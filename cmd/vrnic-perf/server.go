@@ -17,10 +17,16 @@ var errStopped = errors.New("stopped")
 
 // checksumAll chains the checksums of bytes [off, off+size) of every QP's
 // buffer, in QP order (both sides compute it the same way).
-func (e *endpoint) checksumAll(off, size int) uint32 {
+func (e *endpoint) checksumAll(off, size int) uint32 { return e.checksumAreas(off, size, 1) }
+
+// checksumAreas is checksumAll over the first areas message areas of
+// each QP's buffer (-areas), QP by QP, area by area.
+func (e *endpoint) checksumAreas(off, size, areas int) uint32 {
 	var c uint32
 	for _, q := range e.qps {
-		c = crc32.Update(c, castagnoli, q.buf.Bytes[off:off+size])
+		for a := range areas {
+			c = crc32.Update(c, castagnoli, q.buf.Bytes[a*e.area+off:a*e.area+off+size])
+		}
 	}
 	return c
 }
@@ -119,7 +125,9 @@ func (e *endpoint) serveSize(cc *ctrlConn, size int) error {
 		case writeBW, sendBW:
 			clear(b[:size])
 		case readBW, readLat:
-			fillPattern(b[:size], size, i)
+			for a := range o.Areas { // the same message in each
+				fillPattern(b[a*e.area:a*e.area+size], size, i)
+			}
 		case atomicBW:
 			clear(b[:8])
 		case writeLat, sendLat:
@@ -197,7 +205,10 @@ func (e *endpoint) verifyServer(size int, d message) error {
 	o := e.opt
 	switch o.Test {
 	case writeBW:
-		if got := e.checksumAll(0, size); got != d.Checksum {
+		if d.Areas < 1 || d.Areas > o.Areas {
+			return fmt.Errorf("%w: write_bw: the client says %d areas were written, of %d", errProtocol, d.Areas, o.Areas)
+		}
+		if got := e.checksumAreas(0, size, d.Areas); got != d.Checksum {
 			return fmt.Errorf("%w: %s %d B: checksum of the server's memory %#08x, the client's data %#08x", errVerify, o.Test, size, got, d.Checksum)
 		}
 	case sendBW:

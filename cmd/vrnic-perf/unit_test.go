@@ -100,25 +100,30 @@ func TestOptions(t *testing.T) {
 	require.NoError(t, w.finish())
 	assert.True(t, w.inline(64))
 	assert.False(t, w.inline(65))
+	assert.Equal(t, 1, w.Areas, "one message area by default")
 	r := options{Test: readBW, Atomic: atomicFetchAdd, QPs: 1, Depth: 16, MTU: 4096, Inline: 64, Size: 64}
 	require.NoError(t, r.finish())
 	assert.False(t, r.inline(64), "READ has nothing to inline")
 
 	for name, spoil := range map[string]func(o *options){
-		"test":     func(o *options) { o.Test = "ib_write_bw" },
-		"atomic":   func(o *options) { o.Atomic = "swap" },
-		"size":     func(o *options) { o.Size = maxSize + 1 },
-		"negative": func(o *options) { o.Size = -1 },
-		"both":     func(o *options) { o.Iters, o.Duration = 10, time.Second },
-		"depth":    func(o *options) { o.Depth = maxDepth + 1 },
-		"qps":      func(o *options) { o.QPs = 0 },
-		"lat qps":  func(o *options) { o.Test, o.QPs = readLat, 2 },
-		"events":   func(o *options) { o.Test, o.Events = writeLat, true },
-		"mtu":      func(o *options) { o.MTU = 1500 },
-		"inline":   func(o *options) { o.Inline = abi.MaxInline + 1 },
-		"cq-mod":   func(o *options) { o.CQMod = 200 },
-		"cq size":  func(o *options) { o.QPs, o.Depth = 64, 4096 },
-		"rx-depth": func(o *options) { o.RecvDepth = abi.MaxQPWR + 1 },
+		"test":      func(o *options) { o.Test = "ib_write_bw" },
+		"atomic":    func(o *options) { o.Atomic = "swap" },
+		"size":      func(o *options) { o.Size = maxSize + 1 },
+		"negative":  func(o *options) { o.Size = -1 },
+		"both":      func(o *options) { o.Iters, o.Duration = 10, time.Second },
+		"depth":     func(o *options) { o.Depth = maxDepth + 1 },
+		"qps":       func(o *options) { o.QPs = 0 },
+		"lat qps":   func(o *options) { o.Test, o.QPs = readLat, 2 },
+		"events":    func(o *options) { o.Test, o.Events = writeLat, true },
+		"mtu":       func(o *options) { o.MTU = 1500 },
+		"inline":    func(o *options) { o.Inline = abi.MaxInline + 1 },
+		"cq-mod":    func(o *options) { o.CQMod = 200 },
+		"cq size":   func(o *options) { o.QPs, o.Depth = 64, 4096 },
+		"rx-depth":  func(o *options) { o.RecvDepth = abi.MaxQPWR + 1 },
+		"areas":     func(o *options) { o.Areas = maxAreas + 1 },
+		"areas neg": func(o *options) { o.Areas = -1 },
+		"areas lat": func(o *options) { o.Test, o.Areas = sendLat, 2 },
+		"areas big": func(o *options) { o.Size, o.Areas = maxSize, 1024 },
 	} {
 		t.Run(name, func(t *testing.T) {
 			o := options{Atomic: atomicFetchAdd, QPs: 1, Depth: 128, MTU: 4096}
