@@ -197,13 +197,14 @@ func BenchmarkQPScale(b *testing.B) {
 }
 
 // BenchmarkUDPWriteBWManyQPs measures write_bw between two vrnicd over
-// the UDP link on one QP (16 outstanding) and on VRNIC_MANY_QPS (default
-// 1000) QPs posted in turn (16 outstanding over all of them), in
-// VRNIC_MANY_ROUNDS rounds (default 4) of one run each, the order
-// alternating from round to round, messages of VRNIC_MANY_SIZE bytes
-// (default 65536). It reports the median of the rounds' ratios (many-QP
-// aggregate over one QP, each round's pair measured back to back) and the
-// medians of each side.
+// the UDP link on one QP (16 outstanding), on one QP spreading its WRs
+// over VRNIC_MANY_QPS message areas (-areas: the memory of that many QPs)
+// and on VRNIC_MANY_QPS (default 1000) QPs posted in turn (16 outstanding
+// over all of them), in VRNIC_MANY_ROUNDS rounds (default 4) of one run
+// each, the order rotating from round to round, messages of
+// VRNIC_MANY_SIZE bytes (default 65536). It reports the medians of the
+// rounds' ratios, the many-QP aggregate over one QP (ratio) and over one
+// QP touching as much memory (ratio-same-memory), and of each rate.
 func BenchmarkUDPWriteBWManyQPs(b *testing.B) {
 	da, dc := scaleDaemons(b, "127.0.0.1", "127.0.0.2")
 	env := func(name string, def int) int {
@@ -217,28 +218,31 @@ func BenchmarkUDPWriteBWManyQPs(b *testing.B) {
 		return n
 	}
 	many, rounds, size := env("VRNIC_MANY_QPS", 1000), env("VRNIC_MANY_ROUNDS", 4), env("VRNIC_MANY_SIZE", 65536)
-	dur := "3s"
-	run := func(args ...string) float64 {
-		rs := perfJSON(b, da.sock, dc.sock, append([]string{"-test", "write_bw", "-size", strconv.Itoa(size), "-duration", dur}, args...)...)
-		require.Len(b, rs, 1)
-		return rs[0].MBps
+	runs := [][]string{
+		{"-qps", "1", "-depth", "16"},
+		{"-qps", "1", "-depth", "16", "-areas", strconv.Itoa(many)},
+		{"-qps", strconv.Itoa(many), "-depth", "1", "-total-depth", "16"},
 	}
 	b.ResetTimer()
-	var one, all, ratio []float64
+	var rate [3][]float64
+	var ratio, same []float64
 	for r := range rounds {
-		var o, m float64
-		if r%2 == 0 {
-			o = run("-qps", "1", "-depth", "16")
-			m = run("-qps", strconv.Itoa(many), "-depth", "1", "-total-depth", "16")
-		} else {
-			m = run("-qps", strconv.Itoa(many), "-depth", "1", "-total-depth", "16")
-			o = run("-qps", "1", "-depth", "16")
+		var got [3]float64
+		for k := range runs {
+			i := (r + k) % len(runs)
+			rs := perfJSON(b, da.sock, dc.sock, append([]string{"-test", "write_bw", "-size", strconv.Itoa(size), "-duration", "3s"}, runs[i]...)...)
+			require.Len(b, rs, 1)
+			got[i] = rs[0].MBps
+			rate[i] = append(rate[i], got[i])
 		}
-		one, all, ratio = append(one, o), append(all, m), append(ratio, m/o)
+		ratio, same = append(ratio, got[2]/got[0]), append(same, got[2]/got[1])
 	}
 	b.StopTimer()
-	b.ReportMetric(median(one), "one-MB/s")
-	b.ReportMetric(median(all), "many-MB/s")
+	b.ReportMetric(median(rate[0]), "one-MB/s")
+	b.ReportMetric(median(rate[1]), "one-areas-MB/s")
+	b.ReportMetric(median(rate[2]), "many-MB/s")
 	b.ReportMetric(median(ratio), "ratio")
-	b.Logf("%d-byte WRITEs: one QP %.0f MB/s; %d QPs %.0f MB/s; ratios by round %.2f", size, one, many, all, ratio)
+	b.ReportMetric(median(same), "ratio-same-memory")
+	b.Logf("%d-byte WRITEs, MB/s by round: one QP %.0f; one QP over %d areas %.0f; %d QPs %.0f; ratios %.2f, to the same memory %.2f",
+		size, rate[0], many, rate[1], many, rate[2], ratio, same)
 }
