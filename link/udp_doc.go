@@ -39,13 +39,16 @@
 // roce.SteerQueue(BTH destination QP, workers) for every datagram at least
 // a BTH and an ICRC long, 0 for shorter ones; socket i, bound i-th, is at
 // index i of the group, so each datagram reaches the worker that owns its
-// QP. See udp_steer.go and kernel-notes/udp-reuseport.md.
+// QP. A segmented datagram goes where its first frame's QP steers; a port
+// of a link of several workers hands a frame of it for another port's QP
+// to that port (udp_forward.go). See udp_steer.go and
+// kernel-notes/udp-reuseport.md.
 //
-// Offload: SendBatch packs runs of equal frames for one peer and QP into
-// UDP_SEGMENT messages (over IPv6, and over IPv4 as
-// UDPConfig.SegmentIPv4 says: by default on a loopback address only), and
-// a one-worker link receives with UDP_GRO; see udp_offload.go and
-// kernel-notes/udp-offload.md (UDPConfig.NoOffload turns both off).
+// Offload: SendBatch packs runs of equal frames for one peer and QP (or
+// plain ACKs for any QPs) into UDP_SEGMENT messages (over IPv6, and over
+// IPv4 as UDPConfig.SegmentIPv4 says: by default on a loopback address
+// only), and a one-worker link receives with UDP_GRO; see udp_offload.go
+// and kernel-notes/udp-offload.md (UDPConfig.NoOffload turns both off).
 //
 // Wake-ups: one goroutine per port waits on the Go netpoller and signals
 // Ready; see UDPPort. Close stops them and closes every socket.
