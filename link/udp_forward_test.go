@@ -24,12 +24,9 @@ func ackFrame(t *testing.T, p *roce.Path, qpn, psn uint32, syn roce.Syndrome) []
 // ACK for the other port's QP over, and every ACK reaches the port that
 // owns its QP, in the order sent, with its ICRC intact.
 func TestUDPCoalescedACKs(t *testing.T) {
-	aAddr, bAddr := loopback4(t), loopback4(t)
-	a := newTestLink(t, aAddr, 1, func(c *UDPConfig) { c.SegmentIPv4 = SegmentAlways }).Ports()[0]
+	aAddr, a := segmentingPort(t)
+	bAddr := loopback4(t)
 	lb := newTestLink(t, bAddr, 2, nil)
-	if !a.gso {
-		t.Skip("the kernel has no UDP_SEGMENT")
-	}
 	path := pathBetween(aAddr, bAddr)
 	var frames [][]byte
 	want := make([][]uint32, 2) // QPNs by owning port, in order
@@ -85,12 +82,9 @@ func TestUDPCoalescedACKs(t *testing.T) {
 // nor does an ACK join a datagram such a frame leads. Frames of one QP
 // still do.
 func TestUDPCoalescesOnlyPlainACKs(t *testing.T) {
-	aAddr, bAddr := loopback4(t), loopback4(t)
-	a := newTestLink(t, aAddr, 1, func(c *UDPConfig) { c.SegmentIPv4 = SegmentAlways }).Ports()[0]
+	aAddr, a := segmentingPort(t)
+	bAddr := loopback4(t)
 	b := newTestLink(t, bAddr, 1, nil).Ports()[0]
-	if !a.gso {
-		t.Skip("the kernel has no UDP_SEGMENT")
-	}
 	path := pathBetween(aAddr, bAddr)
 	readResp := buildFrame(t, path, &roce.Headers{BTH: roce.BTHFields{Opcode: roce.OpRCReadResponseOnly, PKey: 0xffff, DestQP: 3, PSN: 9},
 		AETH: roce.AETHFields{Syndrome: roce.Syndrome(0x1f), MSN: 9}}, 0)

@@ -69,6 +69,19 @@ func newTestLink(t testing.TB, local netip.AddrPort, workers int, mod func(*UDPC
 	return l
 }
 
+// segmentingPort returns a one-worker link's port on a free loopback
+// address that segments over IPv4 (SegmentAlways), and the address; it
+// skips the test when the kernel has no UDP_SEGMENT.
+func segmentingPort(t testing.TB) (netip.AddrPort, *UDPPort) {
+	t.Helper()
+	addr := loopback4(t)
+	p := newTestLink(t, addr, 1, func(c *UDPConfig) { c.SegmentIPv4 = SegmentAlways }).Ports()[0]
+	if !p.gso {
+		t.Skip("the kernel has no UDP_SEGMENT")
+	}
+	return addr, p
+}
+
 // pathBetween is the path the engine uses in roce.ModeUDP from link a
 // to link b: the pseudo header's addresses and ports are the two
 // sockets'.

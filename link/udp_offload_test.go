@@ -195,12 +195,9 @@ func TestUDPOffloadRefused(t *testing.T) {
 // segmented datagram is steered whole by its first frame, so it must not
 // mix QPs).
 func TestUDPSteeringSegmented(t *testing.T) {
-	aAddr, bAddr := loopback4(t), loopback4(t)
-	a := newTestLink(t, aAddr, 1, func(c *UDPConfig) { c.SegmentIPv4 = SegmentAlways }).Ports()[0]
+	aAddr, a := segmentingPort(t)
+	bAddr := loopback4(t)
 	lb := newTestLink(t, bAddr, 2, nil)
-	if !a.gso {
-		t.Skip("the kernel has no UDP_SEGMENT")
-	}
 	for _, p := range lb.Ports() {
 		assert.Nil(t, p.groRx, "no receive coalescing with several workers")
 	}
