@@ -93,9 +93,7 @@ func (e *endpoint) runSize(cc *ctrlConn, size int) (result, error) {
 		b := q.buf.Bytes
 		switch o.Test {
 		case writeBW, sendBW:
-			for a := range o.Areas { // the same message in each
-				fillPattern(b[a*e.area:a*e.area+size], size, i)
-			}
+			e.fillAreas(b, size, i)
 		case readBW, readLat:
 			clear(b[:size])
 		case atomicBW:

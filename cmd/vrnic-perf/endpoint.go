@@ -320,6 +320,14 @@ func fillPattern(b []byte, size, qp int) {
 	}
 }
 
+// fillAreas writes message size of QP qp (fillPattern) at the start of
+// each of the -areas message areas of b, its buffer.
+func (e *endpoint) fillAreas(b []byte, size, qp int) {
+	for a := range e.opt.Areas {
+		fillPattern(b[a*e.area:a*e.area+size], size, qp)
+	}
+}
+
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 func checksum(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }

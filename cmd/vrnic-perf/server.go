@@ -125,9 +125,7 @@ func (e *endpoint) serveSize(cc *ctrlConn, size int) error {
 		case writeBW, sendBW:
 			clear(b[:size])
 		case readBW, readLat:
-			for a := range o.Areas { // the same message in each
-				fillPattern(b[a*e.area:a*e.area+size], size, i)
-			}
+			e.fillAreas(b, size, i)
 		case atomicBW:
 			clear(b[:8])
 		case writeLat, sendLat:
