@@ -168,19 +168,22 @@ func (p *Path) Build(buf []byte, off, n int, h *Headers) ([]byte, error) {
 	}
 	if p.Mode == ModeUDP {
 		ps := p.Pseudo()
-		return l.seal(buf, &ps), nil
+		return l.seal(buf, &ps, nil), nil
 	}
-	return l.seal(buf, nil), nil
+	return l.seal(buf, nil, nil), nil
 }
 
 // seal stores the ICRC of the packet laid out in buf, over the pseudo
 // header ps in ModeUDP (ps not nil) or its IP header otherwise, and its
 // UDP checksum if it needs one, and returns the packet (in ModeUDP start
-// is tstart: the UDP payload).
-func (l *frameLayout) seal(buf []byte, ps *Pseudo) []byte {
+// is tstart: the UDP payload). pt, if not nil, keeps ps's state for the
+// next packet.
+func (l *frameLayout) seal(buf []byte, ps *Pseudo, pt *PseudoTx) []byte {
 	p := l.off + l.n
 	icrc := buf[p+l.pad : l.end]
-	if ps != nil {
+	if pt != nil {
+		putICRC(icrc, pt.icrc(ps, buf[l.tstart:p+l.pad]))
+	} else if ps != nil {
 		putICRC(icrc, icrcPseudo(ps, buf[l.tstart:p+l.pad]))
 	} else {
 		putICRC(icrc, icrcIP(buf[l.ipStart:p+l.pad], l.v6, l.iphl))
@@ -397,6 +400,7 @@ type Framer struct {
 	fuse bool   // the ICRC is computed as the payload is put
 	udp  bool   // ModeUDP: the ICRC covers ps
 	ps   Pseudo
+	pt   PseudoTx // the pseudo header state of the last packet
 	tmpl linkTemplate
 }
 
@@ -421,7 +425,7 @@ func (p *Path) Begin(f *Framer, buf []byte, off, n int, h *Headers) error {
 	switch {
 	case !f.fuse:
 	case f.udp:
-		f.crc = crcPseudoHead(&f.ps, buf[l.tstart:off], l.end-l.tstart)
+		f.crc = f.pt.crc(&f.ps, buf[l.tstart:off], l.end-l.tstart)
 	default:
 		mk := &icrcMasks[16]
 		if !l.v6 {
@@ -469,8 +473,8 @@ func (f *Framer) Finish() ([]byte, error) {
 		l.udpChecksum(buf) // none in ModeUDP, where start is tstart
 		return buf[l.start:l.end], nil
 	case f.udp:
-		return l.seal(buf, &f.ps), nil
+		return l.seal(buf, &f.ps, &f.pt), nil
 	default:
-		return l.seal(buf, nil), nil
+		return l.seal(buf, nil, nil), nil
 	}
 }

@@ -347,8 +347,17 @@ func crcUnshift(c uint32, n int) uint32 {
 // IPv6 without converting them.
 func crcPseudoHead(ps *Pseudo, body []byte, tlen int) uint32 {
 	var h pseudoHdr
-	var c uint32
-	var nh int
+	c, nh := ps.compose(&h, tlen)
+	if useFold && uint(len(body)-icrcShortMin) <= icrcShortMax-icrcShortMin {
+		return icrcShort(c, &h, nh, body, &icrcBTHMask)
+	}
+	return crcPseudoLong(c, &h, nh, body)
+}
+
+// compose writes ps's pseudo header for a transport packet of tlen bytes
+// (BTH through ICRC) into h and returns the CRC state it starts from and
+// its number of blocks.
+func (ps *Pseudo) compose(h *pseudoHdr, tlen int) (c uint32, nh int) {
 	ul := uint64(UDPHeaderLen + tlen) // UDP length
 	dp := uint64(ps.DstPort)
 	if dp == 0 {
@@ -363,69 +372,110 @@ func crcPseudoHead(ps *Pseudo, body []byte, tlen int) uint32 {
 		h[0] = 0x6f | 0xffffff<<8 | netWord(ul)<<32 | ProtocolUDP<<48 | 0xff<<56
 		h[1], h[2], h[3], h[4] = s0, s1, d0, d1
 		h[5] = udp
-		c, nh = ^icrcSeed, 3
-	} else {
-		// 00 00 00 00 | 45 ff | total length
-		h[0] = 0x45<<32 | 0xff<<40 | netWord(IPv4HeaderLen+ul)<<48
-		// id 0 | 40 00 (DF) | ttl ff | protocol 17 | checksum ff ff
-		h[1] = 0x40<<16 | 0xff<<32 | ProtocolUDP<<40 | 0xffff<<48
-		// source | destination: the last 4 bytes of each 16-byte form
-		h[2] = s1>>32 | d1&^0xffffffff
-		h[3] = udp
-		c, nh = icrcSeed4, 2
+		return ^icrcSeed, 3
 	}
+	// 00 00 00 00 | 45 ff | total length
+	h[0] = 0x45<<32 | 0xff<<40 | netWord(IPv4HeaderLen+ul)<<48
+	// id 0 | 40 00 (DF) | ttl ff | protocol 17 | checksum ff ff
+	h[1] = 0x40<<16 | 0xff<<32 | ProtocolUDP<<40 | 0xffff<<48
+	// source | destination: the last 4 bytes of each 16-byte form
+	h[2] = s1>>32 | d1&^0xffffffff
+	h[3] = udp
+	return icrcSeed4, 2
+}
+
+// crcBody returns the raw CRC-32 state after c over body (at least
+// BTHLen bytes, BTH byte 4 masked): the rest of a packet whose pseudo
+// header c has taken.
+func crcBody(c uint32, body []byte) uint32 {
 	if useFold && uint(len(body)-icrcShortMin) <= icrcShortMax-icrcShortMin {
-		return icrcShort(c, &h, nh, body, &icrcBTHMask)
+		return icrcShort(c, nil, 0, body, &icrcBTHMask)
 	}
-	return crcPseudoLong(c, &h, nh, body)
+	return crcMasked(c, body, &icrcBTHMask, 8)
+}
+
+// PseudoTx is a sender's pseudo header state: the pseudo header and
+// transport length of the last packet it sent and, from the second packet
+// in a row that has them both, the raw CRC-32 state after that pseudo
+// header. A stream of like packets (a QP's small WRITEs, a worker's ACKs
+// to one peer) then has its ICRC from the transport packet alone, and a
+// packet unlike the last costs what it would without a PseudoTx. The zero
+// value is ready; a PseudoTx is not for concurrent use.
+type PseudoTx struct {
+	ps   Pseudo
+	tlen int    // 0: none yet
+	c    uint32 // when ok
+	ok   bool
+}
+
+// crc is crcPseudoHead through t.
+func (t *PseudoTx) crc(ps *Pseudo, body []byte, tlen int) uint32 {
+	if t.tlen == tlen && t.ps.same(ps) {
+		if !t.ok {
+			t.c, t.ok = ps.state(tlen), true
+		}
+		return crcBody(t.c, body)
+	}
+	t.ps, t.tlen, t.ok = *ps, tlen, false
+	return crcPseudoHead(ps, body, tlen)
+}
+
+// same reports whether ps and q are equal, field by field (== on the
+// struct is a call to compare memory).
+func (ps *Pseudo) same(q *Pseudo) bool {
+	return ps.SrcPort == q.SrcPort && ps.DstPort == q.DstPort && ps.Src == q.Src && ps.Dst == q.Dst
+}
+
+// icrc is icrcPseudo through t.
+func (t *PseudoTx) icrc(ps *Pseudo, body []byte) uint32 {
+	return ^t.crc(ps, body, len(body)+ICRCLen)
+}
+
+// state returns the raw CRC-32 state after ps's pseudo header for a
+// transport packet of tlen bytes.
+func (ps *Pseudo) state(tlen int) uint32 {
+	var h pseudoHdr
+	c, nh := ps.compose(&h, tlen)
+	return crcPseudoWords(c, &h, nh)
 }
 
 // PseudoRx is the pseudo header (see Pseudo) of the datagrams received on
-// one local address and port, its local half composed once (NewPseudoRx):
-// per datagram only the source is.
+// one local address and port, with a PseudoTx's memory of the last
+// datagram: its source and transport length and, from the second datagram
+// in a row that has them both, the raw CRC-32 state after its pseudo
+// header (one peer's small WRITEs, or its ACKs, have the same). A
+// PseudoRx is not for concurrent use.
 type PseudoRx struct {
-	d0, d1 uint64 // the local address's 16-byte form (addrWords)
-	dst6   bool   // the local address is native IPv6
-	dp     uint64 // the local port in network order (netWord), 4791 for 0
+	local netip.AddrPort
+	from  netip.AddrPort
+	tlen  int    // 0: none yet
+	c     uint32 // when ok
+	ok    bool
 }
 
 // NewPseudoRx returns the PseudoRx of datagrams received on local.
 func NewPseudoRx(local netip.AddrPort) PseudoRx {
-	r := PseudoRx{dp: netWord(uint64(local.Port()))}
-	if local.Port() == 0 {
-		r.dp = netWord(UDPPort)
-	}
-	r.d0, r.d1 = addrWords(local.Addr())
-	r.dst6 = native6(local.Addr(), r.d0, r.d1)
-	return r
+	return PseudoRx{local: local}
 }
 
 // crc is crcPseudoHead for a transport packet of tlen bytes from from
 // whose first bytes are body.
 func (r *PseudoRx) crc(from netip.AddrPort, body []byte, tlen int) uint32 {
-	var h pseudoHdr
-	var c uint32
-	var nh int
-	ul := uint64(UDPHeaderLen + tlen)
-	udp := netWord(uint64(from.Port())) | r.dp<<16 | netWord(ul)<<32 | 0xffff<<48
-	src := from.Addr()
-	s0, s1 := addrWords(src)
-	if r.dst6 || native6(src, s0, s1) {
-		h[0] = 0x6f | 0xffffff<<8 | netWord(ul)<<32 | ProtocolUDP<<48 | 0xff<<56
-		h[1], h[2], h[3], h[4] = s0, s1, r.d0, r.d1
-		h[5] = udp
-		c, nh = ^icrcSeed, 3
-	} else {
-		h[0] = 0x45<<32 | 0xff<<40 | netWord(IPv4HeaderLen+ul)<<48
-		h[1] = 0x40<<16 | 0xff<<32 | ProtocolUDP<<40 | 0xffff<<48
-		h[2] = s1>>32 | r.d1&^0xffffffff
-		h[3] = udp
-		c, nh = icrcSeed4, 2
+	if r.tlen == tlen && r.from.Port() == from.Port() && r.from.Addr() == from.Addr() {
+		if !r.ok {
+			ps := r.pseudo(from)
+			r.c, r.ok = ps.state(tlen), true
+		}
+		return crcBody(r.c, body)
 	}
-	if useFold && uint(len(body)-icrcShortMin) <= icrcShortMax-icrcShortMin {
-		return icrcShort(c, &h, nh, body, &icrcBTHMask)
-	}
-	return crcPseudoLong(c, &h, nh, body)
+	r.from, r.tlen, r.ok = from, tlen, false
+	ps := r.pseudo(from)
+	return crcPseudoHead(&ps, body, tlen)
+}
+
+// pseudo returns the pseudo header of a datagram from from.
+func (r *PseudoRx) pseudo(from netip.AddrPort) Pseudo {
+	return Pseudo{Src: from.Addr(), Dst: r.local.Addr(), SrcPort: from.Port(), DstPort: r.local.Port()}
 }
 
 // addrWords returns the 16-byte form of a (netip.Addr.As16) as two

@@ -130,6 +130,54 @@ func TestPseudoRxMatchesPseudo(t *testing.T) {
 	}
 }
 
+// TestPseudoStatesMatchPseudo: a PseudoTx, and a PseudoRx per local
+// address, given packets in runs of one pseudo header and length (whose
+// bodies differ) between changes of address, port or length, give the
+// ICRC icrcPseudo gives for every packet, and serve from their kept state
+// from the second packet of a run.
+func TestPseudoStatesMatchPseudo(t *testing.T) {
+	addrs := []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.7"),
+		netip.MustParseAddr("2001:db8::1"), netip.MustParseAddr("::ffff:10.0.0.1"), {}}
+	ports := []uint16{0, 4791, 0xc123}
+	lengths := []int{0, 4, 8, 16, 24, 100, 1000, 4096 + RETHLen}
+	rng := rand.New(rand.NewPCG(3, 5))
+	var tx PseudoTx
+	rxs := map[netip.AddrPort]*PseudoRx{}
+	hitsTx, hitsRx, k := 0, 0, 0
+	for range 3000 {
+		ps := Pseudo{Src: addrs[rng.IntN(len(addrs))], Dst: addrs[rng.IntN(len(addrs))],
+			SrcPort: ports[rng.IntN(len(ports))], DstPort: ports[rng.IntN(2)]}
+		n := lengths[rng.IntN(len(lengths))]
+		local := netip.AddrPortFrom(ps.Dst, ps.DstPort)
+		r := rxs[local]
+		if r == nil {
+			rx := NewPseudoRx(local)
+			r = &rx
+			rxs[local] = r
+		}
+		from := netip.AddrPortFrom(ps.Src, ps.SrcPort)
+		for range 1 + rng.IntN(4) {
+			body := make([]byte, BTHLen+n)
+			for i := range body {
+				body[i] = byte(i*29 + k)
+			}
+			k++
+			tlen := len(body) + ICRCLen
+			want := icrcPseudo(&ps, body)
+			if tx.ok && tx.tlen == tlen && tx.ps == ps {
+				hitsTx++
+			}
+			require.Equal(t, want, tx.icrc(&ps, body), "PseudoTx %+v n=%d", ps, n)
+			if r.ok && r.tlen == tlen && r.from == from {
+				hitsRx++
+			}
+			require.Equal(t, want, ^r.crc(from, body, tlen), "PseudoRx %+v n=%d", ps, n)
+		}
+	}
+	require.Greater(t, hitsTx, 1000)
+	require.Greater(t, hitsRx, 1000)
+}
+
 // TestCRCUnshift: crcUnshift(s, n) is the state that n zero bytes take
 // to s, and icrcSeed4 the one 4 zero bytes take to the ICRC's seed.
 func TestCRCUnshift(t *testing.T) {

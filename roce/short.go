@@ -34,7 +34,9 @@ func (s *Short) ShortHeaderLen() int {
 // path's pseudo header, and returns the frame (from buf[0]). ok is false,
 // and nothing is written, when the path is not ModeUDP, n is not shorter
 // than FuseMin or buf is too short: the caller builds the general way.
-func (p *Path) BuildShort(buf []byte, s *Short, n int) (frame []byte, ok bool) {
+// pt, if not nil, is the path's PseudoTx (the pseudo header's state kept
+// from packet to packet).
+func (p *Path) BuildShort(buf []byte, s *Short, n int, pt *PseudoTx) (frame []byte, ok bool) {
 	hl := s.ShortHeaderLen()
 	pad := -n & 3
 	end := hl + n + pad + ICRCLen
@@ -58,6 +60,10 @@ func (p *Path) BuildShort(buf []byte, s *Short, n int) (frame []byte, ok bool) {
 	body := hl + n + pad
 	clear(b[hl+n : body])
 	ps := p.Pseudo()
-	putICRC(b[body:], icrcPseudo(&ps, b[:body]))
+	if pt != nil {
+		putICRC(b[body:], pt.icrc(&ps, b[:body]))
+	} else {
+		putICRC(b[body:], icrcPseudo(&ps, b[:body]))
+	}
 	return b, true
 }

@@ -250,7 +250,7 @@ func (w *worker) txShort(qp *QP, e *swqe, buf []byte, o *packet, poff uint64, n 
 			return false, nil
 		}
 	}
-	frame, ok := qp.path.BuildShort(buf, s, n)
+	frame, ok := qp.path.BuildShort(buf, s, n, &w.ptx[qp.qpn%uint32(len(w.ptx))])
 	if !ok {
 		w.Counters.BuildErrors.Add(1)
 		return false, nil

@@ -217,7 +217,8 @@ type worker struct {
 	// scratch, reused for every packet and completion
 	pkt roce.Packet
 	// psrx is the local half of the pseudo header of every received
-	// datagram (ModeUDP: the address and port the link receives on).
+	// datagram (ModeUDP: the address and port the link receives on), and
+	// the last one's state.
 	psrx roce.PseudoRx
 	in   packet
 	out  packet
@@ -226,6 +227,9 @@ type worker struct {
 	framer roce.Framer
 	short  roce.Short // txShort's packet
 	sink   frameSink  // txShort's payload
+	// ptx is txShort's pseudo header states, a QP's at ptx[QPN%len]:
+	// the engine.QP struct has no room for its own.
+	ptx [64]roce.PseudoTx
 	// cnpPath is the path a CNP is built with (txCNP).
 	cnpPath roce.Path
 	cqe     abi.CQE
