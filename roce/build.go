@@ -249,7 +249,13 @@ func (p *Path) headers(buf []byte, off, n int, h *Headers, l *frameLayout, tp *l
 	tstart := off - info.HeaderLen
 	var v6 bool
 	link := 0
-	if p.Mode != ModeUDP {
+	// The template's path: its family and link header length hold (and
+	// cost no look at the addresses).
+	hit := tp != nil && tp.ok && p.Mode != ModeUDP && tp.path == *p
+	switch {
+	case hit:
+		v6, link = tp.v6, tp.n
+	case p.Mode != ModeUDP:
 		v6 = p.IPv6()
 		link = linkHeaderLen(p.VLAN, v6)
 	}
@@ -278,7 +284,7 @@ func (p *Path) headers(buf []byte, off, n int, h *Headers, l *frameLayout, tp *l
 	if p.Mode == ModeUDP {
 		return nil
 	}
-	if tp != nil && tp.ok && tp.path == *p {
+	if hit {
 		tp.apply(buf, l, h)
 		return nil
 	}
