@@ -62,6 +62,14 @@ func TestIdleQPsAreNotServiced(t *testing.T) {
 	}
 	a, b := na.newQP(t, 0x11, o), nb.newQP(t, 0x22, o)
 	connect(t, a, b, o)
+	// ModifyQP only queues the change: a query after it returns once
+	// its worker applied everything queued before (in order). Without
+	// it the count below could be 0 before the last QPs' move to RTS,
+	// which puts each on the active list, was applied.
+	for _, q := range []*tqp{a, b} {
+		_, err := q.n.eng.Counters(q.qpn)
+		require.NoError(t, err)
+	}
 	waitActive(t, na, 0)
 	waitActive(t, nb, 0)
 
