@@ -72,6 +72,8 @@ func FuzzSteerMatchesModel(f *testing.F) {
 		if fuzzProgs != nil {
 			fuzzProgs.Close()
 		}
+		// The next run of the test (-count) loads them again.
+		fuzzProgs, fuzzErr, fuzzOnce = nil, nil, sync.Once{}
 	})
 	f.Fuzz(func(t *testing.T, frame []byte) {
 		fuzzOnce.Do(func() { fuzzProgs, fuzzErr = Load(4) })
