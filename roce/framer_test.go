@@ -213,6 +213,50 @@ func TestFramerMatchesBuild(t *testing.T) {
 	}
 }
 
+// TestFramerKeptPseudoState: over the UDP link a Framer keeps the
+// pseudo header's CRC state from packet to packet. Runs of packets with
+// one path, opcode and length (fused and not, with a BTH alone or a RETH
+// too, random fields and payloads), the runs' paths and lengths changing,
+// must each be the packet Build makes, and most must come from the kept
+// state.
+func TestFramerKeptPseudoState(t *testing.T) {
+	rng := rand.New(rand.NewPCG(21, 22))
+	paths := framerPaths()
+	udp := []Path{paths["udp4"], paths["udp6"], paths["udp0"]}
+	ops := []Opcode{OpRCSendMiddle, OpRCWriteFirst, OpRCSendOnly, OpRCWriteOnly, OpRCAck}
+	var f Framer
+	kept := 0
+	for run := range 300 {
+		p := udp[rng.IntN(len(udp))]
+		op := ops[rng.IntN(len(ops))]
+		n := []int{0, 8, 100, 1024, 4096}[rng.IntN(5)]
+		if op.Info().Flags&OpPayload == 0 {
+			n = 0
+		}
+		for k := range 1 + rng.IntN(4) {
+			h := randomHeaders(rng, op)
+			hr := p.Headroom(op)
+			want := make([]byte, hr+n+MaxTailroom)
+			for i := range want[hr : hr+n] {
+				want[hr+i] = byte(rng.Uint32())
+			}
+			got := bytes.Clone(want)
+			wf, err := p.Build(want, hr, n, &h)
+			require.NoError(t, err)
+			ps := p.Pseudo()
+			if f.pt.tlen == len(wf) && f.pt.ps.same(&ps) {
+				kept++
+			}
+			require.NoError(t, p.Begin(&f, got, hr, n, &h))
+			f.Put(got[hr : hr+n])
+			gf, err := f.Finish()
+			require.NoError(t, err)
+			require.Equal(t, wf, gf, "run %d packet %d: %v, %d payload bytes, %+v", run, k, op, n, ps)
+		}
+	}
+	require.Greater(t, kept, 300, "packets built from a kept pseudo header state")
+}
+
 // randomHeaders returns headers for op with random field values.
 func randomHeaders(rng *rand.Rand, op Opcode) Headers {
 	return Headers{
