@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -52,7 +53,10 @@ func TestSetNiceThreadsBornDuringPass(t *testing.T) {
 				done <- struct{}{}
 			}()
 		}
-		for born = threadCount(t) - before; born < blocked/2; born = threadCount(t) - before {
+		// Until the runtime has made threads for half of them (the
+		// assertion below says if it never does).
+		deadline := time.Now().Add(10 * time.Second)
+		for born = threadCount(t) - before; born < blocked/2 && time.Now().Before(deadline); born = threadCount(t) - before {
 			runtime.Gosched()
 		}
 	}
