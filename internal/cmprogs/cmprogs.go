@@ -43,17 +43,28 @@ type Env struct {
 // send that REQ before the second listen, which any CM rejects (reason 8,
 // invalid service ID; perftest then fails, and may crash). A perftest run
 // that fails that way, or whose clock calibration failed
-// (CalibrationFailed), is run again, up to three times (on a loaded
-// machine both happen more often).
+// (CalibrationFailed), is run again, up to perftestTries times in all (on
+// a loaded machine both happen more often: one CI run beside two CPU hogs
+// saw three in a row).
 func Run(t *testing.T, e Env, c Case) {
 	t.Helper()
 	for try := 1; ; try++ {
-		if runOnce(t, e, c, try < 4) {
+		if runOnce(t, e, c, try < perftestTries) {
 			return
 		}
 		t.Logf("%s: the client's REQ came before perftest's second listen (REJECTED, 8), or perftest could not calibrate its clock; running again", c.Name)
 	}
 }
+
+// perftestTries bounds the runs of a perftest case that meets the listen
+// race or a failed calibration.
+const perftestTries = 8
+
+// retryCleanup is how long the daemons may take to release what the
+// programs of a run cut short held: the server is stopped with its first
+// connection up and the client gone, and beside two CPU hogs the IDs and
+// contexts once took more than 10 s to go. They must still all go.
+const retryCleanup = 60 * time.Second
 
 // CalibrationFailed is what perftest prints when it could not measure the
 // CPU's clock, which it needs for its report: on a loaded machine its
@@ -85,7 +96,7 @@ func runOnce(t *testing.T, e Env, c Case, mayRetry bool) bool {
 			strings.Contains(cout.String()+cerr.String(), CalibrationFailed)) {
 		srv.Stop(0, 5*time.Second)
 		for _, s := range e.Socks {
-			require.NoError(t, WaitNoCMIDs(s, 10*time.Second))
+			require.NoError(t, WaitNoCMIDs(s, retryCleanup))
 		}
 		return false
 	}
