@@ -247,17 +247,21 @@ func (p *Path) headers(buf []byte, off, n int, h *Headers, l *frameLayout, tp *l
 		return fmt.Errorf("%w: need %d bytes after offset %d, have %d", ErrNoRoom, n+pad+ICRCLen, off, len(buf)-off)
 	}
 	tstart := off - info.HeaderLen
-	var v6 bool
 	link := 0
-	// The template's path: its family and link header length hold (and
-	// cost no look at the addresses).
-	hit := tp != nil && tp.ok && p.Mode != ModeUDP && tp.path == *p
-	switch {
-	case hit:
-		v6, link = tp.v6, tp.n
-	case p.Mode != ModeUDP:
-		v6 = p.IPv6()
-		link = linkHeaderLen(p.VLAN, v6)
+	var local linkTemplate
+	if p.Mode != ModeUDP {
+		// The template's path: its headers are copied and patched (and
+		// cost no look at the addresses); any other path is encoded
+		// first.
+		if tp == nil {
+			tp = &local
+		}
+		if !tp.ok || !tp.path.same(p) {
+			if err := tp.encode(p); err != nil {
+				return err
+			}
+		}
+		link = tp.n
 	}
 	start := tstart - link
 	if start < 0 {
@@ -265,9 +269,6 @@ func (p *Path) headers(buf []byte, off, n int, h *Headers, l *frameLayout, tp *l
 	}
 	if end-start-EthernetHeaderLen > 0xffff-IPv6HeaderLen {
 		return fmt.Errorf("%w: packet of %d bytes is too long", ErrNoRoom, end-start)
-	}
-	if p.Mode != ModeUDP && p.Mode != ModeEthernet {
-		return fmt.Errorf("%w: unknown mode %d", ErrBadPath, p.Mode)
 	}
 	*l = frameLayout{start: start, tstart: tstart, off: off, n: n, pad: pad, end: end}
 
@@ -281,56 +282,8 @@ func (p *Path) headers(buf []byte, off, n int, h *Headers, l *frameLayout, tp *l
 		extCodecs[x].encode(info.ext(t, x), h)
 	}
 	clear(buf[off+n : off+n+pad])
-	if p.Mode == ModeUDP {
-		return nil
-	}
-	if hit {
-		tp.apply(buf, l, h)
-		return nil
-	}
-
-	// Ethernet, IP, UDP.
-	eth := Ethernet(buf[start:])
-	ef := EthernetFields{Dst: p.DstMAC, Src: p.SrcMAC, VLAN: p.VLAN, TCI: p.VLANTCI, Type: EtherTypeIPv4}
-	if v6 {
-		ef.Type = EtherTypeIPv6
-	}
-	eth.Encode(&ef)
-	ipStart := start + ef.Len()
-	udpLen := end - tstart + UDPHeaderLen
-	var iphl int
-	if v6 {
-		if !p.Src.Unmap().Is6() || !p.Dst.Unmap().Is6() {
-			return fmt.Errorf("%w: source %v and destination %v are not both IPv6", ErrBadPath, p.Src, p.Dst)
-		}
-		iphl = IPv6HeaderLen
-		IPv6(buf[ipStart:]).Encode(&IPv6Fields{
-			TrafficClass: p.TOS, FlowLabel: p.FlowLabel, PayloadLength: uint16(udpLen),
-			NextHeader: ProtocolUDP, HopLimit: p.TTL, Src: addr16(p.Src), Dst: addr16(p.Dst),
-		})
-	} else {
-		src, dst := p.Src.Unmap(), p.Dst.Unmap()
-		if !src.Is4() || !dst.Is4() {
-			return fmt.Errorf("%w: source %v and destination %v are not both IPv4", ErrBadPath, p.Src, p.Dst)
-		}
-		iphl = IPv4HeaderLen
-		var ff uint16
-		if p.DontFragment {
-			ff = IPv4FlagDF
-		}
-		IPv4(buf[ipStart:]).Encode(&IPv4Fields{
-			TOS: p.TOS, TotalLength: uint16(IPv4HeaderLen + udpLen), ID: h.IPID, FlagsFragment: ff,
-			TTL: p.TTL, Protocol: ProtocolUDP, Src: src.As4(), Dst: dst.As4(),
-		})
-	}
-	dport := p.DstPort
-	if dport == 0 {
-		dport = UDPPort
-	}
-	UDP(buf[ipStart+iphl : tstart]).Encode(&UDPFields{SrcPort: p.SrcPort, DstPort: dport, Length: uint16(udpLen)})
-	l.ipStart, l.iphl, l.v6, l.udpSum = ipStart, iphl, v6, v6 || p.UDPChecksum
-	if tp != nil {
-		tp.set(p, buf, l)
+	if p.Mode != ModeUDP {
+		tp.apply(buf, l, h.IPID)
 	}
 	return nil
 }
@@ -339,50 +292,97 @@ func (p *Path) headers(buf []byte, off, n int, h *Headers, l *frameLayout, tp *l
 // a Framer encoded, for the next packets on the same path (a QP sends
 // many in a row): copied and patched, they cost a fraction of encoding.
 type linkTemplate struct {
-	ok   bool
-	path Path
-	hdr  [EthernetHeaderLen + VLANTagLen + IPv6HeaderLen + UDPHeaderLen]byte
-	n    int // bytes of hdr in use
-	ip   int // offset of the IP header in hdr
-	v6   bool
-	sum  uint64 // IPv4: header sum without total length, ID and checksum
+	ok     bool
+	path   Path
+	hdr    [EthernetHeaderLen + VLANTagLen + IPv6HeaderLen + UDPHeaderLen]byte
+	n      int // bytes of hdr in use
+	ip     int // offset of the IP header in hdr
+	iphl   int // its length
+	v6     bool
+	udpSum bool   // the UDP checksum is computed (IPv6, or Path.UDPChecksum)
+	sum    uint64 // IPv4: header sum without total length, ID and checksum
 }
 
-// set makes the link headers just written in buf (layout l) for p the
-// template.
-func (t *linkTemplate) set(p *Path, buf []byte, l *frameLayout) {
-	t.path, t.v6, t.ip = *p, l.v6, l.ipStart-l.start
-	t.n = copy(t.hdr[:], buf[l.start:l.tstart])
-	if !l.v6 {
-		ip := t.hdr[t.ip : t.ip+IPv4HeaderLen]
-		be := binary.BigEndian
-		// ipv4Sum less the two fields that change per packet.
-		t.sum = uint64(ipv4Sum(ip)) + 2*0xffff - uint64(be.Uint16(ip[ipv4TotalLen:])) - uint64(be.Uint16(ip[ipv4ID:]))
+// encode makes p's link headers the template (lengths and IPv4 ID 0,
+// patched by apply), or returns ErrBadPath (t then holds none).
+func (t *linkTemplate) encode(p *Path) error {
+	t.ok = false
+	switch p.Mode {
+	case ModeEthernet:
+	case ModeUDP:
+		return fmt.Errorf("%w: no link headers in %v", ErrBadPath, p.Mode)
+	default:
+		return fmt.Errorf("%w: unknown mode %d", ErrBadPath, p.Mode)
 	}
+	v6 := p.IPv6()
+	ef := EthernetFields{Dst: p.DstMAC, Src: p.SrcMAC, VLAN: p.VLAN, TCI: p.VLANTCI, Type: EtherTypeIPv4}
+	if v6 {
+		ef.Type = EtherTypeIPv6
+	}
+	Ethernet(t.hdr[:]).Encode(&ef)
+	ip := t.hdr[ef.Len():]
+	iphl := IPv4HeaderLen
+	if v6 {
+		if !p.Src.Unmap().Is6() || !p.Dst.Unmap().Is6() {
+			return fmt.Errorf("%w: source %v and destination %v are not both IPv6", ErrBadPath, p.Src, p.Dst)
+		}
+		iphl = IPv6HeaderLen
+		IPv6(ip).Encode(&IPv6Fields{
+			TrafficClass: p.TOS, FlowLabel: p.FlowLabel, NextHeader: ProtocolUDP, HopLimit: p.TTL,
+			Src: addr16(p.Src), Dst: addr16(p.Dst),
+		})
+	} else {
+		src, dst := p.Src.Unmap(), p.Dst.Unmap()
+		if !src.Is4() || !dst.Is4() {
+			return fmt.Errorf("%w: source %v and destination %v are not both IPv4", ErrBadPath, p.Src, p.Dst)
+		}
+		var ff uint16
+		if p.DontFragment {
+			ff = IPv4FlagDF
+		}
+		IPv4(ip).Encode(&IPv4Fields{
+			TOS: p.TOS, FlagsFragment: ff, TTL: p.TTL, Protocol: ProtocolUDP, Src: src.As4(), Dst: dst.As4(),
+		})
+		// The header's sum without the two fields that change per packet
+		// (total length and ID, both 0 here).
+		t.sum = uint64(ipv4Sum(ip))
+	}
+	dport := p.DstPort
+	if dport == 0 {
+		dport = UDPPort
+	}
+	UDP(ip[iphl:]).Encode(&UDPFields{SrcPort: p.SrcPort, DstPort: dport})
+	t.path, t.v6, t.ip, t.iphl = *p, v6, ef.Len(), iphl
+	t.n = ef.Len() + iphl + UDPHeaderLen
+	t.udpSum = v6 || p.UDPChecksum
 	t.ok = true
+	return nil
 }
 
 // apply writes the template's link headers in front of the transport
 // headers of layout l (whose link part headers has not filled in),
 // patching the lengths, and for IPv4 the ID and the checksum.
-func (t *linkTemplate) apply(buf []byte, l *frameLayout, h *Headers) {
-	be := binary.BigEndian
+func (t *linkTemplate) apply(buf []byte, l *frameLayout, id uint16) {
 	copy(buf[l.start:l.tstart], t.hdr[:t.n])
-	l.ipStart, l.v6 = l.start+t.ip, t.v6
-	udpLen := l.end - l.tstart + UDPHeaderLen
-	ip := buf[l.ipStart:l.tstart]
+	l.ipStart, l.v6, l.iphl, l.udpSum = l.start+t.ip, t.v6, t.iphl, t.udpSum
+	t.patch(buf[l.ipStart:l.tstart], l.end-l.tstart, id)
+}
+
+// patch sets the lengths of the IP and UDP headers ip (a copy of the
+// template's) for a transport packet of tlen bytes (BTH through ICRC),
+// and for IPv4 the ID and the header checksum.
+func (t *linkTemplate) patch(ip []byte, tlen int, id uint16) {
+	be := binary.BigEndian
+	udpLen := tlen + UDPHeaderLen
 	if t.v6 {
-		l.iphl = IPv6HeaderLen
 		be.PutUint16(ip[ipv6PayloadLn:], uint16(udpLen))
 	} else {
-		l.iphl = IPv4HeaderLen
 		tl := uint16(IPv4HeaderLen + udpLen)
 		be.PutUint16(ip[ipv4TotalLen:], tl)
-		be.PutUint16(ip[ipv4ID:], h.IPID)
-		be.PutUint16(ip[ipv4Checksum:], ^checksumFold(t.sum+uint64(tl)+uint64(h.IPID)))
+		be.PutUint16(ip[ipv4ID:], id)
+		be.PutUint16(ip[ipv4Checksum:], ^checksumFold(t.sum+uint64(tl)+uint64(id)))
 	}
-	l.udpSum = t.v6 || t.path.UDPChecksum
-	be.PutUint16(ip[l.iphl+udpLength:], uint16(udpLen))
+	be.PutUint16(ip[t.iphl+udpLength:], uint16(udpLen))
 }
 
 // Framer builds a packet around a payload copied in piece by piece,

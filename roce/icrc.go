@@ -406,6 +406,18 @@ type PseudoTx struct {
 	tlen int    // 0: none yet
 	c    uint32 // when ok
 	ok   bool
+
+	// ModeEthernet (Path.ShortOffset, Path.BuildShort): the link headers
+	// of the last path, and the transport length of the last packet and,
+	// from the second in a row, the CRC state after its IP and UDP
+	// headers. at is the path ShortOffset last prepared them for, as an
+	// address: ShortOffset and BuildShort check it, and it holds nothing
+	// alive.
+	tmpl  linkTemplate
+	at    uintptr
+	etlen int
+	ec    uint32
+	eok   bool
 }
 
 // crc is crcPseudoHead through t.

@@ -404,9 +404,13 @@ func (qp *QP) sendPacket(e *swqe, psn uint32, resend bool) (last, ok bool) {
 		}
 		poff = uint64(idx) * uint64(qp.mtu)
 		n = int(min(uint64(qp.mtu), e.length-poff))
-		if hr = qp.path.Headroom(o.opcode); hr+n+roce.MaxTailroom > len(buf) {
-			qp.failWQE(e, abi.WCLocLenErr)
-			return false, false
+		// The exact headroom only when the largest might not fit: the
+		// short packets (txShort) need none.
+		if roce.MaxHeadroom+n+roce.MaxTailroom > len(buf) {
+			if hr = qp.path.Headroom(o.opcode); hr+n+roce.MaxTailroom > len(buf) {
+				qp.failWQE(e, abi.WCLocLenErr)
+				return false, false
+			}
 		}
 		info := o.opcode.Info()
 		if info.Has(roce.HdrRETH) {
@@ -418,21 +422,28 @@ func (qp *QP) sendPacket(e *swqe, psn uint32, resend bool) (last, ok bool) {
 		o.ackReq = !qp.unrel && (resend || last || qp.req.sinceAck >= ackReqEvery || roce.PSNDiff(psn, qp.req.ackAllUntil) < 0 ||
 			roce.PSNDiff(roce.PSNAdd(psn, 1), qp.comp.psn) >= int32(qp.w.window) ||
 			qp.sr != nil && qp.sr.sr && roce.PSNDiff(roce.PSNAdd(psn, 1), qp.srDeliveredPSN()) >= srInFlight ||
-			qp.w.ccp != nil && qp.ccAckReq(hr+n))
+			qp.w.ccp != nil && qp.ccAckReq(qp.path.Headroom(o.opcode)+n))
 	}
 	if o.ackReq {
 		qp.req.sinceAck = 0
 	}
 	var queued bool
-	if o.opcode.Info().Flags&roce.OpPayload == 0 {
+	switch {
+	case o.opcode.Info().Flags&roce.OpPayload == 0:
 		queued = qp.w.txQueue(qp, buf, o)
-	} else if qp.w.shortOK(qp, o, n) {
+	case qp.w.shortOK(qp, o, n):
 		var err error
 		if queued, err = qp.w.txShort(qp, e, buf, o, poff, n); err != nil {
 			qp.failWQE(e, localMemStatus(err))
 			return false, false
 		}
-	} else if queued = qp.w.txBegin(qp, buf, o, hr, n); queued {
+	default:
+		if hr == 0 {
+			hr = qp.path.Headroom(o.opcode)
+		}
+		if queued = qp.w.txBegin(qp, buf, o, hr, n); !queued {
+			break
+		}
 		// The payload goes from the client's memory (or the WQE's inline
 		// data) into the frame in one pass that computes the ICRC too.
 		if e.Opcode == abi.WRAtomicWrite {

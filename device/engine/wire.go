@@ -97,6 +97,7 @@ func (qp *QP) setPath(remote netip.Addr) {
 		qp.path.TOS |= ecnECT0
 	}
 	pathPeer(&qp.path, &qp.w.e.cfg)
+	qp.w.ptx[qp.qpn%uint32(len(qp.w.ptx))].Forget()
 }
 
 // useAH makes a's path the QP's (UD: every WQE names its AH), with the
@@ -106,6 +107,7 @@ func (qp *QP) useAH(a *AH) {
 		return
 	}
 	qp.ah = a
+	qp.w.ptx[qp.qpn%uint32(len(qp.w.ptx))].Forget()
 	qp.path = a.path
 	if qp.path.Mode != roce.ModeUDP {
 		qp.path.SrcPort = roce.UDPSrcPort(qp.qpn)
@@ -199,10 +201,10 @@ func (w *worker) txQueued(qp *QP, buf, frame []byte, psn uint32) bool {
 
 // shortOK reports whether o, a data packet of n payload bytes of qp, is
 // a roce.Short the worker builds with txShort: an RC SEND Only or RDMA
-// WRITE Only shorter than roce.FuseMin over the UDP link, without
-// congestion control (which marks what it sends).
+// WRITE Only shorter than roce.FuseMin, without congestion control
+// (which marks what it sends).
 func (w *worker) shortOK(qp *QP, o *packet, n int) bool {
-	return w.udp && qp.svc == roce.ServiceRC && w.ccp == nil && n < roce.FuseMin &&
+	return qp.svc == roce.ServiceRC && w.ccp == nil && n < roce.FuseMin &&
 		(o.opcode == roce.OpRCWriteOnly || o.opcode == roce.OpRCSendOnly)
 }
 
@@ -232,16 +234,17 @@ func (w *worker) txShort(qp *QP, e *swqe, buf []byte, o *packet, poff uint64, n 
 	s := &w.short
 	*s = roce.Short{WriteOnly: o.opcode == roce.OpRCWriteOnly, SE: o.se, AckReq: o.ackReq, PKey: pkeyDefault,
 		DestQP: qp.attr.DestQPN, PSN: o.psn, VA: o.va, RKey: o.rkey, DMALen: o.dmaLen}
-	hl := s.ShortHeaderLen()
-	if hl+n+3+roce.ICRCLen > len(buf) {
+	pt := &w.ptx[qp.qpn%uint32(len(w.ptx))]
+	off, ok := qp.path.ShortOffset(s, pt)
+	if !ok || off+n+3+roce.ICRCLen > len(buf) {
 		w.Counters.BuildErrors.Add(1)
 		return false, nil
 	}
 	if e.Flags&abi.SendInline != 0 {
-		copy(buf[hl:hl+n], e.Inline[poff:poff+uint64(n)])
+		copy(buf[off:off+n], e.Inline[poff:poff+uint64(n)])
 	} else {
 		sk := &w.sink
-		*sk = frameSink{b: buf[hl : hl+n]}
+		*sk = frameSink{b: buf[off : off+n]}
 		if err := qp.cfg.Mem.GatherTo(e.SGEs, poff, n, sk); err != nil {
 			return false, err
 		}
@@ -250,7 +253,7 @@ func (w *worker) txShort(qp *QP, e *swqe, buf []byte, o *packet, poff uint64, n 
 			return false, nil
 		}
 	}
-	frame, ok := qp.path.BuildShort(buf, s, n, &w.ptx[qp.qpn%uint32(len(w.ptx))])
+	frame, ok := qp.path.BuildShort(buf, s, n, pt)
 	if !ok {
 		w.Counters.BuildErrors.Add(1)
 		return false, nil

@@ -227,8 +227,9 @@ type worker struct {
 	framer roce.Framer
 	short  roce.Short // txShort's packet
 	sink   frameSink  // txShort's payload
-	// ptx is txShort's pseudo header states, a QP's at ptx[QPN%len]:
-	// the engine.QP struct has no room for its own.
+	// ptx is txShort's header states (the pseudo header's over the UDP
+	// link, the link headers' over Ethernet), a QP's at ptx[QPN%len]: the
+	// engine.QP struct has no room for its own.
 	ptx [64]roce.PseudoTx
 	// cnpPath is the path a CNP is built with (txCNP).
 	cnpPath roce.Path
