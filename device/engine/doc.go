@@ -70,9 +70,10 @@
 // from client memory (Memory.GatherTo or ReadRemoteTo) to
 // buf[Path.Headroom(op):], roce.Path.Build writes the headers of the
 // mode in front of it (so the frame starts at buf[0]) and the pad and
-// ICRC behind it (an RC SEND or WRITE Only shorter than roce.FuseMin over
-// the UDP link: roce.Path.BuildShort, the same bytes with less work,
-// txShort); the peer beside a frame is a netip.AddrPort in an array
+// ICRC behind it (an RC SEND or WRITE Only shorter than roce.FuseMin:
+// roce.Path.BuildShort, the same bytes with less work, txShort, behind
+// link headers encoded once per path in ModeEthernet); the peer beside
+// a frame is a netip.AddrPort in an array
 // of the worker's (txTo, rxFrom), never allocated per packet. On
 // receive the payload is copied once from the frame to client memory
 // (Scatter or WriteRemote). Per QP, send WQEs are copied once from the SQ
