@@ -159,7 +159,13 @@ func Parse(frame []byte, pkt *Packet) error {
 		if tl > len(h) {
 			return fmt.Errorf("%w: IPv4 total length %d, %d bytes present", ErrTruncated, tl, len(h))
 		}
-		if h.CalculateChecksum() != h.Checksum() {
+		var sum uint16
+		if iphl == IPv4HeaderLen {
+			sum = ^ipv4Sum(h) // CalculateChecksum without options
+		} else {
+			sum = h.CalculateChecksum()
+		}
+		if sum != h.Checksum() {
 			return ErrBadIPChecksum
 		}
 		if h.IsFragment() {
