@@ -404,9 +404,10 @@ func (qp *QP) sendPacket(e *swqe, psn uint32, resend bool) (last, ok bool) {
 		}
 		poff = uint64(idx) * uint64(qp.mtu)
 		n = int(min(uint64(qp.mtu), e.length-poff))
-		// The exact headroom only when the largest might not fit: the
-		// short packets (txShort) need none.
-		if roce.MaxHeadroom+n+roce.MaxTailroom > len(buf) {
+		// The exact headroom only when the largest might not fit or
+		// congestion control counts it: the short packets (txShort)
+		// need none.
+		if qp.w.ccp != nil || roce.MaxHeadroom+n+roce.MaxTailroom > len(buf) {
 			if hr = qp.path.Headroom(o.opcode); hr+n+roce.MaxTailroom > len(buf) {
 				qp.failWQE(e, abi.WCLocLenErr)
 				return false, false
@@ -422,7 +423,7 @@ func (qp *QP) sendPacket(e *swqe, psn uint32, resend bool) (last, ok bool) {
 		o.ackReq = !qp.unrel && (resend || last || qp.req.sinceAck >= ackReqEvery || roce.PSNDiff(psn, qp.req.ackAllUntil) < 0 ||
 			roce.PSNDiff(roce.PSNAdd(psn, 1), qp.comp.psn) >= int32(qp.w.window) ||
 			qp.sr != nil && qp.sr.sr && roce.PSNDiff(roce.PSNAdd(psn, 1), qp.srDeliveredPSN()) >= srInFlight ||
-			qp.w.ccp != nil && qp.ccAckReq(qp.path.Headroom(o.opcode)+n))
+			qp.w.ccp != nil && qp.ccAckReq(hr+n))
 	}
 	if o.ackReq {
 		qp.req.sinceAck = 0
