@@ -289,8 +289,9 @@ func (p *Path) headers(buf []byte, off, n int, h *Headers, l *frameLayout, tp *l
 }
 
 // linkTemplate is the link headers (Ethernet, IP, UDP) of the last path
-// a Framer encoded, for the next packets on the same path (a QP sends
-// many in a row): copied and patched, they cost a fraction of encoding.
+// a Framer, or a PseudoTx for the short packets, encoded, for the next
+// packets on the same path (a QP sends many in a row): copied and
+// patched, they cost a fraction of encoding.
 type linkTemplate struct {
 	ok     bool
 	path   Path
