@@ -2,6 +2,7 @@ package engine
 
 import (
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -126,4 +127,125 @@ func threadCPU() int64 {
 		panic(err)
 	}
 	return ts.Nano()
+}
+
+// BenchmarkWrite8BPair measures the 8-byte WRITE rate of one worker pair
+// that has two CPUs to itself, as a NIC's pair of cores would: each
+// worker busy-polls on a thread of its own pinned to its own CPU (the
+// requester's CPU 0, the responder's CPU 1), with no scheduler between
+// passes and nothing else on the two CPUs; the client posts its WRs from
+// the requester's thread between its passes (what it costs is in the
+// requester's figure). 128 WRs stay in flight, every 32nd signaled, as in
+// BenchmarkWrite8B's depth=128 form, whose three busy goroutines (client,
+// requester, responder) share two CPUs and the Go scheduler. msg/s is the
+// pair's rate; req-cpu-ns/msg the requester thread's CPU time per message,
+// posting included (it polls: its whole time); req-idle/msg the passes
+// per message in which the requester found nothing to do (waiting for the
+// responder). Frames still cross between the CPUs through the in-memory
+// link.
+func BenchmarkWrite8BPair(b *testing.B) {
+	if runtime.NumCPU() < 2 || runtime.GOMAXPROCS(0) < 2 {
+		b.Skip("needs two CPUs")
+	}
+	for _, mode := range modes {
+		b.Run(mode.String(), func(b *testing.B) { benchWrite8BPair(b, mode, 128, 32) })
+	}
+}
+
+// pinThread locks the calling goroutine to its thread and the thread to
+// CPU cpu.
+func pinThread(b *testing.B, cpu int) {
+	runtime.LockOSThread()
+	var set unix.CPUSet
+	set.Set(cpu)
+	if err := unix.SchedSetaffinity(0, &set); err != nil {
+		b.Fatalf("pin to CPU %d: %v", cpu, err)
+	}
+}
+
+func benchWrite8BPair(b *testing.B, mode roce.Mode, depth, every int) {
+	o := defaultOpts()
+	o.mtu = roce.MTU4096
+	o.timeout = 20 // as steadyMode
+	nw := newNetworkMode(b, mode, 128, 64)
+	na := newNodeStart(b, nw, "10.0.0.1", 1, nil, nil, false)
+	nb := newNodeStart(b, nw, "10.0.0.2", 1, nil, nil, false)
+	a := na.newQP(b, 0x11, o)
+	r := nb.newQP(b, 0x22, o)
+	connect(b, a, r, o)
+	wa, wb := a.w(), r.w()
+	wa.pass() // the creates and modifications
+	wb.pass()
+	src := a.n.buffer(8, 0x1000, abi.AccessAll, 1)
+	dst := r.n.buffer(8, 0x1000, abi.AccessAll, 2)
+	sges := []abi.SGE{src.sge(0, 8)}
+	wr := abi.SendWQE{Opcode: abi.WRRDMAWrite, RemoteAddr: dst.va, RKey: dst.key}
+
+	// The responder: pinned to CPU 1, a pass after another until stop.
+	var stop atomic.Bool
+	respDone := make(chan struct{})
+	go func() {
+		defer close(respDone)
+		pinThread(b, 1)
+		defer runtime.UnlockOSThread()
+		for !stop.Load() {
+			wb.pass()
+		}
+	}()
+	defer func() {
+		stop.Store(true)
+		<-respDone
+	}()
+
+	var done int64 // signaled completions seen since the CQ's reset
+	inflight := 0  // groups
+	idle := 0
+	run := func(n int) {
+		for spins := 0; n > 0 || inflight > 0; {
+			if n > 0 && inflight < depth/every {
+				k := min(every, n)
+				for i := range k {
+					w := wr
+					if i == k-1 {
+						w.Flags = abi.SendSignaled
+					}
+					if err := a.sq.post(w, sges, nil); err != nil {
+						panic(err)
+					}
+				}
+				a.n.eng.Kick(a.qpn)
+				inflight++
+				n -= k
+				continue
+			}
+			if wa.pass() {
+				spins = 0
+			} else if idle, spins = idle+1, spins+1; spins > 50_000_000 {
+				panic("pair: no progress")
+			}
+			for c := a.scq.count.Load(); inflight > 0 && c > done; inflight-- {
+				done++
+			}
+			if done >= 4096 && inflight == 0 {
+				a.scq.reset()
+				done = 0
+			}
+		}
+	}
+	pinThread(b, 0)
+	defer runtime.UnlockOSThread()
+	run(depth)
+	idle = 0
+	b.ReportAllocs()
+	b.ResetTimer()
+	cpu0 := threadCPU()
+	start := time.Now()
+	run(b.N)
+	d := time.Since(start)
+	cpu := threadCPU() - cpu0
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/d.Seconds(), "msg/s")
+	b.ReportMetric(float64(cpu)/float64(b.N), "req-cpu-ns/msg")
+	b.ReportMetric(float64(idle)/float64(b.N), "req-idle/msg")
+	require.Equal(b, dst.b, src.b)
 }
