@@ -34,18 +34,31 @@
 // ModeUDP the receiver gets the sender's address and port 4791
 // (Port.LocalAddr) beside each payload, as from a UDP socket.
 //
-// Buffers move by exchange, never by copy: the network owns a bounded pool
-// of empty buffers, all of the same capacity as the engines' buffers.
+// A frame is copied once, as through a socket: the sender keeps its
+// buffers (it builds its next frames in buffers still in its CPU's cache),
+// and the receiver gets the frames in buffers of the network's, all of the
+// same capacity as the engines' buffers, in exchange for its empty ones:
 //
-//	SendBatch: sender's filled buffer ──► receive queue of the destination port
-//	           pool's empty buffer     ──► sender's slot
-//	RecvBatch: queued filled buffer    ──► receiver's slot
-//	           receiver's empty buffer ──► pool
+//	SendBatch: sender's frame  ──copy──► the empty buffer parked in the
+//	                                    destination queue's next entry (or
+//	                                    one of the pool's)
+//	RecvBatch: queued frame    ──────► receiver's slot
+//	           receiver's empty buffer ► parked in the frame's entry
 //
-// The number of buffers in the pool plus the queues is constant, so
-// neither side allocates. When the pool or a destination queue is empty or
-// full the send stops early and reports how many frames it took; the
+// The number of buffers in the pool and the queues is constant, so neither
+// side allocates; a stream between two ports cycles through the
+// receiver's buffers and leaves the pool alone. A sender that finds no
+// empty buffer takes the ports' parked ones back into the pool before it
+// gives up. When a destination queue is full or no empty buffer
+// is left the send stops early and reports how many frames it took; the
 // engine keeps the rest and retries (backpressure instead of loss).
+//
+// (Until the copy, buffers moved by exchange: the sender got an empty
+// buffer for each frame it handed over. On two CPUs that made the sender
+// write every frame into cache lines the receiver had just read, and its
+// ICRC pass over the frame waited for each of them: at 8 bytes a third
+// of the requester's time, which the daemon's real links, whose kernel
+// copies, never pay.)
 //
 // # Lossy variant
 //

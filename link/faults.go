@@ -133,28 +133,38 @@ func (p *Port) Seed() uint64 {
 
 func (f *faultState) hit(prob float64) bool { return prob > 0 && f.rng.Float64() < prob }
 
-// take gets an empty buffer from the pool, or nil.
+// take gets an empty buffer from the pool (after the ports' parked ones
+// went back to it, if need be), or nil.
 func (p *Port) take() []byte {
-	if b := p.net.pool.pop(); b != nil {
-		return b[:cap(b)]
+	b := p.net.pool.pop()
+	if b == nil {
+		p.net.reclaim()
+		b = p.net.pool.pop()
 	}
-	return nil
+	if b == nil {
+		return nil
+	}
+	return b[:cap(b)]
 }
 
-// sendFaulty sends *slot, from from, through the faults. false:
-// backpressure (the frame was not taken and no decision was consumed...
-// except the PRNG draws, which is fine for replay as the same retry
-// happens next time).
-func (p *Port) sendFaulty(dst *Port, slot *[]byte, from netip.AddrPort) bool {
+// sendFaulty sends fr, from from, through the faults: a copy of it (in a
+// buffer of the pool) reaches dst's queue, now or (held back) later, once,
+// twice or not at all. The sender's buffer is left to it (corrupted, for a corrupted
+// frame: it is the sender's to reuse once taken). false: backpressure, no
+// empty buffer to be had (the frame was not taken and no decision was
+// consumed... except the PRNG draws, which is fine for replay as the
+// same retry happens next time).
+func (p *Port) sendFaulty(dst *Port, fr []byte, from netip.AddrPort) bool {
 	f := p.f
-	fr := *slot
 	if f.hit(f.cfg.Drop) {
 		p.Counters.Dropped.Add(1)
 		f.sent++
 		return true
 	}
-	empty := p.take()
-	if empty == nil {
+	// Reserve the buffer the frame needs (the one it is held in, or the
+	// one its copy is queued in) before any other decision.
+	held := p.take()
+	if held == nil {
 		return false
 	}
 	if f.hit(f.cfg.Corrupt) {
@@ -168,38 +178,30 @@ func (p *Port) sendFaulty(dst *Port, slot *[]byte, from netip.AddrPort) bool {
 			p.Counters.Corrupted.Add(1)
 		}
 	}
-	if f.hit(f.cfg.Duplicate) {
-		if dup := p.take(); dup != nil {
-			dup = dup[:len(fr)]
-			copy(dup, fr)
-			if dst.deliver(dup, from) {
-				p.Counters.Duplicated.Add(1)
-			} else {
-				p.net.pool.push(dup[:cap(dup)], netip.AddrPort{})
-			}
-		}
+	if f.hit(f.cfg.Duplicate) && dst.deliver(fr, from) {
+		p.Counters.Duplicated.Add(1)
 	}
 	f.sent++
+	held = held[:copy(held, fr)]
 	switch {
 	case len(f.held) < maxHeld && f.hit(f.cfg.Reorder):
 		// The age limit keeps a frame from waiting forever behind a
 		// sender that went quiet.
-		f.held = append(f.held, heldFrame{frame: fr, from: from, dst: dst, after: f.sent + uint64(f.cfg.ReorderDepth),
+		f.held = append(f.held, heldFrame{frame: held, from: from, dst: dst, after: f.sent + uint64(f.cfg.ReorderDepth),
 			until: f.now() + int64(f.cfg.ReorderMaxAge)})
 		p.Counters.Reordered.Add(1)
 		p.armWake()
 	case len(f.held) < maxHeld && f.hit(f.cfg.Delay):
-		f.held = append(f.held, heldFrame{frame: fr, from: from, dst: dst, until: f.now() + int64(f.cfg.DelayFor)})
+		f.held = append(f.held, heldFrame{frame: held, from: from, dst: dst, until: f.now() + int64(f.cfg.DelayFor)})
 		p.Counters.Delayed.Add(1)
 		p.armWake()
 	default:
-		if !dst.deliver(fr, from) {
+		if !dst.deliverOwned(held, from) {
 			// Receiver full: a lossy link loses the frame.
-			p.net.pool.push(fr[:cap(fr)], netip.AddrPort{})
+			p.net.pool.push(held[:cap(held)], netip.AddrPort{})
 			p.Counters.Dropped.Add(1)
 		}
 	}
-	*slot = empty
 	p.releaseHeld(false)
 	return true
 }
@@ -219,7 +221,7 @@ func (p *Port) releaseHeld(force bool) {
 			j++
 			continue
 		}
-		if !h.dst.deliver(h.frame, h.from) {
+		if !h.dst.deliverOwned(h.frame, h.from) {
 			p.net.pool.push(h.frame[:cap(h.frame)], netip.AddrPort{})
 			p.Counters.Dropped.Add(1)
 		}

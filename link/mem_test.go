@@ -242,6 +242,85 @@ func TestPoolBackpressure(t *testing.T) {
 	assert.Equal(t, []byte{5}, tags(recvAll(t, c[0])))
 }
 
+// TestParkedSteadyStream: a sender's frames are copied, its buffers stay
+// its own; once the receiver parked its empty buffers in its queue, a
+// stream between two ports copies into those and leaves the pool alone;
+// every buffer stays accounted for.
+func TestParkedSteadyStream(t *testing.T) {
+	n := newNet(t, 16, 8)
+	a, err := n.Attach(netip.MustParseAddr("10.0.0.1"), 1, nil)
+	require.NoError(t, err)
+	b, err := n.Attach(netip.MustParseAddr("10.0.0.2"), 1, nil)
+	require.NoError(t, err)
+	frames := make([][]byte, 8)
+	send := func(round int) {
+		for i := range frames {
+			frames[i] = frame(t, "10.0.0.1", "10.0.0.2", 5, byte(round*8+i))
+		}
+		mine := slices.Clone(frames)
+		sent, err := a[0].SendBatch(frames, nil)
+		require.NoError(t, err)
+		require.Equal(t, 8, sent)
+		for i := range frames {
+			require.Same(t, &mine[i][0], &frames[i][0], "the sender keeps its buffer %d", i)
+		}
+	}
+	send(0)
+	assert.Equal(t, 8, n.pool.length(), "the first batch was copied into buffers of the pool")
+	require.Len(t, recvAll(t, b[0]), 8)
+	assert.Equal(t, 8, b[0].q.parked(), "the receiver's empty buffers are parked in its queue")
+	for round := 1; round < 50; round++ {
+		send(round)
+		assert.Equal(t, 8, n.pool.length(), "round %d: copied into the parked buffers, not the pool's", round)
+		got := recvAll(t, b[0])
+		require.Len(t, got, 8)
+		var pkt roce.Packet
+		require.NoError(t, roce.Parse(got[7], &pkt))
+		require.Equal(t, byte(round*8+7), pkt.Payload[0])
+	}
+	assert.Equal(t, 16, n.FreeBuffers())
+}
+
+// TestParkedReclaim: empty buffers parked in the queue of a port nobody
+// sends to any more are not lost to the others. A sender that finds no
+// empty buffer in its receiver's queue nor in the pool takes them back
+// into the pool, on the perfect path and through faults.
+func TestParkedReclaim(t *testing.T) {
+	for _, faulty := range []bool{false, true} {
+		t.Run(map[bool]string{false: "perfect", true: "faults"}[faulty], func(t *testing.T) {
+			n := newNet(t, 4, 8)
+			var f *Faults
+			if faulty {
+				f = &Faults{Seed: 1, Corrupt: 1e-9} // a lossy port that loses nothing
+			}
+			a, err := n.Attach(netip.MustParseAddr("10.0.0.1"), 1, f)
+			require.NoError(t, err)
+			b, err := n.Attach(netip.MustParseAddr("10.0.0.2"), 1, nil)
+			require.NoError(t, err)
+			c, err := n.Attach(netip.MustParseAddr("10.0.0.3"), 1, nil)
+			require.NoError(t, err)
+			batch := func(dst string) [][]byte {
+				var fs [][]byte
+				for i := range 4 {
+					fs = append(fs, frame(t, "10.0.0.1", dst, 5, byte(i)))
+				}
+				return fs
+			}
+			sent, err := a[0].SendBatch(batch("10.0.0.2"), nil)
+			require.NoError(t, err)
+			require.Equal(t, 4, sent)
+			require.Len(t, recvAll(t, b[0]), 4)
+			require.Zero(t, n.pool.length())
+			require.Equal(t, 4, b[0].q.parked(), "every empty buffer is parked in b's queue")
+			sent, err = a[0].SendBatch(batch("10.0.0.3"), nil)
+			require.NoError(t, err)
+			assert.Equal(t, 4, sent, "c's frames got b's parked buffers")
+			assert.Len(t, recvAll(t, c[0]), 4)
+			assert.Equal(t, 4, n.FreeBuffers())
+		})
+	}
+}
+
 // TestFaultsReplay: the same seed makes the same decisions for the same
 // frames; the counters add up and no buffer is lost. In ModeUDP every
 // frame, held back or duplicated, arrives with its sender beside it.
