@@ -34,15 +34,17 @@
 // ModeUDP the receiver gets the sender's address and port 4791
 // (Port.LocalAddr) beside each payload, as from a UDP socket.
 //
-// A frame is copied once, as through a socket: the sender keeps its
-// buffers (it builds its next frames in buffers still in its CPU's cache),
-// and the receiver gets the frames in buffers of the network's, all of the
-// same capacity as the engines' buffers, in exchange for its empty ones:
+// A short frame (up to copyMax bytes) is copied once, as through a socket:
+// the sender keeps its buffer, still in its CPU's cache, and the receiver
+// gets the frame in a buffer of the network's, all of the same capacity as
+// the engines' buffers, in exchange for its empty one. A longer frame
+// moves without a copy, and the sender gets an empty buffer in its slot:
 //
-//	SendBatch: sender's frame  ──copy──► the empty buffer parked in the
-//	                                    destination queue's next entry (or
-//	                                    one of the pool's)
-//	RecvBatch: queued frame    ──────► receiver's slot
+//	SendBatch: short frame ──copy──► the empty buffer parked in the
+//	                                destination queue's next entry (or
+//	                                one of the pool's)
+//	           long frame  ──────► that entry; its empty buffer ► sender's slot
+//	RecvBatch: queued frame ─────► receiver's slot
 //	           receiver's empty buffer ► parked in the frame's entry
 //
 // The number of buffers in the pool and the queues is constant, so neither
@@ -53,12 +55,12 @@
 // is left the send stops early and reports how many frames it took; the
 // engine keeps the rest and retries (backpressure instead of loss).
 //
-// (Until the copy, buffers moved by exchange: the sender got an empty
-// buffer for each frame it handed over. On two CPUs that made the sender
-// write every frame into cache lines the receiver had just read, and its
-// ICRC pass over the frame waited for each of them: at 8 bytes a third
-// of the requester's time, which the daemon's real links, whose kernel
-// copies, never pay.)
+// (Until short frames were copied, every frame moved: the sender got an
+// empty buffer for each frame it handed over. On two CPUs that made the
+// sender write every short frame into cache lines the receiver had just
+// read, and its ICRC pass over the frame waited for each of them: at 8
+// bytes a third of the requester's time, which the daemon's real links,
+// whose kernel copies, never pay.)
 //
 // # Lossy variant
 //

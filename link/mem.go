@@ -252,7 +252,7 @@ func (dst *Port) deliverOwned(buf []byte, from netip.AddrPort) bool {
 func (dst *Port) deliver(frame []byte, from netip.AddrPort) bool {
 	for reclaimed := false; ; reclaimed = true {
 		dst.q.mu.Lock()
-		ok, full := dst.q.pushCopyLocked(frame, from, dst.net.pool)
+		ok, full := dst.q.pushLocked(&frame, from, dst.net.pool, false)
 		dst.q.mu.Unlock()
 		if ok {
 			dst.signal()
@@ -274,14 +274,14 @@ func (dst *Port) signal() {
 
 // SendBatch implements the engine's Link: in ModeUDP frames[i] goes to
 // peers[i] (len(peers) >= len(frames)); Ethernet frames go where their IP
-// header says (peers is not read and may be nil). A perfect port copies
-// the batch with one lock per run of frames to the same receiver, into
+// header says (peers is not read and may be nil). A perfect port queues
+// the batch with one lock per run of frames to the same receiver, using
 // the empty buffers the receiver parked in its queue (the pool's while it
-// has none), and leaves the sender's buffers where they are: a frame is
-// written on one CPU and read on another, as through a socket, and the
-// sender builds its next frames in buffers still in its cache rather than
-// in the receiver's (which cost the sender a wait for each of their cache
-// lines, about a third of its time for 8-byte WRITEs).
+// has none): a short frame is copied into one, and the sender keeps its
+// buffer, still in its cache, for its next frames (building them in the
+// receiver's buffers instead made the sender wait for each of their cache
+// lines, about a third of its time for 8-byte WRITEs); a longer one moves
+// and the sender gets the empty buffer in its slot (see copyMax).
 func (p *Port) SendBatch(frames [][]byte, peers []netip.AddrPort) (int, error) {
 	if p.udp && len(peers) < len(frames) {
 		return 0, fmt.Errorf("%w: %d frames, %d peers", ErrInvalid, len(frames), len(peers))
@@ -322,7 +322,7 @@ func (p *Port) SendBatch(frames [][]byte, peers []netip.AddrPort) (int, error) {
 			cur, pushed = dst, false
 			cur.q.mu.Lock()
 		}
-		ok, full := cur.q.pushCopyLocked(frames[i], from, p.net.pool)
+		ok, full := cur.q.pushLocked(&frames[i], from, p.net.pool, true)
 		if !ok {
 			if full || reclaimed {
 				break // receiver full, or no empty buffer: backpressure

@@ -281,6 +281,33 @@ func TestParkedSteadyStream(t *testing.T) {
 	assert.Equal(t, 16, n.FreeBuffers())
 }
 
+// TestLongFramesMove: a frame longer than copyMax is not copied: its
+// buffer reaches the receiver and the sender's slot gets an empty buffer
+// of the same capacity.
+func TestLongFramesMove(t *testing.T) {
+	n := newNet(t, 8, 8)
+	a, err := n.Attach(netip.MustParseAddr("10.0.0.1"), 1, nil)
+	require.NoError(t, err)
+	b, err := n.Attach(netip.MustParseAddr("10.0.0.2"), 1, nil)
+	require.NoError(t, err)
+	p := roce.Path{Mode: roce.ModeEthernet, Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("10.0.0.2"), SrcPort: 1000, TTL: 64}
+	buf := make([]byte, testCap)
+	off := p.Headroom(roce.OpRCSendOnly)
+	f, err := p.Build(buf, off, 2*copyMax, &roce.Headers{BTH: roce.BTHFields{Opcode: roce.OpRCSendOnly, PKey: 0xffff, DestQP: 5}})
+	require.NoError(t, err)
+	require.Greater(t, len(f), copyMax)
+	frames := [][]byte{f}
+	sent, err := a[0].SendBatch(frames, nil)
+	require.NoError(t, err)
+	require.Equal(t, 1, sent)
+	assert.NotSame(t, &f[0], &frames[0][0], "the slot got another buffer")
+	assert.Equal(t, testCap, len(frames[0]), "an empty buffer of the frame capacity")
+	got := recvAll(t, b[0])
+	require.Len(t, got, 1)
+	assert.Same(t, &f[0], &got[0][0], "the frame's own buffer reached the receiver")
+	assert.Equal(t, 8, n.FreeBuffers())
+}
+
 // TestParkedReclaim: empty buffers parked in the queue of a port nobody
 // sends to any more are not lost to the others. A sender that finds no
 // empty buffer in its receiver's queue nor in the pool takes them back
