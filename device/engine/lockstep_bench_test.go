@@ -77,16 +77,7 @@ func benchWrite8BLockstep(b *testing.B, mode roce.Mode) {
 	var sig int64
 	var ta, tb time.Duration
 	batch := func(k int) {
-		for i := range k {
-			w := wr
-			if i == k-1 {
-				w.Flags = abi.SendSignaled
-			}
-			if err := a.sq.post(w, sges, nil); err != nil {
-				panic(err)
-			}
-		}
-		a.n.eng.Kick(a.qpn)
+		a.postGroup(wr, sges, k)
 		sig++
 		want := sig
 		lockstep(a, r, &ta, &tb, func() bool { return a.scq.count.Load() >= want })
@@ -117,6 +108,21 @@ func benchWrite8BLockstep(b *testing.B, mode roce.Mode) {
 	b.ReportMetric(resp, "resp-ns/msg")
 	b.ReportMetric(1e9/max(req, resp), "pair-msg/s")
 	require.Equal(b, dst.b, src.b)
+}
+
+// postGroup posts k copies of wr on q, the last one signaled (the SQ must
+// have room: the caller keeps fewer in flight), and kicks the engine.
+func (q *tqp) postGroup(wr abi.SendWQE, sges []abi.SGE, k int) {
+	for i := range k {
+		w := wr
+		if i == k-1 {
+			w.Flags = abi.SendSignaled
+		}
+		if err := q.sq.post(w, sges, nil); err != nil {
+			panic(err)
+		}
+	}
+	q.n.eng.Kick(q.qpn)
 }
 
 // threadCPU returns the CPU time of the calling thread in nanoseconds: a
@@ -204,16 +210,7 @@ func benchWrite8BPair(b *testing.B, mode roce.Mode, depth, every int) {
 		for spins := 0; n > 0 || inflight > 0; {
 			if n > 0 && inflight < depth/every {
 				k := min(every, n)
-				for i := range k {
-					w := wr
-					if i == k-1 {
-						w.Flags = abi.SendSignaled
-					}
-					if err := a.sq.post(w, sges, nil); err != nil {
-						panic(err)
-					}
-				}
-				a.n.eng.Kick(a.qpn)
+				a.postGroup(wr, sges, k)
 				inflight++
 				n -= k
 				continue
