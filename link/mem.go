@@ -28,7 +28,9 @@ type Config struct {
 	FrameCap int
 	// QueueLen is the receive queue length of every port. Default 1024.
 	QueueLen int
-	// Buffers is the number of buffers in the pool. Default 4096.
+	// Buffers is the number of the network's buffers (in the pool at
+	// first; queued frames and the receivers' parked empty buffers use
+	// them). Default 4096.
 	Buffers int
 	// Logger gets lifecycle messages (fault seeds). Default slog.Default().
 	Logger *slog.Logger
