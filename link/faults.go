@@ -149,11 +149,11 @@ func (p *Port) take() []byte {
 
 // sendFaulty sends fr, from from, through the faults: a copy of it (in a
 // buffer of the pool) reaches dst's queue, now or (held back) later, once,
-// twice or not at all. The sender's buffer is left to it (corrupted, for a corrupted
-// frame: it is the sender's to reuse once taken). false: backpressure, no
-// empty buffer to be had (the frame was not taken and no decision was
-// consumed... except the PRNG draws, which is fine for replay as the
-// same retry happens next time).
+// twice or not at all. The sender's buffer is left to it (corrupted, for
+// a corrupted frame: it is the sender's to reuse once taken). false:
+// backpressure, no empty buffer to be had (the frame was not taken and no
+// decision was consumed... except the PRNG draws, which is fine for
+// replay as the same retry happens next time).
 func (p *Port) sendFaulty(dst *Port, fr []byte, from netip.AddrPort) bool {
 	f := p.f
 	if f.hit(f.cfg.Drop) {

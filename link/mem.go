@@ -356,9 +356,9 @@ func (p *Port) SendBatch(frames [][]byte, peers []netip.AddrPort) (int, error) {
 }
 
 // RecvBatch implements the engine's Link: one lock of the receive queue
-// per batch; the caller's empty buffers stay parked in the queue. In ModeUDP peers[i] gets the sender of
-// frames[i] (len(peers) >= len(frames)); for Ethernet frames peers is
-// not written and may be nil.
+// per batch; the caller's empty buffers stay parked in the queue. In
+// ModeUDP peers[i] gets the sender of frames[i] (len(peers) >=
+// len(frames)); for Ethernet frames peers is not written and may be nil.
 func (p *Port) RecvBatch(frames [][]byte, peers []netip.AddrPort) (int, error) {
 	if p.f != nil {
 		p.releaseHeld(false)

@@ -7,12 +7,10 @@ import (
 )
 
 // frameQueue is a bounded FIFO of frame buffers guarded by one mutex: the
-// network's pool of empty buffers. Unlike a
-// channel, whose every send and receive takes its lock, it moves a whole
-// batch under one lock acquisition, so a 64-frame batch costs one lock
-// round trip per side instead of 64 (the channels' locks were a third of
-// the in-memory link's cost under 4 KiB WRITEs, with both workers
-// contending on them).
+// network's pool of empty buffers. Unlike a channel, whose every send and
+// receive takes its lock, it moves a whole batch under one lock
+// acquisition (the channels' locks were a third of the in-memory link's
+// cost under 4 KiB WRITEs, with both workers contending on them).
 type frameQueue struct {
 	mu   sync.Mutex
 	ring []queued // len is the capacity; a power of two is not required
