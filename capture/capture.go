@@ -88,13 +88,28 @@ func (t *Tap) Wrap(l engine.Link) engine.Link {
 
 type tapLink struct {
 	engine.Link
-	t *Tap
+	t       *Tap
+	scratch [][]byte // copies of the frames being sent while a capture runs
 }
 
+// SendBatch captures what the link takes. A link may hand the buffers it
+// takes on and leave empty ones in their slots (engine.Link; the
+// in-memory link moves long frames), so with a capture running the frames
+// are copied before the send.
 func (l *tapLink) SendBatch(frames [][]byte, peers []netip.AddrPort) (int, error) {
+	s := l.t.cur.Load()
+	if s == nil {
+		return l.Link.SendBatch(frames, peers)
+	}
+	for len(l.scratch) < len(frames) {
+		l.scratch = append(l.scratch, nil)
+	}
+	for i, f := range frames {
+		l.scratch[i] = append(l.scratch[i][:0], f...)
+	}
 	n, err := l.Link.SendBatch(frames, peers)
-	if s := l.t.cur.Load(); s != nil && n > 0 {
-		s.add(frames[:n], peers, nil, true)
+	if n > 0 {
+		s.add(l.scratch[:n], peers, nil, true)
 	}
 	return n, err
 }

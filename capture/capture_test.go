@@ -121,6 +121,62 @@ func TestCaptureEthernet(t *testing.T) {
 	tsharkCheck(t, path, len(in))
 }
 
+// TestCaptureMovedFrames: a link may hand the buffers it takes on and
+// leave empty ones in their slots (the in-memory link moves long frames to
+// the receiver); the capture still records the frames it sent, byte for
+// byte, short and long.
+func TestCaptureMovedFrames(t *testing.T) {
+	nw, err := link.NewNetwork(link.Config{Mode: roce.ModeEthernet, FrameCap: 9000, QueueLen: 64, Buffers: 64})
+	require.NoError(t, err)
+	pa, err := nw.Attach(netip.MustParseAddr("10.0.0.1"), 1, nil)
+	require.NoError(t, err)
+	pb, err := nw.Attach(netip.MustParseAddr("10.0.0.2"), 1, nil)
+	require.NoError(t, err)
+	path := roce.Path{Mode: roce.ModeEthernet, Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("10.0.0.2"), SrcPort: 1000, TTL: 64}
+	var want [][]byte
+	frames := make([][]byte, 0, 2)
+	for i, n := range []int{16, 4000} {
+		buf := make([]byte, 9000)
+		off := path.Headroom(roce.OpRCSendOnly)
+		for j := range n {
+			buf[off+j] = byte(i + j)
+		}
+		f, err := path.Build(buf, off, n, &roce.Headers{BTH: roce.BTHFields{Opcode: roce.OpRCSendOnly, PKey: 0xffff, DestQP: 7, PSN: uint32(i)}})
+		require.NoError(t, err)
+		want = append(want, append([]byte(nil), f...))
+		frames = append(frames, f)
+	}
+	tap := New(roce.ModeEthernet, netip.AddrPort{})
+	la := tap.Wrap(pa[0])
+	out := &buf{}
+	done, err := tap.Start(out, Options{Count: len(want)}, nil)
+	require.NoError(t, err)
+	n, err := la.SendBatch(frames, []netip.AddrPort{{}, {}})
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	require.NotEqual(t, want[1], frames[1], "the link moved the long frame and left another buffer in its slot")
+	// One more send: the capture, at its Count, ends on it.
+	_, err = la.SendBatch([][]byte{append([]byte(nil), want[0]...)}, []netip.AddrPort{{}})
+	require.NoError(t, err)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the capture did not end after Count frames")
+	}
+	got, _ := readPcapng(t, out.b.Bytes())
+	require.Len(t, got, 2)
+	for i := range want {
+		require.Equal(t, want[i], got[i], "frame %d", i)
+	}
+	rx := [][]byte{make([]byte, 9000), make([]byte, 9000), make([]byte, 9000)}
+	k, err := pb[0].RecvBatch(rx, nil)
+	require.NoError(t, err)
+	require.Equal(t, 3, k)
+	for i := range want {
+		require.Equal(t, want[i], rx[i], "received frame %d", i)
+	}
+}
+
 // tsharkCheck has tshark read path (with extra options): n frames, each
 // decoded as InfiniBand (RoCE v2), none malformed.
 func tsharkCheck(t *testing.T, path string, n int, extra ...string) {
