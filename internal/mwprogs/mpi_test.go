@@ -7,8 +7,9 @@ import (
 )
 
 // TestUDWireupCrash: only a segmentation fault in UCX's UD receive path
-// inside MPI_Init or in UCX's async thread, or UD's assertion on an
-// acknowledged PSN, is taken for the known UCX defect.
+// inside MPI_Init or in UCX's async thread, UD's assertion on an
+// acknowledged PSN, or its assertion on a connection reply's endpoint, is
+// taken for a known UCX defect.
 func TestUDWireupCrash(t *testing.T) {
 	crash := `[vm:8521 :0:8521] Caught signal 11 (Segmentation fault: address not mapped to object at address 0x7fc6e98d5000)
 ==== backtrace (tid:   8521) ====
@@ -42,13 +43,29 @@ func TestUDWireupCrash(t *testing.T) {
 [vm:30123] Signal: Aborted (6)
 `
 	assert.True(t, udWireupCrash(assertion))
+	// UD's assertion on a connection reply from another endpoint of the
+	// peer (openucx/ucx#6040), with its message...
+	crep := `[vm:26192:0:26192]       ud_ep.c:891  Assertion ` + "`" + `ep->dest_ep_id == ctl->conn_rep.src_ep_id' failed: ep=0x55d0 [id=3 dest_ep_id=4 flags=0x114] crep [neth->dest=3 dst_ep_id=3 src_ep_id=5]
+ 3  /lib/x86_64-linux-gnu/ucx/libuct_ib.so.0(uct_ud_ep_process_rx+0x1147) [0x7f87eff05f47]
+`
+	assert.True(t, udWireupCrash(crep))
+	// ...and without it (a loaded CI run's second job: the rank's
+	// backtrace alone reached mpirun's output).
+	crepBare := `==== backtrace (tid:  26192) ====
+ 0  /lib/x86_64-linux-gnu/libucs.so.0(ucs_handle_error+0x2dc) [0x7f87effcce9c]
+ 2  /lib/x86_64-linux-gnu/libucs.so.0(ucs_fatal_error_format+0xe1) [0x7f87effcabf1]
+ 3  /lib/x86_64-linux-gnu/ucx/libuct_ib.so.0(uct_ud_ep_process_rx+0x1147) [0x7f87eff05f47]
+ 8  /lib/x86_64-linux-gnu/libmpi.so.40(ompi_mpi_init+0x93e) [0x7f87f866021e]
+`
+	assert.True(t, udWireupCrash(crepBare))
 	for name, out := range map[string]string{
-		"wrong result":     "mpi_check: allreduce mismatch at rank 2\n",
-		"abort, not segv":  "Caught signal 6 (Aborted)\n uct_ud_ep_process_rx\n MPI_Init\n",
-		"after init":       "Caught signal 11 (Segmentation fault)\n uct_ud_ep_process_rx\n MPI_Allreduce\n",
-		"elsewhere in ucx": "Caught signal 11 (Segmentation fault)\n uct_rc_verbs_iface_progress\n MPI_Init\n",
-		"async, not ud":    "Caught signal 11 (Segmentation fault)\n uct_rc_verbs_iface_event_arm\n ucs_async_dispatch_handlers\n",
-		"other assertion":  "ud_ep.c:300  Assertion `ep->tx.pending' failed\n uct_ud_ep_process_rx\n",
+		"another frame of process_rx": " 3  /lib/x86_64-linux-gnu/ucx/libuct_ib.so.0(uct_ud_ep_process_rx+0x1148) [0x7f87eff05f47]\n",
+		"wrong result":                "mpi_check: allreduce mismatch at rank 2\n",
+		"abort, not segv":             "Caught signal 6 (Aborted)\n uct_ud_ep_process_rx\n MPI_Init\n",
+		"after init":                  "Caught signal 11 (Segmentation fault)\n uct_ud_ep_process_rx\n MPI_Allreduce\n",
+		"elsewhere in ucx":            "Caught signal 11 (Segmentation fault)\n uct_rc_verbs_iface_progress\n MPI_Init\n",
+		"async, not ud":               "Caught signal 11 (Segmentation fault)\n uct_rc_verbs_iface_event_arm\n ucs_async_dispatch_handlers\n",
+		"other assertion":             "ud_ep.c:300  Assertion `ep->tx.pending' failed\n uct_ud_ep_process_rx\n",
 	} {
 		assert.False(t, udWireupCrash(out), name)
 	}

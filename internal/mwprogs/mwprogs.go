@@ -316,23 +316,26 @@ func MPI(t *testing.T, e Env, prog, tls string, perDev int) {
 		args = append(args, e.RunArgs...)
 		args = append(args, "-d", d, prog)
 	}
-	before := e.counters(t)
-	p, out := startBin(t, "mpirun", mpirun, []string{"TMPDIR=" + t.TempDir()}, args...)
 	const limit = 240 * time.Second
-	if !p.Wait(limit) {
-		p.Stop(0, 5*time.Second)
-		require.Failf(t, "mpirun: no exit", "in %v:\n%s", limit, out.String())
-	}
-	if p.Err() == nil || !udWireupCrash(out.String()) {
-		require.NoError(t, p.Err(), "mpirun:\n%s", out.String())
-	} else {
-		// The UCX defect above, even with the slower tick (seen once
-		// with two CPU hogs and other jobs beside the test): the job is
-		// run once more, and that run must pass.
-		t.Logf("known UCX defect: a rank crashed in UD wireup inside MPI_Init; running the job once more:\n%s", out)
+	var before [2]Counters
+	var out *launch.Buffer
+	for attempt := 1; ; attempt++ {
 		before = e.counters(t)
+		var p *launch.Proc
 		p, out = startBin(t, "mpirun", mpirun, []string{"TMPDIR=" + t.TempDir()}, args...)
-		wait(t, p, out, limit, "mpirun (second run)")
+		if !p.Wait(limit) {
+			p.Stop(0, 5*time.Second)
+			require.Failf(t, "mpirun: no exit", "in %v:\n%s", limit, out.String())
+		}
+		if p.Err() == nil || attempt == KnownUCXAttempts || !udWireupCrash(out.String()) {
+			require.NoError(t, p.Err(), "mpirun (attempt %d):\n%s", attempt, out.String())
+			break
+		}
+		// One of UCX's UD wire-up defects (udWireupCrash), even with
+		// the slower tick (seen with two CPU hogs and other jobs beside
+		// the test): the job runs again, at most KnownUCXAttempts in
+		// all, and only for these.
+		t.Logf("known UCX defect (attempt %d): a rank crashed in UD wireup; running the job again:\n%s", attempt, out)
 	}
 	m := mpiOK.FindStringSubmatch(out.String())
 	require.NotNil(t, m, "mpi_check did not report OK:\n%s", out.String())
@@ -357,18 +360,34 @@ func MPI(t *testing.T, e Env, prog, tls string, perDev int) {
 // acknowledgement of a packet the endpoint has not sent, that is one for
 // the endpoint before its reset). Nothing else (another signal or
 // assertion, a crash elsewhere, a wrong result) matches.
+//
+// Also UD's assertion that a connected endpoint's peer endpoint is the
+// one a connection reply names (uct_ud_ep_rx_ctl, "ep->dest_ep_id ==
+// ctl->conn_rep.src_ep_id": a CREP from another endpoint of the peer,
+// openucx/ucx#6040, open upstream and reported on hardware). A rank can
+// die before its message reaches mpirun's output; Debian's UCX 1.13.1
+// makes that assertion's call at uct_ud_ep_process_rx+0x1147 (read from
+// its libuct_ib.so.0), so that frame counts too.
 func udWireupCrash(out string) bool {
 	segv := strings.Contains(out, "Caught signal 11") &&
 		(strings.Contains(out, "MPI_Init") || strings.Contains(out, "ucs_async_dispatch_handlers")) &&
 		(strings.Contains(out, "uct_ud_ep_process_rx") || strings.Contains(out, "uct_ud_ep_process_ack"))
 	staleAck := strings.Contains(out, "ud_ep.c") && strings.Contains(out, "acked_psn") &&
 		strings.Contains(out, "must be smaller than current_psn") && strings.Contains(out, "uct_ud_ep_process_rx")
-	return segv || staleAck
+	crep := strings.Contains(out, "ep->dest_ep_id == ctl->conn_rep.src_ep_id") && strings.Contains(out, "ud_ep.c") ||
+		strings.Contains(out, "libuct_ib.so.0(uct_ud_ep_process_rx+0x1147)")
+	return segv || staleAck || crep
 }
 
-// KnownUCXDefect tells whether mpirun's output out shows the UCX defect
-// MPI runs a job once more for (udWireupCrash).
+// KnownUCXDefect tells whether mpirun's output out shows one of the UCX
+// defects an MPI job is run again for (udWireupCrash).
 func KnownUCXDefect(out string) bool { return udWireupCrash(out) }
+
+// KnownUCXAttempts is how many times in all an MPI job is run while each
+// run fails with a known UCX defect (KnownUCXDefect): the third, whatever
+// it shows, decides. Two of UCX 1.13's UD races have struck one job's two
+// runs in a row on a loaded machine.
+const KnownUCXAttempts = 3
 
 // DevinfoGIDs returns "DEV GID" for each device's port 1 GID 0 as
 // ibv_devinfo -v reports it through vrnic-run.
