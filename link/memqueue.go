@@ -129,9 +129,10 @@ func (q *portQueue) length() int {
 	return q.n
 }
 
-// tail is the index of the entry the next frame goes to (q.n < len).
-func (q *portQueue) tail() int {
-	i := q.head + q.n
+// at is the index of the entry k places after the oldest frame (k < len):
+// at(q.n) is where the next frame goes, at(q.n) to at(len-1) hold no frame.
+func (q *portQueue) at(k int) int {
+	i := q.head + k
 	if i >= len(q.ring) {
 		i -= len(q.ring)
 	}
@@ -157,7 +158,7 @@ func (q *portQueue) pushLocked(slot *[]byte, from netip.AddrPort, pool *frameQue
 	if q.n == len(q.ring) {
 		return false, true
 	}
-	e := &q.ring[q.tail()]
+	e := &q.ring[q.at(q.n)]
 	b := e.buf
 	if b == nil {
 		if b = pool.pop(); b == nil {
@@ -186,7 +187,7 @@ func (q *portQueue) pushOwned(buf []byte, from netip.AddrPort) (displaced []byte
 	if q.n == len(q.ring) {
 		return nil, false
 	}
-	e := &q.ring[q.tail()]
+	e := &q.ring[q.at(q.n)]
 	displaced = e.buf
 	e.queued = queued{buf, from}
 	q.n++
@@ -197,10 +198,7 @@ func (q *portQueue) pushOwned(buf []byte, from netip.AddrPort) (displaced []byte
 // returns nil.
 func (q *portQueue) stealLocked() []byte {
 	for k := q.n; k < len(q.ring); k++ {
-		i := q.head + k
-		if i >= len(q.ring) {
-			i -= len(q.ring)
-		}
+		i := q.at(k)
 		if b := q.ring[i].buf; b != nil {
 			q.ring[i].buf = nil
 			return b[:cap(b)]
@@ -247,15 +245,11 @@ func (q *portQueue) drainParked(dst [][]byte) [][]byte {
 func (q *portQueue) parked() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	k := 0
-	for j := q.n; j < len(q.ring); j++ {
-		i := q.head + j
-		if i >= len(q.ring) {
-			i -= len(q.ring)
-		}
-		if q.ring[i].buf != nil {
-			k++
+	parked := 0
+	for k := q.n; k < len(q.ring); k++ {
+		if q.ring[q.at(k)].buf != nil {
+			parked++
 		}
 	}
-	return k
+	return parked
 }
